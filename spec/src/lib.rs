@@ -1,0 +1,133 @@
+//! specd's spec: the YAML a user commits, parsed with located errors, validated against what each
+//! engine really accepts, merged with host overlays, and rendered to a byte-for-byte deterministic
+//! systemd unit. No I/O: callers pass file names and text in, and get values and diagnostics out.
+//!
+//! ```
+//! let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/qwen35-122b-mtp.yaml")).unwrap();
+//! let parsed = specd_spec::parse("qwen.yaml", &text).unwrap();
+//! let spec = parsed.resolve(Some("gpu-01")).unwrap();
+//! let unit = specd_spec::render(&spec);
+//! assert_eq!(unit.unit, "sglang-qwen.service");
+//! assert_eq!(unit.sha256.len(), 64);
+//! ```
+
+mod diag;
+mod engine;
+pub mod model;
+mod render;
+mod resolve;
+mod validate;
+
+pub use diag::{Diagnostic, Diagnostics, Severity};
+pub use model::{Document, DriftPolicy, Engine, Restart};
+pub use render::{
+    HEADER, RenderedUnit, command_line, parse_command_line, parse_environment, render, sha256_hex,
+};
+pub use resolve::{ExpectedArg, Policy, Readiness, Server, Service, Spec, Speculative};
+
+use diag::{Pos, SourceMap};
+
+/// A spec file that parsed: its document and where each field stands in the text.
+#[derive(Clone, Debug)]
+pub struct ParsedSpec {
+    pub document: Document,
+    map: SourceMap,
+}
+
+/// Parse one spec file. `file` is only used in diagnostics. Unknown fields, duplicate keys, wrong
+/// types and YAML syntax errors are reported with file, line, column and field path.
+pub fn parse(file: &str, text: &str) -> Result<ParsedSpec, Diagnostics> {
+    let map = SourceMap::new(file, text);
+    let options = serde_saphyr::options! {
+        duplicate_keys: serde_saphyr::DuplicateKeyPolicy::Error,
+        with_snippet: false,
+    };
+    match serde_saphyr::from_str_with_options::<Document>(text, options) {
+        Ok(document) => Ok(ParsedSpec { document, map }),
+        Err(e) => {
+            let pos: Option<Pos> = e.location().map(Pos::from).filter(|p| p.line > 0);
+            let path = pos.and_then(|p| map.path_at(p)).unwrap_or_default();
+            let message = clean_message(&e.to_string());
+            Err(Diagnostics(vec![map.diag(
+                Severity::Error,
+                pos,
+                &path,
+                message,
+            )]))
+        }
+    }
+}
+
+/// The parser's message without its own position (the diagnostic carries the position).
+fn clean_message(msg: &str) -> String {
+    let mut m = msg.lines().next().unwrap_or(msg).trim();
+    m = m.strip_prefix("error: ").unwrap_or(m);
+    // "line 9 column 3: message"
+    if let Some(rest) = m.strip_prefix("line ")
+        && let Some((_, after)) = rest.split_once(": ")
+        && rest
+            .split_once(": ")
+            .is_some_and(|(pos, _)| pos.contains("column"))
+    {
+        m = after;
+    }
+    if let Some(i) = m.rfind(" at line ") {
+        m = &m[..i];
+    }
+    let m = m.trim_end_matches([',', ' ']);
+    // "duplicate mapping key: model, set DuplicateKeyPolicy in Options if acceptable"
+    if let Some(rest) = m.strip_prefix("duplicate mapping key: ") {
+        let key = rest.split(", set ").next().unwrap_or(rest);
+        return format!("duplicate key `{key}`: each field may appear once");
+    }
+    if let Some(ty) = m.strip_prefix("invalid ")
+        && ["u8", "u16", "u32", "u64", "i32", "i64"].contains(&ty)
+    {
+        return format!("expected a whole number ({ty}), got something else");
+    }
+    m.to_string()
+}
+
+impl ParsedSpec {
+    /// The spec for one host: its overlay (if the file has one for `hostname`) merged over `spec`,
+    /// defaults filled in, validated. `Ok` carries the spec and any warnings.
+    pub fn resolve_with_warnings(
+        &self,
+        hostname: Option<&str>,
+    ) -> Result<(Spec, Diagnostics), Diagnostics> {
+        validate::resolve(&self.document, &self.map, hostname)
+            .map(|(s, w)| (s, Diagnostics(w)))
+            .map_err(Diagnostics)
+    }
+
+    /// [`ParsedSpec::resolve_with_warnings`] without the warnings.
+    pub fn resolve(&self, hostname: Option<&str>) -> Result<Spec, Diagnostics> {
+        self.resolve_with_warnings(hostname).map(|(s, _)| s)
+    }
+
+    /// Every problem of the file: the base spec and each host overlay, errors and warnings.
+    pub fn check(&self) -> Diagnostics {
+        Diagnostics(validate::validate_all(&self.document, &self.map))
+    }
+
+    /// The file name given to [`parse`].
+    pub fn file(&self) -> &str {
+        &self.map.file
+    }
+}
+
+/// Parse, check every overlay, and report all problems of one file (errors and warnings).
+pub fn check(file: &str, text: &str) -> Diagnostics {
+    match parse(file, text) {
+        Ok(p) => p.check(),
+        Err(d) => d,
+    }
+}
+
+/// The JSON Schema of a spec file, pretty-printed with a trailing newline.
+pub fn json_schema() -> String {
+    let schema = schemars::schema_for!(Document);
+    let mut s = serde_json::to_string_pretty(&schema).expect("a schema serializes");
+    s.push('\n');
+    s
+}

@@ -1,0 +1,314 @@
+//! The spec as users write it (YAML, one file per managed unit).
+//!
+//! Every field of [`SpecLayer`] is optional so that the same type serves as the base `spec` and as a
+//! per-host overlay under `hosts`; [`crate::resolve`] merges them and fills in the defaults.
+
+use std::collections::BTreeMap;
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// A spec file: one inference service, i.e. one systemd unit that specd owns.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+#[schemars(title = "specd InferenceService")]
+pub struct Document {
+    /// Always `specd/v1`.
+    #[serde(rename = "apiVersion", default)]
+    pub api_version: String,
+    /// Always `InferenceService`.
+    #[serde(default)]
+    pub kind: String,
+    #[serde(default)]
+    pub metadata: Metadata,
+    /// The desired state, for every host.
+    #[serde(default)]
+    pub spec: SpecLayer,
+    /// Per-host overlays, keyed by hostname, deep-merged over `spec` on that host.
+    /// Maps merge key by key; scalars and lists replace.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub hosts: BTreeMap<String, SpecLayer>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Metadata {
+    /// A name for this service: lowercase letters, digits and `-`, at most 63 characters.
+    #[serde(default)]
+    pub name: String,
+    /// Free-form labels, shown by `specd status`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+}
+
+/// The inference engine; selects the flag names and HTTP endpoints specd uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum Engine {
+    /// SGLang (`python3 -m sglang.launch_server`).
+    Sglang,
+    /// vLLM (`vllm serve`).
+    Vllm,
+    /// llama.cpp's `llama-server`.
+    LlamaCpp,
+}
+
+impl Engine {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Engine::Sglang => "sglang",
+            Engine::Vllm => "vllm",
+            Engine::LlamaCpp => "llama-cpp",
+        }
+    }
+}
+
+/// The desired state of one service. In `spec` the fields `unit`, `engine` and `model` are required;
+/// in a host overlay every field is optional and `unit` may not be changed.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SpecLayer {
+    /// The systemd unit specd owns, e.g. `sglang-qwen.service`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unit: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<Engine>,
+    /// The argv prefix that starts the engine. Defaults: sglang `python3 -m sglang.launch_server`,
+    /// vllm `vllm serve`, llama-cpp `llama-server`. The program is an absolute path or a bare name
+    /// that systemd looks up in its fixed search path.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<Vec<String>>,
+    /// Absolute path of the model weights.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server: Option<ServerLayer>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub speculative: Option<SpeculativeLayer>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service: Option<ServiceLayer>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub readiness: Option<ReadinessLayer>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<PolicyLayer>,
+}
+
+/// Server arguments. Names follow SGLang's flags; specd renders each engine's own equivalent.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ServerLayer {
+    /// Address to listen on (`--host`). Default `127.0.0.1`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    /// Port to listen on (`--port`), 1..=65535. Defaults: sglang 30000, vllm 8000, llama-cpp 8080.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub port: Option<u32>,
+    /// Tensor parallel size: sglang `--tp-size`, vllm `--tensor-parallel-size`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tp_size: Option<u32>,
+    /// Fraction of GPU memory for weights and KV cache: sglang `--mem-fraction-static`,
+    /// vllm `--gpu-memory-utilization`. In (0, 1].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mem_fraction_static: Option<f64>,
+    /// Concurrent requests: sglang `--max-running-requests`, vllm `--max-num-seqs`,
+    /// llama-cpp `--parallel`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_running_requests: Option<u32>,
+    /// Context length in tokens: sglang `--context-length`, vllm `--max-model-len`,
+    /// llama-cpp `--ctx-size`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context_length: Option<u32>,
+    /// Layers offloaded to the GPU (llama-cpp `--n-gpu-layers`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub n_gpu_layers: Option<u32>,
+    /// Model name served by the API (`--served-model-name`; llama-cpp `--alias`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub served_model_name: Option<String>,
+    /// Further arguments appended verbatim. May not repeat a flag specd renders.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub extra_args: Option<Vec<String>>,
+}
+
+/// Speculative decoding. Names follow SGLang's `--speculative-*` flags.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SpeculativeLayer {
+    /// sglang `--speculative-algorithm` (EAGLE, EAGLE3, NEXTN, STANDALONE, NGRAM);
+    /// vllm `speculative-config.method` (eagle, eagle3, mtp, ngram, draft_model, suffix).
+    /// Not used by llama-cpp (a draft model selects draft decoding).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub algorithm: Option<String>,
+    /// sglang `--speculative-num-steps`; vllm `num_speculative_tokens`;
+    /// llama-cpp `--spec-draft-n-max`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub num_steps: Option<u32>,
+    /// sglang `--speculative-eagle-topk`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub eagle_topk: Option<u32>,
+    /// sglang `--speculative-num-draft-tokens`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub num_draft_tokens: Option<u32>,
+    /// Absolute path of the draft model: sglang `--speculative-draft-model-path`,
+    /// vllm `speculative-config.model`, llama-cpp `--spec-draft-model`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub draft_model: Option<String>,
+    /// llama-cpp `--spec-draft-n-min`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub draft_min: Option<u32>,
+    /// llama-cpp `--spec-draft-p-min`, in [0, 1].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub draft_p_min: Option<f64>,
+    /// vllm ngram `prompt_lookup_min`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_lookup_min: Option<u32>,
+    /// vllm ngram `prompt_lookup_max`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_lookup_max: Option<u32>,
+}
+
+/// systemd `Restart=`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum Restart {
+    No,
+    OnSuccess,
+    OnFailure,
+    OnAbnormal,
+    OnWatchdog,
+    OnAbort,
+    Always,
+}
+
+impl Restart {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Restart::No => "no",
+            Restart::OnSuccess => "on-success",
+            Restart::OnFailure => "on-failure",
+            Restart::OnAbnormal => "on-abnormal",
+            Restart::OnWatchdog => "on-watchdog",
+            Restart::OnAbort => "on-abort",
+            Restart::Always => "always",
+        }
+    }
+}
+
+/// The `[Service]` section of the rendered unit.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ServiceLayer {
+    /// `Description=`. Default `specd: NAME (ENGINE)`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// `User=`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    /// `Group=`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
+    /// `WorkingDirectory=`, an absolute path.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub working_directory: Option<String>,
+    /// `Environment=`, one line per variable. Maps merge key by key in host overlays.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub environment: Option<BTreeMap<String, String>>,
+    /// `Restart=`. Default `on-failure`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restart: Option<Restart>,
+    /// `RestartSec=` in seconds. Default 5.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restart_sec: Option<u32>,
+    /// `TimeoutStartSec=` in seconds. Default 1800 (large models load for minutes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_start_sec: Option<u32>,
+    /// `TimeoutStopSec=` in seconds: how long systemd waits after SIGTERM before SIGKILL. Default 300.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_stop_sec: Option<u32>,
+    /// How long specd waits for in-flight requests to drain before it stops the unit. Default 0
+    /// (stop at once; the engine then drains under `timeout_stop_sec`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain_timeout_sec: Option<u32>,
+    /// `MemoryMax=`, e.g. `200G`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_max: Option<String>,
+}
+
+/// How specd decides that a started server is ready.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReadinessLayer {
+    /// Give up (and roll back) after this many seconds. Default: `service.timeout_start_sec`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_sec: Option<u32>,
+    /// HTTP path polled until it answers 200. Defaults: sglang `/health_generate`,
+    /// vllm `/health`, llama-cpp `/health`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint: Option<String>,
+    /// Compare the server's own reported args with the spec once it is ready. Default true.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verify_args: Option<bool>,
+}
+
+/// What specd does when the host differs from the spec.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum DriftPolicy {
+    /// Re-apply the spec.
+    Heal,
+    /// Only report the drift.
+    Report,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyLayer {
+    /// Default `heal`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drift: Option<DriftPolicy>,
+    /// Restore the last good unit when a new one fails. Default true.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollback: Option<bool>,
+}
+
+/// Overlay merge: `over` wins field by field; nested sections and maps merge recursively.
+pub(crate) trait Merge {
+    fn merge(&mut self, over: &Self);
+}
+
+fn merge_opt<T: Clone>(base: &mut Option<T>, over: &Option<T>) {
+    if over.is_some() {
+        base.clone_from(over);
+    }
+}
+
+fn merge_section<T: Merge + Clone + Default>(base: &mut Option<T>, over: &Option<T>) {
+    if let Some(o) = over {
+        base.get_or_insert_with(T::default).merge(o);
+    }
+}
+
+macro_rules! impl_merge {
+    ($ty:ty { $($field:ident),* } sections { $($section:ident),* }) => {
+        impl Merge for $ty {
+            fn merge(&mut self, over: &Self) {
+                $( merge_opt(&mut self.$field, &over.$field); )*
+                $( merge_section(&mut self.$section, &over.$section); )*
+            }
+        }
+    };
+}
+
+impl_merge!(SpecLayer { unit, engine, command, model } sections { server, speculative, service, readiness, policy });
+impl_merge!(ServerLayer { host, port, tp_size, mem_fraction_static, max_running_requests, context_length, n_gpu_layers, served_model_name, extra_args } sections {});
+impl_merge!(SpeculativeLayer { algorithm, num_steps, eagle_topk, num_draft_tokens, draft_model, draft_min, draft_p_min, prompt_lookup_min, prompt_lookup_max } sections {});
+impl_merge!(ServiceLayer { description, user, group, working_directory, restart, restart_sec, timeout_start_sec, timeout_stop_sec, drain_timeout_sec, memory_max } sections { environment });
+impl_merge!(ReadinessLayer { timeout_sec, endpoint, verify_args } sections {});
+impl_merge!(PolicyLayer { drift, rollback } sections {});
+
+impl Merge for BTreeMap<String, String> {
+    fn merge(&mut self, over: &Self) {
+        for (k, v) in over {
+            self.insert(k.clone(), v.clone());
+        }
+    }
+}

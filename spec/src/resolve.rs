@@ -1,0 +1,167 @@
+//! The resolved spec: base + host overlay merged, defaults filled in, validated.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::model::{DriftPolicy, Engine, Restart};
+
+/// A validated spec for one host: everything needed to render the unit and to check the server.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Spec {
+    /// `metadata.name`.
+    pub name: String,
+    /// The hostname whose overlay was merged, if the file has one for it.
+    pub overlay: Option<String>,
+    pub unit: String,
+    pub engine: Engine,
+    /// The full argv of `ExecStart=`.
+    pub argv: Vec<String>,
+    pub model: String,
+    pub server: Server,
+    pub speculative: Option<Speculative>,
+    pub service: Service,
+    pub readiness: Readiness,
+    pub policy: Policy,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Server {
+    pub host: String,
+    pub port: u16,
+    pub tp_size: Option<u32>,
+    pub mem_fraction_static: Option<f64>,
+    pub max_running_requests: Option<u32>,
+    pub context_length: Option<u32>,
+    pub n_gpu_layers: Option<u32>,
+    pub served_model_name: Option<String>,
+    pub extra_args: Vec<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Speculative {
+    pub algorithm: Option<String>,
+    pub num_steps: Option<u32>,
+    pub eagle_topk: Option<u32>,
+    pub num_draft_tokens: Option<u32>,
+    pub draft_model: Option<String>,
+    pub draft_min: Option<u32>,
+    pub draft_p_min: Option<f64>,
+    pub prompt_lookup_min: Option<u32>,
+    pub prompt_lookup_max: Option<u32>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Service {
+    pub description: String,
+    pub user: Option<String>,
+    pub group: Option<String>,
+    pub working_directory: Option<String>,
+    pub environment: BTreeMap<String, String>,
+    pub restart: Restart,
+    pub restart_sec: u32,
+    pub timeout_start_sec: u32,
+    pub timeout_stop_sec: u32,
+    pub drain_timeout_sec: u32,
+    pub memory_max: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Readiness {
+    pub timeout_sec: u32,
+    pub endpoint: String,
+    pub verify_args: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Policy {
+    pub drift: DriftPolicy,
+    pub rollback: bool,
+}
+
+/// One server argument as the engine reports it once running, for `verify_args`.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ExpectedArg {
+    /// Key in the engine's report (`/get_server_info` for SGLang, `/props` for llama.cpp).
+    pub key: &'static str,
+    /// The value the engine must report; `null` means "must be unset".
+    pub value: serde_json::Value,
+}
+
+impl Spec {
+    /// The server's base URL as specd reaches it from the same host.
+    pub fn base_url(&self) -> String {
+        let host = match self.server.host.as_str() {
+            "0.0.0.0" | "" => "127.0.0.1".to_string(),
+            "::" => "[::1]".to_string(),
+            h if h.contains(':') => format!("[{h}]"),
+            h => h.to_string(),
+        };
+        format!("http://{host}:{}", self.server.port)
+    }
+
+    /// Where the engine reports its own args, if it does.
+    pub fn server_info_path(&self) -> Option<&'static str> {
+        match self.engine {
+            Engine::Sglang => Some("/get_server_info"),
+            Engine::LlamaCpp => Some("/props"),
+            Engine::Vllm => None,
+        }
+    }
+
+    /// The args the running engine must report, after the engine's own documented rewrites
+    /// (SGLang reports `NEXTN` as `EAGLE`). Only what the spec pins is listed.
+    pub fn expected_server_args(&self) -> Vec<ExpectedArg> {
+        use serde_json::{Value, json};
+        let mut out = Vec::new();
+        let mut push = |key: &'static str, value: Value| out.push(ExpectedArg { key, value });
+        match self.engine {
+            Engine::Sglang => {
+                push("model_path", json!(self.model));
+                push("port", json!(self.server.port));
+                push("tp_size", json!(self.server.tp_size.unwrap_or(1)));
+                if let Some(v) = self.server.mem_fraction_static {
+                    push("mem_fraction_static", json!(v));
+                }
+                if let Some(v) = self.server.max_running_requests {
+                    push("max_running_requests", json!(v));
+                }
+                if let Some(v) = self.server.context_length {
+                    push("context_length", json!(v));
+                }
+                match &self.speculative {
+                    None => push("speculative_algorithm", Value::Null),
+                    Some(s) => {
+                        let alg = s
+                            .algorithm
+                            .as_deref()
+                            .map(|a| if a == "NEXTN" { "EAGLE" } else { a });
+                        push("speculative_algorithm", json!(alg));
+                        if alg != Some("NGRAM") {
+                            if let Some(v) = s.num_steps {
+                                push("speculative_num_steps", json!(v));
+                            }
+                            if let Some(v) = s.eagle_topk {
+                                push("speculative_eagle_topk", json!(v));
+                            }
+                        }
+                        if let Some(v) = s.num_draft_tokens {
+                            push("speculative_num_draft_tokens", json!(v));
+                        }
+                        if let Some(v) = &s.draft_model {
+                            push("speculative_draft_model_path", json!(v));
+                        }
+                    }
+                }
+            }
+            Engine::LlamaCpp => {
+                push("model_path", json!(self.model));
+                if let Some(v) = self.server.max_running_requests {
+                    push("total_slots", json!(v));
+                }
+            }
+            Engine::Vllm => {}
+        }
+        out
+    }
+}

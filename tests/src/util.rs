@@ -1,0 +1,77 @@
+//! Small helpers shared by the box, the stand-in tests and the end-to-end tests.
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// Polls `cond` until it returns `true` or `timeout` passes.
+///
+/// This is for waiting on a real condition (a port open, a unit state, a
+/// journal line), never a fixed sleep. The poll interval starts at 5 ms and
+/// grows to 50 ms. On timeout the error names `desc`, so a failing test says
+/// what it was waiting for.
+pub fn wait_until(
+    desc: &str,
+    timeout: Duration,
+    mut cond: impl FnMut() -> bool,
+) -> anyhow::Result<()> {
+    wait_for(desc, timeout, || cond().then_some(())).map(|_| ())
+}
+
+/// Like [`wait_until`], but the condition yields a value when it holds.
+pub fn wait_for<T>(
+    desc: &str,
+    timeout: Duration,
+    mut cond: impl FnMut() -> Option<T>,
+) -> anyhow::Result<T> {
+    let start = Instant::now();
+    let mut pause = Duration::from_millis(5);
+    loop {
+        if let Some(v) = cond() {
+            return Ok(v);
+        }
+        if start.elapsed() >= timeout {
+            anyhow::bail!("timed out after {timeout:?} waiting for: {desc}");
+        }
+        std::thread::sleep(pause.min(timeout.saturating_sub(start.elapsed())));
+        pause = (pause * 2).min(Duration::from_millis(50));
+    }
+}
+
+/// A TCP port on 127.0.0.1 that was free a moment ago (bound to port 0, read,
+/// released).
+pub fn free_port() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+    l.local_addr().expect("local_addr").port()
+}
+
+/// The directory holding the workspace's built binaries (`…/target/debug`),
+/// derived from the running executable: a test binary lives in
+/// `…/target/debug/deps/`, a bench or demo binary in `…/target/debug/`.
+pub fn target_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    let mut dir = exe.parent().expect("exe has a parent").to_path_buf();
+    if dir
+        .file_name()
+        .is_some_and(|n| n == "deps" || n == "examples")
+    {
+        dir.pop();
+    }
+    dir
+}
+
+/// Path of a binary built by this workspace, e.g. `bin_path("specd")` or
+/// `bin_path("specd-standin")`.
+///
+/// Panics with a hint when the binary has not been built: `cargo test -p
+/// specd-e2e` builds only this crate's binaries, so the agent needs `cargo
+/// test --workspace` (or `cargo build --workspace` first).
+pub fn bin_path(name: &str) -> PathBuf {
+    let p = target_dir().join(name);
+    assert!(
+        p.is_file(),
+        "binary {name:?} not found at {}: build the workspace first (`cargo test --workspace`, or `cargo build --workspace` then run the tests)",
+        p.display()
+    );
+    p
+}

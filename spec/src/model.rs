@@ -11,13 +11,15 @@ use serde::{Deserialize, Serialize};
 /// A spec file: one inference service, i.e. one systemd unit that specd owns.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
-#[schemars(title = "specd InferenceService")]
+#[schemars(title = "specd InferenceService", transform = required_fields)]
 pub struct Document {
     /// Always `specd/v1`.
     #[serde(rename = "apiVersion", default)]
+    #[schemars(extend("const" = "specd/v1"))]
     pub api_version: String,
     /// Always `InferenceService`.
     #[serde(default)]
+    #[schemars(extend("const" = "InferenceService"))]
     pub kind: String,
     #[serde(default)]
     pub metadata: Metadata,
@@ -30,11 +32,43 @@ pub struct Document {
     pub hosts: BTreeMap<String, SpecLayer>,
 }
 
+/// The top-level fields default to empty when parsing, so that a missing one is reported by
+/// validation with its path; the schema still marks them required, without a default.
+fn required_fields(schema: &mut schemars::Schema) {
+    required(schema, &["apiVersion", "kind", "metadata", "spec"]);
+}
+
+fn required_name(schema: &mut schemars::Schema) {
+    required(schema, &["name"]);
+}
+
+fn required(schema: &mut schemars::Schema, names: &[&str]) {
+    fn strip(schema: &mut serde_json::Value, required: &[&str]) {
+        if let Some(obj) = schema.as_object_mut() {
+            obj.insert("required".into(), serde_json::json!(required));
+            if let Some(props) = obj.get_mut("properties").and_then(|p| p.as_object_mut()) {
+                for name in required {
+                    if let Some(p) = props.get_mut(*name).and_then(|p| p.as_object_mut()) {
+                        p.remove("default");
+                    }
+                }
+            }
+        }
+    }
+    let mut top = serde_json::Value::Object(std::mem::take(schema.ensure_object()));
+    strip(&mut top, names);
+    if let serde_json::Value::Object(map) = top {
+        *schema.ensure_object() = map;
+    }
+}
+
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+#[schemars(transform = required_name)]
 pub struct Metadata {
     /// A name for this service: lowercase letters, digits and `-`, at most 63 characters.
     #[serde(default)]
+    #[schemars(extend("pattern" = "^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"))]
     pub name: String,
     /// Free-form labels, shown by `specd status`.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]

@@ -139,6 +139,11 @@ pub fn command_line(argv: &[String]) -> String {
 /// writes and reads: quoting, C escapes, `%%` and `$$`. Returns `None` for anything else
 /// (unknown specifiers or escapes, variable references, unterminated quotes, `;`).
 pub fn parse_command_line(s: &str) -> Option<Vec<String>> {
+    split_words(s, true)
+}
+
+/// systemd's word splitting with unquoting, C escapes and `%%`; `$$` only where variables expand.
+fn split_words(s: &str, dollar: bool) -> Option<Vec<String>> {
     let mut argv = Vec::new();
     let mut chars = s.chars().peekable();
     loop {
@@ -170,7 +175,7 @@ pub fn parse_command_line(s: &str) -> Option<Vec<String>> {
                     '%' => word.push('%'),
                     _ => return None,
                 },
-                '$' => match chars.next()? {
+                '$' if dollar => match chars.next()? {
                     '$' => word.push('$'),
                     _ => return None,
                 },
@@ -192,9 +197,10 @@ pub fn parse_command_line(s: &str) -> Option<Vec<String>> {
     Some(argv)
 }
 
-/// Parse one `Environment=` assignment as specd writes it (`"K=V"`), to `(K, V)`.
+/// Parse one `Environment=` assignment as specd writes it (`"K=V"`), to `(K, V)`. Unlike in
+/// command lines, `$` is not special here.
 pub fn parse_environment(s: &str) -> Option<(String, String)> {
-    let words = parse_command_line(s)?;
+    let words = split_words(s, false)?;
     let [w] = words.as_slice() else { return None };
     let (k, v) = w.split_once('=')?;
     Some((k.to_string(), v.to_string()))

@@ -28,16 +28,37 @@ impl Ctx<'_> {
         format!("spec.{p}")
     }
 
-    fn err(&mut self, p: &str, msg: impl Into<String>) {
+    fn push(&mut self, severity: Severity, p: &str, msg: String) {
         let path = self.path(p);
-        let d = self.map.at_field(Severity::Error, &path, msg.into());
+        let msg = match self.host {
+            Some(h) if !path.starts_with("hosts.") => format!("{msg}{}", overlay_suffix(h)),
+            _ => msg,
+        };
+        let d = self.map.at_field(severity, &path, msg);
         self.out.push(d);
     }
 
+    fn err(&mut self, p: &str, msg: impl Into<String>) {
+        self.push(Severity::Error, p, msg.into());
+    }
+
     fn warn(&mut self, p: &str, msg: impl Into<String>) {
-        let path = self.path(p);
-        let d = self.map.at_field(Severity::Warning, &path, msg.into());
-        self.out.push(d);
+        self.push(Severity::Warning, p, msg.into());
+    }
+
+    /// An error about a rule between fields: at the first of them that the host overlay sets
+    /// (the overlay made the combination), else at the first.
+    fn err_rule(&mut self, fields: &[&str], msg: impl Into<String>) {
+        let at = self
+            .host
+            .and_then(|h| {
+                fields
+                    .iter()
+                    .find(|f| self.map.has(&format!("hosts.{h}.{f}")))
+            })
+            .unwrap_or(&fields[0])
+            .to_string();
+        self.err(&at, msg);
     }
 
     /// Any text that ends up in the unit file: no control characters (a newline would start a
@@ -69,26 +90,34 @@ impl Ctx<'_> {
     }
 }
 
+fn overlay_suffix(host: &str) -> String {
+    format!(" (with the overlay for host {host})")
+}
+
 /// Validate one document as a whole: the base spec and every host overlay. Diagnostics are
 /// deduplicated (an error in the base spec is reported once, not once per host).
 pub(crate) fn validate_all(doc: &Document, map: &SourceMap) -> Vec<Diagnostic> {
     let mut all: Vec<Diagnostic> = Vec::new();
-    let mut push = |ds: Vec<Diagnostic>| {
+    let mut push = |ds: Vec<Diagnostic>, host: Option<&str>| {
         for d in ds {
-            if !all.contains(&d) {
+            // The same problem of the base spec, seen again through an overlay: report it once.
+            let seen = all.iter().any(|a| {
+                (a.line, a.column, &a.path, a.severity) == (d.line, d.column, &d.path, d.severity)
+                    && host
+                        .is_some_and(|h| d.message == format!("{}{}", a.message, overlay_suffix(h)))
+            });
+            if !seen && !all.contains(&d) {
                 all.push(d);
             }
         }
     };
-    push(match resolve(doc, map, None) {
+    let outcome = |r: Result<(Spec, Vec<Diagnostic>), Vec<Diagnostic>>| match r {
         Ok((_, w)) => w,
         Err(e) => e,
-    });
+    };
+    push(outcome(resolve(doc, map, None)), None);
     for host in doc.hosts.keys() {
-        push(match resolve(doc, map, Some(host)) {
-            Ok((_, w)) => w,
-            Err(e) => e,
-        });
+        push(outcome(resolve(doc, map, Some(host))), Some(host));
     }
     all.sort_by(|a, b| (a.line, a.column).cmp(&(b.line, b.column)));
     all
@@ -589,10 +618,10 @@ fn speculative(c: &mut Ctx, engine: Engine, l: &SpecLayer) -> Option<Speculative
                                 && let Some(n) = s.num_draft_tokens
                                 && n != steps + 1
                             {
-                                c.err(
-                                    "speculative.num_draft_tokens",
+                                c.err_rule(
+                                    &["speculative.num_draft_tokens", "speculative.num_steps", "speculative.eagle_topk"],
                                     format!(
-                                        "must be num_steps + 1 = {} when eagle_topk is 1, got {n}; SGLang would silently reset it to {}, which would later look like drift",
+                                        "num_draft_tokens must be num_steps + 1 = {} when eagle_topk is 1, got {n}; SGLang would silently reset it to {}, which would later look like drift",
                                         steps + 1,
                                         steps + 1
                                     ),

@@ -14,8 +14,30 @@ use crate::specs;
     about = "GitOps agent for GPU inference hosts: specs in git, systemd units that provably run them"
 )]
 pub struct Cli {
+    #[command(flatten)]
+    pub global: Global,
     #[command(subcommand)]
     pub command: Command,
+}
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct Global {
+    /// specd's state directory.
+    #[arg(
+        long,
+        global = true,
+        env = "SPECD_STATE_DIR",
+        default_value = "/var/lib/specd"
+    )]
+    pub state_dir: PathBuf,
+    /// Where specd writes unit files.
+    #[arg(
+        long,
+        global = true,
+        env = "SPECD_UNIT_DIR",
+        default_value = "/etc/systemd/system"
+    )]
+    pub unit_dir: PathBuf,
 }
 
 #[derive(Subcommand, Debug)]
@@ -38,11 +60,52 @@ pub enum Command {
     },
     /// Print the JSON Schema of spec files.
     Schema,
+    /// Reconcile one spec now: stop, wait for an empty cgroup, write, reload, start, verify,
+    /// wait for readiness; roll back if it fails.
+    Apply {
+        #[arg(long = "file", short = 'f')]
+        file: PathBuf,
+        /// Print the plan and change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Hostname whose overlay applies (default: this machine's hostname).
+        #[arg(long)]
+        host: Option<String>,
+    },
+    /// Per unit: sync, health, desired vs deployed unit, running config vs spec, last result.
+    /// Exit 0 when all are in sync and healthy, 1 otherwise, 2 when it cannot tell.
+    Status {
+        #[arg(long)]
+        json: bool,
+        /// Compare with this spec instead of the last desired state specd recorded.
+        #[arg(long = "file", short = 'f')]
+        file: Option<PathBuf>,
+        #[arg(long)]
+        host: Option<String>,
+    },
+    /// Unified diff of the deployed unit against the desired one, and the server's args against
+    /// the spec. Exit 0 when there is no difference, 1 otherwise.
+    Diff {
+        #[arg(long = "file", short = 'f')]
+        file: PathBuf,
+        #[arg(long)]
+        host: Option<String>,
+    },
 }
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
+    let g = cli.global.clone();
     match cli.command {
+        Command::Apply {
+            file,
+            dry_run,
+            host,
+        } => run_async(crate::ops::apply(&g, &file, host, dry_run)),
+        Command::Status { json, file, host } => {
+            run_async(crate::ops::status(&g, json, file.as_deref(), host))
+        }
+        Command::Diff { file, host } => run_async(crate::ops::diff(&g, &file, host)),
         Command::Validate { files } => validate(&files),
         Command::Render { file, host, hash } => render(&file, host.as_deref(), hash),
         Command::Schema => {
@@ -98,4 +161,19 @@ fn render(file: &PathBuf, host: Option<&str>, hash: bool) -> ExitCode {
         print!("{}", unit.text);
     }
     ExitCode::SUCCESS
+}
+
+fn run_async(f: impl std::future::Future<Output = anyhow::Result<u8>>) -> ExitCode {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    match rt.block_on(f) {
+        Ok(code) => ExitCode::from(code),
+        Err(e) => {
+            eprintln!("specd: error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
 }

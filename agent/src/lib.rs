@@ -2,5 +2,14 @@
 //!
 //! See ARCHITECTURE.md at the repository root for the map and the invariants.
 
+pub mod cgroup;
 pub mod cli;
+pub mod fsx;
+pub mod lock;
+pub mod ops;
+pub mod plan;
+pub mod probe;
+pub mod reconcile;
 pub mod specs;
+pub mod state;
+pub mod systemd;

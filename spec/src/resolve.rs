@@ -2,12 +2,12 @@
 
 use std::collections::BTreeMap;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::model::{DriftPolicy, Engine, Restart};
 
 /// A validated spec for one host: everything needed to render the unit and to check the server.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Spec {
     /// `metadata.name`.
     pub name: String,
@@ -25,7 +25,7 @@ pub struct Spec {
     pub policy: Policy,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Server {
     pub host: String,
     pub port: u16,
@@ -38,7 +38,7 @@ pub struct Server {
     pub extra_args: Vec<String>,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Speculative {
     pub algorithm: Option<String>,
     pub num_steps: Option<u32>,
@@ -51,7 +51,7 @@ pub struct Speculative {
     pub prompt_lookup_max: Option<u32>,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Service {
     pub description: String,
     pub user: Option<String>,
@@ -66,14 +66,14 @@ pub struct Service {
     pub memory_max: Option<String>,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Readiness {
     pub timeout_sec: u32,
     pub endpoint: String,
     pub verify_args: bool,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Policy {
     pub drift: DriftPolicy,
     pub rollback: bool,

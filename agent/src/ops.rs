@@ -1,0 +1,339 @@
+//! The commands that touch a host: apply, status, diff.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use serde::Serialize;
+
+use crate::cgroup::Layout;
+use crate::cli::Global;
+use crate::plan::{self, Sync};
+use crate::probe::{self, Health, Probe};
+use crate::reconcile::{self, Ctx, DesiredState, Event, Events};
+use crate::specs;
+use crate::state::{self, Source, Store};
+use crate::systemd::{Systemctl, Systemd};
+
+pub fn hostname(over: Option<String>) -> String {
+    over.unwrap_or_else(|| {
+        nix::unistd::gethostname()
+            .map(|h| h.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    })
+}
+
+pub fn ctx(g: &Global, events: Events) -> Ctx<Systemctl> {
+    Ctx {
+        systemd: Systemctl,
+        unit_dir: g.unit_dir.clone(),
+        store: Store::new(&g.state_dir),
+        layout: Layout::host(),
+        probe: Probe::default(),
+        events,
+    }
+}
+
+/// Progress lines on stderr: `[  12.3s] unit: message`.
+pub fn stderr_events() -> Events {
+    let t0 = Instant::now();
+    Arc::new(move |unit: &str, e: &Event| {
+        let t = t0.elapsed().as_secs_f64();
+        match e {
+            Event::Plan(p) => {
+                eprintln!(
+                    "[{t:7.1}s] {unit}: {}{}",
+                    p.sync,
+                    if p.reasons.is_empty() {
+                        String::new()
+                    } else {
+                        format!(": {}", p.reasons.join("; "))
+                    }
+                );
+                if !p.steps.is_empty() {
+                    let steps: Vec<String> = p.steps.iter().map(|s| format!("{s:?}")).collect();
+                    eprintln!("[{t:7.1}s] {unit}: plan: {}", steps.join(" → "));
+                }
+            }
+            Event::Phase(m) => eprintln!("[{t:7.1}s] {unit}: {m}"),
+            Event::Progress(m) => eprintln!("[{t:7.1}s] {unit}:   {m}"),
+            Event::Warning(m) => eprintln!("[{t:7.1}s] {unit}: WARNING: {m}"),
+        }
+    })
+}
+
+/// Load, resolve for this host and render a spec file; diagnostics on stderr when it is bad.
+fn desired(file: &Path, host: Option<String>) -> Result<Option<DesiredState>> {
+    let host = hostname(host);
+    let parsed = match specs::load(file) {
+        Ok(p) => p,
+        Err(d) => {
+            eprintln!("{d}");
+            return Ok(None);
+        }
+    };
+    match parsed.resolve_with_warnings(Some(&host)) {
+        Ok((spec, warnings)) => {
+            for w in &warnings.0 {
+                eprintln!("{w}");
+            }
+            let path = std::fs::canonicalize(file).unwrap_or_else(|_| file.to_path_buf());
+            Ok(Some(DesiredState::new(
+                spec,
+                Some(Source::File {
+                    path: path.display().to_string(),
+                }),
+            )))
+        }
+        Err(d) => {
+            eprintln!("{d}");
+            Ok(None)
+        }
+    }
+}
+
+pub async fn apply(g: &Global, file: &Path, host: Option<String>, dry_run: bool) -> Result<u8> {
+    let Some(d) = desired(file, host)? else {
+        eprintln!("specd: nothing was changed on this host");
+        return Ok(1);
+    };
+    let ctx = ctx(g, stderr_events());
+    let report = reconcile::reconcile(&ctx, &d, dry_run).await?;
+    if let Some(v) = &report.stop_verdict {
+        println!("note: the previous instance was {v}");
+    }
+    println!("{}", report.verdict);
+    Ok(match (report.outcome, report.plan.sync) {
+        (Some(state::Outcome::Applied | state::Outcome::Started), _) => 0,
+        (None, Sync::InSync | Sync::Progressing) => 0,
+        (None, _) if dry_run => 0,
+        _ => 1,
+    })
+}
+
+#[derive(Debug, Serialize)]
+pub struct UnitStatus {
+    pub unit: String,
+    pub sync: Sync,
+    pub health: String,
+    pub reasons: Vec<String>,
+    pub desired_sha256: Option<String>,
+    pub deployed_sha256: Option<String>,
+    pub source: Option<Source>,
+    pub active_state: String,
+    pub sub_state: String,
+    pub main_pid: u32,
+    /// The running process's argv equals the rendered ExecStart.
+    pub cmdline_matches: Option<bool>,
+    pub arg_mismatches: Vec<String>,
+    pub last_result: Option<state::HistoryEntry>,
+    pub error: Option<String>,
+}
+
+async fn unit_status<S: Systemd>(
+    ctx: &Ctx<S>,
+    st: &state::UnitState,
+    override_desired: Option<&DesiredState>,
+) -> Result<UnitStatus> {
+    let desired = match (override_desired, &st.desired) {
+        (Some(d), _) => Some(d.clone()),
+        (None, Some(rec)) => Some(DesiredState::new(rec.spec.clone(), rec.source.clone())),
+        (None, None) => None,
+    };
+    let Some(d) = desired else {
+        let props = ctx.systemd.show(&st.unit).await?;
+        return Ok(UnitStatus {
+            unit: st.unit.clone(),
+            sync: Sync::OutOfSync,
+            health: "Unknown".into(),
+            reasons: vec!["no desired state recorded".into()],
+            desired_sha256: None,
+            deployed_sha256: None,
+            source: None,
+            active_state: props.active_state,
+            sub_state: props.sub_state,
+            main_pid: props.main_pid,
+            cmdline_matches: None,
+            arg_mismatches: vec![],
+            last_result: st.history.last().cloned(),
+            error: None,
+        });
+    };
+    let (o, props) = reconcile::observe(ctx, &d, st, true).await?;
+    let p = plan::plan(&o, &reconcile::desired_of(&ctx.unit_dir, &d));
+    let mut sync = p.sync;
+    let mut reasons = p.reasons.clone();
+    let lock_free = crate::lock::UnitLock::try_acquire(&ctx.store.locks_dir(), &st.unit)?.is_some();
+    if !lock_free {
+        sync = Sync::Progressing;
+        reasons.insert(
+            0,
+            format!(
+                "an apply is running ({})",
+                st.in_progress
+                    .as_ref()
+                    .map_or("?".into(), |p| p.phase.clone())
+            ),
+        );
+    }
+    if let Some(last) = st.history.last()
+        && last.sha256 == d.unit.sha256
+        && matches!(
+            last.outcome,
+            state::Outcome::Failed | state::Outcome::RolledBack
+        )
+        && sync != Sync::Progressing
+    {
+        sync = Sync::Failed;
+        if !reasons.iter().any(|r| r.contains(&last.message)) {
+            reasons.push(last.message.clone());
+        }
+    }
+    let health = match (o.ready, props.active_state.as_str()) {
+        (Some(true), _) => "Healthy",
+        (Some(false), _) => "Loading",
+        (None, "active" | "activating" | "reloading") => "Unknown",
+        (None, _) => "Down",
+    };
+    Ok(UnitStatus {
+        unit: st.unit.clone(),
+        sync,
+        health: health.into(),
+        reasons,
+        desired_sha256: Some(d.unit.sha256.clone()),
+        deployed_sha256: o.deployed_sha256.clone(),
+        source: d.source.clone(),
+        active_state: props.active_state.clone(),
+        sub_state: props.sub_state.clone(),
+        main_pid: props.main_pid,
+        cmdline_matches: o.main_cmdline.as_ref().map(|c| *c == d.spec.argv),
+        arg_mismatches: o.arg_mismatches.clone(),
+        last_result: st.history.last().cloned(),
+        error: st.desired.as_ref().and_then(|r| r.error.clone()),
+    })
+}
+
+pub async fn status(
+    g: &Global,
+    json: bool,
+    file: Option<&Path>,
+    host: Option<String>,
+) -> Result<u8> {
+    let ctx = ctx(g, Arc::new(|_: &str, _: &Event| {}));
+    let mut override_desired = None;
+    let units = match file {
+        Some(f) => {
+            let Some(d) = desired(f, host)? else {
+                return Ok(2);
+            };
+            let u = d.spec.unit.clone();
+            override_desired = Some(d);
+            vec![u]
+        }
+        None => ctx.store.units().context("reading the state directory")?,
+    };
+    let mut all = Vec::new();
+    for u in &units {
+        let st = ctx.store.load(u)?;
+        all.push(unit_status(&ctx, &st, override_desired.as_ref()).await?);
+    }
+    if json {
+        println!("{}", serde_json::to_string_pretty(&all)?);
+    } else if all.is_empty() {
+        println!("no units managed yet (state dir {})", g.state_dir.display());
+    } else {
+        for s in &all {
+            print_status(s);
+        }
+    }
+    let ok = all
+        .iter()
+        .all(|s| s.sync == Sync::InSync && s.health == "Healthy");
+    Ok(if ok { 0 } else { 1 })
+}
+
+fn print_status(s: &UnitStatus) {
+    let sh = |h: &Option<String>| {
+        h.as_deref()
+            .map_or("-".to_string(), |h| h[..12].to_string())
+    };
+    println!(
+        "{}: {} {} ({}/{}, pid {})",
+        s.unit, s.sync, s.health, s.active_state, s.sub_state, s.main_pid
+    );
+    println!(
+        "  desired unit {}  deployed {}  from {}",
+        sh(&s.desired_sha256),
+        sh(&s.deployed_sha256),
+        s.source.as_ref().map_or("-".into(), |x| x.to_string())
+    );
+    match s.cmdline_matches {
+        Some(true) => println!("  running process: the rendered ExecStart"),
+        Some(false) => println!("  running process: NOT the rendered ExecStart"),
+        None => {}
+    }
+    for m in &s.arg_mismatches {
+        println!("  server arg differs: {m}");
+    }
+    for r in &s.reasons {
+        println!("  why: {r}");
+    }
+    if let Some(e) = &s.error {
+        println!("  newest desired state unusable: {e}");
+    }
+    if let Some(h) = &s.last_result {
+        println!(
+            "  last: {} {:?}: {}",
+            state::format_time(h.time),
+            h.outcome,
+            h.message
+        );
+        if let Some(v) = &h.stop_verdict {
+            println!("  last stop: {v}");
+        }
+    }
+}
+
+pub async fn diff(g: &Global, file: &Path, host: Option<String>) -> Result<u8> {
+    let Some(d) = desired(file, host)? else {
+        return Ok(2);
+    };
+    let path = reconcile::unit_path(&g.unit_dir, &d.spec.unit);
+    let deployed = crate::fsx::read_opt(&path)?
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .unwrap_or_default();
+    let mut differs = false;
+    if deployed != d.unit.text {
+        differs = true;
+        let diff = similar::TextDiff::from_lines(&deployed, &d.unit.text);
+        print!(
+            "{}",
+            diff.unified_diff().context_radius(3).header(
+                &path.display().to_string(),
+                &format!("desired ({})", file.display())
+            )
+        );
+    }
+    let base = d.spec.base_url();
+    let quick = Probe::new(Duration::from_millis(1500));
+    match quick.server_info(&base, &d.spec).await {
+        Some(Ok(info)) => {
+            let m = probe::compare_args(&d.spec.expected_server_args(), &info);
+            for x in &m {
+                println!("server arg {x}");
+            }
+            differs |= !m.is_empty();
+        }
+        Some(Err(e)) => println!("(server args not compared: {e})"),
+        None => {}
+    }
+    if quick
+        .health(&format!("{base}{}", d.spec.readiness.endpoint))
+        .await
+        != Health::Ready
+    {
+        println!("(the server at {base} is not ready)");
+    }
+    Ok(u8::from(differs))
+}

@@ -1,0 +1,679 @@
+//! Deciding what to do: a pure function of what was observed and what is desired. No I/O here;
+//! the reconciler observes, calls [`plan`], and carries the steps out.
+
+use serde::Serialize;
+use specd_spec::DriftPolicy;
+
+/// What specd saw on the host for one unit.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Observed {
+    /// sha256 of the unit file in the unit directory, `None` when there is none.
+    pub deployed_sha256: Option<String>,
+    /// Drop-ins that change the unit (any `X.service.d/*.conf` systemd loads).
+    pub drop_ins: Vec<String>,
+    pub load_state: String,
+    pub active_state: String,
+    pub sub_state: String,
+    pub main_pid: u32,
+    pub need_daemon_reload: bool,
+    /// The file systemd loaded the unit from.
+    pub fragment_path: String,
+    /// The main process's argv, when there is one and it could be read.
+    pub main_cmdline: Option<Vec<String>>,
+    /// The server's reported args differ from the spec (only checked when it is ready).
+    pub arg_mismatches: Vec<String>,
+    /// The readiness endpoint answers 200.
+    pub ready: Option<bool>,
+    /// Hash of the unit specd last wrote.
+    pub written_sha256: Option<String>,
+    /// Why the desired hash is quarantined, if it is.
+    pub quarantined: Option<String>,
+    /// An earlier apply of the desired hash started and never finished (its process died).
+    pub interrupted: bool,
+}
+
+/// What the spec wants.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Desired {
+    pub sha256: String,
+    pub argv: Vec<String>,
+    pub fragment_path: String,
+    pub drift: DriftPolicy,
+    pub verify_args: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum Sync {
+    InSync,
+    OutOfSync,
+    Drifted,
+    Progressing,
+    Failed,
+}
+
+impl std::fmt::Display for Sync {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Sync::InSync => "InSync",
+            Sync::OutOfSync => "OutOfSync",
+            Sync::Drifted => "Drifted",
+            Sync::Progressing => "Progressing",
+            Sync::Failed => "Failed",
+        })
+    }
+}
+
+/// One step of an apply, in the order they run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum Step {
+    /// Wait for in-flight requests to finish (bounded by `drain_timeout_sec`).
+    Drain,
+    /// `systemctl stop` (also cancels a pending auto-restart).
+    Stop,
+    /// Wait until the unit is inactive and its cgroup is empty; report what lingers.
+    WaitStopped,
+    /// Move drop-ins that change the unit out of the way (kept in the state dir).
+    RemoveDropIns,
+    /// Write the unit file atomically.
+    WriteUnit,
+    /// `systemctl daemon-reload`, then check `NeedDaemonReload=no` and `FragmentPath`.
+    Reload,
+    /// `systemctl start`.
+    Start,
+    /// The main process's argv is the rendered `ExecStart`.
+    VerifyCmdline,
+    /// Poll the readiness endpoint until 200.
+    WaitReady,
+    /// The server's reported args equal the spec.
+    VerifyArgs,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Plan {
+    pub sync: Sync,
+    /// Why, in words a person reads in `status` and `apply --dry-run`.
+    pub reasons: Vec<String>,
+    pub steps: Vec<Step>,
+}
+
+fn short(h: &str) -> &str {
+    &h[..h.len().min(12)]
+}
+
+/// Decide. Never restarts a healthy server that runs the desired unit.
+pub fn plan(o: &Observed, d: &Desired) -> Plan {
+    let mut reasons = Vec::new();
+    if let Some(why) = &o.quarantined {
+        return Plan {
+            sync: Sync::Failed,
+            reasons: vec![format!(
+                "unit {} failed before and is not retried: {why}; commit a new spec to try again",
+                short(&d.sha256)
+            )],
+            steps: vec![],
+        };
+    }
+
+    let file_differs = o.deployed_sha256.as_deref() != Some(d.sha256.as_str());
+    let running = matches!(
+        o.active_state.as_str(),
+        "active" | "activating" | "deactivating" | "reloading"
+    ) || o.main_pid > 0;
+    let loaded_elsewhere = o.load_state == "loaded"
+        && !o.fragment_path.is_empty()
+        && o.fragment_path != d.fragment_path;
+    let stale_cmdline = running && o.main_cmdline.as_ref().is_some_and(|c| *c != d.argv);
+
+    // Is the difference a new desired state (deploy) or the host moving away from it (drift)?
+    let new_spec = o.written_sha256.as_deref() != Some(d.sha256.as_str());
+    let mut drift = Vec::new();
+    if file_differs {
+        match (&o.deployed_sha256, new_spec) {
+            (None, true) => reasons.push("the unit file does not exist yet".to_string()),
+            (Some(h), true) => reasons.push(format!(
+                "the spec changed: deployed unit {} → desired {}",
+                short(h),
+                short(&d.sha256)
+            )),
+            (None, false) => drift.push("the unit file specd wrote was deleted".to_string()),
+            (Some(h), false) => drift.push(format!(
+                "the unit file was edited by hand (deployed {} ≠ desired {})",
+                short(h),
+                short(&d.sha256)
+            )),
+        }
+    }
+    if !o.drop_ins.is_empty() {
+        drift.push(format!(
+            "drop-ins change the unit: {}",
+            o.drop_ins.join(", ")
+        ));
+    }
+    if o.need_daemon_reload && !file_differs {
+        drift
+            .push("systemd runs an older load of the unit file (NeedDaemonReload=yes)".to_string());
+    }
+    if loaded_elsewhere {
+        drift.push(format!(
+            "systemd loads the unit from {} instead of {}",
+            o.fragment_path, d.fragment_path
+        ));
+    }
+    if stale_cmdline && !file_differs {
+        drift.push(
+            "the running process was not started from the deployed unit (its command line differs)"
+                .to_string(),
+        );
+    }
+    if !o.arg_mismatches.is_empty() && d.verify_args && !file_differs {
+        drift.push(format!(
+            "the server reports args that differ from the spec: {}",
+            o.arg_mismatches.join("; ")
+        ));
+    }
+
+    let full = |running: bool, write: bool, drop_ins: bool| {
+        let mut s = Vec::new();
+        if running {
+            s.push(Step::Drain);
+        }
+        s.extend([Step::Stop, Step::WaitStopped]);
+        if drop_ins {
+            s.push(Step::RemoveDropIns);
+        }
+        if write {
+            s.push(Step::WriteUnit);
+        }
+        s.extend([
+            Step::Reload,
+            Step::Start,
+            Step::VerifyCmdline,
+            Step::WaitReady,
+        ]);
+        if d.verify_args {
+            s.push(Step::VerifyArgs);
+        }
+        s
+    };
+
+    // An apply that died part-way is finished, whatever the drift policy: the differences are
+    // its own half-done steps. A server it already started from the desired unit is not restarted.
+    if o.interrupted {
+        let resumable = !file_differs
+            && !o.need_daemon_reload
+            && !loaded_elsewhere
+            && o.drop_ins.is_empty()
+            && running
+            && o.main_cmdline.as_ref() == Some(&d.argv);
+        let mut steps = if resumable {
+            vec![Step::VerifyCmdline, Step::WaitReady]
+        } else {
+            full(running, file_differs, !o.drop_ins.is_empty())
+        };
+        if resumable && d.verify_args {
+            steps.push(Step::VerifyArgs);
+        }
+        reasons.push("an earlier apply of this spec was interrupted; finishing it".to_string());
+        reasons.extend(drift);
+        return Plan {
+            sync: Sync::Progressing,
+            reasons,
+            steps,
+        };
+    }
+
+    let spec_change = file_differs && new_spec;
+    if spec_change {
+        reasons.extend(drift);
+        return Plan {
+            sync: Sync::OutOfSync,
+            reasons,
+            steps: full(running, true, !o.drop_ins.is_empty()),
+        };
+    }
+    if !drift.is_empty() {
+        let steps = match d.drift {
+            DriftPolicy::Heal => full(running, file_differs, !o.drop_ins.is_empty()),
+            DriftPolicy::Report => vec![],
+        };
+        return Plan {
+            sync: Sync::Drifted,
+            reasons: drift,
+            steps,
+        };
+    }
+
+    // The host has the desired unit, loaded. What is its service doing?
+    match o.active_state.as_str() {
+        "active" | "reloading" => match o.ready {
+            Some(false) => Plan {
+                sync: Sync::Progressing,
+                reasons: vec!["the server is up but not ready yet".into()],
+                steps: vec![],
+            },
+            _ => Plan {
+                sync: Sync::InSync,
+                reasons: vec![],
+                steps: vec![],
+            },
+        },
+        "activating" | "deactivating" => Plan {
+            sync: Sync::Progressing,
+            reasons: vec![format!(
+                "systemd is {} the unit ({})",
+                o.active_state, o.sub_state
+            )],
+            steps: vec![],
+        },
+        _ => {
+            let mut steps = vec![Step::Start, Step::VerifyCmdline, Step::WaitReady];
+            if d.verify_args {
+                steps.push(Step::VerifyArgs);
+            }
+            Plan {
+                sync: Sync::OutOfSync,
+                reasons: vec![format!(
+                    "the service is not running ({}/{})",
+                    o.active_state, o.sub_state
+                )],
+                steps,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use Step::*;
+
+    fn desired() -> Desired {
+        Desired {
+            sha256: "d".repeat(64),
+            argv: vec!["/bin/srv".into(), "--steps".into(), "10".into()],
+            fragment_path: "/etc/systemd/system/x.service".into(),
+            drift: DriftPolicy::Heal,
+            verify_args: true,
+        }
+    }
+
+    /// A host that runs the desired unit, healthy.
+    fn in_sync() -> Observed {
+        let d = desired();
+        Observed {
+            deployed_sha256: Some(d.sha256.clone()),
+            drop_ins: vec![],
+            load_state: "loaded".into(),
+            active_state: "active".into(),
+            sub_state: "running".into(),
+            main_pid: 42,
+            need_daemon_reload: false,
+            fragment_path: d.fragment_path.clone(),
+            main_cmdline: Some(d.argv.clone()),
+            arg_mismatches: vec![],
+            ready: Some(true),
+            written_sha256: Some(d.sha256.clone()),
+            quarantined: None,
+            interrupted: false,
+        }
+    }
+
+    const FULL: &[Step] = &[
+        Drain,
+        Stop,
+        WaitStopped,
+        WriteUnit,
+        Reload,
+        Start,
+        VerifyCmdline,
+        WaitReady,
+        VerifyArgs,
+    ];
+
+    #[test]
+    fn in_sync_does_nothing() {
+        let p = plan(&in_sync(), &desired());
+        assert_eq!(p.sync, Sync::InSync);
+        assert!(p.steps.is_empty());
+    }
+
+    #[test]
+    fn a_healthy_in_sync_server_is_never_restarted_whatever_else_is_true() {
+        // Every combination of the fields that do not make it out of sync.
+        for ready in [None, Some(true)] {
+            for cmdline in [None, Some(desired().argv)] {
+                for drift in [DriftPolicy::Heal, DriftPolicy::Report] {
+                    for verify in [true, false] {
+                        let mut o = in_sync();
+                        o.ready = ready;
+                        o.main_cmdline = cmdline.clone();
+                        let d = Desired {
+                            drift,
+                            verify_args: verify,
+                            ..desired()
+                        };
+                        let p = plan(&o, &d);
+                        assert_eq!((p.sync, p.steps.len()), (Sync::InSync, 0), "{o:?} {d:?}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_new_spec_runs_the_full_sequence() {
+        let mut o = in_sync();
+        o.deployed_sha256 = Some("a".repeat(64));
+        o.written_sha256 = Some("a".repeat(64));
+        let p = plan(&o, &desired());
+        assert_eq!(p.sync, Sync::OutOfSync);
+        assert_eq!(p.steps, FULL);
+        assert!(
+            p.reasons[0]
+                .starts_with("the spec changed: deployed unit aaaaaaaaaaaa → desired dddddddddddd")
+        );
+    }
+
+    #[test]
+    fn a_new_spec_over_a_stopped_unit_skips_the_drain() {
+        let mut o = in_sync();
+        o.deployed_sha256 = None;
+        o.written_sha256 = None;
+        o.active_state = "inactive".into();
+        o.main_pid = 0;
+        o.main_cmdline = None;
+        let p = plan(&o, &desired());
+        assert_eq!(p.steps, &FULL[1..]);
+        assert_eq!(p.reasons, vec!["the unit file does not exist yet"]);
+    }
+
+    #[test]
+    fn without_verify_args_the_last_step_is_readiness() {
+        let mut o = in_sync();
+        o.deployed_sha256 = None;
+        let d = Desired {
+            verify_args: false,
+            ..desired()
+        };
+        assert_eq!(plan(&o, &d).steps.last(), Some(&WaitReady));
+    }
+
+    #[test]
+    fn a_spec_change_applies_even_under_report_policy() {
+        let mut o = in_sync();
+        o.deployed_sha256 = Some("a".repeat(64));
+        o.written_sha256 = Some("a".repeat(64));
+        let d = Desired {
+            drift: DriftPolicy::Report,
+            ..desired()
+        };
+        assert_eq!(plan(&o, &d).steps, FULL);
+    }
+
+    #[test]
+    fn first_adoption_of_a_hand_written_unit_is_a_deploy() {
+        let mut o = in_sync();
+        o.deployed_sha256 = Some("a".repeat(64));
+        o.written_sha256 = None;
+        let p = plan(&o, &desired());
+        assert_eq!((p.sync, p.steps.as_slice()), (Sync::OutOfSync, FULL));
+    }
+
+    #[test]
+    fn hand_edits_are_drift_healed_or_reported() {
+        let mut o = in_sync();
+        o.deployed_sha256 = Some("e".repeat(64));
+        o.need_daemon_reload = true;
+        let p = plan(&o, &desired());
+        assert_eq!(p.sync, Sync::Drifted);
+        assert_eq!(p.steps, FULL);
+        assert!(p.reasons[0].contains("edited by hand"), "{:?}", p.reasons);
+        let r = plan(
+            &o,
+            &Desired {
+                drift: DriftPolicy::Report,
+                ..desired()
+            },
+        );
+        assert_eq!((r.sync, r.steps.len()), (Sync::Drifted, 0));
+    }
+
+    #[test]
+    fn a_deleted_unit_file_is_drift() {
+        let mut o = in_sync();
+        o.deployed_sha256 = None;
+        let p = plan(&o, &desired());
+        assert_eq!(p.sync, Sync::Drifted);
+        assert!(p.steps.contains(&WriteUnit));
+    }
+
+    #[test]
+    fn reload_drift_restarts_without_rewriting() {
+        let mut o = in_sync();
+        o.need_daemon_reload = true;
+        let p = plan(&o, &desired());
+        assert_eq!(p.sync, Sync::Drifted);
+        assert!(!p.steps.contains(&WriteUnit));
+        assert!(p.steps.contains(&Reload) && p.steps.contains(&Stop));
+    }
+
+    #[test]
+    fn drop_ins_are_drift_and_removed_when_healing() {
+        let mut o = in_sync();
+        o.drop_ins = vec!["/etc/systemd/system/x.service.d/override.conf".into()];
+        let p = plan(&o, &desired());
+        assert_eq!(p.sync, Sync::Drifted);
+        assert!(p.steps.contains(&RemoveDropIns));
+        assert!(!p.steps.contains(&WriteUnit));
+    }
+
+    #[test]
+    fn a_stale_instance_is_drift() {
+        // The seed's picture: the file is right, but the process runs the old argv.
+        let mut o = in_sync();
+        o.main_cmdline = Some(vec!["/bin/srv".into(), "--steps".into(), "5".into()]);
+        let p = plan(&o, &desired());
+        assert_eq!(p.sync, Sync::Drifted);
+        assert_eq!(
+            p.steps,
+            &[
+                Drain,
+                Stop,
+                WaitStopped,
+                Reload,
+                Start,
+                VerifyCmdline,
+                WaitReady,
+                VerifyArgs
+            ]
+        );
+    }
+
+    #[test]
+    fn live_arg_mismatch_is_drift_only_when_verified() {
+        let mut o = in_sync();
+        o.arg_mismatches = vec!["speculative_num_steps: spec 10 / server 5".into()];
+        assert_eq!(plan(&o, &desired()).sync, Sync::Drifted);
+        assert_eq!(
+            plan(
+                &o,
+                &Desired {
+                    verify_args: false,
+                    ..desired()
+                }
+            )
+            .sync,
+            Sync::InSync
+        );
+    }
+
+    #[test]
+    fn loaded_from_another_path_is_drift() {
+        let mut o = in_sync();
+        o.fragment_path = "/run/systemd/system/x.service".into();
+        let p = plan(&o, &desired());
+        assert_eq!(p.sync, Sync::Drifted);
+        assert!(p.reasons[0].contains("/run/systemd/system/x.service"));
+    }
+
+    #[test]
+    fn a_stopped_or_failed_service_is_started_only() {
+        for state in ["inactive", "failed"] {
+            let mut o = in_sync();
+            o.active_state = state.into();
+            o.main_pid = 0;
+            o.main_cmdline = None;
+            o.ready = None;
+            let p = plan(&o, &desired());
+            assert_eq!(p.sync, Sync::OutOfSync);
+            assert_eq!(p.steps, &[Start, VerifyCmdline, WaitReady, VerifyArgs]);
+        }
+    }
+
+    #[test]
+    fn loading_and_restarting_are_progressing() {
+        let mut o = in_sync();
+        o.ready = Some(false);
+        assert_eq!(plan(&o, &desired()).sync, Sync::Progressing);
+        let mut o = in_sync();
+        o.active_state = "activating".into();
+        o.sub_state = "auto-restart".into();
+        o.main_pid = 0;
+        o.main_cmdline = None;
+        let p = plan(&o, &desired());
+        assert_eq!((p.sync, p.steps.len()), (Sync::Progressing, 0));
+    }
+
+    #[test]
+    fn a_quarantined_hash_is_never_retried() {
+        for deployed in [None, Some("a".repeat(64)), Some(desired().sha256)] {
+            let mut o = in_sync();
+            o.deployed_sha256 = deployed;
+            o.active_state = "failed".into();
+            o.quarantined = Some("readiness timed out".into());
+            let p = plan(&o, &desired());
+            assert_eq!((p.sync, p.steps.len()), (Sync::Failed, 0));
+            assert!(p.reasons[0].contains("readiness timed out"));
+        }
+    }
+
+    #[test]
+    fn an_interrupted_apply_is_finished_even_under_report_policy() {
+        // Killed after writing, before the reload.
+        let mut o = in_sync();
+        o.interrupted = true;
+        o.need_daemon_reload = true;
+        o.active_state = "inactive".into();
+        o.main_pid = 0;
+        o.main_cmdline = None;
+        let p = plan(
+            &o,
+            &Desired {
+                drift: DriftPolicy::Report,
+                ..desired()
+            },
+        );
+        assert_eq!(p.sync, Sync::Progressing);
+        assert_eq!(
+            p.steps,
+            &[
+                Stop,
+                WaitStopped,
+                Reload,
+                Start,
+                VerifyCmdline,
+                WaitReady,
+                VerifyArgs
+            ]
+        );
+        // Killed while the file was still the old one.
+        let mut o = in_sync();
+        o.interrupted = true;
+        o.deployed_sha256 = Some("a".repeat(64));
+        assert_eq!(plan(&o, &desired()).steps, FULL);
+    }
+
+    #[test]
+    fn an_interrupted_apply_whose_server_is_already_starting_is_resumed_not_restarted() {
+        let mut o = in_sync();
+        o.interrupted = true;
+        o.ready = Some(false);
+        let p = plan(&o, &desired());
+        assert_eq!(p.steps, &[VerifyCmdline, WaitReady, VerifyArgs]);
+    }
+
+    #[test]
+    fn every_plan_that_writes_stops_first_and_verifies_after() {
+        // Exhaustive over the observable booleans: the invariant of the race-free sequence.
+        let bools = [false, true];
+        for file in bools {
+            for written in bools {
+                for reload in bools {
+                    for dropin in bools {
+                        for active in ["active", "inactive", "failed", "activating"] {
+                            for stale in bools {
+                                for policy in [DriftPolicy::Heal, DriftPolicy::Report] {
+                                    let mut o = in_sync();
+                                    if file {
+                                        o.deployed_sha256 = Some("a".repeat(64));
+                                    }
+                                    if !written {
+                                        o.written_sha256 = Some("b".repeat(64));
+                                    }
+                                    o.need_daemon_reload = reload;
+                                    if dropin {
+                                        o.drop_ins = vec!["/x.conf".into()];
+                                    }
+                                    o.active_state = active.into();
+                                    if active != "active" {
+                                        o.main_pid = 0;
+                                        o.main_cmdline = None;
+                                    }
+                                    if stale && o.main_pid > 0 {
+                                        o.main_cmdline = Some(vec!["/old".into()]);
+                                    }
+                                    let d = Desired {
+                                        drift: policy,
+                                        ..desired()
+                                    };
+                                    for interrupted in bools {
+                                        o.interrupted = interrupted;
+                                        let p = plan(&o, &d);
+                                        let pos = |s: Step| p.steps.iter().position(|x| *x == s);
+                                        if let Some(w) = pos(WriteUnit) {
+                                            assert!(
+                                                pos(WaitStopped).is_some_and(|x| x < w),
+                                                "{p:?}"
+                                            );
+                                            assert!(pos(Reload).is_some_and(|x| x > w), "{p:?}");
+                                        }
+                                        if let Some(s) = pos(Start) {
+                                            assert!(
+                                                pos(VerifyCmdline) == Some(s + 1)
+                                                    && pos(WaitReady).is_some(),
+                                                "{p:?}"
+                                            );
+                                            if pos(Stop).is_some() {
+                                                assert!(
+                                                    pos(Reload).is_some_and(|r| r < s),
+                                                    "{p:?}"
+                                                );
+                                            }
+                                        }
+                                        if p.sync == Sync::InSync {
+                                            assert!(p.steps.is_empty());
+                                        }
+                                        if policy == DriftPolicy::Report && p.sync == Sync::Drifted
+                                        {
+                                            assert!(p.steps.is_empty());
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

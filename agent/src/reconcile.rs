@@ -1,0 +1,1078 @@
+//! The reconciler: observe → pure plan → act → record, one reconcile per unit at a time (a flock
+//! per unit across processes). Shaped like kube-rs: [`reconcile`] returns the next [`Action`],
+//! and [`error_policy`] turns an error into one.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use specd_spec::{RenderedUnit, Spec};
+
+use crate::cgroup::{self, Layout};
+use crate::fsx;
+use crate::lock::UnitLock;
+use crate::plan::{self, Desired, Observed, Plan, Step, Sync};
+use crate::probe::{self, Health, Probe};
+use crate::state::{
+    self, GoodUnit, HistoryEntry, InProgress, Outcome, Quarantined, Source, Store, UnitState,
+};
+use crate::systemd::{Systemd, UnitProps};
+
+/// Extra time allowed beyond `TimeoutStopSec` for the stop to finish (systemd's SIGKILL and the
+/// kernel's reaping take a moment).
+pub const STOP_MARGIN: Duration = Duration::from_secs(15);
+
+/// What happens next for a unit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    /// Reconcile again after this long.
+    Requeue(Duration),
+    /// Nothing to do until something changes.
+    AwaitChange,
+}
+
+/// Something a person watching an apply wants to see.
+#[derive(Clone, Debug)]
+pub enum Event {
+    Plan(Plan),
+    Phase(String),
+    Progress(String),
+    Warning(String),
+}
+
+pub type Events = Arc<dyn Fn(&str, &Event) + Send + std::marker::Sync>;
+
+/// Everything the reconciler acts through.
+pub struct Ctx<S: Systemd> {
+    pub systemd: S,
+    pub unit_dir: PathBuf,
+    pub store: Store,
+    pub layout: Layout,
+    pub probe: Probe,
+    pub events: Events,
+}
+
+/// A desired state: a resolved spec, its rendered unit, and where it came from.
+#[derive(Clone, Debug)]
+pub struct DesiredState {
+    pub spec: Spec,
+    pub unit: RenderedUnit,
+    pub source: Option<Source>,
+}
+
+impl DesiredState {
+    pub fn new(spec: Spec, source: Option<Source>) -> DesiredState {
+        let unit = specd_spec::render(&spec);
+        DesiredState { spec, unit, source }
+    }
+}
+
+/// What one reconcile did.
+#[derive(Clone, Debug)]
+pub struct Report {
+    pub unit: String,
+    pub plan: Plan,
+    /// `None` when nothing was done.
+    pub outcome: Option<Outcome>,
+    /// One line for a person.
+    pub verdict: String,
+    /// How the stopped instance ended, when it was not a clean stop.
+    pub stop_verdict: Option<String>,
+    pub action: Action,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    #[error("{0:#}")]
+    Io(#[from] anyhow::Error),
+}
+
+/// kube-rs' error policy: back off on errors. The agent caps and resets the delay per unit.
+pub fn error_policy(_err: &ReconcileError, attempt: u32) -> Action {
+    let secs = 5u64.saturating_mul(1 << attempt.min(6)).min(300);
+    Action::Requeue(Duration::from_secs(secs))
+}
+
+fn short(h: &str) -> &str {
+    &h[..h.len().min(12)]
+}
+
+/// Why a step failed.
+#[derive(Debug)]
+struct StepFailure {
+    step: Step,
+    message: String,
+    /// The spec is at fault (quarantine it), rather than the host.
+    spec_fault: bool,
+}
+
+impl StepFailure {
+    fn host(step: Step, message: impl Into<String>) -> Self {
+        StepFailure {
+            step,
+            message: message.into(),
+            spec_fault: false,
+        }
+    }
+    fn spec(step: Step, message: impl Into<String>) -> Self {
+        StepFailure {
+            step,
+            message: message.into(),
+            spec_fault: true,
+        }
+    }
+}
+
+/// What to verify and probe for one unit text (the desired one, or a rollback target).
+struct Target<'a> {
+    sha256: &'a str,
+    text: &'a str,
+    argv: Vec<String>,
+    base_url: String,
+    endpoint: String,
+    readiness: Duration,
+    stop_budget: Duration,
+    drain: Duration,
+    spec: Option<&'a Spec>,
+}
+
+pub fn unit_path(unit_dir: &Path, unit: &str) -> PathBuf {
+    unit_dir.join(unit)
+}
+
+/// Observe a unit: the deployed file, systemd's view, the main process, and (cheaply) the server.
+pub async fn observe<S: Systemd>(
+    ctx: &Ctx<S>,
+    d: &DesiredState,
+    st: &UnitState,
+    probe_server: bool,
+) -> Result<(Observed, UnitProps)> {
+    let path = unit_path(&ctx.unit_dir, &d.spec.unit);
+    let deployed = fsx::read_opt(&path)?;
+    let props = ctx.systemd.show(&d.spec.unit).await?;
+    let main_cmdline = if props.main_pid > 0 {
+        cgroup::cmdline(props.main_pid)
+    } else {
+        None
+    };
+    let mut ready = None;
+    let mut arg_mismatches = Vec::new();
+    if probe_server && props.active_state == "active" {
+        let quick = Probe::new(Duration::from_millis(1500));
+        let base = d.spec.base_url();
+        let h = quick
+            .health(&format!("{base}{}", d.spec.readiness.endpoint))
+            .await;
+        ready = Some(h == Health::Ready);
+        if h == Health::Ready
+            && d.spec.readiness.verify_args
+            && let Some(Ok(info)) = quick.server_info(&base, &d.spec).await
+        {
+            arg_mismatches = probe::compare_args(&d.spec.expected_server_args(), &info)
+                .iter()
+                .map(|m| m.to_string())
+                .collect();
+        }
+    }
+    let interrupted = st
+        .in_progress
+        .as_ref()
+        .is_some_and(|p| p.sha256 == d.unit.sha256);
+    let o = Observed {
+        deployed_sha256: deployed.as_deref().map(specd_spec::sha256_hex),
+        drop_ins: props
+            .drop_in_paths
+            .iter()
+            .filter(|p| Path::new(p).exists())
+            .cloned()
+            .collect(),
+        load_state: props.load_state.clone(),
+        active_state: props.active_state.clone(),
+        sub_state: props.sub_state.clone(),
+        main_pid: props.main_pid,
+        need_daemon_reload: props.need_daemon_reload,
+        fragment_path: props.fragment_path.clone(),
+        main_cmdline,
+        arg_mismatches,
+        ready,
+        written_sha256: st.written_sha256.clone(),
+        quarantined: st.quarantined(&d.unit.sha256).map(|q| q.reason.clone()),
+        interrupted,
+    };
+    Ok((o, props))
+}
+
+pub fn desired_of(ctx_unit_dir: &Path, d: &DesiredState) -> Desired {
+    Desired {
+        sha256: d.unit.sha256.clone(),
+        argv: d.spec.argv.clone(),
+        fragment_path: unit_path(ctx_unit_dir, &d.spec.unit).display().to_string(),
+        drift: d.spec.policy.drift,
+        verify_args: d.spec.readiness.verify_args && d.spec.server_info_path().is_some(),
+    }
+}
+
+/// One reconcile of one unit. With `dry_run`, observes and plans only.
+pub async fn reconcile<S: Systemd>(
+    ctx: &Ctx<S>,
+    d: &DesiredState,
+    dry_run: bool,
+) -> Result<Report, ReconcileError> {
+    let unit = d.spec.unit.clone();
+    let emit = |e: Event| (ctx.events)(&unit, &e);
+    let locks = ctx.store.locks_dir();
+    let _lock = match UnitLock::try_acquire(&locks, &unit)? {
+        Some(l) => l,
+        None => {
+            emit(Event::Phase(format!(
+                "waiting: another specd is reconciling {unit}"
+            )));
+            UnitLock::acquire(&locks, &unit).await?
+        }
+    };
+    let mut st = ctx.store.load(&unit)?;
+    let (o, props) = observe(ctx, d, &st, true).await?;
+    let desired = desired_of(&ctx.unit_dir, d);
+    let plan = plan::plan(&o, &desired);
+    emit(Event::Plan(plan.clone()));
+    if dry_run {
+        let verdict = if plan.steps.is_empty() {
+            format!("{}: nothing to do", plan.sync)
+        } else {
+            format!("{}: would run {} steps", plan.sync, plan.steps.len())
+        };
+        return Ok(Report {
+            unit,
+            plan,
+            outcome: None,
+            verdict,
+            stop_verdict: None,
+            action: Action::AwaitChange,
+        });
+    }
+    fsx::clean_temps(&ctx.unit_dir, &unit);
+    st.desired = Some(state::DesiredRecord {
+        sha256: d.unit.sha256.clone(),
+        source: d.source.clone(),
+        time: state::now(),
+        spec: d.spec.clone(),
+        error: None,
+    });
+
+    if plan.steps.is_empty() {
+        // In sync and nothing recorded as good yet (state lost, or adopted): it is good now.
+        if plan.sync == Sync::InSync
+            && st
+                .last_good
+                .as_ref()
+                .is_none_or(|g| g.sha256 != d.unit.sha256)
+        {
+            st.last_good = Some(good_unit(d));
+            st.written_sha256
+                .get_or_insert_with(|| d.unit.sha256.clone());
+        }
+        ctx.store.save(&st)?;
+        let verdict = match plan.sync {
+            Sync::InSync => format!(
+                "InSync: {unit} runs unit {} and is ready",
+                short(&d.unit.sha256)
+            ),
+            s => format!("{s}: {}", plan.reasons.join("; ")),
+        };
+        let outcome = (plan.sync == Sync::Drifted).then_some(Outcome::Reported);
+        if outcome.is_some() {
+            st.record(history(d, Outcome::Reported, verdict.clone(), None, 0));
+            ctx.store.save(&st)?;
+        }
+        let action = match plan.sync {
+            Sync::Progressing => Action::Requeue(Duration::from_secs(5)),
+            _ => Action::AwaitChange,
+        };
+        return Ok(Report {
+            unit,
+            plan,
+            outcome,
+            verdict,
+            stop_verdict: None,
+            action,
+        });
+    }
+
+    // The running unit is the rollback target if nothing better is known: it was serving.
+    let deployed_text = fsx::read_opt(&unit_path(&ctx.unit_dir, &unit))?;
+    if let Some(text) = deployed_text
+        && o.ready == Some(true)
+        && o.deployed_sha256.as_deref() != Some(d.unit.sha256.as_str())
+        && st
+            .last_good
+            .as_ref()
+            .is_none_or(|g| Some(&g.sha256) != o.deployed_sha256.as_ref())
+        && !o.need_daemon_reload
+    {
+        let text = String::from_utf8_lossy(&text).into_owned();
+        st.last_good = Some(GoodUnit {
+            sha256: specd_spec::sha256_hex(text.as_bytes()),
+            text,
+            source: None,
+            time: state::now(),
+            endpoint: Some(d.spec.readiness.endpoint.clone()),
+            base_url: None,
+        });
+    }
+
+    st.in_progress = Some(InProgress {
+        sha256: d.unit.sha256.clone(),
+        pid: std::process::id(),
+        phase: "starting".into(),
+        started: state::now(),
+    });
+    ctx.store.save(&st)?;
+
+    let started = Instant::now();
+    let target = Target {
+        sha256: &d.unit.sha256,
+        text: &d.unit.text,
+        argv: d.spec.argv.clone(),
+        base_url: d.spec.base_url(),
+        endpoint: d.spec.readiness.endpoint.clone(),
+        readiness: Duration::from_secs(d.spec.readiness.timeout_sec.into()),
+        stop_budget: Duration::from_secs(d.spec.service.timeout_stop_sec.into()) + STOP_MARGIN,
+        drain: Duration::from_secs(d.spec.service.drain_timeout_sec.into()),
+        spec: Some(&d.spec),
+    };
+    let mut stop_verdict = None;
+    let result = run_steps(
+        ctx,
+        &mut st,
+        &unit,
+        &plan.steps,
+        &target,
+        &props,
+        &mut stop_verdict,
+    )
+    .await;
+    let ms = started.elapsed().as_millis() as u64;
+
+    let report = match result {
+        Ok(()) => {
+            st.last_good = Some(good_unit(d));
+            st.in_progress = None;
+            let verdict = format!(
+                "Applied: {unit} runs unit {} ({}), verified and ready in {:.1}s",
+                short(&d.unit.sha256),
+                d.source
+                    .as_ref()
+                    .map_or("no source".to_string(), |s| s.to_string()),
+                ms as f64 / 1000.0
+            );
+            let outcome =
+                if plan.steps.contains(&Step::WriteUnit) || plan.steps.contains(&Step::Stop) {
+                    Outcome::Applied
+                } else {
+                    Outcome::Started
+                };
+            st.record(history(
+                d,
+                outcome,
+                verdict.clone(),
+                stop_verdict.clone(),
+                ms,
+            ));
+            Report {
+                unit: unit.clone(),
+                plan,
+                outcome: Some(outcome),
+                verdict,
+                stop_verdict,
+                action: Action::AwaitChange,
+            }
+        }
+        Err(f) => {
+            emit(Event::Warning(format!(
+                "{:?} failed: {}",
+                f.step, f.message
+            )));
+            let wrote = st.written_sha256.as_deref() == Some(d.unit.sha256.as_str());
+            if f.spec_fault && wrote {
+                st.quarantine.retain(|q| q.sha256 != d.unit.sha256);
+                st.quarantine.push(Quarantined {
+                    sha256: d.unit.sha256.clone(),
+                    reason: f.message.clone(),
+                    source: d.source.clone(),
+                    time: state::now(),
+                });
+            }
+            let (outcome, verdict) = recover(ctx, &mut st, d, &f, wrote, &mut stop_verdict).await;
+            st.in_progress = None;
+            st.record(history(
+                d,
+                outcome,
+                verdict.clone(),
+                stop_verdict.clone(),
+                started.elapsed().as_millis() as u64,
+            ));
+            let action = if f.spec_fault {
+                Action::AwaitChange
+            } else {
+                Action::Requeue(Duration::from_secs(30))
+            };
+            Report {
+                unit: unit.clone(),
+                plan,
+                outcome: Some(outcome),
+                verdict,
+                stop_verdict,
+                action,
+            }
+        }
+    };
+    ctx.store.save(&st)?;
+    Ok(report)
+}
+
+fn good_unit(d: &DesiredState) -> GoodUnit {
+    GoodUnit {
+        sha256: d.unit.sha256.clone(),
+        text: d.unit.text.clone(),
+        source: d.source.clone(),
+        time: state::now(),
+        endpoint: Some(d.spec.readiness.endpoint.clone()),
+        base_url: Some(d.spec.base_url()),
+    }
+}
+
+fn history(
+    d: &DesiredState,
+    outcome: Outcome,
+    message: String,
+    stop_verdict: Option<String>,
+    duration_ms: u64,
+) -> HistoryEntry {
+    HistoryEntry {
+        time: state::now(),
+        sha256: d.unit.sha256.clone(),
+        source: d.source.clone(),
+        outcome,
+        message,
+        stop_verdict,
+        duration_ms,
+    }
+}
+
+/// After a failed step: roll back to the last good unit, or leave the service stopped.
+async fn recover<S: Systemd>(
+    ctx: &Ctx<S>,
+    st: &mut UnitState,
+    d: &DesiredState,
+    f: &StepFailure,
+    wrote: bool,
+    stop_verdict: &mut Option<String>,
+) -> (Outcome, String) {
+    let unit = &d.spec.unit;
+    let emit = |e: Event| (ctx.events)(unit, &e);
+    let what = format!("{:?} failed: {}", f.step, f.message);
+    if !wrote || !f.spec_fault {
+        // The host is at fault (a process lingers, systemd refused): nothing new runs; say so.
+        return (Outcome::Failed, format!("Failed: {unit}: {what}"));
+    }
+    let good = st.last_good.clone().filter(|g| g.sha256 != d.unit.sha256);
+    match good {
+        Some(g) if d.spec.policy.rollback => {
+            emit(Event::Phase(format!(
+                "rolling back to the last good unit {}",
+                short(&g.sha256)
+            )));
+            let argv = exec_start(&g.text).unwrap_or_default();
+            let base_url = g
+                .base_url
+                .clone()
+                .unwrap_or_else(|| base_url_from_argv(&argv).unwrap_or_else(|| d.spec.base_url()));
+            let t = Target {
+                sha256: &g.sha256,
+                text: &g.text,
+                argv,
+                base_url,
+                endpoint: g
+                    .endpoint
+                    .clone()
+                    .unwrap_or_else(|| d.spec.readiness.endpoint.clone()),
+                readiness: Duration::from_secs(d.spec.readiness.timeout_sec.into()),
+                stop_budget: Duration::from_secs(d.spec.service.timeout_stop_sec.into())
+                    + STOP_MARGIN,
+                drain: Duration::ZERO,
+                spec: None,
+            };
+            let steps = [
+                Step::Stop,
+                Step::WaitStopped,
+                Step::WriteUnit,
+                Step::Reload,
+                Step::Start,
+                Step::VerifyCmdline,
+                Step::WaitReady,
+            ];
+            let props = ctx.systemd.show(unit).await.unwrap_or_default();
+            let mut sv = None;
+            match run_steps(ctx, st, unit, &steps, &t, &props, &mut sv).await {
+                Ok(()) => (
+                    Outcome::RolledBack,
+                    format!(
+                        "RolledBack: {unit}: {what}; restored the last good unit {} and it serves again; spec {} is quarantined",
+                        short(&g.sha256),
+                        short(&d.unit.sha256)
+                    ),
+                ),
+                Err(rf) => {
+                    stop_quietly(ctx, unit).await;
+                    if stop_verdict.is_none() {
+                        *stop_verdict = sv;
+                    }
+                    (
+                        Outcome::Failed,
+                        format!(
+                            "Failed: {unit}: {what}; the rollback to {} failed too ({:?}: {}); the service is stopped",
+                            short(&g.sha256),
+                            rf.step,
+                            rf.message
+                        ),
+                    )
+                }
+            }
+        }
+        _ => {
+            stop_quietly(ctx, unit).await;
+            let why = if d.spec.policy.rollback {
+                "there is no last good unit to roll back to"
+            } else {
+                "rollback is off"
+            };
+            (
+                Outcome::Failed,
+                format!(
+                    "Failed: {unit}: {what}; {why}, so the service is left stopped; spec {} is quarantined",
+                    short(&d.unit.sha256)
+                ),
+            )
+        }
+    }
+}
+
+async fn stop_quietly<S: Systemd>(ctx: &Ctx<S>, unit: &str) {
+    let _ = ctx.systemd.run(&["stop", unit]).await;
+}
+
+/// The argv of a unit text's `ExecStart=`.
+pub fn exec_start(text: &str) -> Option<Vec<String>> {
+    text.lines()
+        .find_map(|l| l.strip_prefix("ExecStart="))
+        .and_then(specd_spec::parse_command_line)
+}
+
+fn base_url_from_argv(argv: &[String]) -> Option<String> {
+    let val = |flag: &str| {
+        argv.iter().enumerate().find_map(|(i, w)| {
+            if w == flag {
+                argv.get(i + 1).cloned()
+            } else {
+                w.strip_prefix(&format!("{flag}=")).map(str::to_string)
+            }
+        })
+    };
+    let port = val("--port")?;
+    let host = val("--host")
+        .filter(|h| h != "0.0.0.0")
+        .unwrap_or_else(|| "127.0.0.1".into());
+    Some(format!("http://{host}:{port}"))
+}
+
+/// A stop that ended in SIGKILL, in plain words.
+pub fn sigkill_verdict(
+    props: &UnitProps,
+    timeout_stop: Duration,
+    in_flight: Option<i64>,
+) -> Option<String> {
+    let killed = props.exec_main_code == 2 && props.exec_main_status == 9;
+    if props.result == "timeout" && killed || props.result == "timeout" {
+        let reqs = match in_flight {
+            Some(n) if n >= 0 => format!(" while {n} requests were in flight"),
+            _ => String::new(),
+        };
+        return Some(format!(
+            "stopped by SIGKILL after TimeoutStopSec={}s{reqs} — not an OOM: the server was still draining when systemd's stop timeout ran out",
+            timeout_stop.as_secs()
+        ));
+    }
+    None
+}
+
+async fn run_steps<S: Systemd>(
+    ctx: &Ctx<S>,
+    st: &mut UnitState,
+    unit: &str,
+    steps: &[Step],
+    t: &Target<'_>,
+    before: &UnitProps,
+    stop_verdict: &mut Option<String>,
+) -> Result<(), StepFailure> {
+    let emit = |e: Event| (ctx.events)(unit, &e);
+    let path = unit_path(&ctx.unit_dir, unit);
+    let mut cg = before.control_group.clone();
+    let in_flight = Arc::new(AtomicI64::new(-1));
+    let mut started_pid = 0;
+    for &step in steps {
+        if let Some(p) = st.in_progress.as_mut() {
+            p.phase = format!("{step:?}");
+            let _ = ctx.store.save(st);
+        }
+        match step {
+            Step::Drain => {
+                let Some(spec) = t.spec else { continue };
+                if t.drain.is_zero() {
+                    continue;
+                }
+                emit(Event::Phase(format!(
+                    "draining in-flight requests (up to {}s)",
+                    t.drain.as_secs()
+                )));
+                let deadline = Instant::now() + t.drain;
+                loop {
+                    match ctx.probe.running_requests(&t.base_url, spec.engine).await {
+                        Some(0) => break,
+                        Some(n) => {
+                            in_flight.store(n as i64, Ordering::Relaxed);
+                            if Instant::now() >= deadline {
+                                emit(Event::Warning(format!(
+                                    "{n} requests still in flight after the drain budget; stopping anyway"
+                                )));
+                                break;
+                            }
+                            emit(Event::Progress(format!("draining: {n} requests in flight")));
+                        }
+                        None => {
+                            emit(Event::Progress(
+                                "the server does not report in-flight requests; not waiting".into(),
+                            ));
+                            break;
+                        }
+                    }
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+            }
+            Step::Stop => {
+                emit(Event::Phase(format!("stopping {unit}")));
+                if let Some(spec) = t.spec
+                    && let Some(n) = Probe::new(Duration::from_millis(500))
+                        .running_requests(&t.base_url, spec.engine)
+                        .await
+                {
+                    in_flight.store(n as i64, Ordering::Relaxed);
+                }
+                let props = ctx
+                    .systemd
+                    .show(unit)
+                    .await
+                    .map_err(|e| StepFailure::host(step, format!("{e:#}")))?;
+                if !props.control_group.is_empty() {
+                    cg = props.control_group.clone();
+                }
+                // --no-block: specd watches the stop itself (cgroup, progress) instead of
+                // sitting in systemctl.
+                ctx.systemd
+                    .run(&["stop", "--no-block", unit])
+                    .await
+                    .map_err(|e| StepFailure::host(step, format!("{e:#}")))?;
+            }
+            Step::WaitStopped => {
+                let deadline = Instant::now() + t.stop_budget;
+                let started = Instant::now();
+                // While stopping, keep reading the in-flight count for the progress line.
+                let poller = t.spec.map(|spec| {
+                    let (probe, url, engine, counter) = (
+                        Probe::new(Duration::from_millis(800)),
+                        t.base_url.clone(),
+                        spec.engine,
+                        in_flight.clone(),
+                    );
+                    tokio::spawn(async move {
+                        loop {
+                            if let Some(n) = probe.running_requests(&url, engine).await {
+                                counter.store(n as i64, Ordering::Relaxed);
+                            }
+                            tokio::time::sleep(Duration::from_secs(1)).await;
+                        }
+                    })
+                });
+                let counter = in_flight.clone();
+                let waited = cgroup::wait_empty(&ctx.layout, &cg, deadline.into(), || {
+                    let n = counter.load(Ordering::Relaxed);
+                    let reqs = if n >= 0 {
+                        format!(", {n} requests in flight")
+                    } else {
+                        String::new()
+                    };
+                    emit(Event::Progress(format!(
+                        "stopping: {}s{reqs}",
+                        started.elapsed().as_secs()
+                    )));
+                })
+                .await;
+                if let Some(p) = poller {
+                    p.abort();
+                }
+                if let Err(lingering) = waited {
+                    let who: Vec<String> = lingering
+                        .iter()
+                        .map(|l| format!("pid {} ({})", l.pid, l.cmdline))
+                        .collect();
+                    return Err(StepFailure::host(
+                        step,
+                        format!(
+                            "processes still in the unit's cgroup {} after {}s: {}; not starting a new instance over them",
+                            cg,
+                            t.stop_budget.as_secs(),
+                            who.join(", ")
+                        ),
+                    ));
+                }
+                // The cgroup is empty; systemd settles the unit state right after. Then make
+                // sure nothing (Restart=, a dependency, a person) started it again.
+                let props = wait_stopped_state(ctx, unit, deadline)
+                    .await
+                    .map_err(|m| StepFailure::host(step, m))?;
+                if let Some(v) = sigkill_verdict(
+                    &props,
+                    t.stop_budget - STOP_MARGIN,
+                    Some(in_flight.load(Ordering::Relaxed)),
+                ) {
+                    emit(Event::Warning(v.clone()));
+                    *stop_verdict = Some(v);
+                }
+                emit(Event::Progress(format!(
+                    "stopped after {:.1}s; cgroup empty",
+                    started.elapsed().as_secs_f64()
+                )));
+            }
+            Step::RemoveDropIns => {
+                let props = ctx
+                    .systemd
+                    .show(unit)
+                    .await
+                    .map_err(|e| StepFailure::host(step, format!("{e:#}")))?;
+                let keep = ctx
+                    .store
+                    .dir
+                    .join("removed-drop-ins")
+                    .join(state::now().to_string());
+                for p in props.drop_in_paths.iter().filter(|p| Path::new(p).exists()) {
+                    fsx::ensure_dir(&keep)
+                        .map_err(|e| StepFailure::host(step, format!("{e:#}")))?;
+                    let dest = keep.join(p.trim_start_matches('/').replace('/', "__"));
+                    std::fs::copy(p, &dest)
+                        .and_then(|_| std::fs::remove_file(p))
+                        .map_err(|e| StepFailure::host(step, format!("moving {p} aside: {e}")))?;
+                    emit(Event::Progress(format!(
+                        "moved drop-in {p} to {}",
+                        dest.display()
+                    )));
+                }
+            }
+            Step::WriteUnit => {
+                emit(Event::Phase(format!(
+                    "writing {} (unit {})",
+                    path.display(),
+                    short(t.sha256)
+                )));
+                // Record the intent first: after a crash, the next apply knows the file may be its own.
+                st.written_sha256 = Some(t.sha256.to_string());
+                ctx.store
+                    .save(st)
+                    .map_err(|e| StepFailure::host(step, format!("{e:#}")))?;
+                fsx::atomic_write(&path, t.text.as_bytes(), 0o644)
+                    .map_err(|e| StepFailure::host(step, format!("{e:#}")))?;
+            }
+            Step::Reload => {
+                emit(Event::Phase("systemctl daemon-reload".into()));
+                ctx.systemd
+                    .run(&["daemon-reload"])
+                    .await
+                    .map_err(|e| StepFailure::host(step, format!("{e:#}")))?;
+                let props = ctx
+                    .systemd
+                    .show(unit)
+                    .await
+                    .map_err(|e| StepFailure::host(step, format!("{e:#}")))?;
+                if props.need_daemon_reload {
+                    return Err(StepFailure::host(
+                        step,
+                        "systemd still reports NeedDaemonReload=yes after daemon-reload",
+                    ));
+                }
+                if props.fragment_path != path.display().to_string() {
+                    return Err(StepFailure::host(
+                        step,
+                        format!(
+                            "systemd loads {unit} from {:?}, not from {}",
+                            props.fragment_path,
+                            path.display()
+                        ),
+                    ));
+                }
+            }
+            Step::Start => {
+                emit(Event::Phase(format!("starting {unit}")));
+                let r = ctx.systemd.run(&["start", unit]).await;
+                let props = ctx
+                    .systemd
+                    .show(unit)
+                    .await
+                    .map_err(|e| StepFailure::host(step, format!("{e:#}")))?;
+                if let Err(e) = r {
+                    return Err(StepFailure::spec(
+                        step,
+                        format!(
+                            "{e:#} (Result={}, status {})",
+                            props.result,
+                            props.exit_status()
+                        ),
+                    ));
+                }
+                started_pid = props.main_pid;
+            }
+            Step::VerifyCmdline => {
+                let props = ctx
+                    .systemd
+                    .show(unit)
+                    .await
+                    .map_err(|e| StepFailure::host(step, format!("{e:#}")))?;
+                let pid = props.main_pid;
+                if pid == 0 {
+                    return Err(StepFailure::spec(
+                        step,
+                        format!(
+                            "the server exited right after start (Result={}, status {})",
+                            props.result,
+                            props.exit_status()
+                        ),
+                    ));
+                }
+                if started_pid == 0 {
+                    started_pid = pid;
+                }
+                match cgroup::cmdline(pid) {
+                    Some(c) if c == t.argv => emit(Event::Progress(format!(
+                        "pid {pid} runs the rendered ExecStart"
+                    ))),
+                    Some(c) => {
+                        return Err(StepFailure::spec(
+                            step,
+                            format!(
+                                "pid {pid} runs {:?}, not the rendered ExecStart {:?}",
+                                c.join(" "),
+                                t.argv.join(" ")
+                            ),
+                        ));
+                    }
+                    None => {
+                        return Err(StepFailure::spec(
+                            step,
+                            format!("pid {pid} exited before its command line could be read"),
+                        ));
+                    }
+                }
+            }
+            Step::WaitReady => {
+                wait_ready(ctx, unit, t, started_pid)
+                    .await
+                    .map_err(|m| StepFailure::spec(step, m))?;
+            }
+            Step::VerifyArgs => {
+                let Some(spec) = t.spec else { continue };
+                match ctx.probe.server_info(&t.base_url, spec).await {
+                    None => {}
+                    Some(Err(e)) => {
+                        return Err(StepFailure::spec(
+                            step,
+                            format!("could not read the server's args: {e}"),
+                        ));
+                    }
+                    Some(Ok(info)) => {
+                        let m = probe::compare_args(&spec.expected_server_args(), &info);
+                        if !m.is_empty() {
+                            let list: Vec<String> = m.iter().map(|x| x.to_string()).collect();
+                            return Err(StepFailure::spec(
+                                step,
+                                format!(
+                                    "the server reports args that differ from the spec: {}",
+                                    list.join("; ")
+                                ),
+                            ));
+                        }
+                        emit(Event::Progress(format!(
+                            "the server reports the spec's args ({} checked)",
+                            spec.expected_server_args().len()
+                        )));
+                    }
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// After the cgroup emptied: wait for systemd to settle the unit as stopped, and stop it again
+/// if something restarted it meanwhile.
+async fn wait_stopped_state<S: Systemd>(
+    ctx: &Ctx<S>,
+    unit: &str,
+    deadline: Instant,
+) -> Result<UnitProps, String> {
+    let mut restops = 0;
+    loop {
+        let props = ctx.systemd.show(unit).await.map_err(|e| format!("{e:#}"))?;
+        if props.is_stopped() && !ctx.layout.populated(&props.control_group) {
+            return Ok(props);
+        }
+        if matches!(props.active_state.as_str(), "active" | "activating")
+            && props.sub_state != "stop-sigterm"
+        {
+            // Restarted behind specd's back (Restart= timer, a dependency, a person).
+            if restops >= 3 {
+                return Err(format!(
+                    "{unit} keeps being started again while specd stops it ({}/{})",
+                    props.active_state, props.sub_state
+                ));
+            }
+            restops += 1;
+            (ctx.events)(
+                unit,
+                &Event::Warning(format!(
+                    "{unit} was started again while stopping ({}); stopping it again",
+                    props.sub_state
+                )),
+            );
+            ctx.systemd
+                .run(&["stop", unit])
+                .await
+                .map_err(|e| format!("{e:#}"))?;
+            continue;
+        }
+        if Instant::now() >= deadline {
+            return Err(format!(
+                "{unit} did not reach a stopped state ({}/{})",
+                props.active_state, props.sub_state
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Poll the readiness endpoint until 200, with a short capped backoff, while checking that the
+/// process specd started is still the one running.
+async fn wait_ready<S: Systemd>(
+    ctx: &Ctx<S>,
+    unit: &str,
+    t: &Target<'_>,
+    pid: u32,
+) -> Result<(), String> {
+    use backon::{ExponentialBuilder, Retryable};
+    let emit = |e: Event| (ctx.events)(unit, &e);
+    emit(Event::Phase(format!(
+        "waiting for {}{} (up to {}s)",
+        t.base_url,
+        t.endpoint,
+        t.readiness.as_secs()
+    )));
+    let url = format!("{}{}", t.base_url, t.endpoint);
+    let started = Instant::now();
+    let deadline = started + t.readiness;
+    let last_check = std::sync::Mutex::new(Instant::now());
+    let last_note = std::sync::Mutex::new(Instant::now());
+    #[derive(Debug)]
+    enum Wait {
+        Loading(String),
+        Fatal(String),
+    }
+    let attempt = || async {
+        match ctx.probe.health(&url).await {
+            Health::Ready => return Ok(()),
+            Health::Error(e) => return Err(Wait::Fatal(e)),
+            Health::Loading(why) => {
+                let now = Instant::now();
+                if now >= deadline {
+                    return Err(Wait::Fatal(format!(
+                        "not ready after {}s ({why})",
+                        t.readiness.as_secs()
+                    )));
+                }
+                let due = {
+                    now.duration_since(*last_check.lock().unwrap()) >= Duration::from_millis(500)
+                };
+                if due {
+                    *last_check.lock().unwrap() = now;
+                    let props = ctx
+                        .systemd
+                        .show(unit)
+                        .await
+                        .map_err(|e| Wait::Fatal(format!("{e:#}")))?;
+                    if props.main_pid != pid
+                        || !matches!(props.active_state.as_str(), "active" | "activating")
+                    {
+                        return Err(Wait::Fatal(format!(
+                            "the server exited while loading (Result={}, status {}, {} restarts)",
+                            props.result,
+                            props.exit_status(),
+                            props.n_restarts
+                        )));
+                    }
+                }
+                let note_due =
+                    { now.duration_since(*last_note.lock().unwrap()) >= Duration::from_secs(2) };
+                if note_due {
+                    *last_note.lock().unwrap() = now;
+                    emit(Event::Progress(format!(
+                        "loading: {}s",
+                        started.elapsed().as_secs()
+                    )));
+                }
+                Err(Wait::Loading(why))
+            }
+        }
+    };
+    let backoff = ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(5))
+        .with_max_delay(Duration::from_millis(50))
+        .with_factor(2.0)
+        .without_max_times();
+    match attempt
+        .retry(backoff)
+        .sleep(tokio::time::sleep)
+        .when(|e| matches!(e, Wait::Loading(_)))
+        .await
+    {
+        Ok(()) => {
+            emit(Event::Progress(format!(
+                "ready after {:.1}s",
+                started.elapsed().as_secs_f64()
+            )));
+            Ok(())
+        }
+        Err(Wait::Fatal(m)) | Err(Wait::Loading(m)) => Err(m),
+    }
+}
+
+/// Record a desired state that could not be used (a bad spec), so `status` shows it.
+pub fn record_error(
+    store: &Store,
+    unit: &str,
+    source: Option<Source>,
+    error: String,
+) -> Result<()> {
+    let mut st = store.load(unit)?;
+    if let Some(d) = st.desired.as_mut() {
+        d.error = Some(error);
+        d.source = source.or(d.source.take());
+    }
+    store.save(&st).context("saving state")
+}

@@ -1,0 +1,277 @@
+//! specd's own state, per unit, in the state directory (default `/var/lib/specd`): what was
+//! applied, from where, when and with what result; the last good unit (the rollback target); the
+//! quarantine of spec hashes that failed; and the history of applies. Written atomically.
+
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+
+use crate::fsx;
+
+/// How many history entries are kept per unit.
+pub const HISTORY_MAX: usize = 200;
+
+pub fn now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// `2026-12-02T11:18:00Z` for unix seconds.
+pub fn format_time(secs: u64) -> String {
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+/// Where a desired state came from.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum Source {
+    File {
+        path: String,
+    },
+    Commit {
+        repo: String,
+        commit: String,
+        path: String,
+    },
+}
+
+impl std::fmt::Display for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Source::File { path } => write!(f, "file {path}"),
+            Source::Commit { commit, path, .. } => {
+                write!(f, "commit {} ({path})", &commit[..commit.len().min(12)])
+            }
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Outcome {
+    /// The desired unit runs, verified and ready.
+    Applied,
+    /// A stopped service was started again with the same unit.
+    Started,
+    /// The new unit failed; the last good one was restored and serves again.
+    RolledBack,
+    /// The new unit failed and there was nothing to roll back to (or rollback is off).
+    Failed,
+    /// Drift found and only reported (policy `report`).
+    Reported,
+}
+
+/// A unit that ran and passed verification: the rollback target.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GoodUnit {
+    pub sha256: String,
+    pub text: String,
+    pub source: Option<Source>,
+    pub time: u64,
+    /// The readiness endpoint to probe when it is restored.
+    #[serde(default)]
+    pub endpoint: Option<String>,
+    #[serde(default)]
+    pub base_url: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Quarantined {
+    pub sha256: String,
+    pub reason: String,
+    pub source: Option<Source>,
+    pub time: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HistoryEntry {
+    pub time: u64,
+    pub sha256: String,
+    pub source: Option<Source>,
+    pub outcome: Outcome,
+    pub message: String,
+    /// How the instance that this apply stopped had ended, when specd could tell.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_verdict: Option<String>,
+    pub duration_ms: u64,
+}
+
+/// An apply that started and has not finished (yet, or ever: the process died).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InProgress {
+    pub sha256: String,
+    pub pid: u32,
+    pub phase: String,
+    pub started: u64,
+}
+
+/// Everything specd remembers about one unit.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct UnitState {
+    pub unit: String,
+    /// The last desired state specd was asked to reconcile (spec, rendered hash, source).
+    #[serde(default)]
+    pub desired: Option<DesiredRecord>,
+    /// Hash of the unit specd last wrote (whatever the outcome).
+    #[serde(default)]
+    pub written_sha256: Option<String>,
+    #[serde(default)]
+    pub last_good: Option<GoodUnit>,
+    #[serde(default)]
+    pub quarantine: Vec<Quarantined>,
+    #[serde(default)]
+    pub in_progress: Option<InProgress>,
+    #[serde(default)]
+    pub history: Vec<HistoryEntry>,
+}
+
+/// The desired state as last seen, kept so that `status` can compare without the spec file.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct DesiredRecord {
+    pub sha256: String,
+    pub source: Option<Source>,
+    pub time: u64,
+    pub spec: specd_spec::Spec,
+    /// The located error of the newest desired state that could not be used, if any.
+    #[serde(default)]
+    pub error: Option<String>,
+}
+
+impl UnitState {
+    pub fn quarantined(&self, sha: &str) -> Option<&Quarantined> {
+        self.quarantine.iter().find(|q| q.sha256 == sha)
+    }
+
+    pub fn record(&mut self, e: HistoryEntry) {
+        self.history.push(e);
+        if self.history.len() > HISTORY_MAX {
+            let extra = self.history.len() - HISTORY_MAX;
+            self.history.drain(..extra);
+        }
+    }
+}
+
+/// The state directory.
+#[derive(Clone, Debug)]
+pub struct Store {
+    pub dir: PathBuf,
+}
+
+impl Store {
+    pub fn new(dir: impl Into<PathBuf>) -> Store {
+        Store { dir: dir.into() }
+    }
+
+    fn units_dir(&self) -> PathBuf {
+        self.dir.join("units")
+    }
+
+    pub fn locks_dir(&self) -> PathBuf {
+        self.dir.join("locks")
+    }
+
+    fn path(&self, unit: &str) -> PathBuf {
+        self.units_dir().join(format!("{unit}.json"))
+    }
+
+    pub fn load(&self, unit: &str) -> Result<UnitState> {
+        let p = self.path(unit);
+        match fsx::read_opt(&p)? {
+            None => Ok(UnitState {
+                unit: unit.to_string(),
+                ..Default::default()
+            }),
+            Some(bytes) => serde_json::from_slice(&bytes)
+                .with_context(|| format!("{} is corrupt", p.display())),
+        }
+    }
+
+    pub fn save(&self, st: &UnitState) -> Result<()> {
+        let dir = self.units_dir();
+        fsx::ensure_dir(&dir)?;
+        let mut bytes = serde_json::to_vec_pretty(st)?;
+        bytes.push(b'\n');
+        fsx::atomic_write(&self.path(&st.unit), &bytes, 0o644)
+    }
+
+    /// Units specd has state for, sorted.
+    pub fn units(&self) -> Result<Vec<String>> {
+        let dir = self.units_dir();
+        let rd = match std::fs::read_dir(&dir) {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(vec![]),
+            Err(e) => return Err(e).with_context(|| format!("reading {}", dir.display())),
+        };
+        let mut v: Vec<String> = rd
+            .flatten()
+            .filter_map(|e| {
+                e.file_name()
+                    .to_str()
+                    .and_then(|n| n.strip_suffix(".json"))
+                    .map(str::to_string)
+            })
+            .collect();
+        v.sort();
+        Ok(v)
+    }
+
+    pub fn exists(dir: &Path) -> bool {
+        dir.join("units").is_dir()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn times_format_as_utc() {
+        assert_eq!(format_time(0), "1970-01-01T00:00:00Z");
+        assert_eq!(format_time(1_796_210_280), "2026-12-02T11:18:00Z");
+        assert_eq!(format_time(951_782_400), "2000-02-29T00:00:00Z");
+    }
+
+    #[test]
+    fn history_is_bounded_and_state_round_trips() {
+        let d = tempfile::tempdir().unwrap();
+        let store = Store::new(d.path());
+        let mut st = store.load("a.service").unwrap();
+        for i in 0..(HISTORY_MAX as u64 + 5) {
+            st.record(HistoryEntry {
+                time: i,
+                sha256: "x".into(),
+                source: None,
+                outcome: Outcome::Applied,
+                message: String::new(),
+                stop_verdict: None,
+                duration_ms: 0,
+            });
+        }
+        assert_eq!(st.history.len(), HISTORY_MAX);
+        assert_eq!(st.history[0].time, 5);
+        store.save(&st).unwrap();
+        assert_eq!(store.load("a.service").unwrap(), st);
+        assert_eq!(store.units().unwrap(), vec!["a.service".to_string()]);
+    }
+}

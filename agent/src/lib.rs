@@ -4,6 +4,7 @@
 
 pub mod cgroup;
 pub mod cli;
+pub mod diagnose;
 pub mod fsx;
 pub mod lock;
 pub mod ops;

@@ -83,6 +83,48 @@ pub enum Command {
         #[arg(long)]
         host: Option<String>,
     },
+    /// Run the agent: follow a git repository and reconcile every unit it holds a spec for.
+    Run {
+        /// The agent's configuration file.
+        #[arg(long, default_value = "/etc/specd/agent.yaml")]
+        config: PathBuf,
+        /// The config repository (a path or URL); overrides the config file.
+        #[arg(long)]
+        repo: Option<String>,
+        #[arg(long)]
+        branch: Option<String>,
+        /// A spec file or directory of specs in the repository.
+        #[arg(long)]
+        path: Option<String>,
+        /// Hostname for host overlays.
+        #[arg(long)]
+        hostname: Option<String>,
+        /// Seconds between polls of a remote repository.
+        #[arg(long)]
+        interval: Option<u64>,
+        /// Loopback address of the metrics and control endpoint.
+        #[arg(long)]
+        listen: Option<String>,
+    },
+    /// Ask the running agent to reconcile now (one unit, or all).
+    Reconcile {
+        unit: Option<String>,
+        /// The agent's control endpoint.
+        #[arg(long, default_value = "http://127.0.0.1:9464")]
+        agent: String,
+    },
+    /// The applies of each unit: time, commit or file, unit hash, result.
+    History {
+        unit: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Why did the last instance of a unit end: stop-timeout SIGKILL, OOM kill, CUDA OOM, crash...
+    Diagnose {
+        unit: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
     /// Unified diff of the deployed unit against the desired one, and the server's args against
     /// the spec. Exit 0 when there is no difference, 1 otherwise.
     Diff {
@@ -106,6 +148,42 @@ pub fn main() -> ExitCode {
             run_async(crate::ops::status(&g, json, file.as_deref(), host))
         }
         Command::Diff { file, host } => run_async(crate::ops::diff(&g, &file, host)),
+        Command::Run {
+            config,
+            repo,
+            branch,
+            path,
+            hostname,
+            interval,
+            listen,
+        } => {
+            init_tracing();
+            run_async(async move {
+                let mut cfg = crate::config::AgentConfig::load(&config)?;
+                cfg.repo = repo.or(cfg.repo);
+                cfg.branch = branch.or(cfg.branch);
+                cfg.path = path.or(cfg.path);
+                cfg.hostname = hostname.or(cfg.hostname);
+                cfg.interval = interval.or(cfg.interval);
+                cfg.listen = listen.or(cfg.listen);
+                let state_dir = cfg.state_dir.clone().unwrap_or(g.state_dir.clone());
+                let unit_dir = cfg.unit_dir.clone().unwrap_or(g.unit_dir.clone());
+                crate::agent::run(crate::agent::RunOptions {
+                    config: cfg,
+                    state_dir,
+                    unit_dir,
+                })
+                .await?;
+                Ok(0)
+            })
+        }
+        Command::Reconcile { unit, agent } => run_async(crate::ops::ask_reconcile(agent, unit)),
+        Command::History { unit, json } => run_async(crate::ops::history(&g, unit, json)),
+        Command::Diagnose { unit, json } => {
+            run_async(
+                async move { crate::ops::diagnose(unit.as_deref(), json, &g.state_dir).await },
+            )
+        }
         Command::Validate { files } => validate(&files),
         Command::Render { file, host, hash } => render(&file, host.as_deref(), hash),
         Command::Schema => {
@@ -175,5 +253,21 @@ fn run_async(f: impl std::future::Future<Output = anyhow::Result<u8>>) -> ExitCo
             eprintln!("specd: error: {e:#}");
             ExitCode::from(2)
         }
+    }
+}
+
+fn init_tracing() {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_env("SPECD_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let journald = std::env::var_os("JOURNAL_STREAM").is_some();
+    let b = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false);
+    if journald {
+        // journald stamps each line itself.
+        b.without_time().with_ansi(false).init();
+    } else {
+        b.init();
     }
 }

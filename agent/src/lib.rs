@@ -2,15 +2,19 @@
 //!
 //! See ARCHITECTURE.md at the repository root for the map and the invariants.
 
+pub mod agent;
 pub mod cgroup;
 pub mod cli;
+pub mod config;
 pub mod diagnose;
 pub mod fsx;
 pub mod lock;
+pub mod metrics;
 pub mod ops;
 pub mod plan;
 pub mod probe;
 pub mod reconcile;
+pub mod source;
 pub mod specs;
 pub mod state;
 pub mod systemd;

@@ -32,6 +32,7 @@ pub fn ctx(g: &Global, events: Events) -> Ctx<Systemctl> {
         layout: Layout::host(),
         probe: Probe::default(),
         events,
+        shutdown: reconcile::Shutdown::never(),
     }
 }
 
@@ -238,8 +239,32 @@ pub async fn status(
         let st = ctx.store.load(u)?;
         all.push(unit_status(&ctx, &st, override_desired.as_ref()).await?);
     }
+    let source = crate::agent::SourceState::load(&g.state_dir);
     if json {
-        println!("{}", serde_json::to_string_pretty(&all)?);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({"source": source, "units": all}))?
+        );
+    } else if let Some(s) = &source {
+        let c = |x: &Option<String>| {
+            x.as_deref()
+                .map_or("-".to_string(), |c| c[..12.min(c.len())].to_string())
+        };
+        println!(
+            "source {} ({}): deployed commit {}, head {}",
+            s.repo,
+            s.followed,
+            c(&s.accepted_commit),
+            c(&s.head_commit)
+        );
+        if let Some(e) = &s.error {
+            println!("  head not deployed: {e}");
+        }
+        for o in &s.orphans {
+            println!("  orphaned: {o} (its spec is gone; left running)");
+        }
+    }
+    if json {
     } else if all.is_empty() {
         println!("no units managed yet (state dir {})", g.state_dir.display());
     } else {
@@ -336,4 +361,78 @@ pub async fn diff(g: &Global, file: &Path, host: Option<String>) -> Result<u8> {
         println!("(the server at {base} is not ready)");
     }
     Ok(u8::from(differs))
+}
+
+pub async fn ask_reconcile(agent: String, unit: Option<String>) -> Result<u8> {
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(5))
+        .build()?;
+    let mut req = client.post(format!("{}/reconcile", agent.trim_end_matches('/')));
+    if let Some(u) = &unit {
+        req = req.query(&[("unit", u)]);
+    }
+    let r = req
+        .send()
+        .await
+        .with_context(|| format!("is the agent running? cannot reach {agent}"))?;
+    if !r.status().is_success() {
+        anyhow::bail!("the agent answered {}", r.status());
+    }
+    println!(
+        "reconcile of {} queued",
+        unit.as_deref().unwrap_or("every unit")
+    );
+    Ok(0)
+}
+
+pub async fn history(g: &Global, unit: Option<String>, json: bool) -> Result<u8> {
+    let store = Store::new(&g.state_dir);
+    let units = match unit {
+        Some(u) => vec![u],
+        None => store.units()?,
+    };
+    let mut all = Vec::new();
+    for u in &units {
+        let st = store.load(u)?;
+        for h in &st.history {
+            all.push((u.clone(), h.clone()));
+        }
+    }
+    all.sort_by_key(|(_, h)| h.time);
+    if json {
+        let v: Vec<serde_json::Value> = all
+            .iter()
+            .map(|(u, h)| {
+                let mut v = serde_json::to_value(h).unwrap_or_default();
+                v["unit"] = serde_json::json!(u);
+                v
+            })
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(0);
+    }
+    for (u, h) in &all {
+        let src = h.source.as_ref().map_or("-".into(), |s| s.to_string());
+        println!(
+            "{}  {u}  {:<11} unit {}  {src}",
+            state::format_time(h.time),
+            format!("{:?}", h.outcome),
+            &h.sha256[..12.min(h.sha256.len())]
+        );
+        println!("    {}", h.message);
+        if let Some(v) = &h.stop_verdict {
+            println!("    previous instance: {v}");
+        }
+    }
+    if all.is_empty() {
+        println!("no applies recorded");
+    }
+    Ok(0)
+}
+
+/// `specd diagnose`: see [`crate::diagnose`].
+pub async fn diagnose(unit: Option<&str>, json: bool, state_dir: &Path) -> Result<u8> {
+    let _ = (unit, json, state_dir);
+    anyhow::bail!("diagnose is not available in this build yet")
 }

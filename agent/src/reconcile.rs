@@ -52,6 +52,35 @@ pub struct Ctx<S: Systemd> {
     pub layout: Layout,
     pub probe: Probe,
     pub events: Events,
+    pub shutdown: Shutdown,
+}
+
+/// Set when the agent is asked to stop: an apply stops at the next safe point (between steps, or
+/// while waiting), leaving its in-progress record so that the next run finishes it.
+#[derive(Clone, Debug)]
+pub struct Shutdown(tokio::sync::watch::Receiver<bool>);
+
+impl Shutdown {
+    pub fn new() -> (tokio::sync::watch::Sender<bool>, Shutdown) {
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        (tx, Shutdown(rx))
+    }
+
+    /// One that is never set (for one-shot commands).
+    pub fn never() -> Shutdown {
+        let (tx, s) = Shutdown::new();
+        std::mem::forget(tx);
+        s
+    }
+
+    pub fn is_set(&self) -> bool {
+        *self.0.borrow()
+    }
+
+    pub async fn wait(&self) {
+        let mut r = self.0.clone();
+        let _ = r.wait_for(|v| *v).await;
+    }
 }
 
 /// A desired state: a resolved spec, its rendered unit, and where it came from.
@@ -106,6 +135,8 @@ struct StepFailure {
     message: String,
     /// The spec is at fault (quarantine it), rather than the host.
     spec_fault: bool,
+    /// Not a failure: the agent is stopping and this is a safe point.
+    cancelled: bool,
 }
 
 impl StepFailure {
@@ -114,6 +145,7 @@ impl StepFailure {
             step,
             message: message.into(),
             spec_fault: false,
+            cancelled: false,
         }
     }
     fn spec(step: Step, message: impl Into<String>) -> Self {
@@ -121,6 +153,15 @@ impl StepFailure {
             step,
             message: message.into(),
             spec_fault: true,
+            cancelled: false,
+        }
+    }
+    fn cancelled(step: Step) -> Self {
+        StepFailure {
+            step,
+            message: "the agent is stopping".into(),
+            spec_fault: false,
+            cancelled: true,
         }
     }
 }
@@ -389,6 +430,21 @@ pub async fn reconcile<S: Systemd>(
                 action: Action::AwaitChange,
             }
         }
+        Err(f) if f.cancelled => {
+            let verdict = format!(
+                "Interrupted: stopped at a safe point before {:?} finished, because the agent is stopping; the next run finishes this apply",
+                f.step
+            );
+            emit(Event::Warning(verdict.clone()));
+            Report {
+                unit: unit.clone(),
+                plan,
+                outcome: None,
+                verdict,
+                stop_verdict,
+                action: Action::AwaitChange,
+            }
+        }
         Err(f) => {
             emit(Event::Warning(format!(
                 "{:?} failed: {}",
@@ -622,6 +678,9 @@ async fn run_steps<S: Systemd>(
     let in_flight = Arc::new(AtomicI64::new(-1));
     let mut started_pid = 0;
     for &step in steps {
+        if ctx.shutdown.is_set() {
+            return Err(StepFailure::cancelled(step));
+        }
         if let Some(p) = st.in_progress.as_mut() {
             p.phase = format!("{step:?}");
             let _ = ctx.store.save(st);
@@ -638,6 +697,9 @@ async fn run_steps<S: Systemd>(
                 )));
                 let deadline = Instant::now() + t.drain;
                 loop {
+                    if ctx.shutdown.is_set() {
+                        return Err(StepFailure::cancelled(step));
+                    }
                     match ctx.probe.running_requests(&t.base_url, spec.engine).await {
                         Some(0) => break,
                         Some(n) => {
@@ -1062,17 +1124,13 @@ async fn wait_ready<S: Systemd>(
     }
 }
 
-/// Record a desired state that could not be used (a bad spec), so `status` shows it.
-pub fn record_error(
-    store: &Store,
-    unit: &str,
-    source: Option<Source>,
-    error: String,
-) -> Result<()> {
+/// Record (or clear) why the newest desired state could not be used (a bad commit), so that
+/// `status` shows it.
+pub fn set_error(store: &Store, unit: &str, error: Option<String>) -> Result<()> {
     let mut st = store.load(unit)?;
-    if let Some(d) = st.desired.as_mut() {
-        d.error = Some(error);
-        d.source = source.or(d.source.take());
+    match st.desired.as_mut() {
+        Some(d) if d.error != error => d.error = error,
+        _ => return Ok(()),
     }
     store.save(&st).context("saving state")
 }

@@ -1,0 +1,657 @@
+//! `specd run`: the agent. Follows a git source, keeps one worker per unit (units reconcile
+//! concurrently; one unit never has two reconciles at once), and reconciles on change: a new
+//! commit, an edit of a managed unit file or drop-in, SIGHUP or `specd reconcile`, and a periodic
+//! resync. Errors back off per unit. Talks to systemd with sd-notify when run as a service.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use backon::BackoffBuilder;
+use serde::{Deserialize, Serialize};
+use tokio::sync::{Notify, mpsc, watch};
+
+use crate::config::AgentConfig;
+use crate::metrics::Metrics;
+use crate::reconcile::{self, Action, Ctx, DesiredState, Event, Shutdown};
+use crate::source::{self, GitSource};
+use crate::state::{self, Outcome, Source, Store};
+use crate::systemd::{Systemctl, Systemd};
+
+/// What the agent knows about its source, persisted for `status`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SourceState {
+    pub repo: String,
+    pub followed: String,
+    /// The newest commit whose specs were handed to the units (never goes backwards unless
+    /// `allow_rewind`).
+    pub accepted_commit: Option<String>,
+    /// The head seen last, and why it was not accepted, if it was not.
+    pub head_commit: Option<String>,
+    pub error: Option<String>,
+    pub time: u64,
+    /// Units that specd manages but the accepted commit has no spec for.
+    #[serde(default)]
+    pub orphans: Vec<String>,
+}
+
+impl SourceState {
+    pub fn path(state_dir: &Path) -> PathBuf {
+        state_dir.join("source.json")
+    }
+    pub fn load(state_dir: &Path) -> Option<SourceState> {
+        let b = std::fs::read(Self::path(state_dir)).ok()?;
+        serde_json::from_slice(&b).ok()
+    }
+    fn save(&self, state_dir: &Path) -> Result<()> {
+        crate::fsx::ensure_dir(state_dir)?;
+        let mut b = serde_json::to_vec_pretty(self)?;
+        b.push(b'\n');
+        crate::fsx::atomic_write(&Self::path(state_dir), &b, 0o644)
+    }
+}
+
+/// Why something asked for a reconcile.
+#[derive(Debug, Clone)]
+pub enum Trigger {
+    /// The source may have a new commit.
+    Source,
+    /// One unit (its file or drop-ins changed, or a person asked).
+    Unit(String),
+    /// Every unit (SIGHUP, `specd reconcile`, periodic resync).
+    All,
+}
+
+pub struct RunOptions {
+    pub config: AgentConfig,
+    pub state_dir: PathBuf,
+    pub unit_dir: PathBuf,
+}
+
+struct Worker {
+    desired: watch::Sender<Arc<DesiredState>>,
+    poke: Arc<Notify>,
+    handle: tokio::task::JoinHandle<()>,
+}
+
+fn log(unit: &str, e: &Event) {
+    match e {
+        Event::Plan(p) => {
+            if p.steps.is_empty() {
+                tracing::debug!(unit, sync = %p.sync, reasons = ?p.reasons, "observed");
+            } else {
+                let steps: Vec<String> = p.steps.iter().map(|s| format!("{s:?}")).collect();
+                tracing::info!(unit, sync = %p.sync, reasons = ?p.reasons, plan = %steps.join(" → "), "reconciling");
+            }
+        }
+        Event::Phase(m) => tracing::info!(unit, "{m}"),
+        Event::Progress(m) => tracing::info!(unit, "  {m}"),
+        Event::Warning(m) => tracing::warn!(unit, "{m}"),
+    }
+}
+
+/// Run the agent until SIGTERM/SIGINT.
+pub async fn run(opts: RunOptions) -> Result<()> {
+    let cfg = opts.config.clone();
+    let src_cfg = cfg.source()?;
+    let hostname = crate::ops::hostname(cfg.hostname.clone());
+    let store = Store::new(&opts.state_dir);
+    crate::fsx::ensure_dir(&opts.state_dir)?;
+    let (stop_tx, shutdown) = Shutdown::new();
+    let ctx = Arc::new(Ctx {
+        systemd: Systemctl,
+        unit_dir: opts.unit_dir.clone(),
+        store: store.clone(),
+        layout: crate::cgroup::Layout::host(),
+        probe: crate::probe::Probe::default(),
+        events: Arc::new(log),
+        shutdown: shutdown.clone(),
+    });
+    let metrics = Arc::new(Metrics::default());
+    let (trig_tx, mut trig_rx) = mpsc::unbounded_channel::<Trigger>();
+
+    let cache = opts.state_dir.join("repo");
+    let src = {
+        let c = src_cfg.clone();
+        tokio::task::spawn_blocking(move || GitSource::open(c, &cache)).await??
+    };
+    let src = Arc::new(std::sync::Mutex::new(src));
+    tracing::info!(repo = %src_cfg.repo, followed = %src.lock().unwrap().followed(), host = %hostname, "specd agent starting");
+
+    // Watch the local repository's refs, and the unit directory.
+    let _watchers = watchers(&src.lock().unwrap(), &opts.unit_dir, trig_tx.clone())?;
+    // Signals.
+    {
+        let t = trig_tx.clone();
+        let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
+        tokio::spawn(async move {
+            while hup.recv().await.is_some() {
+                tracing::info!("SIGHUP: reconciling every unit");
+                let _ = t.send(Trigger::Source);
+                let _ = t.send(Trigger::All);
+            }
+        });
+    }
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
+    // Metrics and control endpoint.
+    let listen = cfg
+        .listen
+        .clone()
+        .unwrap_or_else(|| "127.0.0.1:9464".into());
+    let server = serve(&listen, metrics.clone(), trig_tx.clone()).await?;
+
+    let mut workers: BTreeMap<String, Worker> = BTreeMap::new();
+    let mut last_head: Option<String> = None;
+    sync_source(
+        &src,
+        &cfg,
+        &hostname,
+        &opts.state_dir,
+        &store,
+        &ctx,
+        &metrics,
+        &mut workers,
+        &mut last_head,
+        true,
+    )
+    .await;
+    let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]);
+    tracing::info!(units = workers.len(), "ready");
+
+    let interval = Duration::from_secs(cfg.interval.unwrap_or(60).max(1));
+    let resync = Duration::from_secs(cfg.resync.unwrap_or(300).max(1));
+    let remote = src.lock().unwrap().is_remote();
+    let mut poll_at = tokio::time::Instant::now() + jitter(interval);
+    let mut resync_at = tokio::time::Instant::now() + resync;
+    let mut wd_usec = 0u64;
+    let watchdog = sd_notify::watchdog_enabled(false, &mut wd_usec)
+        .then(|| Duration::from_micros(wd_usec / 2));
+    let mut wd_at = tokio::time::Instant::now();
+
+    loop {
+        let next_wd = watchdog.map(|w| wd_at + w).unwrap_or(resync_at);
+        tokio::select! {
+            Some(t) = trig_rx.recv() => {
+                // Coalesce a burst (a commit touches several ref files).
+                let mut ts = vec![t];
+                let settle = tokio::time::sleep(Duration::from_millis(20));
+                tokio::pin!(settle);
+                loop {
+                    tokio::select! {
+                        Some(t) = trig_rx.recv() => ts.push(t),
+                        _ = &mut settle => break,
+                    }
+                }
+                let source = ts.iter().any(|t| matches!(t, Trigger::Source));
+                if source {
+                    sync_source(&src, &cfg, &hostname, &opts.state_dir, &store, &ctx, &metrics, &mut workers, &mut last_head, false).await;
+                }
+                for t in ts {
+                    match t {
+                        Trigger::Unit(u) => if let Some(w) = workers.get(&u) { w.poke.notify_one() },
+                        Trigger::All => workers.values().for_each(|w| w.poke.notify_one()),
+                        Trigger::Source => {}
+                    }
+                }
+            }
+            _ = tokio::time::sleep_until(poll_at), if remote => {
+                poll_at = tokio::time::Instant::now() + jitter(interval);
+                sync_source(&src, &cfg, &hostname, &opts.state_dir, &store, &ctx, &metrics, &mut workers, &mut last_head, false).await;
+            }
+            _ = tokio::time::sleep_until(resync_at) => {
+                resync_at = tokio::time::Instant::now() + resync;
+                sync_source(&src, &cfg, &hostname, &opts.state_dir, &store, &ctx, &metrics, &mut workers, &mut last_head, true).await;
+                workers.values().for_each(|w| w.poke.notify_one());
+            }
+            _ = tokio::time::sleep_until(next_wd), if watchdog.is_some() => {
+                wd_at = tokio::time::Instant::now();
+                let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Watchdog]);
+            }
+            _ = term.recv() => break,
+            _ = int.recv() => break,
+        }
+    }
+
+    let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Stopping]);
+    tracing::info!("stopping: applies in progress stop at their next safe point");
+    let _ = stop_tx.send(true);
+    for (u, w) in workers {
+        if tokio::time::timeout(Duration::from_secs(60), w.handle)
+            .await
+            .is_err()
+        {
+            tracing::warn!(unit = %u, "did not reach a safe point within 60 s");
+        }
+    }
+    server.abort();
+    tracing::info!("stopped");
+    Ok(())
+}
+
+fn jitter(d: Duration) -> Duration {
+    let ms = d.as_millis() as u64;
+    let spread = ms / 10;
+    let r = (std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|t| t.subsec_nanos() as u64)
+        .unwrap_or(0))
+        % (2 * spread + 1);
+    Duration::from_millis(ms - spread + r)
+}
+
+/// Read the head of the source and hand each unit its desired state, if the head may deploy.
+#[allow(clippy::too_many_arguments)]
+async fn sync_source(
+    src: &Arc<std::sync::Mutex<GitSource>>,
+    cfg: &AgentConfig,
+    hostname: &str,
+    state_dir: &Path,
+    store: &Store,
+    ctx: &Arc<Ctx<Systemctl>>,
+    metrics: &Arc<Metrics>,
+    workers: &mut BTreeMap<String, Worker>,
+    last_head: &mut Option<String>,
+    force: bool,
+) {
+    let started = Instant::now();
+    let prev = SourceState::load(state_dir).unwrap_or_default();
+    let s2 = src.clone();
+    let accepted = prev.accepted_commit.clone();
+    let allow_rewind = cfg.allow_rewind;
+    let host = hostname.to_string();
+    let res = tokio::task::spawn_blocking(move || {
+        let s = s2.lock().unwrap();
+        evaluate(&s, accepted.as_deref(), allow_rewind, &host)
+    })
+    .await;
+    let eval = match res {
+        Ok(e) => e,
+        Err(e) => Evaluation {
+            head: None,
+            error: Some(format!("reading the source panicked: {e}")),
+            desired: vec![],
+        },
+    };
+    let mut st = SourceState {
+        repo: cfg.repo.clone().unwrap_or_default(),
+        followed: src.lock().unwrap().followed(),
+        accepted_commit: prev.accepted_commit.clone(),
+        head_commit: eval.head.clone(),
+        error: eval.error.clone(),
+        time: state::now(),
+        orphans: prev.orphans.clone(),
+    };
+    if !force && eval.head == *last_head && eval.error.is_none() {
+        return;
+    }
+    *last_head = eval.head.clone();
+    if let Some(e) = &eval.error {
+        tracing::error!(
+            commit = eval.head.as_deref().unwrap_or("-"),
+            "not deployed: {e}"
+        );
+        // Bad commit: record the error for each unit's status; change nothing.
+        for u in workers.keys() {
+            let _ = reconcile::set_error(store, u, Some(e.clone()));
+        }
+        let _ = st.save(state_dir);
+        return;
+    }
+    let commit = eval.head.clone().unwrap_or_default();
+    st.accepted_commit = Some(commit.clone());
+    for u in store.units().unwrap_or_default() {
+        let _ = reconcile::set_error(store, &u, None);
+    }
+    metrics.commit(&commit);
+    let mut seen = Vec::new();
+    for d in eval.desired {
+        let unit = d.spec.unit.clone();
+        seen.push(unit.clone());
+        let d = Arc::new(d);
+        match workers.get(&unit) {
+            Some(w) => {
+                let changed = w.desired.borrow().unit.sha256 != d.unit.sha256
+                    || w.desired.borrow().source != d.source;
+                if changed {
+                    let _ = w.desired.send(d);
+                }
+            }
+            None => {
+                let (tx, rx) = watch::channel(d);
+                let poke = Arc::new(Notify::new());
+                let handle = tokio::spawn(worker(
+                    unit.clone(),
+                    rx,
+                    poke.clone(),
+                    ctx.clone(),
+                    metrics.clone(),
+                ));
+                workers.insert(
+                    unit,
+                    Worker {
+                        desired: tx,
+                        poke,
+                        handle,
+                    },
+                );
+            }
+        }
+    }
+    // Units specd manages that this commit has no spec for: orphaned (left running) or pruned.
+    let managed = store.units().unwrap_or_default();
+    let orphans: Vec<String> = managed.into_iter().filter(|u| !seen.contains(u)).collect();
+    for u in &orphans {
+        if let Some(w) = workers.remove(u) {
+            w.handle.abort();
+        }
+        if cfg.prune {
+            prune(ctx, u).await;
+        } else if !prev.orphans.contains(u) {
+            tracing::warn!(unit = %u, "orphaned: its spec is gone from {}; left running (set prune: true to remove it)", source::short(&commit));
+        }
+    }
+    st.orphans = if cfg.prune { vec![] } else { orphans };
+    let _ = st.save(state_dir);
+    tracing::info!(commit = %source::short(&commit), units = seen.len(), ms = started.elapsed().as_millis() as u64, "source read");
+}
+
+async fn prune(ctx: &Ctx<Systemctl>, unit: &str) {
+    tracing::warn!(
+        unit,
+        "pruning: its spec is gone; stopping it and moving its unit file to the state dir"
+    );
+    let _ = ctx.systemd.run(&["stop", unit]).await;
+    let path = reconcile::unit_path(&ctx.unit_dir, unit);
+    let keep = ctx.store.dir.join("pruned");
+    if crate::fsx::ensure_dir(&keep).is_ok() && path.exists() {
+        let _ = std::fs::copy(&path, keep.join(format!("{unit}.{}", state::now())))
+            .and_then(|_| std::fs::remove_file(&path));
+    }
+    let _ = ctx.systemd.run(&["daemon-reload"]).await;
+    let _ = std::fs::rename(
+        ctx.store.dir.join("units").join(format!("{unit}.json")),
+        keep.join(format!("{unit}.json.{}", state::now())),
+    );
+}
+
+struct Evaluation {
+    head: Option<String>,
+    error: Option<String>,
+    desired: Vec<DesiredState>,
+}
+
+/// Fetch, gate (no rewind, signature) and read the specs of the head. Blocking.
+fn evaluate(s: &GitSource, accepted: Option<&str>, allow_rewind: bool, host: &str) -> Evaluation {
+    let fail = |head: Option<String>, e: String| Evaluation {
+        head,
+        error: Some(e),
+        desired: vec![],
+    };
+    if let Err(e) = s.fetch() {
+        return fail(None, format!("{e:#}"));
+    }
+    let head = match s.head() {
+        Ok(h) => h,
+        Err(e) => return fail(None, format!("{e:#}")),
+    };
+    let hs = head.to_string();
+    if let Some(old) = accepted.and_then(|a| git2::Oid::from_str(a).ok())
+        && old != head
+        && !allow_rewind
+    {
+        let forward = s.has_commit(old) && s.descends_from(head, old).unwrap_or(false);
+        if !forward {
+            return fail(
+                Some(hs.clone()),
+                format!(
+                    "{} moved to {} which does not contain the deployed commit {} (a force push or reset?); refusing to go backwards (set allow_rewind: true to allow)",
+                    s.followed(),
+                    source::short(&hs),
+                    source::short(&old.to_string())
+                ),
+            );
+        }
+    }
+    match s.verify(head) {
+        Ok(Some(signer)) => {
+            tracing::info!(commit = %source::short(&hs), %signer, "signature verified")
+        }
+        Ok(None) => {}
+        Err(e) => return fail(Some(hs), format!("{e:#}; staying on the last good commit")),
+    }
+    let files = match s.read_specs(head) {
+        Ok(f) => f,
+        Err(e) => return fail(Some(hs), format!("{e:#}")),
+    };
+    let mut desired = Vec::new();
+    let mut errors = Vec::new();
+    for f in files {
+        let shown = format!("{}@{}", f.path, source::short(&hs));
+        match specd_spec::parse(&shown, &f.text).and_then(|p| p.resolve(Some(host))) {
+            Ok(spec) => {
+                if desired
+                    .iter()
+                    .any(|d: &DesiredState| d.spec.unit == spec.unit)
+                {
+                    errors.push(format!(
+                        "{shown}: spec.unit: {} is already managed by another spec in this commit",
+                        spec.unit
+                    ));
+                    continue;
+                }
+                let src = Source::Commit {
+                    repo: s.cfg.repo.clone(),
+                    commit: hs.clone(),
+                    path: f.path.clone(),
+                };
+                desired.push(DesiredState::new(spec, Some(src)));
+            }
+            Err(d) => errors.push(d.to_string()),
+        }
+    }
+    if !errors.is_empty() {
+        return fail(
+            Some(hs.clone()),
+            format!(
+                "commit {} is not deployed; nothing changed:\n{}",
+                source::short(&hs),
+                errors.join("\n")
+            ),
+        );
+    }
+    Evaluation {
+        head: Some(hs),
+        error: None,
+        desired,
+    }
+}
+
+/// One unit's reconcile loop.
+async fn worker(
+    unit: String,
+    mut rx: watch::Receiver<Arc<DesiredState>>,
+    poke: Arc<Notify>,
+    ctx: Arc<Ctx<Systemctl>>,
+    metrics: Arc<Metrics>,
+) {
+    let builder = backon::ExponentialBuilder::default()
+        .with_min_delay(Duration::from_secs(2))
+        .with_max_delay(Duration::from_secs(300))
+        .with_jitter()
+        .without_max_times();
+    let mut backoff = builder.build();
+    loop {
+        if ctx.shutdown.is_set() {
+            return;
+        }
+        let d = rx.borrow_and_update().clone();
+        let t0 = Instant::now();
+        let wait = match reconcile::reconcile(&ctx, &d, false).await {
+            Ok(r) => {
+                let failed = matches!(r.outcome, Some(Outcome::Failed | Outcome::RolledBack));
+                let result = r
+                    .outcome
+                    .map_or("none".to_string(), |o| format!("{o:?}").to_lowercase());
+                metrics.reconciled(
+                    &unit,
+                    r.plan.sync,
+                    &result,
+                    t0.elapsed().as_secs_f64(),
+                    failed,
+                );
+                if r.outcome.is_some() {
+                    tracing::info!(unit = %unit, "{}", r.verdict);
+                }
+                match (r.outcome, r.action) {
+                    (Some(Outcome::Failed), Action::Requeue(_)) => backoff.next(),
+                    (_, Action::Requeue(d)) => {
+                        backoff = builder.build();
+                        Some(d)
+                    }
+                    (_, Action::AwaitChange) => {
+                        backoff = builder.build();
+                        None
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::error!(unit = %unit, "reconcile failed: {e}");
+                metrics.reconciled(
+                    &unit,
+                    crate::plan::Sync::Failed,
+                    "error",
+                    t0.elapsed().as_secs_f64(),
+                    true,
+                );
+                backoff.next()
+            }
+        };
+        let sleep = tokio::time::sleep(wait.unwrap_or(Duration::from_secs(86_400)));
+        tokio::select! {
+            r = rx.changed() => if r.is_err() { return },
+            _ = poke.notified() => {}
+            _ = sleep => {}
+            _ = ctx.shutdown.wait() => return,
+        }
+    }
+}
+
+fn watchers(
+    src: &GitSource,
+    unit_dir: &Path,
+    tx: mpsc::UnboundedSender<Trigger>,
+) -> Result<Vec<notify::RecommendedWatcher>> {
+    use notify::{RecursiveMode, Watcher};
+    let mut out = Vec::new();
+    let paths = src.watch_paths();
+    if !paths.is_empty() {
+        let t = tx.clone();
+        let mut w = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
+            if let Ok(ev) = res
+                && !matches!(ev.kind, notify::EventKind::Access(_))
+                && ev.paths.iter().any(|p| {
+                    let s = p.to_string_lossy();
+                    s.contains("/refs/") || s.ends_with("packed-refs") || s.ends_with("/HEAD")
+                })
+            {
+                let _ = t.send(Trigger::Source);
+            }
+        })?;
+        for p in &paths {
+            if p.is_dir() {
+                let mode = if p.ends_with("refs") {
+                    RecursiveMode::Recursive
+                } else {
+                    RecursiveMode::NonRecursive
+                };
+                w.watch(p, mode)
+                    .with_context(|| format!("watching {}", p.display()))?;
+            }
+        }
+        out.push(w);
+    }
+    let t = tx;
+    let mut w = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
+        if let Ok(ev) = res {
+            if matches!(ev.kind, notify::EventKind::Access(_)) {
+                return;
+            }
+            for p in &ev.paths {
+                let name = p
+                    .file_name()
+                    .map(|n| n.to_string_lossy().to_string())
+                    .unwrap_or_default();
+                let parent = p
+                    .parent()
+                    .and_then(|x| x.file_name())
+                    .map(|n| n.to_string_lossy().to_string())
+                    .unwrap_or_default();
+                if name.ends_with(".specd-tmp") {
+                    continue;
+                }
+                if name.ends_with(".service") {
+                    let _ = t.send(Trigger::Unit(name));
+                } else if let Some(u) = parent
+                    .strip_suffix(".d")
+                    .filter(|u| u.ends_with(".service"))
+                {
+                    let _ = t.send(Trigger::Unit(u.to_string()));
+                } else if let Some(u) = name.strip_suffix(".d").filter(|u| u.ends_with(".service"))
+                {
+                    let _ = t.send(Trigger::Unit(u.to_string()));
+                }
+            }
+        }
+    })?;
+    if unit_dir.is_dir() {
+        w.watch(unit_dir, RecursiveMode::Recursive)
+            .with_context(|| format!("watching {}", unit_dir.display()))?;
+    }
+    out.push(w);
+    Ok(out)
+}
+
+async fn serve(
+    listen: &str,
+    metrics: Arc<Metrics>,
+    tx: mpsc::UnboundedSender<Trigger>,
+) -> Result<tokio::task::JoinHandle<()>> {
+    use axum::extract::Query;
+    use axum::routing::{get, post};
+    let addr: std::net::SocketAddr = listen
+        .parse()
+        .with_context(|| format!("listen address {listen:?}"))?;
+    if !addr.ip().is_loopback() {
+        anyhow::bail!("the metrics and control endpoint listens on loopback only; {listen} is not");
+    }
+    let m = metrics.clone();
+    let app = axum::Router::new()
+        .route("/metrics", get(move || async move { m.render() }))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route(
+            "/reconcile",
+            post(
+                move |Query(q): Query<BTreeMap<String, String>>| async move {
+                    match q.get("unit") {
+                        Some(u) => {
+                            let _ = tx.send(Trigger::Unit(u.clone()));
+                        }
+                        None => {
+                            let _ = tx.send(Trigger::Source);
+                            let _ = tx.send(Trigger::All);
+                        }
+                    }
+                    "queued\n"
+                },
+            ),
+        );
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding {listen}"))?;
+    Ok(tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    }))
+}

@@ -1,0 +1,82 @@
+//! The agent's configuration: `/etc/specd/agent.yaml`; command-line flags override it.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use serde::Deserialize;
+
+use crate::source::{SourceConfig, Verify};
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AgentConfig {
+    /// A local path or URL of the config repository.
+    pub repo: Option<String>,
+    /// Branch to follow (default `main`).
+    pub branch: Option<String>,
+    /// Follow a tag instead of a branch.
+    pub tag: Option<String>,
+    /// A spec file or a directory of specs in the repository (default: the repository root).
+    pub path: Option<String>,
+    /// Seconds between polls of a remote repository (jittered). Default 60.
+    pub interval: Option<u64>,
+    /// Seconds between full resyncs of every unit. Default 300.
+    pub resync: Option<u64>,
+    pub state_dir: Option<PathBuf>,
+    pub unit_dir: Option<PathBuf>,
+    /// Hostname for host overlays (default: this machine's).
+    pub hostname: Option<String>,
+    /// A file holding an HTTPS token.
+    pub token_file: Option<PathBuf>,
+    /// An SSH private key for ssh:// remotes.
+    pub ssh_key_file: Option<PathBuf>,
+    /// Only deploy commits signed by a key listed in this allowed-signers file.
+    pub verify_ssh_allowed_signers: Option<PathBuf>,
+    /// Only deploy commits signed by a key in this OpenPGP keyring.
+    pub verify_gpg_keyring: Option<PathBuf>,
+    /// Deploy a head that does not descend from the deployed commit (force push). Default false.
+    #[serde(default)]
+    pub allow_rewind: bool,
+    /// Stop and remove units whose spec was removed from the repository. Default false: they are
+    /// left running and reported as orphaned.
+    #[serde(default)]
+    pub prune: bool,
+    /// Loopback address of the metrics and control endpoint. Default `127.0.0.1:9464`.
+    pub listen: Option<String>,
+}
+
+impl AgentConfig {
+    pub fn load(path: &Path) -> Result<AgentConfig> {
+        let text = match std::fs::read_to_string(path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(AgentConfig::default()),
+            Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+        };
+        serde_saphyr::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+    }
+
+    pub fn source(&self) -> Result<SourceConfig> {
+        let Some(repo) = self.repo.clone() else {
+            bail!("no repository configured: set `repo` in the agent config or pass --repo")
+        };
+        let verify = match (&self.verify_ssh_allowed_signers, &self.verify_gpg_keyring) {
+            (Some(_), Some(_)) => bail!(
+                "configure one of verify_ssh_allowed_signers and verify_gpg_keyring, not both"
+            ),
+            (Some(f), None) => Some(Verify::Ssh {
+                allowed_signers: f.clone(),
+            }),
+            (None, Some(k)) => Some(Verify::Gpg { keyring: k.clone() }),
+            (None, None) => None,
+        };
+        Ok(SourceConfig {
+            repo,
+            branch: self.branch.clone().unwrap_or_else(|| "main".into()),
+            tag: self.tag.clone(),
+            path: self.path.clone().unwrap_or_default(),
+            token_file: self.token_file.clone(),
+            ssh_key_file: self.ssh_key_file.clone(),
+            verify,
+        })
+    }
+}

@@ -1,0 +1,129 @@
+//! Prometheus metrics of the agent, served on a loopback port with the control endpoint.
+
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+use crate::plan::Sync;
+
+type Labels = Vec<(String, String)>;
+
+pub struct Metrics {
+    registry: Mutex<Registry>,
+    sync: Family<Labels, Gauge>,
+    last_reconcile: Family<Labels, Gauge<f64, AtomicU64>>,
+    reconciles: Family<Labels, Counter>,
+    failures: Family<Labels, Counter>,
+    duration: Family<Labels, Histogram>,
+    commit: Family<Labels, Gauge>,
+    current_commit: Mutex<Option<String>>,
+}
+
+const SYNCS: [Sync; 5] = [
+    Sync::InSync,
+    Sync::OutOfSync,
+    Sync::Drifted,
+    Sync::Progressing,
+    Sync::Failed,
+];
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut r = Registry::with_prefix("specd");
+        let sync = Family::<Labels, Gauge>::default();
+        let last_reconcile = Family::<Labels, Gauge<f64, AtomicU64>>::default();
+        let reconciles = Family::<Labels, Counter>::default();
+        let failures = Family::<Labels, Counter>::default();
+        let duration = Family::<Labels, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(0.01, 2.0, 18))
+        });
+        let commit = Family::<Labels, Gauge>::default();
+        r.register(
+            "unit_sync",
+            "1 for the unit's current sync status",
+            sync.clone(),
+        );
+        r.register(
+            "reconcile_last_timestamp_seconds",
+            "Unix time of the unit's last reconcile",
+            last_reconcile.clone(),
+        );
+        r.register("reconciles", "Reconciles by result", reconciles.clone());
+        r.register(
+            "reconcile_failures",
+            "Reconciles that failed or rolled back",
+            failures.clone(),
+        );
+        r.register(
+            "reconcile_duration_seconds",
+            "Duration of reconciles",
+            duration.clone(),
+        );
+        r.register(
+            "source_commit",
+            "1 for the commit the agent deploys",
+            commit.clone(),
+        );
+        Metrics {
+            registry: Mutex::new(r),
+            sync,
+            last_reconcile,
+            reconciles,
+            failures,
+            duration,
+            commit,
+            current_commit: Mutex::new(None),
+        }
+    }
+}
+
+fn unit(u: &str) -> Labels {
+    vec![("unit".into(), u.into())]
+}
+
+impl Metrics {
+    pub fn reconciled(&self, u: &str, sync: Sync, result: &str, secs: f64, failed: bool) {
+        for s in SYNCS {
+            let mut l = unit(u);
+            l.push(("status".into(), s.to_string()));
+            self.sync.get_or_create(&l).set(i64::from(s == sync));
+        }
+        self.last_reconcile
+            .get_or_create(&unit(u))
+            .set(crate::state::now() as f64);
+        let mut l = unit(u);
+        l.push(("result".into(), result.into()));
+        self.reconciles.get_or_create(&l).inc();
+        if failed {
+            self.failures.get_or_create(&unit(u)).inc();
+        }
+        self.duration.get_or_create(&unit(u)).observe(secs);
+    }
+
+    pub fn commit(&self, c: &str) {
+        let mut cur = self.current_commit.lock().unwrap();
+        if let Some(old) = cur.take() {
+            self.commit
+                .get_or_create(&vec![("commit".into(), old)])
+                .set(0);
+        }
+        self.commit
+            .get_or_create(&vec![("commit".into(), c.to_string())])
+            .set(1);
+        *cur = Some(c.to_string());
+    }
+
+    pub fn render(&self) -> String {
+        let mut s = String::new();
+        let _ = encode(&mut s, &self.registry.lock().unwrap());
+        s
+    }
+}
+
+pub type Shared = Arc<Metrics>;

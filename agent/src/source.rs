@@ -1,0 +1,357 @@
+//! The git source: a local repository or a remote one (file://, git://, http(s)://, ssh) cloned
+//! into the state dir. Specs are read from a commit's tree, never from a working tree, so an
+//! uncommitted edit never deploys. libgit2 is blocking: callers run this on `spawn_blocking`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use anyhow::{Context, Result, anyhow, bail};
+use git2::{Cred, CredentialType, FetchOptions, Oid, RemoteCallbacks, Repository};
+
+/// Which signatures a commit must carry to deploy.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Verify {
+    /// SSH signatures checked with `ssh-keygen -Y verify` against an allowed-signers file.
+    Ssh { allowed_signers: PathBuf },
+    /// OpenPGP signatures checked with `gpg --verify` against a keyring.
+    Gpg { keyring: PathBuf },
+}
+
+#[derive(Clone, Debug)]
+pub struct SourceConfig {
+    /// A local path, or a URL (file://, git://, http://, https://, ssh://, user@host:path).
+    pub repo: String,
+    /// The branch to follow (default `main`), unless `tag` is set.
+    pub branch: String,
+    pub tag: Option<String>,
+    /// A spec file, or a directory of specs (`*.yaml`, one unit each), in the repository.
+    pub path: String,
+    pub token_file: Option<PathBuf>,
+    pub ssh_key_file: Option<PathBuf>,
+    pub verify: Option<Verify>,
+}
+
+pub struct GitSource {
+    pub cfg: SourceConfig,
+    repo: Repository,
+    remote: bool,
+}
+
+/// One spec file of a commit.
+#[derive(Clone, Debug)]
+pub struct SpecFile {
+    /// Path in the repository, e.g. `specs/qwen.yaml`.
+    pub path: String,
+    pub text: String,
+}
+
+pub fn is_remote(repo: &str) -> bool {
+    repo.contains("://") || (repo.contains('@') && repo.contains(':') && !repo.starts_with('/'))
+}
+
+impl GitSource {
+    /// Open the repository; a remote one is cloned (bare) into `cache` on first use.
+    pub fn open(cfg: SourceConfig, cache: &Path) -> Result<GitSource> {
+        let remote = is_remote(&cfg.repo);
+        let repo = if remote {
+            match Repository::open_bare(cache) {
+                Ok(r) => r,
+                Err(_) => {
+                    std::fs::create_dir_all(cache)
+                        .with_context(|| format!("creating {}", cache.display()))?;
+                    let r = Repository::init_bare(cache)
+                        .with_context(|| format!("initializing {}", cache.display()))?;
+                    r.remote("origin", &cfg.repo)?;
+                    r
+                }
+            }
+        } else {
+            Repository::open(&cfg.repo)
+                .with_context(|| format!("opening the git repository {}", cfg.repo))?
+        };
+        let s = GitSource { cfg, repo, remote };
+        if s.remote {
+            s.fetch()?;
+        }
+        Ok(s)
+    }
+
+    pub fn is_remote(&self) -> bool {
+        self.remote
+    }
+
+    fn refspec(&self) -> (String, String) {
+        match &self.cfg.tag {
+            Some(t) => (
+                format!("+refs/tags/{t}:refs/tags/{t}"),
+                format!("refs/tags/{t}"),
+            ),
+            None => (
+                format!(
+                    "+refs/heads/{b}:refs/remotes/origin/{b}",
+                    b = self.cfg.branch
+                ),
+                format!("refs/remotes/origin/{}", self.cfg.branch),
+            ),
+        }
+    }
+
+    /// Fetch the followed ref from the remote (no-op for a local repository).
+    pub fn fetch(&self) -> Result<()> {
+        if !self.remote {
+            return Ok(());
+        }
+        let mut cb = RemoteCallbacks::new();
+        let token = match &self.cfg.token_file {
+            Some(p) => Some(
+                std::fs::read_to_string(p)
+                    .with_context(|| format!("reading the token file {}", p.display()))?
+                    .trim()
+                    .to_string(),
+            ),
+            None => None,
+        };
+        let key = self.cfg.ssh_key_file.clone();
+        let mut tries = 0;
+        cb.credentials(move |_url, username, allowed| {
+            tries += 1;
+            if tries > 3 {
+                return Err(git2::Error::from_str("authentication failed"));
+            }
+            if allowed.contains(CredentialType::SSH_KEY)
+                && let Some(k) = &key
+            {
+                return Cred::ssh_key(username.unwrap_or("git"), None, k, None);
+            }
+            if allowed.contains(CredentialType::USER_PASS_PLAINTEXT)
+                && let Some(t) = &token
+            {
+                return Cred::userpass_plaintext(username.unwrap_or("x-access-token"), t);
+            }
+            Err(git2::Error::from_str(
+                "the remote wants credentials and none are configured (token_file or ssh_key_file)",
+            ))
+        });
+        let mut fo = FetchOptions::new();
+        fo.remote_callbacks(cb);
+        let mut remote = self.repo.find_remote("origin")?;
+        let (spec, _) = self.refspec();
+        remote
+            .fetch(&[spec.as_str()], Some(&mut fo), None)
+            .with_context(|| format!("fetching {} from {}", self.followed(), self.cfg.repo))?;
+        Ok(())
+    }
+
+    /// What is followed, for messages: `branch main` / `tag v1`.
+    pub fn followed(&self) -> String {
+        match &self.cfg.tag {
+            Some(t) => format!("tag {t}"),
+            None => format!("branch {}", self.cfg.branch),
+        }
+    }
+
+    /// The commit the followed ref points at now.
+    pub fn head(&self) -> Result<Oid> {
+        let name = if self.remote {
+            self.refspec().1
+        } else {
+            match &self.cfg.tag {
+                Some(t) => format!("refs/tags/{t}"),
+                None => format!("refs/heads/{}", self.cfg.branch),
+            }
+        };
+        let r = self
+            .repo
+            .find_reference(&name)
+            .with_context(|| format!("{} not found in {}", self.followed(), self.cfg.repo))?;
+        let c = r
+            .peel_to_commit()
+            .with_context(|| format!("{name} does not point at a commit"))?;
+        Ok(c.id())
+    }
+
+    /// The spec files of a commit: `path` itself if it is a file, else the `*.yaml`/`*.yml`
+    /// files directly in that directory, sorted.
+    pub fn read_specs(&self, oid: Oid) -> Result<Vec<SpecFile>> {
+        let commit = self.repo.find_commit(oid)?;
+        let tree = commit.tree()?;
+        let path = self.cfg.path.trim_matches('/');
+        let entry_obj = if path.is_empty() || path == "." {
+            tree.as_object().clone()
+        } else {
+            let e = tree.get_path(Path::new(path)).map_err(|_| {
+                anyhow!(
+                    "{path} does not exist in commit {}",
+                    short(&oid.to_string())
+                )
+            })?;
+            e.to_object(&self.repo)?
+        };
+        let mut out = Vec::new();
+        if let Some(blob) = entry_obj.as_blob() {
+            out.push(SpecFile {
+                path: path.to_string(),
+                text: text_of(path, blob.content())?,
+            });
+        } else if let Some(dir) = entry_obj.as_tree() {
+            for e in dir.iter() {
+                let name = e.name().unwrap_or_default().to_string();
+                if !(name.ends_with(".yaml") || name.ends_with(".yml")) {
+                    continue;
+                }
+                let obj = e.to_object(&self.repo)?;
+                if let Some(blob) = obj.as_blob() {
+                    let p = if path.is_empty() || path == "." {
+                        name.clone()
+                    } else {
+                        format!("{path}/{name}")
+                    };
+                    out.push(SpecFile {
+                        text: text_of(&p, blob.content())?,
+                        path: p,
+                    });
+                }
+            }
+            out.sort_by(|a, b| a.path.cmp(&b.path));
+        } else {
+            bail!(
+                "{path} is neither a file nor a directory in commit {}",
+                short(&oid.to_string())
+            );
+        }
+        Ok(out)
+    }
+
+    /// `new` has `old` in its history (or is `old`).
+    pub fn descends_from(&self, new: Oid, old: Oid) -> Result<bool> {
+        Ok(new == old || self.repo.graph_descendant_of(new, old)?)
+    }
+
+    pub fn has_commit(&self, oid: Oid) -> bool {
+        self.repo.find_commit(oid).is_ok()
+    }
+
+    pub fn summary(&self, oid: Oid) -> String {
+        self.repo
+            .find_commit(oid)
+            .ok()
+            .and_then(|c| c.summary().ok().flatten().map(str::to_string))
+            .unwrap_or_default()
+    }
+
+    /// Check the commit's signature against the configured signers. `Ok(None)` when no
+    /// verification is configured, `Ok(Some(signer))` when it verifies.
+    pub fn verify(&self, oid: Oid) -> Result<Option<String>> {
+        let Some(v) = &self.cfg.verify else {
+            return Ok(None);
+        };
+        let (sig, data) = self
+            .repo
+            .extract_signature(&oid, None)
+            .map_err(|_| anyhow!("commit {} is not signed", short(&oid.to_string())))?;
+        let sig = sig.as_str().unwrap_or_default().to_string();
+        let dir = tempfile::tempdir()?;
+        let sig_path = dir.path().join("commit.sig");
+        let data_path = dir.path().join("commit.data");
+        std::fs::write(&sig_path, &sig)?;
+        std::fs::write(&data_path, &*data)?;
+        match v {
+            Verify::Ssh { allowed_signers } => {
+                if !sig.starts_with("-----BEGIN SSH SIGNATURE-----") {
+                    bail!(
+                        "commit {} is not signed with an SSH key",
+                        short(&oid.to_string())
+                    );
+                }
+                let find = Command::new("ssh-keygen")
+                    .args(["-Y", "find-principals", "-s"])
+                    .arg(&sig_path)
+                    .arg("-f")
+                    .arg(allowed_signers)
+                    .output()
+                    .context("running ssh-keygen")?;
+                let principal = String::from_utf8_lossy(&find.stdout)
+                    .lines()
+                    .next()
+                    .unwrap_or_default()
+                    .trim()
+                    .to_string();
+                if !find.status.success() || principal.is_empty() {
+                    bail!(
+                        "commit {} is signed by a key that is not in {}",
+                        short(&oid.to_string()),
+                        allowed_signers.display()
+                    );
+                }
+                let data_file = std::fs::File::open(&data_path)?;
+                let out = Command::new("ssh-keygen")
+                    .args(["-Y", "verify", "-n", "git", "-f"])
+                    .arg(allowed_signers)
+                    .arg("-I")
+                    .arg(&principal)
+                    .arg("-s")
+                    .arg(&sig_path)
+                    .stdin(Stdio::from(data_file))
+                    .output()
+                    .context("running ssh-keygen")?;
+                if !out.status.success() {
+                    bail!(
+                        "the SSH signature of commit {} does not verify: {}",
+                        short(&oid.to_string()),
+                        String::from_utf8_lossy(&out.stderr).trim()
+                    );
+                }
+                Ok(Some(principal))
+            }
+            Verify::Gpg { keyring } => {
+                if !sig.starts_with("-----BEGIN PGP SIGNATURE-----") {
+                    bail!(
+                        "commit {} is not signed with an OpenPGP key",
+                        short(&oid.to_string())
+                    );
+                }
+                let home = tempfile::tempdir()?;
+                let out = Command::new("gpg")
+                    .arg("--homedir")
+                    .arg(home.path())
+                    .args(["--batch", "--no-default-keyring", "--keyring"])
+                    .arg(std::path::absolute(keyring)?)
+                    .args(["--status-fd", "1", "--verify"])
+                    .arg(&sig_path)
+                    .arg(&data_path)
+                    .output()
+                    .context("running gpg")?;
+                let status = String::from_utf8_lossy(&out.stdout);
+                let good = status.lines().find(|l| l.starts_with("[GNUPG:] VALIDSIG "));
+                match good {
+                    Some(l) if out.status.success() => Ok(Some(
+                        l.split_whitespace().nth(2).unwrap_or_default().to_string(),
+                    )),
+                    _ => bail!(
+                        "the OpenPGP signature of commit {} does not verify against {}: {}",
+                        short(&oid.to_string()),
+                        keyring.display(),
+                        String::from_utf8_lossy(&out.stderr).trim()
+                    ),
+                }
+            }
+        }
+    }
+
+    /// Files whose change means the followed ref may have moved (a local repository's refs).
+    pub fn watch_paths(&self) -> Vec<PathBuf> {
+        if self.remote {
+            return vec![];
+        }
+        let git = self.repo.path().to_path_buf();
+        vec![git.join("refs"), git.join("packed-refs"), git.clone()]
+    }
+}
+
+fn text_of(path: &str, bytes: &[u8]) -> Result<String> {
+    String::from_utf8(bytes.to_vec()).map_err(|_| anyhow!("{path} is not UTF-8 text"))
+}
+
+pub fn short(s: &str) -> &str {
+    &s[..s.len().min(12)]
+}

@@ -377,14 +377,21 @@ async fn prune(ctx: &Ctx<Systemctl>, unit: &str) {
     );
 }
 
-struct Evaluation {
-    head: Option<String>,
-    error: Option<String>,
-    desired: Vec<DesiredState>,
+/// What the head of the source says.
+pub struct Evaluation {
+    pub head: Option<String>,
+    /// Why the head is not deployed, if it is not.
+    pub error: Option<String>,
+    pub desired: Vec<DesiredState>,
 }
 
 /// Fetch, gate (no rewind, signature) and read the specs of the head. Blocking.
-fn evaluate(s: &GitSource, accepted: Option<&str>, allow_rewind: bool, host: &str) -> Evaluation {
+pub fn evaluate(
+    s: &GitSource,
+    accepted: Option<&str>,
+    allow_rewind: bool,
+    host: &str,
+) -> Evaluation {
     let fail = |head: Option<String>, e: String| Evaluation {
         head,
         error: Some(e),

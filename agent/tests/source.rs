@@ -1,0 +1,354 @@
+//! The git source against real repositories made with git: specs come from commits only, the
+//! branch may not go backwards, signatures are checked, bad commits deploy nothing.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use specd::agent::evaluate;
+use specd::source::{GitSource, SourceConfig, Verify};
+
+const SPEC: &str = "apiVersion: specd/v1
+kind: InferenceService
+metadata: {name: qwen}
+spec:
+  unit: qwen.service
+  engine: sglang
+  model: /models/qwen
+  server: {port: 30000, max_running_requests: 16}
+  speculative: {algorithm: NEXTN, num_steps: STEPS, eagle_topk: 1, num_draft_tokens: DRAFT}
+";
+
+fn spec(steps: u32) -> String {
+    SPEC.replace("STEPS", &steps.to_string())
+        .replace("DRAFT", &(steps + 1).to_string())
+}
+
+fn git(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new("git")
+        .args([
+            "-c",
+            "user.name=ops",
+            "-c",
+            "user.email=ops@example.com",
+            "-c",
+            "commit.gpgsign=false",
+            "-c",
+            "init.defaultBranch=main",
+        ])
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+fn repo() -> (tempfile::TempDir, PathBuf) {
+    let d = tempfile::tempdir().unwrap();
+    let r = d.path().join("config");
+    std::fs::create_dir_all(r.join("specs")).unwrap();
+    git(&r, &["init", "-q"]);
+    (d, r)
+}
+
+fn commit(r: &Path, steps: u32, msg: &str) -> String {
+    std::fs::write(r.join("specs/qwen.yaml"), spec(steps)).unwrap();
+    git(r, &["add", "-A"]);
+    git(r, &["commit", "-q", "-m", msg]);
+    git(r, &["rev-parse", "HEAD"])
+}
+
+fn cfg(repo: &str) -> SourceConfig {
+    SourceConfig {
+        repo: repo.to_string(),
+        branch: "main".into(),
+        tag: None,
+        path: "specs".into(),
+        token_file: None,
+        ssh_key_file: None,
+        verify: None,
+    }
+}
+
+fn steps_of(e: &specd::agent::Evaluation) -> Vec<u32> {
+    e.desired
+        .iter()
+        .map(|d| d.spec.speculative.as_ref().unwrap().num_steps.unwrap())
+        .collect()
+}
+
+#[test]
+fn specs_come_from_the_commit_not_the_working_tree() {
+    let (_d, r) = repo();
+    let c1 = commit(&r, 5, "steps 5");
+    std::fs::write(r.join("specs/qwen.yaml"), spec(10)).unwrap(); // uncommitted
+    let s = GitSource::open(cfg(r.to_str().unwrap()), Path::new("/nonexistent")).unwrap();
+    let e = evaluate(&s, None, false, "gpu-01");
+    assert_eq!(e.error, None);
+    assert_eq!(e.head.as_deref(), Some(c1.as_str()));
+    assert_eq!(steps_of(&e), vec![5]);
+    let src = e.desired[0].source.clone().unwrap();
+    assert_eq!(
+        src.to_string(),
+        format!("commit {} (specs/qwen.yaml)", &c1[..12])
+    );
+}
+
+#[test]
+fn a_bad_commit_deploys_nothing_and_names_file_and_line() {
+    let (_d, r) = repo();
+    commit(&r, 5, "good");
+    std::fs::write(
+        r.join("specs/qwen.yaml"),
+        spec(5).replace("num_draft_tokens: 6", "num_draft_tokens: 9"),
+    )
+    .unwrap();
+    std::fs::write(r.join("specs/other.yaml"), spec(3).replace("qwen", "other")).unwrap();
+    git(&r, &["add", "-A"]);
+    git(&r, &["commit", "-q", "-m", "bad"]);
+    let head = git(&r, &["rev-parse", "HEAD"]);
+    let s = GitSource::open(cfg(r.to_str().unwrap()), Path::new("/nonexistent")).unwrap();
+    let e = evaluate(&s, None, false, "gpu-01");
+    let err = e.error.expect("refused");
+    assert!(
+        e.desired.is_empty(),
+        "a bad commit hands out nothing, not even its good specs"
+    );
+    assert!(
+        err.contains(&format!("specs/qwen.yaml@{}:9:", &head[..12])),
+        "{err}"
+    );
+    assert!(err.contains("spec.speculative.num_draft_tokens"), "{err}");
+}
+
+#[test]
+fn a_missing_path_is_an_error() {
+    let (_d, r) = repo();
+    commit(&r, 5, "x");
+    let mut c = cfg(r.to_str().unwrap());
+    c.path = "nope".into();
+    let s = GitSource::open(c, Path::new("/nonexistent")).unwrap();
+    let e = evaluate(&s, None, false, "h");
+    assert!(e.error.unwrap().contains("nope does not exist in commit"));
+}
+
+#[test]
+fn the_branch_may_not_go_backwards_unless_allowed() {
+    let (_d, r) = repo();
+    let c1 = commit(&r, 5, "one");
+    let c2 = commit(&r, 10, "two");
+    let s = GitSource::open(cfg(r.to_str().unwrap()), Path::new("/nonexistent")).unwrap();
+    // Forward from c1 to c2: fine.
+    assert_eq!(evaluate(&s, Some(&c1), false, "h").error, None);
+    // Reset back to c1 after c2 was deployed: refused, then allowed with allow_rewind.
+    git(&r, &["reset", "-q", "--hard", &c1]);
+    let e = evaluate(&s, Some(&c2), false, "h");
+    let err = e.error.unwrap();
+    assert!(err.contains("refusing to go backwards"), "{err}");
+    assert!(err.contains(&c2[..12]), "{err}");
+    assert_eq!(steps_of(&evaluate(&s, Some(&c2), true, "h")), vec![5]);
+    // Unrelated history (a force-pushed new root) is refused too.
+    git(&r, &["checkout", "-q", "--orphan", "fresh"]);
+    commit(&r, 7, "new root");
+    git(&r, &["branch", "-q", "-M", "fresh", "main"]);
+    assert!(
+        evaluate(&s, Some(&c2), false, "h")
+            .error
+            .unwrap()
+            .contains("refusing to go backwards")
+    );
+}
+
+#[test]
+fn host_overlays_apply_per_hostname() {
+    let (_d, r) = repo();
+    std::fs::write(
+        r.join("specs/qwen.yaml"),
+        spec(10) + "hosts:\n  gpu-02:\n    speculative: {num_steps: 5, num_draft_tokens: 6}\n",
+    )
+    .unwrap();
+    git(&r, &["add", "-A"]);
+    git(&r, &["commit", "-q", "-m", "overlay"]);
+    let s = GitSource::open(cfg(r.to_str().unwrap()), Path::new("/nonexistent")).unwrap();
+    assert_eq!(steps_of(&evaluate(&s, None, false, "gpu-01")), vec![10]);
+    assert_eq!(steps_of(&evaluate(&s, None, false, "gpu-02")), vec![5]);
+}
+
+#[test]
+fn a_remote_is_cloned_into_the_cache_and_fetched() {
+    let (d, r) = repo();
+    commit(&r, 5, "one");
+    let bare = d.path().join("bare.git");
+    git(
+        d.path(),
+        &[
+            "clone",
+            "-q",
+            "--bare",
+            r.to_str().unwrap(),
+            bare.to_str().unwrap(),
+        ],
+    );
+    let url = format!("file://{}", bare.display());
+    let cache = d.path().join("cache");
+    let s = GitSource::open(cfg(&url), &cache).unwrap();
+    assert!(s.is_remote());
+    assert_eq!(steps_of(&evaluate(&s, None, false, "h")), vec![5]);
+    let c2 = commit(&r, 10, "two");
+    git(&r, &["push", "-q", bare.to_str().unwrap(), "main"]);
+    let e = evaluate(&s, None, false, "h");
+    assert_eq!(e.head.as_deref(), Some(c2.as_str()));
+    assert_eq!(steps_of(&e), vec![10]);
+}
+
+fn ssh_key(dir: &Path, name: &str) -> PathBuf {
+    let k = dir.join(name);
+    let out = Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-C", name, "-f"])
+        .arg(&k)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    k
+}
+
+fn signed_commit(r: &Path, key: &Path, steps: u32) -> String {
+    std::fs::write(r.join("specs/qwen.yaml"), spec(steps)).unwrap();
+    git(r, &["add", "-A"]);
+    git(
+        r,
+        &[
+            "-c",
+            "gpg.format=ssh",
+            "-c",
+            &format!("user.signingkey={}", key.display()),
+            "commit",
+            "-q",
+            "-S",
+            "-m",
+            "signed",
+        ],
+    );
+    git(r, &["rev-parse", "HEAD"])
+}
+
+#[test]
+fn ssh_signatures_gate_deploys() {
+    let (d, r) = repo();
+    let good = ssh_key(d.path(), "good");
+    let evil = ssh_key(d.path(), "evil");
+    let allowed = d.path().join("allowed_signers");
+    let pubkey = std::fs::read_to_string(good.with_extension("pub")).unwrap();
+    std::fs::write(
+        &allowed,
+        format!("ops@example.com namespaces=\"git\" {pubkey}"),
+    )
+    .unwrap();
+    let mut c = cfg(r.to_str().unwrap());
+    c.verify = Some(Verify::Ssh {
+        allowed_signers: allowed,
+    });
+    commit(&r, 5, "unsigned");
+    let s = GitSource::open(c, Path::new("/nonexistent")).unwrap();
+    assert!(
+        evaluate(&s, None, false, "h")
+            .error
+            .unwrap()
+            .contains("is not signed")
+    );
+    signed_commit(&r, &evil, 6);
+    assert!(
+        evaluate(&s, None, false, "h")
+            .error
+            .unwrap()
+            .contains("not in")
+    );
+    signed_commit(&r, &good, 7);
+    let e = evaluate(&s, None, false, "h");
+    assert_eq!(e.error, None);
+    assert_eq!(steps_of(&e), vec![7]);
+}
+
+#[test]
+fn gpg_signatures_gate_deploys() {
+    let (d, r) = repo();
+    let home = d.path().join("gnupg");
+    std::fs::create_dir_all(&home).unwrap();
+    std::fs::set_permissions(&home, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+    let gpg = |args: &[&str]| {
+        let out = Command::new("gpg")
+            .arg("--homedir")
+            .arg(&home)
+            .args(["--batch", "--pinentry-mode", "loopback", "--passphrase", ""])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "gpg {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out.stdout
+    };
+    gpg(&[
+        "--quick-gen-key",
+        "ops <ops@example.com>",
+        "ed25519",
+        "sign",
+        "never",
+    ]);
+    gpg(&[
+        "--quick-gen-key",
+        "evil <evil@example.com>",
+        "ed25519",
+        "sign",
+        "never",
+    ]);
+    let keyring = d.path().join("trusted.gpg");
+    std::fs::write(&keyring, gpg(&["--export", "ops@example.com"])).unwrap();
+    let mut c = cfg(r.to_str().unwrap());
+    c.verify = Some(Verify::Gpg { keyring });
+    let sign = |who: &str, steps: u32| {
+        std::fs::write(r.join("specs/qwen.yaml"), spec(steps)).unwrap();
+        git(&r, &["add", "-A"]);
+        let out = Command::new("git")
+            .env("GNUPGHOME", &home)
+            .args([
+                "-c",
+                "user.name=ops",
+                "-c",
+                "user.email=ops@example.com",
+                "-c",
+                &format!("user.signingkey={who}"),
+                "commit",
+                "-q",
+                "-S",
+                "-m",
+                "gpg",
+            ])
+            .current_dir(&r)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    sign("evil@example.com", 4);
+    let s = GitSource::open(c, Path::new("/nonexistent")).unwrap();
+    assert!(
+        evaluate(&s, None, false, "h")
+            .error
+            .unwrap()
+            .contains("does not verify")
+    );
+    sign("ops@example.com", 8);
+    let e = evaluate(&s, None, false, "h");
+    assert_eq!(e.error, None);
+    assert_eq!(steps_of(&e), vec![8]);
+}

@@ -137,27 +137,13 @@ pub async fn run(opts: RunOptions) -> Result<()> {
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
     // Metrics and control endpoint.
-    let listen = cfg
-        .listen
-        .clone()
-        .unwrap_or_else(|| "127.0.0.1:9464".into());
+    let listen = cfg.listen.clone().unwrap_or_else(|| "127.0.0.1:9464".into());
     let server = serve(&listen, metrics.clone(), trig_tx.clone()).await?;
 
     let mut workers: BTreeMap<String, Worker> = BTreeMap::new();
     let mut last_head: Option<String> = None;
-    sync_source(
-        &src,
-        &cfg,
-        &hostname,
-        &opts.state_dir,
-        &store,
-        &ctx,
-        &metrics,
-        &mut workers,
-        &mut last_head,
-        true,
-    )
-    .await;
+    sync_source(&src, &cfg, &hostname, &opts.state_dir, &store, &ctx, &metrics, &mut workers, &mut last_head, true)
+        .await;
     let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]);
     tracing::info!(units = workers.len(), "ready");
 
@@ -167,8 +153,7 @@ pub async fn run(opts: RunOptions) -> Result<()> {
     let mut poll_at = tokio::time::Instant::now() + jitter(interval);
     let mut resync_at = tokio::time::Instant::now() + resync;
     let mut wd_usec = 0u64;
-    let watchdog = sd_notify::watchdog_enabled(false, &mut wd_usec)
-        .then(|| Duration::from_micros(wd_usec / 2));
+    let watchdog = sd_notify::watchdog_enabled(false, &mut wd_usec).then(|| Duration::from_micros(wd_usec / 2));
     let mut wd_at = tokio::time::Instant::now();
 
     loop {
@@ -219,10 +204,7 @@ pub async fn run(opts: RunOptions) -> Result<()> {
     tracing::info!("stopping: applies in progress stop at their next safe point");
     let _ = stop_tx.send(true);
     for (u, w) in workers {
-        if tokio::time::timeout(Duration::from_secs(60), w.handle)
-            .await
-            .is_err()
-        {
+        if tokio::time::timeout(Duration::from_secs(60), w.handle).await.is_err() {
             tracing::warn!(unit = %u, "did not reach a safe point within 60 s");
         }
     }
@@ -269,11 +251,7 @@ async fn sync_source(
     .await;
     let eval = match res {
         Ok(e) => e,
-        Err(e) => Evaluation {
-            head: None,
-            error: Some(format!("reading the source panicked: {e}")),
-            desired: vec![],
-        },
+        Err(e) => Evaluation { head: None, error: Some(format!("reading the source panicked: {e}")), desired: vec![] },
     };
     let mut st = SourceState {
         repo: cfg.repo.clone().unwrap_or_default(),
@@ -289,10 +267,7 @@ async fn sync_source(
     }
     *last_head = eval.head.clone();
     if let Some(e) = &eval.error {
-        tracing::error!(
-            commit = eval.head.as_deref().unwrap_or("-"),
-            "not deployed: {e}"
-        );
+        tracing::error!(commit = eval.head.as_deref().unwrap_or("-"), "not deployed: {e}");
         // Bad commit: record the error for each unit's status; change nothing.
         for u in workers.keys() {
             let _ = reconcile::set_error(store, u, Some(e.clone()));
@@ -313,8 +288,7 @@ async fn sync_source(
         let d = Arc::new(d);
         match workers.get(&unit) {
             Some(w) => {
-                let changed = w.desired.borrow().unit.sha256 != d.unit.sha256
-                    || w.desired.borrow().source != d.source;
+                let changed = w.desired.borrow().unit.sha256 != d.unit.sha256 || w.desired.borrow().source != d.source;
                 if changed {
                     let _ = w.desired.send(d);
                 }
@@ -322,21 +296,8 @@ async fn sync_source(
             None => {
                 let (tx, rx) = watch::channel(d);
                 let poke = Arc::new(Notify::new());
-                let handle = tokio::spawn(worker(
-                    unit.clone(),
-                    rx,
-                    poke.clone(),
-                    ctx.clone(),
-                    metrics.clone(),
-                ));
-                workers.insert(
-                    unit,
-                    Worker {
-                        desired: tx,
-                        poke,
-                        handle,
-                    },
-                );
+                let handle = tokio::spawn(worker(unit.clone(), rx, poke.clone(), ctx.clone(), metrics.clone()));
+                workers.insert(unit, Worker { desired: tx, poke, handle });
             }
         }
     }
@@ -359,10 +320,7 @@ async fn sync_source(
 }
 
 async fn prune(ctx: &Ctx<Systemctl>, unit: &str) {
-    tracing::warn!(
-        unit,
-        "pruning: its spec is gone; stopping it and moving its unit file to the state dir"
-    );
+    tracing::warn!(unit, "pruning: its spec is gone; stopping it and moving its unit file to the state dir");
     let _ = ctx.systemd.run(&["stop", unit]).await;
     let path = reconcile::unit_path(&ctx.unit_dir, unit);
     let keep = ctx.store.dir.join("pruned");
@@ -386,17 +344,8 @@ pub struct Evaluation {
 }
 
 /// Fetch, gate (no rewind, signature) and read the specs of the head. Blocking.
-pub fn evaluate(
-    s: &GitSource,
-    accepted: Option<&str>,
-    allow_rewind: bool,
-    host: &str,
-) -> Evaluation {
-    let fail = |head: Option<String>, e: String| Evaluation {
-        head,
-        error: Some(e),
-        desired: vec![],
-    };
+pub fn evaluate(s: &GitSource, accepted: Option<&str>, allow_rewind: bool, host: &str) -> Evaluation {
+    let fail = |head: Option<String>, e: String| Evaluation { head, error: Some(e), desired: vec![] };
     if let Err(e) = s.fetch() {
         return fail(None, format!("{e:#}"));
     }
@@ -439,21 +388,14 @@ pub fn evaluate(
         let shown = format!("{}@{}", f.path, source::short(&hs));
         match specd_spec::parse(&shown, &f.text).and_then(|p| p.resolve(Some(host))) {
             Ok(spec) => {
-                if desired
-                    .iter()
-                    .any(|d: &DesiredState| d.spec.unit == spec.unit)
-                {
+                if desired.iter().any(|d: &DesiredState| d.spec.unit == spec.unit) {
                     errors.push(format!(
                         "{shown}: spec.unit: {} is already managed by another spec in this commit",
                         spec.unit
                     ));
                     continue;
                 }
-                let src = Source::Commit {
-                    repo: s.cfg.repo.clone(),
-                    commit: hs.clone(),
-                    path: f.path.clone(),
-                };
+                let src = Source::Commit { repo: s.cfg.repo.clone(), commit: hs.clone(), path: f.path.clone() };
                 desired.push(DesiredState::new(spec, Some(src)));
             }
             Err(d) => errors.push(d.to_string()),
@@ -462,18 +404,10 @@ pub fn evaluate(
     if !errors.is_empty() {
         return fail(
             Some(hs.clone()),
-            format!(
-                "commit {} is not deployed; nothing changed:\n{}",
-                source::short(&hs),
-                errors.join("\n")
-            ),
+            format!("commit {} is not deployed; nothing changed:\n{}", source::short(&hs), errors.join("\n")),
         );
     }
-    Evaluation {
-        head: Some(hs),
-        error: None,
-        desired,
-    }
+    Evaluation { head: Some(hs), error: None, desired }
 }
 
 /// One unit's reconcile loop.
@@ -499,16 +433,8 @@ async fn worker(
         let wait = match reconcile::reconcile(&ctx, &d, false).await {
             Ok(r) => {
                 let failed = matches!(r.outcome, Some(Outcome::Failed | Outcome::RolledBack));
-                let result = r
-                    .outcome
-                    .map_or("none".to_string(), |o| format!("{o:?}").to_lowercase());
-                metrics.reconciled(
-                    &unit,
-                    r.plan.sync,
-                    &result,
-                    t0.elapsed().as_secs_f64(),
-                    failed,
-                );
+                let result = r.outcome.map_or("none".to_string(), |o| format!("{o:?}").to_lowercase());
+                metrics.reconciled(&unit, r.plan.sync, &result, t0.elapsed().as_secs_f64(), failed);
                 if r.outcome.is_some() {
                     tracing::info!(unit = %unit, "{}", r.verdict);
                 }
@@ -526,13 +452,7 @@ async fn worker(
             }
             Err(e) => {
                 tracing::error!(unit = %unit, "reconcile failed: {e}");
-                metrics.reconciled(
-                    &unit,
-                    crate::plan::Sync::Failed,
-                    "error",
-                    t0.elapsed().as_secs_f64(),
-                    true,
-                );
+                metrics.reconciled(&unit, crate::plan::Sync::Failed, "error", t0.elapsed().as_secs_f64(), true);
                 backoff.next()
             }
         };
@@ -569,13 +489,8 @@ fn watchers(
         })?;
         for p in &paths {
             if p.is_dir() {
-                let mode = if p.ends_with("refs") {
-                    RecursiveMode::Recursive
-                } else {
-                    RecursiveMode::NonRecursive
-                };
-                w.watch(p, mode)
-                    .with_context(|| format!("watching {}", p.display()))?;
+                let mode = if p.ends_with("refs") { RecursiveMode::Recursive } else { RecursiveMode::NonRecursive };
+                w.watch(p, mode).with_context(|| format!("watching {}", p.display()))?;
             }
         }
         out.push(w);
@@ -587,35 +502,24 @@ fn watchers(
                 return;
             }
             for p in &ev.paths {
-                let name = p
-                    .file_name()
-                    .map(|n| n.to_string_lossy().to_string())
-                    .unwrap_or_default();
-                let parent = p
-                    .parent()
-                    .and_then(|x| x.file_name())
-                    .map(|n| n.to_string_lossy().to_string())
-                    .unwrap_or_default();
+                let name = p.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
+                let parent =
+                    p.parent().and_then(|x| x.file_name()).map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
                 if name.ends_with(".specd-tmp") {
                     continue;
                 }
                 if name.ends_with(".service") {
                     let _ = t.send(Trigger::Unit(name));
-                } else if let Some(u) = parent
-                    .strip_suffix(".d")
-                    .filter(|u| u.ends_with(".service"))
-                {
+                } else if let Some(u) = parent.strip_suffix(".d").filter(|u| u.ends_with(".service")) {
                     let _ = t.send(Trigger::Unit(u.to_string()));
-                } else if let Some(u) = name.strip_suffix(".d").filter(|u| u.ends_with(".service"))
-                {
+                } else if let Some(u) = name.strip_suffix(".d").filter(|u| u.ends_with(".service")) {
                     let _ = t.send(Trigger::Unit(u.to_string()));
                 }
             }
         }
     })?;
     if unit_dir.is_dir() {
-        w.watch(unit_dir, RecursiveMode::Recursive)
-            .with_context(|| format!("watching {}", unit_dir.display()))?;
+        w.watch(unit_dir, RecursiveMode::Recursive).with_context(|| format!("watching {}", unit_dir.display()))?;
     }
     out.push(w);
     Ok(out)
@@ -628,9 +532,7 @@ async fn serve(
 ) -> Result<tokio::task::JoinHandle<()>> {
     use axum::extract::Query;
     use axum::routing::{get, post};
-    let addr: std::net::SocketAddr = listen
-        .parse()
-        .with_context(|| format!("listen address {listen:?}"))?;
+    let addr: std::net::SocketAddr = listen.parse().with_context(|| format!("listen address {listen:?}"))?;
     if !addr.ip().is_loopback() {
         anyhow::bail!("the metrics and control endpoint listens on loopback only; {listen} is not");
     }
@@ -640,24 +542,20 @@ async fn serve(
         .route("/healthz", get(|| async { "ok\n" }))
         .route(
             "/reconcile",
-            post(
-                move |Query(q): Query<BTreeMap<String, String>>| async move {
-                    match q.get("unit") {
-                        Some(u) => {
-                            let _ = tx.send(Trigger::Unit(u.clone()));
-                        }
-                        None => {
-                            let _ = tx.send(Trigger::Source);
-                            let _ = tx.send(Trigger::All);
-                        }
+            post(move |Query(q): Query<BTreeMap<String, String>>| async move {
+                match q.get("unit") {
+                    Some(u) => {
+                        let _ = tx.send(Trigger::Unit(u.clone()));
                     }
-                    "queued\n"
-                },
-            ),
+                    None => {
+                        let _ = tx.send(Trigger::Source);
+                        let _ = tx.send(Trigger::All);
+                    }
+                }
+                "queued\n"
+            }),
         );
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("binding {listen}"))?;
+    let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {listen}"))?;
     Ok(tokio::spawn(async move {
         let _ = axum::serve(listener, app).await;
     }))

@@ -28,18 +28,11 @@ impl Layout {
     /// The layout of `root` (normally `/sys/fs/cgroup`).
     pub fn detect(root: &Path) -> Layout {
         if root.join("cgroup.controllers").exists() {
-            Layout::Unified {
-                root: root.to_path_buf(),
-            }
+            Layout::Unified { root: root.to_path_buf() }
         } else if root.join("unified/cgroup.procs").exists() {
-            Layout::Hybrid {
-                unified: root.join("unified"),
-                systemd: root.join("systemd"),
-            }
+            Layout::Hybrid { unified: root.join("unified"), systemd: root.join("systemd") }
         } else {
-            Layout::Legacy {
-                systemd: root.join("systemd"),
-            }
+            Layout::Legacy { systemd: root.join("systemd") }
         }
     }
 
@@ -113,11 +106,7 @@ pub fn cmdline(pid: u32) -> Option<Vec<String>> {
         return None;
     }
     let b = b.strip_suffix(&[0]).unwrap_or(&b);
-    Some(
-        b.split(|c| *c == 0)
-            .map(|w| String::from_utf8_lossy(w).into_owned())
-            .collect(),
-    )
+    Some(b.split(|c| *c == 0).map(|w| String::from_utf8_lossy(w).into_owned()).collect())
 }
 
 /// A process still in the cgroup when the wait gave up.
@@ -137,9 +126,7 @@ pub async fn wait_empty(
 ) -> Result<(), Vec<Lingering>> {
     let mut watcher = layout.events_file(cg).and_then(|ev| {
         let ino = Inotify::init().ok()?;
-        ino.watches()
-            .add(&ev, WatchMask::MODIFY | WatchMask::DELETE_SELF)
-            .ok()?;
+        ino.watches().add(&ev, WatchMask::MODIFY | WatchMask::DELETE_SELF).ok()?;
         ino.into_event_stream([0u8; 1024]).ok()
     });
     let mut next_tick = Instant::now() + Duration::from_secs(1);
@@ -153,10 +140,7 @@ pub async fn wait_empty(
             return Err(layout
                 .pids(cg)
                 .into_iter()
-                .map(|pid| Lingering {
-                    pid,
-                    cmdline: cmdline(pid).map(|c| c.join(" ")).unwrap_or_default(),
-                })
+                .map(|pid| Lingering { pid, cmdline: cmdline(pid).map(|c| c.join(" ")).unwrap_or_default() })
                 .collect());
         }
         if now >= next_tick {
@@ -165,15 +149,11 @@ pub async fn wait_empty(
         }
         // Without inotify (cgroup v1), poll; with it, wake on the event, and re-check at least
         // each second anyway.
-        let wake = if watcher.is_some() {
-            next_tick.min(deadline)
-        } else {
-            (now + Duration::from_millis(50)).min(deadline)
-        };
+        let wake =
+            if watcher.is_some() { next_tick.min(deadline) } else { (now + Duration::from_millis(50)).min(deadline) };
         match watcher.as_mut() {
             Some(stream) => {
-                let next =
-                    std::future::poll_fn(|cx| std::pin::Pin::new(&mut *stream).poll_next(cx));
+                let next = std::future::poll_fn(|cx| std::pin::Pin::new(&mut *stream).poll_next(cx));
                 tokio::select! {
                     ev = next => {
                         if !matches!(ev, Some(Ok(_))) {
@@ -194,44 +174,25 @@ mod tests {
 
     #[test]
     fn layouts_place_files() {
-        let h = Layout::Hybrid {
-            unified: "/sys/fs/cgroup/unified".into(),
-            systemd: "/sys/fs/cgroup/systemd".into(),
-        };
+        let h = Layout::Hybrid { unified: "/sys/fs/cgroup/unified".into(), systemd: "/sys/fs/cgroup/systemd".into() };
         assert_eq!(
             h.events_file("/system.slice/x.service").unwrap(),
             Path::new("/sys/fs/cgroup/unified/system.slice/x.service/cgroup.events")
         );
-        assert_eq!(
-            h.procs_dir("/system.slice/x.service"),
-            Path::new("/sys/fs/cgroup/systemd/system.slice/x.service")
-        );
-        let u = Layout::Unified {
-            root: "/sys/fs/cgroup".into(),
-        };
-        assert_eq!(
-            u.events_file("/a.service").unwrap(),
-            Path::new("/sys/fs/cgroup/a.service/cgroup.events")
-        );
-        let l = Layout::Legacy {
-            systemd: "/sys/fs/cgroup/systemd".into(),
-        };
+        assert_eq!(h.procs_dir("/system.slice/x.service"), Path::new("/sys/fs/cgroup/systemd/system.slice/x.service"));
+        let u = Layout::Unified { root: "/sys/fs/cgroup".into() };
+        assert_eq!(u.events_file("/a.service").unwrap(), Path::new("/sys/fs/cgroup/a.service/cgroup.events"));
+        let l = Layout::Legacy { systemd: "/sys/fs/cgroup/systemd".into() };
         assert_eq!(l.events_file("/a.service"), None);
     }
 
     #[test]
     fn a_missing_cgroup_is_empty() {
         let d = tempfile::tempdir().unwrap();
-        let u = Layout::Unified {
-            root: d.path().into(),
-        };
+        let u = Layout::Unified { root: d.path().into() };
         assert!(!u.populated("/gone.service"));
         std::fs::create_dir_all(d.path().join("x.service")).unwrap();
-        std::fs::write(
-            d.path().join("x.service/cgroup.events"),
-            "populated 1\nfrozen 0\n",
-        )
-        .unwrap();
+        std::fs::write(d.path().join("x.service/cgroup.events"), "populated 1\nfrozen 0\n").unwrap();
         assert!(u.populated("/x.service"));
     }
 
@@ -239,9 +200,7 @@ mod tests {
     async fn wait_wakes_when_populated_drops_to_zero() {
         // A stand-in cgroup.events file: inotify sees its modification like the kernel's.
         let d = tempfile::tempdir().unwrap();
-        let u = Layout::Unified {
-            root: d.path().into(),
-        };
+        let u = Layout::Unified { root: d.path().into() };
         std::fs::create_dir_all(d.path().join("x.service")).unwrap();
         let ev = d.path().join("x.service/cgroup.events");
         std::fs::write(&ev, "populated 1\n").unwrap();
@@ -251,12 +210,7 @@ mod tests {
             rx.await.ok();
             std::fs::write(&ev2, "populated 0\n").unwrap();
         });
-        let wait = wait_empty(
-            &u,
-            "/x.service",
-            Instant::now() + Duration::from_secs(30),
-            || {},
-        );
+        let wait = wait_empty(&u, "/x.service", Instant::now() + Duration::from_secs(30), || {});
         tx.send(()).unwrap();
         wait.await.unwrap();
     }
@@ -264,16 +218,12 @@ mod tests {
     #[tokio::test]
     async fn wait_reports_who_lingers() {
         let d = tempfile::tempdir().unwrap();
-        let u = Layout::Unified {
-            root: d.path().into(),
-        };
+        let u = Layout::Unified { root: d.path().into() };
         std::fs::create_dir_all(d.path().join("x.service")).unwrap();
         std::fs::write(d.path().join("x.service/cgroup.events"), "populated 1\n").unwrap();
         let me = std::process::id();
         std::fs::write(d.path().join("x.service/cgroup.procs"), format!("{me}\n")).unwrap();
-        let err = wait_empty(&u, "/x.service", Instant::now(), || {})
-            .await
-            .unwrap_err();
+        let err = wait_empty(&u, "/x.service", Instant::now(), || {}).await.unwrap_err();
         assert_eq!(err.len(), 1);
         assert_eq!(err[0].pid, me);
         assert!(!err[0].cmdline.is_empty());

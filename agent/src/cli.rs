@@ -23,20 +23,10 @@ pub struct Cli {
 #[derive(clap::Args, Debug, Clone)]
 pub struct Global {
     /// specd's state directory.
-    #[arg(
-        long,
-        global = true,
-        env = "SPECD_STATE_DIR",
-        default_value = "/var/lib/specd"
-    )]
+    #[arg(long, global = true, env = "SPECD_STATE_DIR", default_value = "/var/lib/specd")]
     pub state_dir: PathBuf,
     /// Where specd writes unit files.
-    #[arg(
-        long,
-        global = true,
-        env = "SPECD_UNIT_DIR",
-        default_value = "/etc/systemd/system"
-    )]
+    #[arg(long, global = true, env = "SPECD_UNIT_DIR", default_value = "/etc/systemd/system")]
     pub unit_dir: PathBuf,
 }
 
@@ -139,24 +129,10 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let g = cli.global.clone();
     match cli.command {
-        Command::Apply {
-            file,
-            dry_run,
-            host,
-        } => run_async(crate::ops::apply(&g, &file, host, dry_run)),
-        Command::Status { json, file, host } => {
-            run_async(crate::ops::status(&g, json, file.as_deref(), host))
-        }
+        Command::Apply { file, dry_run, host } => run_async(crate::ops::apply(&g, &file, host, dry_run)),
+        Command::Status { json, file, host } => run_async(crate::ops::status(&g, json, file.as_deref(), host)),
         Command::Diff { file, host } => run_async(crate::ops::diff(&g, &file, host)),
-        Command::Run {
-            config,
-            repo,
-            branch,
-            path,
-            hostname,
-            interval,
-            listen,
-        } => {
+        Command::Run { config, repo, branch, path, hostname, interval, listen } => {
             init_tracing();
             run_async(async move {
                 let mut cfg = crate::config::AgentConfig::load(&config)?;
@@ -168,21 +144,14 @@ pub fn main() -> ExitCode {
                 cfg.listen = listen.or(cfg.listen);
                 let state_dir = cfg.state_dir.clone().unwrap_or(g.state_dir.clone());
                 let unit_dir = cfg.unit_dir.clone().unwrap_or(g.unit_dir.clone());
-                crate::agent::run(crate::agent::RunOptions {
-                    config: cfg,
-                    state_dir,
-                    unit_dir,
-                })
-                .await?;
+                crate::agent::run(crate::agent::RunOptions { config: cfg, state_dir, unit_dir }).await?;
                 Ok(0)
             })
         }
         Command::Reconcile { unit, agent } => run_async(crate::ops::ask_reconcile(agent, unit)),
         Command::History { unit, json } => run_async(crate::ops::history(&g, unit, json)),
         Command::Diagnose { unit, json } => {
-            run_async(
-                async move { crate::ops::diagnose(unit.as_deref(), json, &g.state_dir).await },
-            )
+            run_async(async move { crate::ops::diagnose(unit.as_deref(), json, &g.state_dir).await })
         }
         Command::Validate { files } => validate(&files),
         Command::Render { file, host, hash } => render(&file, host.as_deref(), hash),
@@ -242,11 +211,8 @@ fn render(file: &PathBuf, host: Option<&str>, hash: bool) -> ExitCode {
 }
 
 fn run_async(f: impl std::future::Future<Output = anyhow::Result<u8>>) -> ExitCode {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a tokio runtime");
+    let rt =
+        tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("a tokio runtime");
     match rt.block_on(f) {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
@@ -260,10 +226,7 @@ fn init_tracing() {
     use tracing_subscriber::EnvFilter;
     let filter = EnvFilter::try_from_env("SPECD_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
     let journald = std::env::var_os("JOURNAL_STREAM").is_some();
-    let b = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_target(false);
+    let b = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false);
     if journald {
         // journald stamps each line itself.
         b.without_time().with_ansi(false).init();

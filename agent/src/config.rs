@@ -60,12 +60,8 @@ impl AgentConfig {
             bail!("no repository configured: set `repo` in the agent config or pass --repo")
         };
         let verify = match (&self.verify_ssh_allowed_signers, &self.verify_gpg_keyring) {
-            (Some(_), Some(_)) => bail!(
-                "configure one of verify_ssh_allowed_signers and verify_gpg_keyring, not both"
-            ),
-            (Some(f), None) => Some(Verify::Ssh {
-                allowed_signers: f.clone(),
-            }),
+            (Some(_), Some(_)) => bail!("configure one of verify_ssh_allowed_signers and verify_gpg_keyring, not both"),
+            (Some(f), None) => Some(Verify::Ssh { allowed_signers: f.clone() }),
             (None, Some(k)) => Some(Verify::Gpg { keyring: k.clone() }),
             (None, None) => None,
         };

@@ -10,26 +10,17 @@ use anyhow::{Context, Result};
 /// Write `bytes` to `path` atomically with `mode`: a temp file in the same directory, written,
 /// fsynced, renamed over `path`, then the directory fsynced so the rename itself is durable.
 pub fn atomic_write(path: &Path, bytes: &[u8], mode: u32) -> Result<()> {
-    let dir = path
-        .parent()
-        .filter(|d| !d.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
     let name = path.file_name().context("a file name")?.to_string_lossy();
     let mut tmp = tempfile::Builder::new()
         .prefix(&format!(".{name}."))
         .suffix(".specd-tmp")
         .tempfile_in(dir)
         .with_context(|| format!("creating a temporary file in {}", dir.display()))?;
-    tmp.as_file()
-        .set_permissions(fs::Permissions::from_mode(mode))?;
-    tmp.write_all(bytes)
-        .with_context(|| format!("writing {}", tmp.path().display()))?;
-    tmp.as_file()
-        .sync_all()
-        .with_context(|| format!("fsync {}", tmp.path().display()))?;
-    tmp.persist(path)
-        .map_err(|e| e.error)
-        .with_context(|| format!("renaming into {}", path.display()))?;
+    tmp.as_file().set_permissions(fs::Permissions::from_mode(mode))?;
+    tmp.write_all(bytes).with_context(|| format!("writing {}", tmp.path().display()))?;
+    tmp.as_file().sync_all().with_context(|| format!("fsync {}", tmp.path().display()))?;
+    tmp.persist(path).map_err(|e| e.error).with_context(|| format!("renaming into {}", path.display()))?;
     fsync_dir(dir)
 }
 
@@ -39,8 +30,7 @@ pub fn fsync_dir(dir: &Path) -> Result<()> {
         .custom_flags(libc::O_DIRECTORY)
         .open(dir)
         .with_context(|| format!("opening {}", dir.display()))?;
-    d.sync_all()
-        .with_context(|| format!("fsync {}", dir.display()))
+    d.sync_all().with_context(|| format!("fsync {}", dir.display()))
 }
 
 /// Read a file, `None` if it does not exist.
@@ -80,14 +70,8 @@ mod tests {
         atomic_write(&p, b"old", 0o600).unwrap();
         atomic_write(&p, b"new", 0o644).unwrap();
         assert_eq!(fs::read(&p).unwrap(), b"new");
-        assert_eq!(
-            fs::metadata(&p).unwrap().permissions().mode() & 0o777,
-            0o644
-        );
-        let names: Vec<_> = fs::read_dir(d.path())
-            .unwrap()
-            .map(|e| e.unwrap().file_name())
-            .collect();
+        assert_eq!(fs::metadata(&p).unwrap().permissions().mode() & 0o777, 0o644);
+        let names: Vec<_> = fs::read_dir(d.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
         assert_eq!(names, vec![std::ffi::OsString::from("x.service")]);
     }
 }

@@ -25,13 +25,7 @@ pub struct Metrics {
     current_commit: Mutex<Option<String>>,
 }
 
-const SYNCS: [Sync; 5] = [
-    Sync::InSync,
-    Sync::OutOfSync,
-    Sync::Drifted,
-    Sync::Progressing,
-    Sync::Failed,
-];
+const SYNCS: [Sync; 5] = [Sync::InSync, Sync::OutOfSync, Sync::Drifted, Sync::Progressing, Sync::Failed];
 
 impl Default for Metrics {
     fn default() -> Self {
@@ -40,36 +34,19 @@ impl Default for Metrics {
         let last_reconcile = Family::<Labels, Gauge<f64, AtomicU64>>::default();
         let reconciles = Family::<Labels, Counter>::default();
         let failures = Family::<Labels, Counter>::default();
-        let duration = Family::<Labels, Histogram>::new_with_constructor(|| {
-            Histogram::new(exponential_buckets(0.01, 2.0, 18))
-        });
+        let duration =
+            Family::<Labels, Histogram>::new_with_constructor(|| Histogram::new(exponential_buckets(0.01, 2.0, 18)));
         let commit = Family::<Labels, Gauge>::default();
-        r.register(
-            "unit_sync",
-            "1 for the unit's current sync status",
-            sync.clone(),
-        );
+        r.register("unit_sync", "1 for the unit's current sync status", sync.clone());
         r.register(
             "reconcile_last_timestamp_seconds",
             "Unix time of the unit's last reconcile",
             last_reconcile.clone(),
         );
         r.register("reconciles", "Reconciles by result", reconciles.clone());
-        r.register(
-            "reconcile_failures",
-            "Reconciles that failed or rolled back",
-            failures.clone(),
-        );
-        r.register(
-            "reconcile_duration_seconds",
-            "Duration of reconciles",
-            duration.clone(),
-        );
-        r.register(
-            "source_commit",
-            "1 for the commit the agent deploys",
-            commit.clone(),
-        );
+        r.register("reconcile_failures", "Reconciles that failed or rolled back", failures.clone());
+        r.register("reconcile_duration_seconds", "Duration of reconciles", duration.clone());
+        r.register("source_commit", "1 for the commit the agent deploys", commit.clone());
         Metrics {
             registry: Mutex::new(r),
             sync,
@@ -94,9 +71,7 @@ impl Metrics {
             l.push(("status".into(), s.to_string()));
             self.sync.get_or_create(&l).set(i64::from(s == sync));
         }
-        self.last_reconcile
-            .get_or_create(&unit(u))
-            .set(crate::state::now() as f64);
+        self.last_reconcile.get_or_create(&unit(u)).set(crate::state::now() as f64);
         let mut l = unit(u);
         l.push(("result".into(), result.into()));
         self.reconciles.get_or_create(&l).inc();
@@ -109,13 +84,9 @@ impl Metrics {
     pub fn commit(&self, c: &str) {
         let mut cur = self.current_commit.lock().unwrap();
         if let Some(old) = cur.take() {
-            self.commit
-                .get_or_create(&vec![("commit".into(), old)])
-                .set(0);
+            self.commit.get_or_create(&vec![("commit".into(), old)]).set(0);
         }
-        self.commit
-            .get_or_create(&vec![("commit".into(), c.to_string())])
-            .set(1);
+        self.commit.get_or_create(&vec![("commit".into(), c.to_string())]).set(1);
         *cur = Some(c.to_string());
     }
 

@@ -17,11 +17,7 @@ use crate::state::{self, Source, Store};
 use crate::systemd::{Systemctl, Systemd};
 
 pub fn hostname(over: Option<String>) -> String {
-    over.unwrap_or_else(|| {
-        nix::unistd::gethostname()
-            .map(|h| h.to_string_lossy().into_owned())
-            .unwrap_or_default()
-    })
+    over.unwrap_or_else(|| nix::unistd::gethostname().map(|h| h.to_string_lossy().into_owned()).unwrap_or_default())
 }
 
 pub fn ctx(g: &Global, events: Events) -> Ctx<Systemctl> {
@@ -46,11 +42,7 @@ pub fn stderr_events() -> Events {
                 eprintln!(
                     "[{t:7.1}s] {unit}: {}{}",
                     p.sync,
-                    if p.reasons.is_empty() {
-                        String::new()
-                    } else {
-                        format!(": {}", p.reasons.join("; "))
-                    }
+                    if p.reasons.is_empty() { String::new() } else { format!(": {}", p.reasons.join("; ")) }
                 );
                 if !p.steps.is_empty() {
                     let steps: Vec<String> = p.steps.iter().map(|s| format!("{s:?}")).collect();
@@ -80,12 +72,7 @@ fn desired(file: &Path, host: Option<String>) -> Result<Option<DesiredState>> {
                 eprintln!("{w}");
             }
             let path = std::fs::canonicalize(file).unwrap_or_else(|_| file.to_path_buf());
-            Ok(Some(DesiredState::new(
-                spec,
-                Some(Source::File {
-                    path: path.display().to_string(),
-                }),
-            )))
+            Ok(Some(DesiredState::new(spec, Some(Source::File { path: path.display().to_string() }))))
         }
         Err(d) => {
             eprintln!("{d}");
@@ -170,20 +157,12 @@ async fn unit_status<S: Systemd>(
         sync = Sync::Progressing;
         reasons.insert(
             0,
-            format!(
-                "an apply is running ({})",
-                st.in_progress
-                    .as_ref()
-                    .map_or("?".into(), |p| p.phase.clone())
-            ),
+            format!("an apply is running ({})", st.in_progress.as_ref().map_or("?".into(), |p| p.phase.clone())),
         );
     }
     if let Some(last) = st.history.last()
         && last.sha256 == d.unit.sha256
-        && matches!(
-            last.outcome,
-            state::Outcome::Failed | state::Outcome::RolledBack
-        )
+        && matches!(last.outcome, state::Outcome::Failed | state::Outcome::RolledBack)
         && sync != Sync::Progressing
     {
         sync = Sync::Failed;
@@ -215,12 +194,7 @@ async fn unit_status<S: Systemd>(
     })
 }
 
-pub async fn status(
-    g: &Global,
-    json: bool,
-    file: Option<&Path>,
-    host: Option<String>,
-) -> Result<u8> {
+pub async fn status(g: &Global, json: bool, file: Option<&Path>, host: Option<String>) -> Result<u8> {
     let ctx = ctx(g, Arc::new(|_: &str, _: &Event| {}));
     let mut override_desired = None;
     let units = match file {
@@ -241,15 +215,9 @@ pub async fn status(
     }
     let source = crate::agent::SourceState::load(&g.state_dir);
     if json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&serde_json::json!({"source": source, "units": all}))?
-        );
+        println!("{}", serde_json::to_string_pretty(&serde_json::json!({"source": source, "units": all}))?);
     } else if let Some(s) = &source {
-        let c = |x: &Option<String>| {
-            x.as_deref()
-                .map_or("-".to_string(), |c| c[..12.min(c.len())].to_string())
-        };
+        let c = |x: &Option<String>| x.as_deref().map_or("-".to_string(), |c| c[..12.min(c.len())].to_string());
         println!(
             "source {} ({}): deployed commit {}, head {}",
             s.repo,
@@ -272,21 +240,13 @@ pub async fn status(
             print_status(s);
         }
     }
-    let ok = all
-        .iter()
-        .all(|s| s.sync == Sync::InSync && s.health == "Healthy");
+    let ok = all.iter().all(|s| s.sync == Sync::InSync && s.health == "Healthy");
     Ok(if ok { 0 } else { 1 })
 }
 
 fn print_status(s: &UnitStatus) {
-    let sh = |h: &Option<String>| {
-        h.as_deref()
-            .map_or("-".to_string(), |h| h[..12].to_string())
-    };
-    println!(
-        "{}: {} {} ({}/{}, pid {})",
-        s.unit, s.sync, s.health, s.active_state, s.sub_state, s.main_pid
-    );
+    let sh = |h: &Option<String>| h.as_deref().map_or("-".to_string(), |h| h[..12].to_string());
+    println!("{}: {} {} ({}/{}, pid {})", s.unit, s.sync, s.health, s.active_state, s.sub_state, s.main_pid);
     println!(
         "  desired unit {}  deployed {}  from {}",
         sh(&s.desired_sha256),
@@ -308,12 +268,7 @@ fn print_status(s: &UnitStatus) {
         println!("  newest desired state unusable: {e}");
     }
     if let Some(h) = &s.last_result {
-        println!(
-            "  last: {} {:?}: {}",
-            state::format_time(h.time),
-            h.outcome,
-            h.message
-        );
+        println!("  last: {} {:?}: {}", state::format_time(h.time), h.outcome, h.message);
         if let Some(v) = &h.stop_verdict {
             println!("  last stop: {v}");
         }
@@ -325,19 +280,16 @@ pub async fn diff(g: &Global, file: &Path, host: Option<String>) -> Result<u8> {
         return Ok(2);
     };
     let path = reconcile::unit_path(&g.unit_dir, &d.spec.unit);
-    let deployed = crate::fsx::read_opt(&path)?
-        .map(|b| String::from_utf8_lossy(&b).into_owned())
-        .unwrap_or_default();
+    let deployed = crate::fsx::read_opt(&path)?.map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default();
     let mut differs = false;
     if deployed != d.unit.text {
         differs = true;
         let diff = similar::TextDiff::from_lines(&deployed, &d.unit.text);
         print!(
             "{}",
-            diff.unified_diff().context_radius(3).header(
-                &path.display().to_string(),
-                &format!("desired ({})", file.display())
-            )
+            diff.unified_diff()
+                .context_radius(3)
+                .header(&path.display().to_string(), &format!("desired ({})", file.display()))
         );
     }
     let base = d.spec.base_url();
@@ -353,36 +305,23 @@ pub async fn diff(g: &Global, file: &Path, host: Option<String>) -> Result<u8> {
         Some(Err(e)) => println!("(server args not compared: {e})"),
         None => {}
     }
-    if quick
-        .health(&format!("{base}{}", d.spec.readiness.endpoint))
-        .await
-        != Health::Ready
-    {
+    if quick.health(&format!("{base}{}", d.spec.readiness.endpoint)).await != Health::Ready {
         println!("(the server at {base} is not ready)");
     }
     Ok(u8::from(differs))
 }
 
 pub async fn ask_reconcile(agent: String, unit: Option<String>) -> Result<u8> {
-    let client = reqwest::Client::builder()
-        .no_proxy()
-        .timeout(Duration::from_secs(5))
-        .build()?;
+    let client = reqwest::Client::builder().no_proxy().timeout(Duration::from_secs(5)).build()?;
     let mut req = client.post(format!("{}/reconcile", agent.trim_end_matches('/')));
     if let Some(u) = &unit {
         req = req.query(&[("unit", u)]);
     }
-    let r = req
-        .send()
-        .await
-        .with_context(|| format!("is the agent running? cannot reach {agent}"))?;
+    let r = req.send().await.with_context(|| format!("is the agent running? cannot reach {agent}"))?;
     if !r.status().is_success() {
         anyhow::bail!("the agent answered {}", r.status());
     }
-    println!(
-        "reconcile of {} queued",
-        unit.as_deref().unwrap_or("every unit")
-    );
+    println!("reconcile of {} queued", unit.as_deref().unwrap_or("every unit"));
     Ok(0)
 }
 

@@ -115,13 +115,10 @@ pub fn plan(o: &Observed, d: &Desired) -> Plan {
     }
 
     let file_differs = o.deployed_sha256.as_deref() != Some(d.sha256.as_str());
-    let running = matches!(
-        o.active_state.as_str(),
-        "active" | "activating" | "deactivating" | "reloading"
-    ) || o.main_pid > 0;
-    let loaded_elsewhere = o.load_state == "loaded"
-        && !o.fragment_path.is_empty()
-        && o.fragment_path != d.fragment_path;
+    let running =
+        matches!(o.active_state.as_str(), "active" | "activating" | "deactivating" | "reloading") || o.main_pid > 0;
+    let loaded_elsewhere =
+        o.load_state == "loaded" && !o.fragment_path.is_empty() && o.fragment_path != d.fragment_path;
     let stale_cmdline = running && o.main_cmdline.as_ref().is_some_and(|c| *c != d.argv);
 
     // Is the difference a new desired state (deploy) or the host moving away from it (drift)?
@@ -130,11 +127,9 @@ pub fn plan(o: &Observed, d: &Desired) -> Plan {
     if file_differs {
         match (&o.deployed_sha256, new_spec) {
             (None, true) => reasons.push("the unit file does not exist yet".to_string()),
-            (Some(h), true) => reasons.push(format!(
-                "the spec changed: deployed unit {} → desired {}",
-                short(h),
-                short(&d.sha256)
-            )),
+            (Some(h), true) => {
+                reasons.push(format!("the spec changed: deployed unit {} → desired {}", short(h), short(&d.sha256)))
+            }
             (None, false) => drift.push("the unit file specd wrote was deleted".to_string()),
             (Some(h), false) => drift.push(format!(
                 "the unit file was edited by hand (deployed {} ≠ desired {})",
@@ -144,32 +139,19 @@ pub fn plan(o: &Observed, d: &Desired) -> Plan {
         }
     }
     if !o.drop_ins.is_empty() {
-        drift.push(format!(
-            "drop-ins change the unit: {}",
-            o.drop_ins.join(", ")
-        ));
+        drift.push(format!("drop-ins change the unit: {}", o.drop_ins.join(", ")));
     }
     if o.need_daemon_reload && !file_differs {
-        drift
-            .push("systemd runs an older load of the unit file (NeedDaemonReload=yes)".to_string());
+        drift.push("systemd runs an older load of the unit file (NeedDaemonReload=yes)".to_string());
     }
     if loaded_elsewhere {
-        drift.push(format!(
-            "systemd loads the unit from {} instead of {}",
-            o.fragment_path, d.fragment_path
-        ));
+        drift.push(format!("systemd loads the unit from {} instead of {}", o.fragment_path, d.fragment_path));
     }
     if stale_cmdline && !file_differs {
-        drift.push(
-            "the running process was not started from the deployed unit (its command line differs)"
-                .to_string(),
-        );
+        drift.push("the running process was not started from the deployed unit (its command line differs)".to_string());
     }
     if !o.arg_mismatches.is_empty() && d.verify_args && !file_differs {
-        drift.push(format!(
-            "the server reports args that differ from the spec: {}",
-            o.arg_mismatches.join("; ")
-        ));
+        drift.push(format!("the server reports args that differ from the spec: {}", o.arg_mismatches.join("; ")));
     }
 
     let full = |running: bool, write: bool, drop_ins: bool| {
@@ -184,12 +166,7 @@ pub fn plan(o: &Observed, d: &Desired) -> Plan {
         if write {
             s.push(Step::WriteUnit);
         }
-        s.extend([
-            Step::Reload,
-            Step::Start,
-            Step::VerifyCmdline,
-            Step::WaitReady,
-        ]);
+        s.extend([Step::Reload, Step::Start, Step::VerifyCmdline, Step::WaitReady]);
         if d.verify_args {
             s.push(Step::VerifyArgs);
         }
@@ -215,32 +192,20 @@ pub fn plan(o: &Observed, d: &Desired) -> Plan {
         }
         reasons.push("an earlier apply of this spec was interrupted; finishing it".to_string());
         reasons.extend(drift);
-        return Plan {
-            sync: Sync::Progressing,
-            reasons,
-            steps,
-        };
+        return Plan { sync: Sync::Progressing, reasons, steps };
     }
 
     let spec_change = file_differs && new_spec;
     if spec_change {
         reasons.extend(drift);
-        return Plan {
-            sync: Sync::OutOfSync,
-            reasons,
-            steps: full(running, true, !o.drop_ins.is_empty()),
-        };
+        return Plan { sync: Sync::OutOfSync, reasons, steps: full(running, true, !o.drop_ins.is_empty()) };
     }
     if !drift.is_empty() {
         let steps = match d.drift {
             DriftPolicy::Heal => full(running, file_differs, !o.drop_ins.is_empty()),
             DriftPolicy::Report => vec![],
         };
-        return Plan {
-            sync: Sync::Drifted,
-            reasons: drift,
-            steps,
-        };
+        return Plan { sync: Sync::Drifted, reasons: drift, steps };
     }
 
     // The host has the desired unit, loaded. What is its service doing?
@@ -251,18 +216,11 @@ pub fn plan(o: &Observed, d: &Desired) -> Plan {
                 reasons: vec!["the server is up but not ready yet".into()],
                 steps: vec![],
             },
-            _ => Plan {
-                sync: Sync::InSync,
-                reasons: vec![],
-                steps: vec![],
-            },
+            _ => Plan { sync: Sync::InSync, reasons: vec![], steps: vec![] },
         },
         "activating" | "deactivating" => Plan {
             sync: Sync::Progressing,
-            reasons: vec![format!(
-                "systemd is {} the unit ({})",
-                o.active_state, o.sub_state
-            )],
+            reasons: vec![format!("systemd is {} the unit ({})", o.active_state, o.sub_state)],
             steps: vec![],
         },
         _ => {
@@ -272,10 +230,7 @@ pub fn plan(o: &Observed, d: &Desired) -> Plan {
             }
             Plan {
                 sync: Sync::OutOfSync,
-                reasons: vec![format!(
-                    "the service is not running ({}/{})",
-                    o.active_state, o.sub_state
-                )],
+                reasons: vec![format!("the service is not running ({}/{})", o.active_state, o.sub_state)],
                 steps,
             }
         }
@@ -318,17 +273,7 @@ mod tests {
         }
     }
 
-    const FULL: &[Step] = &[
-        Drain,
-        Stop,
-        WaitStopped,
-        WriteUnit,
-        Reload,
-        Start,
-        VerifyCmdline,
-        WaitReady,
-        VerifyArgs,
-    ];
+    const FULL: &[Step] = &[Drain, Stop, WaitStopped, WriteUnit, Reload, Start, VerifyCmdline, WaitReady, VerifyArgs];
 
     #[test]
     fn in_sync_does_nothing() {
@@ -347,11 +292,7 @@ mod tests {
                         let mut o = in_sync();
                         o.ready = ready;
                         o.main_cmdline = cmdline.clone();
-                        let d = Desired {
-                            drift,
-                            verify_args: verify,
-                            ..desired()
-                        };
+                        let d = Desired { drift, verify_args: verify, ..desired() };
                         let p = plan(&o, &d);
                         assert_eq!((p.sync, p.steps.len()), (Sync::InSync, 0), "{o:?} {d:?}");
                     }
@@ -368,10 +309,7 @@ mod tests {
         let p = plan(&o, &desired());
         assert_eq!(p.sync, Sync::OutOfSync);
         assert_eq!(p.steps, FULL);
-        assert!(
-            p.reasons[0]
-                .starts_with("the spec changed: deployed unit aaaaaaaaaaaa → desired dddddddddddd")
-        );
+        assert!(p.reasons[0].starts_with("the spec changed: deployed unit aaaaaaaaaaaa → desired dddddddddddd"));
     }
 
     #[test]
@@ -391,10 +329,7 @@ mod tests {
     fn without_verify_args_the_last_step_is_readiness() {
         let mut o = in_sync();
         o.deployed_sha256 = None;
-        let d = Desired {
-            verify_args: false,
-            ..desired()
-        };
+        let d = Desired { verify_args: false, ..desired() };
         assert_eq!(plan(&o, &d).steps.last(), Some(&WaitReady));
     }
 
@@ -403,10 +338,7 @@ mod tests {
         let mut o = in_sync();
         o.deployed_sha256 = Some("a".repeat(64));
         o.written_sha256 = Some("a".repeat(64));
-        let d = Desired {
-            drift: DriftPolicy::Report,
-            ..desired()
-        };
+        let d = Desired { drift: DriftPolicy::Report, ..desired() };
         assert_eq!(plan(&o, &d).steps, FULL);
     }
 
@@ -428,13 +360,7 @@ mod tests {
         assert_eq!(p.sync, Sync::Drifted);
         assert_eq!(p.steps, FULL);
         assert!(p.reasons[0].contains("edited by hand"), "{:?}", p.reasons);
-        let r = plan(
-            &o,
-            &Desired {
-                drift: DriftPolicy::Report,
-                ..desired()
-            },
-        );
+        let r = plan(&o, &Desired { drift: DriftPolicy::Report, ..desired() });
         assert_eq!((r.sync, r.steps.len()), (Sync::Drifted, 0));
     }
 
@@ -474,19 +400,7 @@ mod tests {
         o.main_cmdline = Some(vec!["/bin/srv".into(), "--steps".into(), "5".into()]);
         let p = plan(&o, &desired());
         assert_eq!(p.sync, Sync::Drifted);
-        assert_eq!(
-            p.steps,
-            &[
-                Drain,
-                Stop,
-                WaitStopped,
-                Reload,
-                Start,
-                VerifyCmdline,
-                WaitReady,
-                VerifyArgs
-            ]
-        );
+        assert_eq!(p.steps, &[Drain, Stop, WaitStopped, Reload, Start, VerifyCmdline, WaitReady, VerifyArgs]);
     }
 
     #[test]
@@ -494,17 +408,7 @@ mod tests {
         let mut o = in_sync();
         o.arg_mismatches = vec!["speculative_num_steps: spec 10 / server 5".into()];
         assert_eq!(plan(&o, &desired()).sync, Sync::Drifted);
-        assert_eq!(
-            plan(
-                &o,
-                &Desired {
-                    verify_args: false,
-                    ..desired()
-                }
-            )
-            .sync,
-            Sync::InSync
-        );
+        assert_eq!(plan(&o, &Desired { verify_args: false, ..desired() }).sync, Sync::InSync);
     }
 
     #[test]
@@ -566,26 +470,9 @@ mod tests {
         o.active_state = "inactive".into();
         o.main_pid = 0;
         o.main_cmdline = None;
-        let p = plan(
-            &o,
-            &Desired {
-                drift: DriftPolicy::Report,
-                ..desired()
-            },
-        );
+        let p = plan(&o, &Desired { drift: DriftPolicy::Report, ..desired() });
         assert_eq!(p.sync, Sync::Progressing);
-        assert_eq!(
-            p.steps,
-            &[
-                Stop,
-                WaitStopped,
-                Reload,
-                Start,
-                VerifyCmdline,
-                WaitReady,
-                VerifyArgs
-            ]
-        );
+        assert_eq!(p.steps, &[Stop, WaitStopped, Reload, Start, VerifyCmdline, WaitReady, VerifyArgs]);
         // Killed while the file was still the old one.
         let mut o = in_sync();
         o.interrupted = true;
@@ -632,39 +519,28 @@ mod tests {
                                     if stale && o.main_pid > 0 {
                                         o.main_cmdline = Some(vec!["/old".into()]);
                                     }
-                                    let d = Desired {
-                                        drift: policy,
-                                        ..desired()
-                                    };
+                                    let d = Desired { drift: policy, ..desired() };
                                     for interrupted in bools {
                                         o.interrupted = interrupted;
                                         let p = plan(&o, &d);
                                         let pos = |s: Step| p.steps.iter().position(|x| *x == s);
                                         if let Some(w) = pos(WriteUnit) {
-                                            assert!(
-                                                pos(WaitStopped).is_some_and(|x| x < w),
-                                                "{p:?}"
-                                            );
+                                            assert!(pos(WaitStopped).is_some_and(|x| x < w), "{p:?}");
                                             assert!(pos(Reload).is_some_and(|x| x > w), "{p:?}");
                                         }
                                         if let Some(s) = pos(Start) {
                                             assert!(
-                                                pos(VerifyCmdline) == Some(s + 1)
-                                                    && pos(WaitReady).is_some(),
+                                                pos(VerifyCmdline) == Some(s + 1) && pos(WaitReady).is_some(),
                                                 "{p:?}"
                                             );
                                             if pos(Stop).is_some() {
-                                                assert!(
-                                                    pos(Reload).is_some_and(|r| r < s),
-                                                    "{p:?}"
-                                                );
+                                                assert!(pos(Reload).is_some_and(|r| r < s), "{p:?}");
                                             }
                                         }
                                         if p.sync == Sync::InSync {
                                             assert!(p.steps.is_empty());
                                         }
-                                        if policy == DriftPolicy::Report && p.sync == Sync::Drifted
-                                        {
+                                        if policy == DriftPolicy::Report && p.sync == Sync::Drifted {
                                             assert!(p.steps.is_empty());
                                         }
                                     }

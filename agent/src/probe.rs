@@ -51,18 +51,11 @@ impl Probe {
     }
 
     pub async fn json(&self, url: &str) -> Result<Value, String> {
-        let r = self
-            .client
-            .get(url)
-            .send()
-            .await
-            .map_err(|e| format!("{url}: {e}"))?;
+        let r = self.client.get(url).send().await.map_err(|e| format!("{url}: {e}"))?;
         if !r.status().is_success() {
             return Err(format!("{url} answered {}", r.status()));
         }
-        r.json::<Value>()
-            .await
-            .map_err(|e| format!("{url}: not JSON: {e}"))
+        r.json::<Value>().await.map_err(|e| format!("{url}: not JSON: {e}"))
     }
 
     /// The server's own report of its args, if the engine has one.
@@ -78,12 +71,7 @@ impl Probe {
             Engine::Vllm => "vllm:num_requests_running",
             Engine::LlamaCpp => "llamacpp:requests_processing",
         };
-        let r = self
-            .client
-            .get(format!("{base_url}/metrics"))
-            .send()
-            .await
-            .ok()?;
+        let r = self.client.get(format!("{base_url}/metrics")).send().await.ok()?;
         if !r.status().is_success() {
             return None;
         }
@@ -105,11 +93,7 @@ pub fn metric_sum(text: &str, name: &str) -> Option<u64> {
         if !(rest.starts_with('{') || rest.starts_with(' ')) {
             continue;
         }
-        let value = rest
-            .rsplit_once('}')
-            .map_or(rest, |(_, v)| v)
-            .split_whitespace()
-            .next();
+        let value = rest.rsplit_once('}').map_or(rest, |(_, v)| v).split_whitespace().next();
         if let Some(v) = value.and_then(|v| v.parse::<f64>().ok()) {
             sum += v;
             found = true;
@@ -128,11 +112,7 @@ pub struct ArgMismatch {
 
 impl std::fmt::Display for ArgMismatch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{}: spec {} / server {}",
-            self.key, self.expected, self.actual
-        )
+        write!(f, "{}: spec {} / server {}", self.key, self.expected, self.actual)
     }
 }
 
@@ -168,35 +148,20 @@ mod tests {
         let t = "# HELP sglang:num_running_reqs x\n# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs{model_name=\"a\"} 3.0\nsglang:num_running_reqs{model_name=\"b\"} 2\nsglang:num_running_reqs_total 9\n";
         assert_eq!(metric_sum(t, "sglang:num_running_reqs"), Some(5));
         assert_eq!(metric_sum("x 1\n", "sglang:num_running_reqs"), None);
-        assert_eq!(
-            metric_sum("vllm:num_requests_running 4\n", "vllm:num_requests_running"),
-            Some(4)
-        );
+        assert_eq!(metric_sum("vllm:num_requests_running 4\n", "vllm:num_requests_running"), Some(4));
     }
 
     #[test]
     fn compares_args_with_float_tolerance_and_nulls() {
         let exp = vec![
-            ExpectedArg {
-                key: "mem_fraction_static",
-                value: json!(0.85),
-            },
-            ExpectedArg {
-                key: "speculative_num_steps",
-                value: json!(10),
-            },
-            ExpectedArg {
-                key: "speculative_algorithm",
-                value: Value::Null,
-            },
+            ExpectedArg { key: "mem_fraction_static", value: json!(0.85) },
+            ExpectedArg { key: "speculative_num_steps", value: json!(10) },
+            ExpectedArg { key: "speculative_algorithm", value: Value::Null },
         ];
         let info = json!({"mem_fraction_static": 0.8500000000000001, "speculative_num_steps": 5});
         let m = compare_args(&exp, &info);
         assert_eq!(m.len(), 1);
         assert_eq!(m[0].key, "speculative_num_steps");
-        assert_eq!(
-            m[0].to_string(),
-            "speculative_num_steps: spec 10 / server 5"
-        );
+        assert_eq!(m[0].to_string(), "speculative_num_steps: spec 10 / server 5");
     }
 }

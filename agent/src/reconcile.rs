@@ -15,14 +15,15 @@ use crate::fsx;
 use crate::lock::UnitLock;
 use crate::plan::{self, Desired, Observed, Plan, Step, Sync};
 use crate::probe::{self, Health, Probe};
-use crate::state::{
-    self, GoodUnit, HistoryEntry, InProgress, Outcome, Quarantined, Source, Store, UnitState,
-};
+use crate::state::{self, GoodUnit, HistoryEntry, InProgress, Outcome, Quarantined, Source, Store, UnitState};
 use crate::systemd::{Systemd, UnitProps};
 
-/// Extra time allowed beyond `TimeoutStopSec` for the stop to finish (systemd's SIGKILL and the
-/// kernel's reaping take a moment).
-pub const STOP_MARGIN: Duration = Duration::from_secs(15);
+/// How long specd waits for a stop: systemd's `TimeoutStopSec`, plus a margin for its SIGKILL and
+/// the kernel's reaping (5 s, or a tenth of the timeout when that is longer).
+pub fn stop_budget(timeout_stop_sec: u32) -> Duration {
+    let t = Duration::from_secs(timeout_stop_sec.into());
+    t + (t / 10).max(Duration::from_secs(5))
+}
 
 /// What happens next for a unit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -141,28 +142,13 @@ struct StepFailure {
 
 impl StepFailure {
     fn host(step: Step, message: impl Into<String>) -> Self {
-        StepFailure {
-            step,
-            message: message.into(),
-            spec_fault: false,
-            cancelled: false,
-        }
+        StepFailure { step, message: message.into(), spec_fault: false, cancelled: false }
     }
     fn spec(step: Step, message: impl Into<String>) -> Self {
-        StepFailure {
-            step,
-            message: message.into(),
-            spec_fault: true,
-            cancelled: false,
-        }
+        StepFailure { step, message: message.into(), spec_fault: true, cancelled: false }
     }
     fn cancelled(step: Step) -> Self {
-        StepFailure {
-            step,
-            message: "the agent is stopping".into(),
-            spec_fault: false,
-            cancelled: true,
-        }
+        StepFailure { step, message: "the agent is stopping".into(), spec_fault: false, cancelled: true }
     }
 }
 
@@ -175,6 +161,7 @@ struct Target<'a> {
     endpoint: String,
     readiness: Duration,
     stop_budget: Duration,
+    timeout_stop: Duration,
     drain: Duration,
     spec: Option<&'a Spec>,
 }
@@ -193,42 +180,26 @@ pub async fn observe<S: Systemd>(
     let path = unit_path(&ctx.unit_dir, &d.spec.unit);
     let deployed = fsx::read_opt(&path)?;
     let props = ctx.systemd.show(&d.spec.unit).await?;
-    let main_cmdline = if props.main_pid > 0 {
-        cgroup::cmdline(props.main_pid)
-    } else {
-        None
-    };
+    let main_cmdline = if props.main_pid > 0 { cgroup::cmdline(props.main_pid) } else { None };
     let mut ready = None;
     let mut arg_mismatches = Vec::new();
     if probe_server && props.active_state == "active" {
         let quick = Probe::new(Duration::from_millis(1500));
         let base = d.spec.base_url();
-        let h = quick
-            .health(&format!("{base}{}", d.spec.readiness.endpoint))
-            .await;
+        let h = quick.health(&format!("{base}{}", d.spec.readiness.endpoint)).await;
         ready = Some(h == Health::Ready);
         if h == Health::Ready
             && d.spec.readiness.verify_args
             && let Some(Ok(info)) = quick.server_info(&base, &d.spec).await
         {
-            arg_mismatches = probe::compare_args(&d.spec.expected_server_args(), &info)
-                .iter()
-                .map(|m| m.to_string())
-                .collect();
+            arg_mismatches =
+                probe::compare_args(&d.spec.expected_server_args(), &info).iter().map(|m| m.to_string()).collect();
         }
     }
-    let interrupted = st
-        .in_progress
-        .as_ref()
-        .is_some_and(|p| p.sha256 == d.unit.sha256);
+    let interrupted = st.in_progress.as_ref().is_some_and(|p| p.sha256 == d.unit.sha256);
     let o = Observed {
         deployed_sha256: deployed.as_deref().map(specd_spec::sha256_hex),
-        drop_ins: props
-            .drop_in_paths
-            .iter()
-            .filter(|p| Path::new(p).exists())
-            .cloned()
-            .collect(),
+        drop_ins: props.drop_in_paths.iter().filter(|p| Path::new(p).exists()).cloned().collect(),
         load_state: props.load_state.clone(),
         active_state: props.active_state.clone(),
         sub_state: props.sub_state.clone(),
@@ -256,20 +227,14 @@ pub fn desired_of(ctx_unit_dir: &Path, d: &DesiredState) -> Desired {
 }
 
 /// One reconcile of one unit. With `dry_run`, observes and plans only.
-pub async fn reconcile<S: Systemd>(
-    ctx: &Ctx<S>,
-    d: &DesiredState,
-    dry_run: bool,
-) -> Result<Report, ReconcileError> {
+pub async fn reconcile<S: Systemd>(ctx: &Ctx<S>, d: &DesiredState, dry_run: bool) -> Result<Report, ReconcileError> {
     let unit = d.spec.unit.clone();
     let emit = |e: Event| (ctx.events)(&unit, &e);
     let locks = ctx.store.locks_dir();
     let _lock = match UnitLock::try_acquire(&locks, &unit)? {
         Some(l) => l,
         None => {
-            emit(Event::Phase(format!(
-                "waiting: another specd is reconciling {unit}"
-            )));
+            emit(Event::Phase(format!("waiting: another specd is reconciling {unit}")));
             UnitLock::acquire(&locks, &unit).await?
         }
     };
@@ -284,14 +249,7 @@ pub async fn reconcile<S: Systemd>(
         } else {
             format!("{}: would run {} steps", plan.sync, plan.steps.len())
         };
-        return Ok(Report {
-            unit,
-            plan,
-            outcome: None,
-            verdict,
-            stop_verdict: None,
-            action: Action::AwaitChange,
-        });
+        return Ok(Report { unit, plan, outcome: None, verdict, stop_verdict: None, action: Action::AwaitChange });
     }
     fsx::clean_temps(&ctx.unit_dir, &unit);
     st.desired = Some(state::DesiredRecord {
@@ -304,22 +262,13 @@ pub async fn reconcile<S: Systemd>(
 
     if plan.steps.is_empty() {
         // In sync and nothing recorded as good yet (state lost, or adopted): it is good now.
-        if plan.sync == Sync::InSync
-            && st
-                .last_good
-                .as_ref()
-                .is_none_or(|g| g.sha256 != d.unit.sha256)
-        {
+        if plan.sync == Sync::InSync && st.last_good.as_ref().is_none_or(|g| g.sha256 != d.unit.sha256) {
             st.last_good = Some(good_unit(d));
-            st.written_sha256
-                .get_or_insert_with(|| d.unit.sha256.clone());
+            st.written_sha256.get_or_insert_with(|| d.unit.sha256.clone());
         }
         ctx.store.save(&st)?;
         let verdict = match plan.sync {
-            Sync::InSync => format!(
-                "InSync: {unit} runs unit {} and is ready",
-                short(&d.unit.sha256)
-            ),
+            Sync::InSync => format!("InSync: {unit} runs unit {} and is ready", short(&d.unit.sha256)),
             s => format!("{s}: {}", plan.reasons.join("; ")),
         };
         let outcome = (plan.sync == Sync::Drifted).then_some(Outcome::Reported);
@@ -331,14 +280,7 @@ pub async fn reconcile<S: Systemd>(
             Sync::Progressing => Action::Requeue(Duration::from_secs(5)),
             _ => Action::AwaitChange,
         };
-        return Ok(Report {
-            unit,
-            plan,
-            outcome,
-            verdict,
-            stop_verdict: None,
-            action,
-        });
+        return Ok(Report { unit, plan, outcome, verdict, stop_verdict: None, action });
     }
 
     // The running unit is the rollback target if nothing better is known: it was serving.
@@ -346,10 +288,7 @@ pub async fn reconcile<S: Systemd>(
     if let Some(text) = deployed_text
         && o.ready == Some(true)
         && o.deployed_sha256.as_deref() != Some(d.unit.sha256.as_str())
-        && st
-            .last_good
-            .as_ref()
-            .is_none_or(|g| Some(&g.sha256) != o.deployed_sha256.as_ref())
+        && st.last_good.as_ref().is_none_or(|g| Some(&g.sha256) != o.deployed_sha256.as_ref())
         && !o.need_daemon_reload
     {
         let text = String::from_utf8_lossy(&text).into_owned();
@@ -379,21 +318,13 @@ pub async fn reconcile<S: Systemd>(
         base_url: d.spec.base_url(),
         endpoint: d.spec.readiness.endpoint.clone(),
         readiness: Duration::from_secs(d.spec.readiness.timeout_sec.into()),
-        stop_budget: Duration::from_secs(d.spec.service.timeout_stop_sec.into()) + STOP_MARGIN,
+        stop_budget: stop_budget(d.spec.service.timeout_stop_sec),
+        timeout_stop: Duration::from_secs(d.spec.service.timeout_stop_sec.into()),
         drain: Duration::from_secs(d.spec.service.drain_timeout_sec.into()),
         spec: Some(&d.spec),
     };
     let mut stop_verdict = None;
-    let result = run_steps(
-        ctx,
-        &mut st,
-        &unit,
-        &plan.steps,
-        &target,
-        &props,
-        &mut stop_verdict,
-    )
-    .await;
+    let result = run_steps(ctx, &mut st, &unit, &plan.steps, &target, &props, &mut stop_verdict).await;
     let ms = started.elapsed().as_millis() as u64;
 
     let report = match result {
@@ -403,24 +334,15 @@ pub async fn reconcile<S: Systemd>(
             let verdict = format!(
                 "Applied: {unit} runs unit {} ({}), verified and ready in {:.1}s",
                 short(&d.unit.sha256),
-                d.source
-                    .as_ref()
-                    .map_or("no source".to_string(), |s| s.to_string()),
+                d.source.as_ref().map_or("no source".to_string(), |s| s.to_string()),
                 ms as f64 / 1000.0
             );
-            let outcome =
-                if plan.steps.contains(&Step::WriteUnit) || plan.steps.contains(&Step::Stop) {
-                    Outcome::Applied
-                } else {
-                    Outcome::Started
-                };
-            st.record(history(
-                d,
-                outcome,
-                verdict.clone(),
-                stop_verdict.clone(),
-                ms,
-            ));
+            let outcome = if plan.steps.contains(&Step::WriteUnit) || plan.steps.contains(&Step::Stop) {
+                Outcome::Applied
+            } else {
+                Outcome::Started
+            };
+            st.record(history(d, outcome, verdict.clone(), stop_verdict.clone(), ms));
             Report {
                 unit: unit.clone(),
                 plan,
@@ -436,20 +358,10 @@ pub async fn reconcile<S: Systemd>(
                 f.step
             );
             emit(Event::Warning(verdict.clone()));
-            Report {
-                unit: unit.clone(),
-                plan,
-                outcome: None,
-                verdict,
-                stop_verdict,
-                action: Action::AwaitChange,
-            }
+            Report { unit: unit.clone(), plan, outcome: None, verdict, stop_verdict, action: Action::AwaitChange }
         }
         Err(f) => {
-            emit(Event::Warning(format!(
-                "{:?} failed: {}",
-                f.step, f.message
-            )));
+            emit(Event::Warning(format!("{:?} failed: {}", f.step, f.message)));
             let wrote = st.written_sha256.as_deref() == Some(d.unit.sha256.as_str());
             if f.spec_fault && wrote {
                 st.quarantine.retain(|q| q.sha256 != d.unit.sha256);
@@ -462,26 +374,9 @@ pub async fn reconcile<S: Systemd>(
             }
             let (outcome, verdict) = recover(ctx, &mut st, d, &f, wrote, &mut stop_verdict).await;
             st.in_progress = None;
-            st.record(history(
-                d,
-                outcome,
-                verdict.clone(),
-                stop_verdict.clone(),
-                started.elapsed().as_millis() as u64,
-            ));
-            let action = if f.spec_fault {
-                Action::AwaitChange
-            } else {
-                Action::Requeue(Duration::from_secs(30))
-            };
-            Report {
-                unit: unit.clone(),
-                plan,
-                outcome: Some(outcome),
-                verdict,
-                stop_verdict,
-                action,
-            }
+            st.record(history(d, outcome, verdict.clone(), stop_verdict.clone(), started.elapsed().as_millis() as u64));
+            let action = if f.spec_fault { Action::AwaitChange } else { Action::Requeue(Duration::from_secs(30)) };
+            Report { unit: unit.clone(), plan, outcome: Some(outcome), verdict, stop_verdict, action }
         }
     };
     ctx.store.save(&st)?;
@@ -536,27 +431,19 @@ async fn recover<S: Systemd>(
     let good = st.last_good.clone().filter(|g| g.sha256 != d.unit.sha256);
     match good {
         Some(g) if d.spec.policy.rollback => {
-            emit(Event::Phase(format!(
-                "rolling back to the last good unit {}",
-                short(&g.sha256)
-            )));
+            emit(Event::Phase(format!("rolling back to the last good unit {}", short(&g.sha256))));
             let argv = exec_start(&g.text).unwrap_or_default();
-            let base_url = g
-                .base_url
-                .clone()
-                .unwrap_or_else(|| base_url_from_argv(&argv).unwrap_or_else(|| d.spec.base_url()));
+            let base_url =
+                g.base_url.clone().unwrap_or_else(|| base_url_from_argv(&argv).unwrap_or_else(|| d.spec.base_url()));
             let t = Target {
                 sha256: &g.sha256,
                 text: &g.text,
                 argv,
                 base_url,
-                endpoint: g
-                    .endpoint
-                    .clone()
-                    .unwrap_or_else(|| d.spec.readiness.endpoint.clone()),
+                endpoint: g.endpoint.clone().unwrap_or_else(|| d.spec.readiness.endpoint.clone()),
                 readiness: Duration::from_secs(d.spec.readiness.timeout_sec.into()),
-                stop_budget: Duration::from_secs(d.spec.service.timeout_stop_sec.into())
-                    + STOP_MARGIN,
+                stop_budget: stop_budget(d.spec.service.timeout_stop_sec),
+                timeout_stop: Duration::from_secs(d.spec.service.timeout_stop_sec.into()),
                 drain: Duration::ZERO,
                 spec: None,
             };
@@ -599,11 +486,8 @@ async fn recover<S: Systemd>(
         }
         _ => {
             stop_quietly(ctx, unit).await;
-            let why = if d.spec.policy.rollback {
-                "there is no last good unit to roll back to"
-            } else {
-                "rollback is off"
-            };
+            let why =
+                if d.spec.policy.rollback { "there is no last good unit to roll back to" } else { "rollback is off" };
             (
                 Outcome::Failed,
                 format!(
@@ -621,34 +505,22 @@ async fn stop_quietly<S: Systemd>(ctx: &Ctx<S>, unit: &str) {
 
 /// The argv of a unit text's `ExecStart=`.
 pub fn exec_start(text: &str) -> Option<Vec<String>> {
-    text.lines()
-        .find_map(|l| l.strip_prefix("ExecStart="))
-        .and_then(specd_spec::parse_command_line)
+    text.lines().find_map(|l| l.strip_prefix("ExecStart=")).and_then(specd_spec::parse_command_line)
 }
 
 fn base_url_from_argv(argv: &[String]) -> Option<String> {
     let val = |flag: &str| {
         argv.iter().enumerate().find_map(|(i, w)| {
-            if w == flag {
-                argv.get(i + 1).cloned()
-            } else {
-                w.strip_prefix(&format!("{flag}=")).map(str::to_string)
-            }
+            if w == flag { argv.get(i + 1).cloned() } else { w.strip_prefix(&format!("{flag}=")).map(str::to_string) }
         })
     };
     let port = val("--port")?;
-    let host = val("--host")
-        .filter(|h| h != "0.0.0.0")
-        .unwrap_or_else(|| "127.0.0.1".into());
+    let host = val("--host").filter(|h| h != "0.0.0.0").unwrap_or_else(|| "127.0.0.1".into());
     Some(format!("http://{host}:{port}"))
 }
 
 /// A stop that ended in SIGKILL, in plain words.
-pub fn sigkill_verdict(
-    props: &UnitProps,
-    timeout_stop: Duration,
-    in_flight: Option<i64>,
-) -> Option<String> {
+pub fn sigkill_verdict(props: &UnitProps, timeout_stop: Duration, in_flight: Option<i64>) -> Option<String> {
     let killed = props.exec_main_code == 2 && props.exec_main_status == 9;
     if props.result == "timeout" && killed || props.result == "timeout" {
         let reqs = match in_flight {
@@ -691,10 +563,7 @@ async fn run_steps<S: Systemd>(
                 if t.drain.is_zero() {
                     continue;
                 }
-                emit(Event::Phase(format!(
-                    "draining in-flight requests (up to {}s)",
-                    t.drain.as_secs()
-                )));
+                emit(Event::Phase(format!("draining in-flight requests (up to {}s)", t.drain.as_secs())));
                 let deadline = Instant::now() + t.drain;
                 loop {
                     if ctx.shutdown.is_set() {
@@ -713,9 +582,7 @@ async fn run_steps<S: Systemd>(
                             emit(Event::Progress(format!("draining: {n} requests in flight")));
                         }
                         None => {
-                            emit(Event::Progress(
-                                "the server does not report in-flight requests; not waiting".into(),
-                            ));
+                            emit(Event::Progress("the server does not report in-flight requests; not waiting".into()));
                             break;
                         }
                     }
@@ -725,17 +592,12 @@ async fn run_steps<S: Systemd>(
             Step::Stop => {
                 emit(Event::Phase(format!("stopping {unit}")));
                 if let Some(spec) = t.spec
-                    && let Some(n) = Probe::new(Duration::from_millis(500))
-                        .running_requests(&t.base_url, spec.engine)
-                        .await
+                    && let Some(n) =
+                        Probe::new(Duration::from_millis(500)).running_requests(&t.base_url, spec.engine).await
                 {
                     in_flight.store(n as i64, Ordering::Relaxed);
                 }
-                let props = ctx
-                    .systemd
-                    .show(unit)
-                    .await
-                    .map_err(|e| StepFailure::host(step, format!("{e:#}")))?;
+                let props = ctx.systemd.show(unit).await.map_err(|e| StepFailure::host(step, format!("{e:#}")))?;
                 if !props.control_group.is_empty() {
                     cg = props.control_group.clone();
                 }
@@ -751,12 +613,8 @@ async fn run_steps<S: Systemd>(
                 let started = Instant::now();
                 // While stopping, keep reading the in-flight count for the progress line.
                 let poller = t.spec.map(|spec| {
-                    let (probe, url, engine, counter) = (
-                        Probe::new(Duration::from_millis(800)),
-                        t.base_url.clone(),
-                        spec.engine,
-                        in_flight.clone(),
-                    );
+                    let (probe, url, engine, counter) =
+                        (Probe::new(Duration::from_millis(800)), t.base_url.clone(), spec.engine, in_flight.clone());
                     tokio::spawn(async move {
                         loop {
                             if let Some(n) = probe.running_requests(&url, engine).await {
@@ -769,25 +627,15 @@ async fn run_steps<S: Systemd>(
                 let counter = in_flight.clone();
                 let waited = cgroup::wait_empty(&ctx.layout, &cg, deadline.into(), || {
                     let n = counter.load(Ordering::Relaxed);
-                    let reqs = if n >= 0 {
-                        format!(", {n} requests in flight")
-                    } else {
-                        String::new()
-                    };
-                    emit(Event::Progress(format!(
-                        "stopping: {}s{reqs}",
-                        started.elapsed().as_secs()
-                    )));
+                    let reqs = if n >= 0 { format!(", {n} requests in flight") } else { String::new() };
+                    emit(Event::Progress(format!("stopping: {}s{reqs}", started.elapsed().as_secs())));
                 })
                 .await;
                 if let Some(p) = poller {
                     p.abort();
                 }
                 if let Err(lingering) = waited {
-                    let who: Vec<String> = lingering
-                        .iter()
-                        .map(|l| format!("pid {} ({})", l.pid, l.cmdline))
-                        .collect();
+                    let who: Vec<String> = lingering.iter().map(|l| format!("pid {} ({})", l.pid, l.cmdline)).collect();
                     return Err(StepFailure::host(
                         step,
                         format!(
@@ -800,71 +648,37 @@ async fn run_steps<S: Systemd>(
                 }
                 // The cgroup is empty; systemd settles the unit state right after. Then make
                 // sure nothing (Restart=, a dependency, a person) started it again.
-                let props = wait_stopped_state(ctx, unit, deadline)
-                    .await
-                    .map_err(|m| StepFailure::host(step, m))?;
-                if let Some(v) = sigkill_verdict(
-                    &props,
-                    t.stop_budget - STOP_MARGIN,
-                    Some(in_flight.load(Ordering::Relaxed)),
-                ) {
+                let props = wait_stopped_state(ctx, unit, deadline).await.map_err(|m| StepFailure::host(step, m))?;
+                if let Some(v) = sigkill_verdict(&props, t.timeout_stop, Some(in_flight.load(Ordering::Relaxed))) {
                     emit(Event::Warning(v.clone()));
                     *stop_verdict = Some(v);
                 }
-                emit(Event::Progress(format!(
-                    "stopped after {:.1}s; cgroup empty",
-                    started.elapsed().as_secs_f64()
-                )));
+                emit(Event::Progress(format!("stopped after {:.1}s; cgroup empty", started.elapsed().as_secs_f64())));
             }
             Step::RemoveDropIns => {
-                let props = ctx
-                    .systemd
-                    .show(unit)
-                    .await
-                    .map_err(|e| StepFailure::host(step, format!("{e:#}")))?;
-                let keep = ctx
-                    .store
-                    .dir
-                    .join("removed-drop-ins")
-                    .join(state::now().to_string());
+                let props = ctx.systemd.show(unit).await.map_err(|e| StepFailure::host(step, format!("{e:#}")))?;
+                let keep = ctx.store.dir.join("removed-drop-ins").join(state::now().to_string());
                 for p in props.drop_in_paths.iter().filter(|p| Path::new(p).exists()) {
-                    fsx::ensure_dir(&keep)
-                        .map_err(|e| StepFailure::host(step, format!("{e:#}")))?;
+                    fsx::ensure_dir(&keep).map_err(|e| StepFailure::host(step, format!("{e:#}")))?;
                     let dest = keep.join(p.trim_start_matches('/').replace('/', "__"));
                     std::fs::copy(p, &dest)
                         .and_then(|_| std::fs::remove_file(p))
                         .map_err(|e| StepFailure::host(step, format!("moving {p} aside: {e}")))?;
-                    emit(Event::Progress(format!(
-                        "moved drop-in {p} to {}",
-                        dest.display()
-                    )));
+                    emit(Event::Progress(format!("moved drop-in {p} to {}", dest.display())));
                 }
             }
             Step::WriteUnit => {
-                emit(Event::Phase(format!(
-                    "writing {} (unit {})",
-                    path.display(),
-                    short(t.sha256)
-                )));
+                emit(Event::Phase(format!("writing {} (unit {})", path.display(), short(t.sha256))));
                 // Record the intent first: after a crash, the next apply knows the file may be its own.
                 st.written_sha256 = Some(t.sha256.to_string());
-                ctx.store
-                    .save(st)
-                    .map_err(|e| StepFailure::host(step, format!("{e:#}")))?;
+                ctx.store.save(st).map_err(|e| StepFailure::host(step, format!("{e:#}")))?;
                 fsx::atomic_write(&path, t.text.as_bytes(), 0o644)
                     .map_err(|e| StepFailure::host(step, format!("{e:#}")))?;
             }
             Step::Reload => {
                 emit(Event::Phase("systemctl daemon-reload".into()));
-                ctx.systemd
-                    .run(&["daemon-reload"])
-                    .await
-                    .map_err(|e| StepFailure::host(step, format!("{e:#}")))?;
-                let props = ctx
-                    .systemd
-                    .show(unit)
-                    .await
-                    .map_err(|e| StepFailure::host(step, format!("{e:#}")))?;
+                ctx.systemd.run(&["daemon-reload"]).await.map_err(|e| StepFailure::host(step, format!("{e:#}")))?;
+                let props = ctx.systemd.show(unit).await.map_err(|e| StepFailure::host(step, format!("{e:#}")))?;
                 if props.need_daemon_reload {
                     return Err(StepFailure::host(
                         step,
@@ -874,40 +688,24 @@ async fn run_steps<S: Systemd>(
                 if props.fragment_path != path.display().to_string() {
                     return Err(StepFailure::host(
                         step,
-                        format!(
-                            "systemd loads {unit} from {:?}, not from {}",
-                            props.fragment_path,
-                            path.display()
-                        ),
+                        format!("systemd loads {unit} from {:?}, not from {}", props.fragment_path, path.display()),
                     ));
                 }
             }
             Step::Start => {
                 emit(Event::Phase(format!("starting {unit}")));
                 let r = ctx.systemd.run(&["start", unit]).await;
-                let props = ctx
-                    .systemd
-                    .show(unit)
-                    .await
-                    .map_err(|e| StepFailure::host(step, format!("{e:#}")))?;
+                let props = ctx.systemd.show(unit).await.map_err(|e| StepFailure::host(step, format!("{e:#}")))?;
                 if let Err(e) = r {
                     return Err(StepFailure::spec(
                         step,
-                        format!(
-                            "{e:#} (Result={}, status {})",
-                            props.result,
-                            props.exit_status()
-                        ),
+                        format!("{e:#} (Result={}, status {})", props.result, props.exit_status()),
                     ));
                 }
                 started_pid = props.main_pid;
             }
             Step::VerifyCmdline => {
-                let props = ctx
-                    .systemd
-                    .show(unit)
-                    .await
-                    .map_err(|e| StepFailure::host(step, format!("{e:#}")))?;
+                let props = ctx.systemd.show(unit).await.map_err(|e| StepFailure::host(step, format!("{e:#}")))?;
                 let pid = props.main_pid;
                 if pid == 0 {
                     return Err(StepFailure::spec(
@@ -923,9 +721,7 @@ async fn run_steps<S: Systemd>(
                     started_pid = pid;
                 }
                 match cgroup::cmdline(pid) {
-                    Some(c) if c == t.argv => emit(Event::Progress(format!(
-                        "pid {pid} runs the rendered ExecStart"
-                    ))),
+                    Some(c) if c == t.argv => emit(Event::Progress(format!("pid {pid} runs the rendered ExecStart"))),
                     Some(c) => {
                         return Err(StepFailure::spec(
                             step,
@@ -945,19 +741,14 @@ async fn run_steps<S: Systemd>(
                 }
             }
             Step::WaitReady => {
-                wait_ready(ctx, unit, t, started_pid)
-                    .await
-                    .map_err(|m| StepFailure::spec(step, m))?;
+                wait_ready(ctx, unit, t, started_pid).await.map_err(|m| StepFailure::spec(step, m))?;
             }
             Step::VerifyArgs => {
                 let Some(spec) = t.spec else { continue };
                 match ctx.probe.server_info(&t.base_url, spec).await {
                     None => {}
                     Some(Err(e)) => {
-                        return Err(StepFailure::spec(
-                            step,
-                            format!("could not read the server's args: {e}"),
-                        ));
+                        return Err(StepFailure::spec(step, format!("could not read the server's args: {e}")));
                     }
                     Some(Ok(info)) => {
                         let m = probe::compare_args(&spec.expected_server_args(), &info);
@@ -965,10 +756,7 @@ async fn run_steps<S: Systemd>(
                             let list: Vec<String> = m.iter().map(|x| x.to_string()).collect();
                             return Err(StepFailure::spec(
                                 step,
-                                format!(
-                                    "the server reports args that differ from the spec: {}",
-                                    list.join("; ")
-                                ),
+                                format!("the server reports args that differ from the spec: {}", list.join("; ")),
                             ));
                         }
                         emit(Event::Progress(format!(
@@ -985,20 +773,14 @@ async fn run_steps<S: Systemd>(
 
 /// After the cgroup emptied: wait for systemd to settle the unit as stopped, and stop it again
 /// if something restarted it meanwhile.
-async fn wait_stopped_state<S: Systemd>(
-    ctx: &Ctx<S>,
-    unit: &str,
-    deadline: Instant,
-) -> Result<UnitProps, String> {
+async fn wait_stopped_state<S: Systemd>(ctx: &Ctx<S>, unit: &str, deadline: Instant) -> Result<UnitProps, String> {
     let mut restops = 0;
     loop {
         let props = ctx.systemd.show(unit).await.map_err(|e| format!("{e:#}"))?;
         if props.is_stopped() && !ctx.layout.populated(&props.control_group) {
             return Ok(props);
         }
-        if matches!(props.active_state.as_str(), "active" | "activating")
-            && props.sub_state != "stop-sigterm"
-        {
+        if matches!(props.active_state.as_str(), "active" | "activating") && props.sub_state != "stop-sigterm" {
             // Restarted behind specd's back (Restart= timer, a dependency, a person).
             if restops >= 3 {
                 return Err(format!(
@@ -1014,17 +796,11 @@ async fn wait_stopped_state<S: Systemd>(
                     props.sub_state
                 )),
             );
-            ctx.systemd
-                .run(&["stop", unit])
-                .await
-                .map_err(|e| format!("{e:#}"))?;
+            ctx.systemd.run(&["stop", unit]).await.map_err(|e| format!("{e:#}"))?;
             continue;
         }
         if Instant::now() >= deadline {
-            return Err(format!(
-                "{unit} did not reach a stopped state ({}/{})",
-                props.active_state, props.sub_state
-            ));
+            return Err(format!("{unit} did not reach a stopped state ({}/{})", props.active_state, props.sub_state));
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -1032,20 +808,10 @@ async fn wait_stopped_state<S: Systemd>(
 
 /// Poll the readiness endpoint until 200, with a short capped backoff, while checking that the
 /// process specd started is still the one running.
-async fn wait_ready<S: Systemd>(
-    ctx: &Ctx<S>,
-    unit: &str,
-    t: &Target<'_>,
-    pid: u32,
-) -> Result<(), String> {
+async fn wait_ready<S: Systemd>(ctx: &Ctx<S>, unit: &str, t: &Target<'_>, pid: u32) -> Result<(), String> {
     use backon::{ExponentialBuilder, Retryable};
     let emit = |e: Event| (ctx.events)(unit, &e);
-    emit(Event::Phase(format!(
-        "waiting for {}{} (up to {}s)",
-        t.base_url,
-        t.endpoint,
-        t.readiness.as_secs()
-    )));
+    emit(Event::Phase(format!("waiting for {}{} (up to {}s)", t.base_url, t.endpoint, t.readiness.as_secs())));
     let url = format!("{}{}", t.base_url, t.endpoint);
     let started = Instant::now();
     let deadline = started + t.readiness;
@@ -1063,24 +829,13 @@ async fn wait_ready<S: Systemd>(
             Health::Loading(why) => {
                 let now = Instant::now();
                 if now >= deadline {
-                    return Err(Wait::Fatal(format!(
-                        "not ready after {}s ({why})",
-                        t.readiness.as_secs()
-                    )));
+                    return Err(Wait::Fatal(format!("not ready after {}s ({why})", t.readiness.as_secs())));
                 }
-                let due = {
-                    now.duration_since(*last_check.lock().unwrap()) >= Duration::from_millis(500)
-                };
+                let due = { now.duration_since(*last_check.lock().unwrap()) >= Duration::from_millis(500) };
                 if due {
                     *last_check.lock().unwrap() = now;
-                    let props = ctx
-                        .systemd
-                        .show(unit)
-                        .await
-                        .map_err(|e| Wait::Fatal(format!("{e:#}")))?;
-                    if props.main_pid != pid
-                        || !matches!(props.active_state.as_str(), "active" | "activating")
-                    {
+                    let props = ctx.systemd.show(unit).await.map_err(|e| Wait::Fatal(format!("{e:#}")))?;
+                    if props.main_pid != pid || !matches!(props.active_state.as_str(), "active" | "activating") {
                         return Err(Wait::Fatal(format!(
                             "the server exited while loading (Result={}, status {}, {} restarts)",
                             props.result,
@@ -1089,14 +844,10 @@ async fn wait_ready<S: Systemd>(
                         )));
                     }
                 }
-                let note_due =
-                    { now.duration_since(*last_note.lock().unwrap()) >= Duration::from_secs(2) };
+                let note_due = { now.duration_since(*last_note.lock().unwrap()) >= Duration::from_secs(2) };
                 if note_due {
                     *last_note.lock().unwrap() = now;
-                    emit(Event::Progress(format!(
-                        "loading: {}s",
-                        started.elapsed().as_secs()
-                    )));
+                    emit(Event::Progress(format!("loading: {}s", started.elapsed().as_secs())));
                 }
                 Err(Wait::Loading(why))
             }
@@ -1107,17 +858,9 @@ async fn wait_ready<S: Systemd>(
         .with_max_delay(Duration::from_millis(50))
         .with_factor(2.0)
         .without_max_times();
-    match attempt
-        .retry(backoff)
-        .sleep(tokio::time::sleep)
-        .when(|e| matches!(e, Wait::Loading(_)))
-        .await
-    {
+    match attempt.retry(backoff).sleep(tokio::time::sleep).when(|e| matches!(e, Wait::Loading(_))).await {
         Ok(()) => {
-            emit(Event::Progress(format!(
-                "ready after {:.1}s",
-                started.elapsed().as_secs_f64()
-            )));
+            emit(Event::Progress(format!("ready after {:.1}s", started.elapsed().as_secs_f64())));
             Ok(())
         }
         Err(Wait::Fatal(m)) | Err(Wait::Loading(m)) => Err(m),

@@ -57,17 +57,15 @@ impl GitSource {
             match Repository::open_bare(cache) {
                 Ok(r) => r,
                 Err(_) => {
-                    std::fs::create_dir_all(cache)
-                        .with_context(|| format!("creating {}", cache.display()))?;
-                    let r = Repository::init_bare(cache)
-                        .with_context(|| format!("initializing {}", cache.display()))?;
+                    std::fs::create_dir_all(cache).with_context(|| format!("creating {}", cache.display()))?;
+                    let r =
+                        Repository::init_bare(cache).with_context(|| format!("initializing {}", cache.display()))?;
                     r.remote("origin", &cfg.repo)?;
                     r
                 }
             }
         } else {
-            Repository::open(&cfg.repo)
-                .with_context(|| format!("opening the git repository {}", cfg.repo))?
+            Repository::open(&cfg.repo).with_context(|| format!("opening the git repository {}", cfg.repo))?
         };
         let s = GitSource { cfg, repo, remote };
         if s.remote {
@@ -82,15 +80,9 @@ impl GitSource {
 
     fn refspec(&self) -> (String, String) {
         match &self.cfg.tag {
-            Some(t) => (
-                format!("+refs/tags/{t}:refs/tags/{t}"),
-                format!("refs/tags/{t}"),
-            ),
+            Some(t) => (format!("+refs/tags/{t}:refs/tags/{t}"), format!("refs/tags/{t}")),
             None => (
-                format!(
-                    "+refs/heads/{b}:refs/remotes/origin/{b}",
-                    b = self.cfg.branch
-                ),
+                format!("+refs/heads/{b}:refs/remotes/origin/{b}", b = self.cfg.branch),
                 format!("refs/remotes/origin/{}", self.cfg.branch),
             ),
         }
@@ -164,9 +156,7 @@ impl GitSource {
             .repo
             .find_reference(&name)
             .with_context(|| format!("{} not found in {}", self.followed(), self.cfg.repo))?;
-        let c = r
-            .peel_to_commit()
-            .with_context(|| format!("{name} does not point at a commit"))?;
+        let c = r.peel_to_commit().with_context(|| format!("{name} does not point at a commit"))?;
         Ok(c.id())
     }
 
@@ -179,20 +169,14 @@ impl GitSource {
         let entry_obj = if path.is_empty() || path == "." {
             tree.as_object().clone()
         } else {
-            let e = tree.get_path(Path::new(path)).map_err(|_| {
-                anyhow!(
-                    "{path} does not exist in commit {}",
-                    short(&oid.to_string())
-                )
-            })?;
+            let e = tree
+                .get_path(Path::new(path))
+                .map_err(|_| anyhow!("{path} does not exist in commit {}", short(&oid.to_string())))?;
             e.to_object(&self.repo)?
         };
         let mut out = Vec::new();
         if let Some(blob) = entry_obj.as_blob() {
-            out.push(SpecFile {
-                path: path.to_string(),
-                text: text_of(path, blob.content())?,
-            });
+            out.push(SpecFile { path: path.to_string(), text: text_of(path, blob.content())? });
         } else if let Some(dir) = entry_obj.as_tree() {
             for e in dir.iter() {
                 let name = e.name().unwrap_or_default().to_string();
@@ -201,23 +185,13 @@ impl GitSource {
                 }
                 let obj = e.to_object(&self.repo)?;
                 if let Some(blob) = obj.as_blob() {
-                    let p = if path.is_empty() || path == "." {
-                        name.clone()
-                    } else {
-                        format!("{path}/{name}")
-                    };
-                    out.push(SpecFile {
-                        text: text_of(&p, blob.content())?,
-                        path: p,
-                    });
+                    let p = if path.is_empty() || path == "." { name.clone() } else { format!("{path}/{name}") };
+                    out.push(SpecFile { text: text_of(&p, blob.content())?, path: p });
                 }
             }
             out.sort_by(|a, b| a.path.cmp(&b.path));
         } else {
-            bail!(
-                "{path} is neither a file nor a directory in commit {}",
-                short(&oid.to_string())
-            );
+            bail!("{path} is neither a file nor a directory in commit {}", short(&oid.to_string()));
         }
         Ok(out)
     }
@@ -232,11 +206,7 @@ impl GitSource {
     }
 
     pub fn summary(&self, oid: Oid) -> String {
-        self.repo
-            .find_commit(oid)
-            .ok()
-            .and_then(|c| c.summary().ok().flatten().map(str::to_string))
-            .unwrap_or_default()
+        self.repo.find_commit(oid).ok().and_then(|c| c.summary().ok().flatten().map(str::to_string)).unwrap_or_default()
     }
 
     /// Check the commit's signature against the configured signers. `Ok(None)` when no
@@ -258,10 +228,7 @@ impl GitSource {
         match v {
             Verify::Ssh { allowed_signers } => {
                 if !sig.starts_with("-----BEGIN SSH SIGNATURE-----") {
-                    bail!(
-                        "commit {} is not signed with an SSH key",
-                        short(&oid.to_string())
-                    );
+                    bail!("commit {} is not signed with an SSH key", short(&oid.to_string()));
                 }
                 let find = Command::new("ssh-keygen")
                     .args(["-Y", "find-principals", "-s"])
@@ -270,12 +237,8 @@ impl GitSource {
                     .arg(allowed_signers)
                     .output()
                     .context("running ssh-keygen")?;
-                let principal = String::from_utf8_lossy(&find.stdout)
-                    .lines()
-                    .next()
-                    .unwrap_or_default()
-                    .trim()
-                    .to_string();
+                let principal =
+                    String::from_utf8_lossy(&find.stdout).lines().next().unwrap_or_default().trim().to_string();
                 if !find.status.success() || principal.is_empty() {
                     bail!(
                         "commit {} is signed by a key that is not in {}",
@@ -305,10 +268,7 @@ impl GitSource {
             }
             Verify::Gpg { keyring } => {
                 if !sig.starts_with("-----BEGIN PGP SIGNATURE-----") {
-                    bail!(
-                        "commit {} is not signed with an OpenPGP key",
-                        short(&oid.to_string())
-                    );
+                    bail!("commit {} is not signed with an OpenPGP key", short(&oid.to_string()));
                 }
                 let home = tempfile::tempdir()?;
                 let out = Command::new("gpg")
@@ -324,9 +284,9 @@ impl GitSource {
                 let status = String::from_utf8_lossy(&out.stdout);
                 let good = status.lines().find(|l| l.starts_with("[GNUPG:] VALIDSIG "));
                 match good {
-                    Some(l) if out.status.success() => Ok(Some(
-                        l.split_whitespace().nth(2).unwrap_or_default().to_string(),
-                    )),
+                    Some(l) if out.status.success() => {
+                        Ok(Some(l.split_whitespace().nth(2).unwrap_or_default().to_string()))
+                    }
                     _ => bail!(
                         "the OpenPGP signature of commit {} does not verify against {}: {}",
                         short(&oid.to_string()),

@@ -14,9 +14,7 @@ pub fn expand(paths: &[PathBuf]) -> Result<Vec<PathBuf>, Diagnostics> {
                 Ok(rd) => {
                     let mut files: Vec<PathBuf> = rd
                         .filter_map(|e| e.ok().map(|e| e.path()))
-                        .filter(|f| {
-                            f.is_file() && f.extension().is_some_and(|x| x == "yaml" || x == "yml")
-                        })
+                        .filter(|f| f.is_file() && f.extension().is_some_and(|x| x == "yaml" || x == "yml"))
                         .collect();
                     files.sort();
                     out.extend(files);
@@ -27,11 +25,7 @@ pub fn expand(paths: &[PathBuf]) -> Result<Vec<PathBuf>, Diagnostics> {
             out.push(p.clone());
         }
     }
-    if errs.is_empty() {
-        Ok(out)
-    } else {
-        Err(Diagnostics(errs))
-    }
+    if errs.is_empty() { Ok(out) } else { Err(Diagnostics(errs)) }
 }
 
 pub fn io_diag(p: &Path, e: &std::io::Error) -> Diagnostic {

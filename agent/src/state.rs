@@ -14,10 +14,7 @@ use crate::fsx;
 pub const HISTORY_MAX: usize = 200;
 
 pub fn now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0)
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
 
 /// `2026-12-02T11:18:00Z` for unix seconds.
@@ -34,26 +31,15 @@ pub fn format_time(secs: u64) -> String {
     let d = doy - (153 * mp + 2) / 5 + 1;
     let m = if mp < 10 { mp + 3 } else { mp - 9 };
     let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
+    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
 }
 
 /// Where a desired state came from.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", tag = "kind")]
 pub enum Source {
-    File {
-        path: String,
-    },
-    Commit {
-        repo: String,
-        commit: String,
-        path: String,
-    },
+    File { path: String },
+    Commit { repo: String, commit: String, path: String },
 }
 
 impl std::fmt::Display for Source {
@@ -198,12 +184,8 @@ impl Store {
     pub fn load(&self, unit: &str) -> Result<UnitState> {
         let p = self.path(unit);
         match fsx::read_opt(&p)? {
-            None => Ok(UnitState {
-                unit: unit.to_string(),
-                ..Default::default()
-            }),
-            Some(bytes) => serde_json::from_slice(&bytes)
-                .with_context(|| format!("{} is corrupt", p.display())),
+            None => Ok(UnitState { unit: unit.to_string(), ..Default::default() }),
+            Some(bytes) => serde_json::from_slice(&bytes).with_context(|| format!("{} is corrupt", p.display())),
         }
     }
 
@@ -225,12 +207,7 @@ impl Store {
         };
         let mut v: Vec<String> = rd
             .flatten()
-            .filter_map(|e| {
-                e.file_name()
-                    .to_str()
-                    .and_then(|n| n.strip_suffix(".json"))
-                    .map(str::to_string)
-            })
+            .filter_map(|e| e.file_name().to_str().and_then(|n| n.strip_suffix(".json")).map(str::to_string))
             .collect();
         v.sort();
         Ok(v)

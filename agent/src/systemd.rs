@@ -57,19 +57,13 @@ impl UnitProps {
             sub_state: s("SubState"),
             result: s("Result"),
             exec_main_code: n("ExecMainCode") as u32,
-            exec_main_status: m
-                .get("ExecMainStatus")
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0),
+            exec_main_status: m.get("ExecMainStatus").and_then(|v| v.parse().ok()).unwrap_or(0),
             main_pid: n("MainPID") as u32,
             n_restarts: n("NRestarts") as u32,
             control_group: s("ControlGroup"),
             need_daemon_reload: s("NeedDaemonReload") == "yes",
             fragment_path: s("FragmentPath"),
-            drop_in_paths: s("DropInPaths")
-                .split_whitespace()
-                .map(str::to_string)
-                .collect(),
+            drop_in_paths: s("DropInPaths").split_whitespace().map(str::to_string).collect(),
             invocation_id: s("InvocationID"),
             exec_main_start_mono: n("ExecMainStartTimestampMonotonic"),
         }
@@ -77,10 +71,8 @@ impl UnitProps {
 
     /// A process of the unit may be alive (running, starting, stopping, or about to restart).
     pub fn is_running(&self) -> bool {
-        matches!(
-            self.active_state.as_str(),
-            "active" | "activating" | "deactivating" | "reloading"
-        ) || self.main_pid > 0
+        matches!(self.active_state.as_str(), "active" | "activating" | "deactivating" | "reloading")
+            || self.main_pid > 0
     }
 
     pub fn is_stopped(&self) -> bool {
@@ -123,26 +115,15 @@ impl Systemd for Systemctl {
             .await
             .context("running systemctl (is systemd installed?)")?;
         if !out.status.success() {
-            bail!(
-                "systemctl show {unit}: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
+            bail!("systemctl show {unit}: {}", String::from_utf8_lossy(&out.stderr).trim());
         }
         Ok(UnitProps::parse(&String::from_utf8_lossy(&out.stdout)))
     }
 
     async fn run(&self, args: &[&str]) -> Result<()> {
-        let out = Command::new("systemctl")
-            .args(args)
-            .output()
-            .await
-            .context("running systemctl")?;
+        let out = Command::new("systemctl").args(args).output().await.context("running systemctl")?;
         if !out.status.success() {
-            bail!(
-                "systemctl {}: {}",
-                args.join(" "),
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
+            bail!("systemctl {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
         }
         Ok(())
     }

@@ -18,16 +18,9 @@ fn specd() -> Command {
 #[test]
 fn validate_accepts_the_examples() {
     let out = specd().args(["validate", "examples"]).output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let stdout = String::from_utf8(out.stdout).unwrap();
-    assert!(
-        stdout.contains("examples/qwen35-122b-mtp.yaml: ok"),
-        "{stdout}"
-    );
+    assert!(stdout.contains("examples/qwen35-122b-mtp.yaml: ok"), "{stdout}");
 }
 
 #[test]
@@ -40,36 +33,24 @@ fn validate_reports_every_error_of_every_file_and_exits_1() {
         "apiVersion: specd/v1\nkind: InferenceService\nmetadata: {name: a}\nspec:\n  unit: a.service\n  engine: sglang\n  model: rel\n  server: {port: 0}\n",
     )
     .unwrap();
-    std::fs::write(&b, "apiVersion: specd/v1\nkind: InferenceService\nmetadata: {name: b}\nspec:\n  unit: ../b.service\n").unwrap();
-    let out = specd()
-        .arg("validate")
-        .arg(&a)
-        .arg(&b)
-        .arg("examples/vllm-llama-eagle3.yaml")
-        .output()
-        .unwrap();
+    std::fs::write(
+        &b,
+        "apiVersion: specd/v1\nkind: InferenceService\nmetadata: {name: b}\nspec:\n  unit: ../b.service\n",
+    )
+    .unwrap();
+    let out = specd().arg("validate").arg(&a).arg(&b).arg("examples/vllm-llama-eagle3.yaml").output().unwrap();
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8(out.stderr).unwrap();
     for want in [
         format!("{}:7:10: spec.model: must be an absolute path", a.display()),
-        format!(
-            "{}:8:18: spec.server.port: must be in 1..=65535",
-            a.display()
-        ),
-        format!(
-            "{}:5:9: spec.unit: \"../b.service\" is not a valid service name",
-            b.display()
-        ),
+        format!("{}:8:18: spec.server.port: must be in 1..=65535", a.display()),
+        format!("{}:5:9: spec.unit: \"../b.service\" is not a valid service name", b.display()),
         format!("{}:4:1: spec.engine: is required", b.display()),
         "2 of 3 file(s) invalid".to_string(),
     ] {
         assert!(err.contains(&want), "missing {want:?} in:\n{err}");
     }
-    assert!(
-        String::from_utf8(out.stdout)
-            .unwrap()
-            .contains("vllm-llama-eagle3.yaml: ok")
-    );
+    assert!(String::from_utf8(out.stdout).unwrap().contains("vllm-llama-eagle3.yaml: ok"));
 }
 
 #[test]
@@ -81,33 +62,14 @@ fn validate_names_a_missing_file() {
 
 #[test]
 fn render_prints_the_unit_and_its_hash() {
-    let out = specd()
-        .args([
-            "render",
-            "examples/qwen35-122b-mtp.yaml",
-            "--host",
-            "gpu-02",
-        ])
-        .output()
-        .unwrap();
+    let out = specd().args(["render", "examples/qwen35-122b-mtp.yaml", "--host", "gpu-02"]).output().unwrap();
     assert!(out.status.success());
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(text.starts_with(specd_spec::HEADER));
     assert!(text.contains("--speculative-num-steps 5 "), "{text}");
-    let hash = specd()
-        .args([
-            "render",
-            "examples/qwen35-122b-mtp.yaml",
-            "--host",
-            "gpu-02",
-            "--hash",
-        ])
-        .output()
-        .unwrap();
-    assert_eq!(
-        String::from_utf8(hash.stdout).unwrap().trim(),
-        specd_spec::sha256_hex(text.as_bytes())
-    );
+    let hash =
+        specd().args(["render", "examples/qwen35-122b-mtp.yaml", "--host", "gpu-02", "--hash"]).output().unwrap();
+    assert_eq!(String::from_utf8(hash.stdout).unwrap().trim(), specd_spec::sha256_hex(text.as_bytes()));
 }
 
 #[test]
@@ -124,11 +86,7 @@ fn schema_command_prints_the_checked_in_schema() {
 /// exists here, since `verify` checks that the program is executable).
 #[test]
 fn rendered_units_pass_systemd_analyze_verify() {
-    if Command::new("systemd-analyze")
-        .arg("--version")
-        .output()
-        .is_err()
-    {
+    if Command::new("systemd-analyze").arg("--version").output().is_err() {
         panic!("systemd-analyze is not installed: apt-get install systemd");
     }
     let dir = tempfile::tempdir().unwrap();
@@ -137,18 +95,13 @@ fn rendered_units_pass_systemd_analyze_verify() {
         if p.extension().is_none_or(|x| x != "yaml") {
             continue;
         }
-        let mut parsed =
-            specd_spec::parse("x.yaml", &std::fs::read_to_string(&p).unwrap()).unwrap();
+        let mut parsed = specd_spec::parse("x.yaml", &std::fs::read_to_string(&p).unwrap()).unwrap();
         parsed.document.spec.command = Some(vec!["/bin/true".into()]);
         let spec = parsed.resolve(None).unwrap();
         let unit = specd_spec::render(&spec);
         let path = dir.path().join(&spec.unit);
         std::fs::write(&path, &unit.text).unwrap();
-        let out = Command::new("systemd-analyze")
-            .arg("verify")
-            .arg(&path)
-            .output()
-            .unwrap();
+        let out = Command::new("systemd-analyze").arg("verify").arg(&path).output().unwrap();
         assert!(
             out.status.success() && out.stderr.is_empty(),
             "{}: {}{}",

@@ -19,8 +19,7 @@ spec:
 ";
 
 fn spec(steps: u32) -> String {
-    SPEC.replace("STEPS", &steps.to_string())
-        .replace("DRAFT", &(steps + 1).to_string())
+    SPEC.replace("STEPS", &steps.to_string()).replace("DRAFT", &(steps + 1).to_string())
 }
 
 fn git(dir: &Path, args: &[&str]) -> String {
@@ -39,11 +38,7 @@ fn git(dir: &Path, args: &[&str]) -> String {
         .current_dir(dir)
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "git {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8(out.stdout).unwrap().trim().to_string()
 }
 
@@ -75,10 +70,7 @@ fn cfg(repo: &str) -> SourceConfig {
 }
 
 fn steps_of(e: &specd::agent::Evaluation) -> Vec<u32> {
-    e.desired
-        .iter()
-        .map(|d| d.spec.speculative.as_ref().unwrap().num_steps.unwrap())
-        .collect()
+    e.desired.iter().map(|d| d.spec.speculative.as_ref().unwrap().num_steps.unwrap()).collect()
 }
 
 #[test]
@@ -92,21 +84,14 @@ fn specs_come_from_the_commit_not_the_working_tree() {
     assert_eq!(e.head.as_deref(), Some(c1.as_str()));
     assert_eq!(steps_of(&e), vec![5]);
     let src = e.desired[0].source.clone().unwrap();
-    assert_eq!(
-        src.to_string(),
-        format!("commit {} (specs/qwen.yaml)", &c1[..12])
-    );
+    assert_eq!(src.to_string(), format!("commit {} (specs/qwen.yaml)", &c1[..12]));
 }
 
 #[test]
 fn a_bad_commit_deploys_nothing_and_names_file_and_line() {
     let (_d, r) = repo();
     commit(&r, 5, "good");
-    std::fs::write(
-        r.join("specs/qwen.yaml"),
-        spec(5).replace("num_draft_tokens: 6", "num_draft_tokens: 9"),
-    )
-    .unwrap();
+    std::fs::write(r.join("specs/qwen.yaml"), spec(5).replace("num_draft_tokens: 6", "num_draft_tokens: 9")).unwrap();
     std::fs::write(r.join("specs/other.yaml"), spec(3).replace("qwen", "other")).unwrap();
     git(&r, &["add", "-A"]);
     git(&r, &["commit", "-q", "-m", "bad"]);
@@ -114,14 +99,8 @@ fn a_bad_commit_deploys_nothing_and_names_file_and_line() {
     let s = GitSource::open(cfg(r.to_str().unwrap()), Path::new("/nonexistent")).unwrap();
     let e = evaluate(&s, None, false, "gpu-01");
     let err = e.error.expect("refused");
-    assert!(
-        e.desired.is_empty(),
-        "a bad commit hands out nothing, not even its good specs"
-    );
-    assert!(
-        err.contains(&format!("specs/qwen.yaml@{}:9:", &head[..12])),
-        "{err}"
-    );
+    assert!(e.desired.is_empty(), "a bad commit hands out nothing, not even its good specs");
+    assert!(err.contains(&format!("specs/qwen.yaml@{}:9:", &head[..12])), "{err}");
     assert!(err.contains("spec.speculative.num_draft_tokens"), "{err}");
 }
 
@@ -155,12 +134,7 @@ fn the_branch_may_not_go_backwards_unless_allowed() {
     git(&r, &["checkout", "-q", "--orphan", "fresh"]);
     commit(&r, 7, "new root");
     git(&r, &["branch", "-q", "-M", "fresh", "main"]);
-    assert!(
-        evaluate(&s, Some(&c2), false, "h")
-            .error
-            .unwrap()
-            .contains("refusing to go backwards")
-    );
+    assert!(evaluate(&s, Some(&c2), false, "h").error.unwrap().contains("refusing to go backwards"));
 }
 
 #[test]
@@ -183,16 +157,7 @@ fn a_remote_is_cloned_into_the_cache_and_fetched() {
     let (d, r) = repo();
     commit(&r, 5, "one");
     let bare = d.path().join("bare.git");
-    git(
-        d.path(),
-        &[
-            "clone",
-            "-q",
-            "--bare",
-            r.to_str().unwrap(),
-            bare.to_str().unwrap(),
-        ],
-    );
+    git(d.path(), &["clone", "-q", "--bare", r.to_str().unwrap(), bare.to_str().unwrap()]);
     let url = format!("file://{}", bare.display());
     let cache = d.path().join("cache");
     let s = GitSource::open(cfg(&url), &cache).unwrap();
@@ -207,11 +172,8 @@ fn a_remote_is_cloned_into_the_cache_and_fetched() {
 
 fn ssh_key(dir: &Path, name: &str) -> PathBuf {
     let k = dir.join(name);
-    let out = Command::new("ssh-keygen")
-        .args(["-q", "-t", "ed25519", "-N", "", "-C", name, "-f"])
-        .arg(&k)
-        .output()
-        .unwrap();
+    let out =
+        Command::new("ssh-keygen").args(["-q", "-t", "ed25519", "-N", "", "-C", name, "-f"]).arg(&k).output().unwrap();
     assert!(out.status.success());
     k
 }
@@ -243,30 +205,14 @@ fn ssh_signatures_gate_deploys() {
     let evil = ssh_key(d.path(), "evil");
     let allowed = d.path().join("allowed_signers");
     let pubkey = std::fs::read_to_string(good.with_extension("pub")).unwrap();
-    std::fs::write(
-        &allowed,
-        format!("ops@example.com namespaces=\"git\" {pubkey}"),
-    )
-    .unwrap();
+    std::fs::write(&allowed, format!("ops@example.com namespaces=\"git\" {pubkey}")).unwrap();
     let mut c = cfg(r.to_str().unwrap());
-    c.verify = Some(Verify::Ssh {
-        allowed_signers: allowed,
-    });
+    c.verify = Some(Verify::Ssh { allowed_signers: allowed });
     commit(&r, 5, "unsigned");
     let s = GitSource::open(c, Path::new("/nonexistent")).unwrap();
-    assert!(
-        evaluate(&s, None, false, "h")
-            .error
-            .unwrap()
-            .contains("is not signed")
-    );
+    assert!(evaluate(&s, None, false, "h").error.unwrap().contains("is not signed"));
     signed_commit(&r, &evil, 6);
-    assert!(
-        evaluate(&s, None, false, "h")
-            .error
-            .unwrap()
-            .contains("not in")
-    );
+    assert!(evaluate(&s, None, false, "h").error.unwrap().contains("not in"));
     signed_commit(&r, &good, 7);
     let e = evaluate(&s, None, false, "h");
     assert_eq!(e.error, None);
@@ -287,27 +233,11 @@ fn gpg_signatures_gate_deploys() {
             .args(args)
             .output()
             .unwrap();
-        assert!(
-            out.status.success(),
-            "gpg {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert!(out.status.success(), "gpg {args:?}: {}", String::from_utf8_lossy(&out.stderr));
         out.stdout
     };
-    gpg(&[
-        "--quick-gen-key",
-        "ops <ops@example.com>",
-        "ed25519",
-        "sign",
-        "never",
-    ]);
-    gpg(&[
-        "--quick-gen-key",
-        "evil <evil@example.com>",
-        "ed25519",
-        "sign",
-        "never",
-    ]);
+    gpg(&["--quick-gen-key", "ops <ops@example.com>", "ed25519", "sign", "never"]);
+    gpg(&["--quick-gen-key", "evil <evil@example.com>", "ed25519", "sign", "never"]);
     let keyring = d.path().join("trusted.gpg");
     std::fs::write(&keyring, gpg(&["--export", "ops@example.com"])).unwrap();
     let mut c = cfg(r.to_str().unwrap());
@@ -333,20 +263,11 @@ fn gpg_signatures_gate_deploys() {
             .current_dir(&r)
             .output()
             .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     };
     sign("evil@example.com", 4);
     let s = GitSource::open(c, Path::new("/nonexistent")).unwrap();
-    assert!(
-        evaluate(&s, None, false, "h")
-            .error
-            .unwrap()
-            .contains("does not verify")
-    );
+    assert!(evaluate(&s, None, false, "h").error.unwrap().contains("does not verify"));
     sign("ops@example.com", 8);
     let e = evaluate(&s, None, false, "h");
     assert_eq!(e.error, None);

@@ -111,10 +111,7 @@ pub(crate) struct Pos {
 
 impl From<Location> for Pos {
     fn from(l: Location) -> Self {
-        Pos {
-            line: l.line(),
-            column: l.column(),
-        }
+        Pos { line: l.line(), column: l.column() }
     }
 }
 
@@ -142,21 +139,15 @@ impl SourceMap {
         match node {
             Node::Map(items) => {
                 for (k, v) in items {
-                    let path = if prefix.is_empty() {
-                        k.value.clone()
-                    } else {
-                        format!("{prefix}.{k}", k = k.value)
-                    };
-                    self.entries
-                        .insert(path.clone(), (k.referenced.into(), v.referenced.into()));
+                    let path = if prefix.is_empty() { k.value.clone() } else { format!("{prefix}.{k}", k = k.value) };
+                    self.entries.insert(path.clone(), (k.referenced.into(), v.referenced.into()));
                     self.walk(&path, &v.value);
                 }
             }
             Node::Seq(items) => {
                 for (i, v) in items.iter().enumerate() {
                     let path = format!("{prefix}[{i}]");
-                    self.entries
-                        .insert(path.clone(), (v.referenced.into(), v.referenced.into()));
+                    self.entries.insert(path.clone(), (v.referenced.into(), v.referenced.into()));
                     self.walk(&path, &v.value);
                 }
             }
@@ -181,28 +172,15 @@ impl SourceMap {
     /// The field a parser position falls in: the deepest one whose key or value stands exactly
     /// there, else the last one that starts before it.
     pub(crate) fn path_at(&self, pos: Pos) -> Option<String> {
-        if let Some((p, _)) = self
-            .entries
-            .iter()
-            .filter(|(_, (k, v))| *k == pos || *v == pos)
-            .max_by_key(|(p, _)| p.len())
+        if let Some((p, _)) =
+            self.entries.iter().filter(|(_, (k, v))| *k == pos || *v == pos).max_by_key(|(p, _)| p.len())
         {
             return Some(p.clone());
         }
-        self.entries
-            .iter()
-            .filter(|(_, (k, _))| *k <= pos)
-            .max_by_key(|(_, (k, _))| *k)
-            .map(|(p, _)| p.clone())
+        self.entries.iter().filter(|(_, (k, _))| *k <= pos).max_by_key(|(_, (k, _))| *k).map(|(p, _)| p.clone())
     }
 
-    pub(crate) fn diag(
-        &self,
-        severity: Severity,
-        pos: Option<Pos>,
-        path: &str,
-        message: String,
-    ) -> Diagnostic {
+    pub(crate) fn diag(&self, severity: Severity, pos: Option<Pos>, path: &str, message: String) -> Diagnostic {
         let pos = pos.unwrap_or_default();
         Diagnostic {
             severity,
@@ -211,11 +189,7 @@ impl SourceMap {
             column: pos.column,
             path: path.to_string(),
             message,
-            source_line: if pos.line > 0 {
-                self.lines.get(pos.line as usize - 1).cloned()
-            } else {
-                None
-            },
+            source_line: if pos.line > 0 { self.lines.get(pos.line as usize - 1).cloned() } else { None },
         }
     }
 
@@ -233,11 +207,7 @@ impl SourceMap {
             }
         };
         // For an enclosing section, point at its key rather than its first child.
-        let pos = if probe != path {
-            self.key_pos(&probe).or(pos)
-        } else {
-            pos
-        };
+        let pos = if probe != path { self.key_pos(&probe).or(pos) } else { pos };
         self.diag(severity, pos, path, message)
     }
 }

@@ -51,10 +51,7 @@ pub(crate) fn owned_flags(engine: Engine) -> &'static [(&'static str, &'static s
             ("--speculative-algorithm", "speculative.algorithm"),
             ("--speculative-num-steps", "speculative.num_steps"),
             ("--speculative-eagle-topk", "speculative.eagle_topk"),
-            (
-                "--speculative-num-draft-tokens",
-                "speculative.num_draft_tokens",
-            ),
+            ("--speculative-num-draft-tokens", "speculative.num_draft_tokens"),
             ("--speculative-draft-model-path", "speculative.draft_model"),
             ("--speculative-draft-model", "speculative.draft_model"),
         ],
@@ -105,10 +102,7 @@ pub(crate) fn removed_flags(engine: Engine) -> &'static [(&'static str, &'static
             ("--draft-n", "--spec-draft-n-max (speculative.num_steps)"),
             ("--draft-max", "--spec-draft-n-max (speculative.num_steps)"),
             ("--draft-min", "--spec-draft-n-min (speculative.draft_min)"),
-            (
-                "--draft-n-min",
-                "--spec-draft-n-min (speculative.draft_min)",
-            ),
+            ("--draft-n-min", "--spec-draft-n-min (speculative.draft_min)"),
         ],
         Engine::Sglang | Engine::Vllm => &[],
     }
@@ -129,11 +123,7 @@ pub(crate) fn flag_name(word: &str) -> Option<&str> {
 /// A float as the engines' argument parsers read it back: shortest exact decimal.
 fn float(v: f64) -> String {
     let s = format!("{v}");
-    if s.contains(['.', 'e', 'E']) {
-        s
-    } else {
-        format!("{s}.0")
-    }
+    if s.contains(['.', 'e', 'E']) { s } else { format!("{s}.0") }
 }
 
 /// The argv of `ExecStart=`.
@@ -157,119 +147,43 @@ pub(crate) fn build_argv(
             flag(&mut a, "--host", Some(server.host.clone()));
             flag(&mut a, "--port", Some(server.port.to_string()));
             flag(&mut a, "--tp-size", server.tp_size.map(|v| v.to_string()));
-            flag(
-                &mut a,
-                "--mem-fraction-static",
-                server.mem_fraction_static.map(float),
-            );
-            flag(
-                &mut a,
-                "--max-running-requests",
-                server.max_running_requests.map(|v| v.to_string()),
-            );
-            flag(
-                &mut a,
-                "--context-length",
-                server.context_length.map(|v| v.to_string()),
-            );
-            flag(
-                &mut a,
-                "--served-model-name",
-                server.served_model_name.clone(),
-            );
+            flag(&mut a, "--mem-fraction-static", server.mem_fraction_static.map(float));
+            flag(&mut a, "--max-running-requests", server.max_running_requests.map(|v| v.to_string()));
+            flag(&mut a, "--context-length", server.context_length.map(|v| v.to_string()));
+            flag(&mut a, "--served-model-name", server.served_model_name.clone());
             if let Some(s) = spec {
                 flag(&mut a, "--speculative-algorithm", s.algorithm.clone());
-                flag(
-                    &mut a,
-                    "--speculative-num-steps",
-                    s.num_steps.map(|v| v.to_string()),
-                );
-                flag(
-                    &mut a,
-                    "--speculative-eagle-topk",
-                    s.eagle_topk.map(|v| v.to_string()),
-                );
-                flag(
-                    &mut a,
-                    "--speculative-num-draft-tokens",
-                    s.num_draft_tokens.map(|v| v.to_string()),
-                );
-                flag(
-                    &mut a,
-                    "--speculative-draft-model-path",
-                    s.draft_model.clone(),
-                );
+                flag(&mut a, "--speculative-num-steps", s.num_steps.map(|v| v.to_string()));
+                flag(&mut a, "--speculative-eagle-topk", s.eagle_topk.map(|v| v.to_string()));
+                flag(&mut a, "--speculative-num-draft-tokens", s.num_draft_tokens.map(|v| v.to_string()));
+                flag(&mut a, "--speculative-draft-model-path", s.draft_model.clone());
             }
         }
         Engine::Vllm => {
             a.push(model.to_string());
             flag(&mut a, "--host", Some(server.host.clone()));
             flag(&mut a, "--port", Some(server.port.to_string()));
-            flag(
-                &mut a,
-                "--tensor-parallel-size",
-                server.tp_size.map(|v| v.to_string()),
-            );
-            flag(
-                &mut a,
-                "--gpu-memory-utilization",
-                server.mem_fraction_static.map(float),
-            );
-            flag(
-                &mut a,
-                "--max-num-seqs",
-                server.max_running_requests.map(|v| v.to_string()),
-            );
-            flag(
-                &mut a,
-                "--max-model-len",
-                server.context_length.map(|v| v.to_string()),
-            );
-            flag(
-                &mut a,
-                "--served-model-name",
-                server.served_model_name.clone(),
-            );
+            flag(&mut a, "--tensor-parallel-size", server.tp_size.map(|v| v.to_string()));
+            flag(&mut a, "--gpu-memory-utilization", server.mem_fraction_static.map(float));
+            flag(&mut a, "--max-num-seqs", server.max_running_requests.map(|v| v.to_string()));
+            flag(&mut a, "--max-model-len", server.context_length.map(|v| v.to_string()));
+            flag(&mut a, "--served-model-name", server.served_model_name.clone());
             if let Some(s) = spec {
-                flag(
-                    &mut a,
-                    "--speculative-config",
-                    Some(vllm_speculative_config(s)),
-                );
+                flag(&mut a, "--speculative-config", Some(vllm_speculative_config(s)));
             }
         }
         Engine::LlamaCpp => {
             flag(&mut a, "--model", Some(model.to_string()));
             flag(&mut a, "--host", Some(server.host.clone()));
             flag(&mut a, "--port", Some(server.port.to_string()));
-            flag(
-                &mut a,
-                "--ctx-size",
-                server.context_length.map(|v| v.to_string()),
-            );
-            flag(
-                &mut a,
-                "--parallel",
-                server.max_running_requests.map(|v| v.to_string()),
-            );
-            flag(
-                &mut a,
-                "--n-gpu-layers",
-                server.n_gpu_layers.map(|v| v.to_string()),
-            );
+            flag(&mut a, "--ctx-size", server.context_length.map(|v| v.to_string()));
+            flag(&mut a, "--parallel", server.max_running_requests.map(|v| v.to_string()));
+            flag(&mut a, "--n-gpu-layers", server.n_gpu_layers.map(|v| v.to_string()));
             flag(&mut a, "--alias", server.served_model_name.clone());
             if let Some(s) = spec {
                 flag(&mut a, "--spec-draft-model", s.draft_model.clone());
-                flag(
-                    &mut a,
-                    "--spec-draft-n-max",
-                    s.num_steps.map(|v| v.to_string()),
-                );
-                flag(
-                    &mut a,
-                    "--spec-draft-n-min",
-                    s.draft_min.map(|v| v.to_string()),
-                );
+                flag(&mut a, "--spec-draft-n-max", s.num_steps.map(|v| v.to_string()));
+                flag(&mut a, "--spec-draft-n-min", s.draft_min.map(|v| v.to_string()));
                 flag(&mut a, "--spec-draft-p-min", s.draft_p_min.map(float));
             }
         }

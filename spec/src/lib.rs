@@ -20,9 +20,7 @@ mod validate;
 
 pub use diag::{Diagnostic, Diagnostics, Severity};
 pub use model::{Document, DriftPolicy, Engine, Restart};
-pub use render::{
-    HEADER, RenderedUnit, command_line, parse_command_line, parse_environment, render, sha256_hex,
-};
+pub use render::{HEADER, RenderedUnit, command_line, parse_command_line, parse_environment, render, sha256_hex};
 pub use resolve::{ExpectedArg, Policy, Readiness, Server, Service, Spec, Speculative};
 
 use diag::{Pos, SourceMap};
@@ -48,12 +46,7 @@ pub fn parse(file: &str, text: &str) -> Result<ParsedSpec, Diagnostics> {
             let pos: Option<Pos> = e.location().map(Pos::from).filter(|p| p.line > 0);
             let path = pos.and_then(|p| map.path_at(p)).unwrap_or_default();
             let message = clean_message(&e.to_string());
-            Err(Diagnostics(vec![map.diag(
-                Severity::Error,
-                pos,
-                &path,
-                message,
-            )]))
+            Err(Diagnostics(vec![map.diag(Severity::Error, pos, &path, message)]))
         }
     }
 }
@@ -65,9 +58,7 @@ fn clean_message(msg: &str) -> String {
     // "line 9 column 3: message"
     if let Some(rest) = m.strip_prefix("line ")
         && let Some((_, after)) = rest.split_once(": ")
-        && rest
-            .split_once(": ")
-            .is_some_and(|(pos, _)| pos.contains("column"))
+        && rest.split_once(": ").is_some_and(|(pos, _)| pos.contains("column"))
     {
         m = after;
     }
@@ -91,13 +82,8 @@ fn clean_message(msg: &str) -> String {
 impl ParsedSpec {
     /// The spec for one host: its overlay (if the file has one for `hostname`) merged over `spec`,
     /// defaults filled in, validated. `Ok` carries the spec and any warnings.
-    pub fn resolve_with_warnings(
-        &self,
-        hostname: Option<&str>,
-    ) -> Result<(Spec, Diagnostics), Diagnostics> {
-        validate::resolve(&self.document, &self.map, hostname)
-            .map(|(s, w)| (s, Diagnostics(w)))
-            .map_err(Diagnostics)
+    pub fn resolve_with_warnings(&self, hostname: Option<&str>) -> Result<(Spec, Diagnostics), Diagnostics> {
+        validate::resolve(&self.document, &self.map, hostname).map(|(s, w)| (s, Diagnostics(w))).map_err(Diagnostics)
     }
 
     /// [`ParsedSpec::resolve_with_warnings`] without the warnings.

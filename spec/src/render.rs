@@ -11,8 +11,7 @@ use sha2::{Digest, Sha256};
 use crate::resolve::Spec;
 
 /// The first line of every unit specd writes; the agent recognizes its units by it.
-pub const HEADER: &str =
-    "# Managed by specd. Do not edit: specd replaces this file when it differs from the spec.";
+pub const HEADER: &str = "# Managed by specd. Do not edit: specd replaces this file when it differs from the spec.";
 
 /// A rendered unit file and its identity.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -40,20 +39,13 @@ pub fn render(spec: &Spec) -> RenderedUnit {
         u.push('\n');
     };
     line(HEADER);
-    line(&format!(
-        "# specd: service={} engine={}",
-        spec.name,
-        spec.engine.as_str()
-    ));
+    line(&format!("# specd: service={} engine={}", spec.name, spec.engine.as_str()));
     if let Some(h) = &spec.overlay {
         line(&format!("# specd: host overlay {h}"));
     }
     line("");
     line("[Unit]");
-    line(&format!(
-        "Description={}",
-        escape_specifiers(&spec.service.description)
-    ));
+    line(&format!("Description={}", escape_specifiers(&spec.service.description)));
     line("After=network-online.target");
     line("");
     line("[Service]");
@@ -70,10 +62,7 @@ pub fn render(spec: &Spec) -> RenderedUnit {
         line(&format!("Group={v}"));
     }
     for (k, v) in &svc.environment {
-        line(&format!(
-            "Environment={}",
-            quote(&escape_specifiers(&format!("{k}={v}")))
-        ));
+        line(&format!("Environment={}", quote(&escape_specifiers(&format!("{k}={v}")))));
     }
     line(&format!("Restart={}", svc.restart.as_str()));
     line(&format!("RestartSec={}", svc.restart_sec));
@@ -88,11 +77,7 @@ pub fn render(spec: &Spec) -> RenderedUnit {
     line("[Install]");
     line("WantedBy=multi-user.target");
     let sha256 = sha256_hex(u.as_bytes());
-    RenderedUnit {
-        unit: spec.unit.clone(),
-        text: u,
-        sha256,
-    }
+    RenderedUnit { unit: spec.unit.clone(), text: u, sha256 }
 }
 
 /// `%` starts a specifier everywhere in a unit file; `%%` is a literal `%`.
@@ -120,19 +105,14 @@ fn quote(s: &str) -> String {
 /// plain characters, and a lone `;` (the command separator) quoted too.
 fn exec_word(w: &str) -> String {
     let escaped = escape_specifiers(w).replace('$', "$$");
-    let plain = !w.is_empty()
-        && w != ";"
-        && w.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"-_./=:,+@%$".contains(&b));
+    let plain =
+        !w.is_empty() && w != ";" && w.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_./=:,+@%$".contains(&b));
     if plain { escaped } else { quote(&escaped) }
 }
 
 /// The value of `ExecStart=` for an argv.
 pub fn command_line(argv: &[String]) -> String {
-    argv.iter()
-        .map(|w| exec_word(w))
-        .collect::<Vec<_>>()
-        .join(" ")
+    argv.iter().map(|w| exec_word(w)).collect::<Vec<_>>().join(" ")
 }
 
 /// Split an `ExecStart=` value into argv as systemd does for the subset of the syntax specd
@@ -212,26 +192,13 @@ mod tests {
 
     #[test]
     fn words_round_trip() {
-        let argv: Vec<String> = [
-            "/usr/bin/python3",
-            "a b",
-            "50%",
-            "$HOME",
-            "${X}",
-            ";",
-            "",
-            "q\"uo'te",
-            "back\\slash",
-            "ünï",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+        let argv: Vec<String> =
+            ["/usr/bin/python3", "a b", "50%", "$HOME", "${X}", ";", "", "q\"uo'te", "back\\slash", "ünï"]
+                .iter()
+                .map(|s| s.to_string())
+                .collect();
         let line = command_line(&argv);
-        assert_eq!(
-            line,
-            r#"/usr/bin/python3 "a b" 50%% $$HOME "$${X}" ";" "" "q\"uo'te" "back\\slash" "ünï""#
-        );
+        assert_eq!(line, r#"/usr/bin/python3 "a b" 50%% $$HOME "$${X}" ";" "" "q\"uo'te" "back\\slash" "ünï""#);
         assert_eq!(parse_command_line(&line).unwrap(), argv);
     }
 

@@ -132,10 +132,7 @@ impl Spec {
                 match &self.speculative {
                     None => push("speculative_algorithm", Value::Null),
                     Some(s) => {
-                        let alg = s
-                            .algorithm
-                            .as_deref()
-                            .map(|a| if a == "NEXTN" { "EAGLE" } else { a });
+                        let alg = s.algorithm.as_deref().map(|a| if a == "NEXTN" { "EAGLE" } else { a });
                         push("speculative_algorithm", json!(alg));
                         if alg != Some("NGRAM") {
                             if let Some(v) = s.num_steps {

@@ -51,11 +51,7 @@ impl Ctx<'_> {
     fn err_rule(&mut self, fields: &[&str], msg: impl Into<String>) {
         let at = self
             .host
-            .and_then(|h| {
-                fields
-                    .iter()
-                    .find(|f| self.map.has(&format!("hosts.{h}.{f}")))
-            })
+            .and_then(|h| fields.iter().find(|f| self.map.has(&format!("hosts.{h}.{f}"))))
             .unwrap_or(&fields[0])
             .to_string();
         self.err(&at, msg);
@@ -69,10 +65,7 @@ impl Ctx<'_> {
             return false;
         }
         if v != v.trim() {
-            self.err(
-                p,
-                "has leading or trailing white space, which systemd would strip",
-            );
+            self.err(p, "has leading or trailing white space, which systemd would strip");
             return false;
         }
         true
@@ -103,8 +96,7 @@ pub(crate) fn validate_all(doc: &Document, map: &SourceMap) -> Vec<Diagnostic> {
             // The same problem of the base spec, seen again through an overlay: report it once.
             let seen = all.iter().any(|a| {
                 (a.line, a.column, &a.path, a.severity) == (d.line, d.column, &d.path, d.severity)
-                    && host
-                        .is_some_and(|h| d.message == format!("{}{}", a.message, overlay_suffix(h)))
+                    && host.is_some_and(|h| d.message == format!("{}{}", a.message, overlay_suffix(h)))
             });
             if !seen && !all.contains(&d) {
                 all.push(d);
@@ -129,14 +121,8 @@ pub(crate) fn resolve(
     map: &SourceMap,
     hostname: Option<&str>,
 ) -> Result<(Spec, Vec<Diagnostic>), Vec<Diagnostic>> {
-    let overlay = hostname
-        .and_then(|h| doc.hosts.get_key_value(h))
-        .map(|(k, v)| (k.as_str(), v));
-    let mut c = Ctx {
-        map,
-        host: overlay.map(|(h, _)| h),
-        out: Vec::new(),
-    };
+    let overlay = hostname.and_then(|h| doc.hosts.get_key_value(h)).map(|(k, v)| (k.as_str(), v));
+    let mut c = Ctx { map, host: overlay.map(|(h, _)| h), out: Vec::new() };
     document(&mut c, doc);
     let mut layer = doc.spec.clone();
     if let Some((_, o)) = overlay {
@@ -153,8 +139,7 @@ pub(crate) fn resolve(
 fn is_name(v: &str, max: usize) -> bool {
     !v.is_empty()
         && v.len() <= max
-        && v.bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && v.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
         && !v.starts_with('-')
         && !v.ends_with('-')
 }
@@ -165,33 +150,17 @@ fn document(c: &mut Ctx, doc: &Document) {
         c.out.push(d);
     };
     if doc.api_version.is_empty() {
-        top(
-            c,
-            "apiVersion",
-            "is required: `apiVersion: specd/v1`".into(),
-        );
+        top(c, "apiVersion", "is required: `apiVersion: specd/v1`".into());
     } else if doc.api_version != "specd/v1" {
-        top(
-            c,
-            "apiVersion",
-            format!("must be `specd/v1`, got {:?}", doc.api_version),
-        );
+        top(c, "apiVersion", format!("must be `specd/v1`, got {:?}", doc.api_version));
     }
     if doc.kind.is_empty() {
         top(c, "kind", "is required: `kind: InferenceService`".into());
     } else if doc.kind != "InferenceService" {
-        top(
-            c,
-            "kind",
-            format!("must be `InferenceService`, got {:?}", doc.kind),
-        );
+        top(c, "kind", format!("must be `InferenceService`, got {:?}", doc.kind));
     }
     if doc.metadata.name.is_empty() {
-        top(
-            c,
-            "metadata.name",
-            "is required: a name for this service, e.g. `qwen35-122b-mtp`".into(),
-        );
+        top(c, "metadata.name", "is required: a name for this service, e.g. `qwen35-122b-mtp`".into());
     } else if !is_name(&doc.metadata.name, 63) {
         top(
             c,
@@ -203,11 +172,7 @@ fn document(c: &mut Ctx, doc: &Document) {
         );
     }
     for (k, v) in &doc.metadata.labels {
-        if k.is_empty()
-            || !k
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"-_./".contains(&b))
-        {
+        if k.is_empty() || !k.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_./".contains(&b)) {
             top(
                 c,
                 &format!("metadata.labels.{k}"),
@@ -215,18 +180,13 @@ fn document(c: &mut Ctx, doc: &Document) {
             );
         }
         if v.chars().any(char::is_control) {
-            top(
-                c,
-                &format!("metadata.labels.{k}"),
-                "contains a control character".into(),
-            );
+            top(c, &format!("metadata.labels.{k}"), "contains a control character".into());
         }
     }
     for (h, layer) in &doc.hosts {
         let valid = !h.is_empty()
             && h.len() <= 253
-            && h.bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.' || b == b'_');
+            && h.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.' || b == b'_');
         if !valid {
             top(c, &format!("hosts.{h}"), format!("{h:?} is not a hostname"));
         }
@@ -247,9 +207,7 @@ fn unit_name_ok(v: &str) -> bool {
     };
     !stem.is_empty()
         && v.len() <= 255
-        && stem
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b":_.@-".contains(&b))
+        && stem.bytes().all(|b| b.is_ascii_alphanumeric() || b":_.@-".contains(&b))
         && !stem.starts_with('.')
         && !v.contains("..")
         && !stem.starts_with('@')
@@ -262,27 +220,23 @@ fn user_ok(v: &str) -> bool {
     (v.bytes().all(|b| b.is_ascii_digit()) && !v.is_empty() && v.len() <= 10)
         || (!v.is_empty()
             && v.len() <= 31
-            && v.bytes()
-                .next()
-                .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
-            && v.bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.'))
+            && v.bytes().next().is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
+            && v.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.'))
 }
 
 fn build(c: &mut Ctx, doc: &Document, l: &SpecLayer, overlay: Option<String>) -> Option<Spec> {
     // unit
     let unit = match &l.unit {
         None => {
-            c.err(
-                "unit",
-                "is required: the systemd unit specd owns, e.g. `sglang-qwen.service`",
-            );
+            c.err("unit", "is required: the systemd unit specd owns, e.g. `sglang-qwen.service`");
             None
         }
         Some(u) if !unit_name_ok(u) => {
             c.err(
                 "unit",
-                format!("{u:?} is not a valid service name: use [A-Za-z0-9:_.@-] ending in `.service`, no `/` and no `..`"),
+                format!(
+                    "{u:?} is not a valid service name: use [A-Za-z0-9:_.@-] ending in `.service`, no `/` and no `..`"
+                ),
             );
             None
         }
@@ -294,10 +248,7 @@ fn build(c: &mut Ctx, doc: &Document, l: &SpecLayer, overlay: Option<String>) ->
     }
     let model = match &l.model {
         None => {
-            c.err(
-                "model",
-                "is required: the absolute path of the model weights",
-            );
+            c.err("model", "is required: the absolute path of the model weights");
             None
         }
         Some(m) => {
@@ -311,23 +262,15 @@ fn build(c: &mut Ctx, doc: &Document, l: &SpecLayer, overlay: Option<String>) ->
     let command = match &l.command {
         Some(cmd) => {
             if cmd.is_empty() {
-                c.err(
-                    "command",
-                    "may not be empty; leave it out for the engine's default",
-                );
+                c.err("command", "may not be empty; leave it out for the engine's default");
             }
             for (i, w) in cmd.iter().enumerate() {
                 c.text(&format!("command[{i}]"), w);
             }
             if let Some(prog) = cmd.first() {
                 let bare = !prog.is_empty()
-                    && prog
-                        .bytes()
-                        .next()
-                        .is_some_and(|b| b.is_ascii_alphanumeric())
-                    && prog
-                        .bytes()
-                        .all(|b| b.is_ascii_alphanumeric() || b"._+-".contains(&b));
+                    && prog.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
+                    && prog.bytes().all(|b| b.is_ascii_alphanumeric() || b"._+-".contains(&b));
                 if !(prog.starts_with('/') || bare) {
                     c.err(
                         "command[0]",
@@ -350,9 +293,7 @@ fn build(c: &mut Ctx, doc: &Document, l: &SpecLayer, overlay: Option<String>) ->
 
     if engine == Engine::Sglang
         && speculative.is_some()
-        && server
-            .as_ref()
-            .is_some_and(|s| s.max_running_requests.is_none())
+        && server.as_ref().is_some_and(|s| s.max_running_requests.is_none())
     {
         c.warn(
             "server.max_running_requests",
@@ -373,10 +314,7 @@ fn build(c: &mut Ctx, doc: &Document, l: &SpecLayer, overlay: Option<String>) ->
         speculative,
         service,
         readiness,
-        policy: Policy {
-            drift: policy.drift.unwrap_or(DriftPolicy::Heal),
-            rollback: policy.rollback.unwrap_or(true),
-        },
+        policy: Policy { drift: policy.drift.unwrap_or(DriftPolicy::Heal), rollback: policy.rollback.unwrap_or(true) },
     })
 }
 
@@ -384,15 +322,8 @@ fn server(c: &mut Ctx, engine: Engine, l: &SpecLayer) -> Option<Server> {
     let s = l.server.clone().unwrap_or_default();
     let mut ok = true;
     let host = s.host.unwrap_or_else(|| "127.0.0.1".into());
-    if host.is_empty()
-        || !host
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b".:-_".contains(&b))
-    {
-        c.err(
-            "server.host",
-            format!("{host:?} is not an address or hostname"),
-        );
+    if host.is_empty() || !host.bytes().all(|b| b.is_ascii_alphanumeric() || b".:-_".contains(&b)) {
+        c.err("server.host", format!("{host:?} is not an address or hostname"));
         ok = false;
     }
     let port = match s.port {
@@ -418,10 +349,7 @@ fn server(c: &mut Ctx, engine: Engine, l: &SpecLayer) -> Option<Server> {
     if let Some(f) = s.mem_fraction_static
         && !(f > 0.0 && f <= 1.0)
     {
-        c.err(
-            "server.mem_fraction_static",
-            format!("must be in (0, 1], got {f}"),
-        );
+        c.err("server.mem_fraction_static", format!("must be in (0, 1], got {f}"));
         ok = false;
     }
     let not_for = |c: &mut Ctx, p: &str, set: bool, why: &str| {
@@ -446,12 +374,7 @@ fn server(c: &mut Ctx, engine: Engine, l: &SpecLayer) -> Option<Server> {
             );
         }
         Engine::Sglang | Engine::Vllm => {
-            ok &= not_for(
-                c,
-                "server.n_gpu_layers",
-                s.n_gpu_layers.is_some(),
-                "it is a llama-cpp option",
-            );
+            ok &= not_for(c, "server.n_gpu_layers", s.n_gpu_layers.is_some(), "it is a llama-cpp option");
         }
     }
     if let Some(n) = &s.served_model_name {
@@ -474,20 +397,11 @@ fn server(c: &mut Ctx, engine: Engine, l: &SpecLayer) -> Option<Server> {
             continue;
         };
         if let Some((_, field)) = owned.iter().find(|(f, _)| *f == flag) {
-            c.err(
-                &p,
-                format!("`{flag}` is rendered by specd from `spec.{field}`; set it there instead"),
-            );
+            c.err(&p, format!("`{flag}` is rendered by specd from `spec.{field}`; set it there instead"));
             ok = false;
         }
         if let Some((_, instead)) = removed.iter().find(|(f, _)| *f == flag) {
-            c.err(
-                &p,
-                format!(
-                    "`{flag}` was removed from {}; startup would fail. Use {instead}",
-                    engine.as_str()
-                ),
-            );
+            c.err(&p, format!("`{flag}` was removed from {}; startup would fail. Use {instead}", engine.as_str()));
             ok = false;
         }
     }
@@ -515,11 +429,7 @@ fn speculative(c: &mut Ctx, engine: Engine, l: &SpecLayer) -> Option<Speculative
             c.err(&format!("speculative.{field}"), why.to_string());
         }
     };
-    for (f, v) in [
-        ("num_steps", s.num_steps),
-        ("eagle_topk", s.eagle_topk),
-        ("num_draft_tokens", s.num_draft_tokens),
-    ] {
+    for (f, v) in [("num_steps", s.num_steps), ("eagle_topk", s.eagle_topk), ("num_draft_tokens", s.num_draft_tokens)] {
         if v == Some(0) {
             c.err(&format!("speculative.{f}"), "must be at least 1");
         }
@@ -533,30 +443,10 @@ fn speculative(c: &mut Ctx, engine: Engine, l: &SpecLayer) -> Option<Speculative
     match engine {
         Engine::Sglang => {
             let only = "is not a SGLang option";
-            reject(
-                c,
-                "draft_min",
-                s.draft_min.is_some(),
-                &format!("{only} (llama-cpp --spec-draft-n-min)"),
-            );
-            reject(
-                c,
-                "draft_p_min",
-                s.draft_p_min.is_some(),
-                &format!("{only} (llama-cpp --spec-draft-p-min)"),
-            );
-            reject(
-                c,
-                "prompt_lookup_min",
-                s.prompt_lookup_min.is_some(),
-                &format!("{only} (vllm ngram)"),
-            );
-            reject(
-                c,
-                "prompt_lookup_max",
-                s.prompt_lookup_max.is_some(),
-                &format!("{only} (vllm ngram)"),
-            );
+            reject(c, "draft_min", s.draft_min.is_some(), &format!("{only} (llama-cpp --spec-draft-n-min)"));
+            reject(c, "draft_p_min", s.draft_p_min.is_some(), &format!("{only} (llama-cpp --spec-draft-p-min)"));
+            reject(c, "prompt_lookup_min", s.prompt_lookup_min.is_some(), &format!("{only} (vllm ngram)"));
+            reject(c, "prompt_lookup_max", s.prompt_lookup_max.is_some(), &format!("{only} (vllm ngram)"));
             match s.algorithm.as_deref() {
                 None => {
                     let why = "has no effect without speculative.algorithm";
@@ -609,10 +499,16 @@ fn speculative(c: &mut Ctx, engine: Engine, l: &SpecLayer) -> Option<Speculative
                         }
                         Some(steps) => {
                             if s.eagle_topk.is_none() {
-                                c.err("speculative.eagle_topk", "is required with num_steps; otherwise SGLang chooses it itself");
+                                c.err(
+                                    "speculative.eagle_topk",
+                                    "is required with num_steps; otherwise SGLang chooses it itself",
+                                );
                             }
                             if s.num_draft_tokens.is_none() {
-                                c.err("speculative.num_draft_tokens", "is required with num_steps; otherwise SGLang chooses it itself");
+                                c.err(
+                                    "speculative.num_draft_tokens",
+                                    "is required with num_steps; otherwise SGLang chooses it itself",
+                                );
                             }
                             if s.eagle_topk == Some(1)
                                 && let Some(n) = s.num_draft_tokens
@@ -630,83 +526,47 @@ fn speculative(c: &mut Ctx, engine: Engine, l: &SpecLayer) -> Option<Speculative
                         }
                     }
                     if a != "NEXTN" && s.draft_model.is_none() {
-                        c.err(
-                            "speculative.draft_model",
-                            format!("is required by {a}: the path of the draft model"),
-                        );
+                        c.err("speculative.draft_model", format!("is required by {a}: the path of the draft model"));
                     }
                 }
             }
         }
         Engine::Vllm => {
             let only = "is not a vLLM option";
-            reject(
-                c,
-                "eagle_topk",
-                s.eagle_topk.is_some(),
-                &format!("{only} (SGLang only)"),
-            );
-            reject(
-                c,
-                "num_draft_tokens",
-                s.num_draft_tokens.is_some(),
-                &format!("{only} (SGLang only)"),
-            );
-            reject(
-                c,
-                "draft_min",
-                s.draft_min.is_some(),
-                &format!("{only} (llama-cpp only)"),
-            );
-            reject(
-                c,
-                "draft_p_min",
-                s.draft_p_min.is_some(),
-                &format!("{only} (llama-cpp only)"),
-            );
+            reject(c, "eagle_topk", s.eagle_topk.is_some(), &format!("{only} (SGLang only)"));
+            reject(c, "num_draft_tokens", s.num_draft_tokens.is_some(), &format!("{only} (SGLang only)"));
+            reject(c, "draft_min", s.draft_min.is_some(), &format!("{only} (llama-cpp only)"));
+            reject(c, "draft_p_min", s.draft_p_min.is_some(), &format!("{only} (llama-cpp only)"));
             match s.algorithm.as_deref() {
                 None => c.err(
                     "speculative.algorithm",
-                    format!(
-                        "is required: vLLM's speculative-config method, one of {}",
-                        VLLM_METHODS.join(", ")
-                    ),
+                    format!("is required: vLLM's speculative-config method, one of {}", VLLM_METHODS.join(", ")),
                 ),
                 Some(m) if !VLLM_METHODS.contains(&m) => {
                     c.err(
                         "speculative.algorithm",
-                        format!(
-                            "{m:?} is not a vLLM speculative method; use one of {}",
-                            VLLM_METHODS.join(", ")
-                        ),
+                        format!("{m:?} is not a vLLM speculative method; use one of {}", VLLM_METHODS.join(", ")),
                     );
                 }
                 Some(m) => {
                     if s.num_steps.is_none() {
-                        c.err("speculative.num_steps", "is required: vLLM fails with `num_speculative_tokens must be provided`");
+                        c.err(
+                            "speculative.num_steps",
+                            "is required: vLLM fails with `num_speculative_tokens must be provided`",
+                        );
                     }
                     match m {
                         "eagle" | "eagle3" | "draft_model" if s.draft_model.is_none() => {
-                            c.err(
-                                "speculative.draft_model",
-                                format!("is required by method {m}"),
-                            );
+                            c.err("speculative.draft_model", format!("is required by method {m}"));
                         }
                         "ngram" | "suffix" if s.draft_model.is_some() => {
-                            c.err(
-                                "speculative.draft_model",
-                                format!("method {m} has no draft model"),
-                            );
+                            c.err("speculative.draft_model", format!("method {m} has no draft model"));
                         }
                         _ => {}
                     }
                     let lookup = s.prompt_lookup_min.is_some() || s.prompt_lookup_max.is_some();
                     if m != "ngram" && lookup {
-                        let f = if s.prompt_lookup_min.is_some() {
-                            "prompt_lookup_min"
-                        } else {
-                            "prompt_lookup_max"
-                        };
+                        let f = if s.prompt_lookup_min.is_some() { "prompt_lookup_min" } else { "prompt_lookup_max" };
                         c.err(&format!("speculative.{f}"), "is only used by method ngram");
                     }
                     if let (Some(lo), Some(hi)) = (s.prompt_lookup_min, s.prompt_lookup_max)
@@ -728,51 +588,22 @@ fn speculative(c: &mut Ctx, engine: Engine, l: &SpecLayer) -> Option<Speculative
                 s.algorithm.is_some(),
                 "is not used by llama-cpp: a draft model (speculative.draft_model) turns on draft decoding",
             );
-            reject(
-                c,
-                "eagle_topk",
-                s.eagle_topk.is_some(),
-                &format!("{only} (SGLang only)"),
-            );
-            reject(
-                c,
-                "num_draft_tokens",
-                s.num_draft_tokens.is_some(),
-                &format!("{only} (SGLang only)"),
-            );
-            reject(
-                c,
-                "prompt_lookup_min",
-                s.prompt_lookup_min.is_some(),
-                &format!("{only} (vllm ngram)"),
-            );
-            reject(
-                c,
-                "prompt_lookup_max",
-                s.prompt_lookup_max.is_some(),
-                &format!("{only} (vllm ngram)"),
-            );
+            reject(c, "eagle_topk", s.eagle_topk.is_some(), &format!("{only} (SGLang only)"));
+            reject(c, "num_draft_tokens", s.num_draft_tokens.is_some(), &format!("{only} (SGLang only)"));
+            reject(c, "prompt_lookup_min", s.prompt_lookup_min.is_some(), &format!("{only} (vllm ngram)"));
+            reject(c, "prompt_lookup_max", s.prompt_lookup_max.is_some(), &format!("{only} (vllm ngram)"));
             if s.draft_model.is_none() {
-                c.err(
-                    "speculative.draft_model",
-                    "is required: llama-server drafts with --spec-draft-model",
-                );
+                c.err("speculative.draft_model", "is required: llama-server drafts with --spec-draft-model");
             }
             if let (Some(lo), Some(hi)) = (s.draft_min, s.num_steps)
                 && lo > hi
             {
-                c.err(
-                    "speculative.draft_min",
-                    format!("must be at most num_steps ({hi}), got {lo}"),
-                );
+                c.err("speculative.draft_min", format!("must be at most num_steps ({hi}), got {lo}"));
             }
             if let Some(p) = s.draft_p_min
                 && !(0.0..=1.0).contains(&p)
             {
-                c.err(
-                    "speculative.draft_p_min",
-                    format!("must be in [0, 1], got {p}"),
-                );
+                c.err("speculative.draft_p_min", format!("must be in [0, 1], got {p}"));
             }
         }
     }
@@ -800,10 +631,7 @@ fn service(c: &mut Ctx, doc: &Document, engine: Engine, l: &SpecLayer) -> Option
         if let Some(v) = v
             && !user_ok(v)
         {
-            c.err(
-                &format!("service.{f}"),
-                format!("{v:?} is not a valid {f} name"),
-            );
+            c.err(&format!("service.{f}"), format!("{v:?} is not a valid {f} name"));
         }
     }
     if let Some(w) = &s.working_directory {
@@ -812,16 +640,10 @@ fn service(c: &mut Ctx, doc: &Document, engine: Engine, l: &SpecLayer) -> Option
     let env = s.environment.clone().unwrap_or_default();
     for (k, v) in &env {
         let p = format!("service.environment.{k}");
-        let key_ok = k
-            .bytes()
-            .next()
-            .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
+        let key_ok = k.bytes().next().is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
             && k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
         if !key_ok {
-            c.err(
-                &p,
-                format!("{k:?} is not a valid environment variable name ([A-Za-z_][A-Za-z0-9_]*)"),
-            );
+            c.err(&p, format!("{k:?} is not a valid environment variable name ([A-Za-z_][A-Za-z0-9_]*)"));
         }
         if let Some(ch) = v.chars().find(|c| c.is_control()) {
             c.err(&p, format!("contains the control character {ch:?}; it could inject a line into the unit file"));
@@ -830,24 +652,16 @@ fn service(c: &mut Ctx, doc: &Document, engine: Engine, l: &SpecLayer) -> Option
     if let Some(m) = &s.memory_max {
         let digits = m.trim_end_matches(['K', 'M', 'G', 'T', '%']);
         let ok = m == "infinity"
-            || (!digits.is_empty()
-                && digits.bytes().all(|b| b.is_ascii_digit())
-                && m.len() - digits.len() <= 1);
+            || (!digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) && m.len() - digits.len() <= 1);
         if !ok {
             c.err("service.memory_max", format!("{m:?} is not a memory size (bytes with an optional K, M, G or T suffix, a percentage, or `infinity`)"));
         }
     }
     let timeout_stop_sec = s.timeout_stop_sec.unwrap_or(300);
     let timeout_start_sec = s.timeout_start_sec.unwrap_or(1800);
-    for (f, v) in [
-        ("timeout_stop_sec", s.timeout_stop_sec),
-        ("timeout_start_sec", s.timeout_start_sec),
-    ] {
+    for (f, v) in [("timeout_stop_sec", s.timeout_stop_sec), ("timeout_start_sec", s.timeout_start_sec)] {
         if v == Some(0) {
-            c.err(
-                &format!("service.{f}"),
-                "must be at least 1 (0 would disable the timeout)",
-            );
+            c.err(&format!("service.{f}"), "must be at least 1 (0 would disable the timeout)");
         }
     }
     let drain = s.drain_timeout_sec.unwrap_or(0);
@@ -861,9 +675,7 @@ fn service(c: &mut Ctx, doc: &Document, engine: Engine, l: &SpecLayer) -> Option
     }
     let failed = c.out.iter().filter(|d| d.is_error()).count() > n0;
     (!failed).then(|| Service {
-        description: s
-            .description
-            .unwrap_or_else(|| format!("specd: {} ({})", doc.metadata.name, engine.as_str())),
+        description: s.description.unwrap_or_else(|| format!("specd: {} ({})", doc.metadata.name, engine.as_str())),
         user: s.user,
         group: s.group,
         working_directory: s.working_directory,
@@ -877,19 +689,15 @@ fn service(c: &mut Ctx, doc: &Document, engine: Engine, l: &SpecLayer) -> Option
     })
 }
 
-fn readiness(
-    c: &mut Ctx,
-    engine: Engine,
-    l: &SpecLayer,
-    service: Option<&Service>,
-) -> Option<Readiness> {
+fn readiness(c: &mut Ctx, engine: Engine, l: &SpecLayer, service: Option<&Service>) -> Option<Readiness> {
     let r = l.readiness.clone().unwrap_or_default();
-    let endpoint = r
-        .endpoint
-        .unwrap_or_else(|| engine::default_endpoint(engine).to_string());
+    let endpoint = r.endpoint.unwrap_or_else(|| engine::default_endpoint(engine).to_string());
     let mut ok = true;
     if !endpoint.starts_with('/') || endpoint.bytes().any(|b| b <= b' ' || b == 0x7f) {
-        c.err("readiness.endpoint", format!("must be an HTTP path starting with `/`, without spaces or control characters; got {endpoint:?}"));
+        c.err(
+            "readiness.endpoint",
+            format!("must be an HTTP path starting with `/`, without spaces or control characters; got {endpoint:?}"),
+        );
         ok = false;
     }
     if r.timeout_sec == Some(0) {

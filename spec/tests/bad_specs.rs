@@ -14,27 +14,9 @@ spec:
 ///  expected line, expected field path, expected message fragment)
 const CASES: &[(&str, &str, u64, &str, &str)] = &[
     ("yaml syntax", "  server: [\n", 9, "", "expected"),
-    (
-        "wrong type",
-        "  server:\n    port: abc\n",
-        10,
-        "spec.server.port",
-        "expected a whole number",
-    ),
-    (
-        "unknown field",
-        "  server:\n    portt: 5\n",
-        10,
-        "spec.server.portt",
-        "unknown field `portt`",
-    ),
-    (
-        "duplicate key",
-        "  model: /n\n",
-        9,
-        "spec.model",
-        "duplicate key `model`",
-    ),
+    ("wrong type", "  server:\n    port: abc\n", 10, "spec.server.port", "expected a whole number"),
+    ("unknown field", "  server:\n    portt: 5\n", 10, "spec.server.portt", "unknown field `portt`"),
+    ("duplicate key", "  model: /n\n", 9, "spec.model", "duplicate key `model`"),
     (
         "unknown engine",
         "  speculative: {}\nhosts:\n  h1:\n    engine: tgi\n",
@@ -42,77 +24,17 @@ const CASES: &[(&str, &str, u64, &str, &str)] = &[
         "hosts.h1.engine",
         "unknown variant `tgi`",
     ),
-    (
-        "wrong apiVersion",
-        "#\n",
-        1,
-        "apiVersion",
-        "must be `specd/v1`",
-    ),
+    ("wrong apiVersion", "#\n", 1, "apiVersion", "must be `specd/v1`"),
     ("bad name", "#\n", 4, "metadata.name", "lowercase letters"),
-    (
-        "unit path traversal",
-        "#\n",
-        6,
-        "spec.unit",
-        "no `/` and no `..`",
-    ),
-    (
-        "unit with slash",
-        "#\n",
-        6,
-        "spec.unit",
-        "not a valid service name",
-    ),
-    (
-        "unit not a service",
-        "#\n",
-        6,
-        "spec.unit",
-        "ending in `.service`",
-    ),
-    (
-        "relative model",
-        "#\n",
-        8,
-        "spec.model",
-        "must be an absolute path",
-    ),
-    (
-        "newline in model",
-        "#\n",
-        8,
-        "spec.model",
-        "control character '\\n'",
-    ),
-    (
-        "NUL in model",
-        "#\n",
-        8,
-        "spec.model",
-        "control character '\\0'",
-    ),
-    (
-        "port too large",
-        "  server: {port: 70000}\n",
-        9,
-        "spec.server.port",
-        "1..=65535",
-    ),
-    (
-        "port zero",
-        "  server: {port: 0}\n",
-        9,
-        "spec.server.port",
-        "1..=65535",
-    ),
-    (
-        "mem fraction > 1",
-        "  server: {mem_fraction_static: 1.5}\n",
-        9,
-        "spec.server.mem_fraction_static",
-        "(0, 1]",
-    ),
+    ("unit path traversal", "#\n", 6, "spec.unit", "no `/` and no `..`"),
+    ("unit with slash", "#\n", 6, "spec.unit", "not a valid service name"),
+    ("unit not a service", "#\n", 6, "spec.unit", "ending in `.service`"),
+    ("relative model", "#\n", 8, "spec.model", "must be an absolute path"),
+    ("newline in model", "#\n", 8, "spec.model", "control character '\\n'"),
+    ("NUL in model", "#\n", 8, "spec.model", "control character '\\0'"),
+    ("port too large", "  server: {port: 70000}\n", 9, "spec.server.port", "1..=65535"),
+    ("port zero", "  server: {port: 0}\n", 9, "spec.server.port", "1..=65535"),
+    ("mem fraction > 1", "  server: {mem_fraction_static: 1.5}\n", 9, "spec.server.mem_fraction_static", "(0, 1]"),
     (
         "sglang topk 1 draft tokens",
         "  server: {max_running_requests: 16}\n  speculative:\n    algorithm: NEXTN\n    num_steps: 10\n    eagle_topk: 1\n    num_draft_tokens: 7\n",
@@ -260,34 +182,10 @@ const CASES: &[(&str, &str, u64, &str, &str)] = &[
         "spec.service.working_directory",
         "absolute path",
     ),
-    (
-        "bad user",
-        "  service: {user: \"a b\"}\n",
-        9,
-        "spec.service.user",
-        "not a valid user name",
-    ),
-    (
-        "bad memory_max",
-        "  service: {memory_max: lots}\n",
-        9,
-        "spec.service.memory_max",
-        "not a memory size",
-    ),
-    (
-        "zero stop timeout",
-        "  service: {timeout_stop_sec: 0}\n",
-        9,
-        "spec.service.timeout_stop_sec",
-        "at least 1",
-    ),
-    (
-        "endpoint without slash",
-        "  readiness: {endpoint: health}\n",
-        9,
-        "spec.readiness.endpoint",
-        "starting with `/`",
-    ),
+    ("bad user", "  service: {user: \"a b\"}\n", 9, "spec.service.user", "not a valid user name"),
+    ("bad memory_max", "  service: {memory_max: lots}\n", 9, "spec.service.memory_max", "not a memory size"),
+    ("zero stop timeout", "  service: {timeout_stop_sec: 0}\n", 9, "spec.service.timeout_stop_sec", "at least 1"),
+    ("endpoint without slash", "  readiness: {endpoint: health}\n", 9, "spec.readiness.endpoint", "starting with `/`"),
     (
         "overlay changes unit",
         "hosts:\n  gpu-02:\n    unit: other.service\n",
@@ -316,20 +214,8 @@ const CASES: &[(&str, &str, u64, &str, &str)] = &[
         "spec.command[0]",
         "absolute path or a bare program name",
     ),
-    (
-        "n_gpu_layers on sglang",
-        "  server: {n_gpu_layers: 10}\n",
-        9,
-        "spec.server.n_gpu_layers",
-        "llama-cpp option",
-    ),
-    (
-        "tp_size on llama",
-        "  server: {tp_size: 2}\n",
-        9,
-        "spec.server.tp_size",
-        "not an option of llama-cpp",
-    ),
+    ("n_gpu_layers on sglang", "  server: {n_gpu_layers: 10}\n", 9, "spec.server.n_gpu_layers", "llama-cpp option"),
+    ("tp_size on llama", "  server: {tp_size: 2}\n", 9, "spec.server.tp_size", "not an option of llama-cpp"),
     ("missing engine", "#\n", 5, "spec.engine", "is required"),
 ];
 
@@ -342,9 +228,7 @@ fn doc_for(case: &str, extra: &str) -> String {
         "unit with slash" => base = base.replace("unit: t.service", "unit: a/b.service"),
         "unit not a service" => base = base.replace("unit: t.service", "unit: t.socket"),
         "relative model" => base = base.replace("model: /m", "model: models/m"),
-        "newline in model" => {
-            base = base.replace("model: /m", "model: \"/m\\nExecStartPre=/bin/rm -rf /\"")
-        }
+        "newline in model" => base = base.replace("model: /m", "model: \"/m\\nExecStartPre=/bin/rm -rf /\""),
         "NUL in model" => base = base.replace("model: /m", "model: \"/m\\0\""),
         "missing engine" => base = base.replace("  engine: sglang\n", ""),
         c if c.starts_with("vllm") => base = base.replace("engine: sglang", "engine: vllm"),
@@ -366,12 +250,9 @@ fn each_bad_spec_gets_a_located_error() {
     for (case, extra, line, path, fragment) in CASES {
         let text = doc_for(case, extra);
         let diags = specd_spec::check("specs/t.yaml", &text);
-        let hit = diags.errors().find(|d| {
-            d.line == *line
-                && d.path == *path
-                && d.message.contains(fragment)
-                && d.file == "specs/t.yaml"
-        });
+        let hit = diags
+            .errors()
+            .find(|d| d.line == *line && d.path == *path && d.message.contains(fragment) && d.file == "specs/t.yaml");
         match hit {
             Some(d) => {
                 // The rendered form leads with file:line:col: path:
@@ -385,28 +266,20 @@ fn each_bad_spec_gets_a_located_error() {
                     failures.push(format!("{case}: rendered as {shown:?}"));
                 }
             }
-            None => failures.push(format!("{case}: wanted line {line} path {path:?} containing {fragment:?}, got:\n{diags}\n--- spec:\n{text}")),
+            None => failures.push(format!(
+                "{case}: wanted line {line} path {path:?} containing {fragment:?}, got:\n{diags}\n--- spec:\n{text}"
+            )),
         }
     }
-    assert!(
-        failures.is_empty(),
-        "{} case(s) failed:\n{}",
-        failures.len(),
-        failures.join("\n\n")
-    );
+    assert!(failures.is_empty(), "{} case(s) failed:\n{}", failures.len(), failures.join("\n\n"));
 }
 
 #[test]
 fn all_errors_of_a_file_are_reported_not_just_the_first() {
-    let text =
-        BASE.replace("model: /m", "model: m") + "  server: {port: 0}\n  service: {user: \"x y\"}\n";
+    let text = BASE.replace("model: /m", "model: m") + "  server: {port: 0}\n  service: {user: \"x y\"}\n";
     let diags = specd_spec::check("t.yaml", &text);
     let paths: Vec<&str> = diags.errors().map(|d| d.path.as_str()).collect();
-    assert_eq!(
-        paths,
-        ["spec.model", "spec.server.port", "spec.service.user"],
-        "{diags}"
-    );
+    assert_eq!(paths, ["spec.model", "spec.server.port", "spec.service.user"], "{diags}");
 }
 
 #[test]
@@ -429,12 +302,7 @@ fn drain_budget_longer_than_stop_timeout_warns_but_validates() {
     assert_eq!(w.len(), 1, "{diags}");
     assert_eq!(w[0].path, "spec.service.timeout_stop_sec");
     assert!(w[0].message.contains("SIGKILL"), "{}", w[0]);
-    assert!(
-        w[0].to_string()
-            .starts_with("t.yaml:9:31: warning: spec.service.timeout_stop_sec: "),
-        "{}",
-        w[0]
-    );
+    assert!(w[0].to_string().starts_with("t.yaml:9:31: warning: spec.service.timeout_stop_sec: "), "{}", w[0]);
 }
 
 #[test]

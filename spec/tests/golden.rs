@@ -56,28 +56,18 @@ fn the_seed_overlay_changes_only_the_speculative_steps() {
     let (a, b) = (specd_spec::render(&base), specd_spec::render(&gpu02));
     assert_ne!(a.sha256, b.sha256);
     assert!(b.text.contains("\n# specd: host overlay gpu-02\n"));
-    let b_lines = b
-        .text
-        .lines()
-        .filter(|l| !l.starts_with("# specd: host overlay"));
-    let changed: Vec<(&str, &str)> = a
-        .text
-        .lines()
-        .zip(b_lines)
-        .filter(|(x, y)| x != y)
-        .collect();
+    let b_lines = b.text.lines().filter(|l| !l.starts_with("# specd: host overlay"));
+    let changed: Vec<(&str, &str)> = a.text.lines().zip(b_lines).filter(|(x, y)| x != y).collect();
     assert_eq!(changed.len(), 1, "{changed:#?}");
-    assert!(changed[0].0.contains(
-        "--speculative-num-steps 10 --speculative-eagle-topk 1 --speculative-num-draft-tokens 11"
-    ));
-    assert!(changed[0].1.contains(
-        "--speculative-num-steps 5 --speculative-eagle-topk 1 --speculative-num-draft-tokens 6"
-    ));
-    assert_eq!(
-        b.text.lines().count(),
-        a.text.lines().count() + 1,
-        "plus the overlay comment"
+    assert!(
+        changed[0]
+            .0
+            .contains("--speculative-num-steps 10 --speculative-eagle-topk 1 --speculative-num-draft-tokens 11")
     );
+    assert!(
+        changed[0].1.contains("--speculative-num-steps 5 --speculative-eagle-topk 1 --speculative-num-draft-tokens 6")
+    );
+    assert_eq!(b.text.lines().count(), a.text.lines().count() + 1, "plus the overlay comment");
 }
 
 #[test]

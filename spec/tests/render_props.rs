@@ -18,11 +18,7 @@ fn nasty() -> impl Strategy<Value = String> {
 
 fn doc() -> impl Strategy<Value = Document> {
     (
-        prop_oneof![
-            Just(Engine::Sglang),
-            Just(Engine::Vllm),
-            Just(Engine::LlamaCpp)
-        ],
+        prop_oneof![Just(Engine::Sglang), Just(Engine::Vllm), Just(Engine::LlamaCpp)],
         nasty(),
         proptest::collection::vec(nasty(), 0..5),
         proptest::collection::btree_map("[A-Z_][A-Z0-9_]{0,6}", nasty(), 0..4),
@@ -33,19 +29,12 @@ fn doc() -> impl Strategy<Value = Document> {
         .prop_map(|(engine, model, extra, env, wd, desc, name)| Document {
             api_version: "specd/v1".into(),
             kind: "InferenceService".into(),
-            metadata: Metadata {
-                name: "p".into(),
-                labels: BTreeMap::new(),
-            },
+            metadata: Metadata { name: "p".into(), labels: BTreeMap::new() },
             spec: SpecLayer {
                 unit: Some("p.service".into()),
                 engine: Some(engine),
                 model: Some(format!("/models/{model}")),
-                server: Some(ServerLayer {
-                    extra_args: Some(extra),
-                    served_model_name: name,
-                    ..Default::default()
-                }),
+                server: Some(ServerLayer { extra_args: Some(extra), served_model_name: name, ..Default::default() }),
                 service: Some(ServiceLayer {
                     environment: Some(env),
                     working_directory: wd.map(|w| format!("/srv/{w}")),
@@ -59,13 +48,7 @@ fn doc() -> impl Strategy<Value = Document> {
 }
 
 /// Read a rendered unit back the way systemd does for the keys specd writes.
-fn read_back(
-    text: &str,
-) -> (
-    Vec<String>,
-    BTreeMap<String, String>,
-    BTreeMap<&str, Vec<String>>,
-) {
+fn read_back(text: &str) -> (Vec<String>, BTreeMap<String, String>, BTreeMap<&str, Vec<String>>) {
     let mut argv = None;
     let mut env = BTreeMap::new();
     let mut keys: BTreeMap<&str, Vec<String>> = BTreeMap::new();
@@ -73,20 +56,14 @@ fn read_back(
         if line.is_empty() || line.starts_with('#') || line.starts_with('[') {
             continue;
         }
-        let (k, v) = line
-            .split_once('=')
-            .unwrap_or_else(|| panic!("not a key=value line: {line:?}"));
+        let (k, v) = line.split_once('=').unwrap_or_else(|| panic!("not a key=value line: {line:?}"));
         match k {
             "ExecStart" => {
                 assert!(argv.is_none(), "two ExecStart lines");
-                argv = Some(
-                    parse_command_line(v)
-                        .unwrap_or_else(|| panic!("ExecStart does not parse: {v:?}")),
-                );
+                argv = Some(parse_command_line(v).unwrap_or_else(|| panic!("ExecStart does not parse: {v:?}")));
             }
             "Environment" => {
-                let (ek, ev) = parse_environment(v)
-                    .unwrap_or_else(|| panic!("Environment does not parse: {v:?}"));
+                let (ek, ev) = parse_environment(v).unwrap_or_else(|| panic!("Environment does not parse: {v:?}"));
                 assert!(env.insert(ek, ev).is_none(), "a variable set twice");
             }
             _ => keys.entry(k).or_default().push(v.replace("%%", "%")),
@@ -165,11 +142,7 @@ fn the_generator_produces_valid_specs_often() {
     for _ in 0..200 {
         let d = doc().new_tree(&mut runner).unwrap().current();
         let yaml = serde_saphyr::to_string(&d).unwrap();
-        if specd_spec::parse("p.yaml", &yaml)
-            .unwrap()
-            .resolve(None)
-            .is_ok()
-        {
+        if specd_spec::parse("p.yaml", &yaml).unwrap().resolve(None).is_ok() {
             ok += 1;
         }
     }

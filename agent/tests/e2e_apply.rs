@@ -1,0 +1,369 @@
+//! `specd apply`, `status` and `diff` against a real systemd and the stand-in server: the seed's
+//! race does not happen, the new config provably runs, drift is healed or reported, a failing
+//! config rolls back, a lingering process blocks the start, a killed apply converges, and two
+//! applies never interleave.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+const UNIT: &str = "sglang-qwen.service";
+
+/// A spec whose server drains slowly (20 tokens/s) under a short stop timeout, like the seed.
+fn seed_extra(load_ms: u32) -> String {
+    format!(
+        "  service:\n    restart: always\n    restart_sec: 1\n    timeout_stop_sec: 2\n    environment: {{SPECD_STANDIN_LOAD_MS: \"{load_ms}\", SPECD_STANDIN_TOKENS_PER_SEC: \"20\"}}\n  readiness: {{timeout_sec: 60}}\n"
+    )
+}
+
+fn apply(e: &Env, name: &str, yaml: &str) -> (bool, String) {
+    let p = e.put(name, yaml);
+    let o = e.specd(&["apply", "-f", &p, "--host", "gpu-01"]);
+    (o.status.success(), text(&o))
+}
+
+fn rendered_hash(e: &Env, name: &str) -> String {
+    let o = e.specd(&["render", &format!("/run/specs/{name}"), "--host", "gpu-01", "--hash"]);
+    String::from_utf8(o.stdout).unwrap().trim().to_string()
+}
+
+fn deployed_hash(e: &Env) -> String {
+    let b = e.b.read_file(&format!("/etc/systemd/system/{UNIT}")).unwrap();
+    specd_spec::sha256_hex(&b)
+}
+
+#[test]
+fn the_seed_after_ten_applies_each_serves_the_new_steps_and_reports_the_sigkill() {
+    let e = Env::new();
+    let (ok, out) = apply(&e, "s5.yaml", &e.spec(UNIT, 5, &seed_extra(300)));
+    assert!(ok, "{out}");
+    assert!(out.contains("Applied: sglang-qwen.service runs unit"), "{out}");
+    assert_eq!(e.served_steps(), Some(5));
+
+    // Watch what the server reports, all the time, from outside.
+    let seen: Arc<Mutex<Vec<(Instant, Option<u64>)>>> = Arc::default();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watcher = {
+        let (seen, stop, port) = (seen.clone(), stop.clone(), e.port);
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let steps = http(port, "GET", "/get_server_info", None)
+                    .and_then(|(c, b)| (c == 200).then_some(b))
+                    .and_then(|b| serde_json::from_str::<serde_json::Value>(&b).ok())
+                    .and_then(|v| v["speculative_num_steps"].as_u64());
+                seen.lock().unwrap().push((Instant::now(), steps));
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        })
+    };
+
+    let mut windows = Vec::new();
+    for i in 0..10 {
+        let target: u32 = if i % 2 == 0 { 10 } else { 5 };
+        let reqs = e.in_flight(4, 400); // 20 s of streaming each: far longer than TimeoutStopSec=2
+        let (ok, out) = apply(&e, &format!("s{target}.yaml"), &e.spec(UNIT, target, &seed_extra(300)));
+        let returned = Instant::now();
+        assert!(ok, "apply {i}: {out}");
+        assert!(
+            out.contains("stopped by SIGKILL after TimeoutStopSec=2s while 4 requests were in flight — not an OOM"),
+            "apply {i}: {out}"
+        );
+        assert_eq!(e.served_steps(), Some(u64::from(target)), "apply {i}: {out}");
+        let pid = e.main_pid(UNIT);
+        let cmdline = e.b.read_to_string(&format!("/proc/{pid}/cmdline")).unwrap();
+        assert!(cmdline.contains(&format!("--speculative-num-steps\0{target}\0")), "{cmdline:?}");
+        windows.push((returned, target));
+        for r in reqs {
+            r.join().unwrap();
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    watcher.join().unwrap();
+
+    // After each apply returned, until the next one started, only the new config ever answered.
+    let seen = seen.lock().unwrap();
+    for (k, (from, target)) in windows.iter().enumerate() {
+        let until = windows.get(k + 1).map(|w| w.0);
+        let stale: Vec<_> = seen
+            .iter()
+            .filter(|(t, s)| t > from && until.is_none_or(|u| *t < u) && s.is_some_and(|s| s != u64::from(*target)))
+            .collect();
+        assert!(stale.is_empty(), "apply {k}: a stale instance answered after the apply returned: {stale:?}");
+    }
+    let answers = seen.iter().filter(|(_, s)| s.is_some()).count();
+    assert!(answers > 50, "the watcher saw only {answers} answers");
+    // The history records each apply and how the previous instance ended.
+    let st = e.state(UNIT);
+    let hist = st["history"].as_array().unwrap();
+    assert_eq!(hist.len(), 11);
+    assert!(
+        hist[1..]
+            .iter()
+            .all(|h| h["outcome"] == "applied" && h["stop_verdict"].as_str().unwrap().contains("not an OOM"))
+    );
+    e.b.shutdown().unwrap();
+}
+
+#[test]
+fn an_in_sync_apply_restarts_nothing_and_status_is_green() {
+    let e = Env::new();
+    let yaml = e.spec(UNIT, 5, &seed_extra(100));
+    let (ok, out) = apply(&e, "s.yaml", &yaml);
+    assert!(ok, "{out}");
+    let pid = e.main_pid(UNIT);
+    let (ok, out) = apply(&e, "s.yaml", &yaml);
+    assert!(ok, "{out}");
+    assert!(out.contains("InSync: sglang-qwen.service runs unit"), "{out}");
+    assert_eq!(e.main_pid(UNIT), pid, "an in-sync server was restarted");
+    let o = e.specd(&["status"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(text(&o).contains("sglang-qwen.service: InSync Healthy"), "{}", text(&o));
+    let o = e.specd(&["status", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["units"][0]["sync"], "InSync");
+    assert_eq!(v["units"][0]["cmdline_matches"], true);
+    let o = e.specd(&["diff", "-f", "/run/specs/s.yaml", "--host", "gpu-01"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    // A dry run of a change plans the full sequence and changes nothing.
+    let p = e.put("s9.yaml", &e.spec(UNIT, 9, &seed_extra(100)));
+    let o = e.specd(&["apply", "-f", &p, "--dry-run", "--host", "gpu-01"]);
+    assert!(o.status.success());
+    assert!(
+        text(&o).contains(
+            "plan: Drain → Stop → WaitStopped → WriteUnit → Reload → Start → VerifyCmdline → WaitReady → VerifyArgs"
+        ),
+        "{}",
+        text(&o)
+    );
+    assert_eq!(e.main_pid(UNIT), pid);
+    assert_eq!(e.served_steps(), Some(5));
+    e.b.shutdown().unwrap();
+}
+
+#[test]
+fn a_hand_edit_is_drift_healed_by_default_and_only_reported_under_report_policy() {
+    let e = Env::new();
+    let (ok, out) = apply(&e, "s.yaml", &e.spec(UNIT, 5, &seed_extra(100)));
+    assert!(ok, "{out}");
+    let path = format!("/etc/systemd/system/{UNIT}");
+    let edit = |e: &Env| {
+        let t = e.b.read_to_string(&path).unwrap().replace("RestartSec=1", "RestartSec=30");
+        e.b.write_file(&path, t).unwrap();
+    };
+    edit(&e);
+    let o = e.specd(&["status"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("sglang-qwen.service: Drifted"), "{}", text(&o));
+    assert!(text(&o).contains("edited by hand"), "{}", text(&o));
+    let o = e.specd(&["diff", "-f", "/run/specs/s.yaml", "--host", "gpu-01"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(text(&o).contains("-RestartSec=30\n+RestartSec=1\n"), "{}", text(&o));
+    let (ok, out) = apply(&e, "s.yaml", &e.spec(UNIT, 5, &seed_extra(100)));
+    assert!(ok, "{out}");
+    assert!(out.contains("Drifted") && out.contains("Applied"), "{out}");
+    assert_eq!(deployed_hash(&e), rendered_hash(&e, "s.yaml"));
+    assert_eq!(e.specd(&["status"]).status.code(), Some(0));
+
+    // Report policy: the edit stays, and apply says so.
+    let report = e.spec(UNIT, 5, &(seed_extra(100) + "  policy: {drift: report}\n"));
+    let (ok, out) = apply(&e, "r.yaml", &report);
+    assert!(ok, "{out}");
+    edit(&e);
+    let (ok, out) = apply(&e, "r.yaml", &report);
+    assert!(!ok, "a reported drift exits 1: {out}");
+    assert!(out.contains("Drifted: the unit file was edited by hand"), "{out}");
+    assert!(e.b.read_to_string(&path).unwrap().contains("RestartSec=30"));
+    e.b.shutdown().unwrap();
+}
+
+#[test]
+fn a_config_that_fails_to_start_rolls_back_and_is_not_retried() {
+    let e = Env::new();
+    let (ok, out) = apply(&e, "s5.yaml", &e.spec(UNIT, 5, &seed_extra(100)));
+    assert!(ok, "{out}");
+    let bad = e.spec(
+        UNIT,
+        10,
+        &seed_extra(100).replace("SPECD_STANDIN_LOAD_MS", "SPECD_STANDIN_EXIT_CODE: \"3\", SPECD_STANDIN_LOAD_MS"),
+    );
+    let (ok, out) = apply(&e, "bad.yaml", &bad);
+    assert!(!ok, "{out}");
+    assert!(out.contains("RolledBack: sglang-qwen.service"), "{out}");
+    assert!(out.contains("restored the last good unit"), "{out}");
+    assert_eq!(e.served_steps(), Some(5), "the previous unit serves again");
+    assert_eq!(deployed_hash(&e), rendered_hash(&e, "s5.yaml"));
+    let o = e.specd(&["status"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(text(&o).contains("sglang-qwen.service: Failed"), "{}", text(&o));
+    assert!(text(&o).contains("status 3") || text(&o).contains("exit"), "{}", text(&o));
+    // The same bad spec again: nothing is restarted.
+    let pid = e.main_pid(UNIT);
+    let (ok, out) = apply(&e, "bad.yaml", &bad);
+    assert!(!ok);
+    assert!(out.contains("is not retried"), "{out}");
+    assert_eq!(e.main_pid(UNIT), pid);
+    // A new spec is tried.
+    let (ok, out) = apply(&e, "s7.yaml", &e.spec(UNIT, 7, &seed_extra(100)));
+    assert!(ok, "{out}");
+    assert_eq!(e.served_steps(), Some(7));
+    e.b.shutdown().unwrap();
+}
+
+#[test]
+fn without_a_last_good_unit_a_failing_config_is_left_stopped() {
+    let e = Env::new();
+    let bad = e.spec(
+        UNIT,
+        10,
+        &seed_extra(100).replace("SPECD_STANDIN_LOAD_MS", "SPECD_STANDIN_EXIT_CODE: \"3\", SPECD_STANDIN_LOAD_MS"),
+    );
+    let (ok, out) = apply(&e, "bad.yaml", &bad);
+    assert!(!ok);
+    assert!(out.contains("there is no last good unit to roll back to, so the service is left stopped"), "{out}");
+    let s = e.b.prop(UNIT, "ActiveState").unwrap();
+    assert!(s == "inactive" || s == "failed", "{s}");
+    e.b.shutdown().unwrap();
+}
+
+#[test]
+fn a_process_that_ignores_sigterm_blocks_the_start_and_is_named() {
+    let e = Env::new();
+    // A hand-written unit from before specd, whose KillMode lets a child outlive the stop.
+    let old = format!(
+        "[Service]\nType=exec\nKillMode=process\nEnvironment=SPECD_STANDIN_LINGER_CHILD=1\nExecStart={} sglang --model-path /models/old --port {}\n",
+        e.standin, e.port
+    );
+    e.b.write_file(&format!("/etc/systemd/system/{UNIT}"), &old).unwrap();
+    e.b.systemctl_check(&["daemon-reload"]).unwrap();
+    e.b.systemctl_check(&["start", UNIT]).unwrap();
+    wait_until("the old server to answer", Duration::from_secs(30), || e.server_info().is_some()).unwrap();
+    let yaml = e.spec(UNIT, 5, "  service: {timeout_stop_sec: 1}\n");
+    let (ok, out) = apply(&e, "s.yaml", &yaml);
+    assert!(!ok, "{out}");
+    assert!(out.contains("processes still in the unit's cgroup"), "{out}");
+    assert!(out.contains("not starting a new instance over them"), "{out}");
+    assert!(out.contains("specd-standin"), "the lingering command line is named: {out}");
+    assert_eq!(e.b.read_to_string(&format!("/etc/systemd/system/{UNIT}")).unwrap(), old, "the unit file is untouched");
+    assert_eq!(e.b.prop(UNIT, "ActiveState").unwrap(), "inactive");
+    e.b.shutdown().unwrap();
+}
+
+/// Kill `specd apply` with SIGKILL once its recorded phase is `phase`, then apply again.
+fn kill_at(phase: &str, load_ms: u32) {
+    let e = Env::new();
+    let (ok, out) = apply(&e, "s5.yaml", &e.spec(UNIT, 5, &seed_extra(load_ms)));
+    assert!(ok, "{out}");
+    let old = deployed_hash(&e);
+    let p = e.put("s10.yaml", &e.spec(UNIT, 10, &seed_extra(load_ms)));
+    let new = rendered_hash(&e, "s10.yaml");
+    let reqs = e.in_flight(2, 400);
+    let mut child =
+        e.b.command(&[&e.specd, "apply", "-f", &p, "--host", "gpu-01"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+    let state_path = format!("/var/lib/specd/units/{UNIT}.json");
+    wait_until(&format!("the apply to reach {phase}"), Duration::from_secs(60), || {
+        e.b.read_to_string(&state_path)
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+            .is_some_and(|v| v["in_progress"]["phase"] == phase)
+    })
+    .unwrap();
+    let k = e.b.exec(&["pkill", "-KILL", "-f", "specd apply"]);
+    assert!(k.status.success(), "{}", text(&k));
+    let _ = child.wait();
+    let at_kill = deployed_hash(&e);
+    assert!(at_kill == old || at_kill == new, "the unit file is neither old nor new after a kill at {phase}");
+    let (ok, out) = apply(&e, "s10.yaml", &e.spec(UNIT, 10, &seed_extra(load_ms)));
+    assert!(ok, "after a kill at {phase}: {out}");
+    assert!(out.contains("interrupted") || out.contains("Applied") || out.contains("InSync"), "{out}");
+    assert_eq!(e.served_steps(), Some(10), "{out}");
+    assert_eq!(deployed_hash(&e), new);
+    assert_eq!(e.specd(&["status"]).status.code(), Some(0));
+    for r in reqs {
+        r.join().unwrap();
+    }
+    e.b.shutdown().unwrap();
+}
+
+#[test]
+fn killed_while_waiting_for_the_stop_then_applied_again_converges() {
+    kill_at("WaitStopped", 100);
+}
+
+#[test]
+fn killed_after_writing_then_applied_again_converges() {
+    kill_at("Reload", 100);
+}
+
+#[test]
+fn killed_after_reload_then_applied_again_converges() {
+    kill_at("Start", 100);
+}
+
+#[test]
+fn killed_during_readiness_then_applied_again_converges() {
+    kill_at("WaitReady", 3000);
+}
+
+#[test]
+fn two_concurrent_applies_on_one_unit_are_serialized() {
+    let e = Env::new();
+    let (ok, out) = apply(&e, "s5.yaml", &e.spec(UNIT, 5, &seed_extra(1000)));
+    assert!(ok, "{out}");
+    let a = e.put("a.yaml", &e.spec(UNIT, 7, &seed_extra(1000)));
+    let b = e.put("b.yaml", &e.spec(UNIT, 9, &seed_extra(1000)));
+    let pa =
+        e.b.command(&[&e.specd, "apply", "-f", &a, "--host", "gpu-01"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+    let state_path = format!("/var/lib/specd/units/{UNIT}.json");
+    // The first holds the unit (an apply is in progress) before the second starts.
+    wait_until("the first apply to start", Duration::from_secs(30), || {
+        e.b.read_to_string(&state_path)
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+            .is_some_and(|v| !v["in_progress"].is_null())
+    })
+    .unwrap();
+    let pb =
+        e.b.command(&[&e.specd, "apply", "-f", &b, "--host", "gpu-01"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+    let oa = pa.wait_with_output().unwrap();
+    let ob = pb.wait_with_output().unwrap();
+    assert!(oa.status.success() && ob.status.success(), "{}\n---\n{}", text(&oa), text(&ob));
+    assert!(text(&ob).contains("waiting: another specd is reconciling sglang-qwen.service"), "{}", text(&ob));
+    assert_eq!(e.served_steps(), Some(9), "the second apply ran after the first, whole");
+    let hist = e.state(UNIT)["history"].as_array().unwrap().clone();
+    let last: Vec<&str> = hist.iter().rev().take(2).map(|h| h["outcome"].as_str().unwrap()).collect();
+    assert_eq!(last, ["applied", "applied"]);
+    e.b.shutdown().unwrap();
+}
+
+#[test]
+fn a_bad_spec_changes_nothing_on_the_host() {
+    let e = Env::new();
+    let (ok, out) = apply(&e, "s5.yaml", &e.spec(UNIT, 5, &seed_extra(100)));
+    assert!(ok, "{out}");
+    let pid = e.main_pid(UNIT);
+    let before = deployed_hash(&e);
+    let bad = e.spec(UNIT, 5, &seed_extra(100)).replace("num_draft_tokens: 6", "num_draft_tokens: 4");
+    let (ok, out) = apply(&e, "bad.yaml", &bad);
+    assert!(!ok);
+    assert!(out.contains("/run/specs/bad.yaml:10:"), "{out}");
+    assert!(out.contains("spec.speculative.num_draft_tokens"), "{out}");
+    assert!(out.contains("nothing was changed on this host"), "{out}");
+    assert_eq!(deployed_hash(&e), before);
+    assert_eq!(e.main_pid(UNIT), pid);
+    e.b.shutdown().unwrap();
+}

@@ -35,9 +35,7 @@ impl CgroupLayout {
     /// (systemd's tracking hierarchy), as seen inside the box.
     pub fn procs_dir(self, cg: &str) -> PathBuf {
         match self {
-            CgroupLayout::Hybrid | CgroupLayout::Legacy => {
-                PathBuf::from(format!("/sys/fs/cgroup/systemd{cg}"))
-            }
+            CgroupLayout::Hybrid | CgroupLayout::Legacy => PathBuf::from(format!("/sys/fs/cgroup/systemd{cg}")),
             CgroupLayout::Unified => PathBuf::from(format!("/sys/fs/cgroup{cg}")),
         }
     }
@@ -90,17 +88,13 @@ fn mountinfo_cgroups() -> Result<Vec<(PathBuf, String, String)>> {
 /// The host's layout.
 pub fn host_layout() -> Result<CgroupLayout> {
     let mounts = mountinfo_cgroups()?;
-    let v2_at = mounts
-        .iter()
-        .find(|m| m.1 == "cgroup2")
-        .map(|m| m.0.clone());
+    let v2_at = mounts.iter().find(|m| m.1 == "cgroup2").map(|m| m.0.clone());
     Ok(match v2_at {
         Some(p) if p == Path::new("/sys/fs/cgroup") => CgroupLayout::Unified,
         Some(p) if p == Path::new("/sys/fs/cgroup/unified") => CgroupLayout::Hybrid,
-        Some(p) => bail!(
-            "cgroup2 is mounted at {} — the box supports /sys/fs/cgroup or /sys/fs/cgroup/unified",
-            p.display()
-        ),
+        Some(p) => {
+            bail!("cgroup2 is mounted at {} — the box supports /sys/fs/cgroup or /sys/fs/cgroup/unified", p.display())
+        }
         None => CgroupLayout::Legacy,
     })
 }
@@ -131,11 +125,7 @@ pub(crate) fn host_hierarchies() -> Result<Vec<Hierarchy>> {
             // mounted) cannot be used by the box's systemd either.
             continue;
         };
-        out.push(Hierarchy {
-            mount: mount.clone(),
-            v2: fstype == "cgroup2",
-            own: path.to_string(),
-        });
+        out.push(Hierarchy { mount: mount.clone(), v2: fstype == "cgroup2", own: path.to_string() });
     }
     if out.is_empty() {
         bail!("no mounted cgroup hierarchy found in /proc/self/mountinfo");
@@ -156,8 +146,7 @@ pub(crate) fn create_box_cgroups(hs: &[Hierarchy], name: &str) -> Result<Vec<Pat
             let parent = d.parent().expect("cgroup has a parent");
             for f in ["cpuset.cpus", "cpuset.mems"] {
                 let v = fs::read_to_string(parent.join(f)).with_context(|| format!("read {f}"))?;
-                fs::write(d.join(f), v.trim())
-                    .with_context(|| format!("write {}", d.join(f).display()))?;
+                fs::write(d.join(f), v.trim()).with_context(|| format!("write {}", d.join(f).display()))?;
             }
         }
         procs.push(d.join("cgroup.procs"));
@@ -233,10 +222,7 @@ pub(crate) fn remove_box_cgroups(hs: &[Hierarchy], name: &str, timeout: Duration
 
 /// Leftover box cgroup directories (host paths) named `name`.
 pub(crate) fn leftover_dirs(hs: &[Hierarchy], name: &str) -> Vec<PathBuf> {
-    hs.iter()
-        .map(|h| h.dir_of(name))
-        .filter(|d| d.exists())
-        .collect()
+    hs.iter().map(|h| h.dir_of(name)).filter(|d| d.exists()).collect()
 }
 
 /// Boxes left behind by a test process that died without tearing them down

@@ -48,7 +48,9 @@
 //!   ([`SystemdBox::journal`]).
 //! - systemd runs with `container=specd-box` in its environment, so it behaves
 //!   as a container's init (no kernel-module loading, no loop/DM/swap detach at
-//!   poweroff, logs to its console, which is `/dev/null`).
+//!   poweroff) and logs to the journal. `/dev/console` and `/dev/kmsg` are
+//!   `/dev/null` inside, so nothing of the box reaches the host's console or
+//!   kernel log.
 //!
 //! ## Cgroup paths seen from inside the box
 //!

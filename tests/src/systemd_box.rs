@@ -20,15 +20,8 @@ use std::time::{Duration, Instant};
 pub const SYSTEMD: &str = "/lib/systemd/systemd";
 
 /// Directories that are a fresh, empty tmpfs inside the box (besides `/run`).
-pub const PRIVATE_DIRS: &[&str] = &[
-    "/etc/systemd/system",
-    "/var/lib",
-    "/var/log",
-    "/var/cache",
-    "/var/tmp",
-    "/tmp",
-    "/dev/shm",
-];
+pub const PRIVATE_DIRS: &[&str] =
+    &["/etc/systemd/system", "/var/lib", "/var/log", "/var/cache", "/var/tmp", "/tmp", "/dev/shm"];
 
 /// Where the box keeps its private unit directory (the standard targets).
 pub const BOX_UNIT_DIR: &str = "/run/specd-box/units";
@@ -60,7 +53,9 @@ chmod 1777 /tmp /var/tmp /dev/shm
 mkdir -p /var/lib/specd /var/lib/systemd
 i=0
 for p in $SPECD_BOX_BINDS; do i=$((i+1)); mkdir -p "$p"; mount --move /run/specd-box/binds/$i "$p"; done
-if [ -e /dev/console ]; then mount --bind /dev/null /dev/console; fi
+for d in /dev/console /dev/kmsg; do
+  if [ -e "$d" ]; then mount --bind /dev/null "$d"; fi
+done
 tr -d - < /proc/sys/kernel/random/uuid > /run/specd-box/machine-id
 mount --bind /run/specd-box/machine-id /etc/machine-id
 exec unshare --cgroup /bin/sh -c "$SPECD_BOX_INNER2"
@@ -109,7 +104,7 @@ done
 exec env -i container=specd-box NOTIFY_SOCKET="$SPECD_BOX_NOTIFY" PATH=/usr/sbin:/usr/bin:/sbin:/bin \
   SYSTEMD_UNIT_PATH="$SPECD_BOX_UNIT_PATH" \
   SYSTEMD_GENERATOR_PATH=/run/specd-box/empty SYSTEMD_ENVIRONMENT_GENERATOR_PATH=/run/specd-box/empty \
-  "$SPECD_BOX_SYSTEMD" --system --unit=box.target --show-status=no --log-target=console
+  "$SPECD_BOX_SYSTEMD" --system --unit=box.target --show-status=no --log-target=journal
 "#;
 
 /// Options for [`SystemdBox::boot_with`].
@@ -125,10 +120,7 @@ pub struct BoxConfig {
 
 impl Default for BoxConfig {
     fn default() -> Self {
-        BoxConfig {
-            binds: Vec::new(),
-            boot_timeout: Duration::from_secs(30),
-        }
+        BoxConfig { binds: Vec::new(), boot_timeout: Duration::from_secs(30) }
     }
 }
 
@@ -156,11 +148,7 @@ fn ns_inode(pid: u32, ns: &str) -> Option<u64> {
 
 fn all_pids() -> Vec<u32> {
     fs::read_dir("/proc")
-        .map(|rd| {
-            rd.flatten()
-                .filter_map(|e| e.file_name().to_str()?.parse().ok())
-                .collect()
-        })
+        .map(|rd| rd.flatten().filter_map(|e| e.file_name().to_str()?.parse().ok()).collect())
         .unwrap_or_default()
 }
 
@@ -170,11 +158,13 @@ fn ppid_of(pid: u32) -> Option<u32> {
     after.split(' ').nth(1)?.parse().ok()
 }
 
+/// `comm`, state and parent of a process, for leak reports.
 fn comm_of(pid: u32) -> String {
-    fs::read_to_string(format!("/proc/{pid}/comm"))
-        .unwrap_or_default()
-        .trim()
-        .to_string()
+    let comm = fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let state = stat.rfind(')').and_then(|i| stat.get(i + 2..i + 3)).unwrap_or("?");
+    let wchan = fs::read_to_string(format!("/proc/{pid}/wchan")).unwrap_or_default();
+    format!("{} state {state} wchan {wchan} ppid {}", comm.trim(), ppid_of(pid).unwrap_or(0))
 }
 
 impl BoxTrace {
@@ -185,15 +175,9 @@ impl BoxTrace {
         let mut out = Vec::new();
         for pid in all_pids() {
             if ns_inode(pid, "pid") == Some(self.pid_ns) {
-                out.push(format!(
-                    "process {pid} ({}) still in the box's pid namespace",
-                    comm_of(pid)
-                ));
+                out.push(format!("process {pid} ({}) still in the box's pid namespace", comm_of(pid)));
             } else if ns_inode(pid, "mnt") == Some(self.mnt_ns) {
-                out.push(format!(
-                    "process {pid} ({}) still in the box's mount namespace",
-                    comm_of(pid)
-                ));
+                out.push(format!("process {pid} ({}) still in the box's mount namespace", comm_of(pid)));
             }
         }
         for d in cgroups::leftover_dirs(&self.hierarchies, &self.name) {
@@ -268,19 +252,13 @@ fn spawn_from_keeper(cmd: Command) -> std::io::Result<Child> {
         .unwrap_or_else(|e| e.into_inner())
         .clone();
     let (rtx, rrx) = mpsc::channel();
-    tx.send((cmd, rtx))
-        .map_err(|_| std::io::Error::other("box keeper thread is gone"))?;
-    rrx.recv()
-        .map_err(|_| std::io::Error::other("box keeper thread is gone"))?
+    tx.send((cmd, rtx)).map_err(|_| std::io::Error::other("box keeper thread is gone"))?;
+    rrx.recv().map_err(|_| std::io::Error::other("box keeper thread is gone"))?
 }
 
 fn which(prog: &str) -> Option<PathBuf> {
     std::env::var_os("PATH")
-        .map(|p| {
-            std::env::split_paths(&p)
-                .map(|d| d.join(prog))
-                .find(|p| p.is_file())
-        })
+        .map(|p| std::env::split_paths(&p).map(|d| d.join(prog)).find(|p| p.is_file()))
         .unwrap_or(None)
 }
 
@@ -311,16 +289,9 @@ fn pidfd_wait(child: &mut Child, timeout: Duration) -> bool {
     // SAFETY: pidfd_open on our own child's pid; fd closed below.
     let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, child.id() as libc::pid_t, 0) } as i32;
     if fd < 0 {
-        return wait_until("child exit", timeout, || {
-            matches!(child.try_wait(), Ok(Some(_)))
-        })
-        .is_ok();
+        return wait_until("child exit", timeout, || matches!(child.try_wait(), Ok(Some(_)))).is_ok();
     }
-    let mut pfd = libc::pollfd {
-        fd,
-        events: libc::POLLIN,
-        revents: 0,
-    };
+    let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
     let deadline = Instant::now() + timeout;
     let mut exited = false;
     loop {
@@ -355,11 +326,7 @@ impl SystemdBox {
         let layout = cgroups::host_layout()?;
         let hierarchies = cgroups::host_hierarchies()?;
         cgroups::sweep_stale(&hierarchies);
-        let name = format!(
-            "specd-box-{}-{}",
-            std::process::id(),
-            COUNTER.fetch_add(1, Ordering::SeqCst)
-        );
+        let name = format!("specd-box-{}-{}", std::process::id(), COUNTER.fetch_add(1, Ordering::SeqCst));
         let host_mounts = fs::read_to_string("/proc/self/mountinfo")?;
         let procs = match cgroups::create_box_cgroups(&hierarchies, &name) {
             Ok(p) => p,
@@ -377,10 +344,7 @@ impl SystemdBox {
         }
         for b in &binds {
             if !b.is_absolute() || !b.is_dir() {
-                bail!(
-                    "box bind {} must be an existing absolute directory",
-                    b.display()
-                );
+                bail!("box bind {} must be an existing absolute directory", b.display());
             }
             if b.starts_with("/run") {
                 bail!("box bind {} under /run is not supported", b.display());
@@ -388,9 +352,8 @@ impl SystemdBox {
         }
 
         let notify_name = format!("{name}-notify");
-        let notify =
-            UnixDatagram::bind_addr(&SocketAddr::from_abstract_name(notify_name.as_bytes())?)
-                .context("bind the box's notify socket")?;
+        let notify = UnixDatagram::bind_addr(&SocketAddr::from_abstract_name(notify_name.as_bytes())?)
+            .context("bind the box's notify socket")?;
         let console = tempfile::tempfile().context("create the box console file")?;
 
         let mut cmd = Command::new("unshare");
@@ -441,14 +404,7 @@ impl SystemdBox {
             }
         };
         let mut sb = SystemdBox {
-            trace: BoxTrace {
-                name,
-                init_pid: 0,
-                pid_ns: 0,
-                mnt_ns: 0,
-                hierarchies,
-                host_mounts,
-            },
+            trace: BoxTrace { name, init_pid: 0, pid_ns: 0, mnt_ns: 0, hierarchies, host_mounts },
             layout,
             unshare: Some(child),
             console,
@@ -462,10 +418,7 @@ impl SystemdBox {
             Err(e) => {
                 let console = sb.console_output();
                 let journal = if sb.trace.init_pid != 0 {
-                    String::from_utf8_lossy(
-                        &sb.exec(&["journalctl", "--no-pager", "-n", "50"]).stdout,
-                    )
-                    .to_string()
+                    String::from_utf8_lossy(&sb.exec(&["journalctl", "--no-pager", "-n", "50"]).stdout).to_string()
                 } else {
                     String::new()
                 };
@@ -496,12 +449,7 @@ impl SystemdBox {
                         break;
                     }
                 }
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                    ) =>
-                {
+                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
                     // Waiting on the socket; meanwhile notice an early death.
                     if let Some(st) = self.unshare.as_mut().expect("unshare child").try_wait()? {
                         bail!("the box's PID 1 exited during boot ({st})");
@@ -511,9 +459,7 @@ impl SystemdBox {
             }
         }
         let init = wait_for("the box's PID 1 in /proc", Duration::from_secs(5), || {
-            all_pids()
-                .into_iter()
-                .find(|&p| ppid_of(p) == Some(unshare_pid))
+            all_pids().into_iter().find(|&p| ppid_of(p) == Some(unshare_pid))
         })?;
         self.trace.init_pid = init;
         self.trace.pid_ns = ns_inode(init, "pid").context("read the box's pid namespace")?;
@@ -525,10 +471,7 @@ impl SystemdBox {
         let state = String::from_utf8_lossy(&state.stdout).trim().to_string();
         if state != "running" {
             let failed = self.systemctl(&["--failed", "--no-pager"]);
-            bail!(
-                "the box's systemd says {state:?}, not \"running\":\n{}",
-                String::from_utf8_lossy(&failed.stdout)
-            );
+            bail!("the box's systemd says {state:?}, not \"running\":\n{}", String::from_utf8_lossy(&failed.stdout));
         }
         Ok(())
     }
@@ -587,16 +530,7 @@ impl SystemdBox {
     pub fn command(&self, argv: &[&str]) -> Command {
         assert!(!argv.is_empty(), "empty argv");
         let mut c = Command::new("nsenter");
-        c.args([
-            "-t",
-            &self.trace.init_pid.to_string(),
-            "-m",
-            "-p",
-            "-C",
-            "-u",
-            "-i",
-            "--",
-        ]);
+        c.args(["-t", &self.trace.init_pid.to_string(), "-m", "-p", "-C", "-u", "-i", "--"]);
         c.args(argv);
         c.env_remove("NOTIFY_SOCKET");
         c.stdin(Stdio::null());
@@ -612,27 +546,20 @@ impl SystemdBox {
     pub fn exec_env(&self, argv: &[&str], env: &[(&str, &str)]) -> Output {
         let mut c = self.command(argv);
         c.envs(env.iter().copied());
-        c.output()
-            .unwrap_or_else(|e| panic!("run nsenter for {argv:?}: {e}"))
+        c.output().unwrap_or_else(|e| panic!("run nsenter for {argv:?}: {e}"))
     }
 
     /// [`SystemdBox::exec`] with `stdin` fed to the command.
     pub fn exec_stdin(&self, argv: &[&str], stdin: &[u8]) -> Output {
         let mut c = self.command(argv);
-        c.stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let mut child = c
-            .spawn()
-            .unwrap_or_else(|e| panic!("run nsenter for {argv:?}: {e}"));
+        c.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        let mut child = c.spawn().unwrap_or_else(|e| panic!("run nsenter for {argv:?}: {e}"));
         let mut sin = child.stdin.take().expect("stdin");
         let data = stdin.to_vec();
         let writer = std::thread::spawn(move || {
             let _ = sin.write_all(&data);
         });
-        let out = child
-            .wait_with_output()
-            .unwrap_or_else(|e| panic!("wait for {argv:?}: {e}"));
+        let out = child.wait_with_output().unwrap_or_else(|e| panic!("wait for {argv:?}: {e}"));
         let _ = writer.join();
         out
     }
@@ -671,18 +598,12 @@ impl SystemdBox {
     pub fn show(&self, unit: &str, props: &[&str]) -> Result<BTreeMap<String, String>> {
         let p = format!("--property={}", props.join(","));
         let out = self.systemctl_check(&["show", unit, &p])?;
-        Ok(out
-            .lines()
-            .filter_map(|l| l.split_once('='))
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect())
+        Ok(out.lines().filter_map(|l| l.split_once('=')).map(|(k, v)| (k.to_string(), v.to_string())).collect())
     }
 
     /// One property of `systemctl show`.
     pub fn prop(&self, unit: &str, prop: &str) -> Result<String> {
-        self.show(unit, &[prop])?
-            .remove(prop)
-            .with_context(|| format!("systemctl show {unit} has no property {prop}"))
+        self.show(unit, &[prop])?.remove(prop).with_context(|| format!("systemctl show {unit} has no property {prop}"))
     }
 
     /// The journal of `unit` (`journalctl -u UNIT -o cat`): the unit's own
@@ -694,13 +615,7 @@ impl SystemdBox {
     /// Writes a file inside the box (creating parent directories).
     pub fn write_file(&self, path_in_box: &str, contents: impl AsRef<[u8]>) -> Result<()> {
         let out = self.exec_stdin(
-            &[
-                "/bin/sh",
-                "-c",
-                "mkdir -p \"$(dirname \"$1\")\" && cat > \"$1\"",
-                "sh",
-                path_in_box,
-            ],
+            &["/bin/sh", "-c", "mkdir -p \"$(dirname \"$1\")\" && cat > \"$1\"", "sh", path_in_box],
             contents.as_ref(),
         );
         checked(&["write", path_in_box], out).map(|_| ())
@@ -710,10 +625,7 @@ impl SystemdBox {
     pub fn read_file(&self, path_in_box: &str) -> Result<Vec<u8>> {
         let out = self.exec(&["cat", "--", path_in_box]);
         if !out.status.success() {
-            bail!(
-                "read {path_in_box} in the box: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
+            bail!("read {path_in_box} in the box: {}", String::from_utf8_lossy(&out.stderr).trim());
         }
         Ok(out.stdout)
     }
@@ -721,6 +633,33 @@ impl SystemdBox {
     /// Reads a text file inside the box.
     pub fn read_to_string(&self, path_in_box: &str) -> Result<String> {
         Ok(String::from_utf8(self.read_file(path_in_box)?)?)
+    }
+
+    /// SIGKILLs processes of the box that its systemd would not handle:
+    /// those started with [`SystemdBox::exec`] / [`SystemdBox::command`]
+    /// (inside they show PPid 0, and systemd-shutdown leaves PPid-0
+    /// processes alone) and their `nsenter` parents outside (in the box's
+    /// mount namespace only; systemd-shutdown's `kill(-1, SIGSTOP)` stops
+    /// their child, and nsenter then stops itself and can no longer reap it).
+    /// With `everything`, every process of the box but its PID 1.
+    fn kill_strays(&self, everything: bool) {
+        let (pns, mns) = (Some(self.trace.pid_ns), Some(self.trace.mnt_ns));
+        for pid in all_pids() {
+            if pid == self.trace.init_pid {
+                continue;
+            }
+            let in_pid_ns = ns_inode(pid, "pid") == pns;
+            let in_mnt_ns = ns_inode(pid, "mnt") == mns;
+            let stray = if in_pid_ns {
+                everything || ppid_of(pid).is_some_and(|pp| ns_inode(pp, "pid") != pns)
+            } else {
+                in_mnt_ns
+            };
+            if stray {
+                // SAFETY: kill(2) on a process of the box.
+                unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+            }
+        }
     }
 
     /// Stops the box and checks it left nothing behind: `systemctl --force
@@ -739,39 +678,50 @@ impl SystemdBox {
         };
         let mut clean = false;
         if self.trace.init_pid != 0 && matches!(child.try_wait(), Ok(None)) {
-            let _ = self.systemctl(&["--force", "poweroff"]);
+            // Processes started with `exec` and still running have their
+            // parent (nsenter) outside the box, so inside they show PPid 0;
+            // systemd-shutdown leaves such processes alone and then waits for
+            // them. Kill them first.
+            self.kill_strays(false);
+            // PID 1 may be gone already; then nsenter fails, which is fine.
+            let _ = self
+                .command(&["systemctl", "--force", "poweroff"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
             clean = pidfd_wait(&mut child, Duration::from_secs(10));
         }
         if !clean {
             if self.trace.init_pid != 0 {
                 // SAFETY: kill(2); the pid is the box's init, still our
-                // unshare's child (not yet reaped: unshare is alive).
+                // unshare's child (not yet reaped: unshare is alive). Killing
+                // a pid namespace's init kills every process in it.
                 unsafe { libc::kill(self.trace.init_pid as libc::pid_t, libc::SIGKILL) };
             }
-            let _ = child.kill();
-            if !pidfd_wait(&mut child, Duration::from_secs(10)) {
+            // unshare exits once its child, the box's init, is reaped, which
+            // the kernel does only after every process of the box is gone.
+            // A stopped nsenter outside would keep a zombie in the box and
+            // so the namespace alive: keep killing strays while waiting.
+            let gone = wait_until("the box's pid namespace to end", Duration::from_secs(10), || {
+                self.kill_strays(true);
+                matches!(child.try_wait(), Ok(Some(_)))
+            });
+            if gone.is_err() {
+                let _ = child.kill();
                 let _ = child.wait();
             }
         }
         cgroups::kill_tree(&self.trace.hierarchies, &self.trace.name);
-        let rm = cgroups::remove_box_cgroups(
-            &self.trace.hierarchies,
-            &self.trace.name,
-            Duration::from_secs(10),
-        );
+        let rm = cgroups::remove_box_cgroups(&self.trace.hierarchies, &self.trace.name, Duration::from_secs(10));
+        // Exiting processes leave /proc asynchronously: wait for a clean
+        // state, then report what is left.
+        let _ = wait_until("the box to leave nothing behind", Duration::from_secs(5), || self.trace.leaks().is_empty());
         let leaks = self.trace.leaks();
         if !leaks.is_empty() {
-            bail!(
-                "box {} left things behind:\n  {}",
-                self.trace.name,
-                leaks.join("\n  ")
-            );
+            bail!("box {} left things behind:\n  {}", self.trace.name, leaks.join("\n  "));
         }
         rm?;
-        Ok(Teardown {
-            clean_poweroff: clean,
-            elapsed: start.elapsed(),
-        })
+        Ok(Teardown { clean_poweroff: clean, elapsed: start.elapsed() })
     }
 }
 
@@ -786,10 +736,7 @@ impl Drop for SystemdBox {
 }
 
 fn join_paths(ps: &[PathBuf]) -> String {
-    ps.iter()
-        .map(|p| p.to_string_lossy().into_owned())
-        .collect::<Vec<_>>()
-        .join("\n")
+    ps.iter().map(|p| p.to_string_lossy().into_owned()).collect::<Vec<_>>().join("\n")
 }
 
 fn checked(argv: &[&str], out: Output) -> Result<String> {

@@ -10,20 +10,12 @@ use std::time::{Duration, Instant};
 /// journal line), never a fixed sleep. The poll interval starts at 5 ms and
 /// grows to 50 ms. On timeout the error names `desc`, so a failing test says
 /// what it was waiting for.
-pub fn wait_until(
-    desc: &str,
-    timeout: Duration,
-    mut cond: impl FnMut() -> bool,
-) -> anyhow::Result<()> {
+pub fn wait_until(desc: &str, timeout: Duration, mut cond: impl FnMut() -> bool) -> anyhow::Result<()> {
     wait_for(desc, timeout, || cond().then_some(())).map(|_| ())
 }
 
 /// Like [`wait_until`], but the condition yields a value when it holds.
-pub fn wait_for<T>(
-    desc: &str,
-    timeout: Duration,
-    mut cond: impl FnMut() -> Option<T>,
-) -> anyhow::Result<T> {
+pub fn wait_for<T>(desc: &str, timeout: Duration, mut cond: impl FnMut() -> Option<T>) -> anyhow::Result<T> {
     let start = Instant::now();
     let mut pause = Duration::from_millis(5);
     loop {
@@ -51,10 +43,7 @@ pub fn free_port() -> u16 {
 pub fn target_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("current_exe");
     let mut dir = exe.parent().expect("exe has a parent").to_path_buf();
-    if dir
-        .file_name()
-        .is_some_and(|n| n == "deps" || n == "examples")
-    {
+    if dir.file_name().is_some_and(|n| n == "deps" || n == "examples") {
         dir.pop();
     }
     dir

@@ -1,0 +1,324 @@
+//! `specd run` as a systemd service in the box, following a git repository: commits deploy,
+//! uncommitted edits and bad commits do not, a branch never goes backwards, several units
+//! reconcile concurrently, hand edits are healed, and a killed agent converges after restart.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::*;
+use specd_e2e::BoxConfig;
+
+const AGENT: &str = "specd-agent.service";
+
+struct Fleet {
+    e: Env,
+    dir: tempfile::TempDir,
+    repo: PathBuf,
+    listen: u16,
+}
+
+fn git(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new("git")
+        .args([
+            "-c",
+            "user.name=ops",
+            "-c",
+            "user.email=ops@example.com",
+            "-c",
+            "commit.gpgsign=false",
+            "-c",
+            "init.defaultBranch=main",
+        ])
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+impl Fleet {
+    fn new() -> Fleet {
+        let dir = tempfile::tempdir().unwrap();
+        let repo = dir.path().join("config");
+        std::fs::create_dir_all(repo.join("specs")).unwrap();
+        git(&repo, &["init", "-q"]);
+        let b =
+            SystemdBox::boot_with(BoxConfig { binds: vec![dir.path().to_path_buf()], ..Default::default() }).unwrap();
+        let e = Env {
+            b,
+            port: free_port(),
+            specd: env!("CARGO_BIN_EXE_specd").into(),
+            standin: bin_path("specd-standin").display().to_string(),
+        };
+        Fleet { e, dir, repo, listen: free_port() }
+    }
+
+    fn spec(&self, unit: &str, port: u16, steps: u32, load_ms: u32, extra: &str) -> String {
+        spec_text(&self.e.standin, unit, port, steps, load_ms, extra)
+    }
+
+    fn commit(&self, files: &[(&str, &str)], msg: &str) -> String {
+        for (name, text) in files {
+            std::fs::write(self.repo.join("specs").join(name), text).unwrap();
+        }
+        git(&self.repo, &["add", "-A"]);
+        git(&self.repo, &["commit", "-q", "--allow-empty", "-m", msg]);
+        git(&self.repo, &["rev-parse", "HEAD"])
+    }
+
+    /// Start the agent as a Type=notify unit in the box; returns when systemd says it is up.
+    fn start_agent(&self, repo: &str, extra_args: &str) {
+        let unit = format!(
+            "[Service]\nType=notify\nExecStart={} run --config /run/none.yaml --repo {repo} --path specs --hostname gpu-01 --interval 1 --listen 127.0.0.1:{} {extra_args}\nRestart=always\nRestartSec=1\nTimeoutStopSec=90\nEnvironment=SPECD_LOG=info\n",
+            self.e.specd, self.listen
+        );
+        self.e.b.write_file(&format!("/etc/systemd/system/{AGENT}"), unit).unwrap();
+        self.e.b.systemctl_check(&["daemon-reload"]).unwrap();
+        self.e.b.systemctl_check(&["start", AGENT]).unwrap();
+    }
+
+    fn steps(&self, port: u16) -> Option<u64> {
+        let (c, b) = http(port, "GET", "/get_server_info", None)?;
+        (c == 200)
+            .then(|| serde_json::from_str::<serde_json::Value>(&b).ok()?["speculative_num_steps"].as_u64())
+            .flatten()
+    }
+
+    fn wait_steps(&self, port: u16, steps: u64, within: Duration) {
+        wait_until(&format!("port {port} to serve steps={steps}"), within, || self.steps(port) == Some(steps))
+            .unwrap_or_else(|err| panic!("{err}\nagent journal:\n{}", self.e.b.journal(AGENT).unwrap_or_default()));
+    }
+
+    fn source_state(&self) -> serde_json::Value {
+        self.e
+            .b
+            .read_to_string("/var/lib/specd/source.json")
+            .ok()
+            .and_then(|t| serde_json::from_str(&t).ok())
+            .unwrap_or_default()
+    }
+
+    fn wait_source(&self, what: &str, f: impl Fn(&serde_json::Value) -> bool) {
+        wait_until(what, Duration::from_secs(30), || f(&self.source_state())).unwrap_or_else(|err| {
+            panic!("{err}\n{}\nagent journal:\n{}", self.source_state(), self.e.b.journal(AGENT).unwrap_or_default())
+        });
+    }
+}
+
+fn spec_text(standin: &str, unit: &str, port: u16, steps: u32, load_ms: u32, extra: &str) -> String {
+    format!(
+        "apiVersion: specd/v1
+kind: InferenceService
+metadata: {{name: {name}}}
+spec:
+  unit: {unit}
+  engine: sglang
+  command: [{standin}, sglang]
+  model: /models/Qwen3.5-122B-A10B
+  server: {{host: 127.0.0.1, port: {port}, max_running_requests: 16}}
+  speculative: {{algorithm: NEXTN, num_steps: {steps}, eagle_topk: 1, num_draft_tokens: {draft}}}
+  service: {{restart: always, timeout_stop_sec: 5, environment: {{SPECD_STANDIN_LOAD_MS: \"{load_ms}\"}}}}
+{extra}",
+        name = unit.trim_end_matches(".service"),
+        draft = steps + 1,
+    )
+}
+
+#[test]
+fn commits_deploy_and_nothing_else_does() {
+    let f = Fleet::new();
+    let a = f.e.port;
+    let c1 = f.commit(&[("qwen.yaml", &f.spec("qwen.service", a, 5, 200, ""))], "steps 5");
+    f.start_agent(f.repo.to_str().unwrap(), "");
+    f.wait_steps(a, 5, Duration::from_secs(30));
+    f.wait_source("the first commit to be accepted", |s| s["accepted_commit"] == c1.as_str());
+
+    // A commit: deployed within a bounded time, and status names the commit.
+    let t0 = Instant::now();
+    let c2 = f.commit(&[("qwen.yaml", &f.spec("qwen.service", a, 10, 200, ""))], "steps 10");
+    f.wait_steps(a, 10, Duration::from_secs(30));
+    let took = t0.elapsed();
+    wait_until("status to be green", Duration::from_secs(10), || f.e.specd(&["status"]).status.code() == Some(0))
+        .unwrap();
+    let st = text(&f.e.specd(&["status"]));
+    assert!(st.contains(&format!("deployed commit {}", &c2[..12])), "{st}");
+    assert!(st.contains(&format!("commit {} (specs/qwen.yaml)", &c2[..12])), "{st}");
+    assert!(st.contains("qwen.service: InSync Healthy"), "{st}");
+    eprintln!("commit → served: {took:?}");
+
+    // An uncommitted edit: nothing happens, even after an explicit reconcile.
+    std::fs::write(f.repo.join("specs/qwen.yaml"), f.spec("qwen.service", a, 3, 200, "")).unwrap();
+    let pid = f.e.main_pid("qwen.service");
+    let before = f.source_state()["time"].as_u64().unwrap();
+    let o = f.e.specd(&["reconcile", "--agent", &format!("http://127.0.0.1:{}", f.listen)]);
+    assert!(o.status.success(), "{}", text(&o));
+    f.wait_source("the source to be read again", |s| s["time"].as_u64().unwrap_or(0) > before);
+    assert_eq!(f.steps(a), Some(10));
+    assert_eq!(f.e.main_pid("qwen.service"), pid);
+
+    // A bad commit: host unchanged, status names file:line, the next good commit deploys.
+    let bad = f.spec("qwen.service", a, 4, 200, "").replace("num_draft_tokens: 5", "num_draft_tokens: 9");
+    let c3 = f.commit(&[("qwen.yaml", &bad)], "bad");
+    f.wait_source("the bad commit to be refused", |s| s["head_commit"] == c3.as_str() && !s["error"].is_null());
+    let st = text(&f.e.specd(&["status"]));
+    assert!(st.contains(&format!("specs/qwen.yaml@{}:10:", &c3[..12])), "{st}");
+    assert!(st.contains("spec.speculative.num_draft_tokens"), "{st}");
+    assert_eq!(f.steps(a), Some(10));
+    assert_eq!(f.e.main_pid("qwen.service"), pid);
+    let c4 = f.commit(&[("qwen.yaml", &f.spec("qwen.service", a, 6, 200, ""))], "fixed");
+    f.wait_steps(a, 6, Duration::from_secs(30));
+    f.wait_source("the good commit to be accepted", |s| s["accepted_commit"] == c4.as_str() && s["error"].is_null());
+
+    // Force-push to an older commit: refused, the host stays.
+    git(&f.repo, &["reset", "-q", "--hard", &c2]);
+    f.wait_source("the rewind to be refused", |s| {
+        s["head_commit"] == c2.as_str() && s["error"].as_str().is_some_and(|e| e.contains("refusing to go backwards"))
+    });
+    assert_eq!(f.steps(a), Some(6));
+    assert!(text(&f.e.specd(&["status"])).contains("refusing to go backwards"));
+    f.e.b.shutdown().unwrap();
+}
+
+#[test]
+fn two_specs_reconcile_concurrently() {
+    let f = Fleet::new();
+    let (a, b) = (f.e.port, free_port());
+    f.start_agent(f.repo.to_str().unwrap(), "");
+    // Each server takes 3 s to load; together they must not take twice that.
+    f.commit(
+        &[
+            ("a.yaml", &f.spec("model-a.service", a, 5, 3000, "")),
+            ("b.yaml", &f.spec("model-b.service", b, 5, 3000, "")),
+        ],
+        "two models",
+    );
+    f.wait_steps(a, 5, Duration::from_secs(60));
+    f.wait_steps(b, 5, Duration::from_secs(60));
+    let start = |u: &str| f.e.b.prop(u, "ExecMainStartTimestampMonotonic").unwrap().parse::<u64>().unwrap();
+    let gap = start("model-a.service").abs_diff(start("model-b.service"));
+    assert!(gap < 2_000_000, "the second model started {gap} µs after the first: loads did not overlap");
+    f.e.b.shutdown().unwrap();
+}
+
+#[test]
+fn a_hand_edit_is_healed_while_the_agent_runs() {
+    let f = Fleet::new();
+    let a = f.e.port;
+    f.commit(&[("qwen.yaml", &f.spec("qwen.service", a, 5, 200, ""))], "steps 5");
+    f.start_agent(f.repo.to_str().unwrap(), "");
+    f.wait_steps(a, 5, Duration::from_secs(30));
+    let path = "/etc/systemd/system/qwen.service";
+    let good = f.e.b.read_to_string(path).unwrap();
+    let edited = good.replace(
+        "--speculative-num-steps 5 --speculative-eagle-topk 1 --speculative-num-draft-tokens 6",
+        "--speculative-num-steps 2 --speculative-eagle-topk 1 --speculative-num-draft-tokens 3",
+    );
+    assert_ne!(edited, good);
+    f.e.b.write_file(path, &edited).unwrap();
+    wait_until("the edit to be healed", Duration::from_secs(30), || {
+        f.e.b.read_to_string(path).is_ok_and(|t| t == good)
+    })
+    .unwrap();
+    f.wait_steps(a, 5, Duration::from_secs(30));
+    f.e.b.shutdown().unwrap();
+}
+
+#[test]
+fn a_remote_over_file_url_and_git_daemon_deploys() {
+    let f = Fleet::new();
+    let a = f.e.port;
+    f.commit(&[("qwen.yaml", &f.spec("qwen.service", a, 5, 200, ""))], "steps 5");
+    let served = f.dir.path().join("served");
+    std::fs::create_dir_all(&served).unwrap();
+    let bare = served.join("config.git");
+    git(f.dir.path(), &["clone", "-q", "--bare", f.repo.to_str().unwrap(), bare.to_str().unwrap()]);
+    let dport = free_port();
+    let mut daemon = Command::new("git")
+        .args([
+            "daemon",
+            "--reuseaddr",
+            "--export-all",
+            "--listen=127.0.0.1",
+            &format!("--port={dport}"),
+            &format!("--base-path={}", served.display()),
+        ])
+        .arg(&served)
+        .spawn()
+        .unwrap();
+    wait_until("git daemon to listen", Duration::from_secs(10), || {
+        std::net::TcpStream::connect(("127.0.0.1", dport)).is_ok()
+    })
+    .unwrap();
+    f.start_agent(&format!("git://127.0.0.1:{dport}/config.git"), "");
+    f.wait_steps(a, 5, Duration::from_secs(30));
+    f.commit(&[("qwen.yaml", &f.spec("qwen.service", a, 10, 200, ""))], "steps 10");
+    git(&f.repo, &["push", "-q", bare.to_str().unwrap(), "main"]);
+    f.wait_steps(a, 10, Duration::from_secs(30));
+
+    // The same over file://, switching the agent's source.
+    f.e.b.systemctl_check(&["stop", AGENT]).unwrap();
+    f.start_agent(&format!("file://{}", bare.display()), "");
+    f.commit(&[("qwen.yaml", &f.spec("qwen.service", a, 7, 200, ""))], "steps 7");
+    git(&f.repo, &["push", "-q", bare.to_str().unwrap(), "main"]);
+    f.wait_steps(a, 7, Duration::from_secs(30));
+    let _ = daemon.kill();
+    let _ = daemon.wait();
+    f.e.b.shutdown().unwrap();
+}
+
+#[test]
+fn a_killed_agent_converges_after_restart() {
+    let f = Fleet::new();
+    let a = f.e.port;
+    f.commit(&[("qwen.yaml", &f.spec("qwen.service", a, 5, 200, ""))], "steps 5");
+    f.start_agent(f.repo.to_str().unwrap(), "");
+    f.wait_steps(a, 5, Duration::from_secs(30));
+    f.commit(&[("qwen.yaml", &f.spec("qwen.service", a, 10, 4000, ""))], "steps 10, slow load");
+    let state = "/var/lib/specd/units/qwen.service.json";
+    wait_until("the apply to wait for readiness", Duration::from_secs(30), || {
+        f.e.b
+            .read_to_string(state)
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+            .is_some_and(|v| v["in_progress"]["phase"] == "WaitReady")
+    })
+    .unwrap();
+    let pid = f.e.main_pid(AGENT);
+    f.e.b.check(&["kill", "-KILL", &pid.to_string()]).unwrap();
+    // systemd restarts the agent (Restart=always); it finishes the apply.
+    f.wait_steps(a, 10, Duration::from_secs(60));
+    wait_until("status to be green", Duration::from_secs(30), || f.e.specd(&["status"]).status.code() == Some(0))
+        .unwrap();
+    assert_ne!(f.e.main_pid(AGENT), pid);
+    f.e.b.shutdown().unwrap();
+}
+
+#[test]
+fn sigterm_stops_the_agent_at_a_safe_point_and_the_next_start_finishes() {
+    let f = Fleet::new();
+    let a = f.e.port;
+    f.commit(&[("qwen.yaml", &f.spec("qwen.service", a, 5, 200, ""))], "steps 5");
+    f.start_agent(f.repo.to_str().unwrap(), "");
+    f.wait_steps(a, 5, Duration::from_secs(30));
+    f.commit(&[("qwen.yaml", &f.spec("qwen.service", a, 10, 5000, ""))], "steps 10, slow load");
+    let state = "/var/lib/specd/units/qwen.service.json";
+    wait_until("the apply to wait for readiness", Duration::from_secs(30), || {
+        f.e.b
+            .read_to_string(state)
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+            .is_some_and(|v| v["in_progress"]["phase"] == "WaitReady")
+    })
+    .unwrap();
+    f.e.b.systemctl_check(&["stop", AGENT]).unwrap();
+    let journal = f.e.b.journal(AGENT).unwrap();
+    assert!(journal.contains("stopped at a safe point before WaitReady"), "{journal}");
+    assert_eq!(f.e.b.prop(AGENT, "Result").unwrap(), "success", "{journal}");
+    f.e.b.systemctl_check(&["start", AGENT]).unwrap();
+    f.wait_steps(a, 10, Duration::from_secs(60));
+    f.e.b.shutdown().unwrap();
+}

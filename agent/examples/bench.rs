@@ -1,0 +1,237 @@
+//! Benchmarks (not tests): prints tables. Run as root: `cargo run -p specd --example bench`.
+//!
+//! 1. apply overhead: `specd apply` vs the best hand-written sequence (stop; write; reload; start;
+//!    poll every 10 ms) on the same stand-in with the same load delay, in a private systemd;
+//! 2. readiness lag: from the server turning ready to specd's readiness policy noticing;
+//! 3. the agent: local commit → reconcile start latency, idle RSS and CPU with 4 units.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use specd_e2e::{BoxConfig, SystemdBox, bin_path, free_port, wait_until};
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[v.len() / 2]
+}
+
+fn pct(v: &mut [f64], p: f64) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[((v.len() as f64 - 1.0) * p).round() as usize]
+}
+
+fn spec(standin: &str, unit: &str, port: u16, steps: u32, load_ms: u32) -> String {
+    format!(
+        "apiVersion: specd/v1
+kind: InferenceService
+metadata: {{name: {name}}}
+spec:
+  unit: {unit}
+  engine: sglang
+  command: [{standin}, sglang]
+  model: /models/Qwen3.5-122B-A10B
+  server: {{host: 127.0.0.1, port: {port}, max_running_requests: 16}}
+  speculative: {{algorithm: NEXTN, num_steps: {steps}, eagle_topk: 1, num_draft_tokens: {draft}}}
+  service: {{restart: always, timeout_stop_sec: 10, environment: {{SPECD_STANDIN_LOAD_MS: \"{load_ms}\"}}}}
+",
+        name = unit.trim_end_matches(".service"),
+        draft = steps + 1
+    )
+}
+
+fn apply_overhead(runs: usize, load_ms: u32) -> anyhow::Result<()> {
+    let specd = bin_path("specd").display().to_string();
+    let standin = bin_path("specd-standin").display().to_string();
+    let b = SystemdBox::boot()?;
+    let port = free_port();
+    let unit = "bench.service";
+    for steps in [5, 10] {
+        b.write_file(&format!("/run/specs/{steps}.yaml"), spec(&standin, unit, port, steps, load_ms))?;
+        let out = b.exec(&[&specd, "render", &format!("/run/specs/{steps}.yaml")]);
+        b.write_file(&format!("/run/units/{steps}.service"), &out.stdout)?;
+    }
+    let ok = b.exec(&[&specd, "apply", "-f", "/run/specs/5.yaml"]);
+    anyhow::ensure!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
+    let hand = format!(
+        "systemctl stop {unit} && cp /run/units/$1.service /etc/systemd/system/{unit} && systemctl daemon-reload && systemctl start {unit} && until curl -sf -o /dev/null http://127.0.0.1:{port}/health_generate; do sleep 0.01; done"
+    );
+    b.write_file("/run/hand.sh", hand)?;
+    let (mut s, mut h) = (Vec::new(), Vec::new());
+    for i in 0..runs {
+        let steps = if i % 2 == 0 { 10 } else { 5 };
+        let t = Instant::now();
+        let o = b.exec(&[&specd, "apply", "-f", &format!("/run/specs/{steps}.yaml")]);
+        s.push(t.elapsed().as_secs_f64());
+        anyhow::ensure!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let steps = if i % 2 == 0 { 5 } else { 10 };
+        let t = Instant::now();
+        let o = b.exec(&["sh", "/run/hand.sh", &steps.to_string()]);
+        h.push(t.elapsed().as_secs_f64());
+        anyhow::ensure!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        // Put specd's record back in line with the host for the next apply.
+        let o = b.exec(&[&specd, "apply", "-f", &format!("/run/specs/{steps}.yaml")]);
+        anyhow::ensure!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+    let (ms, mh) = (median(&mut s), median(&mut h));
+    println!("\n## apply overhead ({runs} runs each, stand-in load {load_ms} ms, no requests in flight)\n");
+    println!("| sequence | median s | p95 s |\n|---|---|---|");
+    println!("| hand-written: stop; cp; daemon-reload; start; poll every 10 ms | {mh:.3} | {:.3} |", pct(&mut h, 0.95));
+    println!(
+        "| specd apply (+ cgroup wait, cmdline and args verification, state) | {ms:.3} | {:.3} |",
+        pct(&mut s, 0.95)
+    );
+    println!("\nratio specd / hand-written: **{:.3}** (target ≤ 1.05)", ms / mh);
+    b.shutdown()?;
+    Ok(())
+}
+
+fn readiness_lag(runs: usize) -> anyhow::Result<()> {
+    use backon::Retryable;
+    let standin = bin_path("specd-standin");
+    let rt = tokio::runtime::Runtime::new()?;
+    let mut lags = Vec::new();
+    for _ in 0..runs {
+        let port = free_port();
+        let mut child = Command::new(&standin)
+            .args(["sglang", "--model-path", "/m", "--port", &port.to_string()])
+            .env("SPECD_STANDIN_LOAD_MS", "700")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()?;
+        let url = format!("http://127.0.0.1:{port}/health_generate");
+        let lag = rt.block_on(async {
+            let probe = specd::probe::Probe::new(Duration::from_secs(2));
+            // Ground truth: a 1 ms poller.
+            let truth = {
+                let (p, u) = (probe.clone(), url.clone());
+                tokio::spawn(async move {
+                    loop {
+                        if p.health(&u).await == specd::probe::Health::Ready {
+                            return Instant::now();
+                        }
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                    }
+                })
+            };
+            let op =
+                || async { if probe.health(&url).await == specd::probe::Health::Ready { Ok(()) } else { Err(()) } };
+            op.retry(specd::reconcile::readiness_backoff()).sleep(tokio::time::sleep).await.ok();
+            let noticed = Instant::now();
+            let t = truth.await.unwrap();
+            noticed.saturating_duration_since(t).as_secs_f64() * 1000.0
+        });
+        lags.push(lag);
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    println!("\n## readiness lag ({runs} runs): server ready → specd's policy notices\n");
+    println!("| median ms | p95 ms | max ms |\n|---|---|---|");
+    let max = lags.iter().cloned().fold(0.0, f64::max);
+    println!("| {:.1} | {:.1} | {max:.1} |", median(&mut lags), pct(&mut lags, 0.95));
+    println!("\n(target ≤ 100 ms)");
+    Ok(())
+}
+
+fn git(dir: &Path, args: &[&str]) -> anyhow::Result<()> {
+    let o = Command::new("git")
+        .args(["-c", "user.name=b", "-c", "user.email=b@example.com", "-c", "init.defaultBranch=main"])
+        .args(args)
+        .current_dir(dir)
+        .output()?;
+    anyhow::ensure!(o.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&o.stderr));
+    Ok(())
+}
+
+fn agent(commits: usize, idle_secs: u64) -> anyhow::Result<()> {
+    let specd = bin_path("specd").display().to_string();
+    let standin = bin_path("specd-standin").display().to_string();
+    let dir = tempfile::tempdir()?;
+    let repo = dir.path().join("config");
+    std::fs::create_dir_all(repo.join("specs"))?;
+    git(&repo, &["init", "-q"])?;
+    let b = SystemdBox::boot_with(BoxConfig { binds: vec![dir.path().to_path_buf()], ..Default::default() })?;
+    let ports: Vec<u16> = (0..4).map(|_| free_port()).collect();
+    for (i, p) in ports.iter().enumerate() {
+        std::fs::write(repo.join(format!("specs/m{i}.yaml")), spec(&standin, &format!("m{i}.service"), *p, 3, 100))?;
+    }
+    git(&repo, &["add", "-A"])?;
+    git(&repo, &["commit", "-q", "-m", "four models"])?;
+    let listen = free_port();
+    b.write_file(
+        "/etc/systemd/system/specd-agent.service",
+        format!("[Service]\nType=notify\nExecStart={specd} run --config /run/none.yaml --repo {} --path specs --listen 127.0.0.1:{listen}\n", repo.display()),
+    )?;
+    b.systemctl_check(&["daemon-reload"])?;
+    b.systemctl_check(&["start", "specd-agent.service"])?;
+    let state = |i: usize| b.host_path(&format!("/var/lib/specd/units/m{i}.service.json"));
+    wait_until("four units applied", Duration::from_secs(120), || {
+        (0..4).all(|i| {
+            std::fs::read_to_string(state(i))
+                .is_ok_and(|t| t.contains("\"outcome\": \"applied\"") && t.contains("\"in_progress\": null"))
+        })
+    })?;
+    let mut lat = Vec::new();
+    for c in 0..commits {
+        let steps = 4 + (c as u32 % 5);
+        std::fs::write(repo.join("specs/m0.yaml"), spec(&standin, "m0.service", ports[0], steps, 100))?;
+        git(&repo, &["add", "-A"])?;
+        let t = Instant::now();
+        git(&repo, &["commit", "-q", "-m", "change"])?;
+        let committed = t.elapsed();
+        wait_until("the reconcile to start", Duration::from_secs(30), || {
+            std::fs::read_to_string(state(0)).is_ok_and(|t| !t.contains("\"in_progress\": null"))
+        })?;
+        lat.push((t.elapsed().saturating_sub(committed)).as_secs_f64() * 1000.0);
+        wait_until("the reconcile to end", Duration::from_secs(60), || {
+            std::fs::read_to_string(state(0)).is_ok_and(|t| t.contains("\"in_progress\": null"))
+        })?;
+    }
+    println!("\n## agent: local commit → reconcile start ({commits} commits)\n");
+    println!("| p50 ms | p95 ms |\n|---|---|");
+    println!("| {:.1} | {:.1} |", pct(&mut lat, 0.5), pct(&mut lat, 0.95));
+    let pid = b.prop("specd-agent.service", "MainPID")?;
+    let read = || -> anyhow::Result<(u64, u64)> {
+        let stat = b.read_to_string(&format!("/proc/{pid}/stat"))?;
+        let f: Vec<&str> = stat.rsplit_once(')').unwrap().1.split_whitespace().collect();
+        let ticks = f[11].parse::<u64>()? + f[12].parse::<u64>()?;
+        let status = b.read_to_string(&format!("/proc/{pid}/status"))?;
+        let rss = status
+            .lines()
+            .find(|l| l.starts_with("VmRSS:"))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .unwrap_or("0")
+            .parse::<u64>()?;
+        Ok((ticks, rss))
+    };
+    let (t0, _) = read()?;
+    let start = Instant::now();
+    let mut rss_max = 0;
+    while start.elapsed() < Duration::from_secs(idle_secs) {
+        std::thread::sleep(Duration::from_secs(1));
+        rss_max = rss_max.max(read()?.1);
+    }
+    let (t1, rss) = read()?;
+    let cpu = (t1 - t0) as f64 / 100.0 / start.elapsed().as_secs_f64() * 100.0;
+    println!("\n## agent idle with 4 managed units, {idle_secs} s\n");
+    println!("| RSS now | RSS max | CPU |\n|---|---|---|");
+    println!("| {:.1} MiB | {:.1} MiB | {cpu:.3} % |", rss as f64 / 1024.0, rss_max as f64 / 1024.0);
+    b.shutdown()?;
+    Ok(())
+}
+
+fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let all = args.is_empty();
+    let want = |s: &str| all || args.iter().any(|a| a == s);
+    if want("apply") {
+        apply_overhead(10, 1000)?;
+    }
+    if want("readiness") {
+        readiness_lag(20)?;
+    }
+    if want("agent") {
+        agent(20, 60)?;
+    }
+    Ok(())
+}

@@ -100,6 +100,7 @@
 //! is missing ([`systemd_box::preflight`]).
 
 pub mod cgroups;
+pub mod standin;
 pub mod systemd_box;
 pub mod util;
 

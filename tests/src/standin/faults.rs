@@ -1,0 +1,124 @@
+//! Injected faults: a CUDA out-of-memory death as each engine dies of it, a
+//! real host-memory hog, a child that outlives SIGTERM.
+
+use super::args::{Flavour, Launch};
+use super::logs::line;
+
+const TORCH_OOM: &str = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.50 GiB. GPU 0 has a total capacity of 79.19 GiB of which 1.02 GiB is free. Including non-PyTorch memory, this process has 78.16 GiB memory in use. Of the allocated memory 76.80 GiB is allocated by PyTorch, and 412.33 MiB is reserved by PyTorch but unallocated. If reserved but unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See documentation for Memory Management  (https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)";
+
+const PY: &str = "/usr/local/lib/python3.12/dist-packages";
+
+/// Dies of a CUDA OOM during model load, the way the engine does. Returns
+/// the exit code where the engine exits (vLLM, llama.cpp); SGLang kills its
+/// own process tree with SIGKILL.
+pub fn cuda_oom(l: &Launch) -> i32 {
+    match l.flavour {
+        Flavour::Sglang => {
+            let tb = format!(
+                "Scheduler hit an exception: Traceback (most recent call last):\n  File \"{PY}/sglang/srt/managers/scheduler.py\", line 3150, in run_scheduler_process\n    scheduler = Scheduler(\n  File \"{PY}/sglang/srt/managers/scheduler.py\", line 402, in __init__\n    self.init_model_worker()\n  File \"{PY}/sglang/srt/model_executor/model_runner.py\", line 905, in load_model\n    self.model = get_model(\n  File \"{PY}/sglang/srt/model_loader/loader.py\", line 612, in load_model\n    model = _initialize_model(\n  File \"{PY}/torch/nn/modules/module.py\", line 1355, in to\n    return self._apply(convert)\n  File \"{PY}/torch/nn/modules/module.py\", line 1341, in convert\n    return t.to(\n{TORCH_OOM}\n"
+            );
+            for l2 in tb.lines() {
+                eprintln!("{l2}");
+            }
+            line(l.flavour, "error", "SIGQUIT received. signum=None, frame=None. It usually means one child failed.");
+            line(
+                l.flavour,
+                "info",
+                &format!("kill_process_tree called: parent_pid={0}, include_parent=True, pid={0}", std::process::id()),
+            );
+            // SAFETY: kill(2) on ourselves, as SGLang's kill_process_tree does.
+            unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+            137
+        }
+        Flavour::Vllm => {
+            eprintln!("(EngineCore_DP0 pid={}) ERROR EngineCore failed to start.", std::process::id());
+            eprintln!(
+                "Traceback (most recent call last):\n  File \"{PY}/vllm/v1/engine/core.py\", line 712, in run_engine_core\n    engine_core = EngineCoreProc(*args, **kwargs)\n  File \"{PY}/vllm/v1/worker/gpu_model_runner.py\", line 2890, in load_model\n    self.model = model_loader.load_model(\n{TORCH_OOM}"
+            );
+            eprintln!(
+                "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {{}}"
+            );
+            1
+        }
+        Flavour::LlamaCpp => {
+            eprintln!(
+                "ggml_backend_cuda_buffer_type_alloc_buffer: allocating 20480.00 MiB on device 0: cudaMalloc failed: out of memory"
+            );
+            eprintln!("alloc_tensor_range: failed to allocate CUDA0 buffer of size 21474836480");
+            eprintln!("llama_model_load: error loading model: unable to allocate CUDA0 buffer");
+            eprintln!("llama_model_load_from_file_impl: failed to load model");
+            eprintln!(
+                "srv    load_model: failed to load model, '{}'",
+                l.args["model_path"].as_str().unwrap_or_default()
+            );
+            eprintln!("main: exiting due to model loading error");
+            1
+        }
+    }
+}
+
+/// This process's memory limit (cgroup v2 `memory.max` or v1
+/// `memory.limit_in_bytes`), if it has one.
+fn memory_limit() -> Option<u64> {
+    let cg = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    for l in cg.lines() {
+        let mut p = l.splitn(3, ':');
+        let (_, ctrl, path) = (p.next()?, p.next()?, p.next()?);
+        let f = if ctrl.is_empty() {
+            format!("/sys/fs/cgroup{path}/memory.max")
+        } else if ctrl.split(',').any(|c| c == "memory") {
+            format!("/sys/fs/cgroup/memory{path}/memory.limit_in_bytes")
+        } else {
+            continue;
+        };
+        if let Some(n) = std::fs::read_to_string(&f).ok().and_then(|s| s.trim().parse::<u64>().ok())
+            && n < (1 << 50)
+        {
+            return Some(n);
+        }
+    }
+    None
+}
+
+/// Loads "weights" into host memory until the cgroup's limit kills it. To
+/// protect a machine without a limit it stops at 1 GiB and then holds.
+pub fn memory_hog(l: &Launch) {
+    let limit = memory_limit();
+    let cap = match limit {
+        Some(n) => n.saturating_mul(2),
+        None => 1 << 30,
+    };
+    line(l.flavour, "info", &format!("Loading safetensors checkpoint shards (memory limit: {limit:?})"));
+    let mut held: Vec<Vec<u8>> = Vec::new();
+    let chunk = 16 << 20;
+    let mut total: u64 = 0;
+    while total < cap {
+        let mut v = vec![0u8; chunk];
+        for i in (0..chunk).step_by(4096) {
+            v[i] = 1; // touch every page
+        }
+        held.push(v);
+        total += chunk as u64;
+        if total % (256 << 20) == 0 {
+            line(l.flavour, "info", &format!("Loading weights: {} MiB", total >> 20));
+        }
+    }
+    line(l.flavour, "warning", "memory hog reached its cap without being killed; holding");
+    loop {
+        std::thread::park();
+        std::hint::black_box(&held);
+    }
+}
+
+/// The lingering child: ignores SIGTERM and waits forever.
+pub fn linger() -> ! {
+    // SAFETY: setting a signal disposition to SIG_IGN.
+    unsafe {
+        libc::signal(libc::SIGTERM, libc::SIG_IGN);
+        libc::signal(libc::SIGINT, libc::SIG_IGN);
+    }
+    loop {
+        // SAFETY: pause(2) has no preconditions.
+        unsafe { libc::pause() };
+    }
+}

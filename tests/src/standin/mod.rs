@@ -1,0 +1,67 @@
+//! `specd-standin`: behaves like SGLang, vLLM or llama.cpp as far as specd
+//! can see (flags, rewrites, HTTP endpoints, logs, shutdown), without a GPU.
+//!
+//! ```text
+//! specd-standin sglang --model-path M [--host H] [--port P] [--tp-size N] ...
+//! specd-standin vllm [serve] MODEL [--port P] [--speculative-config JSON] ...
+//! specd-standin llama-cpp -m M [--port P] [-c N] [-np N] [-ngl N] [--spec-draft-model D] ...
+//! ```
+//!
+//! Knobs: `SPECD_STANDIN_*` env vars or `--standin-*` flags (flags win):
+//! `LOAD_MS`/`--standin-load-ms` (300), `WARMUP_MS` (200, SGLang),
+//! `TOKENS_PER_SEC` (200 per request), `EXIT_CODE`, `CUDA_OOM=1`,
+//! `MEMORY_HOG=1`, `LINGER_CHILD=1`, `ACCEPT_LENGTH`, `DRAIN_POLL_MS` (5000,
+//! SGLang's shutdown watchdog period).
+//!
+//! Endpoints: SGLang `/health`, `/health_generate`, `/get_server_info`,
+//! `/server_info`, `/get_model_info`, `/generate`, `/metrics` (only with
+//! `--enable-metrics`), `/v1/models`; vLLM `/health`, `/v1/models`,
+//! `/metrics`, `/v1/completions`, `/version`; llama.cpp `/health`, `/props`,
+//! `/metrics` (only with `--metrics`), `/v1/models`, `/completion`.
+
+pub mod args;
+pub mod faults;
+pub mod logs;
+pub mod server;
+
+use std::collections::BTreeMap;
+
+/// Runs the stand-in with `argv` (without the program name); returns the
+/// exit code.
+pub fn run(argv: Vec<String>) -> i32 {
+    if argv.first().map(String::as_str) == Some("__linger") {
+        faults::linger();
+    }
+    let env: BTreeMap<String, String> = std::env::vars().collect();
+    let launch = match args::parse(&argv, &env) {
+        Ok(l) => l,
+        Err(r) => {
+            eprint!("{}", r.stderr);
+            if !r.stderr.ends_with('\n') {
+                eprintln!();
+            }
+            return r.code;
+        }
+    };
+    if let Some(code) = launch.knobs.exit_code {
+        logs::loading(&launch);
+        eprintln!("specd-standin: exiting with code {code} as asked (SPECD_STANDIN_EXIT_CODE)");
+        return code;
+    }
+    let _child = if launch.knobs.linger_child {
+        let exe = std::env::current_exe().expect("current_exe");
+        match std::process::Command::new(exe).arg("__linger").spawn() {
+            Ok(c) => Some(c),
+            Err(e) => {
+                eprintln!("specd-standin: spawn the lingering child: {e}");
+                return 1;
+            }
+        }
+    } else {
+        None
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("tokio runtime");
+    let code = rt.block_on(server::serve(launch));
+    // Exit at once: in-flight work is done or deliberately abandoned.
+    std::process::exit(code)
+}

@@ -1,0 +1,623 @@
+//! The stand-in's HTTP server, load phase, faults and shutdown.
+
+use super::args::{Flavour, Launch};
+use super::logs;
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde_json::{Value, json};
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::Semaphore;
+
+const LOADING: u8 = 0;
+const WARMUP: u8 = 1;
+const READY: u8 = 2;
+const DRAINING: u8 = 3;
+
+pub struct Shared {
+    pub launch: Launch,
+    phase: AtomicU8,
+    running: AtomicUsize,
+    queued: AtomicUsize,
+    finished: AtomicU64,
+    generated: AtomicU64,
+    next_rid: AtomicU64,
+    rids: Mutex<BTreeSet<String>>,
+    slots: Arc<Semaphore>,
+    accept_length: Option<f64>,
+}
+
+type St = Arc<Shared>;
+
+impl Shared {
+    fn phase(&self) -> u8 {
+        self.phase.load(Ordering::SeqCst)
+    }
+
+    fn spec_on(&self) -> bool {
+        match self.launch.flavour {
+            Flavour::Sglang => !self.launch.args["speculative_algorithm"].is_null(),
+            Flavour::Vllm => !self.launch.args["speculative_config"].is_null(),
+            Flavour::LlamaCpp => !self.launch.args.get("spec_draft_model").is_none_or(Value::is_null),
+        }
+    }
+
+    fn in_flight(&self) -> usize {
+        self.rids.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+}
+
+fn max_running(l: &Launch) -> usize {
+    let v = match l.flavour {
+        Flavour::Sglang => l.args["max_running_requests"].as_i64(),
+        Flavour::Vllm => l.args["max_num_seqs"].as_i64(),
+        Flavour::LlamaCpp => l.args["n_parallel"].as_i64().filter(|&n| n > 0).or(Some(4)),
+    };
+    v.filter(|&n| n > 0).map(|n| n as usize).unwrap_or(256)
+}
+
+/// Runs the server until shutdown; returns the process exit code.
+pub async fn serve(launch: Launch) -> i32 {
+    let accept_length = launch.knobs.accept_length;
+    let st: St = Arc::new(Shared {
+        slots: Arc::new(Semaphore::new(max_running(&launch))),
+        launch,
+        phase: AtomicU8::new(LOADING),
+        running: AtomicUsize::new(0),
+        queued: AtomicUsize::new(0),
+        finished: AtomicU64::new(0),
+        generated: AtomicU64::new(0),
+        next_rid: AtomicU64::new(1),
+        rids: Mutex::new(BTreeSet::new()),
+        accept_length,
+    });
+    let l = &st.launch;
+    let addr = format!("{}:{}", if l.host.contains(':') { format!("[{}]", l.host) } else { l.host.clone() }, l.port);
+    let mut sigterm =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+
+    let bind = |addr: String| async move {
+        match tokio::net::TcpListener::bind(&addr).await {
+            Ok(x) => Ok(x),
+            Err(e) => Err(format!("[Errno 98] error while attempting to bind on address ('{addr}'): {e}")),
+        }
+    };
+
+    // llama.cpp listens at once and answers 503 "Loading model".
+    let listener = if l.flavour == Flavour::LlamaCpp {
+        match bind(addr.clone()).await {
+            Ok(x) => Some(x),
+            Err(e) => {
+                logs::line(
+                    l.flavour,
+                    "error",
+                    &format!("couldn't bind HTTP server socket, hostname: {}, port: {}: {e}", l.host, l.port),
+                );
+                return 1;
+            }
+        }
+    } else {
+        None
+    };
+    let app = router(st.clone());
+    let server_task = listener.map(|ls| tokio::spawn(axum::serve(ls, app.clone()).into_future()));
+
+    // The load: port closed (SGLang, vLLM) for load_ms; faults fire here.
+    logs::loading(&st.launch);
+    tokio::select! {
+        _ = tokio::time::sleep(Duration::from_millis(st.launch.knobs.load_ms)) => {}
+        _ = sigterm.recv() => {
+            logs::line(st.launch.flavour, "warning", "SIGTERM received during startup. Exiting.");
+            return 0;
+        }
+    }
+    if st.launch.knobs.cuda_oom {
+        return super::faults::cuda_oom(&st.launch);
+    }
+    if st.launch.knobs.memory_hog {
+        super::faults::memory_hog(&st.launch);
+    }
+
+    let server_task = match server_task {
+        Some(t) => t,
+        None => match bind(addr.clone()).await {
+            Ok(ls) => tokio::spawn(axum::serve(ls, app).into_future()),
+            Err(e) => {
+                logs::line(st.launch.flavour, "error", &e);
+                return 1;
+            }
+        },
+    };
+    if st.launch.flavour == Flavour::Sglang {
+        st.phase.store(WARMUP, Ordering::SeqCst);
+        logs::line(Flavour::Sglang, "info", &format!("Uvicorn running on http://{addr} (Press CTRL+C to quit)"));
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(st.launch.knobs.warmup_ms)) => {}
+            _ = sigterm.recv() => return 0,
+        }
+    }
+    st.phase.store(READY, Ordering::SeqCst);
+    logs::ready(&st.launch, &addr);
+
+    sigterm.recv().await;
+    st.phase.store(DRAINING, Ordering::SeqCst);
+    match st.launch.flavour {
+        Flavour::Sglang => {
+            logs::line(
+                Flavour::Sglang,
+                "warning",
+                "SIGTERM received. signum=15 frame=<frame at 0x7f0c2a3b1e40, file '/usr/lib/python3.12/selectors.py', line 468, code select>. Draining requests and shutting down...",
+            );
+            // SGLang's sigterm_watchdog wakes every 5 s: once to notice the
+            // flag, then until no request is left. No timeout of its own.
+            let poll = Duration::from_millis(st.launch.knobs.drain_poll_ms);
+            tokio::time::sleep(poll).await;
+            loop {
+                let rids: Vec<String> = st.rids.lock().unwrap_or_else(|e| e.into_inner()).iter().cloned().collect();
+                logs::line(
+                    Flavour::Sglang,
+                    "info",
+                    &format!(
+                        "Gracefully exiting... Remaining number of requests {}. Remaining requests remaining_rids={:?}.",
+                        rids.len(),
+                        rids
+                    ),
+                );
+                if rids.is_empty() {
+                    break;
+                }
+                tokio::time::sleep(poll).await;
+            }
+            0
+        }
+        Flavour::Vllm => {
+            // uvicorn: stop listening, wait for open requests (no timeout).
+            server_task.abort();
+            logs::line(Flavour::Vllm, "info", "Shutting down");
+            logs::line(Flavour::Vllm, "info", "Waiting for application shutdown.");
+            while st.in_flight() > 0 {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            logs::line(Flavour::Vllm, "info", "Application shutdown complete.");
+            0
+        }
+        Flavour::LlamaCpp => {
+            // llama-server terminates its task queue at once.
+            logs::line(Flavour::LlamaCpp, "info", "srv    operator(): operator(): cleaning up before exit...");
+            0
+        }
+    }
+}
+
+fn router(st: St) -> Router {
+    let r = Router::new().fallback(not_found);
+    let r = match st.launch.flavour {
+        Flavour::Sglang => r
+            .route("/health", get(sglang_health))
+            .route("/health_generate", get(sglang_health))
+            .route("/ready", get(sglang_health))
+            .route("/get_server_info", get(sglang_server_info))
+            .route("/server_info", get(sglang_server_info))
+            .route("/get_model_info", get(sglang_model_info))
+            .route("/model_info", get(sglang_model_info))
+            .route("/generate", post(sglang_generate).put(sglang_generate))
+            .route("/metrics", get(metrics))
+            .route("/v1/models", get(openai_models)),
+        Flavour::Vllm => r
+            .route("/health", get(vllm_health))
+            .route("/v1/models", get(openai_models))
+            .route("/version", get(|| async { axum::Json(json!({"version": "0.34.0"})) }))
+            .route("/metrics", get(metrics))
+            .route("/v1/completions", post(openai_completions)),
+        Flavour::LlamaCpp => r
+            .route("/health", get(llama_health))
+            .route("/v1/health", get(llama_health))
+            .route("/props", get(llama_props))
+            .route("/metrics", get(metrics))
+            .route("/v1/models", get(openai_models))
+            .route("/models", get(openai_models))
+            .route("/completion", post(llama_completion))
+            .route("/v1/completions", post(openai_completions)),
+    };
+    r.with_state(st)
+}
+
+async fn not_found() -> Response {
+    (StatusCode::NOT_FOUND, axum::Json(json!({"detail": "Not Found"}))).into_response()
+}
+
+async fn sglang_health(State(st): State<St>) -> Response {
+    match st.phase() {
+        READY => StatusCode::OK.into_response(),
+        DRAINING => {
+            logs::line(Flavour::Sglang, "info", "Health check request received during shutdown. Returning 503.");
+            StatusCode::SERVICE_UNAVAILABLE.into_response()
+        }
+        _ => StatusCode::SERVICE_UNAVAILABLE.into_response(),
+    }
+}
+
+fn accept_length(st: &Shared) -> f64 {
+    st.accept_length.unwrap_or_else(|| {
+        let steps = st.launch.args.get("speculative_num_steps").and_then(Value::as_f64).unwrap_or(3.0);
+        ((1.0 + 0.55 * steps) * 100.0).round() / 100.0
+    })
+}
+
+async fn sglang_server_info(State(st): State<St>) -> Response {
+    let mut m = st.launch.args.clone();
+    let mut internal = json!({
+        "last_gen_throughput": st.launch.knobs.tokens_per_sec,
+        "memory_usage": {"weight": 61.2, "kvcache": 9.7, "token_capacity": 412000, "graph": 1.1},
+    });
+    if st.spec_on() {
+        internal["avg_spec_accept_length"] = json!(accept_length(&st));
+    }
+    m.insert("internal_states".into(), json!([internal]));
+    m.insert("version".into(), json!("0.5.23"));
+    m.insert("max_total_num_tokens".into(), json!(412000));
+    m.insert("frontend".into(), json!("python"));
+    axum::Json(Value::Object(m)).into_response()
+}
+
+async fn sglang_model_info(State(st): State<St>) -> Response {
+    axum::Json(json!({
+        "model_path": st.launch.args["model_path"],
+        "tokenizer_path": st.launch.args["tokenizer_path"],
+        "is_generation": true,
+    }))
+    .into_response()
+}
+
+async fn vllm_health(State(st): State<St>) -> Response {
+    // vLLM's port is closed while loading; once up /health is 200.
+    let _ = st;
+    StatusCode::OK.into_response()
+}
+
+async fn llama_health(State(st): State<St>) -> Response {
+    if st.phase() == LOADING {
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            axum::Json(json!({"error": {"code": 503, "message": "Loading model", "type": "unavailable_error"}})),
+        )
+            .into_response();
+    }
+    axum::Json(json!({"status": "ok"})).into_response()
+}
+
+async fn llama_props(State(st): State<St>) -> Response {
+    if st.phase() == LOADING {
+        return llama_health(State(st)).await;
+    }
+    let a = &st.launch.args;
+    let slots = max_running(&st.launch);
+    let n_ctx_total = a["n_ctx"].as_i64().filter(|&n| n > 0).unwrap_or(4096 * slots as i64);
+    axum::Json(json!({
+        "default_generation_settings": {
+            "id": 0,
+            "n_ctx": n_ctx_total / slots as i64,
+            "speculative": st.spec_on(),
+            "is_processing": false,
+            "params": {
+                "n_predict": a.get("n_predict").cloned().unwrap_or(json!(-1)),
+                "seed": a.get("seed").cloned().unwrap_or(json!(4294967295u32)),
+                "temperature": 0.8,
+                "top_k": 40,
+                "top_p": 0.95,
+                "speculative.n_max": a["spec_draft_n_max"],
+                "speculative.n_min": a["spec_draft_n_min"],
+                "speculative.p_min": a["spec_draft_p_min"],
+            },
+        },
+        "total_slots": slots,
+        "model_path": a["model_path"],
+        "modalities": {"vision": false, "audio": false},
+        "chat_template": "",
+        "chat_template_caps": {},
+        "build_info": "b6700-standin",
+        "is_sleeping": false,
+    }))
+    .into_response()
+}
+
+async fn openai_models(State(st): State<St>) -> Response {
+    let a = &st.launch.args;
+    let (id, root) = match st.launch.flavour {
+        Flavour::Sglang => (a["served_model_name"].clone(), a["model_path"].clone()),
+        Flavour::Vllm => (
+            a["served_model_name"].as_str().map(|s| json!(s)).unwrap_or_else(|| a["model"].clone()),
+            a["model"].clone(),
+        ),
+        Flavour::LlamaCpp => {
+            (a.get("alias").cloned().unwrap_or_else(|| a["model_path"].clone()), a["model_path"].clone())
+        }
+    };
+    let owned = match st.launch.flavour {
+        Flavour::Sglang => "sglang",
+        Flavour::Vllm => "vllm",
+        Flavour::LlamaCpp => "llamacpp",
+    };
+    axum::Json(json!({
+        "object": "list",
+        "data": [{"id": id, "object": "model", "created": 0, "owned_by": owned, "root": root}],
+    }))
+    .into_response()
+}
+
+async fn metrics(State(st): State<St>) -> Response {
+    let a = &st.launch.args;
+    let running = st.running.load(Ordering::SeqCst);
+    let queued = st.queued.load(Ordering::SeqCst);
+    let gen_tokens = st.generated.load(Ordering::SeqCst);
+    let mut out = String::new();
+    let mut gauge = |name: &str, help: &str, labels: &str, v: f64| {
+        out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} gauge\n{name}{{{labels}}} {v:?}\n"));
+    };
+    match st.launch.flavour {
+        Flavour::Sglang => {
+            // SGLang mounts /metrics only with --enable-metrics.
+            if a["enable_metrics"] != json!(true) {
+                return not_found().await;
+            }
+            let labels = format!("model_name=\"{}\"", a["served_model_name"].as_str().unwrap_or_default());
+            gauge("sglang:num_running_reqs", "The number of running requests.", &labels, running as f64);
+            gauge("sglang:num_queue_reqs", "The number of requests in the waiting queue.", &labels, queued as f64);
+            gauge(
+                "sglang:gen_throughput",
+                "The generation throughput (token/s).",
+                &labels,
+                if running > 0 { st.launch.knobs.tokens_per_sec * running as f64 } else { 0.0 },
+            );
+            gauge("sglang:token_usage", "The token usage.", &labels, 0.0);
+            gauge("sglang:cache_hit_rate", "The prefix cache hit rate.", &labels, 0.0);
+            let (len, rate) = if st.spec_on() {
+                let l = accept_length(&st);
+                let steps = a["speculative_num_steps"].as_f64().unwrap_or(1.0).max(1.0);
+                (l, ((l - 1.0) / steps).clamp(0.0, 1.0))
+            } else {
+                (0.0, 0.0)
+            };
+            gauge("sglang:spec_accept_length", "The average acceptance length of speculative decoding.", &labels, len);
+            gauge("sglang:spec_accept_rate", "The average acceptance rate of speculative decoding.", &labels, rate);
+        }
+        Flavour::Vllm => {
+            let model = a["served_model_name"].as_str().or(a["model"].as_str()).unwrap_or_default().to_string();
+            let labels = format!("engine=\"0\",model_name=\"{model}\"");
+            gauge(
+                "vllm:num_requests_running",
+                "Number of requests in model execution batches.",
+                &labels,
+                running as f64,
+            );
+            gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", &labels, queued as f64);
+            gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", &labels, 0.0);
+            if st.spec_on() {
+                let n = a["speculative_config"]["num_speculative_tokens"].as_f64().unwrap_or(1.0);
+                let drafts = gen_tokens as f64 / 2.0;
+                for (name, v) in [
+                    ("vllm:spec_decode_num_drafts", drafts),
+                    ("vllm:spec_decode_num_draft_tokens", drafts * n),
+                    ("vllm:spec_decode_num_accepted_tokens", drafts * n * 0.6),
+                ] {
+                    out.push_str(&format!(
+                        "# HELP {name} Speculative decoding.\n# TYPE {name} counter\n{name}_total{{{labels}}} {v:?}\n"
+                    ));
+                }
+            }
+        }
+        Flavour::LlamaCpp => {
+            if a.get("endpoint_metrics") != Some(&json!(true)) {
+                return (
+                    StatusCode::NOT_IMPLEMENTED,
+                    axum::Json(json!({"error": {"code": 501, "message": "This server does not support metrics endpoint. Start it with `--metrics`", "type": "not_supported_error"}})),
+                )
+                    .into_response();
+            }
+            gauge("llamacpp:requests_processing", "Number of requests processing.", "", running as f64);
+            gauge("llamacpp:requests_deferred", "Number of requests deferred.", "", queued as f64);
+        }
+    }
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], out).into_response()
+}
+
+const WORDS: &[&str] = &[" the", " model", " speaks", " slowly", " and", " every", " token", " counts", "."];
+
+/// One request in flight: counted while alive (running or queued), removed
+/// from the server's request set when dropped (finished or cancelled).
+struct Req {
+    st: St,
+    rid: String,
+    permit: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+impl Req {
+    /// Waits for a running slot (`max_running_requests`), queued meanwhile.
+    async fn start(st: &St) -> Req {
+        let n = st.next_rid.fetch_add(1, Ordering::SeqCst);
+        let rid = format!("{:016x}{:016x}", std::process::id(), n.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        st.rids.lock().unwrap_or_else(|e| e.into_inner()).insert(rid.clone());
+        st.queued.fetch_add(1, Ordering::SeqCst);
+        let permit = st.slots.clone().acquire_owned().await.expect("the slot semaphore is never closed");
+        st.queued.fetch_sub(1, Ordering::SeqCst);
+        st.running.fetch_add(1, Ordering::SeqCst);
+        Req { st: st.clone(), rid, permit: Some(permit) }
+    }
+}
+
+impl Drop for Req {
+    fn drop(&mut self) {
+        if self.permit.take().is_some() {
+            self.st.running.fetch_sub(1, Ordering::SeqCst);
+        }
+        self.st.finished.fetch_add(1, Ordering::SeqCst);
+        self.st.rids.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.rid);
+    }
+}
+
+fn gen_params(body: &Value, key_max: &[&str], default_max: u64) -> (String, u64, bool) {
+    let prompt = match &body["text"] {
+        Value::String(s) => s.clone(),
+        _ => match &body["prompt"] {
+            Value::String(s) => s.clone(),
+            _ => String::new(),
+        },
+    };
+    let mut max = default_max;
+    for k in key_max {
+        if let Some(n) = body.pointer(k).and_then(Value::as_u64) {
+            max = n;
+        }
+    }
+    (prompt, max, body["stream"].as_bool().unwrap_or(false))
+}
+
+fn sse(chunks: impl futures_util::Stream<Item = String> + Send + 'static) -> Response {
+    use futures_util::StreamExt;
+    let body = Body::from_stream(chunks.map(|s| Ok::<Bytes, std::convert::Infallible>(Bytes::from(s))));
+    ([(header::CONTENT_TYPE, "text/event-stream"), (header::CACHE_CONTROL, "no-cache")], body).into_response()
+}
+
+type Chunk = dyn Fn(&Req, u64, &str, &str, bool) -> Option<String> + Send + Sync;
+
+/// Generates `max` tokens at the configured rate, calling `chunk` for each
+/// (request, index, cumulative text, token text, last?) and yielding its
+/// output, then `done` if any. The request stays in flight until the stream
+/// has been consumed (or dropped by a client that went away).
+fn token_stream(
+    req: Req,
+    max: u64,
+    chunk: Box<Chunk>,
+    done: Option<String>,
+) -> impl futures_util::Stream<Item = String> + Send + 'static {
+    let every = Duration::from_secs_f64(1.0 / req.st.launch.knobs.tokens_per_sec);
+    futures_util::stream::unfold((req, 0u64, String::new(), false), move |(req, i, mut text, ended)| {
+        let step = if ended {
+            None
+        } else if i >= max {
+            done.clone().map(|d| (d, (req, i, text, true)))
+        } else {
+            let w = WORDS[(i as usize) % WORDS.len()];
+            text.push_str(w);
+            let c = chunk(&req, i + 1, &text, w, i + 1 == max).unwrap_or_default();
+            Some((c, (req, i + 1, text, false)))
+        };
+        async move {
+            if let Some((_, (r, _, _, false))) = &step {
+                tokio::time::sleep(every).await;
+                r.st.generated.fetch_add(1, Ordering::SeqCst);
+            }
+            step
+        }
+    })
+}
+
+fn sglang_meta(req: &Req, prompt_tokens: usize, n: u64, last: bool, max: u64) -> Value {
+    let mut meta = json!({
+        "id": req.rid,
+        "finish_reason": if last { json!({"type": "length", "length": max}) } else { Value::Null },
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": n,
+        "cached_tokens": 0,
+    });
+    if req.st.spec_on() {
+        let l = accept_length(&req.st);
+        meta["spec_accept_length"] = json!(l);
+        meta["spec_verify_ct"] = json!(((n as f64) / l).ceil() as u64);
+    }
+    meta
+}
+
+async fn sglang_generate(State(st): State<St>, body: Bytes) -> Response {
+    let body: Value = match serde_json::from_slice(&body) {
+        Ok(v) => v,
+        Err(e) => {
+            return (StatusCode::BAD_REQUEST, axum::Json(json!({"error": {"message": e.to_string(), "code": 400}})))
+                .into_response();
+        }
+    };
+    let (prompt, max, stream) = gen_params(&body, &["/sampling_params/max_new_tokens"], 128);
+    let prompt_tokens = prompt.split_whitespace().count().max(1);
+    let req = Req::start(&st).await;
+    if stream {
+        let s = token_stream(
+            req,
+            max,
+            Box::new(move |r, n, text, _w, last| {
+                let c = json!({"text": text, "meta_info": sglang_meta(r, prompt_tokens, n, last, max)});
+                Some(format!("data: {c}\n\n"))
+            }),
+            Some("data: [DONE]\n\n".to_string()),
+        );
+        return sse(s);
+    }
+    let rid = req.rid.clone();
+    let spec = st.spec_on();
+    let s = token_stream(req, max, Box::new(|_, _, text, _, last| last.then(|| text.to_string())), None);
+    use futures_util::StreamExt;
+    let text: String = s.collect::<Vec<_>>().await.concat();
+    let mut meta = json!({
+        "id": rid, "finish_reason": {"type": "length", "length": max},
+        "prompt_tokens": prompt_tokens, "completion_tokens": max, "cached_tokens": 0,
+    });
+    if spec {
+        meta["spec_accept_length"] = json!(accept_length(&st));
+    }
+    axum::Json(json!({"text": text, "meta_info": meta})).into_response()
+}
+
+async fn openai_completions(State(st): State<St>, body: Bytes) -> Response {
+    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let (_prompt, max, stream) = gen_params(&body, &["/max_tokens"], 16);
+    let model = body["model"].clone();
+    let req = Req::start(&st).await;
+    let id = format!("cmpl-{}", req.rid);
+    if stream {
+        let s = token_stream(
+            req,
+            max,
+            Box::new(move |_, _, _, w, last| {
+                let c = json!({"id": id, "object": "text_completion", "model": model,
+                    "choices": [{"index": 0, "text": w, "finish_reason": if last { json!("length") } else { Value::Null }}]});
+                Some(format!("data: {c}\n\n"))
+            }),
+            Some("data: [DONE]\n\n".to_string()),
+        );
+        return sse(s);
+    }
+    let s = token_stream(req, max, Box::new(|_, _, text, _, last| last.then(|| text.to_string())), None);
+    use futures_util::StreamExt;
+    let text: String = s.collect::<Vec<_>>().await.concat();
+    axum::Json(json!({"id": id, "object": "text_completion", "model": model,
+        "choices": [{"index": 0, "text": text, "finish_reason": "length"}],
+        "usage": {"completion_tokens": max}}))
+    .into_response()
+}
+
+async fn llama_completion(State(st): State<St>, body: Bytes) -> Response {
+    if st.phase() == LOADING {
+        return llama_health(State(st)).await;
+    }
+    let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+    let (_prompt, max, stream) = gen_params(&body, &["/n_predict"], 16);
+    let req = Req::start(&st).await;
+    if stream {
+        let s = token_stream(
+            req,
+            max,
+            Box::new(|_, _, _, w, last| Some(format!("data: {}\n\n", json!({"content": w, "stop": last})))),
+            None,
+        );
+        return sse(s);
+    }
+    let s = token_stream(req, max, Box::new(|_, _, text, _, last| last.then(|| text.to_string())), None);
+    use futures_util::StreamExt;
+    let text: String = s.collect::<Vec<_>>().await.concat();
+    axum::Json(json!({"content": text, "stop": true, "tokens_predicted": max})).into_response()
+}

@@ -106,4 +106,4 @@ pub mod util;
 
 pub use cgroups::CgroupLayout;
 pub use systemd_box::{BoxConfig, BoxTrace, SystemdBox, Teardown};
-pub use util::{bin_path, free_port, target_dir, wait_for, wait_until};
+pub use util::{bin_path, free_port, http, http_get, target_dir, wait_for, wait_until};

@@ -64,3 +64,29 @@ pub fn bin_path(name: &str) -> PathBuf {
     );
     p
 }
+
+/// A plain HTTP/1.0 exchange with `127.0.0.1:port` (no keep-alive): the
+/// status code and body, or `None` if the port is closed or the answer is
+/// cut. Streams (SSE) are read until the server closes them.
+pub fn http(port: u16, method: &str, path: &str, body: Option<&str>, timeout: Duration) -> Option<(u16, String)> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(timeout)).ok()?;
+    let body = body.unwrap_or("");
+    let req = format!(
+        "{method} {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).ok()?;
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).ok()?;
+    let text = String::from_utf8_lossy(&out).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n")?;
+    let code = head.split_whitespace().nth(1)?.parse().ok()?;
+    Some((code, body.to_string()))
+}
+
+/// `GET path` with a 5 s timeout.
+pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    http(port, "GET", path, None, Duration::from_secs(5))
+}

@@ -154,7 +154,7 @@ fn sglang_generate_streams_and_sigterm_drains_without_timeout() {
         let (c, body) = h.join().unwrap().expect("a full answer");
         assert_eq!(c, 200);
         assert!(body.trim_end().ends_with("data: [DONE]"), "{body}");
-        let last = body.lines().filter(|l| l.starts_with("data: {")).last().unwrap();
+        let last = body.lines().rfind(|l| l.starts_with("data: {")).unwrap();
         let v: serde_json::Value = serde_json::from_str(&last[6..]).unwrap();
         assert_eq!(v["meta_info"]["completion_tokens"], 30);
         assert_eq!(v["meta_info"]["finish_reason"]["type"], "length");

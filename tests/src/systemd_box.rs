@@ -138,6 +138,11 @@ pub struct BoxTrace {
     pub mnt_ns: u64,
     hierarchies: Vec<Hierarchy>,
     host_mounts: String,
+    /// Open handles on the box's pid and mount namespaces. Namespace inode
+    /// numbers are reused once a namespace is freed (e.g. by another box
+    /// booting meanwhile); holding them keeps `pid_ns`/`mnt_ns` meaning this
+    /// box for as long as this trace lives.
+    _ns_handles: Option<std::sync::Arc<(fs::File, fs::File)>>,
 }
 
 fn ns_inode(pid: u32, ns: &str) -> Option<u64> {
@@ -404,7 +409,7 @@ impl SystemdBox {
             }
         };
         let mut sb = SystemdBox {
-            trace: BoxTrace { name, init_pid: 0, pid_ns: 0, mnt_ns: 0, hierarchies, host_mounts },
+            trace: BoxTrace { name, init_pid: 0, pid_ns: 0, mnt_ns: 0, hierarchies, host_mounts, _ns_handles: None },
             layout,
             unshare: Some(child),
             console,
@@ -463,6 +468,11 @@ impl SystemdBox {
         })?;
         self.trace.init_pid = init;
         self.trace.pid_ns = ns_inode(init, "pid").context("read the box's pid namespace")?;
+        let handles = (
+            fs::File::open(format!("/proc/{init}/ns/pid")).context("open the box's pid namespace")?,
+            fs::File::open(format!("/proc/{init}/ns/mnt")).context("open the box's mount namespace")?,
+        );
+        self.trace._ns_handles = Some(std::sync::Arc::new(handles));
         self.trace.mnt_ns = ns_inode(init, "mnt").context("read the box's mount namespace")?;
         if self.trace.pid_ns == ns_inode(std::process::id(), "pid").unwrap_or(0) {
             bail!("the box's PID 1 is in the host's pid namespace");

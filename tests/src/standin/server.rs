@@ -113,8 +113,14 @@ pub async fn serve(launch: Launch) -> i32 {
     tokio::select! {
         _ = tokio::time::sleep(Duration::from_millis(st.launch.knobs.load_ms)) => {}
         _ = sigterm.recv() => {
-            logs::line(st.launch.flavour, "warning", "SIGTERM received during startup. Exiting.");
-            return 0;
+            // Before the server is up the engine has no handler of its own
+            // yet: the default action, death by SIGTERM.
+            // SAFETY: restoring the default disposition and raising.
+            unsafe {
+                libc::signal(libc::SIGTERM, libc::SIG_DFL);
+                libc::raise(libc::SIGTERM);
+            }
+            return 143;
         }
     }
     if st.launch.knobs.cuda_oom {
@@ -135,15 +141,21 @@ pub async fn serve(launch: Launch) -> i32 {
         },
     };
     if st.launch.flavour == Flavour::Sglang {
+        // Up but warming up: /health 503 until the warmup request is done.
+        // SIGTERM meanwhile drains like any other time.
         st.phase.store(WARMUP, Ordering::SeqCst);
         logs::line(Flavour::Sglang, "info", &format!("Uvicorn running on http://{addr} (Press CTRL+C to quit)"));
-        tokio::select! {
-            _ = tokio::time::sleep(Duration::from_millis(st.launch.knobs.warmup_ms)) => {}
-            _ = sigterm.recv() => return 0,
-        }
+        let (st2, addr2) = (st.clone(), addr.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(st2.launch.knobs.warmup_ms)).await;
+            if st2.phase.compare_exchange(WARMUP, READY, Ordering::SeqCst, Ordering::SeqCst).is_ok() {
+                logs::ready(&st2.launch, &addr2);
+            }
+        });
+    } else {
+        st.phase.store(READY, Ordering::SeqCst);
+        logs::ready(&st.launch, &addr);
     }
-    st.phase.store(READY, Ordering::SeqCst);
-    logs::ready(&st.launch, &addr);
 
     sigterm.recv().await;
     st.phase.store(DRAINING, Ordering::SeqCst);

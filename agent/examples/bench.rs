@@ -31,7 +31,7 @@ spec:
   engine: sglang
   command: [{standin}, sglang]
   model: /models/Qwen3.5-122B-A10B
-  server: {{host: 127.0.0.1, port: {port}, max_running_requests: 16}}
+  server: {{host: 127.0.0.1, port: {port}, max_running_requests: 16, extra_args: [--enable-metrics]}}
   speculative: {{algorithm: NEXTN, num_steps: {steps}, eagle_topk: 1, num_draft_tokens: {draft}}}
   service: {{restart: always, timeout_stop_sec: 10, environment: {{SPECD_STANDIN_LOAD_MS: \"{load_ms}\"}}}}
 ",

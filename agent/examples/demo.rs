@@ -36,7 +36,7 @@ spec:
   engine: sglang
   command: [{standin}, sglang]   # the stand-in speaks SGLang's flags and HTTP API
   model: /models/Qwen3.5-122B-A10B
-  server: {{host: 127.0.0.1, port: {port}, tp_size: 4, mem_fraction_static: 0.85, max_running_requests: 16, context_length: 32768}}
+  server: {{host: 127.0.0.1, port: {port}, tp_size: 4, mem_fraction_static: 0.85, max_running_requests: 16, context_length: 32768, extra_args: [--enable-metrics]}}
   speculative: {{algorithm: NEXTN, num_steps: {steps}, eagle_topk: 1, num_draft_tokens: {}}}
   service:
     restart: always
@@ -64,13 +64,20 @@ spec:
         std::thread::spawn(move || {
             if let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) {
                 let body = r#"{"text":"hello","sampling_params":{"max_new_tokens":400},"stream":true}"#;
-                let _ = s.write_all(format!("POST /generate HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len()).as_bytes());
+                let _ = s.write_all(
+                    format!(
+                        "POST /generate HTTP/1.0\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                        body.len()
+                    )
+                    .as_bytes(),
+                );
                 let _ = s.read_to_end(&mut Vec::new());
             }
         });
     }
     wait_until("requests in flight", Duration::from_secs(10), || {
-        get(port, "/metrics").is_some_and(|m| m.lines().any(|l| l.starts_with("sglang:num_running_reqs") && l.ends_with(" 4")))
+        get(port, "/metrics")
+            .is_some_and(|m| m.lines().any(|l| l.starts_with("sglang:num_running_reqs") && l.ends_with(" 4")))
     })?;
 
     say("commit steps=10: the diff, then the apply (drain, stop, empty cgroup, write, reload, start, verify)");

@@ -601,6 +601,10 @@ async fn run_steps<S: Systemd>(
                 if !props.control_group.is_empty() {
                     cg = props.control_group.clone();
                 }
+                if props.load_state == "not-found" {
+                    // No unit yet: nothing to stop.
+                    continue;
+                }
                 // --no-block: specd watches the stop itself (cgroup, progress) instead of
                 // sitting in systemctl.
                 ctx.systemd

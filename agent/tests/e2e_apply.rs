@@ -64,6 +64,7 @@ fn the_seed_after_ten_applies_each_serves_the_new_steps_and_reports_the_sigkill(
     for i in 0..10 {
         let target: u32 = if i % 2 == 0 { 10 } else { 5 };
         let reqs = e.in_flight(4, 400); // 20 s of streaming each: far longer than TimeoutStopSec=2
+        let started = Instant::now();
         let (ok, out) = apply(&e, &format!("s{target}.yaml"), &e.spec(UNIT, target, &seed_extra(300)));
         let returned = Instant::now();
         assert!(ok, "apply {i}: {out}");
@@ -75,7 +76,7 @@ fn the_seed_after_ten_applies_each_serves_the_new_steps_and_reports_the_sigkill(
         let pid = e.main_pid(UNIT);
         let cmdline = e.b.read_to_string(&format!("/proc/{pid}/cmdline")).unwrap();
         assert!(cmdline.contains(&format!("--speculative-num-steps\0{target}\0")), "{cmdline:?}");
-        windows.push((returned, target));
+        windows.push((started, returned, target));
         for r in reqs {
             r.join().unwrap();
         }
@@ -85,7 +86,7 @@ fn the_seed_after_ten_applies_each_serves_the_new_steps_and_reports_the_sigkill(
 
     // After each apply returned, until the next one started, only the new config ever answered.
     let seen = seen.lock().unwrap();
-    for (k, (from, target)) in windows.iter().enumerate() {
+    for (k, (_, from, target)) in windows.iter().enumerate() {
         let until = windows.get(k + 1).map(|w| w.0);
         let stale: Vec<_> = seen
             .iter()

@@ -37,7 +37,7 @@ spec:
   engine: sglang
   command: [{standin}, sglang]
   model: /models/Qwen3.5-122B-A10B
-  server: {{host: 127.0.0.1, port: {port}, tp_size: 4, mem_fraction_static: 0.85, max_running_requests: 16}}
+  server: {{host: 127.0.0.1, port: {port}, tp_size: 4, mem_fraction_static: 0.85, max_running_requests: 16, extra_args: [--enable-metrics]}}
   speculative: {{algorithm: NEXTN, num_steps: {steps}, eagle_topk: 1, num_draft_tokens: {draft}}}
 {extra}",
             name = unit.trim_end_matches(".service"),

@@ -163,6 +163,13 @@ fn ppid_of(pid: u32) -> Option<u32> {
     after.split(' ').nth(1)?.parse().ok()
 }
 
+/// A zombie whose parent is the host's PID 1.
+fn is_orphan_zombie(pid: u32) -> bool {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let state = stat.rfind(')').and_then(|i| stat.get(i + 2..i + 3));
+    state == Some("Z") && ppid_of(pid) == Some(1)
+}
+
 /// `comm`, state and parent of a process, for leak reports.
 fn comm_of(pid: u32) -> String {
     let comm = fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
@@ -179,6 +186,13 @@ impl BoxTrace {
     pub fn leaks(&self) -> Vec<String> {
         let mut out = Vec::new();
         for pid in all_pids() {
+            if is_orphan_zombie(pid) {
+                // Already dead; a process of the box orphaned while its PID 1
+                // was going away is reparented to the host's init, which
+                // reaps it in its own time (on a host whose PID 1 is not
+                // systemd that can take a second or two).
+                continue;
+            }
             if ns_inode(pid, "pid") == Some(self.pid_ns) {
                 out.push(format!("process {pid} ({}) still in the box's pid namespace", comm_of(pid)));
             } else if ns_inode(pid, "mnt") == Some(self.mnt_ns) {

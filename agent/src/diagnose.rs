@@ -1077,7 +1077,8 @@ pub fn classify(ev: &Evidence) -> Diagnosis {
         }
         let drain: Vec<&Line> =
             svc.iter().copied().filter(|l| stop_job.is_none_or(|s| l.time_us + 1_000_000 >= s.time_us)).collect();
-        for l in drain.iter().rev().take(3).rev() {
+        // How the server took the SIGTERM, and the last it said before the kill.
+        for l in drain.iter().take(1).chain(drain.iter().skip(1).rev().take(2)) {
             b.line(l);
         }
         for l in sigkills.iter().take(2) {
@@ -1093,9 +1094,10 @@ pub fn classify(ev: &Evidence) -> Diagnosis {
             (None, Some(s), Some(t)) => format!("{} s after SIGTERM", fmt_secs(t.time_us.saturating_sub(s.time_us))),
             _ => "after TimeoutStopSec".into(),
         };
-        let reqs = match in_flight(&drain) {
-            Some(n) => format!(" ({n} requests in flight)"),
-            None => String::new(),
+        let still = match in_flight(&drain) {
+            Some(n) => format!("while it was still draining ({n} requests in flight)"),
+            None if !drain.is_empty() => "while it was still shutting down".to_string(),
+            None => "while it had not exited after SIGTERM".to_string(),
         };
         let status = match exit {
             Some(e) if !killed9 => format!("; it ended with {}", e.describe()),
@@ -1107,7 +1109,7 @@ pub fn classify(ev: &Evidence) -> Diagnosis {
         return finish(
             Verdict::StopTimeoutKill,
             format!(
-                "stop-timeout SIGKILL: systemd killed the server {after} (TimeoutStopSec) while it was still draining{reqs}{status} — not an OOM; the stop was requested by {who}"
+                "stop-timeout SIGKILL: systemd killed the server {after} (TimeoutStopSec) {still}{status} — not an OOM; the stop was requested by {who}"
             ),
             b,
             notes,
@@ -1905,7 +1907,7 @@ mod tests {
         ));
         let d = classify(&e);
         assert_eq!(d.verdict, Verdict::StopTimeoutKill, "{d:#?}");
-        assert_contains(&d.summary, "300 s after SIGTERM");
+        assert_contains(&d.summary, "300 s after SIGTERM (TimeoutStopSec) while it had not exited after SIGTERM");
         assert!(has_evidence(&d, "Result=timeout ExecMainCode=2 ExecMainStatus=9"), "{d:#?}");
 
         e.props = Some(parse_show(

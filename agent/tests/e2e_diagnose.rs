@@ -1,14 +1,18 @@
 //! Termination diagnosis end to end: each way a server can end is produced for real in a
-//! private systemd (the box), then diagnosed.
+//! private systemd (the box) with the stand-in server, then `specd diagnose` runs inside the box
+//! and must name it.
 //!
 //! `record_fixtures` (ignored; run with `SPECD_RECORD_FIXTURES=1`) re-records the fixtures in
 //! `tests/fixtures/diagnose/` that the classifier's unit tests read.
 
+use std::io::{Read, Write};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use serde_json::Value;
 use specd::diagnose::{self, JOURNAL_FIELDS, Raw, SHOW_PROPS};
-use specd_e2e::{SystemdBox, wait_until};
+use specd_e2e::{SystemdBox, bin_path, free_port, wait_until};
 
 fn boot() -> SystemdBox {
     SystemdBox::boot().unwrap_or_else(|e| panic!("cannot boot the systemd box: {e:#}"))
@@ -406,5 +410,399 @@ exit 3
     wait_prop(&b, "stale.service", "NeedDaemonReload", "yes");
     save_fixture("stale-config-running", &capture(&b, "stale.service", since), "recorded: systemd 252 in the box");
 
+    b.shutdown().unwrap();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Running `specd diagnose` inside the box
+
+/// Where the box's systemd keeps nothing of specd but what a test writes.
+const STATE_DIR: &str = "/var/lib/specd";
+
+/// `specd diagnose [UNIT] [--json]` inside the box: exit code, stdout, stderr.
+///
+/// While the command line does not route `diagnose` to `specd::diagnose::run` yet, the same
+/// function runs inside the box from this test binary (`in_box_diagnose_entry`), so that the
+/// gatherer reads the box's systemd, journal and kernel exactly as the command would.
+fn specd_diagnose(b: &SystemdBox, unit: Option<&str>, json: bool) -> (i32, String, String) {
+    let mut argv = vec![env!("CARGO_BIN_EXE_specd"), "diagnose"];
+    argv.extend(unit);
+    if json {
+        argv.push("--json");
+    }
+    let out = b.exec_env(&argv, &[("SPECD_STATE_DIR", STATE_DIR)]);
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    if !stderr.contains("not available in this build") {
+        return (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned(), stderr);
+    }
+    let exe = std::env::current_exe().unwrap();
+    let exe = exe.to_str().unwrap();
+    let out = b.exec_env(
+        &[exe, "--ignored", "--exact", "in_box_diagnose_entry", "--nocapture", "--test-threads=1"],
+        &[("SPECD_DIAG_UNIT", unit.unwrap_or("")), ("SPECD_DIAG_JSON", if json { "1" } else { "" })],
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    // The test harness prints "running 1 test" before the command's own output.
+    let own: String = stdout
+        .lines()
+        .skip_while(|l| *l != "running 1 test")
+        .skip(1)
+        .map(|l| format!("{}\n", l.strip_prefix("test in_box_diagnose_entry ... ").unwrap_or(l)))
+        .collect();
+    (out.status.code().unwrap_or(-1), own, String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// `specd diagnose`'s entry point inside the box (see [`specd_diagnose`]); does nothing unless
+/// run there.
+#[test]
+#[ignore = "run inside the box by the tests of this file"]
+fn in_box_diagnose_entry() {
+    let Ok(unit) = std::env::var("SPECD_DIAG_UNIT") else { return };
+    let json = std::env::var("SPECD_DIAG_JSON").is_ok_and(|v| !v.is_empty());
+    let unit = (!unit.is_empty()).then_some(unit);
+    let code = rt().block_on(diagnose::run(unit.as_deref(), json, Path::new(STATE_DIR))).unwrap_or_else(|e| {
+        eprintln!("specd: error: {e:#}");
+        2
+    });
+    std::io::stdout().flush().unwrap();
+    std::process::exit(code.into());
+}
+
+/// The diagnoses of `unit`, newest first, from `specd diagnose UNIT --json` in the box.
+fn diagnoses(b: &SystemdBox, unit: &str) -> Vec<Value> {
+    let (code, out, err) = specd_diagnose(b, Some(unit), true);
+    assert_eq!(code, 0, "specd diagnose {unit} --json: exit {code}\nstdout: {out}\nstderr: {err}");
+    let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("not JSON ({e}): {out}\nstderr: {err}"));
+    let all = v.as_array().expect("a JSON array").clone();
+    assert!(all.iter().all(|d| d["unit"] == unit), "{out}");
+    assert!(!all.is_empty(), "no diagnosis: {out}");
+    all
+}
+
+fn newest(b: &SystemdBox, unit: &str) -> Value {
+    diagnoses(b, unit).remove(0)
+}
+
+fn text(v: &Value) -> String {
+    v.as_str().unwrap_or_default().to_string()
+}
+
+/// Whether a diagnosis cites `needle` in its evidence, with a timestamp.
+fn cites(d: &Value, needle: &str) -> bool {
+    d["evidence"].as_array().unwrap().iter().any(|e| {
+        text(&e["text"]).contains(needle)
+            && text(&e["time"]).starts_with(char::is_numeric)
+            && text(&e["time"]).ends_with('Z')
+    })
+}
+
+#[track_caller]
+fn assert_verdict(d: &Value, verdict: &str) {
+    assert_eq!(d["verdict"], verdict, "{}", serde_json::to_string_pretty(d).unwrap());
+}
+
+#[track_caller]
+fn assert_summary(d: &Value, needle: &str) {
+    assert!(
+        text(&d["summary"]).contains(needle),
+        "{needle:?} not in the summary: {}",
+        serde_json::to_string_pretty(d).unwrap()
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// The stand-in in the box
+
+/// A unit running the stand-in as an SGLang server (or another flavour via `engine`).
+/// `engine` is the stand-in's arguments before `--host`/`--port`, e.g. `sglang --model-path /m`.
+fn standin_unit(engine: &str, port: u16, env: &[&str], service: &str) -> String {
+    let standin = bin_path("specd-standin");
+    let env: String = env.iter().map(|e| format!("Environment={e}\n")).collect();
+    format!(
+        "[Unit]\nDescription=stand-in {engine}\n[Service]\nExecStart={} {engine} --host 127.0.0.1 --port {port}\n{env}Environment=SPECD_STANDIN_LOAD_MS=50\nEnvironment=SPECD_STANDIN_WARMUP_MS=50\n{service}",
+        standin.display()
+    )
+}
+
+fn start(b: &SystemdBox, unit: &str, text: &str) {
+    install(b, unit, text);
+    b.systemctl_check(&["daemon-reload"]).unwrap();
+    b.systemctl_check(&["start", unit]).unwrap();
+}
+
+/// An HTTP/1.1 request to the stand-in on 127.0.0.1 (the box shares the host's network).
+fn http(port: u16, method: &str, path: &str, body: &str) -> Option<TcpStream> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).ok()?;
+    Some(s)
+}
+
+fn get(port: u16, path: &str) -> Option<(u16, String)> {
+    let mut s = http(port, "GET", path, "")?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).ok()?;
+    let code = out.split_whitespace().nth(1)?.parse().ok()?;
+    Some((code, out))
+}
+
+fn wait_ready(b: &SystemdBox, unit: &str, port: u16) {
+    wait_until(&format!("{unit} ready on port {port}"), Duration::from_secs(30), || {
+        get(port, "/health").is_some_and(|(c, _)| c == 200)
+    })
+    .unwrap_or_else(|e| panic!("{e:#}\n{}", b.journal(unit).unwrap_or_default()));
+}
+
+// ---------------------------------------------------------------------------------------------
+// The classes, produced for real
+
+/// The seed's case: a stop while the server drains 16 requests outlives TimeoutStopSec; systemd
+/// SIGKILLs it. That is a stop timeout, not an OOM.
+#[test]
+fn stop_timeout_while_draining_is_not_an_oom() {
+    let b = boot();
+    let port = free_port();
+    let unit = "diag-drain.service";
+    start(
+        &b,
+        unit,
+        &standin_unit(
+            "sglang --model-path /m --enable-metrics",
+            port,
+            &["SPECD_STANDIN_TOKENS_PER_SEC=1", "SPECD_STANDIN_DRAIN_POLL_MS=200"],
+            "TimeoutStopSec=3\n",
+        ),
+    );
+    wait_ready(&b, unit, port);
+    let body = r#"{"text": "hello", "sampling_params": {"max_new_tokens": 100000}}"#;
+    let _requests: Vec<TcpStream> =
+        (0..16).map(|_| http(port, "POST", "/generate", body).expect("send /generate")).collect();
+    wait_until("16 requests running", Duration::from_secs(30), || {
+        get(port, "/metrics").is_some_and(|(_, m)| {
+            m.lines().any(|l| {
+                l.starts_with("sglang:num_running_reqs")
+                    && l.split_whitespace().last().and_then(|v| v.parse::<f64>().ok()) == Some(16.0)
+            })
+        })
+    })
+    .unwrap();
+    // Returns once systemd has given up on the drain and killed the server.
+    let _ = b.systemctl(&["stop", unit]);
+    assert_eq!(b.prop(unit, "Result").unwrap(), "timeout");
+
+    let d = newest(&b, unit);
+    assert_verdict(&d, "stop-timeout-kill");
+    assert_ne!(d["verdict"], "oom-kill");
+    assert_summary(&d, "systemd killed the server 3 s after SIGTERM");
+    assert_summary(&d, "(16 requests in flight)");
+    assert_summary(&d, "not an OOM");
+    assert!(cites(&d, "State 'stop-sigterm' timed out. Killing."), "{d:#}");
+    assert!(cites(&d, "Gracefully exiting... Remaining number of requests 16."), "{d:#}");
+    assert!(cites(&d, "Main process exited, code=killed, status=9/KILL"), "{d:#}");
+    assert!(d["ended"].is_string(), "{d:#}");
+    b.shutdown().unwrap();
+}
+
+/// Each engine's CUDA OOM death: SGLang SIGKILLs its own process tree (Result=signal, 9/KILL),
+/// vLLM and llama.cpp exit 1. All are CUDA OOM, not a crash or a kernel OOM kill.
+#[test]
+fn cuda_oom_is_cuda_oom_whatever_the_exit() {
+    let b = boot();
+    let cases = [
+        (
+            "diag-cuda-sglang.service",
+            "sglang --model-path /m",
+            "PyTorch CUDA out of memory",
+            "signal 9/KILL",
+            "torch.OutOfMemoryError: CUDA out of memory.",
+        ),
+        (
+            "diag-cuda-vllm.service",
+            "vllm serve /m",
+            "PyTorch CUDA out of memory",
+            "exit status 1",
+            "torch.OutOfMemoryError: CUDA out of memory.",
+        ),
+        (
+            "diag-cuda-llama.service",
+            "llama-cpp -m /m.gguf",
+            "llama.cpp: cudaMalloc failed",
+            "exit status 1",
+            "cudaMalloc failed: out of memory",
+        ),
+    ];
+    for (unit, engine, ..) in cases {
+        start(&b, unit, &standin_unit(engine, free_port(), &["SPECD_STANDIN_CUDA_OOM=1"], ""));
+    }
+    for (unit, _, what, status, line) in cases {
+        wait_prop(&b, unit, "ActiveState", "failed");
+        let d = newest(&b, unit);
+        assert_verdict(&d, "cuda-oom");
+        assert_summary(&d, what);
+        assert_summary(&d, status);
+        assert!(cites(&d, line), "{d:#}");
+    }
+    assert_eq!(b.prop("diag-cuda-sglang.service", "Result").unwrap(), "signal");
+    assert_summary(&newest(&b, "diag-cuda-sglang.service"), "sent by the server itself");
+    b.shutdown().unwrap();
+}
+
+/// Exit 3 is a crash; the text output leads with the verdict; no unit means every unit specd
+/// has state for; a unit that does not exist cannot be diagnosed (exit 2).
+#[test]
+fn exit_3_is_a_crash() {
+    let b = boot();
+    let unit = "diag-crash.service";
+    start(&b, unit, &standin_unit("sglang --model-path /m", free_port(), &["SPECD_STANDIN_EXIT_CODE=3"], ""));
+    wait_prop(&b, unit, "ActiveState", "failed");
+    let d = newest(&b, unit);
+    assert_verdict(&d, "crash");
+    assert_summary(&d, "exit status 3");
+    assert_summary(&d, "exiting with code 3");
+    assert!(cites(&d, "Main process exited, code=exited, status=3/NOTIMPLEMENTED"), "{d:#}");
+
+    let (code, out, err) = specd_diagnose(&b, Some(unit), false);
+    assert_eq!(code, 0, "{out}{err}");
+    let mut lines = out.lines();
+    let head = lines.next().unwrap_or_default();
+    assert!(head.starts_with("diag-crash.service ") && head.ends_with(": crash"), "{out}");
+    assert!(lines.next().unwrap_or_default().contains("crash: the server died on its own: exit status 3"), "{out}");
+    assert!(out.lines().any(|l| l.trim_start().starts_with("20") && l.contains("status=3/NOTIMPLEMENTED")), "{out}");
+
+    // No unit: the units specd has state for; none yet.
+    let (code, out, err) = specd_diagnose(&b, None, true);
+    assert_eq!(code, 2, "{out}{err}");
+    assert!(err.contains("no state for any unit"), "{err}");
+    b.write_file(&format!("{STATE_DIR}/units/{unit}.json"), format!("{{\"unit\": \"{unit}\"}}\n")).unwrap();
+    let (code, out, err) = specd_diagnose(&b, None, true);
+    assert_eq!(code, 0, "{out}{err}");
+    let all: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(all[0]["unit"], unit, "{out}");
+    assert_eq!(all[0]["verdict"], "crash", "{out}");
+
+    let (code, _, err) = specd_diagnose(&b, Some("diag-nope.service"), true);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains("no such unit"), "{err}");
+    b.shutdown().unwrap();
+}
+
+/// A restart after the unit file changed on disk, without daemon-reload, runs systemd's old copy
+/// of the unit (the seed's steps=5 instance). After a reload and restart it runs the file.
+#[test]
+fn start_with_a_changed_unit_file_and_no_reload_is_a_stale_config_start() {
+    let b = boot();
+    let port = free_port();
+    let unit = "diag-stale.service";
+    start(&b, unit, &standin_unit("sglang --model-path /m --mem-fraction-static 0.80", port, &[], ""));
+    wait_ready(&b, unit, port);
+    install(&b, unit, &standin_unit("sglang --model-path /m --mem-fraction-static 0.85", port, &[], ""));
+    b.systemctl_check(&["restart", unit]).unwrap();
+    wait_prop(&b, unit, "NeedDaemonReload", "yes");
+    wait_ready(&b, unit, port);
+
+    let ds = diagnoses(&b, unit);
+    let d = &ds[0];
+    assert_verdict(d, "stale-config-start");
+    assert_summary(d, "NeedDaemonReload=yes");
+    assert_summary(d, "--mem-fraction-static 0.80 --host 127.0.0.1");
+    assert_summary(d, "differs from the unit on disk");
+    assert_summary(d, "--mem-fraction-static 0.85 --host 127.0.0.1");
+    assert!(d["ended"].is_null(), "it still runs: {d:#}");
+    // The instance the restart replaced started from the file as it was then.
+    assert_verdict(&ds[1], "clean-stop");
+
+    b.systemctl_check(&["daemon-reload"]).unwrap();
+    b.systemctl_check(&["restart", unit]).unwrap();
+    wait_ready(&b, unit, port);
+    let d = newest(&b, unit);
+    assert_verdict(&d, "running");
+    assert!(d["notes"].as_array().unwrap().is_empty(), "{d:#}");
+    b.shutdown().unwrap();
+}
+
+/// A memory hog under a memory limit. On this hybrid host (v1 memory controller) systemd sees
+/// only a SIGKILL (Result=signal); the kernel's OOM-killer line naming the unit's cgroup, read
+/// from the kernel ring buffer, makes it an OOM kill. On a cgroup v2 host systemd itself says
+/// Result=oom-kill.
+#[test]
+fn memory_hog_under_a_memory_limit_is_an_oom_kill() {
+    let b = boot();
+    let unit = "diag-hog.service";
+    start(
+        &b,
+        unit,
+        &standin_unit("sglang --model-path /m", free_port(), &["SPECD_STANDIN_MEMORY_HOG=1"], "MemoryMax=64M\n"),
+    );
+    wait_prop(&b, unit, "ActiveState", "failed");
+    let p = b.show(unit, &["Result", "ExecMainCode", "ExecMainStatus"]).unwrap();
+    let expected = match b.cgroup_layout() {
+        specd_e2e::CgroupLayout::Unified => "oom-kill",
+        _ => "signal",
+    };
+    assert_eq!(p["Result"], expected, "{p:?}");
+    assert_eq!((p["ExecMainCode"].as_str(), p["ExecMainStatus"].as_str()), ("2", "9"), "{p:?}");
+
+    let d = newest(&b, unit);
+    assert_verdict(&d, "oom-kill");
+    assert_summary(&d, "the memory cgroup limit was reached");
+    assert!(cites(&d, "Memory cgroup out of memory: Killed process"), "{d:#}");
+    assert!(cites(&d, "/system.slice/diag-hog.service"), "{d:#}");
+    b.shutdown().unwrap();
+}
+
+/// A clean stop (and who asked, when the journal does not say), a watchdog kill, and a crash
+/// loop that hits the start limit.
+#[test]
+fn clean_stop_watchdog_and_start_limit() {
+    let b = boot();
+    let port = free_port();
+    start(
+        &b,
+        "diag-clean.service",
+        &standin_unit("sglang --model-path /m", port, &["SPECD_STANDIN_DRAIN_POLL_MS=50"], ""),
+    );
+    start(&b, "diag-wd.service", &standin_unit("sglang --model-path /m", free_port(), &[], "WatchdogSec=1\n"));
+    install(
+        &b,
+        "diag-loop.service",
+        &standin_unit(
+            "sglang --model-path /m",
+            free_port(),
+            &["SPECD_STANDIN_EXIT_CODE=3"],
+            "Restart=always\nRestartSec=100ms\nStartLimitBurst=3\nStartLimitIntervalSec=60\n",
+        ),
+    );
+    b.systemctl_check(&["daemon-reload"]).unwrap();
+    let _ = b.systemctl(&["start", "diag-loop.service"]);
+    wait_ready(&b, "diag-clean.service", port);
+    b.systemctl_check(&["stop", "diag-clean.service"]).unwrap();
+
+    let d = newest(&b, "diag-clean.service");
+    assert_verdict(&d, "clean-stop");
+    assert_summary(&d, "stopped on request by a stop request the journal does not attribute");
+    assert!(cites(&d, "Stopping diag-clean.service"), "{d:#}");
+
+    wait_prop(&b, "diag-wd.service", "Result", "watchdog");
+    let d = newest(&b, "diag-wd.service");
+    assert_verdict(&d, "watchdog");
+    assert_summary(&d, "WatchdogSec=1 s");
+    assert!(cites(&d, "Watchdog timeout (limit 1s)!"), "{d:#}");
+
+    wait_until("the start limit", Duration::from_secs(30), || {
+        b.journal("diag-loop.service").unwrap().contains("Start request repeated too quickly")
+    })
+    .unwrap();
+    let ds = diagnoses(&b, "diag-loop.service");
+    assert_eq!(ds.len(), 3, "{ds:#?}");
+    assert_verdict(&ds[0], "start-limit-hit");
+    assert_summary(&ds[0], "after 3 restarts");
+    assert_summary(&ds[0], "exit status 3");
+    for d in &ds[1..] {
+        assert_verdict(d, "crash");
+    }
     b.shutdown().unwrap();
 }

@@ -89,10 +89,7 @@
 //! box off, kills its pid namespace if PID 1 does not exit in 10 s, removes
 //! its cgroups, and checks ([`BoxTrace::leaks`]) that no process is left in
 //! its pid or mount namespace, no cgroup directory remains and no mount
-//! appeared on the host. A dead process of the box that the kernel handed to
-//! the host's PID 1 while the box's PID 1 was exiting (a zombie whose parent
-//! is PID 1, reaped by the host's init in its own time) does not count.
-//! Processes started with [`SystemdBox::exec`] / [`SystemdBox::command`]
+//! appeared on the host. Processes started with [`SystemdBox::exec`] / [`SystemdBox::command`]
 //! that are still running at teardown are SIGKILLed first (systemd's
 //! shutdown leaves such PPid-0 processes alone). The box's `unshare` is killed when the test process
 //! dies (PR_SET_PDEATHSIG), which kills the box; cgroups left by such a death

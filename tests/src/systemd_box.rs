@@ -163,13 +163,6 @@ fn ppid_of(pid: u32) -> Option<u32> {
     after.split(' ').nth(1)?.parse().ok()
 }
 
-/// A zombie whose parent is the host's PID 1.
-fn is_orphan_zombie(pid: u32) -> bool {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    let state = stat.rfind(')').and_then(|i| stat.get(i + 2..i + 3));
-    state == Some("Z") && ppid_of(pid) == Some(1)
-}
-
 /// `comm`, state and parent of a process, for leak reports.
 fn comm_of(pid: u32) -> String {
     let comm = fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
@@ -186,13 +179,6 @@ impl BoxTrace {
     pub fn leaks(&self) -> Vec<String> {
         let mut out = Vec::new();
         for pid in all_pids() {
-            if is_orphan_zombie(pid) {
-                // Already dead; a process of the box orphaned while its PID 1
-                // was going away is reparented to the host's init, which
-                // reaps it in its own time (on a host whose PID 1 is not
-                // systemd that can take a second or two).
-                continue;
-            }
             if ns_inode(pid, "pid") == Some(self.pid_ns) {
                 out.push(format!("process {pid} ({}) still in the box's pid namespace", comm_of(pid)));
             } else if ns_inode(pid, "mnt") == Some(self.mnt_ns) {
@@ -666,10 +652,12 @@ impl SystemdBox {
     /// mount namespace only; systemd-shutdown's `kill(-1, SIGSTOP)` stops
     /// their child, and nsenter then stops itself and can no longer reap it).
     /// With `everything`, every process of the box but its PID 1.
-    fn kill_strays(&self, everything: bool) {
+    fn kill_strays(&self, everything: bool, unshare: u32) {
         let (pns, mns) = (Some(self.trace.pid_ns), Some(self.trace.mnt_ns));
         for pid in all_pids() {
-            if pid == self.trace.init_pid {
+            // unshare is in the box's mount namespace too; killing it would
+            // kill the box's PID 1 (--kill-child) behind systemd's back.
+            if pid == self.trace.init_pid || pid == unshare {
                 continue;
             }
             let in_pid_ns = ns_inode(pid, "pid") == pns;
@@ -706,7 +694,7 @@ impl SystemdBox {
             // parent (nsenter) outside the box, so inside they show PPid 0;
             // systemd-shutdown leaves such processes alone and then waits for
             // them. Kill them first.
-            self.kill_strays(false);
+            self.kill_strays(false, child.id());
             // PID 1 may be gone already; then nsenter fails, which is fine.
             let _ = self
                 .command(&["systemctl", "--force", "poweroff"])
@@ -727,7 +715,7 @@ impl SystemdBox {
             // A stopped nsenter outside would keep a zombie in the box and
             // so the namespace alive: keep killing strays while waiting.
             let gone = wait_until("the box's pid namespace to end", Duration::from_secs(10), || {
-                self.kill_strays(true);
+                self.kill_strays(true, child.id());
                 matches!(child.try_wait(), Ok(Some(_)))
             });
             if gone.is_err() {

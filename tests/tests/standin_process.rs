@@ -236,6 +236,7 @@ fn lingering_child_ignores_sigterm() {
     .unwrap();
     let cmdline = std::fs::read_to_string(format!("/proc/{child}/cmdline")).unwrap();
     assert!(cmdline.contains("specd-standin"), "{cmdline}");
+    wait_until("ready", Duration::from_secs(10), || http_get(port, "/health").is_some_and(|(c, _)| c == 200)).unwrap();
     // SAFETY: kill(2) on the child we found.
     unsafe { libc::kill(child as i32, libc::SIGTERM) };
     sigterm(&p);

@@ -113,6 +113,18 @@ fn capture(b: &SystemdBox, unit: &str, since_us: u64) -> Raw {
     }
 }
 
+/// The kernel names cgroups by their host path; the part above the box (the test runner's own
+/// cgroup) says nothing about the case and is replaced by `/test.slice`.
+fn host_cgroup_prefix_trimmed(m: &str) -> String {
+    m.split(',')
+        .map(|kv| match (kv.split_once('='), kv.find("/specd-box-")) {
+            (Some((k, _)), Some(i)) => format!("{k}=/test.slice{}", &kv[i..]),
+            _ => kv.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 /// Saves a capture as fixture files `<name>.*` (see the folder's README).
 fn save_fixture(name: &str, raw: &Raw, what: &str) {
     let d = fixtures_dir();
@@ -132,7 +144,7 @@ fn save_fixture(name: &str, raw: &Raw, what: &str) {
                 serde_json::json!({
                     "__REALTIME_TIMESTAMP": l.time_us.to_string(),
                     "_TRANSPORT": "kernel",
-                    "MESSAGE": l.message,
+                    "MESSAGE": host_cgroup_prefix_trimmed(&l.message),
                 })
                 .to_string()
                     + "\n"
@@ -458,6 +470,12 @@ fn specd_diagnose(b: &SystemdBox, unit: Option<&str>, json: bool) -> (i32, Strin
 #[ignore = "run inside the box by the tests of this file"]
 fn in_box_diagnose_entry() {
     let Ok(unit) = std::env::var("SPECD_DIAG_UNIT") else { return };
+    if std::env::var_os("SPECD_DIAG_LAST").is_some() {
+        let d = rt().block_on(diagnose::last_verdict(&unit));
+        println!("{}", serde_json::to_string(&d).unwrap());
+        std::io::stdout().flush().unwrap();
+        std::process::exit(0);
+    }
     let json = std::env::var("SPECD_DIAG_JSON").is_ok_and(|v| !v.is_empty());
     let unit = (!unit.is_empty()).then_some(unit);
     let code = rt().block_on(diagnose::run(unit.as_deref(), json, Path::new(STATE_DIR))).unwrap_or_else(|e| {
@@ -466,6 +484,24 @@ fn in_box_diagnose_entry() {
     });
     std::io::stdout().flush().unwrap();
     std::process::exit(code.into());
+}
+
+/// `specd::diagnose::last_verdict(unit)` run inside the box (what `specd status` shows).
+fn last_verdict(b: &SystemdBox, unit: &str) -> Value {
+    let exe = std::env::current_exe().unwrap();
+    let out = b.exec_env(
+        &[exe.to_str().unwrap(), "--ignored", "--exact", "in_box_diagnose_entry", "--nocapture", "--test-threads=1"],
+        &[("SPECD_DIAG_UNIT", unit), ("SPECD_DIAG_LAST", "1")],
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let line = stdout.lines().find_map(|l| l.strip_prefix("test in_box_diagnose_entry ... ")).unwrap_or_default();
+    serde_json::from_str(line).unwrap_or_else(|e| {
+        panic!(
+            "{e}: {stdout}
+{}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
 }
 
 /// The diagnoses of `unit`, newest first, from `specd diagnose UNIT --json` in the box.
@@ -664,6 +700,7 @@ fn exit_3_is_a_crash() {
     assert_summary(&d, "exit status 3");
     assert_summary(&d, "exiting with code 3");
     assert!(cites(&d, "Main process exited, code=exited, status=3/NOTIMPLEMENTED"), "{d:#}");
+    assert_eq!(last_verdict(&b, unit), d, "status shows the same verdict");
 
     let (code, out, err) = specd_diagnose(&b, Some(unit), false);
     assert_eq!(code, 0, "{out}{err}");
@@ -712,8 +749,10 @@ fn start_with_a_changed_unit_file_and_no_reload_is_a_stale_config_start() {
     assert_summary(d, "differs from the unit on disk");
     assert_summary(d, "--mem-fraction-static 0.85 --host 127.0.0.1");
     assert!(d["ended"].is_null(), "it still runs: {d:#}");
-    // The instance the restart replaced started from the file as it was then.
+    // The instance the restart replaced started from the file as it was then; it is the last
+    // one that ended.
     assert_verdict(&ds[1], "clean-stop");
+    assert_eq!(last_verdict(&b, unit), ds[1]);
 
     b.systemctl_check(&["daemon-reload"]).unwrap();
     b.systemctl_check(&["restart", unit]).unwrap();

@@ -1266,13 +1266,27 @@ pub fn classify(ev: &Evidence) -> Diagnosis {
         }
         return finish(Verdict::CleanStop, summary, b, notes);
     }
-    if stop_job.is_none() && (exit == Some(Exit::Exited(0)) || (exit.is_none() && result.as_deref() == Some("success")))
+    let clean_signal =
+        matches!(exit, Some(Exit::Killed(1 | 2 | 13 | 15))) && result.as_deref().is_none_or(|r| r == "success");
+    if stop_job.is_none()
+        && (exit == Some(Exit::Exited(0)) || clean_signal || (exit.is_none() && result.as_deref() == Some("success")))
     {
         for l in [exit_line, success_line].into_iter().flatten() {
             b.line(l);
         }
         props_line(&mut b);
-        let summary = "clean stop: the server exited by itself with status 0".to_string();
+        let status = exit.map_or_else(|| "Result=success".to_string(), |e| e.describe());
+        let summary = if sys.is_empty() {
+            format!(
+                "clean stop: it ended with {status}; the journal has nothing about this instance, so whether it was asked to stop is unknown"
+            )
+        } else if clean_signal {
+            format!(
+                "clean stop: the server ended on {status} without a stop job (a signal sent with kill or `systemctl kill`, not a stop)"
+            )
+        } else {
+            "clean stop: the server exited by itself with status 0".to_string()
+        };
         if let Some(s) = stale.clone() {
             stale_evidence(&mut b);
             return finish(
@@ -1945,7 +1959,9 @@ mod tests {
         e.props = Some(parse_show(
             "ActiveState=inactive\nResult=success\nExecMainCode=1\nExecMainStatus=0\nInvocationID=i1\n",
         ));
-        assert_eq!(classify(&e).verdict, Verdict::CleanStop);
+        let d = classify(&e);
+        assert_eq!(d.verdict, Verdict::CleanStop);
+        assert_contains(&d.summary, "whether it was asked to stop is unknown");
         e.props = Some(parse_show(
             "ActiveState=failed\nResult=watchdog\nExecMainCode=2\nExecMainStatus=6\nInvocationID=i1\n",
         ));
@@ -1993,6 +2009,13 @@ mod tests {
         let d = classify(&ev(vec![sys(0, "Started x.service."), sys(3, "x.service: Deactivated successfully.")]));
         assert_eq!(d.verdict, Verdict::CleanStop, "{d:#?}");
         assert_contains(&d.summary, "exited by itself with status 0");
+        let d = classify(&ev(vec![
+            sys(0, "Started x.service."),
+            sys(3, "x.service: Main process exited, code=killed, status=15/TERM"),
+            sys(3, "x.service: Deactivated successfully."),
+        ]));
+        assert_eq!(d.verdict, Verdict::CleanStop, "{d:#?}");
+        assert_contains(&d.summary, "signal 15/TERM without a stop job");
     }
 
     #[test]

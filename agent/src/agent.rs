@@ -171,8 +171,11 @@ pub async fn run(opts: RunOptions) -> Result<()> {
                     }
                 }
                 let source = ts.iter().any(|t| matches!(t, Trigger::Source));
+                // An explicit request (SIGHUP, `specd reconcile`) re-reads the source even if the
+                // head did not move.
+                let force = ts.iter().any(|t| matches!(t, Trigger::All));
                 if source {
-                    sync_source(&src, &cfg, &hostname, &opts.state_dir, &store, &ctx, &metrics, &mut workers, &mut last_head, false).await;
+                    sync_source(&src, &cfg, &hostname, &opts.state_dir, &store, &ctx, &metrics, &mut workers, &mut last_head, force).await;
                 }
                 for t in ts {
                     match t {

@@ -193,7 +193,7 @@ fn validate(paths: &[PathBuf]) -> ExitCode {
     }
 }
 
-fn render(file: &PathBuf, host: Option<&str>, hash: bool) -> ExitCode {
+fn render(file: &std::path::Path, host: Option<&str>, hash: bool) -> ExitCode {
     let spec = match specs::load(file).and_then(|p| p.resolve(host)) {
         Ok(s) => s,
         Err(d) => {

@@ -117,6 +117,8 @@ pub struct UnitStatus {
     pub arg_mismatches: Vec<String>,
     pub last_result: Option<state::HistoryEntry>,
     pub error: Option<String>,
+    /// How the last instance that ended, ended (`specd diagnose` has the evidence).
+    pub last_ended: Option<String>,
 }
 
 async fn unit_status<S: Systemd>(
@@ -146,6 +148,7 @@ async fn unit_status<S: Systemd>(
             arg_mismatches: vec![],
             last_result: st.history.last().cloned(),
             error: None,
+            last_ended: None,
         });
     };
     let (o, props) = reconcile::observe(ctx, &d, st, true).await?;
@@ -191,6 +194,9 @@ async fn unit_status<S: Systemd>(
         arg_mismatches: o.arg_mismatches.clone(),
         last_result: st.history.last().cloned(),
         error: st.desired.as_ref().and_then(|r| r.error.clone()),
+        last_ended: crate::diagnose::last_verdict(&st.unit)
+            .await
+            .map(|d| format!("{}: {}", d.verdict.as_str(), d.summary)),
     })
 }
 
@@ -266,6 +272,9 @@ fn print_status(s: &UnitStatus) {
     }
     if let Some(e) = &s.error {
         println!("  newest desired state unusable: {e}");
+    }
+    if let Some(v) = &s.last_ended {
+        println!("  last ended: {v}");
     }
     if let Some(h) = &s.last_result {
         println!("  last: {} {:?}: {}", state::format_time(h.time), h.outcome, h.message);
@@ -372,6 +381,5 @@ pub async fn history(g: &Global, unit: Option<String>, json: bool) -> Result<u8>
 
 /// `specd diagnose`: see [`crate::diagnose`].
 pub async fn diagnose(unit: Option<&str>, json: bool, state_dir: &Path) -> Result<u8> {
-    let _ = (unit, json, state_dir);
-    anyhow::bail!("diagnose is not available in this build yet")
+    crate::diagnose::run(unit, json, state_dir).await
 }

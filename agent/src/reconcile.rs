@@ -521,8 +521,7 @@ fn base_url_from_argv(argv: &[String]) -> Option<String> {
 
 /// A stop that ended in SIGKILL, in plain words.
 pub fn sigkill_verdict(props: &UnitProps, timeout_stop: Duration, in_flight: Option<i64>) -> Option<String> {
-    let killed = props.exec_main_code == 2 && props.exec_main_status == 9;
-    if props.result == "timeout" && killed || props.result == "timeout" {
+    if props.result == "timeout" {
         let reqs = match in_flight {
             Some(n) if n >= 0 => format!(" while {n} requests were in flight"),
             _ => String::new(),
@@ -605,6 +604,12 @@ async fn run_steps<S: Systemd>(
                     // No unit yet: nothing to stop.
                     continue;
                 }
+                // Say in the unit's journal who stops it and why (`specd diagnose` reads it).
+                let _ = crate::diagnose::journal_note(
+                    unit,
+                    "stop",
+                    &format!("specd: stopping {unit} to apply unit {}", short(t.sha256)),
+                );
                 // --no-block: specd watches the stop itself (cgroup, progress) instead of
                 // sitting in systemctl.
                 ctx.systemd
@@ -629,15 +634,18 @@ async fn run_steps<S: Systemd>(
                     })
                 });
                 let counter = in_flight.clone();
-                let waited = cgroup::wait_empty(&ctx.layout, &cg, deadline.into(), || {
-                    let n = counter.load(Ordering::Relaxed);
-                    let reqs = if n >= 0 { format!(", {n} requests in flight") } else { String::new() };
-                    emit(Event::Progress(format!("stopping: {}s{reqs}", started.elapsed().as_secs())));
-                })
-                .await;
+                let waited = tokio::select! {
+                    w = cgroup::wait_empty(&ctx.layout, &cg, deadline.into(), || {
+                        let n = counter.load(Ordering::Relaxed);
+                        let reqs = if n >= 0 { format!(", {n} requests in flight") } else { String::new() };
+                        emit(Event::Progress(format!("stopping: {}s{reqs}", started.elapsed().as_secs())));
+                    }) => Some(w),
+                    _ = ctx.shutdown.wait() => None,
+                };
                 if let Some(p) = poller {
                     p.abort();
                 }
+                let Some(waited) = waited else { return Err(StepFailure::cancelled(step)) };
                 if let Err(lingering) = waited {
                     let who: Vec<String> = lingering.iter().map(|l| format!("pid {} ({})", l.pid, l.cmdline)).collect();
                     return Err(StepFailure::host(
@@ -656,6 +664,12 @@ async fn run_steps<S: Systemd>(
                 if let Some(v) = sigkill_verdict(&props, t.timeout_stop, Some(in_flight.load(Ordering::Relaxed))) {
                     emit(Event::Warning(v.clone()));
                     *stop_verdict = Some(v);
+                } else if let Ok(Some(d)) =
+                    tokio::time::timeout(Duration::from_secs(3), crate::diagnose::last_verdict(unit)).await
+                    && d.verdict != crate::diagnose::Verdict::CleanStop
+                {
+                    // Not a clean stop: say how it ended (a crash before, an OOM kill...).
+                    *stop_verdict = Some(format!("{}: {}", d.verdict.as_str(), d.summary));
                 }
                 emit(Event::Progress(format!("stopped after {:.1}s; cgroup empty", started.elapsed().as_secs_f64())));
             }
@@ -745,7 +759,10 @@ async fn run_steps<S: Systemd>(
                 }
             }
             Step::WaitReady => {
-                wait_ready(ctx, unit, t, started_pid).await.map_err(|m| StepFailure::spec(step, m))?;
+                tokio::select! {
+                    r = wait_ready(ctx, unit, t, started_pid) => r.map_err(|m| StepFailure::spec(step, m))?,
+                    _ = ctx.shutdown.wait() => return Err(StepFailure::cancelled(step)),
+                }
             }
             Step::VerifyArgs => {
                 let Some(spec) = t.spec else { continue };
@@ -838,8 +855,8 @@ async fn wait_ready<S: Systemd>(ctx: &Ctx<S>, unit: &str, t: &Target<'_>, pid: u
     }
     let attempt = || async {
         match ctx.probe.health(&url).await {
-            Health::Ready => return Ok(()),
-            Health::Error(e) => return Err(Wait::Fatal(e)),
+            Health::Ready => Ok(()),
+            Health::Error(e) => Err(Wait::Fatal(e)),
             Health::Loading(why) => {
                 let now = Instant::now();
                 if now >= deadline {

@@ -93,6 +93,20 @@ impl Fleet {
             .unwrap_or_else(|err| panic!("{err}\nagent journal:\n{}", self.e.b.journal(AGENT).unwrap_or_default()));
     }
 
+    /// Wait until `unit` has `n` applies recorded and none in progress.
+    fn wait_applied(&self, unit: &str, n: usize) {
+        let path = format!("/var/lib/specd/units/{unit}.json");
+        wait_until(&format!("{n} applies of {unit}"), Duration::from_secs(60), || {
+            self.e
+                .b
+                .read_to_string(&path)
+                .ok()
+                .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+                .is_some_and(|v| v["in_progress"].is_null() && v["history"].as_array().is_some_and(|h| h.len() >= n))
+        })
+        .unwrap_or_else(|err| panic!("{err}\nagent journal:\n{}", self.e.b.journal(AGENT).unwrap_or_default()));
+    }
+
     fn source_state(&self) -> serde_json::Value {
         self.e
             .b
@@ -109,6 +123,16 @@ impl Fleet {
     }
 }
 
+/// A child process killed when the test ends, pass or fail.
+struct Reaped(std::process::Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 fn spec_text(standin: &str, unit: &str, port: u16, steps: u32, load_ms: u32, extra: &str) -> String {
     format!(
         "apiVersion: specd/v1
@@ -121,7 +145,7 @@ spec:
   model: /models/Qwen3.5-122B-A10B
   server: {{host: 127.0.0.1, port: {port}, max_running_requests: 16, extra_args: [--enable-metrics]}}
   speculative: {{algorithm: NEXTN, num_steps: {steps}, eagle_topk: 1, num_draft_tokens: {draft}}}
-  service: {{restart: always, timeout_stop_sec: 5, environment: {{SPECD_STANDIN_LOAD_MS: \"{load_ms}\"}}}}
+  service: {{restart: always, timeout_stop_sec: 5, environment: {{SPECD_STANDIN_LOAD_MS: \"{load_ms}\", SPECD_STANDIN_DRAIN_POLL_MS: \"100\"}}}}
 {extra}",
         name = unit.trim_end_matches(".service"),
         draft = steps + 1,
@@ -237,18 +261,22 @@ fn a_remote_over_file_url_and_git_daemon_deploys() {
     let bare = served.join("config.git");
     git(f.dir.path(), &["clone", "-q", "--bare", f.repo.to_str().unwrap(), bare.to_str().unwrap()]);
     let dport = free_port();
-    let mut daemon = Command::new("git")
-        .args([
-            "daemon",
-            "--reuseaddr",
-            "--export-all",
-            "--listen=127.0.0.1",
-            &format!("--port={dport}"),
-            &format!("--base-path={}", served.display()),
-        ])
-        .arg(&served)
-        .spawn()
-        .unwrap();
+    let exec_path = git(f.dir.path(), &["--exec-path"]);
+    let _daemon = Reaped(
+        Command::new(Path::new(&exec_path).join("git-daemon"))
+            .args([
+                "--reuseaddr",
+                "--export-all",
+                "--listen=127.0.0.1",
+                &format!("--port={dport}"),
+                &format!("--base-path={}", served.display()),
+            ])
+            .arg(&served)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
     wait_until("git daemon to listen", Duration::from_secs(10), || {
         std::net::TcpStream::connect(("127.0.0.1", dport)).is_ok()
     })
@@ -265,8 +293,6 @@ fn a_remote_over_file_url_and_git_daemon_deploys() {
     f.commit(&[("qwen.yaml", &f.spec("qwen.service", a, 7, 200, ""))], "steps 7");
     git(&f.repo, &["push", "-q", bare.to_str().unwrap(), "main"]);
     f.wait_steps(a, 7, Duration::from_secs(30));
-    let _ = daemon.kill();
-    let _ = daemon.wait();
     f.e.b.shutdown().unwrap();
 }
 
@@ -277,6 +303,7 @@ fn a_killed_agent_converges_after_restart() {
     f.commit(&[("qwen.yaml", &f.spec("qwen.service", a, 5, 200, ""))], "steps 5");
     f.start_agent(f.repo.to_str().unwrap(), "");
     f.wait_steps(a, 5, Duration::from_secs(30));
+    f.wait_applied("qwen.service", 1);
     f.commit(&[("qwen.yaml", &f.spec("qwen.service", a, 10, 4000, ""))], "steps 10, slow load");
     let state = "/var/lib/specd/units/qwen.service.json";
     wait_until("the apply to wait for readiness", Duration::from_secs(30), || {
@@ -304,6 +331,7 @@ fn sigterm_stops_the_agent_at_a_safe_point_and_the_next_start_finishes() {
     f.commit(&[("qwen.yaml", &f.spec("qwen.service", a, 5, 200, ""))], "steps 5");
     f.start_agent(f.repo.to_str().unwrap(), "");
     f.wait_steps(a, 5, Duration::from_secs(30));
+    f.wait_applied("qwen.service", 1);
     f.commit(&[("qwen.yaml", &f.spec("qwen.service", a, 10, 5000, ""))], "steps 10, slow load");
     let state = "/var/lib/specd/units/qwen.service.json";
     wait_until("the apply to wait for readiness", Duration::from_secs(30), || {

@@ -12,6 +12,9 @@ use common::*;
 
 const UNIT: &str = "sglang-qwen.service";
 
+/// When the server answered, and the steps it reported (if it answered).
+type Answer = (Instant, Option<u64>);
+
 /// A spec whose server drains slowly (20 tokens/s) under a short stop timeout, like the seed.
 fn seed_extra(load_ms: u32) -> String {
     format!(
@@ -44,7 +47,7 @@ fn the_seed_after_ten_applies_each_serves_the_new_steps_and_reports_the_sigkill(
     assert_eq!(e.served_steps(), Some(5));
 
     // Watch what the server reports, all the time, from outside.
-    let seen: Arc<Mutex<Vec<(Instant, Option<u64>)>>> = Arc::default();
+    let seen: Arc<Mutex<Vec<Answer>>> = Arc::default();
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let watcher = {
         let (seen, stop, port) = (seen.clone(), stop.clone(), e.port);

@@ -111,7 +111,7 @@ pub(crate) fn validate_all(doc: &Document, map: &SourceMap) -> Vec<Diagnostic> {
     for host in doc.hosts.keys() {
         push(outcome(resolve(doc, map, Some(host))), Some(host));
     }
-    all.sort_by(|a, b| (a.line, a.column).cmp(&(b.line, b.column)));
+    all.sort_by_key(|d| (d.line, d.column));
     all
 }
 

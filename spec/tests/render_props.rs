@@ -47,8 +47,11 @@ fn doc() -> impl Strategy<Value = Document> {
         })
 }
 
+/// A unit read back: ExecStart's argv, the environment, and every other key's values.
+type ReadBack<'a> = (Vec<String>, BTreeMap<String, String>, BTreeMap<&'a str, Vec<String>>);
+
 /// Read a rendered unit back the way systemd does for the keys specd writes.
-fn read_back(text: &str) -> (Vec<String>, BTreeMap<String, String>, BTreeMap<&str, Vec<String>>) {
+fn read_back(text: &str) -> ReadBack<'_> {
     let mut argv = None;
     let mut env = BTreeMap::new();
     let mut keys: BTreeMap<&str, Vec<String>> = BTreeMap::new();

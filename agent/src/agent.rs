@@ -437,7 +437,14 @@ async fn worker(
             Ok(r) => {
                 let failed = matches!(r.outcome, Some(Outcome::Failed | Outcome::RolledBack));
                 let result = r.outcome.map_or("none".to_string(), |o| format!("{o:?}").to_lowercase());
-                metrics.reconciled(&unit, r.plan.sync, &result, t0.elapsed().as_secs_f64(), failed);
+                // The status after this reconcile, not the one it started from.
+                let now = match r.outcome {
+                    Some(Outcome::Applied | Outcome::Started) => crate::plan::Sync::InSync,
+                    Some(Outcome::RolledBack | Outcome::Failed) => crate::plan::Sync::Failed,
+                    Some(Outcome::Reported) => crate::plan::Sync::Drifted,
+                    None => r.plan.sync,
+                };
+                metrics.reconciled(&unit, now, &result, t0.elapsed().as_secs_f64(), failed);
                 if r.outcome.is_some() {
                     tracing::info!(unit = %unit, "{}", r.verdict);
                 }

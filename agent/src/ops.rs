@@ -108,7 +108,10 @@ pub struct UnitStatus {
     pub reasons: Vec<String>,
     pub desired_sha256: Option<String>,
     pub deployed_sha256: Option<String>,
+    /// Where the desired state comes from (a file, or a commit).
     pub source: Option<Source>,
+    /// Where the last unit that was applied and verified came from.
+    pub applied_source: Option<Source>,
     pub active_state: String,
     pub sub_state: String,
     pub main_pid: u32,
@@ -141,6 +144,7 @@ async fn unit_status<S: Systemd>(
             desired_sha256: None,
             deployed_sha256: None,
             source: None,
+            applied_source: st.last_good.as_ref().and_then(|g| g.source.clone()),
             active_state: props.active_state,
             sub_state: props.sub_state,
             main_pid: props.main_pid,
@@ -187,6 +191,7 @@ async fn unit_status<S: Systemd>(
         desired_sha256: Some(d.unit.sha256.clone()),
         deployed_sha256: o.deployed_sha256.clone(),
         source: d.source.clone(),
+        applied_source: st.last_good.as_ref().and_then(|g| g.source.clone()),
         active_state: props.active_state.clone(),
         sub_state: props.sub_state.clone(),
         main_pid: props.main_pid,
@@ -259,6 +264,9 @@ fn print_status(s: &UnitStatus) {
         sh(&s.deployed_sha256),
         s.source.as_ref().map_or("-".into(), |x| x.to_string())
     );
+    if s.applied_source != s.source {
+        println!("  applied from {}", s.applied_source.as_ref().map_or("-".into(), |x| x.to_string()));
+    }
     match s.cmdline_matches {
         Some(true) => println!("  running process: the rendered ExecStart"),
         Some(false) => println!("  running process: NOT the rendered ExecStart"),

@@ -556,6 +556,12 @@ async fn run_steps<S: Systemd>(
             p.phase = format!("{step:?}");
             let _ = ctx.store.save(st);
         }
+        // Fault injection for crash tests: hold before this step until killed or stopped.
+        if std::env::var("SPECD_PAUSE_BEFORE").is_ok_and(|v| v == format!("{step:?}")) {
+            emit(Event::Phase(format!("paused before {step:?} (SPECD_PAUSE_BEFORE)")));
+            ctx.shutdown.wait().await;
+            return Err(StepFailure::cancelled(step));
+        }
         match step {
             Step::Drain => {
                 let Some(spec) = t.spec else { continue };

@@ -173,6 +173,19 @@ fn commits_deploy_and_nothing_else_does() {
     assert!(st.contains(&format!("commit {} (specs/qwen.yaml)", &c2[..12])), "{st}");
     assert!(st.contains("qwen.service: InSync Healthy"), "{st}");
     eprintln!("commit → served: {took:?}");
+    // Metrics on the loopback port: sync status per unit, and the commit deployed.
+    let (code, m) = http(f.listen, "GET", "/metrics", None).unwrap();
+    assert_eq!(code, 200);
+    assert!(m.contains("specd_unit_sync{unit=\"qwen.service\",status=\"InSync\"} 1"), "{m}");
+    assert!(m.contains(&format!("specd_source_commit{{commit=\"{c2}\"}} 1")), "{m}");
+    assert!(m.contains("specd_reconcile_duration_seconds_count{unit=\"qwen.service\"}"), "{m}");
+    // History lists both applies, with their commits.
+    let h = text(&f.e.specd(&["history", "qwen.service"]));
+    assert!(
+        h.contains(&format!("commit {} (specs/qwen.yaml)", &c1[..12]))
+            && h.contains(&format!("commit {} (specs/qwen.yaml)", &c2[..12])),
+        "{h}"
+    );
 
     // An uncommitted edit: nothing happens, even after an explicit reconcile.
     std::fs::write(f.repo.join("specs/qwen.yaml"), f.spec("qwen.service", a, 3, 200, "")).unwrap();

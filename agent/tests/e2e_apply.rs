@@ -255,8 +255,10 @@ fn a_process_that_ignores_sigterm_blocks_the_start_and_is_named() {
     e.b.shutdown().unwrap();
 }
 
-/// Kill `specd apply` with SIGKILL once its recorded phase is `phase`, then apply again.
-fn kill_at(phase: &str, load_ms: u32) {
+/// Kill `specd apply` with SIGKILL once its recorded phase is `phase`, then apply again. Waits
+/// (the stop, readiness) are long enough to kill in; the instant between two quick steps is held
+/// with `SPECD_PAUSE_BEFORE` (`pause`, or "-" for none).
+fn kill_at(phase: &str, pause: &str, load_ms: u32) {
     let e = Env::new();
     let (ok, out) = apply(&e, "s5.yaml", &e.spec(UNIT, 5, &seed_extra(load_ms)));
     assert!(ok, "{out}");
@@ -266,6 +268,7 @@ fn kill_at(phase: &str, load_ms: u32) {
     let reqs = e.in_flight(2, 400);
     let mut child =
         e.b.command(&[&e.specd, "apply", "-f", &p, "--host", "gpu-01"])
+            .env("SPECD_PAUSE_BEFORE", pause)
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .spawn()
@@ -297,22 +300,22 @@ fn kill_at(phase: &str, load_ms: u32) {
 
 #[test]
 fn killed_while_waiting_for_the_stop_then_applied_again_converges() {
-    kill_at("WaitStopped", 100);
+    kill_at("WaitStopped", "-", 100);
 }
 
 #[test]
 fn killed_after_writing_then_applied_again_converges() {
-    kill_at("Reload", 100);
+    kill_at("Reload", "Reload", 100);
 }
 
 #[test]
 fn killed_after_reload_then_applied_again_converges() {
-    kill_at("Start", 100);
+    kill_at("Start", "Start", 100);
 }
 
 #[test]
 fn killed_during_readiness_then_applied_again_converges() {
-    kill_at("WaitReady", 3000);
+    kill_at("WaitReady", "-", 3000);
 }
 
 #[test]
@@ -369,5 +372,51 @@ fn a_bad_spec_changes_nothing_on_the_host() {
     assert!(out.contains("nothing was changed on this host"), "{out}");
     assert_eq!(deployed_hash(&e), before);
     assert_eq!(e.main_pid(UNIT), pid);
+    e.b.shutdown().unwrap();
+}
+
+#[test]
+fn with_an_adequate_drain_budget_the_stop_needs_no_sigkill() {
+    let e = Env::new();
+    let extra = "  service:\n    restart: always\n    timeout_stop_sec: 2\n    drain_timeout_sec: 30\n    environment: {SPECD_STANDIN_LOAD_MS: \"100\", SPECD_STANDIN_TOKENS_PER_SEC: \"20\", SPECD_STANDIN_DRAIN_POLL_MS: \"100\"}\n";
+    let (ok, out) = apply(&e, "s5.yaml", &e.spec(UNIT, 5, extra));
+    assert!(ok, "{out}");
+    // 4 requests of 60 tokens at 20 tokens/s: 3 s each, longer than TimeoutStopSec=2 but well
+    // within the drain budget.
+    let done = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let port = e.port;
+    let reqs: Vec<_> = (0..4)
+        .map(|_| {
+            let done = done.clone();
+            std::thread::spawn(move || {
+                let body = r#"{"text":"hello","sampling_params":{"max_new_tokens":60},"stream":true}"#;
+                let r = http_timeout(port, "POST", "/generate", Some(body), Duration::from_secs(60));
+                if r.is_some_and(|(c, b)| c == 200 && b.contains("data: [DONE]")) {
+                    done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    wait_until("the requests to be in flight", Duration::from_secs(20), || e.running_requests().unwrap_or(0) >= 4)
+        .unwrap();
+    let (ok, out) = apply(&e, "s10.yaml", &e.spec(UNIT, 10, extra));
+    assert!(ok, "{out}");
+    assert!(out.contains("draining: 4 requests in flight"), "{out}");
+    assert!(!out.contains("stopped by SIGKILL"), "{out}");
+    for r in reqs {
+        r.join().unwrap();
+    }
+    assert_eq!(done.load(std::sync::atomic::Ordering::Relaxed), 4, "every request finished: {out}");
+    assert_eq!(e.served_steps(), Some(10));
+    let hist = e.state(UNIT)["history"].as_array().unwrap().clone();
+    assert!(hist.last().unwrap()["stop_verdict"].is_null(), "{hist:?}");
+    // The validator warns when the stop timeout is shorter than the drain budget.
+    let o = e.specd(&["validate", "/run/specs/s10.yaml"]);
+    assert!(o.status.success());
+    assert!(
+        text(&o).contains("warning: spec.service.timeout_stop_sec: is 2 s, shorter than the drain budget"),
+        "{}",
+        text(&o)
+    );
     e.b.shutdown().unwrap();
 }

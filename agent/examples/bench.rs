@@ -5,7 +5,6 @@
 //! 2. readiness lag: from the server turning ready to specd's readiness policy noticing;
 //! 3. the agent: local commit → reconcile start latency, idle RSS and CPU with 4 units.
 
-use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -22,22 +21,10 @@ fn pct(v: &mut [f64], p: f64) -> f64 {
 }
 
 fn spec(standin: &str, unit: &str, port: u16, steps: u32, load_ms: u32) -> String {
-    format!(
-        "apiVersion: specd/v1
-kind: InferenceService
-metadata: {{name: {name}}}
-spec:
-  unit: {unit}
-  engine: sglang
-  command: [{standin}, sglang]
-  model: /models/Qwen3.5-122B-A10B
-  server: {{host: 127.0.0.1, port: {port}, max_running_requests: 16, extra_args: [--enable-metrics]}}
-  speculative: {{algorithm: NEXTN, num_steps: {steps}, eagle_topk: 1, num_draft_tokens: {draft}}}
-  service: {{restart: always, timeout_stop_sec: 10, environment: {{SPECD_STANDIN_LOAD_MS: \"{load_ms}\"}}}}
-",
-        name = unit.trim_end_matches(".service"),
-        draft = steps + 1
-    )
+    let service = format!(
+        "  service: {{restart: always, timeout_stop_sec: 10, environment: {{SPECD_STANDIN_LOAD_MS: \"{load_ms}\", SPECD_STANDIN_DRAIN_POLL_MS: \"100\"}}}}\n"
+    );
+    specd_e2e::sglang_spec(standin, unit, port, steps, &service)
 }
 
 fn apply_overhead(runs: usize, load_ms: u32) -> anyhow::Result<()> {
@@ -133,30 +120,20 @@ fn readiness_lag(runs: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn git(dir: &Path, args: &[&str]) -> anyhow::Result<()> {
-    let o = Command::new("git")
-        .args(["-c", "user.name=b", "-c", "user.email=b@example.com", "-c", "init.defaultBranch=main"])
-        .args(args)
-        .current_dir(dir)
-        .output()?;
-    anyhow::ensure!(o.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&o.stderr));
-    Ok(())
-}
-
 fn agent(commits: usize, idle_secs: u64) -> anyhow::Result<()> {
     let specd = bin_path("specd").display().to_string();
     let standin = bin_path("specd-standin").display().to_string();
     let dir = tempfile::tempdir()?;
     let repo = dir.path().join("config");
     std::fs::create_dir_all(repo.join("specs"))?;
-    git(&repo, &["init", "-q"])?;
+    specd_e2e::git(&repo, &["init", "-q"]);
     let b = SystemdBox::boot_with(BoxConfig { binds: vec![dir.path().to_path_buf()], ..Default::default() })?;
     let ports: Vec<u16> = (0..4).map(|_| free_port()).collect();
     for (i, p) in ports.iter().enumerate() {
         std::fs::write(repo.join(format!("specs/m{i}.yaml")), spec(&standin, &format!("m{i}.service"), *p, 3, 100))?;
     }
-    git(&repo, &["add", "-A"])?;
-    git(&repo, &["commit", "-q", "-m", "four models"])?;
+    specd_e2e::git(&repo, &["add", "-A"]);
+    specd_e2e::git(&repo, &["commit", "-q", "-m", "four models"]);
     let listen = free_port();
     b.write_file(
         "/etc/systemd/system/specd-agent.service",
@@ -175,9 +152,9 @@ fn agent(commits: usize, idle_secs: u64) -> anyhow::Result<()> {
     for c in 0..commits {
         let steps = 4 + (c as u32 % 5);
         std::fs::write(repo.join("specs/m0.yaml"), spec(&standin, "m0.service", ports[0], steps, 100))?;
-        git(&repo, &["add", "-A"])?;
+        specd_e2e::git(&repo, &["add", "-A"]);
         let t = Instant::now();
-        git(&repo, &["commit", "-q", "-m", "change"])?;
+        specd_e2e::git(&repo, &["commit", "-q", "-m", "change"]);
         let committed = t.elapsed();
         wait_until("the reconcile to start", Duration::from_secs(30), || {
             std::fs::read_to_string(state(0)).is_ok_and(|t| !t.contains("\"in_progress\": null"))

@@ -20,26 +20,6 @@ struct Fleet {
     listen: u16,
 }
 
-fn git(dir: &Path, args: &[&str]) -> String {
-    let out = Command::new("git")
-        .args([
-            "-c",
-            "user.name=ops",
-            "-c",
-            "user.email=ops@example.com",
-            "-c",
-            "commit.gpgsign=false",
-            "-c",
-            "init.defaultBranch=main",
-        ])
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8(out.stdout).unwrap().trim().to_string()
-}
-
 impl Fleet {
     fn new() -> Fleet {
         let dir = tempfile::tempdir().unwrap();
@@ -82,7 +62,7 @@ impl Fleet {
     }
 
     fn steps(&self, port: u16) -> Option<u64> {
-        let (c, b) = http(port, "GET", "/get_server_info", None)?;
+        let (c, b) = http_get(port, "/get_server_info")?;
         (c == 200)
             .then(|| serde_json::from_str::<serde_json::Value>(&b).ok()?["speculative_num_steps"].as_u64())
             .flatten()
@@ -134,22 +114,10 @@ impl Drop for Reaped {
 }
 
 fn spec_text(standin: &str, unit: &str, port: u16, steps: u32, load_ms: u32, extra: &str) -> String {
-    format!(
-        "apiVersion: specd/v1
-kind: InferenceService
-metadata: {{name: {name}}}
-spec:
-  unit: {unit}
-  engine: sglang
-  command: [{standin}, sglang]
-  model: /models/Qwen3.5-122B-A10B
-  server: {{host: 127.0.0.1, port: {port}, max_running_requests: 16, extra_args: [--enable-metrics]}}
-  speculative: {{algorithm: NEXTN, num_steps: {steps}, eagle_topk: 1, num_draft_tokens: {draft}}}
-  service: {{restart: always, timeout_stop_sec: 5, environment: {{SPECD_STANDIN_LOAD_MS: \"{load_ms}\", SPECD_STANDIN_DRAIN_POLL_MS: \"100\"}}}}
-{extra}",
-        name = unit.trim_end_matches(".service"),
-        draft = steps + 1,
-    )
+    let service = format!(
+        "  service: {{restart: always, timeout_stop_sec: 5, environment: {{SPECD_STANDIN_LOAD_MS: \"{load_ms}\", SPECD_STANDIN_DRAIN_POLL_MS: \"100\"}}}}\n{extra}"
+    );
+    sglang_spec(standin, unit, port, steps, &service)
 }
 
 #[test]
@@ -174,7 +142,7 @@ fn commits_deploy_and_nothing_else_does() {
     assert!(st.contains("qwen.service: InSync Healthy"), "{st}");
     eprintln!("commit → served: {took:?}");
     // Metrics on the loopback port: sync status per unit, and the commit deployed.
-    let (code, m) = http(f.listen, "GET", "/metrics", None).unwrap();
+    let (code, m) = http_get(f.listen, "/metrics").unwrap();
     assert_eq!(code, 200);
     assert!(m.contains("specd_unit_sync{unit=\"qwen.service\",status=\"InSync\"} 1"), "{m}");
     assert!(m.contains(&format!("specd_source_commit{{commit=\"{c2}\"}} 1")), "{m}");
@@ -309,37 +277,9 @@ fn a_remote_over_file_url_and_git_daemon_deploys() {
     f.e.b.shutdown().unwrap();
 }
 
-#[test]
-fn a_killed_agent_converges_after_restart() {
-    let f = Fleet::new();
-    let a = f.e.port;
-    f.commit(&[("qwen.yaml", &f.spec("qwen.service", a, 5, 200, ""))], "steps 5");
-    f.start_agent(f.repo.to_str().unwrap(), "");
-    f.wait_steps(a, 5, Duration::from_secs(30));
-    f.wait_applied("qwen.service", 1);
-    f.commit(&[("qwen.yaml", &f.spec("qwen.service", a, 10, 4000, ""))], "steps 10, slow load");
-    let state = "/var/lib/specd/units/qwen.service.json";
-    wait_until("the apply to wait for readiness", Duration::from_secs(30), || {
-        f.e.b
-            .read_to_string(state)
-            .ok()
-            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
-            .is_some_and(|v| v["in_progress"]["phase"] == "WaitReady")
-    })
-    .unwrap();
-    let pid = f.e.main_pid(AGENT);
-    f.e.b.check(&["kill", "-KILL", &pid.to_string()]).unwrap();
-    // systemd restarts the agent (Restart=always); it finishes the apply.
-    f.wait_steps(a, 10, Duration::from_secs(60));
-    wait_until("status to be green", Duration::from_secs(30), || f.e.specd(&["status"]).status.code() == Some(0))
-        .unwrap();
-    assert_ne!(f.e.main_pid(AGENT), pid);
-    f.e.b.shutdown().unwrap();
-}
-
-#[test]
-fn sigterm_stops_the_agent_at_a_safe_point_and_the_next_start_finishes() {
-    let f = Fleet::new();
+/// The agent deploys steps=5, then a commit of steps=10 with a slow load; returns the port once
+/// that apply is waiting for readiness.
+fn slow_apply_waiting(f: &Fleet) -> u16 {
     let a = f.e.port;
     f.commit(&[("qwen.yaml", &f.spec("qwen.service", a, 5, 200, ""))], "steps 5");
     f.start_agent(f.repo.to_str().unwrap(), "");
@@ -355,6 +295,27 @@ fn sigterm_stops_the_agent_at_a_safe_point_and_the_next_start_finishes() {
             .is_some_and(|v| v["in_progress"]["phase"] == "WaitReady")
     })
     .unwrap();
+    a
+}
+
+#[test]
+fn a_killed_agent_converges_after_restart() {
+    let f = Fleet::new();
+    let a = slow_apply_waiting(&f);
+    let pid = f.e.main_pid(AGENT);
+    f.e.b.check(&["kill", "-KILL", &pid.to_string()]).unwrap();
+    // systemd restarts the agent (Restart=always); it finishes the apply.
+    f.wait_steps(a, 10, Duration::from_secs(60));
+    wait_until("status to be green", Duration::from_secs(30), || f.e.specd(&["status"]).status.code() == Some(0))
+        .unwrap();
+    assert_ne!(f.e.main_pid(AGENT), pid);
+    f.e.b.shutdown().unwrap();
+}
+
+#[test]
+fn sigterm_stops_the_agent_at_a_safe_point_and_the_next_start_finishes() {
+    let f = Fleet::new();
+    let a = slow_apply_waiting(&f);
     f.e.b.systemctl_check(&["stop", AGENT]).unwrap();
     let journal = f.e.b.journal(AGENT).unwrap();
     assert!(journal.contains("stopped at a safe point before WaitReady"), "{journal}");

@@ -53,7 +53,7 @@ fn the_seed_after_ten_applies_each_serves_the_new_steps_and_reports_the_sigkill(
         let (seen, stop, port) = (seen.clone(), stop.clone(), e.port);
         std::thread::spawn(move || {
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                let steps = http(port, "GET", "/get_server_info", None)
+                let steps = http_get(port, "/get_server_info")
                     .and_then(|(c, b)| (c == 200).then_some(b))
                     .and_then(|b| serde_json::from_str::<serde_json::Value>(&b).ok())
                     .and_then(|v| v["speculative_num_steps"].as_u64());
@@ -390,7 +390,7 @@ fn with_an_adequate_drain_budget_the_stop_needs_no_sigkill() {
             let done = done.clone();
             std::thread::spawn(move || {
                 let body = r#"{"text":"hello","sampling_params":{"max_new_tokens":60},"stream":true}"#;
-                let r = http_timeout(port, "POST", "/generate", Some(body), Duration::from_secs(60));
+                let r = http(port, "POST", "/generate", Some(body), Duration::from_secs(60));
                 if r.is_some_and(|(c, b)| c == 200 && b.contains("data: [DONE]")) {
                     done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 }

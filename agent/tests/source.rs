@@ -6,6 +6,7 @@ use std::process::Command;
 
 use specd::agent::evaluate;
 use specd::source::{GitSource, SourceConfig, Verify};
+use specd_e2e::git;
 
 const SPEC: &str = "apiVersion: specd/v1
 kind: InferenceService
@@ -20,26 +21,6 @@ spec:
 
 fn spec(steps: u32) -> String {
     SPEC.replace("STEPS", &steps.to_string()).replace("DRAFT", &(steps + 1).to_string())
-}
-
-fn git(dir: &Path, args: &[&str]) -> String {
-    let out = Command::new("git")
-        .args([
-            "-c",
-            "user.name=ops",
-            "-c",
-            "user.email=ops@example.com",
-            "-c",
-            "commit.gpgsign=false",
-            "-c",
-            "init.defaultBranch=main",
-        ])
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8(out.stdout).unwrap().trim().to_string()
 }
 
 fn repo() -> (tempfile::TempDir, PathBuf) {

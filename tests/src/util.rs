@@ -90,3 +90,38 @@ pub fn http(port: u16, method: &str, path: &str, body: Option<&str>, timeout: Du
 pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
     http(port, "GET", path, None, Duration::from_secs(5))
 }
+
+/// Run `git` in `dir` as a test author would (fixed identity, no signing, branch `main`); panics
+/// with git's message on failure. Returns trimmed stdout.
+pub fn git(dir: &std::path::Path, args: &[&str]) -> String {
+    let out = std::process::Command::new("git")
+        .args(["-c", "user.name=ops", "-c", "user.email=ops@example.com", "-c", "commit.gpgsign=false"])
+        .args(["-c", "init.defaultBranch=main"])
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("git runs");
+    assert!(out.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// A specd spec of the seed's SGLang service (NEXTN, topk 1, draft tokens = steps + 1) run by
+/// the stand-in at `standin` on `port`, with metrics on. `tail` is appended under `spec:` (lines
+/// indented by two spaces), e.g. a `service:` section.
+pub fn sglang_spec(standin: &str, unit: &str, port: u16, steps: u32, tail: &str) -> String {
+    format!(
+        "apiVersion: specd/v1
+kind: InferenceService
+metadata: {{name: {name}}}
+spec:
+  unit: {unit}
+  engine: sglang
+  command: [{standin}, sglang]
+  model: /models/Qwen3.5-122B-A10B
+  server: {{host: 127.0.0.1, port: {port}, tp_size: 4, mem_fraction_static: 0.85, max_running_requests: 16, extra_args: [--enable-metrics]}}
+  speculative: {{algorithm: NEXTN, num_steps: {steps}, eagle_topk: 1, num_draft_tokens: {draft}}}
+{tail}",
+        name = unit.trim_end_matches(".service"),
+        draft = steps + 1,
+    )
+}

@@ -1,12 +1,10 @@
 //! Shared by the end-to-end tests: a box with specd and the stand-in, specs, and plain HTTP.
 #![allow(dead_code)]
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::process::Output;
 use std::time::Duration;
 
-pub use specd_e2e::{SystemdBox, bin_path, free_port, wait_until};
+pub use specd_e2e::{SystemdBox, bin_path, free_port, git, http, http_get, sglang_spec, wait_until};
 
 pub struct Env {
     pub b: SystemdBox,
@@ -26,25 +24,10 @@ impl Env {
         }
     }
 
-    /// An SGLang spec run by the stand-in. `extra` is appended under `spec:` (indented two).
+    /// The seed's SGLang spec run by the stand-in on this env's port. `extra` is appended
+    /// under `spec:` (indented two).
     pub fn spec(&self, unit: &str, steps: u32, extra: &str) -> String {
-        format!(
-            "apiVersion: specd/v1
-kind: InferenceService
-metadata: {{name: {name}}}
-spec:
-  unit: {unit}
-  engine: sglang
-  command: [{standin}, sglang]
-  model: /models/Qwen3.5-122B-A10B
-  server: {{host: 127.0.0.1, port: {port}, tp_size: 4, mem_fraction_static: 0.85, max_running_requests: 16, extra_args: [--enable-metrics]}}
-  speculative: {{algorithm: NEXTN, num_steps: {steps}, eagle_topk: 1, num_draft_tokens: {draft}}}
-{extra}",
-            name = unit.trim_end_matches(".service"),
-            standin = self.standin,
-            port = self.port,
-            draft = steps + 1,
-        )
+        sglang_spec(&self.standin, unit, self.port, steps, extra)
     }
 
     /// Write a file into the box's private /run and return its path there.
@@ -62,7 +45,7 @@ spec:
     }
 
     pub fn server_info(&self) -> Option<serde_json::Value> {
-        let (code, body) = http(self.port, "GET", "/get_server_info", None)?;
+        let (code, body) = http_get(self.port, "/get_server_info")?;
         (code == 200).then(|| serde_json::from_str(&body).ok()).flatten()
     }
 
@@ -71,7 +54,7 @@ spec:
     }
 
     pub fn running_requests(&self) -> Option<u64> {
-        let (_, body) = http(self.port, "GET", "/metrics", None)?;
+        let (_, body) = http_get(self.port, "/metrics")?;
         body.lines()
             .find(|l| l.starts_with("sglang:num_running_reqs"))
             .and_then(|l| l.split_whitespace().last()?.parse::<f64>().ok())
@@ -87,7 +70,7 @@ spec:
                     let body = format!(
                         "{{\"text\":\"hello\",\"sampling_params\":{{\"max_new_tokens\":{tokens}}},\"stream\":true}}"
                     );
-                    let _ = http_timeout(port, "POST", "/generate", Some(&body), Duration::from_secs(600));
+                    let _ = http(port, "POST", "/generate", Some(&body), Duration::from_secs(600));
                 })
             })
             .collect();
@@ -109,32 +92,4 @@ spec:
 
 pub fn text(o: &Output) -> String {
     format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
-}
-
-/// A plain HTTP/1.0 exchange with 127.0.0.1:port (no keep-alive, no chunking).
-pub fn http(port: u16, method: &str, path: &str, body: Option<&str>) -> Option<(u16, String)> {
-    http_timeout(port, method, path, body, Duration::from_secs(5))
-}
-
-pub fn http_timeout(
-    port: u16,
-    method: &str,
-    path: &str,
-    body: Option<&str>,
-    timeout: Duration,
-) -> Option<(u16, String)> {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(timeout)).ok()?;
-    let body = body.unwrap_or("");
-    let req = format!(
-        "{method} {path} HTTP/1.0\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    s.write_all(req.as_bytes()).ok()?;
-    let mut out = Vec::new();
-    let _ = s.read_to_end(&mut out);
-    let text = String::from_utf8_lossy(&out).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n")?;
-    let code = head.split_whitespace().nth(1)?.parse().ok()?;
-    Some((code, body.to_string()))
 }

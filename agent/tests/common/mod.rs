@@ -1,5 +1,5 @@
 //! Shared by the end-to-end tests: a box with specd and the stand-in, specs, and plain HTTP.
-#![allow(dead_code)]
+#![allow(dead_code, unused_imports)]
 
 use std::process::Output;
 use std::time::Duration;

@@ -285,7 +285,7 @@ fn print_status(s: &UnitStatus) {
         println!("  last ended: {v}");
     }
     if let Some(h) = &s.last_result {
-        println!("  last: {} {:?}: {}", state::format_time(h.time), h.outcome, h.message);
+        println!("  last: {} {}", state::format_time(h.time), h.message);
         if let Some(v) = &h.stop_verdict {
             println!("  last stop: {v}");
         }

@@ -37,6 +37,7 @@ pub fn stderr_events() -> Events {
     let t0 = Instant::now();
     Arc::new(move |unit: &str, e: &Event| {
         let t = t0.elapsed().as_secs_f64();
+        let t = (t * 1000.0).round() / 1000.0;
         match e {
             Event::Plan(p) => {
                 eprintln!(
@@ -46,12 +47,12 @@ pub fn stderr_events() -> Events {
                 );
                 if !p.steps.is_empty() {
                     let steps: Vec<String> = p.steps.iter().map(|s| format!("{s:?}")).collect();
-                    eprintln!("[{t:7.1}s] {unit}: plan: {}", steps.join(" → "));
+                    eprintln!("[{t:7.3}s] {unit}: plan: {}", steps.join(" → "));
                 }
             }
-            Event::Phase(m) => eprintln!("[{t:7.1}s] {unit}: {m}"),
-            Event::Progress(m) => eprintln!("[{t:7.1}s] {unit}:   {m}"),
-            Event::Warning(m) => eprintln!("[{t:7.1}s] {unit}: WARNING: {m}"),
+            Event::Phase(m) => eprintln!("[{t:7.3}s] {unit}: {m}"),
+            Event::Progress(m) => eprintln!("[{t:7.3}s] {unit}:   {m}"),
+            Event::Warning(m) => eprintln!("[{t:7.3}s] {unit}: WARNING: {m}"),
         }
     })
 }

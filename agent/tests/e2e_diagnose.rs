@@ -432,10 +432,6 @@ exit 3
 const STATE_DIR: &str = "/var/lib/specd";
 
 /// `specd diagnose [UNIT] [--json]` inside the box: exit code, stdout, stderr.
-///
-/// While the command line does not route `diagnose` to `specd::diagnose::run` yet, the same
-/// function runs inside the box from this test binary (`in_box_diagnose_entry`), so that the
-/// gatherer reads the box's systemd, journal and kernel exactly as the command would.
 fn specd_diagnose(b: &SystemdBox, unit: Option<&str>, json: bool) -> (i32, String, String) {
     let mut argv = vec![env!("CARGO_BIN_EXE_specd"), "diagnose"];
     argv.extend(unit);
@@ -443,47 +439,20 @@ fn specd_diagnose(b: &SystemdBox, unit: Option<&str>, json: bool) -> (i32, Strin
         argv.push("--json");
     }
     let out = b.exec_env(&argv, &[("SPECD_STATE_DIR", STATE_DIR)]);
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    if !stderr.contains("not available in this build") {
-        return (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned(), stderr);
-    }
-    let exe = std::env::current_exe().unwrap();
-    let exe = exe.to_str().unwrap();
-    let out = b.exec_env(
-        &[exe, "--ignored", "--exact", "in_box_diagnose_entry", "--nocapture", "--test-threads=1"],
-        &[("SPECD_DIAG_UNIT", unit.unwrap_or("")), ("SPECD_DIAG_JSON", if json { "1" } else { "" })],
-    );
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    // The test harness prints "running 1 test" before the command's own output.
-    let own: String = stdout
-        .lines()
-        .skip_while(|l| *l != "running 1 test")
-        .skip(1)
-        .map(|l| format!("{}\n", l.strip_prefix("test in_box_diagnose_entry ... ").unwrap_or(l)))
-        .collect();
-    (out.status.code().unwrap_or(-1), own, String::from_utf8_lossy(&out.stderr).into_owned())
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    (out.status.code().unwrap_or(-1), text(&out.stdout), text(&out.stderr))
 }
 
-/// `specd diagnose`'s entry point inside the box (see [`specd_diagnose`]); does nothing unless
-/// run there.
+/// `specd::diagnose::last_verdict` (what `specd status` shows) inside the box: this test binary
+/// runs itself there with `SPECD_DIAG_LAST` set. Does nothing unless run that way.
 #[test]
 #[ignore = "run inside the box by the tests of this file"]
 fn in_box_diagnose_entry() {
     let Ok(unit) = std::env::var("SPECD_DIAG_UNIT") else { return };
-    if std::env::var_os("SPECD_DIAG_LAST").is_some() {
-        let d = rt().block_on(diagnose::last_verdict(&unit));
-        println!("{}", serde_json::to_string(&d).unwrap());
-        std::io::stdout().flush().unwrap();
-        std::process::exit(0);
-    }
-    let json = std::env::var("SPECD_DIAG_JSON").is_ok_and(|v| !v.is_empty());
-    let unit = (!unit.is_empty()).then_some(unit);
-    let code = rt().block_on(diagnose::run(unit.as_deref(), json, Path::new(STATE_DIR))).unwrap_or_else(|e| {
-        eprintln!("specd: error: {e:#}");
-        2
-    });
+    let d = rt().block_on(diagnose::last_verdict(&unit));
+    println!("{}", serde_json::to_string(&d).unwrap());
     std::io::stdout().flush().unwrap();
-    std::process::exit(code.into());
+    std::process::exit(0);
 }
 
 /// `specd::diagnose::last_verdict(unit)` run inside the box (what `specd status` shows).

@@ -252,7 +252,9 @@ pub async fn status(g: &Global, json: bool, file: Option<&Path>, host: Option<St
             print_status(s);
         }
     }
-    let ok = all.iter().all(|s| s.sync == Sync::InSync && s.health == "Healthy");
+    // A head that was not deployed, or an orphaned unit, is not "all in sync" either.
+    let source_ok = source.as_ref().is_none_or(|s| s.error.is_none() && s.orphans.is_empty());
+    let ok = source_ok && all.iter().all(|s| s.sync == Sync::InSync && s.health == "Healthy");
     Ok(if ok { 0 } else { 1 })
 }
 

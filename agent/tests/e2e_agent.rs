@@ -51,9 +51,10 @@ impl Fleet {
     }
 
     /// Start the agent as a Type=notify unit in the box; returns when systemd says it is up.
+    /// Its config file is /run/agent.yaml (absent: the defaults).
     fn start_agent(&self, repo: &str, extra_args: &str) {
         let unit = format!(
-            "[Service]\nType=notify\nExecStart={} run --config /run/none.yaml --repo {repo} --path specs --hostname gpu-01 --interval 1 --listen 127.0.0.1:{} {extra_args}\nRestart=always\nRestartSec=1\nTimeoutStopSec=90\nEnvironment=SPECD_LOG=info\n",
+            "[Service]\nType=notify\nExecStart={} run --config /run/agent.yaml --repo {repo} --path specs --hostname gpu-01 --interval 1 --listen 127.0.0.1:{} {extra_args}\nRestart=always\nRestartSec=1\nTimeoutStopSec=90\nEnvironment=SPECD_LOG=info\n",
             self.e.specd, self.listen
         );
         self.e.b.write_file(&format!("/etc/systemd/system/{AGENT}"), unit).unwrap();
@@ -322,5 +323,43 @@ fn sigterm_stops_the_agent_at_a_safe_point_and_the_next_start_finishes() {
     assert_eq!(f.e.b.prop(AGENT, "Result").unwrap(), "success", "{journal}");
     f.e.b.systemctl_check(&["start", AGENT]).unwrap();
     f.wait_steps(a, 10, Duration::from_secs(60));
+    f.e.b.shutdown().unwrap();
+}
+
+#[test]
+fn a_removed_spec_leaves_its_unit_running_as_orphaned_unless_prune_is_on() {
+    let f = Fleet::new();
+    let (a, b) = (f.e.port, free_port());
+    f.commit(
+        &[("a.yaml", &f.spec("model-a.service", a, 5, 100, "")), ("b.yaml", &f.spec("model-b.service", b, 5, 100, ""))],
+        "two models",
+    );
+    f.start_agent(f.repo.to_str().unwrap(), "");
+    f.wait_steps(a, 5, Duration::from_secs(30));
+    f.wait_steps(b, 5, Duration::from_secs(30));
+    f.wait_applied("model-b.service", 1);
+    std::fs::remove_file(f.repo.join("specs/b.yaml")).unwrap();
+    let c = f.commit(&[], "retire model b");
+    f.wait_source("model-b to be orphaned", |s| {
+        s["accepted_commit"] == c.as_str()
+            && s["orphans"].as_array().is_some_and(|o| o.iter().any(|u| u == "model-b.service"))
+    });
+    assert_eq!(f.steps(b), Some(5), "an orphan is left running");
+    let o = f.e.specd(&["status"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(text(&o).contains("orphaned: model-b.service (its spec is gone; left running)"), "{}", text(&o));
+
+    // With prune on, the orphan is stopped and its unit file moved into the state dir.
+    f.e.b.systemctl_check(&["stop", AGENT]).unwrap();
+    f.e.b.write_file("/run/agent.yaml", "prune: true\n").unwrap();
+    f.e.b.systemctl_check(&["start", AGENT]).unwrap();
+    wait_until("model-b to be pruned", Duration::from_secs(30), || {
+        f.e.b.read_file("/etc/systemd/system/model-b.service").is_err()
+            && f.e.b.prop("model-b.service", "ActiveState").is_ok_and(|s| s == "inactive")
+    })
+    .unwrap();
+    let kept = f.e.b.check(&["ls", "/var/lib/specd/pruned"]).unwrap();
+    assert!(kept.contains("model-b.service."), "{kept}");
+    assert_eq!(f.steps(a), Some(5));
     f.e.b.shutdown().unwrap();
 }

@@ -177,6 +177,8 @@ struct Target<'a> {
     text: &'a str,
     argv: Vec<String>,
     base_url: String,
+    /// Where the instance being replaced listens (for draining and the in-flight count).
+    old_url: String,
     endpoint: String,
     readiness: Duration,
     stop_budget: Duration,
@@ -304,6 +306,12 @@ pub async fn reconcile<S: Systemd>(ctx: &Ctx<S>, d: &DesiredState, dry_run: bool
 
     // The running unit is the rollback target if nothing better is known: it was serving.
     let deployed_text = fsx::read_opt(&unit_path(&ctx.unit_dir, &unit))?;
+    // The instance being stopped listens where the deployed unit says (the spec may move it).
+    let old_url = deployed_text
+        .as_deref()
+        .and_then(|t| exec_start(&String::from_utf8_lossy(t)))
+        .and_then(|argv| base_url_from_argv(&argv))
+        .unwrap_or_else(|| d.spec.base_url());
     if let Some(text) = deployed_text
         && o.ready == Some(true)
         && o.deployed_sha256.as_deref() != Some(d.unit.sha256.as_str())
@@ -335,6 +343,7 @@ pub async fn reconcile<S: Systemd>(ctx: &Ctx<S>, d: &DesiredState, dry_run: bool
         text: &d.unit.text,
         argv: d.spec.argv.clone(),
         base_url: d.spec.base_url(),
+        old_url,
         endpoint: d.spec.readiness.endpoint.clone(),
         readiness: Duration::from_secs(d.spec.readiness.timeout_sec.into()),
         stop_budget: stop_budget(d.spec.service.timeout_stop_sec),
@@ -459,6 +468,8 @@ async fn recover<S: Systemd>(
                 sha256: &g.sha256,
                 text: &g.text,
                 argv,
+                // What is being stopped now is the failed new unit, at the spec's address.
+                old_url: d.spec.base_url(),
                 base_url,
                 endpoint: g.endpoint.clone().unwrap_or_else(|| d.spec.readiness.endpoint.clone()),
                 readiness: Duration::from_secs(d.spec.readiness.timeout_sec.into()),
@@ -595,7 +606,7 @@ async fn run_steps<S: Systemd>(
                     if ctx.shutdown.is_set() {
                         return Err(StepFailure::cancelled(step));
                     }
-                    match ctx.probe.running_requests(&t.base_url, spec.engine).await {
+                    match ctx.probe.running_requests(&t.old_url, spec.engine).await {
                         Some(0) => break,
                         Some(n) => {
                             in_flight.store(n as i64, Ordering::Relaxed);
@@ -619,7 +630,7 @@ async fn run_steps<S: Systemd>(
                 emit(Event::Phase(format!("stopping {unit}")));
                 if let Some(spec) = t.spec
                     && let Some(n) =
-                        Probe::new(Duration::from_millis(500)).running_requests(&t.base_url, spec.engine).await
+                        Probe::new(Duration::from_millis(500)).running_requests(&t.old_url, spec.engine).await
                 {
                     in_flight.store(n as i64, Ordering::Relaxed);
                 }
@@ -648,7 +659,7 @@ async fn run_steps<S: Systemd>(
                 // While stopping, keep reading the in-flight count for the progress line.
                 let poller = t.spec.map(|spec| {
                     let (probe, url, engine, counter) =
-                        (Probe::new(Duration::from_millis(800)), t.base_url.clone(), spec.engine, in_flight.clone());
+                        (Probe::new(Duration::from_millis(800)), t.old_url.clone(), spec.engine, in_flight.clone());
                     tokio::spawn(async move {
                         loop {
                             if let Some(n) = probe.running_requests(&url, engine).await {
@@ -938,4 +949,37 @@ pub fn set_error(store: &Store, unit: &str, error: Option<String>) -> Result<()>
         _ => return Ok(()),
     }
     store.save(&st).context("saving state")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_replaced_instance_is_found_where_its_unit_says() {
+        let text = "[Service]\nExecStart=/opt/py -m sglang.launch_server --model-path /m --host 0.0.0.0 --port 30001\n";
+        let argv = exec_start(text).unwrap();
+        assert_eq!(base_url_from_argv(&argv).as_deref(), Some("http://127.0.0.1:30001"));
+        let argv: Vec<String> = ["x", "--host=10.0.0.2", "--port=8000"].iter().map(|s| s.to_string()).collect();
+        assert_eq!(base_url_from_argv(&argv).as_deref(), Some("http://10.0.0.2:8000"));
+        assert_eq!(base_url_from_argv(&["x".to_string()]), None);
+    }
+
+    #[test]
+    fn stop_budget_adds_a_margin() {
+        assert_eq!(stop_budget(2), Duration::from_secs(7));
+        assert_eq!(stop_budget(300), Duration::from_secs(330));
+    }
+
+    #[test]
+    fn a_stop_timeout_is_named_a_sigkill_and_not_an_oom() {
+        let p = UnitProps { result: "timeout".into(), exec_main_code: 2, exec_main_status: 9, ..Default::default() };
+        let v = sigkill_verdict(&p, Duration::from_secs(300), Some(16)).unwrap();
+        assert_eq!(
+            v,
+            "stopped by SIGKILL after TimeoutStopSec=300s while 16 requests were in flight — not an OOM: the server was still draining when systemd's stop timeout ran out"
+        );
+        let clean = UnitProps { result: "success".into(), exec_main_code: 1, ..Default::default() };
+        assert_eq!(sigkill_verdict(&clean, Duration::from_secs(300), Some(0)), None);
+    }
 }

@@ -153,11 +153,18 @@ pub async fn run(opts: RunOptions) -> Result<()> {
     let mut poll_at = tokio::time::Instant::now() + jitter(interval);
     let mut resync_at = tokio::time::Instant::now() + resync;
     let mut wd_usec = 0u64;
-    let watchdog = sd_notify::watchdog_enabled(false, &mut wd_usec).then(|| Duration::from_micros(wd_usec / 2));
-    let mut wd_at = tokio::time::Instant::now();
+    if sd_notify::watchdog_enabled(false, &mut wd_usec) {
+        // Its own task: a slow source read in the main loop must not starve it.
+        let every = Duration::from_micros(wd_usec / 2);
+        tokio::spawn(async move {
+            loop {
+                let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Watchdog]);
+                tokio::time::sleep(every).await;
+            }
+        });
+    }
 
     loop {
-        let next_wd = watchdog.map(|w| wd_at + w).unwrap_or(resync_at);
         tokio::select! {
             Some(t) = trig_rx.recv() => {
                 // Coalesce a burst (a commit touches several ref files).
@@ -193,10 +200,6 @@ pub async fn run(opts: RunOptions) -> Result<()> {
                 resync_at = tokio::time::Instant::now() + resync;
                 sync_source(&src, &cfg, &hostname, &opts.state_dir, &store, &ctx, &metrics, &mut workers, &mut last_head, true).await;
                 workers.values().for_each(|w| w.poke.notify_one());
-            }
-            _ = tokio::time::sleep_until(next_wd), if watchdog.is_some() => {
-                wd_at = tokio::time::Instant::now();
-                let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Watchdog]);
             }
             _ = term.recv() => break,
             _ = int.recv() => break,
@@ -276,6 +279,24 @@ async fn sync_source(
             let _ = reconcile::set_error(store, u, Some(e.clone()));
         }
         let _ = st.save(state_dir);
+        // Starting with a head that may not deploy: keep the units on the accepted commit (finish
+        // interrupted applies, start stopped units) rather than leaving them unreconciled.
+        if workers.is_empty()
+            && let Some(acc) = prev.accepted_commit.as_deref().and_then(|a| git2::Oid::from_str(a).ok())
+        {
+            let (s2, host) = (src.clone(), hostname.to_string());
+            let fallback = tokio::task::spawn_blocking(move || read_commit(&s2.lock().unwrap(), acc, &host)).await;
+            match fallback {
+                Ok(Ok(desired)) => {
+                    tracing::info!(commit = %source::short(&acc.to_string()), "reconciling the units of the accepted commit");
+                    for d in desired {
+                        ensure_worker(workers, d, ctx, metrics);
+                    }
+                }
+                Ok(Err(e)) => tracing::error!("the accepted commit cannot be read either: {e}"),
+                Err(e) => tracing::error!("reading the accepted commit panicked: {e}"),
+            }
+        }
         return;
     }
     let commit = eval.head.clone().unwrap_or_default();
@@ -286,33 +307,22 @@ async fn sync_source(
     metrics.commit(&commit);
     let mut seen = Vec::new();
     for d in eval.desired {
-        let unit = d.spec.unit.clone();
-        seen.push(unit.clone());
-        let d = Arc::new(d);
-        match workers.get(&unit) {
-            Some(w) => {
-                let changed = w.desired.borrow().unit.sha256 != d.unit.sha256 || w.desired.borrow().source != d.source;
-                if changed {
-                    let _ = w.desired.send(d);
-                }
-            }
-            None => {
-                let (tx, rx) = watch::channel(d);
-                let poke = Arc::new(Notify::new());
-                let handle = tokio::spawn(worker(unit.clone(), rx, poke.clone(), ctx.clone(), metrics.clone()));
-                workers.insert(unit, Worker { desired: tx, poke, handle });
-            }
-        }
+        seen.push(d.spec.unit.clone());
+        ensure_worker(workers, d, ctx, metrics);
     }
+
     // Units specd manages that this commit has no spec for: orphaned (left running) or pruned.
     let managed = store.units().unwrap_or_default();
     let orphans: Vec<String> = managed.into_iter().filter(|u| !seen.contains(u)).collect();
     for u in &orphans {
         if let Some(w) = workers.remove(u) {
-            w.handle.abort();
+            // Its worker ends after the reconcile it may be in (it sees its sender gone).
+            drop(w.desired);
         }
         if cfg.prune {
-            prune(ctx, u).await;
+            // In the background, under the unit's lock: a stop may take TimeoutStopSec.
+            let (ctx, u) = (ctx.clone(), u.clone());
+            tokio::spawn(async move { prune(&ctx, &u).await });
         } else if !prev.orphans.contains(u) {
             tracing::warn!(unit = %u, "orphaned: its spec is gone from {}; left running (set prune: true to remove it)", source::short(&commit));
         }
@@ -322,7 +332,36 @@ async fn sync_source(
     tracing::info!(commit = %source::short(&commit), units = seen.len(), ms = started.elapsed().as_millis() as u64, "source read");
 }
 
+/// Hand a unit its desired state: to its worker, started if it has none.
+fn ensure_worker(
+    workers: &mut BTreeMap<String, Worker>,
+    d: DesiredState,
+    ctx: &Arc<Ctx<Systemctl>>,
+    metrics: &Arc<Metrics>,
+) {
+    let unit = d.spec.unit.clone();
+    let d = Arc::new(d);
+    match workers.get(&unit) {
+        Some(w) => {
+            let changed = w.desired.borrow().unit.sha256 != d.unit.sha256 || w.desired.borrow().source != d.source;
+            if changed {
+                let _ = w.desired.send(d);
+            }
+        }
+        None => {
+            let (tx, rx) = watch::channel(d);
+            let poke = Arc::new(Notify::new());
+            let handle = tokio::spawn(worker(unit.clone(), rx, poke.clone(), ctx.clone(), metrics.clone()));
+            workers.insert(unit, Worker { desired: tx, poke, handle });
+        }
+    }
+}
+
 async fn prune(ctx: &Ctx<Systemctl>, unit: &str) {
+    let _lock = match crate::lock::UnitLock::acquire(&ctx.store.locks_dir(), unit).await {
+        Ok(l) => l,
+        Err(e) => return tracing::error!(unit, "pruning: cannot take the unit's lock: {e:#}"),
+    };
     tracing::warn!(unit, "pruning: its spec is gone; stopping it and moving its unit file to the state dir");
     let _ = ctx.systemd.run(&["stop", unit]).await;
     let path = reconcile::unit_path(&ctx.unit_dir, unit);
@@ -381,10 +420,16 @@ pub fn evaluate(s: &GitSource, accepted: Option<&str>, allow_rewind: bool, host:
         Ok(None) => {}
         Err(e) => return fail(Some(hs), format!("{e:#}; staying on the last good commit")),
     }
-    let files = match s.read_specs(head) {
-        Ok(f) => f,
-        Err(e) => return fail(Some(hs), format!("{e:#}")),
-    };
+    match read_commit(s, head, host) {
+        Ok(desired) => Evaluation { head: Some(hs), error: None, desired },
+        Err(e) => fail(Some(hs), e),
+    }
+}
+
+/// The desired states of one commit for `host`; every spec must be valid (a commit deploys whole).
+pub fn read_commit(s: &GitSource, head: git2::Oid, host: &str) -> Result<Vec<DesiredState>, String> {
+    let hs = head.to_string();
+    let files = s.read_specs(head).map_err(|e| format!("{e:#}"))?;
     let mut desired = Vec::new();
     let mut errors = Vec::new();
     for f in files {
@@ -405,12 +450,9 @@ pub fn evaluate(s: &GitSource, accepted: Option<&str>, allow_rewind: bool, host:
         }
     }
     if !errors.is_empty() {
-        return fail(
-            Some(hs.clone()),
-            format!("commit {} is not deployed; nothing changed:\n{}", source::short(&hs), errors.join("\n")),
-        );
+        return Err(format!("commit {} is not deployed; nothing changed:\n{}", source::short(&hs), errors.join("\n")));
     }
-    Evaluation { head: Some(hs), error: None, desired }
+    Ok(desired)
 }
 
 /// One unit's reconcile loop.

@@ -93,10 +93,11 @@ pub async fn apply(g: &Global, file: &Path, host: Option<String>, dry_run: bool)
         println!("note: the previous instance was {v}");
     }
     println!("{}", report.verdict);
+    // 0: the unit runs the spec (or, dry run, would be made to); 1: anything else.
     Ok(match (report.outcome, report.plan.sync) {
         (Some(state::Outcome::Applied | state::Outcome::Started), _) => 0,
-        (None, Sync::InSync | Sync::Progressing) => 0,
-        (None, _) if dry_run => 0,
+        (None, Sync::InSync) => 0,
+        (None, Sync::OutOfSync | Sync::Drifted) if dry_run => 0,
         _ => 1,
     })
 }
@@ -196,7 +197,7 @@ async fn unit_status<S: Systemd>(
         active_state: props.active_state.clone(),
         sub_state: props.sub_state.clone(),
         main_pid: props.main_pid,
-        cmdline_matches: o.main_cmdline.as_ref().map(|c| *c == d.spec.argv),
+        cmdline_matches: o.main_cmdline.as_ref().map(|c| crate::plan::runs_argv(c, &d.spec.argv)),
         arg_mismatches: o.arg_mismatches.clone(),
         last_result: st.history.last().cloned(),
         error: st.desired.as_ref().and_then(|r| r.error.clone()),

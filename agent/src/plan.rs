@@ -30,6 +30,8 @@ pub struct Observed {
     pub quarantined: Option<String>,
     /// An earlier apply of the desired hash started and never finished (its process died).
     pub interrupted: bool,
+    /// The last unit that ran and passed verification (the rollback target), if rollback is on.
+    pub last_good_sha256: Option<String>,
 }
 
 /// What the spec wants.
@@ -86,6 +88,9 @@ pub enum Step {
     WaitReady,
     /// The server's reported args equal the spec.
     VerifyArgs,
+    /// Restore the last good unit (the same sequence, for that unit): the desired one is
+    /// quarantined and the host does not run the last good one.
+    Rollback,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -96,6 +101,27 @@ pub struct Plan {
     pub steps: Vec<Step>,
 }
 
+/// Whether a process's command line is the rendered argv. A script with a `#!` line (vLLM's
+/// `vllm` console script) runs as `[interpreter, (its argument), script, args...]`; that counts
+/// when the script is argv[0] (or, for a bare name, a file of that name) and the rest is equal.
+pub fn runs_argv(cmdline: &[String], argv: &[String]) -> bool {
+    if cmdline == argv {
+        return true;
+    }
+    let Some((prog, args)) = argv.split_first() else { return false };
+    for skip in [1, 2] {
+        if cmdline.len() != argv.len() + skip {
+            continue;
+        }
+        let script = &cmdline[skip];
+        let same_prog = script == prog || (!prog.contains('/') && script.rsplit('/').next() == Some(prog.as_str()));
+        if same_prog && cmdline[skip + 1..] == *args {
+            return true;
+        }
+    }
+    false
+}
+
 fn short(h: &str) -> &str {
     &h[..h.len().min(12)]
 }
@@ -104,6 +130,21 @@ fn short(h: &str) -> &str {
 pub fn plan(o: &Observed, d: &Desired) -> Plan {
     let mut reasons = Vec::new();
     if let Some(why) = &o.quarantined {
+        let running_good = o.deployed_sha256 == o.last_good_sha256 && (o.active_state == "active" || o.main_pid > 0);
+        let healable = d.drift == DriftPolicy::Heal || !running_good && o.main_pid == 0;
+        if let Some(g) = o.last_good_sha256.as_ref().filter(|g| **g != d.sha256)
+            && !running_good
+            && healable
+        {
+            return Plan {
+                sync: Sync::Failed,
+                reasons: vec![
+                    format!("unit {} failed before and is not retried: {why}", short(&d.sha256)),
+                    format!("the host does not run the last good unit {}; restoring it", short(g)),
+                ],
+                steps: vec![Step::Rollback],
+            };
+        }
         return Plan {
             sync: Sync::Failed,
             reasons: vec![format!(
@@ -119,7 +160,7 @@ pub fn plan(o: &Observed, d: &Desired) -> Plan {
         matches!(o.active_state.as_str(), "active" | "activating" | "deactivating" | "reloading") || o.main_pid > 0;
     let loaded_elsewhere =
         o.load_state == "loaded" && !o.fragment_path.is_empty() && o.fragment_path != d.fragment_path;
-    let stale_cmdline = running && o.main_cmdline.as_ref().is_some_and(|c| *c != d.argv);
+    let stale_cmdline = running && o.main_cmdline.as_ref().is_some_and(|c| !runs_argv(c, &d.argv));
 
     // Is the difference a new desired state (deploy) or the host moving away from it (drift)?
     let new_spec = o.written_sha256.as_deref() != Some(d.sha256.as_str());
@@ -181,7 +222,7 @@ pub fn plan(o: &Observed, d: &Desired) -> Plan {
             && !loaded_elsewhere
             && o.drop_ins.is_empty()
             && running
-            && o.main_cmdline.as_ref() == Some(&d.argv);
+            && o.main_cmdline.as_ref().is_some_and(|c| runs_argv(c, &d.argv));
         let mut steps = if resumable {
             vec![Step::VerifyCmdline, Step::WaitReady]
         } else {
@@ -270,10 +311,27 @@ mod tests {
             written_sha256: Some(d.sha256.clone()),
             quarantined: None,
             interrupted: false,
+            last_good_sha256: None,
         }
     }
 
     const FULL: &[Step] = &[Drain, Stop, WaitStopped, WriteUnit, Reload, Start, VerifyCmdline, WaitReady, VerifyArgs];
+
+    #[test]
+    fn interpreter_scripts_run_their_argv() {
+        let v = |x: &[&str]| x.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let argv = v(&["/opt/vllm/bin/vllm", "serve", "/m"]);
+        assert!(runs_argv(&v(&["/opt/vllm/bin/vllm", "serve", "/m"]), &argv));
+        assert!(runs_argv(&v(&["/opt/vllm/bin/python3", "/opt/vllm/bin/vllm", "serve", "/m"]), &argv));
+        assert!(runs_argv(&v(&["/usr/bin/env", "python3", "/opt/vllm/bin/vllm", "serve", "/m"]), &argv));
+        assert!(runs_argv(
+            &v(&["/usr/bin/python3", "/usr/local/bin/vllm", "serve", "/m"]),
+            &v(&["vllm", "serve", "/m"])
+        ));
+        assert!(!runs_argv(&v(&["/opt/vllm/bin/python3", "/opt/vllm/bin/vllm", "serve", "/other"]), &argv));
+        assert!(!runs_argv(&v(&["/opt/vllm/bin/python3", "/opt/other", "serve", "/m"]), &argv));
+        assert!(!runs_argv(&v(&["/opt/vllm/bin/vllm", "serve"]), &argv));
+    }
 
     #[test]
     fn in_sync_does_nothing() {
@@ -487,6 +545,28 @@ mod tests {
         o.ready = Some(false);
         let p = plan(&o, &desired());
         assert_eq!(p.steps, &[VerifyCmdline, WaitReady, VerifyArgs]);
+    }
+
+    #[test]
+    fn a_quarantined_spec_whose_rollback_did_not_finish_is_rolled_back() {
+        // The rollback stopped before writing the good unit back: the bad one is on disk, stopped.
+        let mut o = in_sync();
+        o.quarantined = Some("exit 3".into());
+        o.last_good_sha256 = Some("a".repeat(64));
+        o.active_state = "inactive".into();
+        o.main_pid = 0;
+        let p = plan(&o, &desired());
+        assert_eq!((p.sync, p.steps.as_slice()), (Sync::Failed, &[Rollback][..]));
+        // Once the good unit runs again, nothing more.
+        let mut o = o.clone();
+        o.deployed_sha256 = Some("a".repeat(64));
+        o.active_state = "active".into();
+        o.main_pid = 7;
+        assert!(plan(&o, &desired()).steps.is_empty());
+        // A person's unit running under report policy is left alone.
+        let mut o = o.clone();
+        o.deployed_sha256 = Some("e".repeat(64));
+        assert!(plan(&o, &Desired { drift: DriftPolicy::Report, ..desired() }).steps.is_empty());
     }
 
     #[test]

@@ -220,7 +220,7 @@ pub async fn observe<S: Systemd>(
     let interrupted = st.in_progress.as_ref().is_some_and(|p| p.sha256 == d.unit.sha256);
     let o = Observed {
         deployed_sha256: deployed.as_deref().map(specd_spec::sha256_hex),
-        drop_ins: props.drop_in_paths.iter().filter(|p| Path::new(p).exists()).cloned().collect(),
+        drop_ins: own_drop_ins(&props, &d.spec.unit),
         load_state: props.load_state.clone(),
         active_state: props.active_state.clone(),
         sub_state: props.sub_state.clone(),
@@ -232,9 +232,26 @@ pub async fn observe<S: Systemd>(
         ready,
         written_sha256: st.written_sha256.clone(),
         quarantined: st.quarantined(&d.unit.sha256).map(|q| q.reason.clone()),
+        last_good_sha256: st.last_good.as_ref().filter(|_| d.spec.policy.rollback).map(|g| g.sha256.clone()),
         interrupted,
     };
     Ok((o, props))
+}
+
+/// Drop-ins of this unit's own `<unit>.d/` directories. Shared ones (`service.d/`, prefix
+/// drop-ins like `sglang-.service.d/`) belong to the host's configuration of every service and are
+/// neither drift nor specd's to remove.
+pub fn own_drop_ins(props: &UnitProps, unit: &str) -> Vec<String> {
+    let own = format!("{unit}.d");
+    props
+        .drop_in_paths
+        .iter()
+        .filter(|p| {
+            let p = Path::new(p);
+            p.exists() && p.parent().and_then(|d| d.file_name()).is_some_and(|n| n.to_string_lossy() == own)
+        })
+        .cloned()
+        .collect()
 }
 
 pub fn desired_of(ctx_unit_dir: &Path, d: &DesiredState) -> Desired {
@@ -293,7 +310,9 @@ pub async fn reconcile<S: Systemd>(ctx: &Ctx<S>, d: &DesiredState, dry_run: bool
             s => format!("{s}: {}", plan.reasons.join("; ")),
         };
         let outcome = (plan.sync == Sync::Drifted).then_some(Outcome::Reported);
-        if outcome.is_some() {
+        // A drift that is only reported is recorded once, not at every resync.
+        let repeated = st.history.last().is_some_and(|h| h.outcome == Outcome::Reported && h.message == verdict);
+        if outcome.is_some() && !repeated {
             st.record(history(d, Outcome::Reported, verdict.clone(), None, 0));
             ctx.store.save(&st)?;
         }
@@ -314,6 +333,9 @@ pub async fn reconcile<S: Systemd>(ctx: &Ctx<S>, d: &DesiredState, dry_run: bool
         .unwrap_or_else(|| d.spec.base_url());
     if let Some(text) = deployed_text
         && o.ready == Some(true)
+        && o.main_cmdline.as_ref().is_some_and(|c| {
+            exec_start(&String::from_utf8_lossy(&text)).is_some_and(|argv| crate::plan::runs_argv(c, &argv))
+        })
         && o.deployed_sha256.as_deref() != Some(d.unit.sha256.as_str())
         && st.last_good.as_ref().is_none_or(|g| Some(&g.sha256) != o.deployed_sha256.as_ref())
         && !o.need_daemon_reload
@@ -336,6 +358,44 @@ pub async fn reconcile<S: Systemd>(ctx: &Ctx<S>, d: &DesiredState, dry_run: bool
         started: state::now(),
     });
     ctx.store.save(&st)?;
+
+    if plan.steps == [Step::Rollback]
+        && let Some(g) = st.last_good.clone()
+    {
+        // A rollback that did not finish (the agent stopped or died in it): finish it.
+        let t0 = Instant::now();
+        let mut sv = None;
+        let (outcome, verdict) = match restore(ctx, &mut st, d, &g, &mut sv).await {
+            Ok(()) => (
+                Outcome::RolledBack,
+                format!(
+                    "RolledBack: {unit}: restored the last good unit {}; spec {} stays quarantined",
+                    short(&g.sha256),
+                    short(&d.unit.sha256)
+                ),
+            ),
+            Err(f) => (
+                Outcome::Failed,
+                format!(
+                    "Failed: {unit}: restoring the last good unit {}: {:?} failed: {}",
+                    short(&g.sha256),
+                    f.step,
+                    f.message
+                ),
+            ),
+        };
+        st.in_progress = None;
+        st.record(history(d, outcome, verdict.clone(), sv.clone(), t0.elapsed().as_millis() as u64));
+        ctx.store.save(&st)?;
+        return Ok(Report {
+            unit,
+            plan,
+            outcome: Some(outcome),
+            verdict,
+            stop_verdict: sv,
+            action: Action::AwaitChange,
+        });
+    }
 
     let started = Instant::now();
     let target = Target {
@@ -391,7 +451,10 @@ pub async fn reconcile<S: Systemd>(ctx: &Ctx<S>, d: &DesiredState, dry_run: bool
         }
         Err(f) => {
             emit(Event::Warning(format!("{:?} failed: {}", f.step, f.message)));
-            let wrote = st.written_sha256.as_deref() == Some(d.unit.sha256.as_str());
+            // Quarantine only a unit this run wrote: a unit that ran before and failed to start
+            // again (a GPU not ready after a reboot) is retried with backoff, not condemned.
+            let wrote =
+                plan.steps.contains(&Step::WriteUnit) && st.written_sha256.as_deref() == Some(d.unit.sha256.as_str());
             if f.spec_fault && wrote {
                 st.quarantine.retain(|q| q.sha256 != d.unit.sha256);
                 st.quarantine.push(Quarantined {
@@ -402,9 +465,14 @@ pub async fn reconcile<S: Systemd>(ctx: &Ctx<S>, d: &DesiredState, dry_run: bool
                 });
             }
             let (outcome, verdict) = recover(ctx, &mut st, d, &f, wrote, &mut stop_verdict).await;
-            st.in_progress = None;
+            // A host fault (a lingering process, systemd refusing) after the stop leaves the
+            // apply in progress, so the next reconcile finishes it whatever the drift policy.
+            if f.spec_fault || !plan.steps.contains(&Step::Stop) {
+                st.in_progress = None;
+            }
             st.record(history(d, outcome, verdict.clone(), stop_verdict.clone(), started.elapsed().as_millis() as u64));
-            let action = if f.spec_fault { Action::AwaitChange } else { Action::Requeue(Duration::from_secs(30)) };
+            let quarantined = f.spec_fault && wrote;
+            let action = if quarantined { Action::AwaitChange } else { Action::Requeue(Duration::from_secs(30)) };
             Report { unit: unit.clone(), plan, outcome: Some(outcome), verdict, stop_verdict, action }
         }
     };
@@ -451,7 +519,6 @@ async fn recover<S: Systemd>(
     stop_verdict: &mut Option<String>,
 ) -> (Outcome, String) {
     let unit = &d.spec.unit;
-    let emit = |e: Event| (ctx.events)(unit, &e);
     let what = format!("{:?} failed: {}", f.step, f.message);
     if !wrote || !f.spec_fault {
         // The host is at fault (a process lingers, systemd refused): nothing new runs; say so.
@@ -459,62 +526,35 @@ async fn recover<S: Systemd>(
     }
     let good = st.last_good.clone().filter(|g| g.sha256 != d.unit.sha256);
     match good {
-        Some(g) if d.spec.policy.rollback => {
-            emit(Event::Phase(format!("rolling back to the last good unit {}", short(&g.sha256))));
-            let argv = exec_start(&g.text).unwrap_or_default();
-            let base_url =
-                g.base_url.clone().unwrap_or_else(|| base_url_from_argv(&argv).unwrap_or_else(|| d.spec.base_url()));
-            let t = Target {
-                sha256: &g.sha256,
-                text: &g.text,
-                argv,
-                // What is being stopped now is the failed new unit, at the spec's address.
-                old_url: d.spec.base_url(),
-                base_url,
-                endpoint: g.endpoint.clone().unwrap_or_else(|| d.spec.readiness.endpoint.clone()),
-                readiness: Duration::from_secs(d.spec.readiness.timeout_sec.into()),
-                stop_budget: stop_budget(d.spec.service.timeout_stop_sec),
-                timeout_stop: Duration::from_secs(d.spec.service.timeout_stop_sec.into()),
-                drain: Duration::ZERO,
-                spec: None,
-            };
-            let steps = [
-                Step::Stop,
-                Step::WaitStopped,
-                Step::WriteUnit,
-                Step::Reload,
-                Step::Start,
-                Step::VerifyCmdline,
-                Step::WaitReady,
-            ];
-            let props = ctx.systemd.show(unit).await.unwrap_or_default();
-            let mut sv = StopRecord::default();
-            match run_steps(ctx, st, unit, &steps, &t, &props, &mut sv).await {
-                Ok(()) => (
-                    Outcome::RolledBack,
-                    format!(
-                        "RolledBack: {unit}: {what}; restored the last good unit {} and it serves again; spec {} is quarantined",
-                        short(&g.sha256),
-                        short(&d.unit.sha256)
-                    ),
+        Some(g) if d.spec.policy.rollback => match restore(ctx, st, d, &g, stop_verdict).await {
+            Ok(()) => (
+                Outcome::RolledBack,
+                format!(
+                    "RolledBack: {unit}: {what}; restored the last good unit {} and it serves again; spec {} is quarantined",
+                    short(&g.sha256),
+                    short(&d.unit.sha256)
                 ),
-                Err(rf) => {
-                    stop_quietly(ctx, unit).await;
-                    if stop_verdict.is_none() {
-                        *stop_verdict = sv.finish().await;
-                    }
-                    (
-                        Outcome::Failed,
-                        format!(
-                            "Failed: {unit}: {what}; the rollback to {} failed too ({:?}: {}); the service is stopped",
-                            short(&g.sha256),
-                            rf.step,
-                            rf.message
-                        ),
-                    )
-                }
+            ),
+            Err(rf) if rf.cancelled => (
+                Outcome::Failed,
+                format!(
+                    "Failed: {unit}: {what}; the rollback to {} stopped at a safe point because the agent is stopping; the next run finishes it",
+                    short(&g.sha256)
+                ),
+            ),
+            Err(rf) => {
+                stop_quietly(ctx, unit).await;
+                (
+                    Outcome::Failed,
+                    format!(
+                        "Failed: {unit}: {what}; the rollback to {} failed too ({:?}: {}); the service is stopped",
+                        short(&g.sha256),
+                        rf.step,
+                        rf.message
+                    ),
+                )
             }
-        }
+        },
         _ => {
             stop_quietly(ctx, unit).await;
             let why =
@@ -528,6 +568,50 @@ async fn recover<S: Systemd>(
             )
         }
     }
+}
+
+/// Put the last good unit back and prove it serves: the same race-free sequence.
+async fn restore<S: Systemd>(
+    ctx: &Ctx<S>,
+    st: &mut UnitState,
+    d: &DesiredState,
+    g: &GoodUnit,
+    stop_verdict: &mut Option<String>,
+) -> Result<(), StepFailure> {
+    let unit = &d.spec.unit;
+    (ctx.events)(unit, &Event::Phase(format!("rolling back to the last good unit {}", short(&g.sha256))));
+    let argv = exec_start(&g.text).unwrap_or_default();
+    let base_url = g.base_url.clone().unwrap_or_else(|| base_url_from_argv(&argv).unwrap_or_else(|| d.spec.base_url()));
+    let t = Target {
+        sha256: &g.sha256,
+        text: &g.text,
+        argv,
+        // What is being stopped now is the failed new unit, at the spec's address.
+        old_url: d.spec.base_url(),
+        base_url,
+        endpoint: g.endpoint.clone().unwrap_or_else(|| d.spec.readiness.endpoint.clone()),
+        readiness: Duration::from_secs(d.spec.readiness.timeout_sec.into()),
+        stop_budget: stop_budget(d.spec.service.timeout_stop_sec),
+        timeout_stop: Duration::from_secs(d.spec.service.timeout_stop_sec.into()),
+        drain: Duration::ZERO,
+        spec: None,
+    };
+    let steps = [
+        Step::Stop,
+        Step::WaitStopped,
+        Step::WriteUnit,
+        Step::Reload,
+        Step::Start,
+        Step::VerifyCmdline,
+        Step::WaitReady,
+    ];
+    let props = ctx.systemd.show(unit).await.unwrap_or_default();
+    let mut sv = StopRecord::default();
+    let r = run_steps(ctx, st, unit, &steps, &t, &props, &mut sv).await;
+    if stop_verdict.is_none() {
+        *stop_verdict = sv.finish().await;
+    }
+    r
 }
 
 async fn stop_quietly<S: Systemd>(ctx: &Ctx<S>, unit: &str) {
@@ -636,7 +720,7 @@ async fn run_steps<S: Systemd>(
                 }
                 // What systemd said a moment ago (observe) is enough to know what to stop.
                 let props = before;
-                if props.load_state == "not-found" {
+                if props.load_state == "not-found" && !props.is_running() {
                     // No unit yet: nothing to stop.
                     continue;
                 }
@@ -717,7 +801,7 @@ async fn run_steps<S: Systemd>(
             Step::RemoveDropIns => {
                 let props = ctx.systemd.show(unit).await.map_err(|e| StepFailure::host(step, format!("{e:#}")))?;
                 let keep = ctx.store.dir.join("removed-drop-ins").join(state::now().to_string());
-                for p in props.drop_in_paths.iter().filter(|p| Path::new(p).exists()) {
+                for p in own_drop_ins(&props, unit).iter() {
                     fsx::ensure_dir(&keep).map_err(|e| StepFailure::host(step, format!("{e:#}")))?;
                     let dest = keep.join(p.trim_start_matches('/').replace('/', "__"));
                     std::fs::copy(p, &dest)
@@ -729,10 +813,14 @@ async fn run_steps<S: Systemd>(
             Step::WriteUnit => {
                 emit(Event::Phase(format!("writing {} (unit {})", path.display(), short(t.sha256))));
                 // Record the intent first: after a crash, the next apply knows the file may be its own.
-                st.written_sha256 = Some(t.sha256.to_string());
+                let before_write = st.written_sha256.replace(t.sha256.to_string());
                 ctx.store.save(st).map_err(|e| StepFailure::host(step, format!("{e:#}")))?;
-                fsx::atomic_write(&path, t.text.as_bytes(), 0o644)
-                    .map_err(|e| StepFailure::host(step, format!("{e:#}")))?;
+                if let Err(e) = fsx::atomic_write(&path, t.text.as_bytes(), 0o644) {
+                    // Nothing was written: the file on disk is still the one recorded before.
+                    st.written_sha256 = before_write;
+                    let _ = ctx.store.save(st);
+                    return Err(StepFailure::host(step, format!("{e:#}")));
+                }
             }
             Step::Reload => {
                 emit(Event::Phase("systemctl daemon-reload".into()));
@@ -784,7 +872,9 @@ async fn run_steps<S: Systemd>(
                     started_pid = pid;
                 }
                 match cgroup::cmdline(pid) {
-                    Some(c) if c == t.argv => emit(Event::Progress(format!("pid {pid} runs the rendered ExecStart"))),
+                    Some(c) if crate::plan::runs_argv(&c, &t.argv) => {
+                        emit(Event::Progress(format!("pid {pid} runs the rendered ExecStart")))
+                    }
                     Some(c) => {
                         return Err(StepFailure::spec(
                             step,
@@ -809,6 +899,8 @@ async fn run_steps<S: Systemd>(
                     _ = ctx.shutdown.wait() => return Err(StepFailure::cancelled(step)),
                 }
             }
+            // Planned alone and carried out by `restore`, never inside a sequence.
+            Step::Rollback => continue,
             Step::VerifyArgs => {
                 let Some(spec) = t.spec else { continue };
                 match ctx.probe.server_info(&t.base_url, spec).await {

@@ -67,11 +67,9 @@ impl GitSource {
         } else {
             Repository::open(&cfg.repo).with_context(|| format!("opening the git repository {}", cfg.repo))?
         };
-        let s = GitSource { cfg, repo, remote };
-        if s.remote {
-            s.fetch()?;
-        }
-        Ok(s)
+        // No fetch here: an unreachable remote is an error of the next read (reported in status,
+        // retried at the next poll), not a reason for the agent to fail to start.
+        Ok(GitSource { cfg, repo, remote })
     }
 
     pub fn is_remote(&self) -> bool {

@@ -94,6 +94,15 @@ pub(crate) fn owned_flags(engine: Engine) -> &'static [(&'static str, &'static s
     }
 }
 
+/// A flag that Python's argparse (SGLang, vLLM) would expand to a flag specd owns: an
+/// unambiguous prefix of it. `Some((owned flag, spec field))`.
+pub(crate) fn abbreviates(engine: Engine, flag: &str) -> Option<(&'static str, &'static str)> {
+    if engine == Engine::LlamaCpp || !flag.starts_with("--") || flag.len() < 3 {
+        return None;
+    }
+    owned_flags(engine).iter().find(|(f, _)| f.starts_with("--") && f.starts_with(flag) && *f != flag).copied()
+}
+
 /// Flags the engine has removed: passing them fails startup.
 pub(crate) fn removed_flags(engine: Engine) -> &'static [(&'static str, &'static str)] {
     match engine {

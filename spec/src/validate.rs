@@ -399,6 +399,17 @@ fn server(c: &mut Ctx, engine: Engine, l: &SpecLayer) -> Option<Server> {
         if let Some((_, field)) = owned.iter().find(|(f, _)| *f == flag) {
             c.err(&p, format!("`{flag}` is rendered by specd from `spec.{field}`; set it there instead"));
             ok = false;
+        } else if let Some((full, field)) = engine::abbreviates(engine, flag) {
+            // Python's argparse takes an unambiguous prefix for the whole flag.
+            c.err(
+                &p,
+                format!("`{flag}` abbreviates `{full}`, which specd renders from `spec.{field}`; set it there instead"),
+            );
+            ok = false;
+        }
+        if engine != Engine::LlamaCpp && flag == "--config" {
+            c.err(&p, "`--config` would let a file override the args specd renders and verifies; put them in the spec");
+            ok = false;
         }
         if let Some((_, instead)) = removed.iter().find(|(f, _)| *f == flag) {
             c.err(&p, format!("`{flag}` was removed from {}; startup would fail. Use {instead}", engine.as_str()));
@@ -624,8 +635,13 @@ fn speculative(c: &mut Ctx, engine: Engine, l: &SpecLayer) -> Option<Speculative
 fn service(c: &mut Ctx, doc: &Document, engine: Engine, l: &SpecLayer) -> Option<Service> {
     let s = l.service.clone().unwrap_or_default();
     let n0 = c.out.iter().filter(|d| d.is_error()).count();
-    if let Some(d) = &s.description {
-        c.text("service.description", d);
+    // Written as-is (these keys do not unquote): a backslash could continue the line into the
+    // next key, so none is allowed.
+    if let Some(d) = &s.description
+        && c.text("service.description", d)
+        && d.contains('\\')
+    {
+        c.err("service.description", "may not contain a backslash (a trailing one would join the next unit line)");
     }
     for (f, v) in [("user", &s.user), ("group", &s.group)] {
         if let Some(v) = v
@@ -636,6 +652,12 @@ fn service(c: &mut Ctx, doc: &Document, engine: Engine, l: &SpecLayer) -> Option
     }
     if let Some(w) = &s.working_directory {
         c.abs_path("service.working_directory", w);
+        if w.contains('\\') {
+            c.err(
+                "service.working_directory",
+                "may not contain a backslash (a trailing one would join the next unit line)",
+            );
+        }
     }
     let env = s.environment.clone().unwrap_or_default();
     for (k, v) in &env {

@@ -141,6 +141,27 @@ const CASES: &[(&str, &str, u64, &str, &str)] = &[
         "from `spec.server.tp_size`",
     ),
     (
+        "extra_args abbreviates an owned flag",
+        "  server:\n    extra_args: [--mem-fraction, \"0.5\"]\n",
+        10,
+        "spec.server.extra_args[0]",
+        "abbreviates `--mem-fraction-static`",
+    ),
+    (
+        "extra_args --config",
+        "  server:\n    extra_args: [--config, /etc/x.yaml]\n",
+        10,
+        "spec.server.extra_args[0]",
+        "`--config` would let a file override",
+    ),
+    (
+        "backslash ends the description",
+        "  service: {description: 'x\\'}\n",
+        9,
+        "spec.service.description",
+        "may not contain a backslash",
+    ),
+    (
         "extra_args repeats port with =",
         "  server:\n    extra_args: [--port=9]\n",
         10,

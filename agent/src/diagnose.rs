@@ -129,20 +129,9 @@ pub struct Line {
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct UnitView {
     pub id: String,
-    pub load_state: String,
-    pub active_state: String,
-    pub sub_state: String,
-    pub result: String,
-    /// si_code of the main process' end: 1 exited, 2 killed, 3 dumped, 0 not ended.
-    pub exec_main_code: u32,
-    pub exec_main_status: i32,
-    pub main_pid: u32,
-    pub n_restarts: u32,
-    pub invocation_id: String,
-    pub need_daemon_reload: bool,
-    pub fragment_path: String,
-    pub drop_in_paths: Vec<String>,
-    pub control_group: String,
+    /// The properties the reconciler reads too (state, result, exit status, pids, paths).
+    #[serde(flatten)]
+    pub props: crate::systemd::UnitProps,
     pub slice: String,
     /// The `argv[]` of the `ExecStart=` systemd has loaded (space-joined, as systemd prints it).
     pub loaded_exec_start: Option<String>,
@@ -347,7 +336,6 @@ pub fn parse_kmsg(text: &str, mono_to_real_us: i64) -> Vec<Line> {
 pub fn parse_show(text: &str) -> UnitView {
     let m: BTreeMap<&str, &str> = text.lines().filter_map(|l| l.split_once('=')).collect();
     let s = |k: &str| m.get(k).copied().unwrap_or("").to_string();
-    let n = |k: &str| m.get(k).and_then(|v| v.parse::<i64>().ok()).unwrap_or(0);
     let words = |k: &str| -> Vec<String> { s(k).split_whitespace().map(str::to_string).collect() };
     let loaded_exec_start = m.get("ExecStart").and_then(|v| {
         let a = v.split_once("argv[]=")?.1;
@@ -357,19 +345,7 @@ pub fn parse_show(text: &str) -> UnitView {
     let stop_deps = STOP_DEP_PROPS.iter().flat_map(|p| words(p).into_iter().map(|u| (p.to_string(), u))).collect();
     UnitView {
         id: s("Id"),
-        load_state: s("LoadState"),
-        active_state: s("ActiveState"),
-        sub_state: s("SubState"),
-        result: s("Result"),
-        exec_main_code: n("ExecMainCode") as u32,
-        exec_main_status: n("ExecMainStatus") as i32,
-        main_pid: n("MainPID") as u32,
-        n_restarts: n("NRestarts") as u32,
-        invocation_id: s("InvocationID"),
-        need_daemon_reload: s("NeedDaemonReload") == "yes",
-        fragment_path: s("FragmentPath"),
-        drop_in_paths: words("DropInPaths"),
-        control_group: s("ControlGroup"),
+        props: crate::systemd::UnitProps::parse(text),
         slice: s("Slice"),
         loaded_exec_start,
         timeout_stop_us: m.get("TimeoutStopUSec").and_then(|v| parse_timespan_us(v)),
@@ -548,8 +524,8 @@ pub fn assemble(raw: &Raw) -> Vec<Evidence> {
             None => loose.push(l),
         }
     }
-    if order.is_empty() && !view.invocation_id.is_empty() {
-        order.push(view.invocation_id.clone());
+    if order.is_empty() && !view.props.invocation_id.is_empty() {
+        order.push(view.props.invocation_id.clone());
     }
     let starts: Vec<u64> =
         order.iter().map(|id| by_id.get(id).and_then(|v| v.first()).map_or(0, |l| l.time_us)).collect();
@@ -565,7 +541,7 @@ pub fn assemble(raw: &Raw) -> Vec<Evidence> {
     let context = parse_journal_json(&raw.context);
     let kills = kernel_kills(&raw.kernel);
     let config_base = ConfigCheck {
-        need_daemon_reload: view.need_daemon_reload,
+        need_daemon_reload: view.props.need_daemon_reload,
         unit_mtime_us: raw.unit_mtime_us,
         disk_exec_start: {
             let files: Vec<&str> = raw.unit_files.iter().map(String::as_str).collect();
@@ -595,7 +571,8 @@ pub fn assemble(raw: &Raw) -> Vec<Evidence> {
                 });
             }
             let newest = i + 1 == n;
-            let props = (newest && (view.invocation_id == *id || view.invocation_id.is_empty())).then(|| view.clone());
+            let props = (newest && (view.props.invocation_id == *id || view.props.invocation_id.is_empty()))
+                .then(|| view.clone());
             let start = ls.first().map_or(0, |l| l.time_us);
             let end = match starts.get(i + 1) {
                 Some(next) => *next,
@@ -650,8 +627,8 @@ pub fn assemble(raw: &Raw) -> Vec<Evidence> {
 }
 
 fn is_live(v: &UnitView) -> bool {
-    matches!(v.active_state.as_str(), "active" | "activating" | "deactivating" | "reloading")
-        && v.sub_state != "auto-restart"
+    matches!(v.props.active_state.as_str(), "active" | "activating" | "deactivating" | "reloading")
+        && v.props.sub_state != "auto-restart"
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -854,17 +831,17 @@ pub fn classify(ev: &Evidence) -> Diagnosis {
     // from its journal lines.
     let exit_line = sys.iter().copied().rfind(|l| parse_exit_line(&l.message).is_some());
     let exit = match props {
-        Some(p) if p.exec_main_code != 0 => Some(match p.exec_main_code {
-            1 => Exit::Exited(p.exec_main_status),
-            3 => Exit::Dumped(p.exec_main_status),
-            _ => Exit::Killed(p.exec_main_status),
+        Some(p) if p.props.exec_main_code != 0 => Some(match p.props.exec_main_code {
+            1 => Exit::Exited(p.props.exec_main_status),
+            3 => Exit::Dumped(p.props.exec_main_status),
+            _ => Exit::Killed(p.props.exec_main_status),
         }),
         _ => exit_line.and_then(|l| parse_exit_line(&l.message)),
     };
     let result_line = sys.iter().copied().rfind(|l| l.message.contains("Failed with result '"));
     let success_line = find(&|m| m.ends_with("Deactivated successfully.") || m.ends_with(": Succeeded."));
     let result: Option<String> = match props {
-        Some(p) if !p.result.is_empty() && !is_live(p) => Some(p.result.clone()),
+        Some(p) if !p.props.result.is_empty() && !is_live(p) => Some(p.props.result.clone()),
         _ => result_line
             .and_then(|l| quoted_after(&l.message, "Failed with result '"))
             .map(str::to_string)
@@ -945,7 +922,7 @@ pub fn classify(ev: &Evidence) -> Diagnosis {
                 Origin::Systemctl,
                 format!(
                     "Result={} ExecMainCode={} ExecMainStatus={} NRestarts={}",
-                    p.result, p.exec_main_code, p.exec_main_status, p.n_restarts
+                    p.props.result, p.props.exec_main_code, p.props.exec_main_status, p.props.n_restarts
                 ),
             );
         }
@@ -1006,10 +983,14 @@ pub fn classify(ev: &Evidence) -> Diagnosis {
             Verdict::Running,
             format!(
                 "running ({}/{}, main pid {}){}",
-                p.active_state,
-                p.sub_state,
-                p.main_pid,
-                if p.n_restarts > 0 { format!(", {} restarts so far", p.n_restarts) } else { String::new() }
+                p.props.active_state,
+                p.props.sub_state,
+                p.props.main_pid,
+                if p.props.n_restarts > 0 {
+                    format!(", {} restarts so far", p.props.n_restarts)
+                } else {
+                    String::new()
+                }
             ),
             b,
             notes,
@@ -1176,7 +1157,7 @@ pub fn classify(ev: &Evidence) -> Diagnosis {
         }
         props_line(&mut b);
         let restarts = props
-            .map(|p| p.n_restarts)
+            .map(|p| p.props.n_restarts)
             .or_else(|| {
                 sys.iter().rev().find_map(|l| {
                     l.message
@@ -1464,7 +1445,7 @@ pub fn oom_kill_count(control_group: &str) -> Option<u64> {
 pub async fn gather_raw(unit: &str, max_instances: usize) -> Result<Raw> {
     let show = output("systemctl", &s(&["show", unit, "-p", &SHOW_PROPS.join(",")])).await?;
     let view = parse_show(&show);
-    if view.load_state == "not-found" && view.invocation_id.is_empty() {
+    if view.props.load_state == "not-found" && view.props.invocation_id.is_empty() {
         bail!("{unit}: no such unit");
     }
     // systemd's lines about the unit and specd's markers (small), then each instance's own
@@ -1481,8 +1462,8 @@ pub async fn gather_raw(unit: &str, max_instances: usize) -> Result<Raw> {
             ids.push(id);
         }
     }
-    if !view.invocation_id.is_empty() && !ids.contains(&view.invocation_id.as_str()) {
-        ids.push(&view.invocation_id);
+    if !view.props.invocation_id.is_empty() && !ids.contains(&view.props.invocation_id.as_str()) {
+        ids.push(&view.props.invocation_id);
     }
     let keep = ids.len().saturating_sub(max_instances);
     // The unit's latest output, also the lines journald could not tag with an invocation ID (a
@@ -1514,7 +1495,7 @@ pub async fn gather_raw(unit: &str, max_instances: usize) -> Result<Raw> {
     let kernel = kernel_oom_lines(since_us.saturating_sub(1_000_000)).await;
     let mut files = Vec::new();
     let mut mtime = None;
-    for p in std::iter::once(&view.fragment_path).chain(view.drop_in_paths.iter()) {
+    for p in std::iter::once(&view.props.fragment_path).chain(view.props.drop_in_paths.iter()) {
         if p.is_empty() {
             continue;
         }
@@ -1523,10 +1504,10 @@ pub async fn gather_raw(unit: &str, max_instances: usize) -> Result<Raw> {
             mtime = mtime.max(mtime_us(Path::new(p)));
         }
     }
-    let main_cmdline = (view.main_pid > 0).then(|| crate::cgroup::cmdline(view.main_pid)).flatten();
+    let main_cmdline = (view.props.main_pid > 0).then(|| crate::cgroup::cmdline(view.props.main_pid)).flatten();
     Ok(Raw {
         unit: unit.to_string(),
-        oom_kill_count: oom_kill_count(&view.control_group),
+        oom_kill_count: oom_kill_count(&view.props.control_group),
         show,
         journal: journal_text,
         context,

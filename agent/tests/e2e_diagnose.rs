@@ -81,7 +81,7 @@ fn capture(b: &SystemdBox, unit: &str, since_us: u64) -> Raw {
     let ctx: Vec<&str> = ctx.iter().map(String::as_str).collect();
     let mut files = Vec::new();
     let mut mtime = None;
-    for p in std::iter::once(&view.fragment_path).chain(view.drop_in_paths.iter()) {
+    for p in std::iter::once(&view.props.fragment_path).chain(view.props.drop_in_paths.iter()) {
         if let Ok(t) = b.read_to_string(p) {
             files.push(t);
             let m = std::fs::metadata(b.host_path(p))
@@ -92,8 +92,10 @@ fn capture(b: &SystemdBox, unit: &str, since_us: u64) -> Raw {
             mtime = mtime.max(m);
         }
     }
-    let main_cmdline =
-        (view.main_pid > 0).then(|| b.read_file(&format!("/proc/{}/cmdline", view.main_pid)).ok()).flatten().map(|c| {
+    let main_cmdline = (view.props.main_pid > 0)
+        .then(|| b.read_file(&format!("/proc/{}/cmdline", view.props.main_pid)).ok())
+        .flatten()
+        .map(|c| {
             c.strip_suffix(&[0])
                 .unwrap_or(&c)
                 .split(|x| *x == 0)

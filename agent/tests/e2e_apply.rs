@@ -420,3 +420,31 @@ fn with_an_adequate_drain_budget_the_stop_needs_no_sigkill() {
     );
     e.b.shutdown().unwrap();
 }
+
+#[test]
+fn a_host_left_on_a_quarantined_unit_is_restored_to_the_last_good_one() {
+    // What an interrupted rollback leaves: the failed unit on disk, the service stopped.
+    let e = Env::new();
+    let (ok, out) = apply(&e, "s5.yaml", &e.spec(UNIT, 5, &seed_extra(100)));
+    assert!(ok, "{out}");
+    let bad = e.spec(
+        UNIT,
+        10,
+        &seed_extra(100).replace("SPECD_STANDIN_LOAD_MS", "SPECD_STANDIN_EXIT_CODE: \"3\", SPECD_STANDIN_LOAD_MS"),
+    );
+    let (_, out) = apply(&e, "bad.yaml", &bad);
+    assert!(out.contains("RolledBack"), "{out}");
+    let bad_unit = e.specd(&["render", "/run/specs/bad.yaml", "--host", "gpu-01"]).stdout;
+    e.b.systemctl_check(&["stop", UNIT]).unwrap();
+    e.b.write_file(&format!("/etc/systemd/system/{UNIT}"), &bad_unit).unwrap();
+    e.b.systemctl_check(&["daemon-reload"]).unwrap();
+    let (ok, out) = apply(&e, "bad.yaml", &bad);
+    assert!(!ok, "the desired spec is still quarantined: {out}");
+    assert!(
+        out.contains("restoring it") && out.contains("RolledBack: sglang-qwen.service: restored the last good unit"),
+        "{out}"
+    );
+    assert_eq!(e.served_steps(), Some(5));
+    assert_eq!(deployed_hash(&e), rendered_hash(&e, "s5.yaml"));
+    e.b.shutdown().unwrap();
+}

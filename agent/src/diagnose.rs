@@ -144,31 +144,15 @@ pub struct UnitView {
 /// The dependencies through which another unit's stop stops this one.
 const STOP_DEP_PROPS: &[&str] = &["BindsTo", "PartOf", "Requires", "Requisite"];
 
-/// The properties [`gather`] asks `systemctl show` for.
-pub const SHOW_PROPS: &[&str] = &[
-    "Id",
-    "LoadState",
-    "ActiveState",
-    "SubState",
-    "Result",
-    "ExecMainCode",
-    "ExecMainStatus",
-    "MainPID",
-    "NRestarts",
-    "InvocationID",
-    "NeedDaemonReload",
-    "FragmentPath",
-    "DropInPaths",
-    "ControlGroup",
-    "Slice",
-    "ExecStart",
-    "TimeoutStopUSec",
-    "WatchdogUSec",
-    "BindsTo",
-    "PartOf",
-    "Requires",
-    "Requisite",
-];
+/// What [`gather`] asks `systemctl show` for beyond the reconciler's [`crate::systemd::PROPS`].
+const EXTRA_PROPS: &[&str] =
+    &["Id", "Slice", "ExecStart", "WatchdogUSec", "BindsTo", "PartOf", "Requires", "Requisite"];
+
+/// The `-p` argument of [`gather`]'s `systemctl show`: the reconciler's properties (which
+/// [`UnitView::props`] parses) and diagnosis' own.
+pub fn show_props() -> String {
+    crate::systemd::PROPS.iter().chain(EXTRA_PROPS).copied().collect::<Vec<_>>().join(",")
+}
 
 /// The journal fields [`gather`] reads (`--output-fields`); the timestamps always come along.
 pub const JOURNAL_FIELDS: &str = "MESSAGE,_PID,_COMM,SYSLOG_IDENTIFIER,_SYSTEMD_UNIT,_SYSTEMD_INVOCATION_ID,INVOCATION_ID,UNIT,OBJECT_SYSTEMD_UNIT,JOB_TYPE,_TRANSPORT,_UID,PRIORITY";
@@ -483,7 +467,7 @@ pub fn is_kernel_oom_line(m: &str) -> bool {
 #[derive(Clone, Debug, Default)]
 pub struct Raw {
     pub unit: String,
-    /// `systemctl show UNIT` (at least [`SHOW_PROPS`]).
+    /// `systemctl show UNIT` (at least [`show_props`]).
     pub show: String,
     /// `journalctl -o json` lines about the unit: systemd's, the service's, specd's markers.
     /// Any mix and order (the whole `journalctl -u UNIT -o json` will do).
@@ -1443,7 +1427,7 @@ pub fn oom_kill_count(control_group: &str) -> Option<u64> {
 /// Reads everything about `unit` from this host (see [`Raw`]): the output of its newest
 /// `max_instances` instances (older ones have only systemd's lines).
 pub async fn gather_raw(unit: &str, max_instances: usize) -> Result<Raw> {
-    let show = output("systemctl", &s(&["show", unit, "-p", &SHOW_PROPS.join(",")])).await?;
+    let show = output("systemctl", &s(&["show", unit, "-p", &show_props()])).await?;
     let view = parse_show(&show);
     if view.props.load_state == "not-found" && view.props.invocation_id.is_empty() {
         bail!("{unit}: no such unit");

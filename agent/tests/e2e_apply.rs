@@ -22,6 +22,15 @@ fn seed_extra(load_ms: u32) -> String {
     )
 }
 
+/// The seed's spec at steps=10, whose server exits 3 at start.
+fn failing(e: &Env) -> String {
+    e.spec(
+        UNIT,
+        10,
+        &seed_extra(100).replace("SPECD_STANDIN_LOAD_MS", "SPECD_STANDIN_EXIT_CODE: \"3\", SPECD_STANDIN_LOAD_MS"),
+    )
+}
+
 fn apply(e: &Env, name: &str, yaml: &str) -> (bool, String) {
     let p = e.put(name, yaml);
     let o = e.specd(&["apply", "-f", &p, "--host", "gpu-01"]);
@@ -188,11 +197,7 @@ fn a_config_that_fails_to_start_rolls_back_and_is_not_retried() {
     let e = Env::new();
     let (ok, out) = apply(&e, "s5.yaml", &e.spec(UNIT, 5, &seed_extra(100)));
     assert!(ok, "{out}");
-    let bad = e.spec(
-        UNIT,
-        10,
-        &seed_extra(100).replace("SPECD_STANDIN_LOAD_MS", "SPECD_STANDIN_EXIT_CODE: \"3\", SPECD_STANDIN_LOAD_MS"),
-    );
+    let bad = failing(&e);
     let (ok, out) = apply(&e, "bad.yaml", &bad);
     assert!(!ok, "{out}");
     assert!(out.contains("RolledBack: sglang-qwen.service"), "{out}");
@@ -219,11 +224,7 @@ fn a_config_that_fails_to_start_rolls_back_and_is_not_retried() {
 #[test]
 fn without_a_last_good_unit_a_failing_config_is_left_stopped() {
     let e = Env::new();
-    let bad = e.spec(
-        UNIT,
-        10,
-        &seed_extra(100).replace("SPECD_STANDIN_LOAD_MS", "SPECD_STANDIN_EXIT_CODE: \"3\", SPECD_STANDIN_LOAD_MS"),
-    );
+    let bad = failing(&e);
     let (ok, out) = apply(&e, "bad.yaml", &bad);
     assert!(!ok);
     assert!(out.contains("there is no last good unit to roll back to, so the service is left stopped"), "{out}");
@@ -427,11 +428,7 @@ fn a_host_left_on_a_quarantined_unit_is_restored_to_the_last_good_one() {
     let e = Env::new();
     let (ok, out) = apply(&e, "s5.yaml", &e.spec(UNIT, 5, &seed_extra(100)));
     assert!(ok, "{out}");
-    let bad = e.spec(
-        UNIT,
-        10,
-        &seed_extra(100).replace("SPECD_STANDIN_LOAD_MS", "SPECD_STANDIN_EXIT_CODE: \"3\", SPECD_STANDIN_LOAD_MS"),
-    );
+    let bad = failing(&e);
     let (_, out) = apply(&e, "bad.yaml", &bad);
     assert!(out.contains("RolledBack"), "{out}");
     let bad_unit = e.specd(&["render", "/run/specs/bad.yaml", "--host", "gpu-01"]).stdout;

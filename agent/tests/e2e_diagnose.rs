@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde_json::Value;
-use specd::diagnose::{self, JOURNAL_FIELDS, Raw, SHOW_PROPS};
+use specd::diagnose::{self, JOURNAL_FIELDS, Raw, show_props};
 use specd_e2e::{SystemdBox, bin_path, free_port, wait_until};
 
 fn boot() -> SystemdBox {
@@ -71,7 +71,7 @@ fn kernel_lines(b: &SystemdBox, since_us: u64) -> Vec<diagnose::Line> {
 
 /// What specd's gatherer reads, read from the box from outside (same commands, same parsing).
 fn capture(b: &SystemdBox, unit: &str, since_us: u64) -> Raw {
-    let show = b.systemctl_check(&["show", unit, "-p", &SHOW_PROPS.join(",")]).unwrap();
+    let show = b.systemctl_check(&["show", unit, "-p", &show_props()]).unwrap();
     let view = diagnose::parse_show(&show);
     let mut ctx: Vec<String> =
         vec!["SYSLOG_IDENTIFIER=specd".into(), "SYSLOG_IDENTIFIER=sudo".into(), "SYSLOG_IDENTIFIER=polkitd".into()];

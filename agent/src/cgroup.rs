@@ -99,6 +99,18 @@ impl Layout {
     }
 }
 
+/// The process exists and has not exited (a zombie waiting to be reaped has exited). Pid 0 (not
+/// known) counts as alive: the caller asks systemd then.
+pub fn alive(pid: u32) -> bool {
+    if pid == 0 {
+        return true;
+    }
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
+    // "pid (comm) S ...": the state follows the last ')' (comm may hold parentheses).
+    let state = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next());
+    !matches!(state, Some("Z" | "X" | "x") | None)
+}
+
 /// A process's command line, NUL-separated words; `None` once it is gone.
 pub fn cmdline(pid: u32) -> Option<Vec<String>> {
     let b = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
@@ -171,6 +183,23 @@ pub async fn wait_empty(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_zombie_is_not_alive() {
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        // `true` exits at once; until it is reaped it is a zombie.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while alive(pid) {
+            assert!(std::time::Instant::now() < deadline, "pid {pid} never exited");
+            std::thread::yield_now();
+        }
+        assert!(std::fs::metadata(format!("/proc/{pid}")).is_ok(), "a zombie keeps its /proc entry");
+        child.wait().unwrap();
+        assert!(!alive(pid));
+        assert!(alive(std::process::id()));
+        assert!(alive(0));
+    }
 
     #[test]
     fn layouts_place_files() {

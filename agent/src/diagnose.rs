@@ -49,6 +49,8 @@ pub enum Verdict {
     StartLimitHit,
     /// It stopped because it was asked to (or exited 0 by itself).
     CleanStop,
+    /// It never became ready: specd stopped it to roll back, after the server logged errors.
+    FailedStart,
     /// It was started while the unit file on disk had changed without a daemon-reload: it runs
     /// systemd's old copy of the unit, not the file on disk.
     StaleConfigStart,
@@ -68,6 +70,7 @@ impl Verdict {
             Verdict::Watchdog => "watchdog",
             Verdict::StartLimitHit => "start-limit-hit",
             Verdict::CleanStop => "clean-stop",
+            Verdict::FailedStart => "failed-start",
             Verdict::StaleConfigStart => "stale-config-start",
             Verdict::Running => "running",
             Verdict::Unknown => "unknown",
@@ -1197,6 +1200,26 @@ pub fn classify(ev: &Evidence) -> Diagnosis {
         for l in &who_lines {
             b.line(l);
         }
+        // specd stopped a new instance to roll back: what the server said before is the story.
+        let rollback = who_lines.iter().any(|l| l.origin == Origin::Specd && l.message.contains(" to roll back "));
+        let errs: Vec<&Line> = svc.iter().copied().filter(|l| looks_like_error(&l.message)).collect();
+        if rollback && !errs.is_empty() {
+            let errs = &errs[errs.len().saturating_sub(5)..];
+            for l in errs {
+                b.line(l);
+            }
+            b.line(stop);
+            props_line(&mut b);
+            let last = errs.last().map(|l| l.message.trim().to_string()).unwrap_or_default();
+            return finish(
+                Verdict::FailedStart,
+                format!(
+                    "failed start: the server did not start (its last error: \"{last}\"); specd then stopped it to roll back"
+                ),
+                b,
+                notes,
+            );
+        }
         b.line(stop);
         for l in [exit_line, result_line, success_line].into_iter().flatten() {
             b.line(l);
@@ -2006,6 +2029,7 @@ mod tests {
             (Verdict::Watchdog, "watchdog"),
             (Verdict::StartLimitHit, "start-limit-hit"),
             (Verdict::CleanStop, "clean-stop"),
+            (Verdict::FailedStart, "failed-start"),
             (Verdict::StaleConfigStart, "stale-config-start"),
             (Verdict::Running, "running"),
             (Verdict::Unknown, "unknown"),

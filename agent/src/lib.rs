@@ -16,5 +16,6 @@ pub mod probe;
 pub mod reconcile;
 pub mod source;
 pub mod specs;
+pub mod speculation;
 pub mod state;
 pub mod systemd;

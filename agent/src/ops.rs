@@ -124,6 +124,8 @@ pub struct UnitStatus {
     pub error: Option<String>,
     /// How the last instance that ended, ended (`specd diagnose` has the evidence).
     pub last_ended: Option<String>,
+    /// What the last speculation proof of the deployed unit measured.
+    pub speculation: Option<state::SpeculationRecord>,
 }
 
 async fn unit_status<S: Systemd>(
@@ -155,6 +157,7 @@ async fn unit_status<S: Systemd>(
             last_result: st.history.last().cloned(),
             error: None,
             last_ended: None,
+            speculation: None,
         });
     };
     let (o, props) = reconcile::observe(ctx, &d, st, true).await?;
@@ -201,9 +204,13 @@ async fn unit_status<S: Systemd>(
         arg_mismatches: o.arg_mismatches.clone(),
         last_result: st.history.last().cloned(),
         error: st.desired.as_ref().and_then(|r| r.error.clone()),
-        last_ended: crate::diagnose::last_verdict(&st.unit)
-            .await
-            .map(|d| format!("{}: {}", d.verdict.as_str(), d.summary)),
+        last_ended: crate::diagnose::last_verdict(&st.unit).await.map(|d| d.summary),
+        // The proof of the running unit's speculation (a measurement of an older hash is not it).
+        speculation: st
+            .speculation
+            .as_ref()
+            .filter(|r| o.deployed_sha256.as_deref() == Some(r.sha256.as_str()))
+            .cloned(),
     })
 }
 
@@ -284,6 +291,14 @@ fn print_status(s: &UnitStatus) {
     }
     if let Some(e) = &s.error {
         println!("  newest desired state unusable: {e}");
+    }
+    if let Some(r) = &s.speculation {
+        println!(
+            "  speculation: {} (measured {} after readiness: {})",
+            r.measured.figure(),
+            state::format_time(r.time),
+            r.measured.evidence.join(", ")
+        );
     }
     if let Some(v) = &s.last_ended {
         println!("  last ended: {v}");

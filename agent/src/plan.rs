@@ -42,6 +42,8 @@ pub struct Desired {
     pub fragment_path: String,
     pub drift: DriftPolicy,
     pub verify_args: bool,
+    /// The spec asks for speculative decoding: after readiness, prove the server drafts.
+    pub verify_speculation: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -88,6 +90,9 @@ pub enum Step {
     WaitReady,
     /// The server's reported args equal the spec.
     VerifyArgs,
+    /// One short generation shows the server really drafts tokens (the engine's own evidence),
+    /// when the spec asks for speculative decoding.
+    VerifySpeculation,
     /// Restore the last good unit (the same sequence, for that unit): the desired one is
     /// quarantined and the host does not run the last good one.
     Rollback,
@@ -208,9 +213,7 @@ pub fn plan(o: &Observed, d: &Desired) -> Plan {
             s.push(Step::WriteUnit);
         }
         s.extend([Step::Reload, Step::Start, Step::VerifyCmdline, Step::WaitReady]);
-        if d.verify_args {
-            s.push(Step::VerifyArgs);
-        }
+        s.extend(verify_after_ready(d));
         s
     };
 
@@ -228,8 +231,8 @@ pub fn plan(o: &Observed, d: &Desired) -> Plan {
         } else {
             full(running, file_differs, !o.drop_ins.is_empty())
         };
-        if resumable && d.verify_args {
-            steps.push(Step::VerifyArgs);
+        if resumable {
+            steps.extend(verify_after_ready(d));
         }
         reasons.push("an earlier apply of this spec was interrupted; finishing it".to_string());
         reasons.extend(drift);
@@ -266,9 +269,7 @@ pub fn plan(o: &Observed, d: &Desired) -> Plan {
         },
         _ => {
             let mut steps = vec![Step::Start, Step::VerifyCmdline, Step::WaitReady];
-            if d.verify_args {
-                steps.push(Step::VerifyArgs);
-            }
+            steps.extend(verify_after_ready(d));
             Plan {
                 sync: Sync::OutOfSync,
                 reasons: vec![format!("the service is not running ({}/{})", o.active_state, o.sub_state)],
@@ -276,6 +277,18 @@ pub fn plan(o: &Observed, d: &Desired) -> Plan {
             }
         }
     }
+}
+
+/// The checks that follow readiness: the server's own args, then proof that it speculates.
+fn verify_after_ready(d: &Desired) -> Vec<Step> {
+    let mut s = Vec::new();
+    if d.verify_args {
+        s.push(Step::VerifyArgs);
+    }
+    if d.verify_speculation {
+        s.push(Step::VerifySpeculation);
+    }
+    s
 }
 
 #[cfg(test)]
@@ -290,6 +303,7 @@ mod tests {
             fragment_path: "/etc/systemd/system/x.service".into(),
             drift: DriftPolicy::Heal,
             verify_args: true,
+            verify_speculation: false,
         }
     }
 
@@ -346,11 +360,11 @@ mod tests {
         for ready in [None, Some(true)] {
             for cmdline in [None, Some(desired().argv)] {
                 for drift in [DriftPolicy::Heal, DriftPolicy::Report] {
-                    for verify in [true, false] {
+                    for (verify, speculation) in [(true, true), (true, false), (false, true), (false, false)] {
                         let mut o = in_sync();
                         o.ready = ready;
                         o.main_cmdline = cmdline.clone();
-                        let d = Desired { drift, verify_args: verify, ..desired() };
+                        let d = Desired { drift, verify_args: verify, verify_speculation: speculation, ..desired() };
                         let p = plan(&o, &d);
                         assert_eq!((p.sync, p.steps.len()), (Sync::InSync, 0), "{o:?} {d:?}");
                     }
@@ -381,6 +395,24 @@ mod tests {
         let p = plan(&o, &desired());
         assert_eq!(p.steps, &FULL[1..]);
         assert_eq!(p.reasons, vec!["the unit file does not exist yet"]);
+    }
+
+    #[test]
+    fn a_speculative_spec_is_proven_to_draft_after_its_args_are_checked() {
+        let mut o = in_sync();
+        o.deployed_sha256 = Some("a".repeat(64));
+        o.written_sha256 = Some("a".repeat(64));
+        let d = Desired { verify_speculation: true, ..desired() };
+        let p = plan(&o, &d);
+        assert_eq!(&p.steps[..FULL.len()], FULL);
+        assert_eq!(p.steps.last(), Some(&VerifySpeculation));
+        // Also when only the service has to be started again, or an interrupted apply resumed.
+        o = in_sync();
+        o.active_state = "failed".into();
+        assert_eq!(plan(&o, &d).steps, &[Start, VerifyCmdline, WaitReady, VerifyArgs, VerifySpeculation]);
+        o = in_sync();
+        o.interrupted = true;
+        assert_eq!(plan(&o, &d).steps, &[VerifyCmdline, WaitReady, VerifyArgs, VerifySpeculation]);
     }
 
     #[test]

@@ -4,7 +4,9 @@
 use std::time::Duration;
 
 use serde_json::Value;
-use specd_spec::{Engine, ExpectedArg, Spec};
+use specd_spec::{Engine, Evidence, ExpectedArg, Spec};
+
+use crate::speculation::{self, Speculation};
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Health {
@@ -46,7 +48,9 @@ impl Probe {
             Ok(r) => Health::Error(format!("{url} answered {}", r.status())),
             Err(e) if e.is_connect() => Health::Loading(format!("{url}: port not open yet")),
             Err(e) if e.is_timeout() => Health::Loading(format!("{url}: timed out")),
-            Err(e) => Health::Error(format!("{url}: {e}")),
+            // A connection reset or closed mid-answer: a server that is starting (or failing to
+            // start) does that. Whether it failed is for the process to tell, not the socket.
+            Err(e) => Health::Loading(format!("{url}: {}", error_chain(&e))),
         }
     }
 
@@ -64,19 +68,86 @@ impl Probe {
         Some(self.json(&format!("{base_url}{path}")).await)
     }
 
+    async fn text(&self, url: &str) -> Result<String, String> {
+        let r = self.client.get(url).send().await.map_err(|e| format!("{url}: {e}"))?;
+        if !r.status().is_success() {
+            return Err(format!("{url} answered {}", r.status()));
+        }
+        r.text().await.map_err(|e| format!("{url}: {e}"))
+    }
+
+    async fn post_json(&self, url: &str, body: &Value) -> Result<Value, String> {
+        let r = self
+            .client
+            .post(url)
+            .timeout(Duration::from_secs(120))
+            .json(body)
+            .send()
+            .await
+            .map_err(|e| format!("{url}: {e}"))?;
+        if !r.status().is_success() {
+            let status = r.status();
+            let text = r.text().await.unwrap_or_default();
+            return Err(format!("{url} answered {status}: {}", text.chars().take(300).collect::<String>()));
+        }
+        r.json::<Value>().await.map_err(|e| format!("{url}: not JSON: {e}"))
+    }
+
+    /// One short generation, and the engine's own evidence of drafting around it.
+    pub async fn speculation(&self, base_url: &str, spec: &Spec) -> Result<Speculation, String> {
+        use serde_json::json;
+        let (prompt, n) = (speculation::PROMPT, speculation::TOKENS);
+        let facts = specd_spec::engine_facts(spec.engine);
+        match &facts.evidence {
+            ev @ Evidence::LlamaCpp { slots, generate, .. } => {
+                let body = json!({"prompt": prompt, "n_predict": n, "temperature": 0.0, "cache_prompt": false});
+                let completion = self.post_json(&format!("{base_url}{generate}"), &body).await?;
+                // /slots can be turned off (--no-slots): the completion's timings still tell.
+                let slots = self.json(&format!("{base_url}{slots}")).await.ok();
+                Ok(speculation::from_llama_cpp(ev, slots.as_ref(), &completion))
+            }
+            ev @ Evidence::Sglang { generate, server_info, .. } => {
+                let body = json!({"text": prompt, "sampling_params": {"max_new_tokens": n, "temperature": 0.0}});
+                let reply = self.post_json(&format!("{base_url}{generate}"), &body).await?;
+                let info = self.json(&format!("{base_url}{server_info}")).await.ok();
+                Ok(speculation::from_sglang(ev, &reply, info.as_ref()))
+            }
+            ev @ Evidence::Vllm { generate, .. } => {
+                let metrics = format!("{base_url}/metrics");
+                let before = self.text(&metrics).await?;
+                let model = spec.server.served_model_name.clone().unwrap_or_else(|| spec.model.clone());
+                let body = json!({"model": model, "prompt": prompt, "max_tokens": n, "temperature": 0.0});
+                self.post_json(&format!("{base_url}{generate}"), &body).await?;
+                let after = self.text(&metrics).await?;
+                Ok(speculation::from_vllm(ev, &before, &after))
+            }
+        }
+    }
+
     /// Requests in flight, from the engine's Prometheus metrics, when it exposes them.
     pub async fn running_requests(&self, base_url: &str, engine: Engine) -> Option<u64> {
-        let name = match engine {
-            Engine::Sglang => "sglang:num_running_reqs",
-            Engine::Vllm => "vllm:num_requests_running",
-            Engine::LlamaCpp => "llamacpp:requests_processing",
-        };
+        let name = specd_spec::engine_facts(engine).running_requests_metric;
         let r = self.client.get(format!("{base_url}/metrics")).send().await.ok()?;
         if !r.status().is_success() {
             return None;
         }
         metric_sum(&r.text().await.ok()?, name)
     }
+}
+
+/// An error with its causes ("error sending request: connection closed before message completed").
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let m = c.to_string();
+        if !s.contains(&m) {
+            s.push_str(": ");
+            s.push_str(&m);
+        }
+        cur = c.source();
+    }
+    s
 }
 
 /// Sum of a metric's samples over all label sets.
@@ -112,7 +183,8 @@ pub struct ArgMismatch {
 
 impl std::fmt::Display for ArgMismatch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}: spec {} / server {}", self.key, self.expected, self.actual)
+        let key = self.key.rsplit('/').next().unwrap_or(&self.key);
+        write!(f, "{key}: spec {} / server {}", self.expected, self.actual)
     }
 }
 
@@ -128,7 +200,7 @@ pub fn compare_args(expected: &[ExpectedArg], info: &Value) -> Vec<ArgMismatch> 
     expected
         .iter()
         .filter_map(|e| {
-            let actual = info.get(e.key).cloned().unwrap_or(Value::Null);
+            let actual = info.pointer(e.key).cloned().unwrap_or(Value::Null);
             (!same(&e.value, &actual)).then(|| ArgMismatch {
                 key: e.key.to_string(),
                 expected: e.value.clone(),
@@ -154,14 +226,14 @@ mod tests {
     #[test]
     fn compares_args_with_float_tolerance_and_nulls() {
         let exp = vec![
-            ExpectedArg { key: "mem_fraction_static", value: json!(0.85) },
-            ExpectedArg { key: "speculative_num_steps", value: json!(10) },
-            ExpectedArg { key: "speculative_algorithm", value: Value::Null },
+            ExpectedArg { key: "/mem_fraction_static", value: json!(0.85) },
+            ExpectedArg { key: "/speculative_num_steps", value: json!(10) },
+            ExpectedArg { key: "/speculative_algorithm", value: Value::Null },
         ];
         let info = json!({"mem_fraction_static": 0.8500000000000001, "speculative_num_steps": 5});
         let m = compare_args(&exp, &info);
         assert_eq!(m.len(), 1);
-        assert_eq!(m[0].key, "speculative_num_steps");
+        assert_eq!(m[0].key, "/speculative_num_steps");
         assert_eq!(m[0].to_string(), "speculative_num_steps: spec 10 / server 5");
     }
 }

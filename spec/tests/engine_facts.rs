@@ -1,0 +1,199 @@
+//! The engine facts table against fixtures recorded from the real engines
+//! (`tests/fixtures/engines/`, re-recorded by `scripts/record-fixtures`): every flag specd owns or
+//! refuses, every algorithm, every reported arg, metric and speculation field exists in the real
+//! engine under that name.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+use specd_spec::{Engine, Evidence, engine_facts};
+
+fn fixtures(engine: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/engines").join(engine)
+}
+
+fn read(engine: &str, file: &str) -> String {
+    let p = fixtures(engine).join(file);
+    std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e} (re-record with scripts/record-fixtures)", p.display()))
+}
+
+fn json(engine: &str, file: &str) -> Value {
+    serde_json::from_str(&read(engine, file)).unwrap()
+}
+
+fn dir(e: Engine) -> &'static str {
+    e.as_str()
+}
+
+/// Every flag (with aliases) the engine's argument parser accepts.
+fn flags(engine: Engine) -> Vec<String> {
+    json(dir(engine), "args.json")
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|a| a["flags"].as_array().unwrap().iter().map(|f| f.as_str().unwrap().to_string()))
+        .collect()
+}
+
+/// Exposition names of the metrics the engine exports (`metrics.txt`: name, type, labels,
+/// exposition name, source; tab-separated; `#` comments).
+fn metric_names(engine: Engine) -> Vec<String> {
+    read(dir(engine), "metrics.txt")
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .filter_map(|l| l.split('\t').nth(3).map(str::to_string))
+        .collect()
+}
+
+/// A spec of this engine from the examples, to ask what it expects the server to report.
+fn example(engine: Engine) -> specd_spec::Spec {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples");
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_none_or(|x| x != "yaml") {
+            continue;
+        }
+        let parsed = specd_spec::parse("x.yaml", &std::fs::read_to_string(&p).unwrap()).unwrap();
+        let spec = parsed.resolve(None).unwrap();
+        if spec.engine == engine {
+            return spec;
+        }
+    }
+    panic!("no example for {engine:?}")
+}
+
+#[test]
+fn every_owned_flag_and_alias_is_a_real_flag() {
+    for e in [Engine::Sglang, Engine::Vllm, Engine::LlamaCpp] {
+        let real = flags(e);
+        for (flag, field) in engine_facts(e).owned_flags {
+            assert!(real.iter().any(|f| f == flag), "{e:?}: {flag} (for {field}) is not a flag of the real engine");
+        }
+    }
+}
+
+#[test]
+fn removed_flags_are_refused_by_the_real_llama_server() {
+    let help = read("llama-cpp", "help.txt");
+    for (flag, _) in engine_facts(Engine::LlamaCpp).removed_flags {
+        let line = help
+            .lines()
+            .find(|l| l.split([' ', ',']).any(|w| w == *flag))
+            .unwrap_or_else(|| panic!("{flag} is not in llama-server --help"));
+        assert!(line.contains("removed") || help_entry(&help, flag).contains("removed"), "{flag}: {line}");
+    }
+}
+
+/// The help text of one flag (its line and the indented lines after it).
+fn help_entry(help: &str, flag: &str) -> String {
+    let mut out = String::new();
+    let mut on = false;
+    for l in help.lines() {
+        if l.split([' ', ',']).any(|w| w == flag) {
+            on = true;
+        } else if on && l.starts_with('-') {
+            break;
+        }
+        if on {
+            out.push_str(l);
+            out.push('\n');
+        }
+    }
+    out
+}
+
+#[test]
+fn algorithms_are_the_engines_own() {
+    // vLLM: the literal values of SpeculativeConfig.method.
+    let fields = json("vllm", "speculative_config.fields.json");
+    let methods: Vec<&str> = fields
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["key"] == "method")
+        .unwrap()["literal_values"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    for a in engine_facts(Engine::Vllm).algorithms {
+        assert!(methods.contains(&a.name), "vLLM method {} is not in {methods:?}", a.name);
+    }
+    // llama.cpp: the --spec-type values listed by the real --help.
+    let help = help_entry(&read("llama-cpp", "help.txt"), "--spec-type");
+    for a in engine_facts(Engine::LlamaCpp).algorithms {
+        assert!(help.contains(a.name), "--spec-type {} is not in llama-server --help:\n{help}", a.name);
+    }
+    // SGLang: the names its SpeculativeAlgorithm accepts.
+    let sglang = read("sglang", "speculative_algorithms.txt");
+    let names: Vec<&str> = sglang.lines().filter(|l| !l.starts_with('#')).map(str::trim).collect();
+    for a in engine_facts(Engine::Sglang).algorithms {
+        assert!(names.contains(&a.name), "SGLang algorithm {} is not in {names:?}", a.name);
+        assert!(names.contains(&a.reported_as), "SGLang reports {} as {}, not a name it has", a.name, a.reported_as);
+    }
+}
+
+#[test]
+fn the_args_a_running_server_must_report_exist_in_its_report() {
+    // SGLang: /get_server_info carries one key per ServerArgs field.
+    let fields = json("sglang", "server_args.fields.json");
+    let names: Vec<String> = fields
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["name"].as_str().or(f["key"].as_str()).unwrap().to_string())
+        .collect();
+    let spec = example(Engine::Sglang);
+    for e in spec.expected_server_args() {
+        let key = e.key.trim_start_matches('/');
+        assert!(names.iter().any(|n| n == key), "SGLang reports no {key}");
+    }
+    // llama.cpp: the real /props.
+    let props = json("llama-cpp", "props.json");
+    let spec = example(Engine::LlamaCpp);
+    for e in spec.expected_server_args() {
+        assert!(props.pointer(e.key).is_some(), "llama-server's /props has no {}", e.key);
+    }
+}
+
+#[test]
+fn metric_names_and_speculation_evidence_exist_in_the_real_replies() {
+    for e in [Engine::Sglang, Engine::Vllm, Engine::LlamaCpp] {
+        let m = engine_facts(e).running_requests_metric;
+        assert!(metric_names(e).iter().any(|n| n == m), "{e:?} exports no {m}");
+    }
+    match &engine_facts(Engine::Sglang).evidence {
+        Evidence::Sglang { verify_ct, tokens, avg_accept_length, .. } => {
+            let g = json("sglang", "generate.shape.json");
+            assert!(g["meta_info"].get(*verify_ct).is_some(), "meta_info.{verify_ct}");
+            assert!(g["meta_info"].get(*tokens).is_some(), "meta_info.{tokens}");
+            let i = json("sglang", "get_server_info.shape.json");
+            assert!(i["internal_states"][0].get(*avg_accept_length).is_some(), "internal_states[].{avg_accept_length}");
+        }
+        other => panic!("{other:?}"),
+    }
+    match &engine_facts(Engine::Vllm).evidence {
+        Evidence::Vllm { drafts, draft_tokens, accepted, .. } => {
+            let names = metric_names(Engine::Vllm);
+            for n in [drafts, draft_tokens, accepted] {
+                assert!(names.iter().any(|x| x == *n), "vLLM exports no {n}");
+            }
+        }
+        other => panic!("{other:?}"),
+    }
+    match &engine_facts(Engine::LlamaCpp).evidence {
+        Evidence::LlamaCpp { slot_flag, drafted, accepted, .. } => {
+            let slots = json("llama-cpp", "slots.json");
+            assert_eq!(slots[0][*slot_flag], Value::Bool(true), "a speculating server's slot says {slot_flag}: true");
+            let off = json("llama-cpp", "slots.nospec.json");
+            assert_eq!(off[0][*slot_flag], Value::Bool(false), "a draft without --spec-type: {slot_flag}: false");
+            let c = json("llama-cpp", "completion.json");
+            assert!(c["timings"].get(*drafted).is_some(), "timings.{drafted}");
+            assert!(c["timings"].get(*accepted).is_some(), "timings.{accepted}");
+            let c = json("llama-cpp", "completion.nospec.json");
+            assert!(c["timings"].get(*drafted).is_none(), "no draft counts without drafting");
+        }
+        other => panic!("{other:?}"),
+    }
+}

@@ -152,12 +152,8 @@ fn a_bad_draft_path_rolls_back_and_the_diagnosis_quotes_the_server_every_time() 
     let mut failures = Vec::new();
     for i in 0..runs {
         // A new hash each time (quarantine would refuse a repeat): the draft path differs.
-        let bad = spec(
-            &l,
-            e.port,
-            &format!("  speculative: {{draft_model: /models/missing-{i}.gguf, num_steps: 4}}\n"),
-            "",
-        );
+        let bad =
+            spec(&l, e.port, &format!("  speculative: {{draft_model: /models/missing-{i}.gguf, num_steps: 4}}\n"), "");
         let (ok, out) = apply(&e, &format!("bad{i}.yaml"), &bad);
         let diag = text(&e.specd(&["diagnose", UNIT]));
         let status = text(&e.specd(&["status"]));
@@ -170,7 +166,12 @@ fn a_bad_draft_path_rolls_back_and_the_diagnosis_quotes_the_server_every_time() 
         assert_eq!(slots[0]["speculative"], serde_json::json!(true), "run {i}: {slots}");
         assert!(cmdline(&e).contains(&l.gguf), "run {i}");
     }
-    assert!(failures.is_empty(), "{} of {runs} failing starts were not rolled back and explained:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} of {runs} failing starts were not rolled back and explained:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
     assert_ne!(e.main_pid(UNIT), good_pid);
     e.b.shutdown().unwrap();
 }

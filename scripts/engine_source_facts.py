@@ -274,11 +274,14 @@ def action_name(node: ast.AST | None) -> str | None:
     return s.split(".")[-1]
 
 
-def arg_entry(flags, dest, type_, default, choices, action):
+def arg_entry(flags, dest, type_, default, choices, action, nargs=None):
     if action == "BooleanOptionalAction":
         flags = list(flags) + ["--no-" + f[2:] for f in flags if f.startswith("--")]
-    return {"flags": list(flags), "dest": dest, "type": type_, "default": default,
-            "choices": choices, "action": action}
+    entry = {"flags": list(flags), "dest": dest, "type": type_, "default": default,
+             "choices": choices, "action": action}
+    if nargs is not None:
+        entry["nargs"] = nargs
+    return entry
 
 
 def default_dest(flags):
@@ -574,7 +577,8 @@ def parse_add_argument(idx, module, call: ast.Call, local: dict, merged: dict | 
     choices = val("choices", "lit")
     if choices is not None and not isinstance(choices, (list, dict)):
         choices = [choices]
-    return arg_entry([] if positional else flags, dest, type_, default, choices, action)
+    nargs = val("nargs", "lit")
+    return arg_entry([] if positional else flags, dest, type_, default, choices, action, nargs)
 
 
 # --------------------------------------------------------------------------
@@ -641,8 +645,8 @@ def sglang_args(idx: Index):
         cli_name = meta["cli_name"].value if "cli_name" in meta else "--" + n.replace("_", "-")
         aliases = try_literal(idx, m, meta["aliases"]) if "aliases" in meta else []
         flags = [cli_name] + (aliases or [])
-        has_default = value is not None
-        default = field_default(idx, m, value) if has_default else None
+        default = field_default(idx, m, value)  # {"expr": "<required>"} when the field has none
+        nargs = try_literal(idx, m, meta["nargs"]) if "nargs" in meta else None
         choices = try_literal(idx, m, meta["choices"]) if "choices" in meta else None
         type_parser = callable_name(meta.get("type_parser"))
 
@@ -662,13 +666,13 @@ def sglang_args(idx: Index):
             if inner.args:
                 eh = flatten_hint(idx, m, inner.args[0])
                 elem = eh[0].kind if eh and eh[0].kind in ("int", "float", "str") else "str"
-            entries.append(arg_entry(flags, n, elem, default, choices, None))
+            entries.append(arg_entry(flags, n, elem, default, choices, None, nargs or "+"))
             continue
         if inner is not None and inner.kind == "bool":
             entries.append(arg_entry(flags, n, None, default, None, "store_true"))
             continue
         t_ = type_parser or (inner.kind if inner is not None and inner.kind in ("int", "float", "str") else "str")
-        entries.append(arg_entry(flags, n, t_, default, choices, None))
+        entries.append(arg_entry(flags, n, t_, default, choices, None, nargs))
 
     # Manual registrations in ServerArgs.add_cli_args
     cls = [s for s in t.body if isinstance(s, ast.ClassDef) and s.name == "ServerArgs"][0]
@@ -965,7 +969,7 @@ class VllmParserWalk:
             extra = value.pop("flags", [])
             flags = list(extra) + ["--" + key.replace("_", "-")]
             self.entries.append(arg_entry(flags, key, value.get("type"), value.get("default"),
-                                          value.get("choices"), value.get("action")))
+                                          value.get("choices"), value.get("action"), value.get("nargs")))
 
 
 def vllm_args(idx: Index):

@@ -177,6 +177,8 @@ class Norm:
         for line in s.splitlines():
             for rx, rep in self.LOG_RULES:
                 line = rx.sub(rep, line)
+            # the printed width of a replaced number varies: drop its padding
+            line = re.sub(r" {2,}(<[tn]>)", r" \1", line)
             out.append(line.rstrip())
         return "\n".join(out) + "\n"
 

@@ -274,11 +274,14 @@ def action_name(node: ast.AST | None) -> str | None:
     return s.split(".")[-1]
 
 
-def arg_entry(flags, dest, type_, default, choices, action):
+def arg_entry(flags, dest, type_, default, choices, action, nargs=None):
     if action == "BooleanOptionalAction":
         flags = list(flags) + ["--no-" + f[2:] for f in flags if f.startswith("--")]
-    return {"flags": list(flags), "dest": dest, "type": type_, "default": default,
-            "choices": choices, "action": action}
+    entry = {"flags": list(flags), "dest": dest, "type": type_, "default": default,
+             "choices": choices, "action": action}
+    if nargs is not None:
+        entry["nargs"] = nargs
+    return entry
 
 
 def default_dest(flags):
@@ -574,7 +577,8 @@ def parse_add_argument(idx, module, call: ast.Call, local: dict, merged: dict | 
     choices = val("choices", "lit")
     if choices is not None and not isinstance(choices, (list, dict)):
         choices = [choices]
-    return arg_entry([] if positional else flags, dest, type_, default, choices, action)
+    nargs = val("nargs", "lit")
+    return arg_entry([] if positional else flags, dest, type_, default, choices, action, nargs)
 
 
 # --------------------------------------------------------------------------
@@ -617,7 +621,8 @@ def sglang_args(idx: Index):
         if isinstance(ann, ast.Subscript) and _subscript_base(ann) in ("A", "Annotated"):
             inner = _subscript_args(ann)[0]
         field_list.append({"name": n, "namespace": ns_path, "type": ast.unparse(inner),
-                           "default": field_default(idx, m, value)})
+                           "default": field_default(idx, m, value),
+                           "_shape": shape_of_hints(idx, flatten_hint(idx, m, inner))})
 
     entries = []
     for n in ordered:
@@ -641,8 +646,8 @@ def sglang_args(idx: Index):
         cli_name = meta["cli_name"].value if "cli_name" in meta else "--" + n.replace("_", "-")
         aliases = try_literal(idx, m, meta["aliases"]) if "aliases" in meta else []
         flags = [cli_name] + (aliases or [])
-        has_default = value is not None
-        default = field_default(idx, m, value) if has_default else None
+        default = field_default(idx, m, value)  # {"expr": "<required>"} when the field has none
+        nargs = try_literal(idx, m, meta["nargs"]) if "nargs" in meta else None
         choices = try_literal(idx, m, meta["choices"]) if "choices" in meta else None
         type_parser = callable_name(meta.get("type_parser"))
 
@@ -662,13 +667,13 @@ def sglang_args(idx: Index):
             if inner.args:
                 eh = flatten_hint(idx, m, inner.args[0])
                 elem = eh[0].kind if eh and eh[0].kind in ("int", "float", "str") else "str"
-            entries.append(arg_entry(flags, n, elem, default, choices, None))
+            entries.append(arg_entry(flags, n, elem, default, choices, None, nargs or "+"))
             continue
         if inner is not None and inner.kind == "bool":
             entries.append(arg_entry(flags, n, None, default, None, "store_true"))
             continue
         t_ = type_parser or (inner.kind if inner is not None and inner.kind in ("int", "float", "str") else "str")
-        entries.append(arg_entry(flags, n, t_, default, choices, None))
+        entries.append(arg_entry(flags, n, t_, default, choices, None, nargs))
 
     # Manual registrations in ServerArgs.add_cli_args
     cls = [s for s in t.body if isinstance(s, ast.ClassDef) and s.name == "ServerArgs"][0]
@@ -732,14 +737,14 @@ SGLANG_TEMPLATES = {
     "get_server_info.shape.json": {
         "_source": "sglang/srt/entrypoints/http_server.py get_server_info -> server_info: {**build_server_info(server_args, scheduler_info), startup_time, internal_states, version, frontend}; sglang/srt/utils/common.py build_server_info (every ServerArgs field from resolved_dict(), launch_command, scheduler_info, kv_events); internal_states[] from sglang/srt/managers/scheduler_components/internal_state.py SchedulerInternalStateController.get_internal_state (resolved server args again, plus the keys below); avg_spec_accept_length set in SchedulerInternalStateController._add_speculative",
         "_notes": "Top level also carries one key per ServerArgs field (see server_args.fields.json), e.g. speculative_algorithm, speculative_num_steps, speculative_eagle_topk, speculative_num_draft_tokens, speculative_draft_model_path, max_running_requests. internal_states has one entry per DP rank; each entry also repeats the resolved server args. avg_spec_accept_length is present only when speculative_algorithm is set and at least one decode-log interval with speculative forwards has passed (spec_total_num_forward_ct > 0).",
-        "_server_args_fields": "str|int|float|bool|null|list|object (one key per field in server_args.fields.json)",
+        "_server_args_fields": "the keys from here to launch_command are the ServerArgs fields (server_args.fields.json), typed from their annotations",
         "launch_command": "str|null",
         "kv_events": "object|null",
         "startup_time": "float",
         "version": "str",
         "frontend": "str",
         "internal_states": [{
-            "_server_args_fields": "str|int|float|bool|null|list|object (resolved; one key per field)",
+            "_server_args_fields": "the keys from here to world_size are the resolved ServerArgs fields, typed from their annotations",
             "world_size": "int",
             "startup_time": "float",
             "effective_max_running_requests_per_dp": "int",
@@ -965,7 +970,7 @@ class VllmParserWalk:
             extra = value.pop("flags", [])
             flags = list(extra) + ["--" + key.replace("_", "-")]
             self.entries.append(arg_entry(flags, key, value.get("type"), value.get("default"),
-                                          value.get("choices"), value.get("action")))
+                                          value.get("choices"), value.get("action"), value.get("nargs")))
 
 
 def vllm_args(idx: Index):
@@ -1179,6 +1184,7 @@ def write_templates(idx, outdir, templates):
 def main_sglang(root, outdir, version):
     idx = Index(root, "sglang")
     args, fields = sglang_args(idx)
+    field_shapes = {f["name"]: f.pop("_shape") for f in fields}
     dump_json(os.path.join(outdir, "args.json"), args)
     dump_json(os.path.join(outdir, "server_args.fields.json"), fields)
 
@@ -1191,7 +1197,19 @@ def main_sglang(root, outdir, version):
              **model_shape(idx, m, cls)}
     dump_json(os.path.join(outdir, "v1_completions.shape.json"), shape)
 
-    write_templates(idx, outdir, SGLANG_TEMPLATES)
+    templates = json.loads(json.dumps(SGLANG_TEMPLATES))
+    info = templates["get_server_info.shape.json"]
+    # One key per ServerArgs field (resolved values), at the top level and in each internal state.
+    note = info.pop("_server_args_fields")
+    info_fields = {k: v for k, v in info.items() if k.startswith("_")}
+    info_fields["_server_args_fields"] = note
+    info_fields.update(field_shapes)
+    info_fields.update({k: v for k, v in info.items() if not k.startswith("_")})
+    state = info_fields["internal_states"][0]
+    state_note = state.pop("_server_args_fields")
+    info_fields["internal_states"] = [{"_server_args_fields": state_note, **field_shapes, **state}]
+    templates["get_server_info.shape.json"] = info_fields
+    write_templates(idx, outdir, templates)
 
     metrics = scan_metrics(idx, package_modules_mentioning(idx, '"sglang:', "sglang.srt"), "sglang:")
     write_metrics(os.path.join(outdir, "metrics.txt"), metrics, [

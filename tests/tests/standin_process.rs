@@ -279,7 +279,13 @@ fn llama_cpp_503_loading_then_props() {
     let v: serde_json::Value = serde_json::from_str(&props).unwrap();
     assert_eq!(v["total_slots"], 3);
     assert_eq!(v["model_path"], "/m.gguf");
-    assert_eq!(v["default_generation_settings"]["params"]["speculative.n_max"], 6);
+    // A draft model without --spec-type is loaded and never used: no slot
+    // speculates. /props shows no speculation either way.
+    assert_eq!(v["default_generation_settings"]["params"]["speculative.types"], "none");
+    let (_, slots) = http_get(port, "/slots").unwrap();
+    let slots: serde_json::Value = serde_json::from_str(&slots).unwrap();
+    assert_eq!(slots.as_array().map(Vec::len), Some(3), "{slots}");
+    assert!(slots.as_array().unwrap().iter().all(|s| s["speculative"] == false), "{slots}");
     assert_eq!(http_get(port, "/metrics").unwrap().0, 501);
 }
 

@@ -130,18 +130,21 @@ pub struct Refusal {
     pub stderr: String,
 }
 
+/// The value kind of an engine flag.
 #[derive(Clone, Copy, Debug, PartialEq)]
-enum K {
+pub enum K {
     Str,
     Int,
     Float,
     Bool,
 }
 
-struct F {
-    names: &'static [&'static str],
-    key: &'static str,
-    k: K,
+/// One engine flag the stand-in accepts: its spellings, the key it sets in
+/// [`Launch::args`], and its value kind.
+pub struct F {
+    pub names: &'static [&'static str],
+    pub key: &'static str,
+    pub k: K,
 }
 
 const fn f(names: &'static [&'static str], key: &'static str, k: K) -> F {
@@ -252,7 +255,7 @@ pub fn parse(argv: &[String], env: &BTreeMap<String, String>) -> Result<Launch, 
 
 // ---------------------------------------------------------------- SGLang
 
-const SGLANG_FLAGS: &[F] = &[
+pub const SGLANG_FLAGS: &[F] = &[
     f(&["--model-path", "--model"], "model_path", K::Str),
     f(&["--tokenizer-path"], "tokenizer_path", K::Str),
     f(&["--tokenizer-mode"], "tokenizer_mode", K::Str),
@@ -291,7 +294,8 @@ const SGLANG_FLAGS: &[F] = &[
     f(&["--attention-backend"], "attention_backend", K::Str),
     f(&["--sampling-backend"], "sampling_backend", K::Str),
     f(&["--disable-cuda-graph"], "disable_cuda_graph", K::Bool),
-    f(&["--cuda-graph-max-bs"], "cuda_graph_max_bs", K::Int),
+    f(&["--cuda-graph-max-bs-decode"], "cuda_graph_max_bs_decode", K::Int),
+    f(&["--cuda-graph-max-bs-prefill"], "cuda_graph_max_bs_prefill", K::Int),
     f(&["--enable-torch-compile"], "enable_torch_compile", K::Bool),
     f(&["--enable-mixed-chunk"], "enable_mixed_chunk", K::Bool),
     f(&["--enable-dp-attention"], "enable_dp_attention", K::Bool),
@@ -324,7 +328,8 @@ const SGLANG_FLAGS: &[F] = &[
     f(&["--speculative-ngram-capacity"], "speculative_ngram_capacity", K::Int),
 ];
 
-fn sglang_defaults() -> Map<String, Value> {
+/// SGLang's argparse defaults of the flags in [`SGLANG_FLAGS`], before resolution.
+pub fn sglang_defaults() -> Map<String, Value> {
     let v: Value = serde_json::from_str(
         r#"{
         "model_path": null, "tokenizer_path": null, "tokenizer_mode": "auto", "skip_tokenizer_init": false,
@@ -336,11 +341,12 @@ fn sglang_defaults() -> Map<String, Value> {
         "schedule_policy": "fcfs", "schedule_conservativeness": 1.0, "page_size": null, "tp_size": 1,
         "pp_size": 1, "dp_size": 1, "ep_size": 1, "stream_interval": 1, "random_seed": null,
         "log_level": "info", "log_requests": false, "enable_metrics": false, "attention_backend": null,
-        "sampling_backend": null, "disable_cuda_graph": false, "cuda_graph_max_bs": null,
+        "sampling_backend": null, "disable_cuda_graph": false, "cuda_graph_max_bs_decode": null,
+        "cuda_graph_max_bs_prefill": null,
         "enable_torch_compile": false, "enable_mixed_chunk": false, "enable_dp_attention": false,
-        "disable_radix_cache": false, "disable_overlap_schedule": false, "watchdog_timeout": 300.0,
+        "disable_radix_cache": false, "disable_overlap_schedule": false, "watchdog_timeout": 300,
         "download_dir": null, "base_gpu_id": 0, "nnodes": 1, "node_rank": 0, "dist_init_addr": null,
-        "reasoning_parser": null, "tool_call_parser": null, "skip_server_warmup": false, "device": "cuda",
+        "reasoning_parser": null, "tool_call_parser": null, "skip_server_warmup": false, "device": null,
         "incremental_streaming_output": false,
         "speculative_algorithm": null, "speculative_draft_model_path": null,
         "speculative_draft_model_revision": null, "speculative_num_steps": null,
@@ -451,6 +457,10 @@ fn sglang(argv: &[String], knobs: &mut Knobs) -> Result<Launch, Refusal> {
         if a[k].is_null() {
             a.insert(k.into(), json!(model));
         }
+    }
+    if a["device"].is_null() {
+        // Resolved from the platform (CUDA on the machines specd targets).
+        a.insert("device".into(), json!("cuda"));
     }
     if a["page_size"].is_null() {
         a.insert("page_size".into(), json!(1));
@@ -576,7 +586,7 @@ fn port_of(v: &Value) -> Result<u16, Refusal> {
 
 // ---------------------------------------------------------------- vLLM
 
-const VLLM_FLAGS: &[F] = &[
+pub const VLLM_FLAGS: &[F] = &[
     f(&["--model"], "model", K::Str),
     f(&["--host"], "host", K::Str),
     f(&["--port"], "port", K::Int),
@@ -600,7 +610,6 @@ const VLLM_FLAGS: &[F] = &[
     f(&["--download-dir"], "download_dir", K::Str),
     f(&["--seed"], "seed", K::Int),
     f(&["--uvicorn-log-level"], "uvicorn_log_level", K::Str),
-    f(&["--disable-log-requests"], "disable_log_requests", K::Bool),
     f(&["--enable-auto-tool-choice"], "enable_auto_tool_choice", K::Bool),
     f(&["--tool-call-parser"], "tool_call_parser", K::Str),
     f(&["--reasoning-parser"], "reasoning_parser", K::Str),
@@ -778,7 +787,7 @@ fn vllm(argv: &[String], knobs: &mut Knobs) -> Result<Launch, Refusal> {
     a.insert("host".into(), Value::Null);
     a.insert("port".into(), json!(8000));
     a.insert("tensor_parallel_size".into(), json!(1));
-    a.insert("gpu_memory_utilization".into(), json!(0.9));
+    a.insert("gpu_memory_utilization".into(), Value::Null);
     a.insert("max_num_seqs".into(), Value::Null);
     a.insert("max_model_len".into(), Value::Null);
     a.insert("served_model_name".into(), Value::Null);
@@ -806,7 +815,7 @@ fn vllm(argv: &[String], knobs: &mut Knobs) -> Result<Launch, Refusal> {
 
 // ---------------------------------------------------------------- llama.cpp
 
-const LLAMA_FLAGS: &[F] = &[
+pub const LLAMA_FLAGS: &[F] = &[
     f(&["-m", "--model"], "model_path", K::Str),
     f(&["--host"], "host", K::Str),
     f(&["--port"], "port", K::Int),
@@ -842,7 +851,7 @@ const LLAMA_FLAGS: &[F] = &[
 ];
 
 /// Flags llama.cpp has removed: it fails startup naming the replacement.
-const LLAMA_REMOVED: &[(&[&str], &str)] = &[
+pub const LLAMA_REMOVED: &[(&[&str], &str)] = &[
     (&["--draft", "--draft-n", "--draft-max"], "use --spec-draft-n-max or --spec-ngram-mod-n-max"),
     (&["--draft-min", "--draft-n-min"], "use --spec-draft-n-min or --spec-ngram-mod-n-min"),
     (

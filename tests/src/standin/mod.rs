@@ -15,9 +15,11 @@
 //!
 //! Endpoints: SGLang `/health`, `/health_generate`, `/get_server_info`,
 //! `/server_info`, `/get_model_info`, `/generate`, `/metrics` (only with
-//! `--enable-metrics`), `/v1/models`; vLLM `/health`, `/v1/models`,
+//! `--enable-metrics`), `/v1/models`, `/v1/completions`; vLLM `/health`, `/v1/models`,
 //! `/metrics`, `/v1/completions`, `/version`; llama.cpp `/health`, `/props`,
-//! `/metrics` (only with `--metrics`), `/v1/models`, `/completion`.
+//! `/slots`, `/metrics` (only with `--metrics`), `/v1/models`, `/completion`,
+//! `/v1/completions`. What they report is checked against replies recorded
+//! from the real engines (`tests/tests/standin_fixtures.rs`).
 
 pub mod args;
 pub mod faults;

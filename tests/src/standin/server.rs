@@ -234,7 +234,8 @@ fn router(st: St) -> Router {
             .route("/model_info", get(sglang_model_info))
             .route("/generate", post(sglang_generate).put(sglang_generate))
             .route("/metrics", get(metrics))
-            .route("/v1/models", get(openai_models)),
+            .route("/v1/models", get(openai_models))
+            .route("/v1/completions", post(openai_completions)),
         Flavour::Vllm => r
             .route("/health", get(vllm_health))
             .route("/v1/models", get(openai_models))
@@ -281,14 +282,13 @@ async fn sglang_server_info(State(st): State<St>) -> Response {
     let mut m = st.launch.args.clone();
     let mut internal = json!({
         "last_gen_throughput": st.launch.knobs.tokens_per_sec,
-        "memory_usage": {"weight": 61.2, "kvcache": 9.7, "token_capacity": 412000, "graph": 1.1},
+        "memory_usage": {"weight": 61.2, "kvcache": 9.7, "token_capacity": 412000},
     });
     if st.spec_on() {
         internal["avg_spec_accept_length"] = json!(accept_length(&st));
     }
     m.insert("internal_states".into(), json!([internal]));
     m.insert("version".into(), json!("0.5.23"));
-    m.insert("max_total_num_tokens".into(), json!(412000));
     m.insert("frontend".into(), json!("python"));
     axum::Json(Value::Object(m)).into_response()
 }
@@ -346,19 +346,20 @@ async fn llama_props(State(st): State<St>) -> Response {
     let a = &st.launch.args;
     let slots = max_running(&st.launch);
     let n_ctx_total = a["n_ctx"].as_i64().filter(|&n| n > 0).unwrap_or(4096 * slots as i64);
+    // llama-server builds these settings from a fresh task_params with only the
+    // sampling settings copied (get_res_props): the speculation settings are the
+    // defaults, `speculative.types` is "none" whatever --spec-type says. The
+    // slots (/slots) and the completions show speculation, /props does not.
     axum::Json(json!({
         "default_generation_settings": {
-            "id": 0,
             "n_ctx": n_ctx_total / slots as i64,
-            "speculative": st.spec_on(),
-            "is_processing": false,
             "params": {
-                "n_predict": a.get("n_predict").cloned().unwrap_or(json!(-1)),
+                "n_predict": -1,
                 "seed": a.get("seed").cloned().unwrap_or(json!(4294967295u32)),
                 "temperature": 0.8,
                 "top_k": 40,
                 "top_p": 0.95,
-                "speculative.types": spec_types(a).join(","),
+                "speculative.types": "none",
             },
         },
         "total_slots": slots,
@@ -403,7 +404,8 @@ async fn metrics(State(st): State<St>) -> Response {
     let gen_tokens = st.generated.load(Ordering::SeqCst);
     let mut out = String::new();
     let mut gauge = |name: &str, help: &str, labels: &str, v: f64| {
-        out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} gauge\n{name}{{{labels}}} {v:?}\n"));
+        let labels = if labels.is_empty() { String::new() } else { format!("{{{labels}}}") };
+        out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} gauge\n{name}{labels} {v:?}\n"));
     };
     match st.launch.flavour {
         Flavour::Sglang => {
@@ -621,8 +623,15 @@ async fn sglang_generate(State(st): State<St>, body: Bytes) -> Response {
 
 async fn openai_completions(State(st): State<St>, body: Bytes) -> Response {
     let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    let (_prompt, max, stream) = gen_params(&body, &["/max_tokens"], 16);
-    let model = body["model"].clone();
+    let (prompt, max, stream) = gen_params(&body, &["/max_tokens"], 16);
+    let prompt_tokens = prompt.split_whitespace().count().max(1) as u64;
+    let a = &st.launch.args;
+    let served = match st.launch.flavour {
+        Flavour::Sglang => a["served_model_name"].clone(),
+        Flavour::Vllm => a["served_model_name"].as_str().map(|s| json!(s)).unwrap_or_else(|| a["model"].clone()),
+        Flavour::LlamaCpp => a.get("alias").cloned().unwrap_or_else(|| a["model_path"].clone()),
+    };
+    let model = if body["model"].is_string() { body["model"].clone() } else { served };
     let req = Req::start(&st).await;
     let id = format!("cmpl-{}", req.rid);
     if stream {
@@ -643,7 +652,7 @@ async fn openai_completions(State(st): State<St>, body: Bytes) -> Response {
     let text: String = s.collect::<Vec<_>>().await.concat();
     axum::Json(json!({"id": id, "object": "text_completion", "model": model,
         "choices": [{"index": 0, "text": text, "finish_reason": "length"}],
-        "usage": {"completion_tokens": max}}))
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": max, "total_tokens": prompt_tokens + max}}))
     .into_response()
 }
 

@@ -16,12 +16,14 @@ mod engine;
 pub mod model;
 mod render;
 mod resolve;
+mod units;
 mod validate;
 
 pub use diag::{Diagnostic, Diagnostics, Severity};
 pub use model::{Document, DriftPolicy, Engine, Restart};
 pub use render::{HEADER, RenderedUnit, command_line, parse_command_line, parse_environment, render, sha256_hex};
 pub use resolve::{ExpectedArg, Policy, Readiness, Server, Service, Spec, Speculative};
+pub use units::reserved_unit;
 
 use diag::{Pos, SourceMap};
 
@@ -35,10 +37,21 @@ pub struct ParsedSpec {
 /// Parse one spec file. `file` is only used in diagnostics. Unknown fields, duplicate keys, wrong
 /// types and YAML syntax errors are reported with file, line, column and field path.
 pub fn parse(file: &str, text: &str) -> Result<ParsedSpec, Diagnostics> {
+    if text.len() > MAX_FILE_BYTES {
+        let map = SourceMap::new(file, "");
+        let msg = format!("the file is {} bytes; a spec may be at most {MAX_FILE_BYTES} bytes (1 MiB)", text.len());
+        return Err(Diagnostics(vec![map.diag(Severity::Error, Some(Pos { line: 1, column: 1 }), "", msg)]));
+    }
     let map = SourceMap::new(file, text);
+    // Numbers are numbers only when YAML 1.2 says so: `1_0` and `yes` are strings (which the
+    // number and boolean fields then refuse), never 10 and true.
     let options = serde_saphyr::options! {
         duplicate_keys: serde_saphyr::DuplicateKeyPolicy::Error,
         with_snippet: false,
+        underscored_numbers_as_strings: true,
+        strict_booleans: true,
+        // `.nan` and `.inf` reach the fields, whose range checks name them.
+        non_finite_float_policy: serde_saphyr::NonFiniteFloatPolicy::PassThrough,
     };
     match serde_saphyr::from_str_with_options::<Document>(text, options) {
         Ok(document) => Ok(ParsedSpec { document, map }),
@@ -50,6 +63,9 @@ pub fn parse(file: &str, text: &str) -> Result<ParsedSpec, Diagnostics> {
         }
     }
 }
+
+/// The largest spec file specd reads. Real specs are a few hundred bytes.
+pub const MAX_FILE_BYTES: usize = 1 << 20;
 
 /// The parser's message without its own position (the diagnostic carries the position).
 fn clean_message(msg: &str) -> String {

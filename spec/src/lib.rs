@@ -81,7 +81,8 @@ fn clean_message(msg: &str) -> String {
     if let Some(i) = m.rfind(" at line ") {
         m = &m[..i];
     }
-    let m = m.trim_end_matches([',', ' ']);
+    let m = shorten_quoted(m.trim_end_matches([',', ' ']));
+    let m = m.as_str();
     // "duplicate mapping key: model, set DuplicateKeyPolicy in Options if acceptable"
     if let Some(rest) = m.strip_prefix("duplicate mapping key: ") {
         let key = rest.split(", set ").next().unwrap_or(rest);
@@ -93,6 +94,26 @@ fn clean_message(msg: &str) -> String {
         return format!("expected a whole number ({ty}), got something else");
     }
     m.to_string()
+}
+
+/// The parser quotes the user's text between backticks (`unknown field `...``); a long one is cut
+/// short, so that a message stays a line.
+fn shorten_quoted(m: &str) -> String {
+    const MAX: usize = 40;
+    let mut out = String::with_capacity(m.len().min(512));
+    for (i, part) in m.split('`').enumerate() {
+        if i > 0 {
+            out.push('`');
+        }
+        match part.char_indices().nth(MAX) {
+            Some((cut, _)) if i % 2 == 1 => {
+                out.push_str(&part[..cut]);
+                out.push_str(&format!("… ({} bytes)", part.len()));
+            }
+            _ => out.push_str(part),
+        }
+    }
+    out
 }
 
 impl ParsedSpec {

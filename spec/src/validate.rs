@@ -913,7 +913,10 @@ fn service(c: &mut Ctx, doc: &Document, engine: Engine, l: &SpecLayer) -> Option
                 ),
             );
         }
-        c.raw_path(&p, path);
+        // systemd takes the source only in normal form (`path_is_normalized()`).
+        if c.raw_path(&p, path) && (path.contains("//") || path.contains("/./") || path.ends_with("/.")) {
+            c.err(&p, format!("{} is not in normal form: systemd refuses `//` and `.` components here", shown(path)));
+        }
     }
     if let Some(m) = &s.memory_max
         && let Some(why) = memory_max_problem(m)

@@ -453,6 +453,13 @@ const CASES: &[(&str, &str, u64, &str, &str)] = &[
         "is not a credential name",
     ),
     (
+        "credential path not normal",
+        "  service: {credentials: {tok: /etc//x}}\n",
+        9,
+        "spec.service.credentials.tok",
+        "\"/etc//x\" is not in normal form",
+    ),
+    (
         "relative credential",
         "  service: {credentials: {tok: tok.txt}}\n",
         9,

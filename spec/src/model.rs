@@ -263,8 +263,9 @@ pub struct ServiceLayer {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credentials: Option<BTreeMap<String, String>>,
     /// Allow literal values in `environment` for variables whose names look like secrets
-    /// (containing `TOKEN`, `SECRET` or `PASSWORD`, or ending in `_KEY`, in any case). Default
-    /// false: such a value would be readable by every local user in the unit file; put it in
+    /// (containing `TOKEN`, `SECRET` or `PASSWORD`, or ending in `_KEY`, in any case; names ending
+    /// in `_PATH`, `_FILE` or `_DIR` locate a secret and are not refused). Default false: such a
+    /// value would be readable by every local user in the unit file; put it in
     /// `environment_files` or `credentials` instead.
     #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "strict::bool")]
     pub allow_literal_secrets: Option<bool>,

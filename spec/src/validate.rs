@@ -398,10 +398,12 @@ fn memory_max_problem(m: &str) -> Option<String> {
     }
 }
 
-/// Environment variables whose names look like secrets.
+/// Environment variables whose names look like secrets. A name that says it holds where the
+/// secret is (`HF_TOKEN_PATH`, `DB_PASSWORD_FILE`) is not one.
 fn looks_secret(name: &str) -> bool {
     let n = name.to_ascii_uppercase();
-    n.contains("TOKEN") || n.contains("SECRET") || n.contains("PASSWORD") || n.ends_with("_KEY")
+    let locator = ["_PATH", "_FILE", "_DIR"].iter().any(|s| n.ends_with(s));
+    !locator && (n.contains("TOKEN") || n.contains("SECRET") || n.contains("PASSWORD") || n.ends_with("_KEY"))
 }
 
 /// systemd's credential names are file names; specd accepts a portable subset.

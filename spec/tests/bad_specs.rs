@@ -594,6 +594,19 @@ fn an_error_that_several_overlays_cause_is_reported_once_naming_them() {
 }
 
 #[test]
+fn secrets_may_be_named_by_where_they_are_or_kept_literal_on_purpose() {
+    let ok = [
+        "  service:\n    environment: {HF_TOKEN_PATH: /run/credentials/t.service/hf, DB_PASSWORD_FILE: /x, TOKENIZERS_PARALLELISM: \"\"}\n",
+        "  service:\n    environment: {HF_TOKEN: hf_public}\n    allow_literal_secrets: true\n",
+        "  service:\n    environment_files: [/etc/specd/t.env, -/etc/specd/opt.env]\n    credentials: {hf_token: /etc/specd/hf, api.key: /etc/k}\n",
+    ];
+    for extra in ok {
+        let d = specd_spec::check("t.yaml", &(BASE.to_string() + extra));
+        assert!(d.0.is_empty(), "{extra}\n{d}");
+    }
+}
+
+#[test]
 fn an_error_is_never_listed_twice() {
     // The program's path is checked as a word and as a path: one error.
     let text = BASE.to_string() + "  command: [\"/bin/x\\ny\"]\n";

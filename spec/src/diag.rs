@@ -48,7 +48,11 @@ impl fmt::Display for Diagnostic {
             write!(f, "warning: ")?;
         }
         if !self.path.is_empty() {
-            write!(f, "{}: ", self.path)?;
+            // A path holds the user's keys; a long one is cut short.
+            match self.path.char_indices().nth(120) {
+                Some((cut, _)) => write!(f, "{}…: ", &self.path[..cut])?,
+                None => write!(f, "{}: ", self.path)?,
+            }
         }
         write!(f, "{}", self.message)?;
         if let Some(src) = &self.source_line {

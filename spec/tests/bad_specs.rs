@@ -607,6 +607,17 @@ fn secrets_may_be_named_by_where_they_are_or_kept_literal_on_purpose() {
 }
 
 #[test]
+fn a_huge_key_is_cut_short_in_the_message() {
+    let key = "K".repeat(1000);
+    let text = BASE.to_string() + &format!("  service:\n    environment: {{{key}: x}}\n");
+    let d = specd_spec::check("t.yaml", &text);
+    let shown = d.to_string();
+    assert!(d.has_errors() && shown.len() < 2000, "{} bytes", shown.len());
+    assert!(shown.starts_with("t.yaml:10:1021: spec.service.environment.KKKK"), "{}", &shown[..100]);
+    assert!(shown.contains("the variable name is 1000 bytes long; the limit is 255 bytes"));
+}
+
+#[test]
 fn an_error_is_never_listed_twice() {
     // The program's path is checked as a word and as a path: one error.
     let text = BASE.to_string() + "  command: [\"/bin/x\\ny\"]\n";

@@ -262,11 +262,12 @@ pub struct ServiceLayer {
     /// by key in host overlays.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credentials: Option<BTreeMap<String, String>>,
-    /// Allow literal values in `environment` for variables whose names look like secrets
-    /// (containing `TOKEN`, `SECRET` or `PASSWORD`, or ending in `_KEY`, in any case; names ending
-    /// in `_PATH`, `_FILE` or `_DIR` locate a secret and are not refused). Default false: such a
-    /// value would be readable by every local user in the unit file; put it in
-    /// `environment_files` or `credentials` instead.
+    /// Allow literal values in `environment` for variables whose names look like secrets: a
+    /// `_`-separated word ending in `TOKEN`, `SECRET`, `PASSWORD` or `PASSWD` (`HF_TOKEN`), or a
+    /// name ending in `_KEY` (`OPENAI_API_KEY`), in any case. Names ending in `_PATH`, `_FILE` or
+    /// `_DIR` locate a secret and are not refused; nor are `TOKENIZERS_PARALLELISM` or
+    /// `MAX_TOKENS`. Default false: such a value would be readable by every local user in the
+    /// unit file; put it in `environment_files` or `credentials` instead.
     #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "strict::bool")]
     pub allow_literal_secrets: Option<bool>,
     /// `Restart=`. Default `on-failure`.

@@ -398,12 +398,16 @@ fn memory_max_problem(m: &str) -> Option<String> {
     }
 }
 
-/// Environment variables whose names look like secrets. A name that says it holds where the
-/// secret is (`HF_TOKEN_PATH`, `DB_PASSWORD_FILE`) is not one.
+/// Environment variables whose names look like secrets: a `_`-separated word that ends in
+/// TOKEN, SECRET, PASSWORD or PASSWD (`HF_TOKEN`, `GITHUB_TOKEN`, `CLIENTSECRET`, `DB_PASSWORD`), or
+/// a name ending in `_KEY` (`OPENAI_API_KEY`), in any case. Words that merely contain one are
+/// not (`TOKENIZERS_PARALLELISM`, `MAX_TOKENS`), nor is a name that says where the secret is
+/// (`HF_TOKEN_PATH`, `DB_PASSWORD_FILE`, `..._DIR`).
 fn looks_secret(name: &str) -> bool {
     let n = name.to_ascii_uppercase();
     let locator = ["_PATH", "_FILE", "_DIR"].iter().any(|s| n.ends_with(s));
-    !locator && (n.contains("TOKEN") || n.contains("SECRET") || n.contains("PASSWORD") || n.ends_with("_KEY"))
+    let secret_word = n.split('_').any(|w| ["TOKEN", "SECRET", "PASSWORD", "PASSWD"].iter().any(|s| w.ends_with(s)));
+    !locator && (secret_word || n.ends_with("_KEY"))
 }
 
 /// systemd's credential names are file names; specd accepts a portable subset.

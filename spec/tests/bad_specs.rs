@@ -390,6 +390,13 @@ const CASES: &[(&str, &str, u64, &str, &str)] = &[
         "HF_TOKEN looks like a secret: a literal value here is readable by every local user in the unit file and specd's state. Put `HF_TOKEN=...` in a root-only file listed in service.environment_files, or pass the file as service.credentials",
     ),
     (
+        "literal token without underscore",
+        "  service:\n    environment: {GithubToken: x}\n",
+        10,
+        "spec.service.environment.GithubToken",
+        "looks like a secret",
+    ),
+    (
         "literal api key",
         "  service:\n    environment: {openai_api_key: sk}\n",
         10,
@@ -596,7 +603,7 @@ fn an_error_that_several_overlays_cause_is_reported_once_naming_them() {
 #[test]
 fn secrets_may_be_named_by_where_they_are_or_kept_literal_on_purpose() {
     let ok = [
-        "  service:\n    environment: {HF_TOKEN_PATH: /run/credentials/t.service/hf, DB_PASSWORD_FILE: /x, TOKENIZERS_PARALLELISM: \"\"}\n",
+        "  service:\n    environment: {HF_TOKEN_PATH: /run/credentials/t.service/hf, DB_PASSWORD_FILE: /x, TOKENIZERS_PARALLELISM: \"false\", SPECD_STANDIN_TOKENS_PER_SEC: \"50\", MAX_TOKENS: \"9\"}\n",
         "  service:\n    environment: {HF_TOKEN: hf_public}\n    allow_literal_secrets: true\n",
         "  service:\n    environment_files: [/etc/specd/t.env, -/etc/specd/opt.env]\n    credentials: {hf_token: /etc/specd/hf, api.key: /etc/k}\n",
     ];

@@ -86,7 +86,7 @@ fn clean_message(msg: &str) -> String {
     // "duplicate mapping key: model, set DuplicateKeyPolicy in Options if acceptable"
     if let Some(rest) = m.strip_prefix("duplicate mapping key: ") {
         let key = rest.split(", set ").next().unwrap_or(rest);
-        return format!("duplicate key `{key}`: each field may appear once");
+        return shorten_quoted(&format!("duplicate key `{key}`: each field may appear once"));
     }
     if let Some(ty) = m.strip_prefix("invalid ")
         && ["u8", "u16", "u32", "u64", "i32", "i64"].contains(&ty)

@@ -48,18 +48,36 @@ impl fmt::Display for Diagnostic {
             write!(f, "warning: ")?;
         }
         if !self.path.is_empty() {
-            write!(f, "{}: ", self.path)?;
+            // A path holds the user's keys; a long one is cut short.
+            match self.path.char_indices().nth(120) {
+                Some((cut, _)) => write!(f, "{}…: ", &self.path[..cut])?,
+                None => write!(f, "{}: ", self.path)?,
+            }
         }
         write!(f, "{}", self.message)?;
         if let Some(src) = &self.source_line {
             let num = self.line.to_string();
             let pad = " ".repeat(num.len());
-            let caret_pad: String = src
+            // A long line is shown as a window around the column.
+            const WIDTH: usize = 120;
+            let col = self.column.saturating_sub(1) as usize;
+            let len = src.chars().count();
+            let start = if len > WIDTH { col.saturating_sub(WIDTH / 2).min(len - WIDTH) } else { 0 };
+            let mut shown: String = src.chars().skip(start).take(WIDTH).collect();
+            let mut caret_pad: String = src
                 .chars()
-                .take(self.column.saturating_sub(1) as usize)
+                .skip(start)
+                .take(col.saturating_sub(start))
                 .map(|c| if c == '\t' { '\t' } else { ' ' })
                 .collect();
-            write!(f, "\n{pad} |\n{num} | {src}\n{pad} | {caret_pad}^")?;
+            if start > 0 {
+                shown.insert(0, '…');
+                caret_pad.insert(0, ' ');
+            }
+            if start + WIDTH < len {
+                shown.push('…');
+            }
+            write!(f, "\n{pad} |\n{num} | {shown}\n{pad} | {caret_pad}^")?;
         }
         Ok(())
     }
@@ -101,6 +119,8 @@ pub(crate) struct SourceMap {
     pub(crate) file: String,
     lines: Vec<String>,
     entries: BTreeMap<String, (Pos, Pos)>,
+    /// A key repeated in its map, by the position of the repetition: its field path.
+    repeated: BTreeMap<Pos, String>,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
@@ -123,11 +143,14 @@ impl SourceMap {
             file: file.to_string(),
             lines: text.lines().map(str::to_string).collect(),
             entries: BTreeMap::new(),
+            repeated: BTreeMap::new(),
         };
-        // First key wins here so that a duplicate key (an error of the typed parse) still leaves
-        // the rest of the document indexed.
+        // Every key is seen here, repeated ones too: the first one is indexed (so that a duplicate
+        // key, an error of the typed parse, still leaves the document indexed) and a repetition
+        // is remembered by its position, to name its field.
         let options = serde_saphyr::options! {
-            duplicate_keys: serde_saphyr::DuplicateKeyPolicy::FirstWins,
+            duplicate_keys: serde_saphyr::DuplicateKeyPolicy::PassThrough,
+            non_finite_float_policy: serde_saphyr::NonFiniteFloatPolicy::PassThrough,
         };
         if let Ok(root) = serde_saphyr::from_str_with_options::<Spanned<Node>>(text, options) {
             map.walk("", &root.value);
@@ -140,6 +163,10 @@ impl SourceMap {
             Node::Map(items) => {
                 for (k, v) in items {
                     let path = if prefix.is_empty() { k.value.clone() } else { format!("{prefix}.{k}", k = k.value) };
+                    if self.entries.contains_key(&path) {
+                        self.repeated.insert(k.referenced.into(), path);
+                        continue;
+                    }
                     self.entries.insert(path.clone(), (k.referenced.into(), v.referenced.into()));
                     self.walk(&path, &v.value);
                 }
@@ -172,6 +199,9 @@ impl SourceMap {
     /// The field a parser position falls in: the deepest one whose key or value stands exactly
     /// there, else the last one that starts before it.
     pub(crate) fn path_at(&self, pos: Pos) -> Option<String> {
+        if let Some(p) = self.repeated.get(&pos) {
+            return Some(p.clone());
+        }
         if let Some((p, _)) =
             self.entries.iter().filter(|(_, (k, v))| *k == pos || *v == pos).max_by_key(|(p, _)| p.len())
         {
@@ -208,6 +238,8 @@ impl SourceMap {
         };
         // For an enclosing section, point at its key rather than its first child.
         let pos = if probe != path { self.key_pos(&probe).or(pos) } else { pos };
+        // A top-level field that is missing belongs at the top of the file.
+        let pos = pos.or(Some(Pos { line: 1, column: 1 }));
         self.diag(severity, pos, path, message)
     }
 }

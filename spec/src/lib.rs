@@ -16,6 +16,7 @@ mod engine;
 pub mod model;
 mod render;
 mod resolve;
+mod units;
 mod validate;
 
 pub use diag::{Diagnostic, Diagnostics, Severity};
@@ -23,6 +24,7 @@ pub use engine::{Algorithm, EngineFacts, Evidence, Need, facts as engine_facts};
 pub use model::{Document, DriftPolicy, Engine, Restart};
 pub use render::{HEADER, RenderedUnit, command_line, parse_command_line, parse_environment, render, sha256_hex};
 pub use resolve::{ExpectedArg, Policy, Readiness, Server, Service, Spec, Speculative};
+pub use units::reserved_unit;
 
 use diag::{Pos, SourceMap};
 
@@ -36,10 +38,21 @@ pub struct ParsedSpec {
 /// Parse one spec file. `file` is only used in diagnostics. Unknown fields, duplicate keys, wrong
 /// types and YAML syntax errors are reported with file, line, column and field path.
 pub fn parse(file: &str, text: &str) -> Result<ParsedSpec, Diagnostics> {
+    if text.len() > MAX_FILE_BYTES {
+        let map = SourceMap::new(file, "");
+        let msg = format!("the file is {} bytes; a spec may be at most {MAX_FILE_BYTES} bytes (1 MiB)", text.len());
+        return Err(Diagnostics(vec![map.diag(Severity::Error, Some(Pos { line: 1, column: 1 }), "", msg)]));
+    }
     let map = SourceMap::new(file, text);
+    // Numbers are numbers only when YAML 1.2 says so: `1_0` and `yes` are strings (which the
+    // number and boolean fields then refuse), never 10 and true.
     let options = serde_saphyr::options! {
         duplicate_keys: serde_saphyr::DuplicateKeyPolicy::Error,
         with_snippet: false,
+        underscored_numbers_as_strings: true,
+        strict_booleans: true,
+        // `.nan` and `.inf` reach the fields, whose range checks name them.
+        non_finite_float_policy: serde_saphyr::NonFiniteFloatPolicy::PassThrough,
     };
     match serde_saphyr::from_str_with_options::<Document>(text, options) {
         Ok(document) => Ok(ParsedSpec { document, map }),
@@ -51,6 +64,9 @@ pub fn parse(file: &str, text: &str) -> Result<ParsedSpec, Diagnostics> {
         }
     }
 }
+
+/// The largest spec file specd reads. Real specs are a few hundred bytes.
+pub const MAX_FILE_BYTES: usize = 1 << 20;
 
 /// The parser's message without its own position (the diagnostic carries the position).
 fn clean_message(msg: &str) -> String {
@@ -66,11 +82,12 @@ fn clean_message(msg: &str) -> String {
     if let Some(i) = m.rfind(" at line ") {
         m = &m[..i];
     }
-    let m = m.trim_end_matches([',', ' ']);
+    let m = shorten_quoted(m.trim_end_matches([',', ' ']));
+    let m = m.as_str();
     // "duplicate mapping key: model, set DuplicateKeyPolicy in Options if acceptable"
     if let Some(rest) = m.strip_prefix("duplicate mapping key: ") {
         let key = rest.split(", set ").next().unwrap_or(rest);
-        return format!("duplicate key `{key}`: each field may appear once");
+        return shorten_quoted(&format!("duplicate key `{key}`: each field may appear once"));
     }
     if let Some(ty) = m.strip_prefix("invalid ")
         && ["u8", "u16", "u32", "u64", "i32", "i64"].contains(&ty)
@@ -78,6 +95,26 @@ fn clean_message(msg: &str) -> String {
         return format!("expected a whole number ({ty}), got something else");
     }
     m.to_string()
+}
+
+/// The parser quotes the user's text between backticks (`unknown field `...``); a long one is cut
+/// short, so that a message stays a line.
+fn shorten_quoted(m: &str) -> String {
+    const MAX: usize = 40;
+    let mut out = String::with_capacity(m.len().min(512));
+    for (i, part) in m.split('`').enumerate() {
+        if i > 0 {
+            out.push('`');
+        }
+        match part.char_indices().nth(MAX) {
+            Some((cut, _)) if i % 2 == 1 => {
+                out.push_str(&part[..cut]);
+                out.push_str(&format!("… ({} bytes)", part.len()));
+            }
+            _ => out.push_str(part),
+        }
+    }
+    out
 }
 
 impl ParsedSpec {

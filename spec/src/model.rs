@@ -102,14 +102,17 @@ impl Engine {
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SpecLayer {
-    /// The systemd unit specd owns, e.g. `sglang-qwen.service`.
+    /// The systemd unit specd owns, e.g. `sglang-qwen.service`. The host's own units are refused
+    /// (`systemd-*`, `dbus*`, `specd`, `specd-*`, `user@*`, `getty@*`, `ssh*`, cron, polkit,
+    /// NetworkManager…).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unit: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub engine: Option<Engine>,
     /// The argv prefix that starts the engine. Defaults: sglang `python3 -m sglang.launch_server`,
-    /// vllm `vllm serve`, llama-cpp `llama-server`. The program is an absolute path or a bare name
-    /// that systemd looks up in its fixed search path.
+    /// vllm `vllm serve`, llama-cpp `llama-server`. The program is an absolute path (without
+    /// quotes, backslashes or `$`, which systemd refuses there) or a bare name that systemd looks
+    /// up in its fixed search path.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub command: Option<Vec<String>>,
     /// Absolute path of the model weights.
@@ -135,25 +138,25 @@ pub struct ServerLayer {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host: Option<String>,
     /// Port to listen on (`--port`), 1..=65535. Defaults: sglang 30000, vllm 8000, llama-cpp 8080.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "strict::u32")]
     pub port: Option<u32>,
     /// Tensor parallel size: sglang `--tp-size`, vllm `--tensor-parallel-size`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "strict::u32")]
     pub tp_size: Option<u32>,
     /// Fraction of GPU memory for weights and KV cache: sglang `--mem-fraction-static`,
     /// vllm `--gpu-memory-utilization`. In (0, 1].
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "strict::f64")]
     pub mem_fraction_static: Option<f64>,
     /// Concurrent requests: sglang `--max-running-requests`, vllm `--max-num-seqs`,
     /// llama-cpp `--parallel`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "strict::u32")]
     pub max_running_requests: Option<u32>,
     /// Context length in tokens: sglang `--context-length`, vllm `--max-model-len`,
     /// llama-cpp `--ctx-size`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "strict::u32")]
     pub context_length: Option<u32>,
     /// Layers offloaded to the GPU (llama-cpp `--n-gpu-layers`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "strict::u32")]
     pub n_gpu_layers: Option<u32>,
     /// Model name served by the API (`--served-model-name`; llama-cpp `--alias`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -174,29 +177,29 @@ pub struct SpeculativeLayer {
     pub algorithm: Option<String>,
     /// sglang `--speculative-num-steps`; vllm `num_speculative_tokens`;
     /// llama-cpp `--spec-draft-n-max`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "strict::u32")]
     pub num_steps: Option<u32>,
     /// sglang `--speculative-eagle-topk`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "strict::u32")]
     pub eagle_topk: Option<u32>,
     /// sglang `--speculative-num-draft-tokens`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "strict::u32")]
     pub num_draft_tokens: Option<u32>,
     /// Absolute path of the draft model: sglang `--speculative-draft-model-path`,
     /// vllm `speculative-config.model`, llama-cpp `--spec-draft-model`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub draft_model: Option<String>,
     /// llama-cpp `--spec-draft-n-min`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "strict::u32")]
     pub draft_min: Option<u32>,
     /// llama-cpp `--spec-draft-p-min`, in [0, 1].
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "strict::f64")]
     pub draft_p_min: Option<f64>,
     /// vllm ngram `prompt_lookup_min`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "strict::u32")]
     pub prompt_lookup_min: Option<u32>,
     /// vllm ngram `prompt_lookup_max`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "strict::u32")]
     pub prompt_lookup_max: Option<u32>,
 }
 
@@ -234,10 +237,11 @@ pub struct ServiceLayer {
     /// `Description=`. Default `specd: NAME (ENGINE)`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
-    /// `User=`.
+    /// `User=`: a name by systemd's strict rules (a letter or `_`, then letters, digits, `_` or
+    /// `-`, at most 31 bytes; no dots) or a numeric id in 0..=4294967294 other than 65535.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user: Option<String>,
-    /// `Group=`.
+    /// `Group=`: the same rules as `user`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub group: Option<String>,
     /// `WorkingDirectory=`, an absolute path.
@@ -246,23 +250,44 @@ pub struct ServiceLayer {
     /// `Environment=`, one line per variable. Maps merge key by key in host overlays.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub environment: Option<BTreeMap<String, String>>,
+    /// `EnvironmentFile=`, one line per file, in this order: absolute paths of files of
+    /// `NAME=value` lines, read by systemd when the service starts. A leading `-` makes the file
+    /// optional, as in systemd. The place for secrets (`HF_TOKEN`, API keys): their values stay
+    /// out of the unit file and specd's state. A list replaces the base spec's in host overlays.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub environment_files: Option<Vec<String>>,
+    /// `LoadCredential=NAME:PATH`, one line per credential: systemd copies the file at the
+    /// absolute PATH to `$CREDENTIALS_DIRECTORY/NAME` (`/run/credentials/UNIT/NAME`), readable only
+    /// by the service. NAME: letters, digits, `_`, `-` and `.`, at most 255 bytes. Maps merge key
+    /// by key in host overlays.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credentials: Option<BTreeMap<String, String>>,
+    /// Allow literal values in `environment` for variables whose names look like secrets: a
+    /// `_`-separated word ending in `TOKEN`, `SECRET`, `PASSWORD` or `PASSWD` (`HF_TOKEN`), or a
+    /// name ending in `_KEY` (`OPENAI_API_KEY`), in any case. Names ending in `_PATH`, `_FILE` or
+    /// `_DIR` locate a secret and are not refused; nor are `TOKENIZERS_PARALLELISM` or
+    /// `MAX_TOKENS`. Default false: such a value would be readable by every local user in the
+    /// unit file; put it in `environment_files` or `credentials` instead.
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "strict::bool")]
+    pub allow_literal_secrets: Option<bool>,
     /// `Restart=`. Default `on-failure`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restart: Option<Restart>,
     /// `RestartSec=` in seconds. Default 5.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "strict::u32")]
     pub restart_sec: Option<u32>,
     /// `TimeoutStartSec=` in seconds. Default 1800 (large models load for minutes).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "strict::u32")]
     pub timeout_start_sec: Option<u32>,
     /// `TimeoutStopSec=` in seconds: how long systemd waits after SIGTERM before SIGKILL. Default 300.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "strict::u32")]
     pub timeout_stop_sec: Option<u32>,
     /// How long specd waits for in-flight requests to drain before it stops the unit. Default 0
     /// (stop at once; the engine then drains under `timeout_stop_sec`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "strict::u32")]
     pub drain_timeout_sec: Option<u32>,
-    /// `MemoryMax=`, e.g. `200G`.
+    /// `MemoryMax=`: bytes with an optional K, M, G, T, P or E suffix (base 1024, e.g. `200G`),
+    /// a percentage of physical memory in (0, 100] (e.g. `80%`), or `infinity`. Not 0.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_max: Option<String>,
 }
@@ -272,21 +297,21 @@ pub struct ServiceLayer {
 #[serde(deny_unknown_fields)]
 pub struct ReadinessLayer {
     /// Give up (and roll back) after this many seconds. Default: `service.timeout_start_sec`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "strict::u32")]
     pub timeout_sec: Option<u32>,
     /// HTTP path polled until it answers 200. Defaults: sglang `/health_generate`,
     /// vllm `/health`, llama-cpp `/health`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoint: Option<String>,
     /// Compare the server's own reported args with the spec once it is ready. Default true.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "strict::bool")]
     pub verify_args: Option<bool>,
     /// With a `speculative` section: once ready, send one short generation and fail the apply
     /// (rolling back) unless the engine's own evidence shows drafting (llama.cpp `/slots` and
     /// completion timings, SGLang `meta_info.spec_verify_ct`, vLLM `spec_decode` counters).
     /// Default true; turn it off only for a server whose generation endpoint specd cannot call
     /// (an API key).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "strict::bool")]
     pub verify_speculation: Option<bool>,
 }
 
@@ -307,7 +332,7 @@ pub struct PolicyLayer {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drift: Option<DriftPolicy>,
     /// Restore the last good unit when a new one fails. Default true.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "strict::bool")]
     pub rollback: Option<bool>,
 }
 
@@ -342,7 +367,7 @@ macro_rules! impl_merge {
 impl_merge!(SpecLayer { unit, engine, command, model } sections { server, speculative, service, readiness, policy });
 impl_merge!(ServerLayer { host, port, tp_size, mem_fraction_static, max_running_requests, context_length, n_gpu_layers, served_model_name, extra_args } sections {});
 impl_merge!(SpeculativeLayer { algorithm, num_steps, eagle_topk, num_draft_tokens, draft_model, draft_min, draft_p_min, prompt_lookup_min, prompt_lookup_max } sections {});
-impl_merge!(ServiceLayer { description, user, group, working_directory, restart, restart_sec, timeout_start_sec, timeout_stop_sec, drain_timeout_sec, memory_max } sections { environment });
+impl_merge!(ServiceLayer { description, user, group, working_directory, environment_files, allow_literal_secrets, restart, restart_sec, timeout_start_sec, timeout_stop_sec, drain_timeout_sec, memory_max } sections { environment, credentials });
 impl_merge!(ReadinessLayer { timeout_sec, endpoint, verify_args, verify_speculation } sections {});
 impl_merge!(PolicyLayer { drift, rollback } sections {});
 
@@ -351,5 +376,159 @@ impl Merge for BTreeMap<String, String> {
         for (k, v) in over {
             self.insert(k.clone(), v.clone());
         }
+    }
+}
+
+/// Numbers and booleans exactly as YAML writes them: a quoted string is never read as a number
+/// (`port: "0x1F90"` is an error, not port 8080), and every integer is range-checked with an
+/// error that says the range instead of wrapping or saturating.
+pub(crate) mod strict {
+    use std::fmt;
+
+    use serde::de::{self, Deserializer, Visitor};
+
+    /// A user's string in a message: quoted, and cut short when long.
+    pub(crate) fn shown(v: &str) -> String {
+        const MAX: usize = 40;
+        match v.char_indices().nth(MAX) {
+            None => format!("{v:?}"),
+            Some((i, _)) => format!("{:?}… ({} bytes)", &v[..i], v.len()),
+        }
+    }
+
+    fn got<E: de::Error>(expected: &str, what: String) -> E {
+        E::custom(format!("expected {expected}, got {what}"))
+    }
+
+    pub(crate) fn u32<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u32>, D::Error> {
+        struct V;
+        const RANGE: &str = "an integer in 0..=4294967295";
+        impl<'de> Visitor<'de> for V {
+            type Value = Option<u32>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(RANGE)
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
+                u32::try_from(v).map(Some).map_err(|_| got(RANGE, v.to_string()))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
+                u32::try_from(v).map(Some).map_err(|_| got(RANGE, v.to_string()))
+            }
+            fn visit_u128<E: de::Error>(self, v: u128) -> Result<Self::Value, E> {
+                u32::try_from(v).map(Some).map_err(|_| got(RANGE, v.to_string()))
+            }
+            fn visit_i128<E: de::Error>(self, v: i128) -> Result<Self::Value, E> {
+                u32::try_from(v).map(Some).map_err(|_| got(RANGE, v.to_string()))
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Self::Value, E> {
+                if v.is_finite() && v.fract() == 0.0 && !(0.0..=f64::from(u32::MAX)).contains(&v) {
+                    Err(got(RANGE, format!("{v}, which is out of range")))
+                } else {
+                    Err(got("an integer", format!("the floating-point number {v}")))
+                }
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                Err(got("an integer", format!("a string: {}", shown(v))))
+            }
+            fn visit_bool<E: de::Error>(self, v: bool) -> Result<Self::Value, E> {
+                Err(got("an integer", format!("a boolean ({v})")))
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+                Ok(None)
+            }
+            fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+                Ok(None)
+            }
+            fn visit_seq<A: de::SeqAccess<'de>>(self, _: A) -> Result<Self::Value, A::Error> {
+                Err(got("an integer", "a list".into()))
+            }
+            fn visit_map<A: de::MapAccess<'de>>(self, _: A) -> Result<Self::Value, A::Error> {
+                Err(got("an integer", "a map".into()))
+            }
+        }
+        d.deserialize_any(V)
+    }
+
+    pub(crate) fn f64<'de, D: Deserializer<'de>>(d: D) -> Result<Option<f64>, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = Option<f64>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a number")
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
+                Ok(Some(v as f64))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
+                Ok(Some(v as f64))
+            }
+            fn visit_u128<E: de::Error>(self, v: u128) -> Result<Self::Value, E> {
+                Ok(Some(v as f64))
+            }
+            fn visit_i128<E: de::Error>(self, v: i128) -> Result<Self::Value, E> {
+                Ok(Some(v as f64))
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Self::Value, E> {
+                Ok(Some(v))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                Err(got("a number", format!("a string: {}", shown(v))))
+            }
+            fn visit_bool<E: de::Error>(self, v: bool) -> Result<Self::Value, E> {
+                Err(got("a number", format!("a boolean ({v})")))
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+                Ok(None)
+            }
+            fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+                Ok(None)
+            }
+            fn visit_seq<A: de::SeqAccess<'de>>(self, _: A) -> Result<Self::Value, A::Error> {
+                Err(got("a number", "a list".into()))
+            }
+            fn visit_map<A: de::MapAccess<'de>>(self, _: A) -> Result<Self::Value, A::Error> {
+                Err(got("a number", "a map".into()))
+            }
+        }
+        d.deserialize_any(V)
+    }
+
+    pub(crate) fn bool<'de, D: Deserializer<'de>>(d: D) -> Result<Option<bool>, D::Error> {
+        struct V;
+        const WANT: &str = "true or false";
+        impl<'de> Visitor<'de> for V {
+            type Value = Option<bool>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(WANT)
+            }
+            fn visit_bool<E: de::Error>(self, v: bool) -> Result<Self::Value, E> {
+                Ok(Some(v))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Self::Value, E> {
+                Err(got(WANT, format!("the number {v}")))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Self::Value, E> {
+                Err(got(WANT, format!("the number {v}")))
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Self::Value, E> {
+                Err(got(WANT, format!("the number {v}")))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                Err(got(WANT, format!("a string: {}", shown(v))))
+            }
+            fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
+                Ok(None)
+            }
+            fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
+                Ok(None)
+            }
+            fn visit_seq<A: de::SeqAccess<'de>>(self, _: A) -> Result<Self::Value, A::Error> {
+                Err(got(WANT, "a list".into()))
+            }
+            fn visit_map<A: de::MapAccess<'de>>(self, _: A) -> Result<Self::Value, A::Error> {
+                Err(got(WANT, "a map".into()))
+            }
+        }
+        d.deserialize_any(V)
     }
 }

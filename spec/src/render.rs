@@ -64,6 +64,14 @@ pub fn render(spec: &Spec) -> RenderedUnit {
     for (k, v) in &svc.environment {
         line(&format!("Environment={}", quote(&escape_specifiers(&format!("{k}={v}")))));
     }
+    // Written as-is (these keys do not unquote); validation refuses backslashes and white space
+    // at the ends, so `%` is the only character to escape.
+    for f in &svc.environment_files {
+        line(&format!("EnvironmentFile={}", escape_specifiers(f)));
+    }
+    for (name, path) in &svc.credentials {
+        line(&format!("LoadCredential={}:{}", escape_specifiers(name), escape_specifiers(path)));
+    }
     line(&format!("Restart={}", svc.restart.as_str()));
     line(&format!("RestartSec={}", svc.restart_sec));
     line(&format!("TimeoutStartSec={}", svc.timeout_start_sec));

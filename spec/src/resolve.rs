@@ -58,6 +58,12 @@ pub struct Service {
     pub group: Option<String>,
     pub working_directory: Option<String>,
     pub environment: BTreeMap<String, String>,
+    /// `EnvironmentFile=` paths, in the spec's order (a leading `-`: optional).
+    #[serde(default)]
+    pub environment_files: Vec<String>,
+    /// `LoadCredential=` name → absolute path.
+    #[serde(default)]
+    pub credentials: BTreeMap<String, String>,
     pub restart: Restart,
     pub restart_sec: u32,
     pub timeout_start_sec: u32,

@@ -5,8 +5,25 @@ use std::collections::BTreeMap;
 
 use crate::diag::{Diagnostic, Severity, SourceMap};
 use crate::engine::{self, Need};
+use crate::model::strict::shown;
 use crate::model::{Document, DriftPolicy, Engine, Merge, Restart, SpecLayer};
+use crate::render::command_line;
 use crate::resolve::{Policy, Readiness, Server, Service, Spec, Speculative};
+use crate::units::reserved_unit;
+
+/// Longest path systemd accepts (`PATH_MAX`, with the terminating NUL).
+const MAX_PATH: usize = 4095;
+/// Longest file name (one path component, `NAME_MAX`).
+const MAX_COMPONENT: usize = 255;
+/// Longest free text (an argument, an environment value, a description).
+const MAX_TEXT: usize = 4096;
+/// Longest name (a served model name, an algorithm, a variable or credential name).
+const MAX_NAME: usize = 255;
+/// Longest `ExecStart=` value: far below systemd's line limit (1 MiB) and the kernel's limits
+/// on one argument (128 KiB).
+const MAX_COMMAND_LINE: usize = 65536;
+/// Longest user or group name systemd accepts in strict mode (`UT_NAMESIZE - 1`).
+const MAX_USER: usize = 31;
 
 /// Collects diagnostics for one resolution (base spec, or base + one host overlay).
 struct Ctx<'a> {
@@ -35,7 +52,9 @@ impl Ctx<'_> {
             _ => msg,
         };
         let d = self.map.at_field(severity, &path, msg);
-        self.out.push(d);
+        if !self.out.contains(&d) {
+            self.out.push(d);
+        }
     }
 
     fn err(&mut self, p: &str, msg: impl Into<String>) {
@@ -60,6 +79,15 @@ impl Ctx<'_> {
     /// Any text that ends up in the unit file: no control characters (a newline would start a
     /// new unit line), no leading or trailing white space (systemd strips it).
     fn text(&mut self, p: &str, v: &str) -> bool {
+        self.text_max(p, v, MAX_TEXT)
+    }
+
+    /// [`Ctx::text`] with a length limit, in bytes.
+    fn text_max(&mut self, p: &str, v: &str, max: usize) -> bool {
+        if v.len() > max {
+            self.err(p, format!("is {} bytes long; the limit is {max} bytes", v.len()));
+            return false;
+        }
         if let Some(c) = v.chars().find(|c| c.is_control()) {
             self.err(p, format!("contains the control character {c:?}; it could inject a line into the unit file"));
             return false;
@@ -71,15 +99,37 @@ impl Ctx<'_> {
         true
     }
 
-    fn abs_path(&mut self, p: &str, v: &str) {
-        if !self.text(p, v) {
-            return;
+    fn abs_path(&mut self, p: &str, v: &str) -> bool {
+        if !self.text_max(p, v, MAX_PATH) {
+            return false;
         }
         if !v.starts_with('/') {
-            self.err(p, format!("must be an absolute path, got {v:?}"));
+            self.err(p, format!("must be an absolute path, got {}", shown(v)));
         } else if v.split('/').any(|c| c == "..") {
-            self.err(p, format!("may not contain `..`, got {v:?}"));
+            self.err(p, format!("may not contain `..`, got {}", shown(v)));
+        } else if let Some(c) = v.split('/').find(|c| c.len() > MAX_COMPONENT) {
+            self.err(
+                p,
+                format!("has a path component of {} bytes; the limit is {MAX_COMPONENT} bytes (NAME_MAX)", c.len()),
+            );
+        } else {
+            return true;
         }
+        false
+    }
+
+    /// A path written as-is into a key that does not unquote (`WorkingDirectory=`,
+    /// `EnvironmentFile=`, `LoadCredential=`): a backslash would escape (or, at the end, join the
+    /// next line), so none is allowed.
+    fn raw_path(&mut self, p: &str, v: &str) -> bool {
+        if !self.abs_path(p, v) {
+            return false;
+        }
+        if v.contains('\\') {
+            self.err(p, "may not contain a backslash (systemd would read it as an escape or join the next unit line)");
+            return false;
+        }
+        true
     }
 }
 
@@ -90,16 +140,23 @@ fn overlay_suffix(host: &str) -> String {
 /// Validate one document as a whole: the base spec and every host overlay. Diagnostics are
 /// deduplicated (an error in the base spec is reported once, not once per host).
 pub(crate) fn validate_all(doc: &Document, map: &SourceMap) -> Vec<Diagnostic> {
-    let mut all: Vec<Diagnostic> = Vec::new();
+    // Each diagnostic with its message before any overlay suffix, and the hosts whose overlay
+    // it was seen through (empty: seen in the base spec, or at an overlay's own field).
+    let mut all: Vec<(Diagnostic, String, Vec<String>)> = Vec::new();
     let mut push = |ds: Vec<Diagnostic>, host: Option<&str>| {
         for d in ds {
-            // The same problem of the base spec, seen again through an overlay: report it once.
-            let seen = all.iter().any(|a| {
-                (a.line, a.column, &a.path, a.severity) == (d.line, d.column, &d.path, d.severity)
-                    && host.is_some_and(|h| d.message == format!("{}{}", a.message, overlay_suffix(h)))
+            let (bare, via) = match host.and_then(|h| d.message.strip_suffix(&overlay_suffix(h)).map(|m| (m, h))) {
+                Some((m, h)) => (m.to_string(), Some(h)),
+                None => (d.message.clone(), None),
+            };
+            // The same problem seen again (through another overlay, or in the base spec): once.
+            let same = all.iter_mut().find(|(a, b, _)| {
+                (a.line, a.column, &a.path, a.severity) == (d.line, d.column, &d.path, d.severity) && *b == bare
             });
-            if !seen && !all.contains(&d) {
-                all.push(d);
+            match (same, via) {
+                (Some((_, _, hosts)), Some(h)) if !hosts.is_empty() => hosts.push(h.to_string()),
+                (Some(_), _) => {}
+                (None, via) => all.push((d, bare, via.map(|h| vec![h.to_string()]).unwrap_or_default())),
             }
         }
     };
@@ -111,6 +168,17 @@ pub(crate) fn validate_all(doc: &Document, map: &SourceMap) -> Vec<Diagnostic> {
     for host in doc.hosts.keys() {
         push(outcome(resolve(doc, map, Some(host))), Some(host));
     }
+    let mut all: Vec<Diagnostic> = all
+        .into_iter()
+        .map(|(mut d, bare, hosts)| {
+            d.message = match hosts.as_slice() {
+                [] => bare,
+                [h] => format!("{bare}{}", overlay_suffix(h)),
+                hs => format!("{bare} (with the overlays for hosts {})", hs.join(", ")),
+            };
+            d
+        })
+        .collect();
     all.sort_by_key(|d| (d.line, d.column));
     all
 }
@@ -129,10 +197,17 @@ pub(crate) fn resolve(
         layer.merge(o);
     }
     let spec = build(&mut c, doc, &layer, overlay.map(|(h, _)| h.to_string()));
-    if c.out.iter().any(Diagnostic::is_error) {
-        Err(c.out)
-    } else {
-        Ok((spec.expect("a spec without errors is complete"), c.out))
+    match spec {
+        Some(spec) if !c.out.iter().any(Diagnostic::is_error) => Ok((spec, c.out)),
+        Some(_) => Err(c.out),
+        None => {
+            // Every path that yields no spec reports why; should one not, say so rather than
+            // accept an incomplete spec.
+            if !c.out.iter().any(Diagnostic::is_error) {
+                c.err("unit", "could not be resolved (an incomplete spec); please report this as a bug of specd");
+            }
+            Err(c.out)
+        }
     }
 }
 
@@ -176,11 +251,23 @@ fn document(c: &mut Ctx, doc: &Document) {
             top(
                 c,
                 &format!("metadata.labels.{k}"),
-                format!("label key {k:?} must be letters, digits, `-`, `_`, `.` or `/`"),
+                format!("label key {} must be letters, digits, `-`, `_`, `.` or `/`", shown(k)),
+            );
+        } else if k.len() > MAX_NAME {
+            top(
+                c,
+                &format!("metadata.labels.{k}"),
+                format!("label key is {} bytes long; the limit is {MAX_NAME} bytes", k.len()),
             );
         }
         if v.chars().any(char::is_control) {
             top(c, &format!("metadata.labels.{k}"), "contains a control character".into());
+        } else if v.len() > MAX_TEXT {
+            top(
+                c,
+                &format!("metadata.labels.{k}"),
+                format!("is {} bytes long; the limit is {MAX_TEXT} bytes", v.len()),
+            );
         }
     }
     for (h, layer) in &doc.hosts {
@@ -188,7 +275,11 @@ fn document(c: &mut Ctx, doc: &Document) {
             && h.len() <= 253
             && h.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.' || b == b'_');
         if !valid {
-            top(c, &format!("hosts.{h}"), format!("{h:?} is not a hostname"));
+            top(
+                c,
+                &format!("hosts.{h}"),
+                format!("{} is not a hostname (at most 253 letters, digits, `-`, `_` or `.`)", shown(h)),
+            );
         }
         if layer.unit.is_some() {
             top(
@@ -215,13 +306,117 @@ fn unit_name_ok(v: &str) -> bool {
         && !stem.ends_with('@')
 }
 
-fn user_ok(v: &str) -> bool {
-    // Names as systemd's valid_user_group_name() accepts them in strict mode, or a numeric id.
-    (v.bytes().all(|b| b.is_ascii_digit()) && !v.is_empty() && v.len() <= 10)
-        || (!v.is_empty()
-            && v.len() <= 31
-            && v.bytes().next().is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
-            && v.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'.'))
+/// Why `v` is not a user or group systemd accepts in `User=`/`Group=` without complaint: a
+/// numeric id as systemd's `parse_uid()` reads it (decimal, no sign, no leading zero, at most
+/// 4294967294 and not 65535, the 16-bit "-1"), or a name as its `valid_user_group_name()` accepts
+/// in strict mode (`[A-Za-z_][A-Za-z0-9_-]*`, at most 31 bytes; no dots: those conflict with
+/// `chown`'s `user.group` syntax).
+fn user_problem(v: &str) -> Option<String> {
+    if v.is_empty() {
+        return Some("may not be empty".into());
+    }
+    if v.bytes().all(|b| b.is_ascii_digit()) {
+        return match v.parse::<u64>() {
+            _ if v.len() > 1 && v.starts_with('0') => Some(format!("{v:?}: a numeric id may not have a leading zero")),
+            Ok(n) if n == 65535 || n >= 4294967295 => Some(format!(
+                "{}: a numeric id must be in 0..=4294967294 and not 65535 (both are the \"invalid\" id)",
+                shown(v)
+            )),
+            Ok(_) => None,
+            Err(_) => Some(format!("{}: a numeric id must be in 0..=4294967294", shown(v))),
+        };
+    }
+    if v.len() > MAX_USER {
+        return Some(format!("is {} bytes long; a user or group name has at most {MAX_USER}", v.len()));
+    }
+    let first_ok = v.bytes().next().is_some_and(|b| b.is_ascii_alphabetic() || b == b'_');
+    if !first_ok || !v.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-') {
+        return Some(format!(
+            "{} is not a valid name: a letter or `_`, then letters, digits, `_` or `-` (systemd's strict rules: no dots)",
+            shown(v)
+        ));
+    }
+    None
+}
+
+/// systemd's `MemoryMax=`: `infinity`, a percentage of physical memory in (0, 100] with at most
+/// two decimals, or bytes (decimals allowed) with an optional K, M, G, T, P or E (base 1024) or B
+/// suffix, more than 0 and less than 2^64 - 1.
+fn memory_max_problem(m: &str) -> Option<String> {
+    if m == "infinity" {
+        return None;
+    }
+    // `int[.frac]` as (int, frac) digit strings.
+    let decimal = |t: &str| -> Option<(u128, String)> {
+        let (int, frac) = match t.split_once('.') {
+            Some((i, f)) if !f.is_empty() => (i, f),
+            Some(_) => return None,
+            None => (t, ""),
+        };
+        let digits = |d: &str| d.bytes().all(|b| b.is_ascii_digit());
+        if int.is_empty() || int.len() > 20 || frac.len() > 18 || !digits(int) || !digits(frac) {
+            return None;
+        }
+        Some((int.parse().ok()?, frac.to_string()))
+    };
+    if let Some(pct) = m.strip_suffix('%') {
+        return match decimal(pct) {
+            Some((int, frac)) if frac.len() <= 2 => {
+                let permyriad = int.checked_mul(100).and_then(|v| v.checked_add(format!("{frac:0<2}").parse().ok()?));
+                match permyriad {
+                    Some(0) => Some(format!("{m:?} is zero: systemd refuses a zero memory limit")),
+                    Some(v) if v <= 10000 => None,
+                    _ => Some(format!("{} is more than 100%", shown(m))),
+                }
+            }
+            _ => Some(format!("{} is not a percentage (e.g. `80%` or `12.5%`, at most two decimals)", shown(m))),
+        };
+    }
+    let (number, factor): (&str, u128) = match m.as_bytes().last() {
+        Some(b'K') => (&m[..m.len() - 1], 1 << 10),
+        Some(b'M') => (&m[..m.len() - 1], 1 << 20),
+        Some(b'G') => (&m[..m.len() - 1], 1 << 30),
+        Some(b'T') => (&m[..m.len() - 1], 1 << 40),
+        Some(b'P') => (&m[..m.len() - 1], 1 << 50),
+        Some(b'E') => (&m[..m.len() - 1], 1 << 60),
+        Some(b'B') => (&m[..m.len() - 1], 1),
+        _ => (m, 1),
+    };
+    let Some((int, frac)) = decimal(number) else {
+        return Some(format!(
+            "{} is not a memory size (bytes with an optional K, M, G, T, P or E suffix, a percentage, or `infinity`)",
+            shown(m)
+        ));
+    };
+    // Exact in u128: int < 10^20, factor <= 2^60, frac < 10^18.
+    let frac_bytes =
+        if frac.is_empty() { 0 } else { frac.parse::<u128>().unwrap_or(0) * factor / 10u128.pow(frac.len() as u32) };
+    match int.checked_mul(factor).and_then(|b| b.checked_add(frac_bytes)) {
+        Some(0) => Some(format!("{m:?} is zero: systemd refuses a zero memory limit")),
+        Some(b) if b < u128::from(u64::MAX) => None,
+        _ => Some(format!("{} is too large (systemd's limit is 16E)", shown(m))),
+    }
+}
+
+/// Environment variables whose names look like secrets: a `_`-separated word that ends in
+/// TOKEN, SECRET, PASSWORD or PASSWD (`HF_TOKEN`, `GITHUB_TOKEN`, `CLIENTSECRET`, `DB_PASSWORD`), or
+/// a name ending in `_KEY` (`OPENAI_API_KEY`), in any case. Words that merely contain one are
+/// not (`TOKENIZERS_PARALLELISM`, `MAX_TOKENS`), nor is a name that says where the secret is
+/// (`HF_TOKEN_PATH`, `DB_PASSWORD_FILE`, `..._DIR`).
+fn looks_secret(name: &str) -> bool {
+    let n = name.to_ascii_uppercase();
+    let locator = ["_PATH", "_FILE", "_DIR"].iter().any(|s| n.ends_with(s));
+    let secret_word = n.split('_').any(|w| ["TOKEN", "SECRET", "PASSWORD", "PASSWD"].iter().any(|s| w.ends_with(s)));
+    !locator && (secret_word || n.ends_with("_KEY"))
+}
+
+/// systemd's credential names are file names; specd accepts a portable subset.
+fn credential_name_ok(n: &str) -> bool {
+    !n.is_empty()
+        && n.len() <= MAX_NAME
+        && n != "."
+        && n != ".."
+        && n.bytes().all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b))
 }
 
 fn build(c: &mut Ctx, doc: &Document, l: &SpecLayer, overlay: Option<String>) -> Option<Spec> {
@@ -235,9 +430,15 @@ fn build(c: &mut Ctx, doc: &Document, l: &SpecLayer, overlay: Option<String>) ->
             c.err(
                 "unit",
                 format!(
-                    "{u:?} is not a valid service name: use [A-Za-z0-9:_.@-] ending in `.service`, no `/` and no `..`"
+                    "{} is not a valid service name: use at most 255 of [A-Za-z0-9:_.@-] ending in `.service`, no `/` and no `..`",
+                    shown(u)
                 ),
             );
+            None
+        }
+        Some(u) if reserved_unit(u).is_some() => {
+            let why = reserved_unit(u).unwrap_or_default();
+            c.err("unit", format!("{u:?} is reserved for {why}; a spec may not manage the host's own units"));
             None
         }
         Some(u) => Some(u.clone()),
@@ -274,10 +475,27 @@ fn build(c: &mut Ctx, doc: &Document, l: &SpecLayer, overlay: Option<String>) ->
                 if !(prog.starts_with('/') || bare) {
                     c.err(
                         "command[0]",
-                        format!("{prog:?} must be an absolute path or a bare program name that systemd looks up"),
+                        format!(
+                            "{} must be an absolute path or a bare program name that systemd looks up",
+                            shown(prog)
+                        ),
                     );
-                } else if prog.starts_with('/') {
-                    c.abs_path("command[0]", prog);
+                } else if prog.len() > MAX_COMPONENT && bare {
+                    c.err(
+                        "command[0]",
+                        format!("is {} bytes long; the limit for a program name is {MAX_COMPONENT} bytes", prog.len()),
+                    );
+                } else if prog.starts_with('/') && c.abs_path("command[0]", prog) {
+                    // systemd refuses these in the executable's path ("Executable name contains
+                    // special characters"), and does not unescape `$$` there.
+                    if let Some(ch) = prog.chars().find(|ch| matches!(ch, '"' | '\'' | '\\' | '$')) {
+                        c.err(
+                            "command[0]",
+                            format!("the program's path may not contain {ch:?}: systemd refuses quotes and backslashes there and does not expand `$`"),
+                        );
+                    } else if prog.ends_with('/') {
+                        c.err("command[0]", "the program's path ends in `/`: it names a directory");
+                    }
                 }
             }
             cmd.clone()
@@ -303,6 +521,13 @@ fn build(c: &mut Ctx, doc: &Document, l: &SpecLayer, overlay: Option<String>) ->
 
     let (unit, model, server, service, readiness) = (unit?, model?, server?, service?, readiness?);
     let argv = engine::build_argv(engine, &command, &model, &server, speculative.as_ref());
+    let line = command_line(&argv).len();
+    if line > MAX_COMMAND_LINE {
+        let at =
+            if l.server.as_ref().is_some_and(|s| s.extra_args.is_some()) { "server.extra_args" } else { "command" };
+        c.err(at, format!("the command line would be {line} bytes; the limit is {MAX_COMMAND_LINE} bytes"));
+        return None;
+    }
     Some(Spec {
         name: doc.metadata.name.clone(),
         overlay,
@@ -322,8 +547,8 @@ fn server(c: &mut Ctx, engine: Engine, l: &SpecLayer) -> Option<Server> {
     let s = l.server.clone().unwrap_or_default();
     let mut ok = true;
     let host = s.host.unwrap_or_else(|| "127.0.0.1".into());
-    if host.is_empty() || !host.bytes().all(|b| b.is_ascii_alphanumeric() || b".:-_".contains(&b)) {
-        c.err("server.host", format!("{host:?} is not an address or hostname"));
+    if host.is_empty() || host.len() > 253 || !host.bytes().all(|b| b.is_ascii_alphanumeric() || b".:-_".contains(&b)) {
+        c.err("server.host", format!("{} is not an address or hostname", shown(&host)));
         ok = false;
     }
     let port = match s.port {
@@ -378,7 +603,7 @@ fn server(c: &mut Ctx, engine: Engine, l: &SpecLayer) -> Option<Server> {
         }
     }
     if let Some(n) = &s.served_model_name {
-        ok &= c.text("server.served_model_name", n);
+        ok &= c.text_max("server.served_model_name", n, MAX_NAME);
         if n.is_empty() {
             c.err("server.served_model_name", "may not be empty");
             ok = false;
@@ -448,7 +673,7 @@ fn speculative(c: &mut Ctx, engine: Engine, l: &SpecLayer) -> Option<Speculative
         c.abs_path("speculative.draft_model", d);
     }
     if let Some(a) = &s.algorithm {
-        c.text("speculative.algorithm", a);
+        c.text_max("speculative.algorithm", a, MAX_NAME);
     }
     match engine {
         Engine::Sglang => {
@@ -517,16 +742,16 @@ fn speculative(c: &mut Ctx, engine: Engine, l: &SpecLayer) -> Option<Speculative
                                     "is required with num_steps; otherwise SGLang chooses it itself",
                                 );
                             }
+                            // u64: num_steps + 1 does not fit in u32 when num_steps is u32::MAX.
+                            let want = u64::from(steps) + 1;
                             if s.eagle_topk == Some(1)
                                 && let Some(n) = s.num_draft_tokens
-                                && n != steps + 1
+                                && u64::from(n) != want
                             {
                                 c.err_rule(
                                     &["speculative.num_draft_tokens", "speculative.num_steps", "speculative.eagle_topk"],
                                     format!(
-                                        "num_draft_tokens must be num_steps + 1 = {} when eagle_topk is 1, got {n}; SGLang would silently reset it to {}, which would later look like drift",
-                                        steps + 1,
-                                        steps + 1
+                                        "num_draft_tokens must be num_steps + 1 = {want} when eagle_topk is 1, got {n}; SGLang would silently reset it to {want}, which would later look like drift"
                                     ),
                                 );
                             }
@@ -679,39 +904,64 @@ fn service(c: &mut Ctx, doc: &Document, engine: Engine, l: &SpecLayer) -> Option
     }
     for (f, v) in [("user", &s.user), ("group", &s.group)] {
         if let Some(v) = v
-            && !user_ok(v)
+            && let Some(why) = user_problem(v)
         {
-            c.err(&format!("service.{f}"), format!("{v:?} is not a valid {f} name"));
+            c.err(&format!("service.{f}"), format!("is not a valid {f}: {why}"));
         }
     }
     if let Some(w) = &s.working_directory {
-        c.abs_path("service.working_directory", w);
-        if w.contains('\\') {
-            c.err(
-                "service.working_directory",
-                "may not contain a backslash (a trailing one would join the next unit line)",
-            );
-        }
+        c.raw_path("service.working_directory", w);
     }
     let env = s.environment.clone().unwrap_or_default();
+    let literal_secrets_allowed = s.allow_literal_secrets.unwrap_or(false);
     for (k, v) in &env {
         let p = format!("service.environment.{k}");
         let key_ok = k.bytes().next().is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
             && k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
         if !key_ok {
-            c.err(&p, format!("{k:?} is not a valid environment variable name ([A-Za-z_][A-Za-z0-9_]*)"));
+            c.err(&p, format!("{} is not a valid environment variable name ([A-Za-z_][A-Za-z0-9_]*)", shown(k)));
+        } else if k.len() > MAX_NAME {
+            c.err(&p, format!("the variable name is {} bytes long; the limit is {MAX_NAME} bytes", k.len()));
         }
-        if let Some(ch) = v.chars().find(|c| c.is_control()) {
+        if v.len() > MAX_TEXT {
+            c.err(&p, format!("is {} bytes long; the limit is {MAX_TEXT} bytes", v.len()));
+        } else if let Some(ch) = v.chars().find(|c| c.is_control()) {
             c.err(&p, format!("contains the control character {ch:?}; it could inject a line into the unit file"));
+        } else if key_ok && looks_secret(k) && !v.is_empty() && !literal_secrets_allowed {
+            c.err(
+                &p,
+                format!(
+                    "{k} looks like a secret: a literal value here is readable by every local user in the unit file and specd's state. Put `{k}=...` in a root-only file listed in service.environment_files, or pass the file as service.credentials (`$CREDENTIALS_DIRECTORY/NAME`); set service.allow_literal_secrets: true if it is not secret"
+                ),
+            );
         }
     }
-    if let Some(m) = &s.memory_max {
-        let digits = m.trim_end_matches(['K', 'M', 'G', 'T', '%']);
-        let ok = m == "infinity"
-            || (!digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) && m.len() - digits.len() <= 1);
-        if !ok {
-            c.err("service.memory_max", format!("{m:?} is not a memory size (bytes with an optional K, M, G or T suffix, a percentage, or `infinity`)"));
+    let environment_files = s.environment_files.clone().unwrap_or_default();
+    for (i, f) in environment_files.iter().enumerate() {
+        // A leading `-`: systemd ignores the file when it does not exist.
+        c.raw_path(&format!("service.environment_files[{i}]"), f.strip_prefix('-').unwrap_or(f));
+    }
+    let credentials = s.credentials.clone().unwrap_or_default();
+    for (name, path) in &credentials {
+        let p = format!("service.credentials.{name}");
+        if !credential_name_ok(name) {
+            c.err(
+                &p,
+                format!(
+                    "{} is not a credential name: 1-{MAX_NAME} letters, digits, `_`, `-` or `.` (it becomes a file name in $CREDENTIALS_DIRECTORY)",
+                    shown(name)
+                ),
+            );
         }
+        // systemd takes the source only in normal form (`path_is_normalized()`).
+        if c.raw_path(&p, path) && (path.contains("//") || path.contains("/./") || path.ends_with("/.")) {
+            c.err(&p, format!("{} is not in normal form: systemd refuses `//` and `.` components here", shown(path)));
+        }
+    }
+    if let Some(m) = &s.memory_max
+        && let Some(why) = memory_max_problem(m)
+    {
+        c.err("service.memory_max", why);
     }
     let timeout_stop_sec = s.timeout_stop_sec.unwrap_or(300);
     let timeout_start_sec = s.timeout_start_sec.unwrap_or(1800);
@@ -736,6 +986,8 @@ fn service(c: &mut Ctx, doc: &Document, engine: Engine, l: &SpecLayer) -> Option
         group: s.group,
         working_directory: s.working_directory,
         environment: env.into_iter().collect::<BTreeMap<_, _>>(),
+        environment_files,
+        credentials,
         restart: s.restart.unwrap_or(Restart::OnFailure),
         restart_sec: s.restart_sec.unwrap_or(5),
         timeout_start_sec,
@@ -749,10 +1001,13 @@ fn readiness(c: &mut Ctx, engine: Engine, l: &SpecLayer, service: Option<&Servic
     let r = l.readiness.clone().unwrap_or_default();
     let endpoint = r.endpoint.unwrap_or_else(|| engine::default_endpoint(engine).to_string());
     let mut ok = true;
-    if !endpoint.starts_with('/') || endpoint.bytes().any(|b| b <= b' ' || b == 0x7f) {
+    if !endpoint.starts_with('/') || endpoint.bytes().any(|b| b <= b' ' || b == 0x7f) || endpoint.len() > MAX_TEXT {
         c.err(
             "readiness.endpoint",
-            format!("must be an HTTP path starting with `/`, without spaces or control characters; got {endpoint:?}"),
+            format!(
+                "must be an HTTP path starting with `/`, without spaces or control characters, at most {MAX_TEXT} bytes; got {}",
+                shown(&endpoint)
+            ),
         );
         ok = false;
     }

@@ -14,7 +14,7 @@ spec:
 ///  expected line, expected field path, expected message fragment)
 const CASES: &[(&str, &str, u64, &str, &str)] = &[
     ("yaml syntax", "  server: [\n", 9, "", "expected"),
-    ("wrong type", "  server:\n    port: abc\n", 10, "spec.server.port", "expected a whole number"),
+    ("wrong type", "  server:\n    port: abc\n", 10, "spec.server.port", "expected an integer, got a string: \"abc\""),
     ("unknown field", "  server:\n    portt: 5\n", 10, "spec.server.portt", "unknown field `portt`"),
     ("duplicate key", "  model: /n\n", 9, "spec.model", "duplicate key `model`"),
     (
@@ -231,7 +231,13 @@ const CASES: &[(&str, &str, u64, &str, &str)] = &[
         "spec.service.working_directory",
         "absolute path",
     ),
-    ("bad user", "  service: {user: \"a b\"}\n", 9, "spec.service.user", "not a valid user name"),
+    (
+        "bad user",
+        "  service: {user: \"a b\"}\n",
+        9,
+        "spec.service.user",
+        "is not a valid user: \"a b\" is not a valid name",
+    ),
     ("bad memory_max", "  service: {memory_max: lots}\n", 9, "spec.service.memory_max", "not a memory size"),
     ("zero stop timeout", "  service: {timeout_stop_sec: 0}\n", 9, "spec.service.timeout_stop_sec", "at least 1"),
     ("endpoint without slash", "  readiness: {endpoint: health}\n", 9, "spec.readiness.endpoint", "starting with `/`"),
@@ -266,6 +272,237 @@ const CASES: &[(&str, &str, u64, &str, &str)] = &[
     ("n_gpu_layers on sglang", "  server: {n_gpu_layers: 10}\n", 9, "spec.server.n_gpu_layers", "llama-cpp option"),
     ("tp_size on llama", "  server: {tp_size: 2}\n", 9, "spec.server.tp_size", "not an option of llama-cpp"),
     ("missing engine", "#\n", 5, "spec.engine", "is required"),
+    // Numbers: exactly what YAML says, range-checked, never coerced from strings.
+    (
+        "num_steps at u32::MAX",
+        "  server: {max_running_requests: 16}\n  speculative: {algorithm: NEXTN, num_steps: 4294967295, eagle_topk: 1, num_draft_tokens: 11}\n",
+        10,
+        "spec.speculative.num_draft_tokens",
+        "num_draft_tokens must be num_steps + 1 = 4294967296 when eagle_topk is 1, got 11",
+    ),
+    (
+        "quoted hex port",
+        "  server: {port: \"0x1F90\"}\n",
+        9,
+        "spec.server.port",
+        "expected an integer, got a string: \"0x1F90\"",
+    ),
+    (
+        "quoted underscored tp",
+        "  server: {tp_size: \"1_0\"}\n",
+        9,
+        "spec.server.tp_size",
+        "expected an integer, got a string: \"1_0\"",
+    ),
+    (
+        "plain underscored tp",
+        "  server: {tp_size: 1_0}\n",
+        9,
+        "spec.server.tp_size",
+        "expected an integer, got a string: \"1_0\"",
+    ),
+    (
+        "quoted port",
+        "  server:\n    port: '8080'\n",
+        10,
+        "spec.server.port",
+        "expected an integer, got a string: \"8080\"",
+    ),
+    ("negative port", "  server: {port: -1}\n", 9, "spec.server.port", "expected an integer in 0..=4294967295, got -1"),
+    (
+        "number beyond u32",
+        "  service: {restart_sec: 4294967296}\n",
+        9,
+        "spec.service.restart_sec",
+        "expected an integer in 0..=4294967295, got 4294967296",
+    ),
+    (
+        "number beyond u64",
+        "  service: {timeout_stop_sec: 99999999999999999999999}\n",
+        9,
+        "spec.service.timeout_stop_sec",
+        "expected an integer in 0..=4294967295, got 100000000000000000000000, which is out of range",
+    ),
+    (
+        "float for an integer",
+        "  server: {tp_size: 2.5}\n",
+        9,
+        "spec.server.tp_size",
+        "expected an integer, got the floating-point number 2.5",
+    ),
+    (
+        "exponent for an integer",
+        "  server: {port: 1e3}\n",
+        9,
+        "spec.server.port",
+        "expected an integer, got the floating-point number 1000",
+    ),
+    (
+        "quoted float",
+        "  server: {mem_fraction_static: \"0.5\"}\n",
+        9,
+        "spec.server.mem_fraction_static",
+        "expected a number, got a string: \"0.5\"",
+    ),
+    (
+        "NaN fraction",
+        "  server: {mem_fraction_static: .nan}\n",
+        9,
+        "spec.server.mem_fraction_static",
+        "must be in (0, 1], got NaN",
+    ),
+    (
+        "yes is not a boolean",
+        "  policy: {rollback: yes}\n",
+        9,
+        "spec.policy.rollback",
+        "expected true or false, got a string: \"yes\"",
+    ),
+    (
+        "quoted boolean",
+        "  readiness: {verify_args: \"true\"}\n",
+        9,
+        "spec.readiness.verify_args",
+        "expected true or false, got a string: \"true\"",
+    ),
+    // Duplicate keys name the repeated field itself.
+    ("duplicate section", "  server: {port: 1}\n  server: {port: 2}\n", 10, "spec.server", "duplicate key `server`"),
+    ("duplicate host", "hosts:\n  a: {model: /x}\n  a: {model: /y}\n", 11, "hosts.a", "duplicate key `a`"),
+    // What systemd refuses or ignores.
+    (
+        "quote in the program path",
+        "  command: [\"/opt/we\\\"ird/python3\"]\n",
+        9,
+        "spec.command[0]",
+        "the program's path may not contain '\"'",
+    ),
+    (
+        "apostrophe in the program path",
+        "  command: [\"/opt/it's/python3\"]\n",
+        9,
+        "spec.command[0]",
+        "may not contain '\\''",
+    ),
+    ("backslash in the program path", "  command: ['/opt/a\\b']\n", 9, "spec.command[0]", "may not contain '\\\\'"),
+    ("dollar in the program path", "  command: ['/opt/$x/python3']\n", 9, "spec.command[0]", "does not expand `$`"),
+    ("program path is a directory", "  command: [/opt/bin/]\n", 9, "spec.command[0]", "names a directory"),
+    ("uid 65535", "  service: {user: \"65535\"}\n", 9, "spec.service.user", "not 65535"),
+    ("uid 4294967295", "  service: {user: \"4294967295\"}\n", 9, "spec.service.user", "must be in 0..=4294967294"),
+    ("uid beyond u32", "  service: {group: \"99999999999\"}\n", 9, "spec.service.group", "must be in 0..=4294967294"),
+    ("uid with a leading zero", "  service: {user: \"0100\"}\n", 9, "spec.service.user", "may not have a leading zero"),
+    ("dotted user", "  service: {user: first.last}\n", 9, "spec.service.user", "(systemd's strict rules: no dots)"),
+    ("user too long", "  service: {user: abcdefghijklmnopqrstuvwxyz0123456}\n", 9, "spec.service.user", "at most 31"),
+    ("memory_max 0", "  service: {memory_max: \"0\"}\n", 9, "spec.service.memory_max", "is zero"),
+    ("memory_max 0%", "  service: {memory_max: 0%}\n", 9, "spec.service.memory_max", "is zero"),
+    ("memory_max 101%", "  service: {memory_max: 101%}\n", 9, "spec.service.memory_max", "is more than 100%"),
+    ("memory_max 12.345%", "  service: {memory_max: 12.345%}\n", 9, "spec.service.memory_max", "at most two decimals"),
+    ("memory_max too large", "  service: {memory_max: 16E}\n", 9, "spec.service.memory_max", "too large"),
+    ("memory_max two suffixes", "  service: {memory_max: 1GG}\n", 9, "spec.service.memory_max", "not a memory size"),
+    ("huge model path", "#\n", 8, "spec.model", "is 1000001 bytes long; the limit is 4095 bytes"),
+    ("long model path", "#\n", 8, "spec.model", "is 5001 bytes long; the limit is 4095 bytes"),
+    ("long path component", "#\n", 8, "spec.model", "path component of 300 bytes; the limit is 255 bytes"),
+    ("long served name", "#\n", 9, "spec.server.served_model_name", "is 300 bytes long; the limit is 255 bytes"),
+    ("long extra arg", "#\n", 10, "spec.server.extra_args[0]", "is 5000 bytes long; the limit is 4096 bytes"),
+    ("long command line", "#\n", 10, "spec.server.extra_args", "the command line would be"),
+    // A spec may not take over the host's own units.
+    ("journald", "#\n", 6, "spec.unit", "\"systemd-journald.service\" is reserved for systemd's own units"),
+    ("dbus", "#\n", 6, "spec.unit", "is reserved for the D-Bus message bus"),
+    ("specd itself", "#\n", 6, "spec.unit", "is reserved for specd's own unit"),
+    ("sshd", "#\n", 6, "spec.unit", "reserved for remote access"),
+    // Secrets stay out of the unit file.
+    (
+        "literal token",
+        "  service:\n    environment: {HF_TOKEN: hf_abc}\n",
+        10,
+        "spec.service.environment.HF_TOKEN",
+        "HF_TOKEN looks like a secret: a literal value here is readable by every local user in the unit file and specd's state. Put `HF_TOKEN=...` in a root-only file listed in service.environment_files, or pass the file as service.credentials",
+    ),
+    (
+        "literal token without underscore",
+        "  service:\n    environment: {GithubToken: x}\n",
+        10,
+        "spec.service.environment.GithubToken",
+        "looks like a secret",
+    ),
+    (
+        "literal api key",
+        "  service:\n    environment: {openai_api_key: sk}\n",
+        10,
+        "spec.service.environment.openai_api_key",
+        "looks like a secret",
+    ),
+    (
+        "literal password",
+        "  service:\n    environment: {DB_PASSWORD: x}\n",
+        10,
+        "spec.service.environment.DB_PASSWORD",
+        "service.allow_literal_secrets: true",
+    ),
+    (
+        "literal secret in an overlay",
+        "hosts:\n  h1:\n    service: {environment: {MY_SECRET: x}}\n",
+        11,
+        "hosts.h1.service.environment.MY_SECRET",
+        "looks like a secret",
+    ),
+    (
+        "relative environment file",
+        "  service: {environment_files: [env/x]}\n",
+        9,
+        "spec.service.environment_files[0]",
+        "must be an absolute path",
+    ),
+    (
+        "optional relative environment file",
+        "  service: {environment_files: [-env/x]}\n",
+        9,
+        "spec.service.environment_files[0]",
+        "must be an absolute path, got \"env/x\"",
+    ),
+    (
+        "environment file with ..",
+        "  service: {environment_files: [/etc/../x]}\n",
+        9,
+        "spec.service.environment_files[0]",
+        "may not contain `..`",
+    ),
+    (
+        "backslash in an environment file",
+        "  service: {environment_files: ['/etc/x\\']}\n",
+        9,
+        "spec.service.environment_files[0]",
+        "may not contain a backslash",
+    ),
+    (
+        "credential name with a slash",
+        "  service: {credentials: {a/b: /etc/x}}\n",
+        9,
+        "spec.service.credentials.a/b",
+        "is not a credential name",
+    ),
+    (
+        "credential name with a colon",
+        "  service: {credentials: {\"a:b\": /etc/x}}\n",
+        9,
+        "spec.service.credentials.a:b",
+        "is not a credential name",
+    ),
+    (
+        "credential path not normal",
+        "  service: {credentials: {tok: /etc//x}}\n",
+        9,
+        "spec.service.credentials.tok",
+        "\"/etc//x\" is not in normal form",
+    ),
+    (
+        "relative credential",
+        "  service: {credentials: {tok: tok.txt}}\n",
+        9,
+        "spec.service.credentials.tok",
+        "must be an absolute path",
+    ),
+    ("whole file too large", "#\n", 1, "", "a spec may be at most 1048576 bytes (1 MiB)"),
+    ("missing apiVersion", "#\n", 1, "apiVersion", "is required"),
 ];
 
 fn doc_for(case: &str, extra: &str) -> String {
@@ -280,6 +517,21 @@ fn doc_for(case: &str, extra: &str) -> String {
         "newline in model" => base = base.replace("model: /m", "model: \"/m\\nExecStartPre=/bin/rm -rf /\""),
         "NUL in model" => base = base.replace("model: /m", "model: \"/m\\0\""),
         "missing engine" => base = base.replace("  engine: sglang\n", ""),
+        "missing apiVersion" => base = base.replace("apiVersion: specd/v1\n", ""),
+        "huge model path" => base = base.replace("model: /m", &format!("model: /{}", "m".repeat(1_000_000))),
+        "whole file too large" => base.push_str(&format!("# {}\n", "x".repeat(1 << 20))),
+        "long model path" => base = base.replace("model: /m", &format!("model: /{}", "m".repeat(5000))),
+        "long path component" => base = base.replace("model: /m", &format!("model: /a/{}", "m".repeat(300))),
+        "long served name" => base.push_str(&format!("  server: {{served_model_name: {}}}\n", "n".repeat(300))),
+        "long extra arg" => base.push_str(&format!("  server:\n    extra_args: [{}]\n", "x".repeat(5000))),
+        "long command line" => {
+            let arg = "y".repeat(4000);
+            base.push_str(&format!("  server:\n    extra_args: [{}]\n", vec![arg.as_str(); 20].join(", ")))
+        }
+        "journald" => base = base.replace("unit: t.service", "unit: systemd-journald.service"),
+        "dbus" => base = base.replace("unit: t.service", "unit: dbus.service"),
+        "specd itself" => base = base.replace("unit: t.service", "unit: specd.service"),
+        "sshd" => base = base.replace("unit: t.service", "unit: sshd.service"),
         c if c.starts_with("vllm") => base = base.replace("engine: sglang", "engine: vllm"),
         c if c.starts_with("llama") || c.ends_with("on llama") => {
             base = base.replace("engine: sglang", "engine: llama-cpp")
@@ -359,4 +611,64 @@ fn an_error_in_the_base_is_reported_once_not_per_host() {
     let text = BASE.replace("model: /m", "model: m") + "hosts:\n  a: {}\n  b: {}\n";
     let diags = specd_spec::check("t.yaml", &text);
     assert_eq!(diags.errors().count(), 1, "{diags}");
+}
+
+#[test]
+fn an_error_that_several_overlays_cause_is_reported_once_naming_them() {
+    let text = BASE.to_string()
+        + "  server: {max_running_requests: 16}\n  speculative: {algorithm: NEXTN, num_steps: 3, eagle_topk: 1, num_draft_tokens: 4}\nhosts:\n  a: {speculative: {algorithm: EAGLE}}\n  b: {speculative: {algorithm: EAGLE}}\n  c: {}\n";
+    let diags = specd_spec::check("t.yaml", &text);
+    let errors: Vec<String> = diags.errors().map(|d| d.to_string().lines().next().unwrap().to_string()).collect();
+    assert_eq!(
+        errors,
+        [
+            "t.yaml:10:3: spec.speculative.draft_model: is required by EAGLE: the path of the draft model (with the overlays for hosts a, b)"
+        ],
+        "{diags}"
+    );
+}
+
+#[test]
+fn secrets_may_be_named_by_where_they_are_or_kept_literal_on_purpose() {
+    let ok = [
+        "  service:\n    environment: {HF_TOKEN_PATH: /run/credentials/t.service/hf, DB_PASSWORD_FILE: /x, TOKENIZERS_PARALLELISM: \"false\", SPECD_STANDIN_TOKENS_PER_SEC: \"50\", MAX_TOKENS: \"9\"}\n",
+        "  service:\n    environment: {HF_TOKEN: hf_public}\n    allow_literal_secrets: true\n",
+        "  service:\n    environment_files: [/etc/specd/t.env, -/etc/specd/opt.env]\n    credentials: {hf_token: /etc/specd/hf, api.key: /etc/k}\n",
+    ];
+    for extra in ok {
+        let d = specd_spec::check("t.yaml", &(BASE.to_string() + extra));
+        assert!(d.0.is_empty(), "{extra}\n{d}");
+    }
+}
+
+#[test]
+fn a_huge_key_is_cut_short_in_the_message() {
+    let key = "K".repeat(1000);
+    let text = BASE.to_string() + &format!("  service:\n    environment: {{{key}: x}}\n");
+    let d = specd_spec::check("t.yaml", &text);
+    let shown = d.to_string();
+    assert!(d.has_errors() && shown.len() < 2000, "{} bytes", shown.len());
+    assert!(shown.starts_with("t.yaml:10:1021: spec.service.environment.KKKK"), "{}", &shown[..100]);
+    assert!(shown.contains("the variable name is 1000 bytes long; the limit is 255 bytes"));
+}
+
+#[test]
+fn an_error_is_never_listed_twice() {
+    // The program's path is checked as a word and as a path: one error.
+    let text = BASE.to_string() + "  command: [\"/bin/x\\ny\"]\n";
+    let diags = specd_spec::parse("t.yaml", &text).unwrap().resolve(None).unwrap_err();
+    assert_eq!(diags.errors().count(), 1, "{diags}");
+}
+
+#[test]
+fn a_long_line_is_shown_as_a_window_around_the_error() {
+    let text = BASE.to_string() + &format!("  server: {{extra_args: [{}], port: 0}}\n", "n".repeat(2000));
+    let shown = specd_spec::check("t.yaml", &text).to_string();
+    assert!(shown.starts_with("t.yaml:9:2034: spec.server.port: must be in 1..=65535, got 0\n"), "{shown}");
+    let lines: Vec<&str> = shown.lines().collect();
+    assert!(lines.len() == 4 && lines[2].len() < 200, "{shown}");
+    assert!(lines[2].ends_with("port: 0}"), "{shown}");
+    // The caret stands under the value.
+    let caret = lines[3].chars().count() - 1;
+    assert_eq!(lines[2].chars().nth(caret), Some('0'), "{shown}");
 }

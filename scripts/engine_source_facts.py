@@ -1181,6 +1181,24 @@ def write_templates(idx, outdir, templates):
 # --------------------------------------------------------------------------
 
 
+def sglang_algorithms(idx: Index, outdir: str, version: str):
+    """speculative_algorithms.txt: the names SpeculativeAlgorithm.from_string accepts (the enum's
+    members, then the reserved aliases it maps to EAGLE), one a line."""
+    info = "sglang.srt.speculative.spec_info"
+    _, enum = idx.find_class(info, "SpeculativeAlgorithm")
+    members = [t.id for stmt in enum.body if isinstance(stmt, ast.Assign) for t in stmt.targets if isinstance(t, ast.Name)]
+    registry = "sglang.srt.speculative.spec_registry"
+    _, aliases_node = idx.lookup(registry, "_RESERVED_ALIASES")
+    aliases = sorted(a.value for a in ast.walk(aliases_node) if isinstance(a, ast.Constant) and isinstance(a.value, str))
+    if not members or not aliases:
+        raise Unresolved("SpeculativeAlgorithm members or _RESERVED_ALIASES")
+    with open(os.path.join(outdir, "speculative_algorithms.txt"), "w") as f:
+        f.write(f"# sglang {version}: names SpeculativeAlgorithm.from_string accepts (upper-cased input)\n")
+        f.write(f"# members of SpeculativeAlgorithm ({idx.rel(info)}), then _RESERVED_ALIASES ({idx.rel(registry)}), which map to EAGLE\n")
+        for n in members + aliases:
+            f.write(n + "\n")
+
+
 def main_sglang(root, outdir, version):
     idx = Index(root, "sglang")
     args, fields = sglang_args(idx)
@@ -1210,6 +1228,8 @@ def main_sglang(root, outdir, version):
     info_fields["internal_states"] = [{"_server_args_fields": state_note, **field_shapes, **state}]
     templates["get_server_info.shape.json"] = info_fields
     write_templates(idx, outdir, templates)
+
+    sglang_algorithms(idx, outdir, version)
 
     metrics = scan_metrics(idx, package_modules_mentioning(idx, '"sglang:', "sglang.srt"), "sglang:")
     write_metrics(os.path.join(outdir, "metrics.txt"), metrics, [

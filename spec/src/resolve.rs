@@ -167,12 +167,9 @@ impl Spec {
                 if let Some(v) = self.server.max_running_requests {
                     push("/total_slots", json!(v));
                 }
-                // The `--spec-type` list as llama-server runs it (`none` without speculation).
-                let types = self.speculative.as_ref().and_then(|s| s.algorithm.clone());
-                push(
-                    "/default_generation_settings/params/speculative.types",
-                    json!(types.as_deref().unwrap_or("none")),
-                );
+                // Not the spec type: `/props` reports `speculative.types: "none"` whatever
+                // `--spec-type` is (a fresh request's defaults). Whether it drafts is proven by
+                // the speculation step, from `/slots` and a completion's draft counts.
             }
             Engine::Vllm => {}
         }

@@ -38,9 +38,17 @@ fn flags(engine: Engine) -> Vec<String> {
 
 /// Exposition names of the metrics the engine exports (`metrics.txt`: name, type, labels,
 /// exposition name, source; tab-separated; `#` comments).
+/// llama.cpp's file is a real `/metrics` body: its names are on the `# TYPE` lines.
 fn metric_names(engine: Engine) -> Vec<String> {
-    read(dir(engine), "metrics.txt")
-        .lines()
+    let text = read(dir(engine), "metrics.txt");
+    if engine == Engine::LlamaCpp {
+        return text
+            .lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .filter_map(|l| l.split(' ').next().map(str::to_string))
+            .collect();
+    }
+    text.lines()
         .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
         .filter_map(|l| l.split('\t').nth(3).map(str::to_string))
         .collect()

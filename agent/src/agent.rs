@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
@@ -117,11 +117,11 @@ pub async fn run(opts: RunOptions) -> Result<()> {
         let c = src_cfg.clone();
         tokio::task::spawn_blocking(move || GitSource::open(c, &cache)).await??
     };
-    let src = Arc::new(std::sync::Mutex::new(src));
-    tracing::info!(repo = %src_cfg.repo, followed = %src.lock().unwrap().followed(), host = %hostname, "specd agent starting");
+    let src = Arc::new(Mutex::new(src));
+    tracing::info!(repo = %src_cfg.repo, followed = %lock(&src).followed(), host = %hostname, "specd agent starting");
 
     // Watch the local repository's refs, and the unit directory.
-    let _watchers = watchers(&src.lock().unwrap(), &opts.unit_dir, trig_tx.clone())?;
+    let _watchers = watchers(&lock(&src), &opts.unit_dir, trig_tx.clone())?;
     // Signals.
     {
         let t = trig_tx.clone();
@@ -149,7 +149,7 @@ pub async fn run(opts: RunOptions) -> Result<()> {
 
     let interval = Duration::from_secs(cfg.interval.unwrap_or(60).max(1));
     let resync = Duration::from_secs(cfg.resync.unwrap_or(300).max(1));
-    let remote = src.lock().unwrap().is_remote();
+    let remote = lock(&src).is_remote();
     let mut poll_at = tokio::time::Instant::now() + jitter(interval);
     let mut resync_at = tokio::time::Instant::now() + resync;
     let mut wd_usec = 0u64;
@@ -233,7 +233,7 @@ fn jitter(d: Duration) -> Duration {
 /// Read the head of the source and hand each unit its desired state, if the head may deploy.
 #[allow(clippy::too_many_arguments)]
 async fn sync_source(
-    src: &Arc<std::sync::Mutex<GitSource>>,
+    src: &Arc<Mutex<GitSource>>,
     cfg: &AgentConfig,
     hostname: &str,
     state_dir: &Path,
@@ -251,17 +251,26 @@ async fn sync_source(
     let allow_rewind = cfg.allow_rewind;
     let host = hostname.to_string();
     let res = tokio::task::spawn_blocking(move || {
-        let s = s2.lock().unwrap();
-        evaluate(&s, accepted.as_deref(), allow_rewind, &host)
+        let s = lock(&s2);
+        catch(|| evaluate(&s, accepted.as_deref(), allow_rewind, &host))
     })
     .await;
     let eval = match res {
-        Ok(e) => e,
-        Err(e) => Evaluation { head: None, error: Some(format!("reading the source panicked: {e}")), desired: vec![] },
+        Ok(Ok(e)) => e,
+        Ok(Err(e)) => Evaluation {
+            head: None,
+            error: Some(format!("the source: internal error while reading specs: {e}; nothing changed")),
+            desired: vec![],
+        },
+        Err(e) => Evaluation {
+            head: None,
+            error: Some(format!("the source: internal error while reading specs: {e}; nothing changed")),
+            desired: vec![],
+        },
     };
     let mut st = SourceState {
         repo: cfg.repo.clone().unwrap_or_default(),
-        followed: src.lock().unwrap().followed(),
+        followed: lock(src).followed(),
         accepted_commit: prev.accepted_commit.clone(),
         head_commit: eval.head.clone(),
         error: eval.error.clone(),
@@ -285,7 +294,7 @@ async fn sync_source(
             && let Some(acc) = prev.accepted_commit.as_deref().and_then(|a| git2::Oid::from_str(a).ok())
         {
             let (s2, host) = (src.clone(), hostname.to_string());
-            let fallback = tokio::task::spawn_blocking(move || read_commit(&s2.lock().unwrap(), acc, &host)).await;
+            let fallback = tokio::task::spawn_blocking(move || read_commit(&lock(&s2), acc, &host)).await;
             match fallback {
                 Ok(Ok(desired)) => {
                     tracing::info!(commit = %source::short(&acc.to_string()), "reconciling the units of the accepted commit");
@@ -429,13 +438,30 @@ pub fn evaluate(s: &GitSource, accepted: Option<&str>, allow_rewind: bool, host:
 /// The desired states of one commit for `host`; every spec must be valid (a commit deploys whole).
 pub fn read_commit(s: &GitSource, head: git2::Oid, host: &str) -> Result<Vec<DesiredState>, String> {
     let hs = head.to_string();
-    let files = s.read_specs(head).map_err(|e| format!("{e:#}"))?;
+    let files = catch(|| s.read_specs(head))
+        .map_err(|e| format!("commit {}: internal error while reading specs: {e}", source::short(&hs)))?
+        .map_err(|e| format!("{e:#}"))?;
     let mut desired = Vec::new();
     let mut errors = Vec::new();
     for f in files {
         let shown = format!("{}@{}", f.path, source::short(&hs));
-        match specd_spec::parse(&shown, &f.text).and_then(|p| p.resolve(Some(host))) {
-            Ok(spec) => {
+        // A panic on one spec (a bug in validation or rendering) fails this commit like an invalid
+        // spec does, and is reported; it never reaches the agent's loop.
+        let read = catch(|| {
+            specd_spec::parse(&shown, &f.text).and_then(|p| p.resolve(Some(host))).map(|spec| DesiredState::new(spec, None))
+        });
+        let read = match read {
+            Ok(r) => r,
+            Err(e) => {
+                errors.push(format!(
+                    "{shown}: commit {}: internal error while reading specs: {e}",
+                    source::short(&hs)
+                ));
+                continue;
+            }
+        };
+        match read {
+            Ok(DesiredState { spec, unit, .. }) => {
                 if desired.iter().any(|d: &DesiredState| d.spec.unit == spec.unit) {
                     errors.push(format!(
                         "{shown}: spec.unit: {} is already managed by another spec in this commit",
@@ -444,7 +470,7 @@ pub fn read_commit(s: &GitSource, head: git2::Oid, host: &str) -> Result<Vec<Des
                     continue;
                 }
                 let src = Source::Commit { repo: s.cfg.repo.clone(), commit: hs.clone(), path: f.path.clone() };
-                desired.push(DesiredState::new(spec, Some(src)));
+                desired.push(DesiredState { spec, unit, source: Some(src) });
             }
             Err(d) => errors.push(d.to_string()),
         }
@@ -453,6 +479,24 @@ pub fn read_commit(s: &GitSource, head: git2::Oid, host: &str) -> Result<Vec<Des
         return Err(format!("commit {} is not deployed; nothing changed:\n{}", source::short(&hs), errors.join("\n")));
     }
     Ok(desired)
+}
+
+/// Lock a mutex whose holder may have panicked: the data it guards is still usable (a source
+/// handle, counters), so a panic elsewhere never turns into a second one here.
+pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Run `f`, turning a panic into an error that carries the panic's message.
+pub fn catch<T>(f: impl FnOnce() -> T) -> Result<T, String> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|p| {
+        let msg = p
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| p.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a panic without a message".into());
+        format!("{msg} (a bug in specd; please report it)")
+    })
 }
 
 /// One unit's reconcile loop.
@@ -475,7 +519,17 @@ async fn worker(
         }
         let d = rx.borrow_and_update().clone();
         let t0 = Instant::now();
-        let wait = match reconcile::reconcile(&ctx, &d, false).await {
+        // In a task of its own: a panic in one reconcile is an error of this unit, reported and
+        // retried with backoff; the worker, the other units and the main loop go on.
+        let run = {
+            let (ctx, d) = (ctx.clone(), d.clone());
+            tokio::spawn(async move { reconcile::reconcile(&ctx, &d, false).await })
+        };
+        let result = match run.await {
+            Ok(r) => r,
+            Err(e) => Err(reconcile::ReconcileError::Io(anyhow::anyhow!("internal error while reconciling: {e}"))),
+        };
+        let wait = match result {
             Ok(r) => {
                 let failed = matches!(r.outcome, Some(Outcome::Failed | Outcome::RolledBack));
                 let result = r.outcome.map_or("none".to_string(), |o| format!("{o:?}").to_lowercase());
@@ -611,4 +665,29 @@ async fn serve(
     Ok(tokio::spawn(async move {
         let _ = axum::serve(listener, app).await;
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panic_becomes_an_error_with_its_message_and_a_lock_survives_it() {
+        assert_eq!(catch(|| 2 + 2), Ok(4));
+        let e = catch(|| -> u32 { panic!("attempt to add with overflow") }).unwrap_err();
+        assert!(e.starts_with("attempt to add with overflow"), "{e}");
+        let e = catch(|| -> u32 { panic!("{} steps", 3) }).unwrap_err();
+        assert!(e.starts_with("3 steps"), "{e}");
+
+        let m = Arc::new(Mutex::new(1));
+        let m2 = m.clone();
+        let _ = std::thread::spawn(move || {
+            let _g = m2.lock().unwrap();
+            panic!("poisons the lock");
+        })
+        .join();
+        assert!(m.is_poisoned());
+        *lock(&m) += 1;
+        assert_eq!(*lock(&m), 2);
+    }
 }

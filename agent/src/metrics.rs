@@ -82,7 +82,7 @@ impl Metrics {
     }
 
     pub fn commit(&self, c: &str) {
-        let mut cur = self.current_commit.lock().unwrap();
+        let mut cur = crate::agent::lock(&self.current_commit);
         if let Some(old) = cur.take() {
             self.commit.get_or_create(&vec![("commit".into(), old)]).set(0);
         }
@@ -92,7 +92,7 @@ impl Metrics {
 
     pub fn render(&self) -> String {
         let mut s = String::new();
-        let _ = encode(&mut s, &self.registry.lock().unwrap());
+        let _ = encode(&mut s, &crate::agent::lock(&self.registry));
         s
     }
 }

@@ -363,3 +363,49 @@ fn a_removed_spec_leaves_its_unit_running_as_orphaned_unless_prune_is_on() {
     assert_eq!(f.steps(a), Some(5));
     f.e.b.shutdown().unwrap();
 }
+
+#[test]
+fn a_hostile_commit_is_reported_and_the_agent_keeps_serving_and_heals() {
+    let f = Fleet::new();
+    let (a, b) = (f.e.port, free_port());
+    f.commit(
+        &[("a.yaml", &f.spec("model-a.service", a, 5, 200, "")), ("b.yaml", &f.spec("model-b.service", b, 5, 200, ""))],
+        "two models",
+    );
+    f.start_agent(f.repo.to_str().unwrap(), "");
+    f.wait_steps(a, 5, Duration::from_secs(60));
+    f.wait_steps(b, 5, Duration::from_secs(60));
+    let agent_pid = f.e.b.prop(AGENT, "MainPID").unwrap();
+    let pid_a = f.e.main_pid("model-a.service");
+
+    // Numbers at the edge of every integer type and nesting far deeper than any spec: whatever the
+    // validator makes of them (an error, or a bug that panics), the agent reports the commit and
+    // goes on.
+    let huge = f
+        .spec("model-b.service", b, 5, 200, "")
+        .replace("num_steps: 5", "num_steps: 4294967295")
+        .replace("num_draft_tokens: 6", "num_draft_tokens: 18446744073709551615");
+    let deep = format!("{}  extra: {}{}\n", f.spec("model-c.service", free_port(), 5, 200, ""), "[".repeat(5000), "]".repeat(5000));
+    let bad = f.commit(&[("b.yaml", &huge), ("c.yaml", &deep)], "hostile");
+    f.wait_source("the hostile commit to be refused", |s| s["head_commit"] == bad.as_str() && !s["error"].is_null());
+    let err = f.source_state()["error"].as_str().unwrap_or_default().to_string();
+    assert!(err.contains(&format!("specs/b.yaml@{}", &bad[..12])), "{err}");
+    let st = text(&f.e.specd(&["status"]));
+    assert!(st.contains("head not deployed") && st.contains("specs/b.yaml@"), "{st}");
+    assert_eq!(f.e.b.prop(AGENT, "MainPID").unwrap(), agent_pid, "the agent restarted");
+    assert_eq!(f.e.b.prop(AGENT, "NRestarts").unwrap(), "0");
+    assert_eq!(f.steps(a), Some(5));
+    assert_eq!(f.steps(b), Some(5));
+    assert_eq!(f.e.main_pid("model-a.service"), pid_a);
+
+    // Asked again (the source re-read), still up; then a fix commit deploys.
+    let o = f.e.specd(&["reconcile", "--agent", &format!("http://127.0.0.1:{}", f.listen)]);
+    assert!(o.status.success(), "{}", text(&o));
+    std::fs::remove_file(f.repo.join("specs/c.yaml")).unwrap();
+    let fixed = f.commit(&[("b.yaml", &f.spec("model-b.service", b, 7, 200, ""))], "fixed");
+    f.wait_steps(b, 7, Duration::from_secs(60));
+    f.wait_source("the fix to be accepted", |s| s["accepted_commit"] == fixed.as_str() && s["error"].is_null());
+    assert_eq!(f.e.b.prop(AGENT, "MainPID").unwrap(), agent_pid, "the agent restarted");
+    assert_eq!(f.e.main_pid("model-a.service"), pid_a);
+    f.e.b.shutdown().unwrap();
+}

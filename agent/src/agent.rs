@@ -46,10 +46,10 @@ impl SourceState {
         serde_json::from_slice(&b).ok()
     }
     fn save(&self, state_dir: &Path) -> Result<()> {
-        crate::fsx::ensure_dir(state_dir)?;
+        crate::fsx::ensure_private_dir(state_dir)?;
         let mut b = serde_json::to_vec_pretty(self)?;
         b.push(b'\n');
-        crate::fsx::atomic_write(&Self::path(state_dir), &b, 0o644)
+        crate::fsx::atomic_write(&Self::path(state_dir), &b, 0o600)
     }
 }
 
@@ -98,7 +98,9 @@ pub async fn run(opts: RunOptions) -> Result<()> {
     let src_cfg = cfg.source()?;
     let hostname = crate::ops::hostname(cfg.hostname.clone());
     let store = Store::new(&opts.state_dir);
-    crate::fsx::ensure_dir(&opts.state_dir)?;
+    crate::fsx::ensure_private_dir(&opts.state_dir)?;
+    // State written world-readable by an older specd is made private.
+    store.secure();
     let (stop_tx, shutdown) = Shutdown::new();
     let ctx = Arc::new(Ctx {
         systemd: Systemctl,
@@ -136,9 +138,11 @@ pub async fn run(opts: RunOptions) -> Result<()> {
     }
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
-    // Metrics and control endpoint.
+    // Metrics (TCP, read-only) and control actions (a Unix socket, root's or a group's).
     let listen = cfg.listen.clone().unwrap_or_else(|| "127.0.0.1:9464".into());
-    let server = serve(&listen, metrics.clone(), trig_tx.clone()).await?;
+    let server = serve(&listen, metrics.clone()).await?;
+    let socket = cfg.control_socket.clone().unwrap_or_else(|| crate::config::CONTROL_SOCKET.into());
+    let control = serve_control(&socket, cfg.control_group.as_deref(), trig_tx.clone())?;
 
     let mut workers: BTreeMap<String, Worker> = BTreeMap::new();
     let mut last_head: Option<String> = None;
@@ -152,6 +156,10 @@ pub async fn run(opts: RunOptions) -> Result<()> {
     let remote = lock(&src).is_remote();
     let mut poll_at = tokio::time::Instant::now() + jitter(interval);
     let mut resync_at = tokio::time::Instant::now() + resync;
+    // Forced source re-reads (SIGHUP, `specd reconcile`) at most once a second: a burst of
+    // requests is one read now and one at the end of the second.
+    let mut last_forced: Option<tokio::time::Instant> = None;
+    let mut forced_due: Option<tokio::time::Instant> = None;
     let mut wd_usec = 0u64;
     if sd_notify::watchdog_enabled(false, &mut wd_usec) {
         // Its own task: a slow source read in the main loop must not starve it.
@@ -180,8 +188,17 @@ pub async fn run(opts: RunOptions) -> Result<()> {
                 let source = ts.iter().any(|t| matches!(t, Trigger::Source));
                 // An explicit request (SIGHUP, `specd reconcile`) re-reads the source even if the
                 // head did not move.
-                let force = ts.iter().any(|t| matches!(t, Trigger::All));
-                if source {
+                let mut force = ts.iter().any(|t| matches!(t, Trigger::All));
+                if force {
+                    let now = tokio::time::Instant::now();
+                    if let Some(next) = last_forced.map(|t| t + FORCED_READ_EVERY).filter(|n| *n > now) {
+                        forced_due = Some(next);
+                        force = false;
+                    } else {
+                        last_forced = Some(now);
+                    }
+                }
+                if source && (force || forced_due.is_none()) {
                     sync_source(&src, &cfg, &hostname, &opts.state_dir, &store, &ctx, &metrics, &mut workers, &mut last_head, force).await;
                 }
                 for t in ts {
@@ -195,6 +212,12 @@ pub async fn run(opts: RunOptions) -> Result<()> {
             _ = tokio::time::sleep_until(poll_at), if remote => {
                 poll_at = tokio::time::Instant::now() + jitter(interval);
                 sync_source(&src, &cfg, &hostname, &opts.state_dir, &store, &ctx, &metrics, &mut workers, &mut last_head, false).await;
+            }
+            _ = tokio::time::sleep_until(forced_due.unwrap_or(resync_at)), if forced_due.is_some() => {
+                forced_due = None;
+                last_forced = Some(tokio::time::Instant::now());
+                sync_source(&src, &cfg, &hostname, &opts.state_dir, &store, &ctx, &metrics, &mut workers, &mut last_head, true).await;
+                workers.values().for_each(|w| w.poke.notify_one());
             }
             _ = tokio::time::sleep_until(resync_at) => {
                 resync_at = tokio::time::Instant::now() + resync;
@@ -215,9 +238,14 @@ pub async fn run(opts: RunOptions) -> Result<()> {
         }
     }
     server.abort();
+    control.abort();
+    let _ = std::fs::remove_file(&socket);
     tracing::info!("stopped");
     Ok(())
 }
+
+/// The least time between two forced re-reads of the source.
+const FORCED_READ_EVERY: Duration = Duration::from_secs(1);
 
 fn jitter(d: Duration) -> Duration {
     let ms = d.as_millis() as u64;
@@ -245,6 +273,7 @@ async fn sync_source(
     force: bool,
 ) {
     let started = Instant::now();
+    metrics.source_read();
     let prev = SourceState::load(state_dir).unwrap_or_default();
     let s2 = src.clone();
     let accepted = prev.accepted_commit.clone();
@@ -375,9 +404,10 @@ async fn prune(ctx: &Ctx<Systemctl>, unit: &str) {
     let _ = ctx.systemd.run(&["stop", unit]).await;
     let path = reconcile::unit_path(&ctx.unit_dir, unit);
     let keep = ctx.store.dir.join("pruned");
-    if crate::fsx::ensure_dir(&keep).is_ok() && path.exists() {
-        let _ = std::fs::copy(&path, keep.join(format!("{unit}.{}", state::now())))
-            .and_then(|_| std::fs::remove_file(&path));
+    if crate::fsx::ensure_private_dir(&keep).is_ok() && path.exists() {
+        let kept = keep.join(format!("{unit}.{}", state::now()));
+        let _ = std::fs::copy(&path, &kept).and_then(|_| std::fs::remove_file(&path));
+        let _ = crate::fsx::make_private(&kept);
     }
     let _ = ctx.systemd.run(&["daemon-reload"]).await;
     let _ = std::fs::rename(
@@ -448,15 +478,14 @@ pub fn read_commit(s: &GitSource, head: git2::Oid, host: &str) -> Result<Vec<Des
         // A panic on one spec (a bug in validation or rendering) fails this commit like an invalid
         // spec does, and is reported; it never reaches the agent's loop.
         let read = catch(|| {
-            specd_spec::parse(&shown, &f.text).and_then(|p| p.resolve(Some(host))).map(|spec| DesiredState::new(spec, None))
+            specd_spec::parse(&shown, &f.text)
+                .and_then(|p| p.resolve(Some(host)))
+                .map(|spec| DesiredState::new(spec, None))
         });
         let read = match read {
             Ok(r) => r,
             Err(e) => {
-                errors.push(format!(
-                    "{shown}: commit {}: internal error while reading specs: {e}",
-                    source::short(&hs)
-                ));
+                errors.push(format!("{shown}: commit {}: internal error while reading specs: {e}", source::short(&hs)));
                 continue;
             }
         };
@@ -538,9 +567,12 @@ async fn worker(
                     Some(Outcome::Applied | Outcome::Started) => crate::plan::Sync::InSync,
                     Some(Outcome::RolledBack | Outcome::Failed) => crate::plan::Sync::Failed,
                     Some(Outcome::Reported) => crate::plan::Sync::Drifted,
-                    None => r.plan.sync,
+                    Some(Outcome::Unquarantined) | None => r.plan.sync,
                 };
                 metrics.reconciled(&unit, now, &result, t0.elapsed().as_secs_f64(), failed);
+                if let Ok(p) = ctx.systemd.show(&unit).await {
+                    metrics.down(&unit, !matches!(p.active_state.as_str(), "active" | "activating" | "reloading"));
+                }
                 if r.outcome.is_some() {
                     tracing::info!(unit = %unit, "{}", r.verdict);
                 }
@@ -631,63 +663,73 @@ fn watchers(
     Ok(out)
 }
 
-async fn serve(
-    listen: &str,
-    metrics: Arc<Metrics>,
-    tx: mpsc::UnboundedSender<Trigger>,
-) -> Result<tokio::task::JoinHandle<()>> {
-    use axum::extract::Query;
-    use axum::routing::{get, post};
+/// The read-only endpoint: `GET /metrics`, `GET /healthz`, on any address (control actions are
+/// not served here: see [`serve_control`]).
+async fn serve(listen: &str, metrics: Arc<Metrics>) -> Result<tokio::task::JoinHandle<()>> {
+    use axum::routing::get;
     let addr: std::net::SocketAddr = listen.parse().with_context(|| format!("listen address {listen:?}"))?;
-    if !addr.ip().is_loopback() {
-        anyhow::bail!("the metrics and control endpoint listens on loopback only; {listen} is not");
-    }
     let m = metrics.clone();
     let app = axum::Router::new()
         .route("/metrics", get(move || async move { m.render() }))
-        .route("/healthz", get(|| async { "ok\n" }))
-        .route(
-            "/reconcile",
-            post(move |Query(q): Query<BTreeMap<String, String>>| async move {
-                match q.get("unit") {
-                    Some(u) => {
-                        let _ = tx.send(Trigger::Unit(u.clone()));
-                    }
-                    None => {
-                        let _ = tx.send(Trigger::Source);
-                        let _ = tx.send(Trigger::All);
-                    }
-                }
-                "queued\n"
-            }),
-        );
+        .route("/healthz", get(|| async { "ok\n" }));
     let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {listen}"))?;
     Ok(tokio::spawn(async move {
         let _ = axum::serve(listener, app).await;
     }))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_panic_becomes_an_error_with_its_message_and_a_lock_survives_it() {
-        assert_eq!(catch(|| 2 + 2), Ok(4));
-        let e = catch(|| -> u32 { panic!("attempt to add with overflow") }).unwrap_err();
-        assert!(e.starts_with("attempt to add with overflow"), "{e}");
-        let e = catch(|| -> u32 { panic!("{} steps", 3) }).unwrap_err();
-        assert!(e.starts_with("3 steps"), "{e}");
-
-        let m = Arc::new(Mutex::new(1));
-        let m2 = m.clone();
-        let _ = std::thread::spawn(move || {
-            let _g = m2.lock().unwrap();
-            panic!("poisons the lock");
-        })
-        .join();
-        assert!(m.is_poisoned());
-        *lock(&m) += 1;
-        assert_eq!(*lock(&m), 2);
+/// Control actions on a Unix socket: `POST /reconcile[?unit=U]`. The socket's directory is
+/// root's only (0700, socket 0600), or also `group`'s (0750, socket 0660).
+fn serve_control(
+    path: &Path,
+    group: Option<&str>,
+    tx: mpsc::UnboundedSender<Trigger>,
+) -> Result<tokio::task::JoinHandle<()>> {
+    use axum::extract::Query;
+    use axum::routing::{get, post};
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).context("the control socket needs a directory")?;
+    crate::fsx::ensure_dir(dir)?;
+    let gid = match group {
+        Some(g) => Some(
+            nix::unistd::Group::from_name(g)
+                .with_context(|| format!("looking up group {g}"))?
+                .with_context(|| format!("control_group: there is no group {g}"))?
+                .gid,
+        ),
+        None => None,
+    };
+    let (dir_mode, sock_mode) = if gid.is_some() { (0o750, 0o660) } else { (0o700, 0o600) };
+    nix::unistd::chown(dir, None, gid).with_context(|| format!("chown {}", dir.display()))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(dir_mode))
+        .with_context(|| format!("chmod {}", dir.display()))?;
+    // A socket left by an agent that died.
+    if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket()) {
+        let _ = std::fs::remove_file(path);
     }
+    let std_listener =
+        std::os::unix::net::UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(sock_mode))
+        .with_context(|| format!("chmod {}", path.display()))?;
+    nix::unistd::chown(path, None, gid).with_context(|| format!("chown {}", path.display()))?;
+    std_listener.set_nonblocking(true)?;
+    let listener = tokio::net::UnixListener::from_std(std_listener)?;
+    let app = axum::Router::new().route("/healthz", get(|| async { "ok\n" })).route(
+        "/reconcile",
+        post(move |Query(q): Query<BTreeMap<String, String>>| async move {
+            match q.get("unit") {
+                Some(u) => {
+                    let _ = tx.send(Trigger::Unit(u.clone()));
+                }
+                None => {
+                    let _ = tx.send(Trigger::Source);
+                    let _ = tx.send(Trigger::All);
+                }
+            }
+            "queued\n"
+        }),
+    );
+    Ok(tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    }))
 }

@@ -14,6 +14,7 @@ pub mod ops;
 pub mod plan;
 pub mod probe;
 pub mod reconcile;
+pub mod recovery;
 pub mod source;
 pub mod specs;
 pub mod state;

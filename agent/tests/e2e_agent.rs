@@ -160,7 +160,7 @@ fn commits_deploy_and_nothing_else_does() {
     std::fs::write(f.repo.join("specs/qwen.yaml"), f.spec("qwen.service", a, 3, 200, "")).unwrap();
     let pid = f.e.main_pid("qwen.service");
     let before = f.source_state()["time"].as_u64().unwrap();
-    let o = f.e.specd(&["reconcile", "--agent", &format!("http://127.0.0.1:{}", f.listen)]);
+    let o = f.e.specd(&["reconcile"]);
     assert!(o.status.success(), "{}", text(&o));
     f.wait_source("the source to be read again", |s| s["time"].as_u64().unwrap_or(0) > before);
     assert_eq!(f.steps(a), Some(10));
@@ -385,7 +385,12 @@ fn a_hostile_commit_is_reported_and_the_agent_keeps_serving_and_heals() {
         .spec("model-b.service", b, 5, 200, "")
         .replace("num_steps: 5", "num_steps: 4294967295")
         .replace("num_draft_tokens: 6", "num_draft_tokens: 18446744073709551615");
-    let deep = format!("{}  extra: {}{}\n", f.spec("model-c.service", free_port(), 5, 200, ""), "[".repeat(5000), "]".repeat(5000));
+    let deep = format!(
+        "{}  extra: {}{}\n",
+        f.spec("model-c.service", free_port(), 5, 200, ""),
+        "[".repeat(5000),
+        "]".repeat(5000)
+    );
     let bad = f.commit(&[("b.yaml", &huge), ("c.yaml", &deep)], "hostile");
     f.wait_source("the hostile commit to be refused", |s| s["head_commit"] == bad.as_str() && !s["error"].is_null());
     let err = f.source_state()["error"].as_str().unwrap_or_default().to_string();
@@ -399,7 +404,7 @@ fn a_hostile_commit_is_reported_and_the_agent_keeps_serving_and_heals() {
     assert_eq!(f.e.main_pid("model-a.service"), pid_a);
 
     // Asked again (the source re-read), still up; then a fix commit deploys.
-    let o = f.e.specd(&["reconcile", "--agent", &format!("http://127.0.0.1:{}", f.listen)]);
+    let o = f.e.specd(&["reconcile"]);
     assert!(o.status.success(), "{}", text(&o));
     std::fs::remove_file(f.repo.join("specs/c.yaml")).unwrap();
     let fixed = f.commit(&[("b.yaml", &f.spec("model-b.service", b, 7, 200, ""))], "fixed");
@@ -407,5 +412,60 @@ fn a_hostile_commit_is_reported_and_the_agent_keeps_serving_and_heals() {
     f.wait_source("the fix to be accepted", |s| s["accepted_commit"] == fixed.as_str() && s["error"].is_null());
     assert_eq!(f.e.b.prop(AGENT, "MainPID").unwrap(), agent_pid, "the agent restarted");
     assert_eq!(f.e.main_pid("model-a.service"), pid_a);
+    f.e.b.shutdown().unwrap();
+}
+
+fn source_reads(f: &Fleet) -> u64 {
+    let (_, body) = http_get(f.listen, "/metrics").unwrap_or_default();
+    body.lines()
+        .find_map(|l| l.strip_prefix("specd_source_reads_total "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .unwrap_or(0.0) as u64
+}
+
+#[test]
+fn control_actions_take_the_root_only_socket_and_forced_rereads_are_rate_limited() {
+    use std::io::{Read, Write};
+    let f = Fleet::new();
+    let a = f.e.port;
+    f.commit(&[("qwen.yaml", &f.spec("qwen.service", a, 5, 200, ""))], "steps 5");
+    f.start_agent(f.repo.to_str().unwrap(), "");
+    f.wait_steps(a, 5, Duration::from_secs(30));
+
+    // TCP serves reading only.
+    let (code, _) = http(f.listen, "POST", "/reconcile", None, Duration::from_secs(5)).unwrap();
+    assert!(code == 404 || code == 405, "POST /reconcile over TCP answered {code}");
+    let (code, body) = http_get(f.listen, "/metrics").unwrap();
+    assert_eq!(code, 200);
+    assert!(body.contains("specd_source_reads_total"), "{body}");
+    assert_eq!(http_get(f.listen, "/healthz").unwrap().0, 200);
+
+    // The control socket is root's only.
+    let modes = f.e.b.sh_check("stat -c '%a %U' /run/specd /run/specd/control.sock").unwrap();
+    assert_eq!(modes, "700 root\n600 root\n");
+    let o = f.e.b.exec(&["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "ls", "/run/specd"]);
+    assert!(!o.status.success(), "nobody lists the control socket's directory: {}", text(&o));
+    let o = f.e.specd(&["reconcile"]);
+    assert!(o.status.success(), "{}", text(&o));
+
+    // A burst of 3,000 requests is a handful of source reads.
+    let sock = f.e.b.host_path("/run/specd/control.sock");
+    let before = source_reads(&f);
+    let t0 = Instant::now();
+    for i in 0..3000 {
+        let mut s = std::os::unix::net::UnixStream::connect(&sock).unwrap();
+        s.write_all(b"POST /reconcile HTTP/1.1\r\nHost: specd\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+            .unwrap();
+        let mut resp = String::new();
+        s.read_to_string(&mut resp).unwrap();
+        assert!(resp.starts_with("HTTP/1.1 200"), "request {i}: {resp}");
+    }
+    let took = t0.elapsed();
+    let burst = source_reads(&f) - before;
+    assert!(burst >= 1, "no source read for 3,000 requests");
+    assert!(burst <= took.as_secs() + 2, "{burst} source reads in {took:?} for 3,000 requests");
+    // The last requests are honoured: one more read follows the burst.
+    wait_until("the deferred read", Duration::from_secs(5), || source_reads(&f) > before + burst).unwrap();
+    assert_eq!(f.steps(a), Some(5));
     f.e.b.shutdown().unwrap();
 }

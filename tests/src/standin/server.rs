@@ -243,11 +243,7 @@ fn router(st: St) -> Router {
 }
 
 /// The `crash-after-ready` fault: see [`super::faults::answered_ready`].
-async fn crash_gate(
-    State(st): State<St>,
-    req: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> Response {
+async fn crash_gate(State(st): State<St>, req: axum::extract::Request, next: axum::middleware::Next) -> Response {
     super::faults::crash_if_answered_ready(&st.launch.knobs);
     let health = matches!(req.uri().path(), "/health" | "/health_generate" | "/ready" | "/v1/health");
     let r = next.run(req).await;

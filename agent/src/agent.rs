@@ -297,6 +297,7 @@ async fn sync_source(
             desired: vec![],
         },
     };
+    let eval = gate_units(eval, cfg.manage_units.as_deref());
     let mut st = SourceState {
         repo: cfg.repo.clone().unwrap_or_default(),
         followed: lock(src).followed(),
@@ -368,6 +369,30 @@ async fn sync_source(
     st.orphans = if cfg.prune { vec![] } else { orphans };
     let _ = st.save(state_dir);
     tracing::info!(commit = %source::short(&commit), units = seen.len(), ms = started.elapsed().as_millis() as u64, "source read");
+}
+
+/// A commit with a unit this agent may not manage (see [`crate::owner`]) is not deployed.
+fn gate_units(mut eval: Evaluation, pattern: Option<&str>) -> Evaluation {
+    let own = crate::owner::own_unit();
+    let commit = eval.head.as_deref().map(source::short).unwrap_or("-").to_string();
+    let refused: Vec<String> = eval
+        .desired
+        .iter()
+        .filter_map(|d| {
+            crate::owner::may_manage(&d.spec.unit, own.as_deref(), pattern).err().map(|e| {
+                let file = match &d.source {
+                    Some(Source::Commit { path, .. }) => format!("{path}@{commit}"),
+                    _ => commit.clone(),
+                };
+                format!("{file}: spec.unit: {e}")
+            })
+        })
+        .collect();
+    if !refused.is_empty() {
+        eval.error = Some(format!("commit {commit} is not deployed; nothing changed:\n{}", refused.join("\n")));
+        eval.desired.clear();
+    }
+    eval
 }
 
 /// Hand a unit its desired state: to its worker, started if it has none.

@@ -49,6 +49,9 @@ pub struct AgentConfig {
     pub control_socket: Option<PathBuf>,
     /// A group whose members may use the control socket too (directory 0750, socket 0660).
     pub control_group: Option<String>,
+    /// Only units whose names match this pattern (`*`, `?`) are managed; a commit with any other
+    /// is not deployed. Default: any name (specd's own, systemd's and D-Bus's units never are).
+    pub manage_units: Option<String>,
 }
 
 /// Where the agent listens for control actions unless configured otherwise.

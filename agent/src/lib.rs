@@ -11,6 +11,7 @@ pub mod fsx;
 pub mod lock;
 pub mod metrics;
 pub mod ops;
+pub mod owner;
 pub mod plan;
 pub mod probe;
 pub mod reconcile;

@@ -292,6 +292,10 @@ pub fn desired_of(ctx_unit_dir: &Path, d: &DesiredState) -> Desired {
 pub async fn reconcile<S: Systemd>(ctx: &Ctx<S>, d: &DesiredState, dry_run: bool) -> Result<Report, ReconcileError> {
     let unit = d.spec.unit.clone();
     let emit = |e: Event| (ctx.events)(&unit, &e);
+    // Whatever validation let through: never specd's own unit, systemd's or D-Bus's.
+    if let Some(why) = crate::owner::reserved(&unit, crate::owner::own_unit().as_deref()) {
+        return Err(ReconcileError::Io(anyhow::anyhow!("refused: specd never manages {unit}: {why}; nothing changed")));
+    }
     let locks = ctx.store.locks_dir();
     let _lock = match UnitLock::try_acquire(&locks, &unit)? {
         Some(l) => l,
@@ -305,6 +309,20 @@ pub async fn reconcile<S: Systemd>(ctx: &Ctx<S>, d: &DesiredState, dry_run: bool
     let desired = desired_of(&ctx.unit_dir, d);
     let plan = plan::plan(&o, &desired);
     emit(Event::Plan(plan.clone()));
+    // A unit file specd did not write (no header, never recorded as written) is someone else's:
+    // replaced only when the spec adopts it.
+    let path = unit_path(&ctx.unit_dir, &unit);
+    if plan.steps.contains(&Step::WriteUnit)
+        && !d.spec.policy.adopt
+        && st.written_sha256.is_none()
+        && fsx::read_opt(&path)?.is_some_and(|t| !crate::owner::written_by_specd(&t))
+    {
+        let verdict = format!(
+            "Refused: {unit}: {} was not written by specd (it has no specd header); specd replaces it only when the spec adopts it (policy: {{adopt: true}}); nothing changed",
+            path.display()
+        );
+        return Ok(Report { unit, plan, outcome: None, verdict, stop_verdict: None, action: Action::AwaitChange });
+    }
     if dry_run {
         let verdict = if plan.steps.is_empty() {
             format!("{}: nothing to do", plan.sync)

@@ -469,3 +469,32 @@ fn control_actions_take_the_root_only_socket_and_forced_rereads_are_rate_limited
     assert_eq!(f.steps(a), Some(5));
     f.e.b.shutdown().unwrap();
 }
+
+#[test]
+fn the_agent_manages_only_units_matching_its_pattern_and_never_systemd_s() {
+    let f = Fleet::new();
+    let a = f.e.port;
+    f.e.b.write_file("/run/agent.yaml", "manage_units: \"llm-*\"\n").unwrap();
+    let c1 = f.commit(&[("a.yaml", &f.spec("llm-a.service", a, 5, 200, ""))], "llm-a");
+    f.start_agent(f.repo.to_str().unwrap(), "");
+    f.wait_steps(a, 5, Duration::from_secs(30));
+    f.wait_source("the first commit to be accepted", |s| s["accepted_commit"] == c1.as_str());
+
+    let other = f.commit(&[("b.yaml", &f.spec("other.service", free_port(), 5, 200, ""))], "other");
+    f.wait_source("the commit to be refused", |s| s["head_commit"] == other.as_str() && !s["error"].is_null());
+    let err = f.source_state()["error"].as_str().unwrap_or_default().to_string();
+    assert!(err.contains(&format!("specs/b.yaml@{}", &other[..12])) && err.contains("manage_units pattern"), "{err}");
+    assert!(f.e.b.read_file("/etc/systemd/system/other.service").is_err());
+
+    let journald = f.e.b.prop("systemd-journald.service", "ActiveState").unwrap();
+    std::fs::remove_file(f.repo.join("specs/b.yaml")).unwrap();
+    f.e.b.write_file("/run/agent.yaml", "").unwrap();
+    f.e.b.systemctl_check(&["restart", AGENT]).unwrap();
+    let j = f.commit(&[("j.yaml", &f.spec("systemd-journald.service", free_port(), 5, 200, ""))], "journald");
+    f.wait_source("the commit to be refused", |s| s["head_commit"] == j.as_str() && !s["error"].is_null());
+    let err = f.source_state()["error"].as_str().unwrap_or_default().to_string();
+    assert!(err.contains("systemd-journald.service"), "{err}");
+    assert_eq!(f.e.b.prop("systemd-journald.service", "ActiveState").unwrap(), journald);
+    assert_eq!(f.steps(a), Some(5));
+    f.e.b.shutdown().unwrap();
+}

@@ -245,7 +245,7 @@ fn a_process_that_ignores_sigterm_blocks_the_start_and_is_named() {
     e.b.systemctl_check(&["daemon-reload"]).unwrap();
     e.b.systemctl_check(&["start", UNIT]).unwrap();
     wait_until("the old server to answer", Duration::from_secs(30), || e.server_info().is_some()).unwrap();
-    let yaml = e.spec(UNIT, 5, "  service: {timeout_stop_sec: 1}\n");
+    let yaml = e.spec(UNIT, 5, "  service: {timeout_stop_sec: 1}\n  policy: {adopt: true}\n");
     let (ok, out) = apply(&e, "s.yaml", &yaml);
     assert!(!ok, "{out}");
     assert!(out.contains("processes still in the unit's cgroup"), "{out}");
@@ -699,5 +699,39 @@ fn a_masked_unit_is_its_own_status_and_apply_changes_nothing() {
     assert!(!out.contains("edited by hand"), "{out}");
     assert_eq!(e.b.sh_check(&format!("readlink {path}")).unwrap().trim(), "/dev/null");
     assert_eq!(e.b.prop(UNIT, "LoadState").unwrap(), "masked");
+    e.b.shutdown().unwrap();
+}
+
+#[test]
+fn a_unit_file_specd_did_not_write_is_replaced_only_when_adopted_and_reserved_units_never() {
+    let e = Env::new();
+    let path = format!("/etc/systemd/system/{UNIT}");
+    let old =
+        format!("[Service]\nType=exec\nExecStart={} sglang --model-path /models/old --port {}\n", e.standin, e.port);
+    e.b.write_file(&path, &old).unwrap();
+    e.b.systemctl_check(&["daemon-reload"]).unwrap();
+    e.b.systemctl_check(&["start", UNIT]).unwrap();
+    wait_until("the old server to answer", Duration::from_secs(30), || e.server_info().is_some()).unwrap();
+    let pid = e.main_pid(UNIT);
+    let (ok, out) = apply(&e, "s5.yaml", &e.spec(UNIT, 5, &seed_extra(100)));
+    assert!(!ok, "{out}");
+    assert!(out.contains("Refused: sglang-qwen.service") && out.contains("was not written by specd"), "{out}");
+    assert!(!out.contains("stopping"), "{out}");
+    assert_eq!(e.b.read_to_string(&path).unwrap(), old);
+    assert_eq!(e.main_pid(UNIT), pid);
+    let (ok, out) = apply(&e, "a5.yaml", &e.spec(UNIT, 5, &(seed_extra(100) + "  policy: {adopt: true}\n")));
+    assert!(ok, "{out}");
+    assert_eq!(e.served_steps(), Some(5));
+
+    // Units specd never manages, even when a spec names them.
+    for unit in ["systemd-journald.service", "dbus.service", "specd.service"] {
+        let before = e.b.prop(unit, "ActiveState").unwrap();
+        let yaml = sglang_spec(&e.standin, unit, free_port(), 5, &seed_extra(100));
+        let (ok, out) = apply(&e, "reserved.yaml", &yaml);
+        assert!(!ok, "{out}");
+        assert!(out.contains(unit) && (out.contains("never manages") || out.contains("reserved")), "{out}");
+        assert_eq!(e.b.prop(unit, "ActiveState").unwrap(), before, "{unit}");
+        assert!(e.b.read_file(&format!("/etc/systemd/system/{unit}")).is_err(), "{unit} was written");
+    }
     e.b.shutdown().unwrap();
 }

@@ -498,3 +498,43 @@ fn the_agent_manages_only_units_matching_its_pattern_and_never_systemd_s() {
     assert_eq!(f.steps(a), Some(5));
     f.e.b.shutdown().unwrap();
 }
+
+fn unit_down(f: &Fleet, unit: &str) -> Option<u64> {
+    let (_, body) = http_get(f.listen, "/metrics")?;
+    let key = format!("specd_unit_down{{unit=\"{unit}\"}} ");
+    body.lines().find_map(|l| l.strip_prefix(key.as_str())).and_then(|v| v.trim().parse().ok())
+}
+
+#[test]
+fn a_unit_left_down_is_in_the_metrics_and_unquarantine_works_while_the_agent_runs() {
+    let f = Fleet::new();
+    let a = f.e.port;
+    let failing = f
+        .spec("qwen.service", a, 5, 200, "")
+        .replace("SPECD_STANDIN_LOAD_MS", "SPECD_STANDIN_EXIT_CODE: \"3\", SPECD_STANDIN_LOAD_MS");
+    f.commit(&[("qwen.yaml", &failing)], "fails at start");
+    f.start_agent(f.repo.to_str().unwrap(), "");
+    f.wait_applied("qwen.service", 1);
+    let st = f.e.state("qwen.service");
+    assert_eq!(st["quarantine"].as_array().map(Vec::len), Some(1), "{st}");
+    wait_until("specd_unit_down to be 1", Duration::from_secs(10), || unit_down(&f, "qwen.service") == Some(1))
+        .unwrap();
+    let o = f.e.specd(&["status"]);
+    assert!(text(&o).contains("DOWN: Failed: qwen.service"), "{}", text(&o));
+
+    // Cleared while the agent runs: it tries the unit again at once (and it fails again).
+    let o = f.e.specd(&["unquarantine", "qwen.service"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("asked the running agent to reconcile qwen.service"), "{}", text(&o));
+    f.wait_applied("qwen.service", 3);
+    let hist = f.e.state("qwen.service")["history"].as_array().unwrap().clone();
+    let outcomes: Vec<&str> = hist.iter().map(|h| h["outcome"].as_str().unwrap()).collect();
+    assert_eq!(outcomes, ["failed", "unquarantined", "failed"]);
+
+    // A working spec: up, and the metric says so.
+    f.commit(&[("qwen.yaml", &f.spec("qwen.service", a, 5, 200, ""))], "works");
+    f.wait_steps(a, 5, Duration::from_secs(30));
+    wait_until("specd_unit_down to be 0", Duration::from_secs(10), || unit_down(&f, "qwen.service") == Some(0))
+        .unwrap();
+    f.e.b.shutdown().unwrap();
+}

@@ -655,6 +655,14 @@ fn state_is_private_and_an_open_state_dir_is_fixed() {
         "700 /var/lib/specd\n700 /var/lib/specd/units\n700 /var/lib/specd/locks\n600 /var/lib/specd/units/{UNIT}.json\n600 /var/lib/specd/units/x.service.json\n600 /var/lib/specd/locks/{UNIT}.lock\n644 /etc/systemd/system/{UNIT}\n"
     );
     assert_eq!(modes, want);
+    // A drop-in specd moves aside is kept private too.
+    e.b.write_file(&format!("/etc/systemd/system/{UNIT}.d/token.conf"), "[Service]\nEnvironment=HF_TOKEN=hf_other\n")
+        .unwrap();
+    e.b.systemctl_check(&["daemon-reload"]).unwrap();
+    let (ok, out) = apply(&e, "s5.yaml", &e.spec(UNIT, 5, &extra));
+    assert!(ok && out.contains("moved drop-in"), "{out}");
+    let kept = e.b.sh_check("stat -c '%a' /var/lib/specd/removed-drop-ins/*/*").unwrap();
+    assert_eq!(kept, "600\n");
     // Nobody but root reads the state.
     let o = e.b.exec(&[
         "setpriv",

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
@@ -46,10 +46,10 @@ impl SourceState {
         serde_json::from_slice(&b).ok()
     }
     fn save(&self, state_dir: &Path) -> Result<()> {
-        crate::fsx::ensure_dir(state_dir)?;
+        crate::fsx::ensure_private_dir(state_dir)?;
         let mut b = serde_json::to_vec_pretty(self)?;
         b.push(b'\n');
-        crate::fsx::atomic_write(&Self::path(state_dir), &b, 0o644)
+        crate::fsx::atomic_write(&Self::path(state_dir), &b, 0o600)
     }
 }
 
@@ -98,7 +98,9 @@ pub async fn run(opts: RunOptions) -> Result<()> {
     let src_cfg = cfg.source()?;
     let hostname = crate::ops::hostname(cfg.hostname.clone());
     let store = Store::new(&opts.state_dir);
-    crate::fsx::ensure_dir(&opts.state_dir)?;
+    crate::fsx::ensure_private_dir(&opts.state_dir)?;
+    // State written world-readable by an older specd is made private.
+    store.secure();
     let (stop_tx, shutdown) = Shutdown::new();
     let ctx = Arc::new(Ctx {
         systemd: Systemctl,
@@ -117,11 +119,11 @@ pub async fn run(opts: RunOptions) -> Result<()> {
         let c = src_cfg.clone();
         tokio::task::spawn_blocking(move || GitSource::open(c, &cache)).await??
     };
-    let src = Arc::new(std::sync::Mutex::new(src));
-    tracing::info!(repo = %src_cfg.repo, followed = %src.lock().unwrap().followed(), host = %hostname, "specd agent starting");
+    let src = Arc::new(Mutex::new(src));
+    tracing::info!(repo = %src_cfg.repo, followed = %lock(&src).followed(), host = %hostname, "specd agent starting");
 
     // Watch the local repository's refs, and the unit directory.
-    let _watchers = watchers(&src.lock().unwrap(), &opts.unit_dir, trig_tx.clone())?;
+    let _watchers = watchers(&lock(&src), &opts.unit_dir, trig_tx.clone())?;
     // Signals.
     {
         let t = trig_tx.clone();
@@ -136,9 +138,11 @@ pub async fn run(opts: RunOptions) -> Result<()> {
     }
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
-    // Metrics and control endpoint.
+    // Metrics (TCP, read-only) and control actions (a Unix socket, root's or a group's).
     let listen = cfg.listen.clone().unwrap_or_else(|| "127.0.0.1:9464".into());
-    let server = serve(&listen, metrics.clone(), trig_tx.clone()).await?;
+    let server = serve(&listen, metrics.clone()).await?;
+    let socket = cfg.control_socket.clone().unwrap_or_else(|| crate::config::CONTROL_SOCKET.into());
+    let control = serve_control(&socket, cfg.control_group.as_deref(), trig_tx.clone())?;
 
     let mut workers: BTreeMap<String, Worker> = BTreeMap::new();
     let mut last_head: Option<String> = None;
@@ -149,9 +153,13 @@ pub async fn run(opts: RunOptions) -> Result<()> {
 
     let interval = Duration::from_secs(cfg.interval.unwrap_or(60).max(1));
     let resync = Duration::from_secs(cfg.resync.unwrap_or(300).max(1));
-    let remote = src.lock().unwrap().is_remote();
+    let remote = lock(&src).is_remote();
     let mut poll_at = tokio::time::Instant::now() + jitter(interval);
     let mut resync_at = tokio::time::Instant::now() + resync;
+    // Forced source re-reads (SIGHUP, `specd reconcile`) at most once a second: a burst of
+    // requests is one read now and one at the end of the second.
+    let mut last_forced: Option<tokio::time::Instant> = None;
+    let mut forced_due: Option<tokio::time::Instant> = None;
     let mut wd_usec = 0u64;
     if sd_notify::watchdog_enabled(false, &mut wd_usec) {
         // Its own task: a slow source read in the main loop must not starve it.
@@ -180,8 +188,17 @@ pub async fn run(opts: RunOptions) -> Result<()> {
                 let source = ts.iter().any(|t| matches!(t, Trigger::Source));
                 // An explicit request (SIGHUP, `specd reconcile`) re-reads the source even if the
                 // head did not move.
-                let force = ts.iter().any(|t| matches!(t, Trigger::All));
-                if source {
+                let mut force = ts.iter().any(|t| matches!(t, Trigger::All));
+                if force {
+                    let now = tokio::time::Instant::now();
+                    if let Some(next) = last_forced.map(|t| t + FORCED_READ_EVERY).filter(|n| *n > now) {
+                        forced_due = Some(next);
+                        force = false;
+                    } else {
+                        last_forced = Some(now);
+                    }
+                }
+                if source && (force || forced_due.is_none()) {
                     sync_source(&src, &cfg, &hostname, &opts.state_dir, &store, &ctx, &metrics, &mut workers, &mut last_head, force).await;
                 }
                 for t in ts {
@@ -195,6 +212,12 @@ pub async fn run(opts: RunOptions) -> Result<()> {
             _ = tokio::time::sleep_until(poll_at), if remote => {
                 poll_at = tokio::time::Instant::now() + jitter(interval);
                 sync_source(&src, &cfg, &hostname, &opts.state_dir, &store, &ctx, &metrics, &mut workers, &mut last_head, false).await;
+            }
+            _ = tokio::time::sleep_until(forced_due.unwrap_or(resync_at)), if forced_due.is_some() => {
+                forced_due = None;
+                last_forced = Some(tokio::time::Instant::now());
+                sync_source(&src, &cfg, &hostname, &opts.state_dir, &store, &ctx, &metrics, &mut workers, &mut last_head, true).await;
+                workers.values().for_each(|w| w.poke.notify_one());
             }
             _ = tokio::time::sleep_until(resync_at) => {
                 resync_at = tokio::time::Instant::now() + resync;
@@ -215,9 +238,14 @@ pub async fn run(opts: RunOptions) -> Result<()> {
         }
     }
     server.abort();
+    control.abort();
+    let _ = std::fs::remove_file(&socket);
     tracing::info!("stopped");
     Ok(())
 }
+
+/// The least time between two forced re-reads of the source.
+const FORCED_READ_EVERY: Duration = Duration::from_secs(1);
 
 fn jitter(d: Duration) -> Duration {
     let ms = d.as_millis() as u64;
@@ -233,7 +261,7 @@ fn jitter(d: Duration) -> Duration {
 /// Read the head of the source and hand each unit its desired state, if the head may deploy.
 #[allow(clippy::too_many_arguments)]
 async fn sync_source(
-    src: &Arc<std::sync::Mutex<GitSource>>,
+    src: &Arc<Mutex<GitSource>>,
     cfg: &AgentConfig,
     hostname: &str,
     state_dir: &Path,
@@ -245,23 +273,34 @@ async fn sync_source(
     force: bool,
 ) {
     let started = Instant::now();
+    metrics.source_read();
     let prev = SourceState::load(state_dir).unwrap_or_default();
     let s2 = src.clone();
     let accepted = prev.accepted_commit.clone();
     let allow_rewind = cfg.allow_rewind;
     let host = hostname.to_string();
     let res = tokio::task::spawn_blocking(move || {
-        let s = s2.lock().unwrap();
-        evaluate(&s, accepted.as_deref(), allow_rewind, &host)
+        let s = lock(&s2);
+        catch(|| evaluate(&s, accepted.as_deref(), allow_rewind, &host))
     })
     .await;
     let eval = match res {
-        Ok(e) => e,
-        Err(e) => Evaluation { head: None, error: Some(format!("reading the source panicked: {e}")), desired: vec![] },
+        Ok(Ok(e)) => e,
+        Ok(Err(e)) => Evaluation {
+            head: None,
+            error: Some(format!("the source: internal error while reading specs: {e}; nothing changed")),
+            desired: vec![],
+        },
+        Err(e) => Evaluation {
+            head: None,
+            error: Some(format!("the source: internal error while reading specs: {e}; nothing changed")),
+            desired: vec![],
+        },
     };
+    let eval = gate_units(eval, cfg.manage_units.as_deref());
     let mut st = SourceState {
         repo: cfg.repo.clone().unwrap_or_default(),
-        followed: src.lock().unwrap().followed(),
+        followed: lock(src).followed(),
         accepted_commit: prev.accepted_commit.clone(),
         head_commit: eval.head.clone(),
         error: eval.error.clone(),
@@ -285,7 +324,7 @@ async fn sync_source(
             && let Some(acc) = prev.accepted_commit.as_deref().and_then(|a| git2::Oid::from_str(a).ok())
         {
             let (s2, host) = (src.clone(), hostname.to_string());
-            let fallback = tokio::task::spawn_blocking(move || read_commit(&s2.lock().unwrap(), acc, &host)).await;
+            let fallback = tokio::task::spawn_blocking(move || read_commit(&lock(&s2), acc, &host)).await;
             match fallback {
                 Ok(Ok(desired)) => {
                     tracing::info!(commit = %source::short(&acc.to_string()), "reconciling the units of the accepted commit");
@@ -332,6 +371,30 @@ async fn sync_source(
     tracing::info!(commit = %source::short(&commit), units = seen.len(), ms = started.elapsed().as_millis() as u64, "source read");
 }
 
+/// A commit with a unit this agent may not manage (see [`crate::owner`]) is not deployed.
+fn gate_units(mut eval: Evaluation, pattern: Option<&str>) -> Evaluation {
+    let own = crate::owner::own_unit();
+    let commit = eval.head.as_deref().map(source::short).unwrap_or("-").to_string();
+    let refused: Vec<String> = eval
+        .desired
+        .iter()
+        .filter_map(|d| {
+            crate::owner::may_manage(&d.spec.unit, own.as_deref(), pattern).err().map(|e| {
+                let file = match &d.source {
+                    Some(Source::Commit { path, .. }) => format!("{path}@{commit}"),
+                    _ => commit.clone(),
+                };
+                format!("{file}: spec.unit: {e}")
+            })
+        })
+        .collect();
+    if !refused.is_empty() {
+        eval.error = Some(format!("commit {commit} is not deployed; nothing changed:\n{}", refused.join("\n")));
+        eval.desired.clear();
+    }
+    eval
+}
+
 /// Hand a unit its desired state: to its worker, started if it has none.
 fn ensure_worker(
     workers: &mut BTreeMap<String, Worker>,
@@ -366,9 +429,10 @@ async fn prune(ctx: &Ctx<Systemctl>, unit: &str) {
     let _ = ctx.systemd.run(&["stop", unit]).await;
     let path = reconcile::unit_path(&ctx.unit_dir, unit);
     let keep = ctx.store.dir.join("pruned");
-    if crate::fsx::ensure_dir(&keep).is_ok() && path.exists() {
-        let _ = std::fs::copy(&path, keep.join(format!("{unit}.{}", state::now())))
-            .and_then(|_| std::fs::remove_file(&path));
+    if crate::fsx::ensure_private_dir(&keep).is_ok() && path.exists() {
+        let kept = keep.join(format!("{unit}.{}", state::now()));
+        let _ = std::fs::copy(&path, &kept).and_then(|_| std::fs::remove_file(&path));
+        let _ = crate::fsx::make_private(&kept);
     }
     let _ = ctx.systemd.run(&["daemon-reload"]).await;
     let _ = std::fs::rename(
@@ -429,13 +493,29 @@ pub fn evaluate(s: &GitSource, accepted: Option<&str>, allow_rewind: bool, host:
 /// The desired states of one commit for `host`; every spec must be valid (a commit deploys whole).
 pub fn read_commit(s: &GitSource, head: git2::Oid, host: &str) -> Result<Vec<DesiredState>, String> {
     let hs = head.to_string();
-    let files = s.read_specs(head).map_err(|e| format!("{e:#}"))?;
+    let files = catch(|| s.read_specs(head))
+        .map_err(|e| format!("commit {}: internal error while reading specs: {e}", source::short(&hs)))?
+        .map_err(|e| format!("{e:#}"))?;
     let mut desired = Vec::new();
     let mut errors = Vec::new();
     for f in files {
         let shown = format!("{}@{}", f.path, source::short(&hs));
-        match specd_spec::parse(&shown, &f.text).and_then(|p| p.resolve(Some(host))) {
-            Ok(spec) => {
+        // A panic on one spec (a bug in validation or rendering) fails this commit like an invalid
+        // spec does, and is reported; it never reaches the agent's loop.
+        let read = catch(|| {
+            specd_spec::parse(&shown, &f.text)
+                .and_then(|p| p.resolve(Some(host)))
+                .map(|spec| DesiredState::new(spec, None))
+        });
+        let read = match read {
+            Ok(r) => r,
+            Err(e) => {
+                errors.push(format!("{shown}: commit {}: internal error while reading specs: {e}", source::short(&hs)));
+                continue;
+            }
+        };
+        match read {
+            Ok(DesiredState { spec, unit, .. }) => {
                 if desired.iter().any(|d: &DesiredState| d.spec.unit == spec.unit) {
                     errors.push(format!(
                         "{shown}: spec.unit: {} is already managed by another spec in this commit",
@@ -444,7 +524,7 @@ pub fn read_commit(s: &GitSource, head: git2::Oid, host: &str) -> Result<Vec<Des
                     continue;
                 }
                 let src = Source::Commit { repo: s.cfg.repo.clone(), commit: hs.clone(), path: f.path.clone() };
-                desired.push(DesiredState::new(spec, Some(src)));
+                desired.push(DesiredState { spec, unit, source: Some(src) });
             }
             Err(d) => errors.push(d.to_string()),
         }
@@ -453,6 +533,24 @@ pub fn read_commit(s: &GitSource, head: git2::Oid, host: &str) -> Result<Vec<Des
         return Err(format!("commit {} is not deployed; nothing changed:\n{}", source::short(&hs), errors.join("\n")));
     }
     Ok(desired)
+}
+
+/// Lock a mutex whose holder may have panicked: the data it guards is still usable (a source
+/// handle, counters), so a panic elsewhere never turns into a second one here.
+pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Run `f`, turning a panic into an error that carries the panic's message.
+pub fn catch<T>(f: impl FnOnce() -> T) -> Result<T, String> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|p| {
+        let msg = p
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| p.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a panic without a message".into());
+        format!("{msg} (a bug in specd; please report it)")
+    })
 }
 
 /// One unit's reconcile loop.
@@ -475,7 +573,17 @@ async fn worker(
         }
         let d = rx.borrow_and_update().clone();
         let t0 = Instant::now();
-        let wait = match reconcile::reconcile(&ctx, &d, false).await {
+        // In a task of its own: a panic in one reconcile is an error of this unit, reported and
+        // retried with backoff; the worker, the other units and the main loop go on.
+        let run = {
+            let (ctx, d) = (ctx.clone(), d.clone());
+            tokio::spawn(async move { reconcile::reconcile(&ctx, &d, false).await })
+        };
+        let result = match run.await {
+            Ok(r) => r,
+            Err(e) => Err(reconcile::ReconcileError::Io(anyhow::anyhow!("internal error while reconciling: {e}"))),
+        };
+        let wait = match result {
             Ok(r) => {
                 let failed = matches!(r.outcome, Some(Outcome::Failed | Outcome::RolledBack));
                 let result = r.outcome.map_or("none".to_string(), |o| format!("{o:?}").to_lowercase());
@@ -484,9 +592,12 @@ async fn worker(
                     Some(Outcome::Applied | Outcome::Started) => crate::plan::Sync::InSync,
                     Some(Outcome::RolledBack | Outcome::Failed) => crate::plan::Sync::Failed,
                     Some(Outcome::Reported) => crate::plan::Sync::Drifted,
-                    None => r.plan.sync,
+                    Some(Outcome::Unquarantined) | None => r.plan.sync,
                 };
                 metrics.reconciled(&unit, now, &result, t0.elapsed().as_secs_f64(), failed);
+                if let Ok(p) = ctx.systemd.show(&unit).await {
+                    metrics.down(&unit, !matches!(p.active_state.as_str(), "active" | "activating" | "reloading"));
+                }
                 if r.outcome.is_some() {
                     tracing::info!(unit = %unit, "{}", r.verdict);
                 }
@@ -577,37 +688,72 @@ fn watchers(
     Ok(out)
 }
 
-async fn serve(
-    listen: &str,
-    metrics: Arc<Metrics>,
+/// The read-only endpoint: `GET /metrics`, `GET /healthz`, on any address (control actions are
+/// not served here: see [`serve_control`]).
+async fn serve(listen: &str, metrics: Arc<Metrics>) -> Result<tokio::task::JoinHandle<()>> {
+    use axum::routing::get;
+    let addr: std::net::SocketAddr = listen.parse().with_context(|| format!("listen address {listen:?}"))?;
+    let m = metrics.clone();
+    let app = axum::Router::new()
+        .route("/metrics", get(move || async move { m.render() }))
+        .route("/healthz", get(|| async { "ok\n" }));
+    let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {listen}"))?;
+    Ok(tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    }))
+}
+
+/// Control actions on a Unix socket: `POST /reconcile[?unit=U]`. The socket's directory is
+/// root's only (0700, socket 0600), or also `group`'s (0750, socket 0660).
+fn serve_control(
+    path: &Path,
+    group: Option<&str>,
     tx: mpsc::UnboundedSender<Trigger>,
 ) -> Result<tokio::task::JoinHandle<()>> {
     use axum::extract::Query;
     use axum::routing::{get, post};
-    let addr: std::net::SocketAddr = listen.parse().with_context(|| format!("listen address {listen:?}"))?;
-    if !addr.ip().is_loopback() {
-        anyhow::bail!("the metrics and control endpoint listens on loopback only; {listen} is not");
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).context("the control socket needs a directory")?;
+    crate::fsx::ensure_dir(dir)?;
+    let gid = match group {
+        Some(g) => Some(
+            nix::unistd::Group::from_name(g)
+                .with_context(|| format!("looking up group {g}"))?
+                .with_context(|| format!("control_group: there is no group {g}"))?
+                .gid,
+        ),
+        None => None,
+    };
+    let (dir_mode, sock_mode) = if gid.is_some() { (0o750, 0o660) } else { (0o700, 0o600) };
+    nix::unistd::chown(dir, None, gid).with_context(|| format!("chown {}", dir.display()))?;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(dir_mode))
+        .with_context(|| format!("chmod {}", dir.display()))?;
+    // A socket left by an agent that died.
+    if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket()) {
+        let _ = std::fs::remove_file(path);
     }
-    let m = metrics.clone();
-    let app = axum::Router::new()
-        .route("/metrics", get(move || async move { m.render() }))
-        .route("/healthz", get(|| async { "ok\n" }))
-        .route(
-            "/reconcile",
-            post(move |Query(q): Query<BTreeMap<String, String>>| async move {
-                match q.get("unit") {
-                    Some(u) => {
-                        let _ = tx.send(Trigger::Unit(u.clone()));
-                    }
-                    None => {
-                        let _ = tx.send(Trigger::Source);
-                        let _ = tx.send(Trigger::All);
-                    }
+    let std_listener =
+        std::os::unix::net::UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(sock_mode))
+        .with_context(|| format!("chmod {}", path.display()))?;
+    nix::unistd::chown(path, None, gid).with_context(|| format!("chown {}", path.display()))?;
+    std_listener.set_nonblocking(true)?;
+    let listener = tokio::net::UnixListener::from_std(std_listener)?;
+    let app = axum::Router::new().route("/healthz", get(|| async { "ok\n" })).route(
+        "/reconcile",
+        post(move |Query(q): Query<BTreeMap<String, String>>| async move {
+            match q.get("unit") {
+                Some(u) => {
+                    let _ = tx.send(Trigger::Unit(u.clone()));
                 }
-                "queued\n"
-            }),
-        );
-    let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {listen}"))?;
+                None => {
+                    let _ = tx.send(Trigger::Source);
+                    let _ = tx.send(Trigger::All);
+                }
+            }
+            "queued\n"
+        }),
+    );
     Ok(tokio::spawn(async move {
         let _ = axum::serve(listener, app).await;
     }))

@@ -92,16 +92,27 @@ pub enum Command {
         /// Seconds between polls of a remote repository.
         #[arg(long)]
         interval: Option<u64>,
-        /// Loopback address of the metrics and control endpoint.
+        /// Address of the read-only metrics endpoint (GET /metrics, /healthz), any address.
         #[arg(long)]
         listen: Option<String>,
+        /// The Unix socket of control actions.
+        #[arg(long)]
+        control_socket: Option<PathBuf>,
     },
-    /// Ask the running agent to reconcile now (one unit, or all).
+    /// Ask the running agent to reconcile now (one unit, or all), over its control socket.
     Reconcile {
         unit: Option<String>,
-        /// The agent's control endpoint.
-        #[arg(long, default_value = "http://127.0.0.1:9464")]
-        agent: String,
+        /// The agent's control socket.
+        #[arg(long, default_value = crate::config::CONTROL_SOCKET)]
+        socket: PathBuf,
+    },
+    /// Clear the quarantine of a unit (its failed hashes are tried again), recorded in its
+    /// history. Works while the agent runs.
+    Unquarantine {
+        unit: String,
+        /// The control socket of the agent to notify, if one runs.
+        #[arg(long, default_value = crate::config::CONTROL_SOCKET)]
+        socket: PathBuf,
     },
     /// The applies of each unit: time, commit or file, unit hash, result.
     History {
@@ -132,7 +143,7 @@ pub fn main() -> ExitCode {
         Command::Apply { file, dry_run, host } => run_async(crate::ops::apply(&g, &file, host, dry_run)),
         Command::Status { json, file, host } => run_async(crate::ops::status(&g, json, file.as_deref(), host)),
         Command::Diff { file, host } => run_async(crate::ops::diff(&g, &file, host)),
-        Command::Run { config, repo, branch, path, hostname, interval, listen } => {
+        Command::Run { config, repo, branch, path, hostname, interval, listen, control_socket } => {
             init_tracing();
             run_async(async move {
                 let mut cfg = crate::config::AgentConfig::load(&config)?;
@@ -142,13 +153,17 @@ pub fn main() -> ExitCode {
                 cfg.hostname = hostname.or(cfg.hostname);
                 cfg.interval = interval.or(cfg.interval);
                 cfg.listen = listen.or(cfg.listen);
+                cfg.control_socket = control_socket.or(cfg.control_socket);
                 let state_dir = cfg.state_dir.clone().unwrap_or(g.state_dir.clone());
                 let unit_dir = cfg.unit_dir.clone().unwrap_or(g.unit_dir.clone());
                 crate::agent::run(crate::agent::RunOptions { config: cfg, state_dir, unit_dir }).await?;
                 Ok(0)
             })
         }
-        Command::Reconcile { unit, agent } => run_async(crate::ops::ask_reconcile(agent, unit)),
+        Command::Reconcile { unit, socket } => run_async(async move { crate::ops::ask_reconcile(&socket, unit).await }),
+        Command::Unquarantine { unit, socket } => {
+            run_async(async move { crate::ops::unquarantine(&g, &unit, &socket).await })
+        }
         Command::History { unit, json } => run_async(crate::ops::history(&g, unit, json)),
         Command::Diagnose { unit, json } => {
             run_async(async move { crate::ops::diagnose(unit.as_deref(), json, &g.state_dir).await })

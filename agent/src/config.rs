@@ -41,9 +41,21 @@ pub struct AgentConfig {
     /// left running and reported as orphaned.
     #[serde(default)]
     pub prune: bool,
-    /// Loopback address of the metrics and control endpoint. Default `127.0.0.1:9464`.
+    /// Address of the read-only metrics endpoint (`GET /metrics`, `GET /healthz`); any address,
+    /// so that Prometheus on another host can scrape it. Default `127.0.0.1:9464`.
     pub listen: Option<String>,
+    /// The Unix socket of control actions (`specd reconcile`, `specd unquarantine`). Default
+    /// `/run/specd/control.sock`, root's only (directory 0700, socket 0600).
+    pub control_socket: Option<PathBuf>,
+    /// A group whose members may use the control socket too (directory 0750, socket 0660).
+    pub control_group: Option<String>,
+    /// Only units whose names match this pattern (`*`, `?`) are managed; a commit with any other
+    /// is not deployed. Default: any name (specd's own, systemd's and D-Bus's units never are).
+    pub manage_units: Option<String>,
 }
+
+/// Where the agent listens for control actions unless configured otherwise.
+pub const CONTROL_SOCKET: &str = "/run/specd/control.sock";
 
 impl AgentConfig {
     pub fn load(path: &Path) -> Result<AgentConfig> {

@@ -47,6 +47,25 @@ pub fn ensure_dir(path: &Path) -> Result<()> {
     fs::create_dir_all(path).with_context(|| format!("creating {}", path.display()))
 }
 
+/// Create a directory (and parents) if missing, readable by its owner only (0700), fixing the
+/// mode of one that exists. Returns whether the mode had to be changed.
+pub fn ensure_private_dir(path: &Path) -> Result<bool> {
+    ensure_dir(path)?;
+    let mode = fs::metadata(path).with_context(|| format!("reading {}", path.display()))?.permissions().mode();
+    if mode & 0o777 == 0o700 {
+        return Ok(false);
+    }
+    fs::set_permissions(path, fs::Permissions::from_mode(0o700))
+        .with_context(|| format!("making {} private (0700)", path.display()))?;
+    Ok(true)
+}
+
+/// Make a file readable by its owner only (0600).
+pub fn make_private(path: &Path) -> Result<()> {
+    fs::set_permissions(path, fs::Permissions::from_mode(0o600))
+        .with_context(|| format!("making {} private (0600)", path.display()))
+}
+
 /// Leftover temp files of an interrupted [`atomic_write`] in `dir` (for `name`), removed.
 pub fn clean_temps(dir: &Path, name: &str) {
     if let Ok(rd) = fs::read_dir(dir) {
@@ -62,6 +81,18 @@ pub fn clean_temps(dir: &Path, name: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_private_dir_is_created_0700_and_an_open_one_is_fixed() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("state");
+        assert!(ensure_private_dir(&p).unwrap());
+        assert_eq!(fs::metadata(&p).unwrap().permissions().mode() & 0o777, 0o700);
+        assert!(!ensure_private_dir(&p).unwrap());
+        fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).unwrap();
+        assert!(ensure_private_dir(&p).unwrap());
+        assert_eq!(fs::metadata(&p).unwrap().permissions().mode() & 0o777, 0o700);
+    }
 
     #[test]
     fn replaces_contents_and_mode_and_leaves_no_temp() {

@@ -3,6 +3,7 @@
 //! holder dies, so a killed apply never leaves a stale lock behind.
 
 use std::fs::{File, OpenOptions};
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
 use anyhow::{Context, Result};
@@ -15,12 +16,13 @@ pub struct UnitLock {
 }
 
 fn open(dir: &Path, unit: &str) -> Result<File> {
-    fsx::ensure_dir(dir)?;
+    fsx::ensure_private_dir(dir)?;
     let p = dir.join(format!("{unit}.lock"));
     OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
+        .mode(0o600)
         .open(&p)
         .with_context(|| format!("opening {}", p.display()))
 }
@@ -32,6 +34,16 @@ impl UnitLock {
             Ok(l) => Ok(Some(UnitLock { _lock: l })),
             Err((_, nix::errno::Errno::EWOULDBLOCK)) => Ok(None),
             Err((_, e)) => Err(e).context("flock"),
+        }
+    }
+
+    /// Whether another process holds the lock, without taking it or creating anything (so that
+    /// read-only commands work on a read-only state dir).
+    pub fn held(dir: &Path, unit: &str) -> bool {
+        let Ok(f) = File::open(dir.join(format!("{unit}.lock"))) else { return false };
+        match Flock::lock(f, FlockArg::LockSharedNonblock) {
+            Ok(_) => false,
+            Err((_, e)) => e == nix::errno::Errno::EWOULDBLOCK,
         }
     }
 

@@ -22,10 +22,12 @@ pub struct Metrics {
     failures: Family<Labels, Counter>,
     duration: Family<Labels, Histogram>,
     commit: Family<Labels, Gauge>,
+    down: Family<Labels, Gauge>,
+    source_reads: Counter,
     current_commit: Mutex<Option<String>>,
 }
 
-const SYNCS: [Sync; 5] = [Sync::InSync, Sync::OutOfSync, Sync::Drifted, Sync::Progressing, Sync::Failed];
+const SYNCS: [Sync; 6] = [Sync::InSync, Sync::OutOfSync, Sync::Drifted, Sync::Progressing, Sync::Failed, Sync::Masked];
 
 impl Default for Metrics {
     fn default() -> Self {
@@ -47,6 +49,10 @@ impl Default for Metrics {
         r.register("reconcile_failures", "Reconciles that failed or rolled back", failures.clone());
         r.register("reconcile_duration_seconds", "Duration of reconciles", duration.clone());
         r.register("source_commit", "1 for the commit the agent deploys", commit.clone());
+        let source_reads = Counter::default();
+        r.register("source_reads", "Reads of the source (fetch, gate, specs)", source_reads.clone());
+        let down = Family::<Labels, Gauge>::default();
+        r.register("unit_down", "1 when the unit's service is not running after its last reconcile", down.clone());
         Metrics {
             registry: Mutex::new(r),
             sync,
@@ -55,6 +61,8 @@ impl Default for Metrics {
             failures,
             duration,
             commit,
+            down,
+            source_reads,
             current_commit: Mutex::new(None),
         }
     }
@@ -81,8 +89,16 @@ impl Metrics {
         self.duration.get_or_create(&unit(u)).observe(secs);
     }
 
+    pub fn source_read(&self) {
+        self.source_reads.inc();
+    }
+
+    pub fn down(&self, u: &str, down: bool) {
+        self.down.get_or_create(&unit(u)).set(i64::from(down));
+    }
+
     pub fn commit(&self, c: &str) {
-        let mut cur = self.current_commit.lock().unwrap();
+        let mut cur = crate::agent::lock(&self.current_commit);
         if let Some(old) = cur.take() {
             self.commit.get_or_create(&vec![("commit".into(), old)]).set(0);
         }
@@ -92,7 +108,7 @@ impl Metrics {
 
     pub fn render(&self) -> String {
         let mut s = String::new();
-        let _ = encode(&mut s, &self.registry.lock().unwrap());
+        let _ = encode(&mut s, &crate::agent::lock(&self.registry));
         s
     }
 }

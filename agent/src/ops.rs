@@ -126,6 +126,8 @@ pub struct UnitStatus {
     pub last_ended: Option<String>,
     /// What the last speculation proof of the deployed unit measured.
     pub speculation: Option<state::SpeculationRecord>,
+    /// Why the service is not running, when it is not.
+    pub down: Option<String>,
 }
 
 async fn unit_status<S: Systemd>(
@@ -158,13 +160,14 @@ async fn unit_status<S: Systemd>(
             error: None,
             last_ended: None,
             speculation: None,
+            down: None,
         });
     };
     let (o, props) = reconcile::observe(ctx, &d, st, true).await?;
     let p = plan::plan(&o, &reconcile::desired_of(&ctx.unit_dir, &d));
     let mut sync = p.sync;
     let mut reasons = p.reasons.clone();
-    let lock_free = crate::lock::UnitLock::try_acquire(&ctx.store.locks_dir(), &st.unit)?.is_some();
+    let lock_free = !crate::lock::UnitLock::held(&ctx.store.locks_dir(), &st.unit);
     if !lock_free {
         sync = Sync::Progressing;
         reasons.insert(
@@ -188,7 +191,12 @@ async fn unit_status<S: Systemd>(
         (None, "active" | "activating" | "reloading") => "Unknown",
         (None, _) => "Down",
     };
+    let down = (health == "Down").then(|| match st.history.last() {
+        Some(h) if matches!(h.outcome, state::Outcome::Failed | state::Outcome::RolledBack) => h.message.clone(),
+        _ => format!("the service is not running ({}/{})", props.active_state, props.sub_state),
+    });
     Ok(UnitStatus {
+        down,
         unit: st.unit.clone(),
         sync,
         health: health.into(),
@@ -286,6 +294,9 @@ fn print_status(s: &UnitStatus) {
     for m in &s.arg_mismatches {
         println!("  server arg differs: {m}");
     }
+    if let Some(d) = &s.down {
+        println!("  DOWN: {d}");
+    }
     for r in &s.reasons {
         println!("  why: {r}");
     }
@@ -347,17 +358,90 @@ pub async fn diff(g: &Global, file: &Path, host: Option<String>) -> Result<u8> {
     Ok(u8::from(differs))
 }
 
-pub async fn ask_reconcile(agent: String, unit: Option<String>) -> Result<u8> {
-    let client = reqwest::Client::builder().no_proxy().timeout(Duration::from_secs(5)).build()?;
-    let mut req = client.post(format!("{}/reconcile", agent.trim_end_matches('/')));
-    if let Some(u) = &unit {
-        req = req.query(&[("unit", u)]);
-    }
-    let r = req.send().await.with_context(|| format!("is the agent running? cannot reach {agent}"))?;
-    if !r.status().is_success() {
-        anyhow::bail!("the agent answered {}", r.status());
-    }
+/// `specd reconcile`: ask the running agent over its control socket.
+pub async fn ask_reconcile(socket: &Path, unit: Option<String>) -> Result<u8> {
+    control_post(socket, unit.as_deref()).await?;
     println!("reconcile of {} queued", unit.as_deref().unwrap_or("every unit"));
+    Ok(0)
+}
+
+/// `POST /reconcile[?unit=U]` on the agent's control socket (HTTP/1.1, one request).
+async fn control_post(socket: &Path, unit: Option<&str>) -> Result<()> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::UnixStream::connect(socket)
+        .await
+        .with_context(|| format!("is the agent running, and may you use its control socket? {}", socket.display()))?;
+    let query = unit.map_or(String::new(), |u| {
+        let enc: String = u
+            .bytes()
+            .map(|b| match b {
+                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'@' => (b as char).to_string(),
+                _ => format!("%{b:02X}"),
+            })
+            .collect();
+        format!("?unit={enc}")
+    });
+    let req =
+        format!("POST /reconcile{query} HTTP/1.1\r\nHost: specd\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+    let io = async {
+        s.write_all(req.as_bytes()).await?;
+        let mut resp = Vec::new();
+        s.read_to_end(&mut resp).await?;
+        Ok::<_, std::io::Error>(resp)
+    };
+    let resp = tokio::time::timeout(Duration::from_secs(5), io)
+        .await
+        .context("the agent did not answer within 5 s")?
+        .with_context(|| format!("talking to {}", socket.display()))?;
+    let head = String::from_utf8_lossy(&resp);
+    let status = head.split_whitespace().nth(1).unwrap_or("");
+    if status != "200" {
+        anyhow::bail!("the agent answered {:?}", head.lines().next().unwrap_or(""));
+    }
+    Ok(())
+}
+
+/// `specd unquarantine UNIT`: clear the quarantine of every hash of a unit, recorded in its
+/// history, under the unit's lock (so it works while the agent runs); then ask the agent, if one
+/// runs, to reconcile the unit.
+pub async fn unquarantine(g: &Global, unit: &str, socket: &Path) -> Result<u8> {
+    let store = Store::new(&g.state_dir);
+    let locks = store.locks_dir();
+    let lock = match crate::lock::UnitLock::try_acquire(&locks, unit)? {
+        Some(l) => l,
+        None => {
+            eprintln!("waiting: another specd is reconciling {unit}");
+            crate::lock::UnitLock::acquire(&locks, unit).await?
+        }
+    };
+    let mut st = store.load(unit)?;
+    if st.quarantine.is_empty() {
+        println!("{unit}: nothing is quarantined");
+        return Ok(0);
+    }
+    for q in std::mem::take(&mut st.quarantine) {
+        let message = format!(
+            "Unquarantined: {unit}: cleared the quarantine of unit {} (it had failed: {}); it is tried again",
+            &q.sha256[..12.min(q.sha256.len())],
+            q.reason
+        );
+        println!("{message}");
+        st.record(state::HistoryEntry {
+            time: state::now(),
+            sha256: q.sha256,
+            source: q.source,
+            outcome: state::Outcome::Unquarantined,
+            message,
+            stop_verdict: None,
+            duration_ms: 0,
+        });
+    }
+    store.save(&st)?;
+    drop(lock);
+    // A running agent tries it now (none may run: then the next apply or agent start does).
+    if control_post(socket, Some(unit)).await.is_ok() {
+        println!("asked the running agent to reconcile {unit}");
+    }
     Ok(0)
 }
 

@@ -53,6 +53,8 @@ pub enum Sync {
     Drifted,
     Progressing,
     Failed,
+    /// systemd has the unit masked (`LoadState=masked`): specd changes nothing and never unmasks.
+    Masked,
 }
 
 impl std::fmt::Display for Sync {
@@ -63,6 +65,7 @@ impl std::fmt::Display for Sync {
             Sync::Drifted => "Drifted",
             Sync::Progressing => "Progressing",
             Sync::Failed => "Failed",
+            Sync::Masked => "Masked",
         })
     }
 }
@@ -134,6 +137,18 @@ fn short(h: &str) -> &str {
 /// Decide. Never restarts a healthy server that runs the desired unit.
 pub fn plan(o: &Observed, d: &Desired) -> Plan {
     let mut reasons = Vec::new();
+    // A mask is a person's decision (or a runtime one): it is neither drift to heal nor a unit to
+    // start; specd says so and touches nothing.
+    if o.load_state == "masked" {
+        return Plan {
+            sync: Sync::Masked,
+            reasons: vec![
+                "the unit is masked; specd changes nothing and does not unmask it (`systemctl unmask` it to let specd manage it)"
+                    .into(),
+            ],
+            steps: vec![],
+        };
+    }
     if let Some(why) = &o.quarantined {
         let running_good = o.deployed_sha256 == o.last_good_sha256 && (o.active_state == "active" || o.main_pid > 0);
         let healable = d.drift == DriftPolicy::Heal || !running_good && o.main_pid == 0;
@@ -330,6 +345,23 @@ mod tests {
     }
 
     const FULL: &[Step] = &[Drain, Stop, WaitStopped, WriteUnit, Reload, Start, VerifyCmdline, WaitReady, VerifyArgs];
+
+    #[test]
+    fn a_masked_unit_is_masked_whatever_else_is_true() {
+        let d = desired();
+        for o in [
+            in_sync(),
+            Observed { deployed_sha256: Some("e".repeat(64)), ..in_sync() },
+            Observed { interrupted: true, active_state: "inactive".into(), main_pid: 0, ..in_sync() },
+            Observed { quarantined: Some("failed".into()), last_good_sha256: Some("g".into()), ..in_sync() },
+        ] {
+            let o =
+                Observed { load_state: "masked".into(), fragment_path: "/run/systemd/system/x.service".into(), ..o };
+            let p = plan(&o, &d);
+            assert_eq!((p.sync, p.steps.len()), (Sync::Masked, 0), "{o:?}");
+            assert!(p.reasons[0].contains("does not unmask"), "{p:?}");
+        }
+    }
 
     #[test]
     fn interpreter_scripts_run_their_argv() {

@@ -15,6 +15,7 @@ use crate::fsx;
 use crate::lock::UnitLock;
 use crate::plan::{self, Desired, Observed, Plan, Step, Sync};
 use crate::probe::{self, Health, Probe};
+use crate::recovery::{self, Recovery};
 use crate::state::{self, GoodUnit, HistoryEntry, InProgress, Outcome, Quarantined, Source, Store, UnitState};
 use crate::systemd::{Systemd, UnitProps};
 
@@ -138,17 +139,25 @@ struct StepFailure {
     spec_fault: bool,
     /// Not a failure: the agent is stopping and this is a safe point.
     cancelled: bool,
+    /// The server had answered ready and then died: a crash, not a failed start.
+    crashed_after_ready: bool,
 }
 
 impl StepFailure {
     fn host(step: Step, message: impl Into<String>) -> Self {
-        StepFailure { step, message: message.into(), spec_fault: false, cancelled: false }
+        StepFailure { step, message: message.into(), spec_fault: false, cancelled: false, crashed_after_ready: false }
     }
     fn spec(step: Step, message: impl Into<String>) -> Self {
-        StepFailure { step, message: message.into(), spec_fault: true, cancelled: false }
+        StepFailure { step, message: message.into(), spec_fault: true, cancelled: false, crashed_after_ready: false }
     }
     fn cancelled(step: Step) -> Self {
-        StepFailure { step, message: "the agent is stopping".into(), spec_fault: false, cancelled: true }
+        StepFailure {
+            step,
+            message: "the agent is stopping".into(),
+            spec_fault: false,
+            cancelled: true,
+            crashed_after_ready: false,
+        }
     }
 }
 
@@ -221,7 +230,13 @@ pub async fn observe<S: Systemd>(
     let o = Observed {
         deployed_sha256: deployed.as_deref().map(specd_spec::sha256_hex),
         drop_ins: own_drop_ins(&props, &d.spec.unit),
-        load_state: props.load_state.clone(),
+        // Any mask is a person's decision, even one a unit file of higher priority shadows (a
+        // runtime mask in /run of a unit whose file is in /etc) or one not loaded yet.
+        load_state: if props.is_masked() || mask_link(&ctx.unit_dir, &d.spec.unit).is_some() {
+            "masked".into()
+        } else {
+            props.load_state.clone()
+        },
         active_state: props.active_state.clone(),
         sub_state: props.sub_state.clone(),
         main_pid: props.main_pid,
@@ -236,6 +251,15 @@ pub async fn observe<S: Systemd>(
         interrupted,
     };
     Ok((o, props))
+}
+
+/// A link of the unit to `/dev/null` (a mask) in the unit directory, `/etc/systemd/system` or
+/// `/run/systemd/system` (`systemctl mask --runtime`).
+pub fn mask_link(unit_dir: &Path, unit: &str) -> Option<PathBuf> {
+    [unit_dir, Path::new("/etc/systemd/system"), Path::new("/run/systemd/system")]
+        .iter()
+        .map(|d| d.join(unit))
+        .find(|p| std::fs::read_link(p).is_ok_and(|t| t == Path::new("/dev/null")))
 }
 
 /// Drop-ins of this unit's own `<unit>.d/` directories. Shared ones (`service.d/`, prefix
@@ -269,6 +293,10 @@ pub fn desired_of(ctx_unit_dir: &Path, d: &DesiredState) -> Desired {
 pub async fn reconcile<S: Systemd>(ctx: &Ctx<S>, d: &DesiredState, dry_run: bool) -> Result<Report, ReconcileError> {
     let unit = d.spec.unit.clone();
     let emit = |e: Event| (ctx.events)(&unit, &e);
+    // Whatever validation let through: never specd's own unit, systemd's or D-Bus's.
+    if let Some(why) = crate::owner::reserved(&unit, crate::owner::own_unit().as_deref()) {
+        return Err(ReconcileError::Io(anyhow::anyhow!("refused: specd never manages {unit}: {why}; nothing changed")));
+    }
     let locks = ctx.store.locks_dir();
     let _lock = match UnitLock::try_acquire(&locks, &unit)? {
         Some(l) => l,
@@ -282,6 +310,20 @@ pub async fn reconcile<S: Systemd>(ctx: &Ctx<S>, d: &DesiredState, dry_run: bool
     let desired = desired_of(&ctx.unit_dir, d);
     let plan = plan::plan(&o, &desired);
     emit(Event::Plan(plan.clone()));
+    // A unit file specd did not write (no header, never recorded as written) is someone else's:
+    // replaced only when the spec adopts it.
+    let path = unit_path(&ctx.unit_dir, &unit);
+    if plan.steps.contains(&Step::WriteUnit)
+        && !d.spec.policy.adopt
+        && st.written_sha256.is_none()
+        && fsx::read_opt(&path)?.is_some_and(|t| !crate::owner::written_by_specd(&t))
+    {
+        let verdict = format!(
+            "Refused: {unit}: {} was not written by specd (it has no specd header); specd replaces it only when the spec adopts it (policy: {{adopt: true}}); nothing changed",
+            path.display()
+        );
+        return Ok(Report { unit, plan, outcome: None, verdict, stop_verdict: None, action: Action::AwaitChange });
+    }
     if dry_run {
         let verdict = if plan.steps.is_empty() {
             format!("{}: nothing to do", plan.sync)
@@ -310,11 +352,19 @@ pub async fn reconcile<S: Systemd>(ctx: &Ctx<S>, d: &DesiredState, dry_run: bool
             Sync::InSync => format!("InSync: {unit} runs unit {} and is ready", short(&d.unit.sha256)),
             s => format!("{s}: {}", plan.reasons.join("; ")),
         };
-        let outcome = (plan.sync == Sync::Drifted).then_some(Outcome::Reported);
+        // In sync again after a failure of this unit (systemd restarted it after a crash): the
+        // history says it runs, so that status no longer reports the failure.
+        let recovered = plan.sync == Sync::InSync
+            && st.history.last().is_some_and(|h| h.sha256 == d.unit.sha256 && h.outcome == Outcome::Failed);
+        let outcome = match plan.sync {
+            Sync::Drifted => Some(Outcome::Reported),
+            Sync::InSync if recovered => Some(Outcome::Started),
+            _ => None,
+        };
         // A drift that is only reported is recorded once, not at every resync.
         let repeated = st.history.last().is_some_and(|h| h.outcome == Outcome::Reported && h.message == verdict);
-        if outcome.is_some() && !repeated {
-            st.record(history(d, Outcome::Reported, verdict.clone(), None, 0));
+        if let Some(outcome) = outcome.filter(|_| !repeated) {
+            st.record(history(d, outcome, verdict.clone(), None, 0));
             ctx.store.save(&st)?;
         }
         let action = match plan.sync {
@@ -456,7 +506,19 @@ pub async fn reconcile<S: Systemd>(ctx: &Ctx<S>, d: &DesiredState, dry_run: bool
             // again (a GPU not ready after a reboot) is retried with backoff, not condemned.
             let wrote =
                 plan.steps.contains(&Step::WriteUnit) && st.written_sha256.as_deref() == Some(d.unit.sha256.as_str());
-            if f.spec_fault && wrote {
+            let failure = recovery::Failure {
+                step: f.step,
+                spec_fault: f.spec_fault,
+                crashed_after_ready: f.crashed_after_ready,
+                wrote,
+                stopped: plan.steps.contains(&Step::Stop),
+                verified_before: st.verified_before(&d.unit.sha256),
+                good_other: st.last_good.as_ref().is_some_and(|g| g.sha256 != d.unit.sha256),
+                good_any: st.last_good.is_some(),
+                rollback: d.spec.policy.rollback,
+            };
+            let quarantined = recovery::quarantine(&failure);
+            if quarantined {
                 st.quarantine.retain(|q| q.sha256 != d.unit.sha256);
                 st.quarantine.push(Quarantined {
                     sha256: d.unit.sha256.clone(),
@@ -465,20 +527,33 @@ pub async fn reconcile<S: Systemd>(ctx: &Ctx<S>, d: &DesiredState, dry_run: bool
                     time: state::now(),
                 });
             }
-            let (outcome, verdict) = recover(ctx, &mut st, d, &f, wrote, &mut stop_verdict).await;
+            let (outcome, mut verdict) = recover(ctx, &mut st, d, &f, &failure, &mut stop_verdict).await;
+            if let Some(down) = down_note(ctx, &unit).await {
+                verdict.push_str(&format!("; {down}"));
+            }
             // A host fault (a lingering process, systemd refusing) after the stop leaves the
             // apply in progress, so the next reconcile finishes it whatever the drift policy.
             if f.spec_fault || !plan.steps.contains(&Step::Stop) {
                 st.in_progress = None;
             }
             st.record(history(d, outcome, verdict.clone(), stop_verdict.clone(), started.elapsed().as_millis() as u64));
-            let quarantined = f.spec_fault && wrote;
             let action = if quarantined { Action::AwaitChange } else { Action::Requeue(Duration::from_secs(30)) };
             Report { unit: unit.clone(), plan, outcome: Some(outcome), verdict, stop_verdict, action }
         }
     };
-    ctx.store.save(&st)?;
+    let mut report = report;
+    if let Err(e) = ctx.store.save(&st) {
+        // What was done on the host is done; say it, and that it is not recorded.
+        report.verdict.push_str(&format!(" (specd's state could not be saved: {e:#})"));
+    }
     Ok(report)
+}
+
+/// Plain words when a unit's service is not running after an apply.
+async fn down_note<S: Systemd>(ctx: &Ctx<S>, unit: &str) -> Option<String> {
+    let p = ctx.systemd.show(unit).await.ok()?;
+    (!matches!(p.active_state.as_str(), "active" | "activating" | "reloading"))
+        .then(|| format!("{unit} is DOWN ({}/{})", p.active_state, p.sub_state))
 }
 
 fn good_unit(d: &DesiredState) -> GoodUnit {
@@ -510,63 +585,103 @@ fn history(
     }
 }
 
-/// After a failed step: roll back to the last good unit, or leave the service stopped.
+/// After a failed step: roll back to the last good unit, start it again after a host fault, or
+/// leave the service as it is; see [`recovery::decide`].
 async fn recover<S: Systemd>(
     ctx: &Ctx<S>,
     st: &mut UnitState,
     d: &DesiredState,
     f: &StepFailure,
-    wrote: bool,
+    failure: &recovery::Failure,
     stop_verdict: &mut Option<String>,
 ) -> (Outcome, String) {
     let unit = &d.spec.unit;
     let what = format!("{:?} failed: {}", f.step, f.message);
-    if !wrote || !f.spec_fault {
-        // The host is at fault (a process lingers, systemd refused): nothing new runs; say so.
-        return (Outcome::Failed, format!("Failed: {unit}: {what}"));
-    }
-    let good = st.last_good.clone().filter(|g| g.sha256 != d.unit.sha256);
-    match good {
-        Some(g) if d.spec.policy.rollback => match restore(ctx, st, d, &g, stop_verdict).await {
-            Ok(()) => (
-                Outcome::RolledBack,
+    let quarantined = recovery::quarantine(failure);
+    match recovery::decide(failure) {
+        Recovery::Retry => {
+            let why = if f.crashed_after_ready && failure.verified_before {
                 format!(
-                    "RolledBack: {unit}: {what}; restored the last good unit {} and it serves again; spec {} is quarantined",
-                    short(&g.sha256),
+                    "; unit {} passed verification before, so one crash does not quarantine it: it is retried with backoff",
                     short(&d.unit.sha256)
-                ),
-            ),
-            Err(rf) if rf.cancelled => (
-                Outcome::Failed,
-                format!(
-                    "Failed: {unit}: {what}; the rollback to {} stopped at a safe point because the agent is stopping; the next run finishes it",
-                    short(&g.sha256)
-                ),
-            ),
-            Err(rf) => {
+                )
+            } else {
+                String::new()
+            };
+            (Outcome::Failed, format!("Failed: {unit}: {what}{why}"))
+        }
+        Recovery::LeaveStopped(why) => {
+            let mut q = String::new();
+            if quarantined {
                 stop_quietly(ctx, unit).await;
-                (
+                q = format!("; spec {} is quarantined", short(&d.unit.sha256));
+            }
+            (Outcome::Failed, format!("Failed: {unit}: {what}; {why}, so the service is left stopped{q}"))
+        }
+        Recovery::StartLastGood => {
+            let Some(g) = st.last_good.clone() else {
+                return (Outcome::Failed, format!("Failed: {unit}: {what}"));
+            };
+            match restore(ctx, st, d, &g, stop_verdict).await {
+                Ok(()) => (
                     Outcome::Failed,
                     format!(
-                        "Failed: {unit}: {what}; the rollback to {} failed too ({:?}: {}); the service is stopped",
+                        "Failed: {unit}: {what}; started the last good unit {} again and it serves; unit {} is tried again later",
+                        short(&g.sha256),
+                        short(&d.unit.sha256)
+                    ),
+                ),
+                Err(rf) if rf.cancelled => (
+                    Outcome::Failed,
+                    format!(
+                        "Failed: {unit}: {what}; starting the last good unit {} again stopped at a safe point because the agent is stopping",
+                        short(&g.sha256)
+                    ),
+                ),
+                Err(rf) => (
+                    Outcome::Failed,
+                    format!(
+                        "Failed: {unit}: {what}; starting the last good unit {} again failed too ({:?}: {})",
                         short(&g.sha256),
                         rf.step,
                         rf.message
                     ),
-                )
-            }
-        },
-        _ => {
-            stop_quietly(ctx, unit).await;
-            let why =
-                if d.spec.policy.rollback { "there is no last good unit to roll back to" } else { "rollback is off" };
-            (
-                Outcome::Failed,
-                format!(
-                    "Failed: {unit}: {what}; {why}, so the service is left stopped; spec {} is quarantined",
-                    short(&d.unit.sha256)
                 ),
-            )
+            }
+        }
+        Recovery::Rollback => {
+            let Some(g) = st.last_good.clone().filter(|g| g.sha256 != d.unit.sha256) else {
+                return (Outcome::Failed, format!("Failed: {unit}: {what}"));
+            };
+            match restore(ctx, st, d, &g, stop_verdict).await {
+                Ok(()) => (
+                    Outcome::RolledBack,
+                    format!(
+                        "RolledBack: {unit}: {what}; restored the last good unit {} and it serves again; spec {} is quarantined",
+                        short(&g.sha256),
+                        short(&d.unit.sha256)
+                    ),
+                ),
+                Err(rf) if rf.cancelled => (
+                    Outcome::Failed,
+                    format!(
+                        "Failed: {unit}: {what}; the rollback to {} stopped at a safe point because the agent is stopping; the next run finishes it",
+                        short(&g.sha256)
+                    ),
+                ),
+                Err(rf) => {
+                    stop_quietly(ctx, unit).await;
+                    (
+                        Outcome::Failed,
+                        format!(
+                            "Failed: {unit}: {what}; the rollback to {} failed too ({:?}: {}); the service is stopped",
+                            short(&g.sha256),
+                            rf.step,
+                            rf.message
+                        ),
+                    )
+                }
+            }
         }
     }
 }
@@ -597,7 +712,11 @@ async fn restore<S: Systemd>(
         drain: Duration::ZERO,
         spec: None,
     };
-    let steps = [
+    // The file on disk may still be the last good one (the write of the new one failed): it is
+    // not written again, which would fail the same way on a full or read-only unit directory.
+    let on_disk = fsx::read_opt(&unit_path(&ctx.unit_dir, unit)).ok().flatten().map(|b| specd_spec::sha256_hex(&b));
+    let write = on_disk.as_deref() != Some(g.sha256.as_str());
+    let steps: Vec<Step> = [
         Step::Stop,
         Step::WaitStopped,
         Step::WriteUnit,
@@ -605,7 +724,10 @@ async fn restore<S: Systemd>(
         Step::Start,
         Step::VerifyCmdline,
         Step::WaitReady,
-    ];
+    ]
+    .into_iter()
+    .filter(|s| write || *s != Step::WriteUnit)
+    .collect();
     let props = ctx.systemd.show(unit).await.unwrap_or_default();
     let mut sv = StopRecord::default();
     let r = run_steps(ctx, st, unit, &steps, &t, &props, &mut sv).await;
@@ -658,6 +780,43 @@ async fn run_steps<S: Systemd>(
     t: &Target<'_>,
     before: &UnitProps,
     stop: &mut StopRecord,
+) -> Result<(), StepFailure> {
+    let mut ready_pid = None;
+    let r = run_steps_inner(ctx, st, unit, steps, t, before, stop, &mut ready_pid).await;
+    match (r, ready_pid) {
+        (Err(f), Some(pid)) if !f.cancelled => {
+            // The server had answered ready: if it is gone now, it crashed after readiness.
+            let props = ctx.systemd.show(unit).await.unwrap_or_default();
+            if cgroup::process_gone(pid) || props.main_pid != pid {
+                return Err(StepFailure {
+                    message: format!(
+                        "the server crashed after it was ready (pid {pid} is gone; Result={}, status {}, {} restarts): {}",
+                        props.result,
+                        props.exit_status(),
+                        props.n_restarts,
+                        f.message
+                    ),
+                    spec_fault: true,
+                    crashed_after_ready: true,
+                    ..f
+                });
+            }
+            Err(f)
+        }
+        (r, _) => r,
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn run_steps_inner<S: Systemd>(
+    ctx: &Ctx<S>,
+    st: &mut UnitState,
+    unit: &str,
+    steps: &[Step],
+    t: &Target<'_>,
+    before: &UnitProps,
+    stop: &mut StopRecord,
+    ready_pid: &mut Option<u32>,
 ) -> Result<(), StepFailure> {
     let emit = |e: Event| (ctx.events)(unit, &e);
     let path = unit_path(&ctx.unit_dir, unit);
@@ -810,9 +969,13 @@ async fn run_steps<S: Systemd>(
                 let props = ctx.systemd.show(unit).await.map_err(|e| StepFailure::host(step, format!("{e:#}")))?;
                 let keep = ctx.store.dir.join("removed-drop-ins").join(state::now().to_string());
                 for p in own_drop_ins(&props, unit).iter() {
-                    fsx::ensure_dir(&keep).map_err(|e| StepFailure::host(step, format!("{e:#}")))?;
+                    fsx::ensure_private_dir(&keep).map_err(|e| StepFailure::host(step, format!("{e:#}")))?;
                     let dest = keep.join(p.trim_start_matches('/').replace('/', "__"));
+                    // The copy is the owner's only (a drop-in may set secrets).
                     std::fs::copy(p, &dest)
+                        .and_then(|_| {
+                            std::fs::set_permissions(&dest, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+                        })
                         .and_then(|_| std::fs::remove_file(p))
                         .map_err(|e| StepFailure::host(step, format!("moving {p} aside: {e}")))?;
                     emit(Event::Progress(format!("moved drop-in {p} to {}", dest.display())));
@@ -906,6 +1069,7 @@ async fn run_steps<S: Systemd>(
                     r = wait_ready(ctx, unit, t, started_pid) => r.map_err(|m| StepFailure::spec(step, m))?,
                     _ = ctx.shutdown.wait() => return Err(StepFailure::cancelled(step)),
                 }
+                *ready_pid = Some(started_pid);
             }
             // Planned alone and carried out by `restore`, never inside a sequence.
             Step::Rollback => continue,

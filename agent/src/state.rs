@@ -66,6 +66,8 @@ pub enum Outcome {
     Failed,
     /// Drift found and only reported (policy `report`).
     Reported,
+    /// A person cleared the quarantine of a unit hash (`specd unquarantine`).
+    Unquarantined,
 }
 
 /// A unit that ran and passed verification: the rollback target.
@@ -160,6 +162,13 @@ impl UnitState {
         self.quarantine.iter().find(|q| q.sha256 == sha)
     }
 
+    /// The unit `sha` ran, verified and ready, before (an apply or start of it succeeded, or it is
+    /// the last good unit).
+    pub fn verified_before(&self, sha: &str) -> bool {
+        self.last_good.as_ref().is_some_and(|g| g.sha256 == sha)
+            || self.history.iter().any(|h| h.sha256 == sha && matches!(h.outcome, Outcome::Applied | Outcome::Started))
+    }
+
     pub fn record(&mut self, e: HistoryEntry) {
         self.history.push(e);
         if self.history.len() > HISTORY_MAX {
@@ -192,20 +201,60 @@ impl Store {
         self.units_dir().join(format!("{unit}.json"))
     }
 
+    /// A unit's state. A corrupt file affects only its unit: it is moved aside
+    /// (`<unit>.json.corrupt-<time>`, left in place on a read-only state dir), a warning says so,
+    /// and the unit starts afresh: the next reconcile observes it from the host (the deployed
+    /// unit file's hash, the running process) like a unit specd adopts.
     pub fn load(&self, unit: &str) -> Result<UnitState> {
         let p = self.path(unit);
-        match fsx::read_opt(&p)? {
-            None => Ok(UnitState { unit: unit.to_string(), ..Default::default() }),
-            Some(bytes) => serde_json::from_slice(&bytes).with_context(|| format!("{} is corrupt", p.display())),
+        let fresh = || UnitState { unit: unit.to_string(), ..Default::default() };
+        let Some(bytes) = fsx::read_opt(&p)? else { return Ok(fresh()) };
+        match serde_json::from_slice(&bytes) {
+            Ok(st) => Ok(st),
+            Err(e) => {
+                let aside = p.with_file_name(format!("{unit}.json.corrupt-{}", now()));
+                let what = match std::fs::rename(&p, &aside) {
+                    Ok(()) => format!("moved it aside to {}", aside.display()),
+                    Err(re) => format!("left it in place ({re})"),
+                };
+                eprintln!(
+                    "specd: warning: {} is corrupt ({e}); {what}; {unit} is observed afresh from the host (its deployed unit file and running process); its history, quarantine and rollback target are in that file",
+                    p.display()
+                );
+                Ok(fresh())
+            }
         }
     }
 
+    /// Save a unit's state: 0600 in a 0700 directory (it holds the spec, environment included,
+    /// and the last good unit's text). A state dir that was open before is made private, with
+    /// every file in it.
     pub fn save(&self, st: &UnitState) -> Result<()> {
         let dir = self.units_dir();
-        fsx::ensure_dir(&dir)?;
+        if fsx::ensure_private_dir(&self.dir)? | fsx::ensure_private_dir(&dir)? {
+            self.secure();
+        }
         let mut bytes = serde_json::to_vec_pretty(st)?;
         bytes.push(b'\n');
-        fsx::atomic_write(&self.path(&st.unit), &bytes, 0o644)
+        fsx::atomic_write(&self.path(&st.unit), &bytes, 0o600)
+    }
+
+    /// Make the state dir private: the directory and its subdirectories 0700, their files 0600
+    /// (state from a version of specd that wrote them world-readable). Best effort.
+    pub fn secure(&self) {
+        fn walk(dir: &Path, depth: u32) {
+            let _ = fsx::ensure_private_dir(dir);
+            let Ok(rd) = std::fs::read_dir(dir) else { return };
+            for e in rd.flatten() {
+                let Ok(ft) = e.file_type() else { continue };
+                if ft.is_dir() && depth < 2 && e.file_name() != "repo" {
+                    walk(&e.path(), depth + 1);
+                } else if ft.is_file() {
+                    let _ = fsx::make_private(&e.path());
+                }
+            }
+        }
+        walk(&self.dir, 0);
     }
 
     /// Units specd has state for, sorted.
@@ -260,6 +309,30 @@ mod tests {
         assert_eq!(st.history[0].time, 5);
         store.save(&st).unwrap();
         assert_eq!(store.load("a.service").unwrap(), st);
+        use std::os::unix::fs::PermissionsExt;
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(d.path()), 0o700);
+        assert_eq!(mode(&d.path().join("units/a.service.json")), 0o600);
         assert_eq!(store.units().unwrap(), vec!["a.service".to_string()]);
+    }
+
+    #[test]
+    fn a_corrupt_state_file_is_moved_aside_and_its_unit_starts_afresh() {
+        let d = tempfile::tempdir().unwrap();
+        let store = Store::new(d.path());
+        let mut ok = store.load("b.service").unwrap();
+        ok.quarantine.push(Quarantined { sha256: "q".into(), reason: "r".into(), source: None, time: 1 });
+        store.save(&ok).unwrap();
+        std::fs::write(d.path().join("units/a.service.json"), "{\"unit\": \"a.service\", \"history\": [").unwrap();
+        let a = store.load("a.service").unwrap();
+        assert_eq!(a, UnitState { unit: "a.service".into(), ..Default::default() });
+        assert_eq!(store.load("b.service").unwrap(), ok);
+        assert_eq!(store.units().unwrap(), vec!["b.service".to_string()]);
+        let aside: Vec<String> = std::fs::read_dir(d.path().join("units"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("a.service.json.corrupt-"))
+            .collect();
+        assert_eq!(aside.len(), 1, "{aside:?}");
     }
 }

@@ -25,6 +25,7 @@ pub const PROPS: &[&str] = &[
     "ExecMainStartTimestampMonotonic",
     "ExecMainExitTimestampMonotonic",
     "TimeoutStopUSec",
+    "UnitFileState",
 ];
 
 /// A unit as `systemctl show` reports it.
@@ -44,6 +45,9 @@ pub struct UnitProps {
     pub drop_in_paths: Vec<String>,
     pub invocation_id: String,
     pub exec_main_start_mono: u64,
+    /// `masked`, `masked-runtime`, `enabled`... (a mask in /run may be shadowed by a unit file
+    /// in /etc: `LoadState` is then `loaded`, but the mask is there).
+    pub unit_file_state: String,
 }
 
 impl UnitProps {
@@ -66,7 +70,13 @@ impl UnitProps {
             drop_in_paths: s("DropInPaths").split_whitespace().map(str::to_string).collect(),
             invocation_id: s("InvocationID"),
             exec_main_start_mono: n("ExecMainStartTimestampMonotonic"),
+            unit_file_state: s("UnitFileState"),
         }
+    }
+
+    /// Someone masked the unit (`systemctl mask`, with or without `--runtime`).
+    pub fn is_masked(&self) -> bool {
+        self.load_state == "masked" || self.unit_file_state.starts_with("masked")
     }
 
     /// A process of the unit may be alive (running, starting, stopping, or about to restart).

@@ -160,7 +160,7 @@ fn commits_deploy_and_nothing_else_does() {
     std::fs::write(f.repo.join("specs/qwen.yaml"), f.spec("qwen.service", a, 3, 200, "")).unwrap();
     let pid = f.e.main_pid("qwen.service");
     let before = f.source_state()["time"].as_u64().unwrap();
-    let o = f.e.specd(&["reconcile", "--agent", &format!("http://127.0.0.1:{}", f.listen)]);
+    let o = f.e.specd(&["reconcile"]);
     assert!(o.status.success(), "{}", text(&o));
     f.wait_source("the source to be read again", |s| s["time"].as_u64().unwrap_or(0) > before);
     assert_eq!(f.steps(a), Some(10));
@@ -361,5 +361,180 @@ fn a_removed_spec_leaves_its_unit_running_as_orphaned_unless_prune_is_on() {
     let kept = f.e.b.check(&["ls", "/var/lib/specd/pruned"]).unwrap();
     assert!(kept.contains("model-b.service."), "{kept}");
     assert_eq!(f.steps(a), Some(5));
+    f.e.b.shutdown().unwrap();
+}
+
+#[test]
+fn a_hostile_commit_is_reported_and_the_agent_keeps_serving_and_heals() {
+    let f = Fleet::new();
+    let (a, b) = (f.e.port, free_port());
+    f.commit(
+        &[("a.yaml", &f.spec("model-a.service", a, 5, 200, "")), ("b.yaml", &f.spec("model-b.service", b, 5, 200, ""))],
+        "two models",
+    );
+    f.start_agent(f.repo.to_str().unwrap(), "");
+    f.wait_steps(a, 5, Duration::from_secs(60));
+    f.wait_steps(b, 5, Duration::from_secs(60));
+    let agent_pid = f.e.b.prop(AGENT, "MainPID").unwrap();
+    let pid_a = f.e.main_pid("model-a.service");
+
+    // Numbers at the edge of every integer type and nesting far deeper than any spec: whatever the
+    // validator makes of them (an error, or a bug that panics), the agent reports the commit and
+    // goes on.
+    let huge = f
+        .spec("model-b.service", b, 5, 200, "")
+        .replace("num_steps: 5", "num_steps: 4294967295")
+        .replace("num_draft_tokens: 6", "num_draft_tokens: 18446744073709551615");
+    let deep = format!(
+        "{}  extra: {}{}\n",
+        f.spec("model-c.service", free_port(), 5, 200, ""),
+        "[".repeat(5000),
+        "]".repeat(5000)
+    );
+    let bad = f.commit(&[("b.yaml", &huge), ("c.yaml", &deep)], "hostile");
+    f.wait_source("the hostile commit to be refused", |s| s["head_commit"] == bad.as_str() && !s["error"].is_null());
+    let err = f.source_state()["error"].as_str().unwrap_or_default().to_string();
+    assert!(err.contains(&format!("specs/b.yaml@{}", &bad[..12])), "{err}");
+    let st = text(&f.e.specd(&["status"]));
+    assert!(st.contains("head not deployed") && st.contains("specs/b.yaml@"), "{st}");
+    assert_eq!(f.e.b.prop(AGENT, "MainPID").unwrap(), agent_pid, "the agent restarted");
+    assert_eq!(f.e.b.prop(AGENT, "NRestarts").unwrap(), "0");
+    assert_eq!(f.steps(a), Some(5));
+    assert_eq!(f.steps(b), Some(5));
+    assert_eq!(f.e.main_pid("model-a.service"), pid_a);
+
+    // Asked again (the source re-read), still up; then a fix commit deploys.
+    let o = f.e.specd(&["reconcile"]);
+    assert!(o.status.success(), "{}", text(&o));
+    std::fs::remove_file(f.repo.join("specs/c.yaml")).unwrap();
+    let fixed = f.commit(&[("b.yaml", &f.spec("model-b.service", b, 7, 200, ""))], "fixed");
+    f.wait_steps(b, 7, Duration::from_secs(60));
+    f.wait_source("the fix to be accepted", |s| s["accepted_commit"] == fixed.as_str() && s["error"].is_null());
+    assert_eq!(f.e.b.prop(AGENT, "MainPID").unwrap(), agent_pid, "the agent restarted");
+    assert_eq!(f.e.main_pid("model-a.service"), pid_a);
+    f.e.b.shutdown().unwrap();
+}
+
+fn source_reads(f: &Fleet) -> u64 {
+    let (_, body) = http_get(f.listen, "/metrics").unwrap_or_default();
+    body.lines()
+        .find_map(|l| l.strip_prefix("specd_source_reads_total "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .unwrap_or(0.0) as u64
+}
+
+#[test]
+fn control_actions_take_the_root_only_socket_and_forced_rereads_are_rate_limited() {
+    use std::io::{Read, Write};
+    let f = Fleet::new();
+    let a = f.e.port;
+    f.commit(&[("qwen.yaml", &f.spec("qwen.service", a, 5, 200, ""))], "steps 5");
+    f.start_agent(f.repo.to_str().unwrap(), "");
+    f.wait_steps(a, 5, Duration::from_secs(30));
+
+    // TCP serves reading only.
+    let (code, _) = http(f.listen, "POST", "/reconcile", None, Duration::from_secs(5)).unwrap();
+    assert!(code == 404 || code == 405, "POST /reconcile over TCP answered {code}");
+    let (code, body) = http_get(f.listen, "/metrics").unwrap();
+    assert_eq!(code, 200);
+    assert!(body.contains("specd_source_reads_total"), "{body}");
+    assert_eq!(http_get(f.listen, "/healthz").unwrap().0, 200);
+
+    // The control socket is root's only.
+    let modes = f.e.b.sh_check("stat -c '%a %U' /run/specd /run/specd/control.sock").unwrap();
+    assert_eq!(modes, "700 root\n600 root\n");
+    let o = f.e.b.exec(&["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "ls", "/run/specd"]);
+    assert!(!o.status.success(), "nobody lists the control socket's directory: {}", text(&o));
+    let o = f.e.specd(&["reconcile"]);
+    assert!(o.status.success(), "{}", text(&o));
+
+    // A burst of 3,000 requests is a handful of source reads.
+    let sock = f.e.b.host_path("/run/specd/control.sock");
+    let before = source_reads(&f);
+    let t0 = Instant::now();
+    for i in 0..3000 {
+        let mut s = std::os::unix::net::UnixStream::connect(&sock).unwrap();
+        s.write_all(b"POST /reconcile HTTP/1.1\r\nHost: specd\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+            .unwrap();
+        let mut resp = String::new();
+        s.read_to_string(&mut resp).unwrap();
+        assert!(resp.starts_with("HTTP/1.1 200"), "request {i}: {resp}");
+    }
+    let took = t0.elapsed();
+    let burst = source_reads(&f) - before;
+    assert!(burst >= 1, "no source read for 3,000 requests");
+    assert!(burst <= took.as_secs() + 2, "{burst} source reads in {took:?} for 3,000 requests");
+    // The last requests are honoured: one more read follows the burst.
+    wait_until("the deferred read", Duration::from_secs(5), || source_reads(&f) > before + burst).unwrap();
+    assert_eq!(f.steps(a), Some(5));
+    f.e.b.shutdown().unwrap();
+}
+
+#[test]
+fn the_agent_manages_only_units_matching_its_pattern_and_never_systemd_s() {
+    let f = Fleet::new();
+    let a = f.e.port;
+    f.e.b.write_file("/run/agent.yaml", "manage_units: \"llm-*\"\n").unwrap();
+    let c1 = f.commit(&[("a.yaml", &f.spec("llm-a.service", a, 5, 200, ""))], "llm-a");
+    f.start_agent(f.repo.to_str().unwrap(), "");
+    f.wait_steps(a, 5, Duration::from_secs(30));
+    f.wait_source("the first commit to be accepted", |s| s["accepted_commit"] == c1.as_str());
+
+    let other = f.commit(&[("b.yaml", &f.spec("other.service", free_port(), 5, 200, ""))], "other");
+    f.wait_source("the commit to be refused", |s| s["head_commit"] == other.as_str() && !s["error"].is_null());
+    let err = f.source_state()["error"].as_str().unwrap_or_default().to_string();
+    assert!(err.contains(&format!("specs/b.yaml@{}", &other[..12])) && err.contains("manage_units pattern"), "{err}");
+    assert!(f.e.b.read_file("/etc/systemd/system/other.service").is_err());
+
+    let journald = f.e.b.prop("systemd-journald.service", "ActiveState").unwrap();
+    std::fs::remove_file(f.repo.join("specs/b.yaml")).unwrap();
+    f.e.b.write_file("/run/agent.yaml", "").unwrap();
+    f.e.b.systemctl_check(&["restart", AGENT]).unwrap();
+    let j = f.commit(&[("j.yaml", &f.spec("systemd-journald.service", free_port(), 5, 200, ""))], "journald");
+    f.wait_source("the commit to be refused", |s| s["head_commit"] == j.as_str() && !s["error"].is_null());
+    let err = f.source_state()["error"].as_str().unwrap_or_default().to_string();
+    assert!(err.contains("systemd-journald.service"), "{err}");
+    assert_eq!(f.e.b.prop("systemd-journald.service", "ActiveState").unwrap(), journald);
+    assert_eq!(f.steps(a), Some(5));
+    f.e.b.shutdown().unwrap();
+}
+
+fn unit_down(f: &Fleet, unit: &str) -> Option<u64> {
+    let (_, body) = http_get(f.listen, "/metrics")?;
+    let key = format!("specd_unit_down{{unit=\"{unit}\"}} ");
+    body.lines().find_map(|l| l.strip_prefix(key.as_str())).and_then(|v| v.trim().parse().ok())
+}
+
+#[test]
+fn a_unit_left_down_is_in_the_metrics_and_unquarantine_works_while_the_agent_runs() {
+    let f = Fleet::new();
+    let a = f.e.port;
+    let failing = f
+        .spec("qwen.service", a, 5, 200, "")
+        .replace("SPECD_STANDIN_LOAD_MS", "SPECD_STANDIN_EXIT_CODE: \"3\", SPECD_STANDIN_LOAD_MS");
+    f.commit(&[("qwen.yaml", &failing)], "fails at start");
+    f.start_agent(f.repo.to_str().unwrap(), "");
+    f.wait_applied("qwen.service", 1);
+    let st = f.e.state("qwen.service");
+    assert_eq!(st["quarantine"].as_array().map(Vec::len), Some(1), "{st}");
+    wait_until("specd_unit_down to be 1", Duration::from_secs(10), || unit_down(&f, "qwen.service") == Some(1))
+        .unwrap();
+    let o = f.e.specd(&["status"]);
+    assert!(text(&o).contains("DOWN: Failed: qwen.service"), "{}", text(&o));
+
+    // Cleared while the agent runs: it tries the unit again at once (and it fails again).
+    let o = f.e.specd(&["unquarantine", "qwen.service"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("asked the running agent to reconcile qwen.service"), "{}", text(&o));
+    f.wait_applied("qwen.service", 3);
+    let hist = f.e.state("qwen.service")["history"].as_array().unwrap().clone();
+    let outcomes: Vec<&str> = hist.iter().map(|h| h["outcome"].as_str().unwrap()).collect();
+    assert_eq!(outcomes, ["failed", "unquarantined", "failed"]);
+
+    // A working spec: up, and the metric says so.
+    f.commit(&[("qwen.yaml", &f.spec("qwen.service", a, 5, 200, ""))], "works");
+    f.wait_steps(a, 5, Duration::from_secs(30));
+    wait_until("specd_unit_down to be 0", Duration::from_secs(10), || unit_down(&f, "qwen.service") == Some(0))
+        .unwrap();
     f.e.b.shutdown().unwrap();
 }

@@ -245,7 +245,7 @@ fn a_process_that_ignores_sigterm_blocks_the_start_and_is_named() {
     e.b.systemctl_check(&["daemon-reload"]).unwrap();
     e.b.systemctl_check(&["start", UNIT]).unwrap();
     wait_until("the old server to answer", Duration::from_secs(30), || e.server_info().is_some()).unwrap();
-    let yaml = e.spec(UNIT, 5, "  service: {timeout_stop_sec: 1}\n");
+    let yaml = e.spec(UNIT, 5, "  service: {timeout_stop_sec: 1}\n  policy: {adopt: true}\n");
     let (ok, out) = apply(&e, "s.yaml", &yaml);
     assert!(!ok, "{out}");
     assert!(out.contains("processes still in the unit's cgroup"), "{out}");
@@ -443,5 +443,303 @@ fn a_host_left_on_a_quarantined_unit_is_restored_to_the_last_good_one() {
     );
     assert_eq!(e.served_steps(), Some(5));
     assert_eq!(deployed_hash(&e), rendered_hash(&e, "s5.yaml"));
+    e.b.shutdown().unwrap();
+}
+
+/// A tiny tmpfs over a directory of the box, so that a test can fill it.
+fn tiny_tmpfs(e: &Env, dir: &str, size: &str) {
+    e.b.sh_check(&format!("mkdir -p {dir} && mount -t tmpfs -o size={size},mode=755 specd-test-tiny {dir}")).unwrap();
+}
+
+/// Fill the file system of `dir` (dd stops at ENOSPC).
+fn fill(e: &Env, dir: &str) {
+    e.b.sh(&format!("dd if=/dev/zero of={dir}/fill bs=4k 2>/dev/null; sync"));
+    let o = e.b.sh(&format!("echo x > {dir}/probe-full"));
+    assert!(!o.status.success(), "{dir} is not full");
+}
+
+#[test]
+fn a_full_unit_dir_after_the_stop_starts_the_old_unit_again() {
+    let e = Env::new();
+    tiny_tmpfs(&e, "/etc/systemd/system", "64k");
+    let (ok, out) = apply(&e, "s5.yaml", &e.spec(UNIT, 5, &seed_extra(100)));
+    assert!(ok, "{out}");
+    let old = deployed_hash(&e);
+    fill(&e, "/etc/systemd/system");
+    let (ok, out) = apply(&e, "s10.yaml", &e.spec(UNIT, 10, &seed_extra(100)));
+    assert!(!ok, "{out}");
+    assert!(out.contains("WriteUnit failed") && out.contains("No space left on device"), "{out}");
+    assert!(out.contains("started the last good unit") && out.contains("again and it serves"), "{out}");
+    assert!(!out.contains("DOWN"), "{out}");
+    assert_eq!(e.served_steps(), Some(5), "the old unit serves again");
+    assert_eq!(deployed_hash(&e), old);
+    assert_eq!(e.b.prop(UNIT, "ActiveState").unwrap(), "active");
+    // Space again: the new unit is applied.
+    e.b.sh_check("rm /etc/systemd/system/fill").unwrap();
+    let (ok, out) = apply(&e, "s10.yaml", &e.spec(UNIT, 10, &seed_extra(100)));
+    assert!(ok, "{out}");
+    assert_eq!(e.served_steps(), Some(10));
+    e.b.shutdown().unwrap();
+}
+
+#[test]
+fn a_full_state_dir_while_stopping_starts_the_old_unit_again() {
+    let e = Env::new();
+    tiny_tmpfs(&e, "/var/lib/specd", "1m");
+    let (ok, out) = apply(&e, "s5.yaml", &e.spec(UNIT, 5, &seed_extra(100)));
+    assert!(ok, "{out}");
+    let old = deployed_hash(&e);
+    let p = e.put("s10.yaml", &e.spec(UNIT, 10, &seed_extra(100)));
+    // In-flight requests hold the stop for TimeoutStopSec=2: the state dir fills meanwhile.
+    let reqs = e.in_flight(2, 400);
+    let child =
+        e.b.command(&[&e.specd, "apply", "-f", &p, "--host", "gpu-01"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+    let state_path = format!("/var/lib/specd/units/{UNIT}.json");
+    wait_until("the apply to wait for the stop", Duration::from_secs(30), || {
+        e.b.read_to_string(&state_path)
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+            .is_some_and(|v| v["in_progress"]["phase"] == "WaitStopped")
+    })
+    .unwrap();
+    fill(&e, "/var/lib/specd");
+    let o = child.wait_with_output().unwrap();
+    let out = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{out}");
+    assert!(out.contains("WriteUnit failed") && out.contains("No space left on device"), "{out}");
+    assert!(out.contains("started the last good unit") && out.contains("again and it serves"), "{out}");
+    assert!(out.contains("specd's state could not be saved"), "{out}");
+    assert_eq!(e.served_steps(), Some(5), "the old unit serves again");
+    assert_eq!(deployed_hash(&e), old);
+    for r in reqs {
+        r.join().unwrap();
+    }
+    e.b.sh_check("rm /var/lib/specd/fill").unwrap();
+    let (ok, out) = apply(&e, "s10.yaml", &e.spec(UNIT, 10, &seed_extra(100)));
+    assert!(ok, "{out}");
+    assert_eq!(e.served_steps(), Some(10));
+    e.b.shutdown().unwrap();
+}
+
+#[test]
+fn without_anything_to_start_again_the_verdict_and_status_say_the_service_is_down() {
+    let e = Env::new();
+    // A unit that ran before specd, not ready when specd took over: nothing known good.
+    let (ok, out) = apply(&e, "bad.yaml", &failing(&e));
+    assert!(!ok, "{out}");
+    assert!(out.contains("is DOWN (") && out.contains("left stopped"), "{out}");
+    let o = e.specd(&["status"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(text(&o).contains("sglang-qwen.service: Failed Down"), "{}", text(&o));
+    assert!(text(&o).contains("DOWN: "), "{}", text(&o));
+    e.b.shutdown().unwrap();
+}
+
+/// The seed's spec at `steps` whose server crashes right after its first readiness answer while
+/// `/run/crash-after-ready` exists.
+fn crashing(e: &Env, steps: u32) -> String {
+    e.spec(
+        UNIT,
+        steps,
+        &seed_extra(100).replace(
+            "SPECD_STANDIN_LOAD_MS",
+            "SPECD_STANDIN_CRASH_AFTER_READY: \"/run/crash-after-ready\", SPECD_STANDIN_LOAD_MS",
+        ),
+    )
+}
+
+#[test]
+fn a_crash_after_readiness_is_named_and_quarantines_only_a_unit_never_verified() {
+    let e = Env::new();
+    let (ok, out) = apply(&e, "x.yaml", &crashing(&e, 5));
+    assert!(ok, "{out}");
+    let (ok, out) = apply(&e, "y.yaml", &crashing(&e, 7));
+    assert!(ok, "{out}");
+
+    // A unit that passed verification before crashes once right after readiness: a crash, not a
+    // failed start; retried, not quarantined.
+    e.b.write_file("/run/crash-after-ready", "").unwrap();
+    let (ok, out) = apply(&e, "x.yaml", &crashing(&e, 5));
+    assert!(!ok, "{out}");
+    assert!(out.contains("crashed after it was ready"), "{out}");
+    assert!(!out.contains("exited while loading"), "{out}");
+    assert!(out.contains("passed verification before") && out.contains("retried with backoff"), "{out}");
+    assert_eq!(e.state(UNIT)["quarantine"], serde_json::json!([]));
+    // systemd restarted it (Restart=always); the next apply finds it in sync.
+    wait_until("the restarted server to be ready", Duration::from_secs(30), || {
+        http_get(e.port, "/health_generate").is_some_and(|(c, _)| c == 200)
+    })
+    .unwrap();
+    let (ok, out) = apply(&e, "x.yaml", &crashing(&e, 5));
+    assert!(ok && out.contains("InSync"), "{out}");
+    assert_eq!(e.specd(&["status"]).status.code(), Some(0), "the failure is over");
+
+    // A unit never verified that crashes after readiness is quarantined, and rolled back.
+    e.b.write_file("/run/crash-after-ready", "").unwrap();
+    let (ok, out) = apply(&e, "z.yaml", &crashing(&e, 9));
+    assert!(!ok, "{out}");
+    assert!(out.contains("crashed after it was ready") && out.contains("RolledBack"), "{out}");
+    assert_eq!(e.served_steps(), Some(5));
+    let (ok, out) = apply(&e, "z.yaml", &crashing(&e, 9));
+    assert!(!ok && out.contains("is not retried"), "{out}");
+
+    // `specd unquarantine` clears it, in the history; the unit is tried again.
+    let o = e.specd(&["unquarantine", UNIT]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("cleared"), "{}", text(&o));
+    let h = text(&e.specd(&["history", UNIT]));
+    assert!(h.contains("Unquarantined"), "{h}");
+    let (ok, out) = apply(&e, "z.yaml", &crashing(&e, 9));
+    assert!(ok, "{out}");
+    assert_eq!(e.served_steps(), Some(9));
+    e.b.shutdown().unwrap();
+}
+
+#[test]
+fn a_corrupt_state_file_affects_only_its_unit_and_read_only_commands_work_on_a_read_only_state_dir() {
+    let e = Env::new();
+    let (ok, out) = apply(&e, "s5.yaml", &e.spec(UNIT, 5, &seed_extra(100)));
+    assert!(ok, "{out}");
+    let other = sglang_spec(&e.standin, "other.service", free_port(), 5, &seed_extra(100));
+    let (ok, out) = apply(&e, "other.yaml", &other);
+    assert!(ok, "{out}");
+    let pid = e.main_pid(UNIT);
+    e.b.write_file(&format!("/var/lib/specd/units/{UNIT}.json"), "{\"unit\": \"sglang-qwen.service\", \"hist").unwrap();
+
+    let o = e.specd(&["status"]);
+    let out = text(&o);
+    assert_ne!(o.status.code(), Some(2), "{out}");
+    assert!(out.contains("other.service: InSync Healthy"), "{out}");
+    assert!(
+        out.contains(&format!("/var/lib/specd/units/{UNIT}.json is corrupt")) && out.contains("moved it aside"),
+        "{out}"
+    );
+    let aside = e.b.sh_check("ls /var/lib/specd/units").unwrap();
+    assert!(aside.contains(&format!("{UNIT}.json.corrupt-")), "{aside}");
+    let o = e.specd(&["history"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("other.service"), "{}", text(&o));
+
+    // The unit is observed afresh from the host: it runs its deployed unit; nothing restarts.
+    let (ok, out) = apply(&e, "s5.yaml", &e.spec(UNIT, 5, &seed_extra(100)));
+    assert!(ok && out.contains("InSync"), "{out}");
+    assert_eq!(e.main_pid(UNIT), pid);
+    assert_eq!(e.state(UNIT)["last_good"]["sha256"], deployed_hash(&e).as_str());
+
+    // Read-only commands on a read-only state dir.
+    e.b.sh_check("mount --bind /var/lib/specd /var/lib/specd && mount -o remount,bind,ro /var/lib/specd").unwrap();
+    let o = e.specd(&["status"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let o = e.specd(&["history", UNIT]);
+    assert!(o.status.success(), "{}", text(&o));
+    e.b.shutdown().unwrap();
+}
+
+#[test]
+fn state_is_private_and_an_open_state_dir_is_fixed() {
+    let e = Env::new();
+    // State left by an older specd: world-readable.
+    e.b.sh_check("mkdir -p /var/lib/specd/units && chmod 755 /var/lib/specd /var/lib/specd/units && echo '{\"unit\": \"x.service\"}' > /var/lib/specd/units/x.service.json && chmod 644 /var/lib/specd/units/x.service.json").unwrap();
+    let extra = seed_extra(100).replace("SPECD_STANDIN_LOAD_MS", "HF_TOKEN: \"hf_secret\", SPECD_STANDIN_LOAD_MS");
+    let (ok, out) = apply(&e, "s5.yaml", &e.spec(UNIT, 5, &extra));
+    assert!(ok, "{out}");
+    let modes = e.b.sh_check(&format!(
+        "stat -c '%a %n' /var/lib/specd /var/lib/specd/units /var/lib/specd/locks /var/lib/specd/units/{UNIT}.json /var/lib/specd/units/x.service.json /var/lib/specd/locks/{UNIT}.lock /etc/systemd/system/{UNIT}"
+    ))
+    .unwrap();
+    let want = format!(
+        "700 /var/lib/specd\n700 /var/lib/specd/units\n700 /var/lib/specd/locks\n600 /var/lib/specd/units/{UNIT}.json\n600 /var/lib/specd/units/x.service.json\n600 /var/lib/specd/locks/{UNIT}.lock\n644 /etc/systemd/system/{UNIT}\n"
+    );
+    assert_eq!(modes, want);
+    // A drop-in specd moves aside is kept private too.
+    e.b.write_file(&format!("/etc/systemd/system/{UNIT}.d/token.conf"), "[Service]\nEnvironment=HF_TOKEN=hf_other\n")
+        .unwrap();
+    e.b.systemctl_check(&["daemon-reload"]).unwrap();
+    let (ok, out) = apply(&e, "s5.yaml", &e.spec(UNIT, 5, &extra));
+    assert!(ok && out.contains("moved drop-in"), "{out}");
+    let kept = e.b.sh_check("stat -c '%a' /var/lib/specd/removed-drop-ins/*/*").unwrap();
+    assert_eq!(kept, "600\n");
+    // Nobody but root reads the state.
+    let o = e.b.exec(&[
+        "setpriv",
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        "cat",
+        &format!("/var/lib/specd/units/{UNIT}.json"),
+    ]);
+    assert!(!o.status.success(), "{}", text(&o));
+    e.b.shutdown().unwrap();
+}
+
+#[test]
+fn a_masked_unit_is_its_own_status_and_apply_changes_nothing() {
+    let e = Env::new();
+    let (ok, out) = apply(&e, "s5.yaml", &e.spec(UNIT, 5, &seed_extra(100)));
+    assert!(ok, "{out}");
+    let pid = e.main_pid(UNIT);
+    let path = format!("/etc/systemd/system/{UNIT}");
+    let before = e.b.read_to_string(&path).unwrap();
+
+    // A runtime mask.
+    e.b.systemctl_check(&["mask", "--runtime", UNIT]).unwrap();
+    assert_eq!(e.b.sh_check(&format!("readlink /run/systemd/system/{UNIT}")).unwrap().trim(), "/dev/null");
+    let o = e.specd(&["status"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("sglang-qwen.service: Masked"), "{}", text(&o));
+    let (ok, out) = apply(&e, "s10.yaml", &e.spec(UNIT, 10, &seed_extra(100)));
+    assert!(!ok, "{out}");
+    assert!(out.contains("Masked: the unit is masked") && out.contains("does not unmask"), "{out}");
+    assert!(!out.contains("stopping"), "{out}");
+    assert_eq!(e.main_pid(UNIT), pid);
+    assert_eq!(e.b.read_to_string(&path).unwrap(), before);
+    e.b.systemctl_check(&["unmask", "--runtime", UNIT]).unwrap();
+
+    // A mask in /etc (the unit file replaced by a link to /dev/null) is not a hand edit to heal.
+    e.b.systemctl_check(&["stop", UNIT]).unwrap();
+    e.b.sh_check(&format!("ln -sf /dev/null {path} && systemctl daemon-reload")).unwrap();
+    let (ok, out) = apply(&e, "s5.yaml", &e.spec(UNIT, 5, &seed_extra(100)));
+    assert!(!ok && out.contains("Masked"), "{out}");
+    assert!(!out.contains("edited by hand"), "{out}");
+    assert_eq!(e.b.sh_check(&format!("readlink {path}")).unwrap().trim(), "/dev/null");
+    assert_eq!(e.b.prop(UNIT, "LoadState").unwrap(), "masked");
+    e.b.shutdown().unwrap();
+}
+
+#[test]
+fn a_unit_file_specd_did_not_write_is_replaced_only_when_adopted_and_reserved_units_never() {
+    let e = Env::new();
+    let path = format!("/etc/systemd/system/{UNIT}");
+    let old =
+        format!("[Service]\nType=exec\nExecStart={} sglang --model-path /models/old --port {}\n", e.standin, e.port);
+    e.b.write_file(&path, &old).unwrap();
+    e.b.systemctl_check(&["daemon-reload"]).unwrap();
+    e.b.systemctl_check(&["start", UNIT]).unwrap();
+    wait_until("the old server to answer", Duration::from_secs(30), || e.server_info().is_some()).unwrap();
+    let pid = e.main_pid(UNIT);
+    let (ok, out) = apply(&e, "s5.yaml", &e.spec(UNIT, 5, &seed_extra(100)));
+    assert!(!ok, "{out}");
+    assert!(out.contains("Refused: sglang-qwen.service") && out.contains("was not written by specd"), "{out}");
+    assert!(!out.contains("stopping"), "{out}");
+    assert_eq!(e.b.read_to_string(&path).unwrap(), old);
+    assert_eq!(e.main_pid(UNIT), pid);
+    let (ok, out) = apply(&e, "a5.yaml", &e.spec(UNIT, 5, &(seed_extra(100) + "  policy: {adopt: true}\n")));
+    assert!(ok, "{out}");
+    assert_eq!(e.served_steps(), Some(5));
+
+    // Units specd never manages, even when a spec names them.
+    for unit in ["systemd-journald.service", "dbus.service", "specd.service"] {
+        let before = e.b.prop(unit, "ActiveState").unwrap();
+        let yaml = sglang_spec(&e.standin, unit, free_port(), 5, &seed_extra(100));
+        let (ok, out) = apply(&e, "reserved.yaml", &yaml);
+        assert!(!ok, "{out}");
+        assert!(out.contains(unit) && (out.contains("never manages") || out.contains("reserved")), "{out}");
+        assert_eq!(e.b.prop(unit, "ActiveState").unwrap(), before, "{unit}");
+        assert!(e.b.read_file(&format!("/etc/systemd/system/{unit}")).is_err(), "{unit} was written");
+    }
     e.b.shutdown().unwrap();
 }

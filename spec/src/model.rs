@@ -334,6 +334,9 @@ pub struct PolicyLayer {
     /// Restore the last good unit when a new one fails. Default true.
     #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "strict::bool")]
     pub rollback: Option<bool>,
+    /// Let specd replace a unit file it did not write (one without specd's header). Default false.
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "strict::bool")]
+    pub adopt: Option<bool>,
 }
 
 /// Overlay merge: `over` wins field by field; nested sections and maps merge recursively.
@@ -369,7 +372,7 @@ impl_merge!(ServerLayer { host, port, tp_size, mem_fraction_static, max_running_
 impl_merge!(SpeculativeLayer { algorithm, num_steps, eagle_topk, num_draft_tokens, draft_model, draft_min, draft_p_min, prompt_lookup_min, prompt_lookup_max } sections {});
 impl_merge!(ServiceLayer { description, user, group, working_directory, environment_files, allow_literal_secrets, restart, restart_sec, timeout_start_sec, timeout_stop_sec, drain_timeout_sec, memory_max } sections { environment, credentials });
 impl_merge!(ReadinessLayer { timeout_sec, endpoint, verify_args, verify_speculation } sections {});
-impl_merge!(PolicyLayer { drift, rollback } sections {});
+impl_merge!(PolicyLayer { drift, rollback, adopt } sections {});
 
 impl Merge for BTreeMap<String, String> {
     fn merge(&mut self, over: &Self) {

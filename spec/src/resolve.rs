@@ -84,6 +84,9 @@ pub struct Readiness {
 pub struct Policy {
     pub drift: DriftPolicy,
     pub rollback: bool,
+    /// specd may replace a unit file it did not write.
+    #[serde(default)]
+    pub adopt: bool,
 }
 
 /// One server argument as the engine reports it once running, for `verify_args`.

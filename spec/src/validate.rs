@@ -539,7 +539,11 @@ fn build(c: &mut Ctx, doc: &Document, l: &SpecLayer, overlay: Option<String>) ->
         speculative,
         service,
         readiness,
-        policy: Policy { drift: policy.drift.unwrap_or(DriftPolicy::Heal), rollback: policy.rollback.unwrap_or(true) },
+        policy: Policy {
+            drift: policy.drift.unwrap_or(DriftPolicy::Heal),
+            rollback: policy.rollback.unwrap_or(true),
+            adopt: policy.adopt.unwrap_or(false),
+        },
     })
 }
 

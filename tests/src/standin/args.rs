@@ -42,6 +42,10 @@ pub struct Knobs {
     /// SGLang's shutdown watchdog polls every 5 s (also before it notices
     /// SIGTERM). `SPECD_STANDIN_DRAIN_POLL_MS`, default 5000 as in SGLang.
     pub drain_poll_ms: u64,
+    /// An instance started while this file exists removes it and dies of SIGKILL at the first
+    /// request after `/health` answered 200: one crash right after readiness.
+    /// `SPECD_STANDIN_CRASH_AFTER_READY=/path`.
+    pub crash_after_ready: Option<String>,
 }
 
 impl Default for Knobs {
@@ -56,6 +60,7 @@ impl Default for Knobs {
             linger_child: false,
             accept_length: None,
             drain_poll_ms: 5000,
+            crash_after_ready: None,
         }
     }
 }
@@ -70,6 +75,7 @@ const KNOBS: &[&str] = &[
     "linger-child",
     "accept-length",
     "drain-poll-ms",
+    "crash-after-ready",
 ];
 
 impl Knobs {
@@ -91,6 +97,7 @@ impl Knobs {
             "linger-child" => self.linger_child = flag(v),
             "accept-length" => self.accept_length = Some(v.parse().map_err(|_| bad())?),
             "drain-poll-ms" => self.drain_poll_ms = v.parse().map_err(|_| bad())?,
+            "crash-after-ready" => self.crash_after_ready = Some(v.to_string()),
             _ => return Err(format!("specd-standin: unknown knob --standin-{name}")),
         }
         Ok(())

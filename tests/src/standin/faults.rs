@@ -1,7 +1,9 @@
 //! Injected faults: a CUDA out-of-memory death as each engine dies of it, a
 //! real host-memory hog, a child that outlives SIGTERM.
 
-use super::args::{Flavour, Launch};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use super::args::{Flavour, Knobs, Launch};
 use super::logs::line;
 
 const TORCH_OOM: &str = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.50 GiB. GPU 0 has a total capacity of 79.19 GiB of which 1.02 GiB is free. Including non-PyTorch memory, this process has 78.16 GiB memory in use. Of the allocated memory 76.80 GiB is allocated by PyTorch, and 412.33 MiB is reserved by PyTorch but unallocated. If reserved but unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See documentation for Memory Management  (https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)";
@@ -120,5 +122,36 @@ pub fn linger() -> ! {
     loop {
         // SAFETY: pause(2) has no preconditions.
         unsafe { libc::pause() };
+    }
+}
+
+static ARMED: AtomicBool = AtomicBool::new(false);
+static ANSWERED_READY: AtomicBool = AtomicBool::new(false);
+
+/// At startup: `crash-after-ready` applies to an instance started while its file exists (not to
+/// one that already ran).
+pub fn arm(k: &Knobs) {
+    if k.crash_after_ready.as_deref().is_some_and(|p| std::path::Path::new(p).exists()) {
+        ARMED.store(true, Ordering::SeqCst);
+    }
+}
+
+/// `/health` answered 200: an armed instance dies at the next request.
+pub fn answered_ready() {
+    if ARMED.load(Ordering::SeqCst) {
+        ANSWERED_READY.store(true, Ordering::SeqCst);
+    }
+}
+
+/// The crash after readiness: SIGKILL, as a segfault or the OOM killer would end it. The file is
+/// removed first, so one crash is injected per file (the instance systemd restarts runs on).
+pub fn crash_if_answered_ready(k: &Knobs) {
+    if ANSWERED_READY.load(Ordering::SeqCst) {
+        if let Some(p) = &k.crash_after_ready {
+            let _ = std::fs::remove_file(p);
+        }
+        eprintln!("specd-standin: crashing right after readiness as asked (SPECD_STANDIN_CRASH_AFTER_READY)");
+        // SAFETY: kill(2) on ourselves.
+        unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
     }
 }

@@ -11,7 +11,9 @@
 //! `LOAD_MS`/`--standin-load-ms` (300), `WARMUP_MS` (200, SGLang),
 //! `TOKENS_PER_SEC` (200 per request), `EXIT_CODE`, `CUDA_OOM=1`,
 //! `MEMORY_HOG=1`, `LINGER_CHILD=1`, `ACCEPT_LENGTH`, `DRAIN_POLL_MS` (5000,
-//! SGLang's shutdown watchdog period).
+//! SGLang's shutdown watchdog period), `CRASH_AFTER_READY=/path` (an instance
+//! started while the file exists removes it and dies of SIGKILL at the first
+//! request after its first readiness 200).
 //!
 //! Endpoints: SGLang `/health`, `/health_generate`, `/get_server_info`,
 //! `/server_info`, `/get_model_info`, `/generate`, `/metrics` (only with

@@ -78,6 +78,7 @@ fn max_running(l: &Launch) -> usize {
 
 /// Runs the server until shutdown; returns the process exit code.
 pub async fn serve(launch: Launch) -> i32 {
+    super::faults::arm(&launch.knobs);
     let accept_length = launch.knobs.accept_length;
     let st: St = Arc::new(Shared {
         slots: Arc::new(Semaphore::new(max_running(&launch))),
@@ -253,7 +254,19 @@ fn router(st: St) -> Router {
             .route("/completion", post(llama_completion))
             .route("/v1/completions", post(openai_completions)),
     };
-    r.with_state(st)
+    let gate = axum::middleware::from_fn_with_state(st.clone(), crash_gate);
+    r.layer(gate).with_state(st)
+}
+
+/// The `crash-after-ready` fault: see [`super::faults::answered_ready`].
+async fn crash_gate(State(st): State<St>, req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    super::faults::crash_if_answered_ready(&st.launch.knobs);
+    let health = matches!(req.uri().path(), "/health" | "/health_generate" | "/ready" | "/v1/health");
+    let r = next.run(req).await;
+    if health && r.status() == StatusCode::OK {
+        super::faults::answered_ready();
+    }
+    r
 }
 
 async fn not_found() -> Response {

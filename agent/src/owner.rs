@@ -1,0 +1,107 @@
+//! Which units specd may manage: never its own, systemd's or D-Bus's (whatever a spec says),
+//! only names matching the agent's `manage_units` pattern, and a unit file it did not write
+//! only when the spec adopts it. Pure checks; the callers refuse before touching the host.
+
+/// Why specd never manages `unit`, if it may not: one of the host's own units (the spec's one
+/// list, `specd_spec::reserved_unit`), or `own`, the unit this specd runs in whatever its name.
+pub fn reserved(unit: &str, own: Option<&str>) -> Option<&'static str> {
+    if own == Some(unit) {
+        return Some("specd's own unit");
+    }
+    specd_spec::reserved_unit(unit)
+}
+
+/// A shell-style name pattern: `*` any run of characters, `?` one character.
+pub fn glob_match(pattern: &str, name: &str) -> bool {
+    let (p, n): (Vec<char>, Vec<char>) = (pattern.chars().collect(), name.chars().collect());
+    let (mut pi, mut ni, mut star, mut mark) = (0, 0, None, 0);
+    while ni < n.len() {
+        if pi < p.len() && (p[pi] == '?' || p[pi] == n[ni]) {
+            pi += 1;
+            ni += 1;
+        } else if pi < p.len() && p[pi] == '*' {
+            star = Some(pi);
+            mark = ni;
+            pi += 1;
+        } else if let Some(s) = star {
+            pi = s + 1;
+            mark += 1;
+            ni = mark;
+        } else {
+            return false;
+        }
+    }
+    p[pi..].iter().all(|c| *c == '*')
+}
+
+/// Whether the agent may manage `unit`: not reserved, and matching `pattern` (default: any).
+pub fn may_manage(unit: &str, own: Option<&str>, pattern: Option<&str>) -> Result<(), String> {
+    if let Some(why) = reserved(unit, own) {
+        return Err(format!("specd never manages {unit}: {why}"));
+    }
+    match pattern {
+        Some(p) if !glob_match(p, unit) => {
+            Err(format!("{unit} does not match this agent's manage_units pattern {p:?}"))
+        }
+        _ => Ok(()),
+    }
+}
+
+/// A unit file specd wrote starts with its header.
+pub fn written_by_specd(text: &[u8]) -> bool {
+    text.starts_with(specd_spec::HEADER.as_bytes())
+}
+
+/// The unit specd runs in (from `/proc/self/cgroup`), when it runs as a service.
+pub fn own_unit() -> Option<String> {
+    let cg = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    cg.lines()
+        .filter_map(|l| l.rsplit(':').next())
+        .flat_map(|p| p.rsplit('/'))
+        .find(|c| c.ends_with(".service"))
+        .map(str::to_string)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn specd_systemd_and_dbus_units_are_never_managed() {
+        for u in [
+            "specd.service",
+            "systemd-journald.service",
+            "systemd-logind.service",
+            "dbus.service",
+            "dbus-broker.service",
+            "dbus.socket",
+            "systemd-fsck@dev-sda1.service",
+        ] {
+            assert!(reserved(u, None).is_some(), "{u}");
+        }
+        assert_eq!(reserved("my-agent.service", Some("my-agent.service")), Some("specd's own unit"));
+        for u in ["sglang-qwen.service", "systemdish.service", "vllm@a.service", "my-dbus.service"] {
+            assert_eq!(reserved(u, Some("specd-agent.service")), None, "{u}");
+        }
+    }
+
+    #[test]
+    fn name_patterns() {
+        assert!(glob_match("*", "x.service"));
+        assert!(glob_match("sglang-*.service", "sglang-qwen.service"));
+        assert!(!glob_match("sglang-*.service", "vllm-qwen.service"));
+        assert!(glob_match("llm-?.service", "llm-a.service"));
+        assert!(!glob_match("llm-?.service", "llm-ab.service"));
+        assert!(glob_match("*-*.service", "a-b-c.service"));
+        assert!(may_manage("sglang-a.service", None, Some("sglang-*")).is_ok());
+        let e = may_manage("vllm-a.service", None, Some("sglang-*")).unwrap_err();
+        assert!(e.contains("manage_units pattern \"sglang-*\""), "{e}");
+        assert!(may_manage("systemd-journald.service", None, None).unwrap_err().contains("systemd's own units"));
+    }
+
+    #[test]
+    fn specd_s_header_marks_its_own_files() {
+        assert!(written_by_specd(format!("{}\n[Unit]\n", specd_spec::HEADER).as_bytes()));
+        assert!(!written_by_specd(b"[Service]\nExecStart=/bin/true\n"));
+    }
+}

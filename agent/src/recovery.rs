@@ -1,0 +1,155 @@
+//! What to do when a step of an apply failed: a pure decision, so that every case (a spec that
+//! does not start, a server that crashed after it was ready, a full disk after the stop) is
+//! tested without a machine. The reconciler carries it out.
+
+use crate::plan::Step;
+
+/// What is known about a failed apply.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Failure {
+    /// The step that failed.
+    pub step: Step,
+    /// The spec is at fault (its server did not start, verify or stay up), not the host.
+    pub spec_fault: bool,
+    /// The server had answered ready (a first 200 from its readiness endpoint) and then died.
+    pub crashed_after_ready: bool,
+    /// This apply wrote the desired unit.
+    pub wrote: bool,
+    /// This apply stopped the instance that ran before (its plan stops, and the failure came
+    /// after the stop was asked for).
+    pub stopped: bool,
+    /// The desired unit ran, verified and ready, before (in the history or as the last good).
+    pub verified_before: bool,
+    /// There is a last good unit other than the desired one.
+    pub good_other: bool,
+    /// There is a last good unit (it may be the desired one).
+    pub good_any: bool,
+    /// The spec's `policy.rollback`.
+    pub rollback: bool,
+}
+
+/// The decision.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Recovery {
+    /// The spec failed: put the last good unit back, by the same sequence, and prove it serves.
+    Rollback,
+    /// The host failed after the stop: start the last good unit again (written only when the
+    /// unit file on disk is not already it).
+    StartLastGood,
+    /// Leave the service as it is and reconcile again with backoff (nothing was stopped, or the
+    /// desired unit is known good and crashed once).
+    Retry,
+    /// Nothing safe can be started; the service stays stopped, for this reason.
+    LeaveStopped(&'static str),
+}
+
+/// Steps after which the instance that ran before is gone.
+fn after_stop(step: Step) -> bool {
+    !matches!(step, Step::Drain | Step::Stop)
+}
+
+/// Whether the desired hash is quarantined (never retried until a new hash or `unquarantine`).
+/// Only a unit this run wrote and whose server failed is; a unit that passed verification before
+/// is not condemned by one crash after readiness.
+pub fn quarantine(f: &Failure) -> bool {
+    f.spec_fault && f.wrote && !(f.crashed_after_ready && f.verified_before)
+}
+
+pub fn decide(f: &Failure) -> Recovery {
+    if !f.stopped || !after_stop(f.step) {
+        return Recovery::Retry;
+    }
+    if f.step == Step::WaitStopped {
+        // Processes of the old instance linger (or systemd would not settle): nothing new is
+        // started over them.
+        return Recovery::LeaveStopped("the old instance did not stop cleanly, so nothing is started over it");
+    }
+    if quarantine(f) {
+        return match (f.rollback, f.good_other) {
+            (true, true) => Recovery::Rollback,
+            (true, false) => Recovery::LeaveStopped("there is no last good unit to roll back to"),
+            (false, _) => Recovery::LeaveStopped("rollback is off"),
+        };
+    }
+    if f.spec_fault {
+        // The desired unit ran before (it is not quarantined): systemd's Restart= and the next
+        // reconcile retry it, with backoff.
+        return Recovery::Retry;
+    }
+    // The host failed between the stop and the new instance: fail safe, the old one serves again.
+    if f.good_any {
+        Recovery::StartLastGood
+    } else {
+        Recovery::LeaveStopped("there is no last good unit to start again")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn f(step: Step) -> Failure {
+        Failure {
+            step,
+            spec_fault: false,
+            crashed_after_ready: false,
+            wrote: true,
+            stopped: true,
+            verified_before: false,
+            good_other: true,
+            good_any: true,
+            rollback: true,
+        }
+    }
+
+    #[test]
+    fn a_spec_that_fails_is_quarantined_and_rolled_back() {
+        let x = Failure { spec_fault: true, ..f(Step::WaitReady) };
+        assert!(quarantine(&x));
+        assert_eq!(decide(&x), Recovery::Rollback);
+        assert_eq!(
+            decide(&Failure { good_other: false, ..x }),
+            Recovery::LeaveStopped("there is no last good unit to roll back to")
+        );
+        assert_eq!(decide(&Failure { rollback: false, ..x }), Recovery::LeaveStopped("rollback is off"));
+    }
+
+    #[test]
+    fn a_known_good_unit_that_crashes_after_readiness_is_retried_not_quarantined() {
+        let x = Failure { spec_fault: true, crashed_after_ready: true, verified_before: true, ..f(Step::VerifyArgs) };
+        assert!(!quarantine(&x));
+        assert_eq!(decide(&x), Recovery::Retry);
+        // Never verified: one crash after readiness is its failure.
+        let new = Failure { verified_before: false, ..x };
+        assert!(quarantine(&new));
+        assert_eq!(decide(&new), Recovery::Rollback);
+        // Verified before but failing before readiness: quarantined as any failing unit.
+        assert!(quarantine(&Failure { crashed_after_ready: false, ..x }));
+    }
+
+    #[test]
+    fn a_host_fault_after_the_stop_starts_the_last_good_unit_again() {
+        for step in [Step::RemoveDropIns, Step::WriteUnit, Step::Reload, Step::Start] {
+            let x = f(step);
+            assert!(!quarantine(&x));
+            assert_eq!(decide(&x), Recovery::StartLastGood, "{step:?}");
+            // Whatever the rollback policy, and even when the last good unit is the desired one.
+            assert_eq!(decide(&Failure { rollback: false, good_other: false, ..x }), Recovery::StartLastGood);
+            assert_eq!(
+                decide(&Failure { good_any: false, good_other: false, ..x }),
+                Recovery::LeaveStopped("there is no last good unit to start again")
+            );
+        }
+    }
+
+    #[test]
+    fn nothing_is_started_over_a_lingering_instance_and_nothing_stopped_is_left_alone() {
+        assert!(matches!(decide(&f(Step::WaitStopped)), Recovery::LeaveStopped(_)));
+        assert_eq!(decide(&f(Step::Stop)), Recovery::Retry);
+        assert_eq!(decide(&f(Step::Drain)), Recovery::Retry);
+        // A plan that only starts a stopped service stops nothing.
+        assert_eq!(decide(&Failure { stopped: false, ..f(Step::Start) }), Recovery::Retry);
+        let spec = Failure { stopped: false, spec_fault: true, wrote: false, ..f(Step::WaitReady) };
+        assert_eq!(decide(&spec), Recovery::Retry);
+    }
+}

@@ -620,9 +620,14 @@ def sglang_args(idx: Index):
         inner = ann
         if isinstance(ann, ast.Subscript) and _subscript_base(ann) in ("A", "Annotated"):
             inner = _subscript_args(ann)[0]
+        default = field_default(idx, m, value)
+        shape = shape_of_hints(idx, flatten_hint(idx, m, inner))
+        # A float field whose default is written as an int (`watchdog_timeout: float = 300`)
+        # holds that int, and JSON shows it as one.
+        if isinstance(shape, str) and "float" in shape.split("|") and type(default) is int:
+            shape = "|".join(sorted(set(shape.split("|")) | {"int"}))
         field_list.append({"name": n, "namespace": ns_path, "type": ast.unparse(inner),
-                           "default": field_default(idx, m, value),
-                           "_shape": shape_of_hints(idx, flatten_hint(idx, m, inner))})
+                           "default": default, "_shape": shape})
 
     entries = []
     for n in ordered:

@@ -1126,7 +1126,14 @@ pub fn classify(ev: &Evidence) -> Diagnosis {
         for l in &errs {
             b.line(l);
         }
+        // The first error is usually the cause (a missing file), the last one how it ended.
+        let first = svc.iter().find(|l| looks_like_error(&l.message)).filter(|f| errs.last() != Some(f));
+        if let Some(f) = first {
+            b.line(f);
+        }
+        let first = first.map(|l| format!(", first error: \"{}\"", l.message.trim())).unwrap_or_default();
         let last = errs.last().map(|l| format!(", last output: \"{}\"", l.message.trim())).unwrap_or_default();
+        let last = format!("{first}{last}");
         match exit {
             Some(e) => format!("{}{last}", e.describe()),
             None => format!("Result={}{last}", result.as_deref().unwrap_or("?")),
@@ -1556,6 +1563,25 @@ pub async fn diagnose_unit(unit: &str) -> Result<Vec<Diagnosis>> {
 pub async fn last_verdict(unit: &str) -> Option<Diagnosis> {
     let ev = gather_newest(unit, None, 2).await.ok()?;
     ev.iter().rev().map(classify).find(|d| d.verdict.is_ending() && d.ended.is_some())
+}
+
+/// The verdict on one instance (by invocation ID) once the journal shows it ended, waiting up to
+/// `within` for the journal to catch up: journald takes the server's output and systemd's own
+/// lines on different sockets, so right after a stop the instance's end may not be written yet.
+pub async fn instance_verdict(unit: &str, invocation: &str, within: std::time::Duration) -> Option<Diagnosis> {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        // No journal, or no line of this instance at all: nothing to wait for.
+        let ev = gather_newest(unit, Some(invocation), 4).await.ok()?;
+        let d = ev.last().map(classify)?;
+        if d.verdict.is_ending() && d.ended.is_some() {
+            return Some(d);
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return None;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
 }
 
 /// A diagnosis as text: the verdict first, then the evidence with timestamps.

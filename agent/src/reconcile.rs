@@ -958,9 +958,15 @@ async fn run_steps_inner<S: Systemd>(
                     // Not our SIGKILL: read how it ended (a crash before, an OOM kill...) from the
                     // journal in the background, off the apply's path.
                     let u = unit.to_string();
+                    let invocation = props.invocation_id.clone();
                     stop.pending = Some(tokio::spawn(async move {
-                        let d = tokio::time::timeout(Duration::from_secs(5), crate::diagnose::last_verdict(&u)).await;
-                        d.ok().flatten().filter(|d| d.verdict != crate::diagnose::Verdict::CleanStop).map(|d| d.summary)
+                        let within = Duration::from_secs(5);
+                        let d = if invocation.is_empty() {
+                            tokio::time::timeout(within, crate::diagnose::last_verdict(&u)).await.ok().flatten()
+                        } else {
+                            crate::diagnose::instance_verdict(&u, &invocation, within).await
+                        };
+                        d.filter(|d| d.verdict != crate::diagnose::Verdict::CleanStop).map(|d| d.summary)
                     }));
                 }
                 emit(Event::Progress(format!("stopped after {:.1}s; cgroup empty", started.elapsed().as_secs_f64())));

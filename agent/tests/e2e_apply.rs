@@ -645,7 +645,10 @@ fn state_is_private_and_an_open_state_dir_is_fixed() {
     let e = Env::new();
     // State left by an older specd: world-readable.
     e.b.sh_check("mkdir -p /var/lib/specd/units && chmod 755 /var/lib/specd /var/lib/specd/units && echo '{\"unit\": \"x.service\"}' > /var/lib/specd/units/x.service.json && chmod 644 /var/lib/specd/units/x.service.json").unwrap();
-    let extra = seed_extra(100).replace("SPECD_STANDIN_LOAD_MS", "HF_TOKEN: \"hf_secret\", SPECD_STANDIN_LOAD_MS");
+    // A literal secret, allowed explicitly: the state that keeps the spec must be private.
+    let extra = seed_extra(100)
+        .replace("SPECD_STANDIN_LOAD_MS", "HF_TOKEN: \"hf_secret\", SPECD_STANDIN_LOAD_MS")
+        .replace("  service:\n", "  service:\n    allow_literal_secrets: true\n");
     let (ok, out) = apply(&e, "s5.yaml", &e.spec(UNIT, 5, &extra));
     assert!(ok, "{out}");
     let modes = e.b.sh_check(&format!(

@@ -52,6 +52,26 @@ pub fn written_by_specd(text: &[u8]) -> bool {
     text.starts_with(specd_spec::HEADER.as_bytes())
 }
 
+/// Whose unit this is, when it is not specd's: a file at `path` (the unit dir) without specd's
+/// header, or a unit systemd loads from a file elsewhere (a package's unit in
+/// `/usr/lib/systemd/system`, a runtime unit in `/run`), which a file written at `path` would
+/// shadow. `None` when there is no such unit or the file is specd's.
+pub fn foreign(path: &std::path::Path, file: Option<&[u8]>, load_state: &str, fragment_path: &str) -> Option<String> {
+    match file {
+        Some(t) if !written_by_specd(t) => {
+            Some(format!("{} was not written by specd (it has no specd header)", path.display()))
+        }
+        Some(_) => None,
+        None if load_state != "not-found" && !fragment_path.is_empty() && fragment_path != "/dev/null" => {
+            Some(format!(
+                "systemd loads it from {fragment_path}, a unit file specd did not write (a file in {} would shadow it)",
+                path.parent().map_or_else(String::new, |p| p.display().to_string())
+            ))
+        }
+        None => None,
+    }
+}
+
 /// The unit specd runs in (from `/proc/self/cgroup`), when it runs as a service.
 pub fn own_unit() -> Option<String> {
     let cg = std::fs::read_to_string("/proc/self/cgroup").ok()?;
@@ -97,6 +117,19 @@ mod tests {
         let e = may_manage("vllm-a.service", None, Some("sglang-*")).unwrap_err();
         assert!(e.contains("manage_units pattern \"sglang-*\""), "{e}");
         assert!(may_manage("systemd-journald.service", None, None).unwrap_err().contains("systemd's own units"));
+    }
+
+    #[test]
+    fn a_unit_another_package_installed_is_foreign() {
+        let p = std::path::Path::new("/etc/systemd/system/nginx.service");
+        let ours = format!("{}\n[Unit]\n", specd_spec::HEADER);
+        assert_eq!(foreign(p, None, "not-found", ""), None, "no unit at all");
+        assert_eq!(foreign(p, Some(ours.as_bytes()), "loaded", p.to_str().unwrap()), None);
+        let e = foreign(p, None, "loaded", "/usr/lib/systemd/system/nginx.service").unwrap();
+        assert!(e.contains("systemd loads it from /usr/lib/systemd/system/nginx.service"), "{e}");
+        assert!(e.contains("a file in /etc/systemd/system would shadow it"), "{e}");
+        let e = foreign(p, Some(b"[Service]\nExecStart=/bin/true\n"), "loaded", p.to_str().unwrap()).unwrap();
+        assert!(e.contains("was not written by specd"), "{e}");
     }
 
     #[test]

@@ -313,14 +313,14 @@ pub async fn reconcile<S: Systemd>(ctx: &Ctx<S>, d: &DesiredState, dry_run: bool
     // A unit file specd did not write (no header, never recorded as written) is someone else's:
     // replaced only when the spec adopts it.
     let path = unit_path(&ctx.unit_dir, &unit);
-    if plan.steps.contains(&Step::WriteUnit)
+    if (plan.steps.contains(&Step::WriteUnit) || plan.steps.contains(&Step::Stop))
         && !d.spec.policy.adopt
         && st.written_sha256.is_none()
-        && fsx::read_opt(&path)?.is_some_and(|t| !crate::owner::written_by_specd(&t))
+        && let Some(whose) =
+            crate::owner::foreign(&path, fsx::read_opt(&path)?.as_deref(), &props.load_state, &props.fragment_path)
     {
         let verdict = format!(
-            "Refused: {unit}: {} was not written by specd (it has no specd header); specd replaces it only when the spec adopts it (policy: {{adopt: true}}); nothing changed",
-            path.display()
+            "Refused: {unit}: {whose}; specd takes over a unit it did not write only when the spec adopts it (policy: {{adopt: true}}); nothing changed"
         );
         return Ok(Report { unit, plan, outcome: None, verdict, stop_verdict: None, action: Action::AwaitChange });
     }

@@ -735,6 +735,25 @@ fn a_unit_file_specd_did_not_write_is_replaced_only_when_adopted_and_reserved_un
     assert!(ok, "{out}");
     assert_eq!(e.served_steps(), Some(5));
 
+    // A unit another package installed (here in the box's vendor unit dir): a file in the unit
+    // dir would shadow it, so it is refused the same way, and keeps running.
+    let vendor = "/run/specd-box/units/vendor-llm.service";
+    let port = free_port();
+    e.b.write_file(
+        vendor,
+        &format!("[Service]\nType=exec\nExecStart={} sglang --model-path /models/v --port {port}\n", e.standin),
+    )
+    .unwrap();
+    e.b.systemctl_check(&["daemon-reload"]).unwrap();
+    e.b.systemctl_check(&["start", "vendor-llm.service"]).unwrap();
+    let vpid = e.main_pid("vendor-llm.service");
+    let (ok, out) = apply(&e, "v.yaml", &sglang_spec(&e.standin, "vendor-llm.service", port, 5, &seed_extra(100)));
+    assert!(!ok, "{out}");
+    assert!(out.contains(&format!("systemd loads it from {vendor}, a unit file specd did not write")), "{out}");
+    assert!(!out.contains("stopping"), "{out}");
+    assert!(e.b.read_file("/etc/systemd/system/vendor-llm.service").is_err(), "a shadowing copy was written");
+    assert_eq!(e.main_pid("vendor-llm.service"), vpid);
+
     // Units specd never manages, even when a spec names them.
     for unit in ["systemd-journald.service", "dbus.service", "specd.service"] {
         let before = e.b.prop(unit, "ActiveState").unwrap();

@@ -402,6 +402,9 @@ pub async fn reconcile<S: Systemd>(ctx: &Ctx<S>, d: &DesiredState, dry_run: bool
         });
     }
 
+    // An apply of this same unit that was interrupted (killed, the agent stopped): it may have
+    // stopped the old instance and written the new unit already, so this run is its second half.
+    let resumed = st.in_progress.as_ref().is_some_and(|p| p.sha256 == d.unit.sha256);
     st.in_progress = Some(InProgress {
         sha256: d.unit.sha256.clone(),
         pid: std::process::id(),
@@ -502,16 +505,17 @@ pub async fn reconcile<S: Systemd>(ctx: &Ctx<S>, d: &DesiredState, dry_run: bool
         }
         Err(f) => {
             emit(Event::Warning(format!("{:?} failed: {}", f.step, f.message)));
-            // Quarantine only a unit this run wrote: a unit that ran before and failed to start
-            // again (a GPU not ready after a reboot) is retried with backoff, not condemned.
-            let wrote =
-                plan.steps.contains(&Step::WriteUnit) && st.written_sha256.as_deref() == Some(d.unit.sha256.as_str());
+            // Quarantine only a unit this apply wrote (or the interrupted apply it finishes): a
+            // unit that ran before and failed to start again (a GPU not ready after a reboot) is
+            // retried with backoff, not condemned.
+            let wrote = (plan.steps.contains(&Step::WriteUnit) || resumed)
+                && st.written_sha256.as_deref() == Some(d.unit.sha256.as_str());
             let failure = recovery::Failure {
                 step: f.step,
                 spec_fault: f.spec_fault,
                 crashed_after_ready: f.crashed_after_ready,
                 wrote,
-                stopped: plan.steps.contains(&Step::Stop),
+                stopped: plan.steps.contains(&Step::Stop) || resumed,
                 verified_before: st.verified_before(&d.unit.sha256),
                 good_other: st.last_good.as_ref().is_some_and(|g| g.sha256 != d.unit.sha256),
                 good_any: st.last_good.is_some(),
@@ -533,7 +537,7 @@ pub async fn reconcile<S: Systemd>(ctx: &Ctx<S>, d: &DesiredState, dry_run: bool
             }
             // A host fault (a lingering process, systemd refusing) after the stop leaves the
             // apply in progress, so the next reconcile finishes it whatever the drift policy.
-            if f.spec_fault || !plan.steps.contains(&Step::Stop) {
+            if f.spec_fault || !failure.stopped {
                 st.in_progress = None;
             }
             st.record(history(d, outcome, verdict.clone(), stop_verdict.clone(), started.elapsed().as_millis() as u64));

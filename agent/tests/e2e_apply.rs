@@ -320,6 +320,48 @@ fn killed_during_readiness_then_applied_again_converges() {
     kill_at("WaitReady", "-", 3000);
 }
 
+/// An apply of a spec whose server fails (CUDA OOM after a 3 s load) is killed while it waits
+/// for readiness: the old instance is stopped and the new unit written. The next apply finishes
+/// it as the killed one would have: the new server fails, the last good unit is rolled back to
+/// and serves, and the failed hash is quarantined (not retried with the service down).
+#[test]
+fn a_failing_spec_whose_apply_was_killed_is_rolled_back_by_the_next_apply() {
+    let e = Env::new();
+    let (ok, out) = apply(&e, "s5.yaml", &e.spec(UNIT, 5, &seed_extra(100)));
+    assert!(ok, "{out}");
+    let oom = e.spec(
+        UNIT,
+        10,
+        &seed_extra(3000).replace("SPECD_STANDIN_LOAD_MS", "SPECD_STANDIN_CUDA_OOM: \"1\", SPECD_STANDIN_LOAD_MS"),
+    );
+    let p = e.put("oom.yaml", &oom);
+    let mut child =
+        e.b.command(&[&e.specd, "apply", "-f", &p, "--host", "gpu-01"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+    let state_path = format!("/var/lib/specd/units/{UNIT}.json");
+    wait_until("the apply to wait for readiness", Duration::from_secs(60), || {
+        e.b.read_to_string(&state_path)
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+            .is_some_and(|v| v["in_progress"]["phase"] == "WaitReady")
+    })
+    .unwrap();
+    assert!(e.b.exec(&["pkill", "-KILL", "-f", "specd apply"]).status.success());
+    let _ = child.wait();
+    let (ok, out) = apply(&e, "oom.yaml", &oom);
+    assert!(!ok, "{out}");
+    assert!(out.contains("RolledBack"), "{out}");
+    assert!(out.contains("is quarantined"), "{out}");
+    assert_eq!(e.served_steps(), Some(5), "the last good unit serves again: {out}");
+    let st = e.state(UNIT);
+    assert!(st["in_progress"].is_null(), "{st}");
+    assert_eq!(st["quarantine"].as_array().map(Vec::len), Some(1), "{st}");
+    e.b.shutdown().unwrap();
+}
+
 #[test]
 fn two_concurrent_applies_on_one_unit_are_serialized() {
     let e = Env::new();

@@ -714,6 +714,23 @@ fn serve_control(
     use axum::routing::{get, post};
     use std::os::unix::fs::{FileTypeExt, PermissionsExt};
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).context("the control socket needs a directory")?;
+    // specd sets the directory's owner group and mode, so it must be specd's own: never /run
+    // or /tmp, whose modes other services depend on.
+    if let Some(other) = std::fs::read_dir(dir)
+        .ok()
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.file_name())
+        .find(|n| Some(n.as_os_str()) != path.file_name())
+    {
+        anyhow::bail!(
+            "control_socket {}: its directory {} holds other files ({}), and specd sets that directory's mode; put the socket in a directory of its own, such as /run/specd/control.sock",
+            path.display(),
+            dir.display(),
+            other.to_string_lossy()
+        );
+    }
     crate::fsx::ensure_dir(dir)?;
     let gid = match group {
         Some(g) => Some(
@@ -757,4 +774,45 @@ fn serve_control(
     Ok(tokio::spawn(async move {
         let _ = axum::serve(listener, app).await;
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panic_becomes_an_error_with_its_message_and_a_lock_survives_it() {
+        let m = Arc::new(Mutex::new(1u32));
+        let m2 = m.clone();
+        let e = catch(move || {
+            let _g = m2.lock().unwrap();
+            panic!("num_steps + 1 overflowed");
+        })
+        .unwrap_err();
+        assert!(e.contains("num_steps + 1 overflowed"), "{e}");
+        assert!(e.contains("a bug in specd"), "{e}");
+        assert!(m.is_poisoned());
+        *lock(&m) += 1;
+        assert_eq!(*lock(&m), 2);
+        assert_eq!(catch(|| 7), Ok(7));
+        let e = catch(|| std::panic::panic_any(3u8)).unwrap_err();
+        assert!(e.starts_with("a panic without a message"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn the_control_socket_needs_a_directory_of_its_own() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(d.path().join("other"), "x").unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+        let before = mode(d.path());
+        let (tx, _rx) = mpsc::unbounded_channel();
+        let e = serve_control(&d.path().join("control.sock"), None, tx.clone()).unwrap_err();
+        assert!(format!("{e:#}").contains("holds other files (other)"), "{e:#}");
+        let own = d.path().join("specd");
+        let h = serve_control(&own.join("control.sock"), None, tx).unwrap();
+        assert_eq!(mode(&own), 0o700);
+        assert_eq!(mode(d.path()), before, "the directory that holds other files is untouched");
+        h.abort();
+    }
 }

@@ -995,7 +995,16 @@ async fn run_steps_inner<S: Systemd>(
                 emit(Event::Phase(format!("writing {} (unit {})", path.display(), short(t.sha256))));
                 // Record the intent first: after a crash, the next apply knows the file may be its own.
                 let before_write = st.written_sha256.replace(t.sha256.to_string());
-                ctx.store.save(st).map_err(|e| StepFailure::host(step, format!("{e:#}")))?;
+                if let Err(e) = ctx.store.save(st) {
+                    if t.spec.is_some() {
+                        return Err(StepFailure::host(step, format!("{e:#}")));
+                    }
+                    // Putting the last good unit back matters more than recording it: the
+                    // unit file carries specd's header, so the next apply still knows it.
+                    emit(Event::Warning(format!(
+                        "could not record the write in specd's state ({e:#}); writing anyway"
+                    )));
+                }
                 if let Err(e) = fsx::atomic_write(&path, t.text.as_bytes(), 0o644) {
                     // Nothing was written: the file on disk is still the one recorded before.
                     st.written_sha256 = before_write;

@@ -525,6 +525,46 @@ fn a_full_unit_dir_after_the_stop_starts_the_old_unit_again() {
     e.b.shutdown().unwrap();
 }
 
+/// The state dir fills while a failing spec's server loads (its unit already written): the
+/// rollback must still write the last good unit back and start it, though it cannot record that.
+#[test]
+fn a_full_state_dir_does_not_stop_a_rollback() {
+    let e = Env::new();
+    tiny_tmpfs(&e, "/var/lib/specd", "1m");
+    let (ok, out) = apply(&e, "s5.yaml", &e.spec(UNIT, 5, &seed_extra(100)));
+    assert!(ok, "{out}");
+    let old = deployed_hash(&e);
+    let oom = e.spec(
+        UNIT,
+        10,
+        &seed_extra(3000).replace("SPECD_STANDIN_LOAD_MS", "SPECD_STANDIN_CUDA_OOM: \"1\", SPECD_STANDIN_LOAD_MS"),
+    );
+    let p = e.put("oom.yaml", &oom);
+    let child =
+        e.b.command(&[&e.specd, "apply", "-f", &p, "--host", "gpu-01"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+    let state_path = format!("/var/lib/specd/units/{UNIT}.json");
+    wait_until("the apply to wait for readiness", Duration::from_secs(30), || {
+        e.b.read_to_string(&state_path)
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+            .is_some_and(|v| v["in_progress"]["phase"] == "WaitReady")
+    })
+    .unwrap();
+    fill(&e, "/var/lib/specd");
+    let o = child.wait_with_output().unwrap();
+    let out = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{out}");
+    assert!(out.contains("could not record the write in specd's state"), "{out}");
+    assert!(out.contains("RolledBack") && out.contains("it serves again"), "{out}");
+    assert_eq!(e.served_steps(), Some(5), "the last good unit serves again: {out}");
+    assert_eq!(deployed_hash(&e), old);
+    e.b.shutdown().unwrap();
+}
+
 #[test]
 fn a_full_state_dir_while_stopping_starts_the_old_unit_again() {
     let e = Env::new();

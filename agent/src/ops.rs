@@ -238,7 +238,7 @@ pub async fn status(g: &Global, json: bool, file: Option<&Path>, host: Option<St
     };
     let mut all = Vec::new();
     for u in &units {
-        let st = ctx.store.load(u)?;
+        let st = ctx.store.peek(u)?;
         all.push(unit_status(&ctx, &st, override_desired.as_ref()).await?);
     }
     let source = crate::agent::SourceState::load(&g.state_dir);
@@ -453,7 +453,7 @@ pub async fn history(g: &Global, unit: Option<String>, json: bool) -> Result<u8>
     };
     let mut all = Vec::new();
     for u in &units {
-        let st = store.load(u)?;
+        let st = store.peek(u)?;
         for h in &st.history {
             all.push((u.clone(), h.clone()));
         }

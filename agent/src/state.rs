@@ -226,6 +226,23 @@ impl Store {
         }
     }
 
+    /// A unit's state for a read-only command (`status`, `history`): a corrupt file is reported
+    /// and the unit shown afresh, but the file is left where it is: only a reconcile, under the
+    /// unit's lock, moves it aside (a read-only command could otherwise move away the good file
+    /// an apply just wrote).
+    pub fn peek(&self, unit: &str) -> Result<UnitState> {
+        let p = self.path(unit);
+        let fresh = || UnitState { unit: unit.to_string(), ..Default::default() };
+        let Some(bytes) = fsx::read_opt(&p)? else { return Ok(fresh()) };
+        Ok(serde_json::from_slice(&bytes).unwrap_or_else(|e| {
+            eprintln!(
+                "specd: warning: {} is corrupt ({e}); {unit} is shown as if specd had no state for it; the next apply (or the agent) moves the file aside and observes the unit afresh from the host",
+                p.display()
+            );
+            fresh()
+        }))
+    }
+
     /// Save a unit's state: 0600 in a 0700 directory (it holds the spec, environment included,
     /// and the last good unit's text). A state dir that was open before is made private, with
     /// every file in it.
@@ -334,5 +351,17 @@ mod tests {
             .filter(|n| n.starts_with("a.service.json.corrupt-"))
             .collect();
         assert_eq!(aside.len(), 1, "{aside:?}");
+    }
+
+    #[test]
+    fn a_read_only_look_at_a_corrupt_file_leaves_it_in_place() {
+        let d = tempfile::tempdir().unwrap();
+        let store = Store::new(d.path());
+        std::fs::create_dir_all(d.path().join("units")).unwrap();
+        let p = d.path().join("units/a.service.json");
+        std::fs::write(&p, "{\"unit\": \"a.service\", \"history\": [").unwrap();
+        assert_eq!(store.peek("a.service").unwrap(), UnitState { unit: "a.service".into(), ..Default::default() });
+        assert!(p.exists());
+        assert_eq!(store.units().unwrap(), vec!["a.service".to_string()], "still listed");
     }
 }

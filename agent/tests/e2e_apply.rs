@@ -697,19 +697,20 @@ fn a_corrupt_state_file_affects_only_its_unit_and_read_only_commands_work_on_a_r
     let out = text(&o);
     assert_ne!(o.status.code(), Some(2), "{out}");
     assert!(out.contains("other.service: InSync Healthy"), "{out}");
-    assert!(
-        out.contains(&format!("/var/lib/specd/units/{UNIT}.json is corrupt")) && out.contains("moved it aside"),
-        "{out}"
-    );
-    let aside = e.b.sh_check("ls /var/lib/specd/units").unwrap();
-    assert!(aside.contains(&format!("{UNIT}.json.corrupt-")), "{aside}");
+    assert!(out.contains(&format!("/var/lib/specd/units/{UNIT}.json is corrupt")), "{out}");
     let o = e.specd(&["history"]);
     assert!(o.status.success(), "{}", text(&o));
     assert!(text(&o).contains("other.service"), "{}", text(&o));
+    let files = e.b.sh_check("ls /var/lib/specd/units").unwrap();
+    assert!(!files.contains(".corrupt-"), "a read-only command moved the file: {files}");
 
-    // The unit is observed afresh from the host: it runs its deployed unit; nothing restarts.
+    // The next apply moves it aside, under the unit's lock, and observes the unit afresh from
+    // the host: it runs its deployed unit; nothing restarts.
     let (ok, out) = apply(&e, "s5.yaml", &e.spec(UNIT, 5, &seed_extra(100)));
     assert!(ok && out.contains("InSync"), "{out}");
+    assert!(out.contains("moved it aside"), "{out}");
+    let aside = e.b.sh_check("ls /var/lib/specd/units").unwrap();
+    assert!(aside.contains(&format!("{UNIT}.json.corrupt-")), "{aside}");
     assert_eq!(e.main_pid(UNIT), pid);
     assert_eq!(e.state(UNIT)["last_good"]["sha256"], deployed_hash(&e).as_str());
 

@@ -118,7 +118,7 @@ impl Spec {
 
     /// Whether the spec asks the engine to speculate.
     pub fn speculates(&self) -> bool {
-        self.speculative.is_some()
+        self.speculative.as_ref().is_some_and(|s| s.algorithm.is_some())
     }
 
     /// The args the running engine must report, after the engine's own documented rewrites

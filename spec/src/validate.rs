@@ -687,13 +687,13 @@ fn speculative(c: &mut Ctx, engine: Engine, l: &SpecLayer) -> Option<Speculative
             reject(c, "prompt_lookup_min", s.prompt_lookup_min.is_some(), &format!("{only} (vllm ngram)"));
             reject(c, "prompt_lookup_max", s.prompt_lookup_max.is_some(), &format!("{only} (vllm ngram)"));
             match s.algorithm.as_deref() {
-                None => {
-                    let why = "has no effect without speculative.algorithm";
-                    reject(c, "num_steps", s.num_steps.is_some(), why);
-                    reject(c, "eagle_topk", s.eagle_topk.is_some(), why);
-                    reject(c, "num_draft_tokens", s.num_draft_tokens.is_some(), why);
-                    reject(c, "draft_model", s.draft_model.is_some(), why);
-                }
+                None => c.err(
+                    "speculative.algorithm",
+                    format!(
+                        "is required: SGLang speculates only with --speculative-algorithm ({}); without speculation, leave the speculative section out",
+                        names.join(", ")
+                    ),
+                ),
                 Some(a) if facts.algorithm(a).is_none() => {
                     let hint = names
                         .iter()

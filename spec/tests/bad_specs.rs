@@ -32,6 +32,13 @@ const CASES: &[(&str, &str, u64, &str, &str)] = &[
     ("relative model", "#\n", 8, "spec.model", "must be an absolute path"),
     ("newline in model", "#\n", 8, "spec.model", "control character '\\n'"),
     ("NUL in model", "#\n", 8, "spec.model", "control character '\\0'"),
+    (
+        "sglang speculative without algorithm",
+        "  speculative: {num_steps: 4}\n",
+        9,
+        "spec.speculative.algorithm",
+        "is required: SGLang speculates only with --speculative-algorithm (EAGLE, EAGLE3, NEXTN, STANDALONE, NGRAM)",
+    ),
     ("port too large", "  server: {port: 70000}\n", 9, "spec.server.port", "1..=65535"),
     ("port zero", "  server: {port: 0}\n", 9, "spec.server.port", "1..=65535"),
     ("mem fraction > 1", "  server: {mem_fraction_static: 1.5}\n", 9, "spec.server.mem_fraction_static", "(0, 1]"),
@@ -76,13 +83,6 @@ const CASES: &[(&str, &str, u64, &str, &str)] = &[
         9,
         "spec.speculative.draft_model",
         "is required by EAGLE3",
-    ),
-    (
-        "sglang steps without algorithm",
-        "  speculative:\n    num_steps: 3\n",
-        10,
-        "spec.speculative.num_steps",
-        "no effect without",
     ),
     (
         "vllm without num tokens",

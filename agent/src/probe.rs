@@ -12,9 +12,12 @@ use crate::speculation::{self, Speculation};
 pub enum Health {
     /// 200 from the readiness endpoint.
     Ready,
-    /// Port closed, or 503: the model is still loading (or the server is draining).
+    /// Port closed, a reset or closed connection, 503 or another 5xx: the model is still loading
+    /// (or the server is draining). The engines answer only 200 or 503 on their readiness
+    /// endpoints (`tests/fixtures/engines/*/health*`).
     Loading(String),
-    /// Any other answer.
+    /// A 4xx (no such endpoint, an API key wanted...) or another answer that waiting will not
+    /// change.
     Error(String),
 }
 
@@ -44,7 +47,7 @@ impl Probe {
     pub async fn health(&self, url: &str) -> Health {
         match self.client.get(url).send().await {
             Ok(r) if r.status().is_success() => Health::Ready,
-            Ok(r) if r.status().as_u16() == 503 => Health::Loading(format!("{url} answered 503")),
+            Ok(r) if r.status().is_server_error() => Health::Loading(format!("{url} answered {}", r.status())),
             Ok(r) => Health::Error(format!("{url} answered {}", r.status())),
             Err(e) if e.is_connect() => Health::Loading(format!("{url}: port not open yet")),
             Err(e) if e.is_timeout() => Health::Loading(format!("{url}: timed out")),
@@ -214,6 +217,51 @@ pub fn compare_args(expected: &[ExpectedArg], info: &Value) -> Vec<ArgMismatch> 
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// A server that answers each connection with the next canned reply (`None`: it closes the
+    /// connection without answering, as a server failing to load does).
+    async fn canned(replies: Vec<Option<&'static str>>) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/health", l.local_addr().unwrap());
+        tokio::spawn(async move {
+            for r in replies {
+                let (mut c, _) = l.accept().await.unwrap();
+                let mut buf = [0u8; 1024];
+                let _ = c.read(&mut buf).await;
+                if let Some(status) = r {
+                    let _ = c
+                        .write_all(
+                            format!("HTTP/1.1 {status}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n").as_bytes(),
+                        )
+                        .await;
+                }
+            }
+        });
+        url
+    }
+
+    #[tokio::test]
+    async fn readiness_answers_loading_ready_or_never() {
+        let replies = vec![
+            Some("200 OK"),
+            Some("503 Service Unavailable"),
+            Some("500 Internal Server Error"),
+            None,
+            Some("404 Not Found"),
+            Some("401 Unauthorized"),
+        ];
+        let url = canned(replies).await;
+        let p = Probe::default();
+        assert_eq!(p.health(&url).await, Health::Ready);
+        assert!(matches!(p.health(&url).await, Health::Loading(w) if w.ends_with("answered 503 Service Unavailable")));
+        assert!(matches!(p.health(&url).await, Health::Loading(_)), "a 5xx: not ready yet");
+        assert!(matches!(p.health(&url).await, Health::Loading(_)), "a connection closed unanswered: not ready yet");
+        assert!(matches!(p.health(&url).await, Health::Error(w) if w.ends_with("answered 404 Not Found")));
+        assert!(matches!(p.health(&url).await, Health::Error(w) if w.ends_with("answered 401 Unauthorized")));
+        // Nothing listens any more: the port is closed.
+        assert!(matches!(p.health(&url).await, Health::Loading(w) if w.ends_with("port not open yet")));
+    }
 
     #[test]
     fn sums_metric_samples() {

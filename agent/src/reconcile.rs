@@ -1202,11 +1202,12 @@ async fn wait_ready<S: Systemd>(ctx: &Ctx<S>, unit: &str, t: &Target<'_>, pid: u
     let attempt = || async {
         let why = match ctx.probe.health(&url).await {
             Health::Ready => return Ok(()),
-            // A server without the endpoint will never turn ready.
-            Health::Error(e) if e.ends_with(" 404 Not Found") => return Err(Wait::Fatal(e)),
-            // Any other answer, a refused, reset or closed connection: not ready yet. Only the
-            // process ending is fatal (a failing load closes connections while it exits).
-            Health::Error(why) | Health::Loading(why) => why,
+            // A 4xx: no such endpoint, or one that wants what specd does not send. Waiting
+            // will not make it answer 200.
+            Health::Error(e) => return Err(Wait::Fatal(e)),
+            // A refused, reset or closed connection, a 503: not ready yet. Only the process
+            // ending is fatal (a failing load closes connections while it exits).
+            Health::Loading(why) => why,
         };
         let now = Instant::now();
         let exited = !cgroup::alive(pid);

@@ -125,6 +125,8 @@ pub struct Line {
     pub invocation: Option<String>,
     /// `JOB_TYPE` of systemd's job lines (`start`, `stop`, `restart`).
     pub job_type: Option<String>,
+    /// `SPECD_ACTION` of specd's notes (`stop`, `rollback`, `restore`).
+    pub action: Option<String>,
     pub message: String,
 }
 
@@ -158,7 +160,7 @@ pub fn show_props() -> String {
 }
 
 /// The journal fields [`gather`] reads (`--output-fields`); the timestamps always come along.
-pub const JOURNAL_FIELDS: &str = "MESSAGE,_PID,_COMM,SYSLOG_IDENTIFIER,_SYSTEMD_UNIT,_SYSTEMD_INVOCATION_ID,INVOCATION_ID,UNIT,OBJECT_SYSTEMD_UNIT,JOB_TYPE,_TRANSPORT,_UID,PRIORITY";
+pub const JOURNAL_FIELDS: &str = "MESSAGE,_PID,_COMM,SYSLOG_IDENTIFIER,_SYSTEMD_UNIT,_SYSTEMD_INVOCATION_ID,INVOCATION_ID,UNIT,OBJECT_SYSTEMD_UNIT,JOB_TYPE,_TRANSPORT,_UID,PRIORITY,SPECD_ACTION,SPECD_INVOCATION_ID";
 
 /// The unit as it is on disk, and the process that runs now: for "started with a stale config".
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
@@ -288,6 +290,7 @@ pub fn parse_journal_json(text: &str) -> Vec<Line> {
                 unit,
                 invocation,
                 job_type: f("JOB_TYPE"),
+                action: if origin == Origin::Specd { f("SPECD_ACTION") } else { None },
                 message: f("MESSAGE").unwrap_or_default(),
             })
         })
@@ -1207,8 +1210,13 @@ pub fn classify(ev: &Evidence) -> Diagnosis {
         for l in &who_lines {
             b.line(l);
         }
-        // specd stopped a new instance to roll back: what the server said before is the story.
-        let rollback = who_lines.iter().any(|l| l.origin == Origin::Specd && l.message.contains(" to roll back "));
+        // specd stopped a new instance that had failed (to roll back, or to leave it stopped):
+        // what the server said before is the story. The note names the instance it is about.
+        let rollback = who_lines.iter().any(|l| {
+            l.origin == Origin::Specd
+                && l.action.as_deref() == Some("rollback")
+                && l.invocation.as_deref().is_none_or(|i| ev.invocation.as_deref().is_some_and(|e| e.starts_with(i)))
+        });
         let errs: Vec<&Line> = svc.iter().copied().filter(|l| looks_like_error(&l.message)).collect();
         if rollback && !errs.is_empty() {
             let errs = &errs[errs.len().saturating_sub(5)..];
@@ -1218,11 +1226,21 @@ pub fn classify(ev: &Evidence) -> Diagnosis {
             b.line(stop);
             props_line(&mut b);
             let last = errs.last().map(|l| l.message.trim().to_string()).unwrap_or_default();
+            let first = svc
+                .iter()
+                .find(|l| looks_like_error(&l.message))
+                .map(|l| l.message.trim().to_string())
+                .filter(|f| *f != last);
+            if let Some(f) = svc.iter().find(|l| looks_like_error(&l.message)) {
+                b.line(f);
+            }
+            let quoted = match first {
+                Some(f) => format!("its first error: \"{f}\", its last: \"{last}\""),
+                None => format!("its last error: \"{last}\""),
+            };
             return finish(
                 Verdict::FailedStart,
-                format!(
-                    "failed start: the server did not start (its last error: \"{last}\"); specd then stopped it to roll back"
-                ),
+                format!("failed start: the server did not start ({quoted}); specd then stopped it"),
                 b,
                 notes,
             );
@@ -1342,19 +1360,28 @@ pub const JOURNAL_SOCKET: &str = "/run/systemd/journal/socket";
 /// Writes a journal entry about `unit` from specd (`SYSLOG_IDENTIFIER=specd`,
 /// `OBJECT_SYSTEMD_UNIT=unit`, so that `journalctl -u unit` shows it): call it right before
 /// specd stops or restarts a unit, so that diagnosis can say "stopped by specd".
-pub fn journal_note(unit: &str, action: &str, message: &str) -> std::io::Result<()> {
-    journal_note_to(Path::new(JOURNAL_SOCKET), unit, action, message)
+pub fn journal_note(unit: &str, action: &str, invocation: Option<&str>, message: &str) -> std::io::Result<()> {
+    journal_note_to(Path::new(JOURNAL_SOCKET), unit, action, invocation, message)
 }
 
-/// [`journal_note`] to a given socket (tests).
-pub fn journal_note_to(socket: &Path, unit: &str, action: &str, message: &str) -> std::io::Result<()> {
+/// [`journal_note`] to a given socket (tests). `invocation`: the instance the note is about.
+pub fn journal_note_to(
+    socket: &Path,
+    unit: &str,
+    action: &str,
+    invocation: Option<&str>,
+    message: &str,
+) -> std::io::Result<()> {
     let clean = |s: &str| s.replace(['\n', '\r'], " ");
-    let datagram = format!(
+    let mut datagram = format!(
         "MESSAGE={}\nPRIORITY=5\nSYSLOG_IDENTIFIER=specd\nOBJECT_SYSTEMD_UNIT={}\nSPECD_ACTION={}\n",
         clean(message),
         clean(unit),
         clean(action)
     );
+    if let Some(i) = invocation {
+        datagram.push_str(&format!("SPECD_INVOCATION_ID={}\n", clean(i)));
+    }
     let sock = std::os::unix::net::UnixDatagram::unbound()?;
     sock.send_to(datagram.as_bytes(), socket)?;
     Ok(())
@@ -1907,6 +1934,7 @@ mod tests {
             unit: "x.service".into(),
             invocation: Some("i1".into()),
             job_type: m.starts_with("Stopping ").then(|| "stop".into()),
+            action: None,
             message: m.into(),
         }
     }
@@ -1920,12 +1948,55 @@ mod tests {
             unit: "x.service".into(),
             invocation: Some("i1".into()),
             job_type: None,
+            action: None,
             message: m.into(),
         }
     }
 
     fn ev(lines: Vec<Line>) -> Evidence {
         Evidence { unit: "x.service".into(), invocation: Some("i1".into()), lines, ..Default::default() }
+    }
+
+    fn note(t_ms: u64, action: &str, invocation: &str) -> Line {
+        Line {
+            time_us: t_ms * 1000,
+            origin: Origin::Specd,
+            pid: 9,
+            ident: "specd".into(),
+            unit: "x.service".into(),
+            invocation: Some(invocation.into()),
+            action: Some(action.into()),
+            message: format!("specd: stopping x.service ({action})"),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_failed_start_that_specd_stopped_quotes_the_server_s_first_and_last_errors() {
+        let lines = |n: Line| {
+            vec![
+                sys(0, "Started x.service."),
+                svc(1, "E gguf_init_from_file: failed to open GGUF file '/models/missing.gguf'"),
+                svc(2, "E srv    load_model: failed to load draft model, '/models/missing.gguf'"),
+                n,
+                sys(10, "Stopping x.service..."),
+                sys(10, "x.service: Deactivated successfully."),
+            ]
+        };
+        let d = classify(&ev(lines(note(9_900, "rollback", "i1"))));
+        assert_eq!(d.verdict, Verdict::FailedStart, "{d:#?}");
+        assert_contains(
+            &d.summary,
+            "its first error: \"E gguf_init_from_file: failed to open GGUF file '/models/missing.gguf'\"",
+        );
+        assert_contains(
+            &d.summary,
+            "its last: \"E srv    load_model: failed to load draft model, '/models/missing.gguf'\"",
+        );
+        // A plain stop to apply a new unit is a clean stop, whatever the server logged before.
+        assert_eq!(classify(&ev(lines(note(9_900, "stop", "i1")))).verdict, Verdict::CleanStop);
+        // A rollback note about another instance does not make this one a failed start.
+        assert_eq!(classify(&ev(lines(note(9_900, "rollback", "i0")))).verdict, Verdict::CleanStop);
     }
 
     #[test]
@@ -2124,13 +2195,13 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let p = d.path().join("socket");
         let sock = std::os::unix::net::UnixDatagram::bind(&p).unwrap();
-        journal_note_to(&p, "llm.service", "stop", "specd: stopping llm.service\nfor apply").unwrap();
+        journal_note_to(&p, "llm.service", "stop", Some("i1"), "specd: stopping llm.service\nfor apply").unwrap();
         let mut buf = [0u8; 4096];
         let n = sock.recv(&mut buf).unwrap();
         let text = std::str::from_utf8(&buf[..n]).unwrap();
         assert_eq!(
             text,
-            "MESSAGE=specd: stopping llm.service for apply\nPRIORITY=5\nSYSLOG_IDENTIFIER=specd\nOBJECT_SYSTEMD_UNIT=llm.service\nSPECD_ACTION=stop\n"
+            "MESSAGE=specd: stopping llm.service for apply\nPRIORITY=5\nSYSLOG_IDENTIFIER=specd\nOBJECT_SYSTEMD_UNIT=llm.service\nSPECD_ACTION=stop\nSPECD_INVOCATION_ID=i1\n"
         );
     }
 }

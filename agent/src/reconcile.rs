@@ -194,6 +194,17 @@ struct Target<'a> {
     timeout_stop: Duration,
     drain: Duration,
     spec: Option<&'a Spec>,
+    /// Why a restore (spec `None`) stops the unit: said in the unit's journal for `diagnose`.
+    restore: Restore,
+}
+
+/// Why the last good unit is put back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Restore {
+    /// The new unit failed: the instance stopped is the failed one (journal action `rollback`).
+    Rollback,
+    /// The host failed after the stop: nothing of the new unit ran (journal action `restore`).
+    HostFault,
 }
 
 pub fn unit_path(unit_dir: &Path, unit: &str) -> PathBuf {
@@ -419,7 +430,7 @@ pub async fn reconcile<S: Systemd>(ctx: &Ctx<S>, d: &DesiredState, dry_run: bool
         // A rollback that did not finish (the agent stopped or died in it): finish it.
         let t0 = Instant::now();
         let mut sv = None;
-        let (outcome, verdict) = match restore(ctx, &mut st, d, &g, &mut sv).await {
+        let (outcome, verdict) = match restore(ctx, &mut st, d, &g, Restore::Rollback, &mut sv).await {
             Ok(()) => (
                 Outcome::RolledBack,
                 format!(
@@ -464,6 +475,7 @@ pub async fn reconcile<S: Systemd>(ctx: &Ctx<S>, d: &DesiredState, dry_run: bool
         timeout_stop: Duration::from_secs(d.spec.service.timeout_stop_sec.into()),
         drain: Duration::from_secs(d.spec.service.drain_timeout_sec.into()),
         spec: Some(&d.spec),
+        restore: Restore::Rollback,
     };
     let mut stop = StopRecord::default();
     let result = run_steps(ctx, &mut st, &unit, &plan.steps, &target, &props, &mut stop).await;
@@ -617,7 +629,12 @@ async fn recover<S: Systemd>(
         Recovery::LeaveStopped(why) => {
             let mut q = String::new();
             if quarantined {
-                stop_quietly(ctx, unit).await;
+                stop_quietly(
+                    ctx,
+                    unit,
+                    &format!("specd: stopping {unit}: unit {} failed; {why}", short(&d.unit.sha256)),
+                )
+                .await;
                 q = format!("; spec {} is quarantined", short(&d.unit.sha256));
             }
             (Outcome::Failed, format!("Failed: {unit}: {what}; {why}, so the service is left stopped{q}"))
@@ -626,7 +643,7 @@ async fn recover<S: Systemd>(
             let Some(g) = st.last_good.clone() else {
                 return (Outcome::Failed, format!("Failed: {unit}: {what}"));
             };
-            match restore(ctx, st, d, &g, stop_verdict).await {
+            match restore(ctx, st, d, &g, Restore::HostFault, stop_verdict).await {
                 Ok(()) => (
                     Outcome::Failed,
                     format!(
@@ -657,7 +674,7 @@ async fn recover<S: Systemd>(
             let Some(g) = st.last_good.clone().filter(|g| g.sha256 != d.unit.sha256) else {
                 return (Outcome::Failed, format!("Failed: {unit}: {what}"));
             };
-            match restore(ctx, st, d, &g, stop_verdict).await {
+            match restore(ctx, st, d, &g, Restore::Rollback, stop_verdict).await {
                 Ok(()) => (
                     Outcome::RolledBack,
                     format!(
@@ -674,7 +691,8 @@ async fn recover<S: Systemd>(
                     ),
                 ),
                 Err(rf) => {
-                    stop_quietly(ctx, unit).await;
+                    let note = format!("specd: stopping {unit}: the rollback to {} failed too", short(&g.sha256));
+                    stop_quietly(ctx, unit, &note).await;
                     (
                         Outcome::Failed,
                         format!(
@@ -696,6 +714,7 @@ async fn restore<S: Systemd>(
     st: &mut UnitState,
     d: &DesiredState,
     g: &GoodUnit,
+    why: Restore,
     stop_verdict: &mut Option<String>,
 ) -> Result<(), StepFailure> {
     let unit = &d.spec.unit;
@@ -715,6 +734,7 @@ async fn restore<S: Systemd>(
         timeout_stop: Duration::from_secs(d.spec.service.timeout_stop_sec.into()),
         drain: Duration::ZERO,
         spec: None,
+        restore: why,
     };
     // The file on disk may still be the last good one (the write of the new one failed): it is
     // not written again, which would fail the same way on a full or read-only unit directory.
@@ -741,7 +761,11 @@ async fn restore<S: Systemd>(
     r
 }
 
-async fn stop_quietly<S: Systemd>(ctx: &Ctx<S>, unit: &str) {
+/// Stop a unit whose instance failed, and say so in its journal (`diagnose` then names the
+/// failed start, not a stop on request).
+async fn stop_quietly<S: Systemd>(ctx: &Ctx<S>, unit: &str, note: &str) {
+    let invocation = ctx.systemd.show(unit).await.map(|p| p.invocation_id).unwrap_or_default();
+    let _ = crate::diagnose::journal_note(unit, "rollback", Some(invocation.as_str()).filter(|i| !i.is_empty()), note);
     let _ = ctx.systemd.run(&["stop", unit]).await;
 }
 
@@ -889,21 +913,25 @@ async fn run_steps_inner<S: Systemd>(
                     continue;
                 }
                 // Say in the unit's journal who stops it and why (`specd diagnose` reads it).
-                let _ = match t.spec {
-                    Some(_) => crate::diagnose::journal_note(
-                        unit,
-                        "stop",
-                        &format!("specd: stopping {unit} to apply unit {}", short(t.sha256)),
-                    ),
-                    None => crate::diagnose::journal_note(
-                        unit,
+                let (action, note) = match (t.spec, t.restore) {
+                    (Some(_), _) => ("stop", format!("specd: stopping {unit} to apply unit {}", short(t.sha256))),
+                    (None, Restore::Rollback) => (
                         "rollback",
-                        &format!(
+                        format!(
                             "specd: stopping {unit} to roll back to the last good unit {}: the new unit failed",
                             short(t.sha256)
                         ),
                     ),
+                    (None, Restore::HostFault) => (
+                        "restore",
+                        format!(
+                            "specd: stopping {unit} to start the last good unit {} again: the apply failed on the host",
+                            short(t.sha256)
+                        ),
+                    ),
                 };
+                let invocation = Some(before.invocation_id.as_str()).filter(|i| !i.is_empty());
+                let _ = crate::diagnose::journal_note(unit, action, invocation, &note);
                 // --no-block: specd watches the stop itself (cgroup, progress) instead of
                 // sitting in systemctl.
                 ctx.systemd

@@ -161,7 +161,7 @@ fn a_bad_draft_path_rolls_back_and_the_diagnosis_quotes_the_server_every_time() 
         let diag = text(&e.specd(&["diagnose", UNIT]));
         let status = text(&e.specd(&["status"]));
         let quoted = |s: &str| s.contains(&format!("missing-{i}.gguf")) || s.contains("failed to load");
-        if ok || !out.contains("RolledBack") || !quoted(&out) || !quoted(&status) {
+        if ok || !out.contains("RolledBack") || !quoted(&out) || !quoted(&status) || !quoted(&diag) {
             failures.push(format!("run {i}: ok={ok}\n--- apply\n{out}\n--- status\n{status}\n--- diagnose\n{diag}"));
         }
         // The last good unit serves again, and speculates.

@@ -325,6 +325,18 @@ async fn sync_source(
         {
             let (s2, host) = (src.clone(), hostname.to_string());
             let fallback = tokio::task::spawn_blocking(move || read_commit(&lock(&s2), acc, &host)).await;
+            // The accepted commit passes the same gate as a new head (manage_units may have
+            // been narrowed since it was accepted).
+            let fallback = fallback.map(|r| {
+                r.and_then(|desired| {
+                    let eval = Evaluation { head: Some(acc.to_string()), error: None, desired };
+                    let eval = gate_units(eval, cfg.manage_units.as_deref());
+                    match eval.error {
+                        Some(e) => Err(e),
+                        None => Ok(eval.desired),
+                    }
+                })
+            });
             match fallback {
                 Ok(Ok(desired)) => {
                     tracing::info!(commit = %source::short(&acc.to_string()), "reconciling the units of the accepted commit");

@@ -121,14 +121,6 @@ pub fn cmdline(pid: u32) -> Option<Vec<String>> {
     Some(b.split(|c| *c == 0).map(|w| String::from_utf8_lossy(w).into_owned()).collect())
 }
 
-/// The process has exited (it is gone, or a zombie not reaped yet).
-pub fn process_gone(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(s) => s.rsplit_once(") ").and_then(|(_, rest)| rest.chars().next()).is_none_or(|c| matches!(c, 'Z' | 'X')),
-        Err(_) => true,
-    }
-}
-
 /// A process still in the cgroup when the wait gave up.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct Lingering {

@@ -102,17 +102,25 @@ pub enum Command {
     /// Ask the running agent to reconcile now (one unit, or all), over its control socket.
     Reconcile {
         unit: Option<String>,
-        /// The agent's control socket.
-        #[arg(long, default_value = crate::config::CONTROL_SOCKET)]
-        socket: PathBuf,
+        /// The agent's control socket [default: `control_socket` of the agent config, else
+        /// /run/specd/control.sock].
+        #[arg(long)]
+        socket: Option<PathBuf>,
+        /// The agent config that names the control socket.
+        #[arg(long, default_value = "/etc/specd/agent.yaml")]
+        config: PathBuf,
     },
     /// Clear the quarantine of a unit (its failed hashes are tried again), recorded in its
     /// history. Works while the agent runs.
     Unquarantine {
         unit: String,
-        /// The control socket of the agent to notify, if one runs.
-        #[arg(long, default_value = crate::config::CONTROL_SOCKET)]
-        socket: PathBuf,
+        /// The control socket of the agent to notify, if one runs [default: `control_socket` of
+        /// the agent config, else /run/specd/control.sock].
+        #[arg(long)]
+        socket: Option<PathBuf>,
+        /// The agent config that names the control socket.
+        #[arg(long, default_value = "/etc/specd/agent.yaml")]
+        config: PathBuf,
     },
     /// The applies of each unit: time, commit or file, unit hash, result.
     History {
@@ -160,10 +168,14 @@ pub fn main() -> ExitCode {
                 Ok(0)
             })
         }
-        Command::Reconcile { unit, socket } => run_async(async move { crate::ops::ask_reconcile(&socket, unit).await }),
-        Command::Unquarantine { unit, socket } => {
-            run_async(async move { crate::ops::unquarantine(&g, &unit, &socket).await })
-        }
+        Command::Reconcile { unit, socket, config } => run_async(async move {
+            let socket = control_socket(socket, &config)?;
+            crate::ops::ask_reconcile(&socket, unit).await
+        }),
+        Command::Unquarantine { unit, socket, config } => run_async(async move {
+            let socket = control_socket(socket, &config)?;
+            crate::ops::unquarantine(&g, &unit, &socket).await
+        }),
         Command::History { unit, json } => run_async(crate::ops::history(&g, unit, json)),
         Command::Diagnose { unit, json } => {
             run_async(async move { crate::ops::diagnose(unit.as_deref(), json, &g.state_dir).await })
@@ -248,4 +260,14 @@ fn init_tracing() {
     } else {
         b.init();
     }
+}
+
+/// The agent's control socket: the flag, else the agent config's `control_socket`, else the
+/// default.
+fn control_socket(flag: Option<PathBuf>, config: &std::path::Path) -> anyhow::Result<PathBuf> {
+    if let Some(s) = flag {
+        return Ok(s);
+    }
+    let cfg = crate::config::AgentConfig::load(config)?;
+    Ok(cfg.control_socket.unwrap_or_else(|| PathBuf::from(crate::config::CONTROL_SOCKET)))
 }

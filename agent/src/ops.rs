@@ -275,7 +275,7 @@ pub async fn status(g: &Global, json: bool, file: Option<&Path>, host: Option<St
 }
 
 fn print_status(s: &UnitStatus) {
-    let sh = |h: &Option<String>| h.as_deref().map_or("-".to_string(), |h| h[..12].to_string());
+    let sh = |h: &Option<String>| h.as_deref().map_or("-".to_string(), |h| h.chars().take(12).collect());
     println!("{}: {} {} ({}/{}, pid {})", s.unit, s.sync, s.health, s.active_state, s.sub_state, s.main_pid);
     println!(
         "  desired unit {}  deployed {}  from {}",
@@ -422,7 +422,7 @@ pub async fn unquarantine(g: &Global, unit: &str, socket: &Path) -> Result<u8> {
     for q in std::mem::take(&mut st.quarantine) {
         let message = format!(
             "Unquarantined: {unit}: cleared the quarantine of unit {} (it had failed: {}); it is tried again",
-            &q.sha256[..12.min(q.sha256.len())],
+            q.sha256.chars().take(12).collect::<String>(),
             q.reason
         );
         println!("{message}");

@@ -116,25 +116,33 @@ impl Probe {
                 Ok(speculation::from_sglang(ev, &reply, info.as_ref()))
             }
             ev @ Evidence::Vllm { generate, .. } => {
-                let metrics = format!("{base_url}/metrics");
+                let metrics = format!("{base_url}{}", facts.metrics_path);
                 let before = self.text(&metrics).await?;
                 let model = spec.server.served_model_name.clone().unwrap_or_else(|| spec.model.clone());
                 let body = json!({"model": model, "prompt": prompt, "max_tokens": n, "temperature": 0.0});
                 self.post_json(&format!("{base_url}{generate}"), &body).await?;
-                let after = self.text(&metrics).await?;
-                Ok(speculation::from_vllm(ev, &before, &after))
+                // The counters are updated from the engine core's stats, which may reach the
+                // API server just after the reply: give them a moment before concluding.
+                let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(2);
+                loop {
+                    let s = speculation::from_vllm(ev, &before, &self.text(&metrics).await?);
+                    if s.drafts() || tokio::time::Instant::now() >= deadline {
+                        return Ok(s);
+                    }
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
             }
         }
     }
 
     /// Requests in flight, from the engine's Prometheus metrics, when it exposes them.
     pub async fn running_requests(&self, base_url: &str, engine: Engine) -> Option<u64> {
-        let name = specd_spec::engine_facts(engine).running_requests_metric;
-        let r = self.client.get(format!("{base_url}/metrics")).send().await.ok()?;
+        let facts = specd_spec::engine_facts(engine);
+        let r = self.client.get(format!("{base_url}{}", facts.metrics_path)).send().await.ok()?;
         if !r.status().is_success() {
             return None;
         }
-        metric_sum(&r.text().await.ok()?, name)
+        metric_sum(&r.text().await.ok()?, facts.running_requests_metric)
     }
 }
 

@@ -449,6 +449,10 @@ pub async fn reconcile<S: Systemd>(ctx: &Ctx<S>, d: &DesiredState, dry_run: bool
                 ),
             ),
         };
+        let mut verdict = verdict;
+        if let Some(down) = down_note(ctx, &unit).await {
+            verdict.push_str(&format!("; {down}"));
+        }
         st.in_progress = None;
         st.record(history(d, outcome, verdict.clone(), sv.clone(), t0.elapsed().as_millis() as u64));
         ctx.store.save(&st)?;
@@ -815,7 +819,7 @@ async fn run_steps<S: Systemd>(
         (Err(f), Some(pid)) if !f.cancelled => {
             // The server had answered ready: if it is gone now, it crashed after readiness.
             let props = ctx.systemd.show(unit).await.unwrap_or_default();
-            if cgroup::process_gone(pid) || props.main_pid != pid {
+            if !cgroup::alive(pid) || props.main_pid != pid {
                 return Err(StepFailure {
                     message: format!(
                         "the server crashed after it was ready (pid {pid} is gone; Result={}, status {}, {} restarts): {}",

@@ -7,10 +7,12 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use specd_spec::{Evidence, Spec};
 
-/// The prompt of the verification generation: predictable text, so a working draft is
-/// accepted and even n-gram drafting finds matches.
+/// The prompt of the verification generation: a sequence that repeats, so the continuation
+/// repeats it too: a draft model's guesses are accepted, and n-gram drafting (which looks up the
+/// last tokens in the context) finds its matches. A prompt of prose gave llama.cpp's n-gram
+/// types no draft at all.
 pub const PROMPT: &str =
-    "Count from one to forty in words, separated by commas: one, two, three, four, five, six, seven, eight, nine, ten,";
+    "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2, 3,";
 
 /// Tokens generated for the proof: enough for several draft rounds, short enough to cost
 /// well under a second on a loaded server.
@@ -151,11 +153,11 @@ pub fn missing(spec: &Spec, s: &Speculation) -> Option<String> {
     if s.drafts() {
         return None;
     }
-    let hint = match spec.engine {
-        specd_spec::Engine::LlamaCpp => {
-            "; llama-server only drafts with a --spec-type (specd renders it from speculative.algorithm, draft-simple with a draft model)"
-        }
-        _ => "",
+    let hint = match specd_spec::engine_facts(spec.engine).default_algorithm_with_draft {
+        Some(a) => format!(
+            "; llama-server only drafts with a --spec-type (specd renders it from speculative.algorithm, {a} with a draft model)"
+        ),
+        None => String::new(),
     };
     Some(format!(
         "the spec asks for speculative decoding, but the server drafted nothing in a {TOKENS}-token generation ({}){hint}",

@@ -100,6 +100,23 @@ fn the_real_server_speculates_changes_draft_settings_and_heals_drift() {
     e.b.shutdown().unwrap();
 }
 
+/// Every n-gram `--spec-type` the pinned llama-server lists, without a draft model: each is
+/// applied, and the real server's own evidence shows it drafting.
+#[test]
+fn every_ngram_spec_type_speculates_on_the_real_server() {
+    let l = real_llama();
+    let e = Env::with_real_llama(&l);
+    for t in ["ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache"] {
+        let (ok, out) =
+            apply(&e, &format!("{t}.yaml"), &spec(&l, e.port, &format!("  speculative: {{algorithm: {t}}}\n"), ""));
+        assert!(ok, "{t}: {out}");
+        assert!(out.contains("the server speculates: accept rate"), "{t}: {out}");
+        assert!(cmdline(&e).contains(&format!("--spec-type {t}")), "{}", cmdline(&e));
+        assert_eq!(json_get(e.port, "/slots")[0]["speculative"], serde_json::json!(true), "{t}");
+    }
+    e.b.shutdown().unwrap();
+}
+
 /// A server that loads the draft model but never drafts (what llama-server does without a
 /// `--spec-type`): here a wrapper between systemd and llama-server drops the flag, as an old
 /// packaging script would. specd must not call that in sync.

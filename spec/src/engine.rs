@@ -32,8 +32,13 @@ pub struct EngineFacts {
     pub algorithms: &'static [Algorithm],
     /// Where the running engine reports its own args (`None`: it does not).
     pub server_info_path: Option<&'static str>,
+    /// Where the engine serves its Prometheus metrics.
+    pub metrics_path: &'static str,
     /// The Prometheus gauge of requests being processed (the drain waits for 0).
     pub running_requests_metric: &'static str,
+    /// The algorithm specd renders when a spec gives a draft model and no algorithm (llama.cpp
+    /// would otherwise load the draft and never use it: its `--spec-type` defaults to `none`).
+    pub default_algorithm_with_draft: Option<&'static str>,
     /// Where the engine shows that it really speculates.
     pub evidence: Evidence,
 }
@@ -118,7 +123,9 @@ const SGLANG: EngineFacts = EngineFacts {
         Algorithm { name: "NGRAM", reported_as: "NGRAM", draft_model: Need::Forbidden },
     ],
     server_info_path: Some("/get_server_info"),
+    metrics_path: "/metrics",
     running_requests_metric: "sglang:num_running_reqs",
+    default_algorithm_with_draft: None,
     evidence: Evidence::Sglang {
         generate: "/generate",
         verify_ct: "spec_verify_ct",
@@ -159,7 +166,9 @@ const VLLM: EngineFacts = EngineFacts {
         Algorithm { name: "suffix", reported_as: "suffix", draft_model: Need::Forbidden },
     ],
     server_info_path: None,
+    metrics_path: "/metrics",
     running_requests_metric: "vllm:num_requests_running",
+    default_algorithm_with_draft: None,
     evidence: Evidence::Vllm {
         generate: "/v1/completions",
         drafts: "vllm:spec_decode_num_drafts_total",
@@ -222,7 +231,9 @@ const LLAMA_CPP: EngineFacts = EngineFacts {
         Algorithm { name: "ngram-cache", reported_as: "ngram-cache", draft_model: Need::Forbidden },
     ],
     server_info_path: Some("/props"),
+    metrics_path: "/metrics",
     running_requests_metric: "llamacpp:requests_processing",
+    default_algorithm_with_draft: Some("draft-simple"),
     evidence: Evidence::LlamaCpp {
         slots: "/slots",
         slot_flag: "speculative",
@@ -240,9 +251,6 @@ pub fn facts(engine: Engine) -> &'static EngineFacts {
         Engine::LlamaCpp => &LLAMA_CPP,
     }
 }
-
-/// The llama.cpp `--spec-type` specd renders when a spec has a draft model and no algorithm.
-pub(crate) const LLAMA_CPP_DEFAULT_SPEC_TYPE: &str = "draft-simple";
 
 impl EngineFacts {
     pub fn algorithm(&self, name: &str) -> Option<&'static Algorithm> {

@@ -317,7 +317,9 @@ fn user_problem(v: &str) -> Option<String> {
     }
     if v.bytes().all(|b| b.is_ascii_digit()) {
         return match v.parse::<u64>() {
-            _ if v.len() > 1 && v.starts_with('0') => Some(format!("{v:?}: a numeric id may not have a leading zero")),
+            _ if v.len() > 1 && v.starts_with('0') => {
+                Some(format!("{}: a numeric id may not have a leading zero", shown(v)))
+            }
             Ok(n) if n == 65535 || n >= 4294967295 => Some(format!(
                 "{}: a numeric id must be in 0..=4294967294 and not 65535 (both are the \"invalid\" id)",
                 shown(v)
@@ -825,7 +827,7 @@ fn speculative(c: &mut Ctx, engine: Engine, l: &SpecLayer) -> Option<Speculative
             // llama-server's --spec-type defaults to `none`: a draft model alone is loaded and
             // never used. specd always renders the type: draft-simple when a draft model is given.
             let algorithm = match s.algorithm.as_deref() {
-                None if s.draft_model.is_some() => Some(engine::LLAMA_CPP_DEFAULT_SPEC_TYPE),
+                None if s.draft_model.is_some() => facts.default_algorithm_with_draft,
                 None => {
                     c.err(
                         "speculative.draft_model",

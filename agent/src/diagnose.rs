@@ -1598,10 +1598,15 @@ pub async fn last_verdict(unit: &str) -> Option<Diagnosis> {
 pub async fn instance_verdict(unit: &str, invocation: &str, within: std::time::Duration) -> Option<Diagnosis> {
     let deadline = tokio::time::Instant::now() + within;
     loop {
-        // No journal, or no line of this instance at all: nothing to wait for.
-        let ev = gather_newest(unit, Some(invocation), 4).await.ok()?;
-        let d = ev.last().map(classify)?;
-        if d.verdict.is_ending() && d.ended.is_some() {
+        // No journal to read: nothing to wait for. No line of this instance yet: journald
+        // may lag behind a busy host; wait for it.
+        let raw = gather_raw(unit, 4).await.ok()?;
+        let d = assemble(&raw)
+            .iter()
+            .filter(|e| e.invocation.as_deref().is_some_and(|i| i.starts_with(invocation)))
+            .map(classify)
+            .next_back();
+        if let Some(d) = d.filter(|d| d.verdict.is_ending() && d.ended.is_some()) {
             return Some(d);
         }
         if tokio::time::Instant::now() >= deadline {

@@ -824,7 +824,7 @@ fn a_unit_file_specd_did_not_write_is_replaced_only_when_adopted_and_reserved_un
     let port = free_port();
     e.b.write_file(
         vendor,
-        &format!("[Service]\nType=exec\nExecStart={} sglang --model-path /models/v --port {port}\n", e.standin),
+        format!("[Service]\nType=exec\nExecStart={} sglang --model-path /models/v --port {port}\n", e.standin),
     )
     .unwrap();
     e.b.systemctl_check(&["daemon-reload"]).unwrap();

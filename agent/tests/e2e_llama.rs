@@ -66,7 +66,7 @@ fn the_real_server_speculates_changes_draft_settings_and_heals_drift() {
     assert!(drafted > 0 && accepted > 0 && accepted <= drafted, "{st}");
     let o = e.specd(&["status"]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
-    assert!(text(&o).contains(&format!("speculation: accept rate")), "{}", text(&o));
+    assert!(text(&o).contains("speculation: accept rate"), "{}", text(&o));
     assert!(text(&o).contains(&format!("({accepted}/{drafted} draft tokens)")), "{}", text(&o));
 
     // A change of draft settings: the new process runs them and still speculates.
@@ -129,9 +129,7 @@ fn a_draft_model_that_is_loaded_but_unused_fails_the_apply_and_rolls_back() {
     let wrapper = "/run/specs/llama-wrapper";
     e.b.write_file(
         wrapper,
-        format!(
-            "#!/bin/sh\n# drops --spec-type and its value, keeps the rest\nserver=\"$1\"; shift\nn=$#\ni=0\nskip=0\nfor a in \"$@\"; do\n  i=$((i+1))\n  if [ $skip = 1 ]; then skip=0; continue; fi\n  if [ \"$a\" = --spec-type ]; then skip=1; continue; fi\n  set -- \"$@\" \"$a\"\ndone\nshift $n\n\"$server\" \"$@\" &\nchild=$!\ntrap 'kill -TERM $child' TERM\nwait $child\nwait $child\n"
-        ),
+        "#!/bin/sh\n# drops --spec-type and its value, keeps the rest\nserver=\"$1\"; shift\nn=$#\ni=0\nskip=0\nfor a in \"$@\"; do\n  i=$((i+1))\n  if [ $skip = 1 ]; then skip=0; continue; fi\n  if [ \"$a\" = --spec-type ]; then skip=1; continue; fi\n  set -- \"$@\" \"$a\"\ndone\nshift $n\n\"$server\" \"$@\" &\nchild=$!\ntrap 'kill -TERM $child' TERM\nwait $child\nwait $child\n",
     )
     .unwrap();
     e.b.check(&["chmod", "755", wrapper]).unwrap();

@@ -1199,9 +1199,11 @@ def sglang_algorithms(idx: Index, outdir: str, version: str):
         raise Unresolved("SpeculativeAlgorithm members or _RESERVED_ALIASES")
     with open(os.path.join(outdir, "speculative_algorithms.txt"), "w") as f:
         f.write(f"# sglang {version}: names SpeculativeAlgorithm.from_string accepts (upper-cased input)\n")
-        f.write(f"# members of SpeculativeAlgorithm ({idx.rel(info)}), then _RESERVED_ALIASES ({idx.rel(registry)}), which map to EAGLE\n")
-        for n in members + aliases:
+        f.write(f"# members of SpeculativeAlgorithm ({idx.rel(info)}), then _RESERVED_ALIASES ({idx.rel(registry)}) as `ALIAS -> EAGLE` (from_string returns cls.EAGLE for them)\n")
+        for n in members:
             f.write(n + "\n")
+        for n in aliases:
+            f.write(f"{n} -> EAGLE\n")
 
 
 def main_sglang(root, outdir, version):

@@ -22,8 +22,11 @@ pub struct EngineFacts {
     /// The readiness endpoint: 200 once the model serves.
     pub readiness_endpoint: &'static str,
     /// Flags that correspond to a spec field (with every alias the engine accepts for them):
-    /// `(flag, spec field)`. They may not appear in `extra_args`.
+    /// `(flag, spec field)`. They may not appear in `extra_args`. The first flag of each field
+    /// is the one specd renders, in this order (`build_argv`).
     pub owned_flags: &'static [(&'static str, &'static str)],
+    /// The model is the first positional argument (`vllm serve MODEL`), not a flag.
+    pub model_positional: bool,
     /// Flags the engine has removed (passing them fails startup): `(flag, what replaces it)`.
     pub removed_flags: &'static [(&'static str, &'static str)],
     /// Python's argparse expands an unambiguous prefix of a long flag (SGLang, vLLM).
@@ -32,6 +35,9 @@ pub struct EngineFacts {
     pub algorithms: &'static [Algorithm],
     /// Where the running engine reports its own args (`None`: it does not).
     pub server_info_path: Option<&'static str>,
+    /// The spec fields the running engine reports there, and where (a JSON pointer into the
+    /// report), after its own rewrites (`Algorithm::reported_as`).
+    pub reported: &'static [Reported],
     /// Where the engine serves its Prometheus metrics.
     pub metrics_path: &'static str,
     /// The Prometheus gauge of requests being processed (the drain waits for 0).
@@ -41,6 +47,22 @@ pub struct EngineFacts {
     pub default_algorithm_with_draft: Option<&'static str>,
     /// Where the engine shows that it really speculates.
     pub evidence: Evidence,
+}
+
+/// One spec field as the running engine reports it.
+#[derive(Debug)]
+pub struct Reported {
+    /// The spec field (`server.tp_size`, `speculative.algorithm`, `model`).
+    pub field: &'static str,
+    /// A JSON pointer into the engine's report of its args.
+    pub pointer: &'static str,
+    /// What the engine reports when the spec leaves the field unset (a JSON literal), if
+    /// that is pinned: SGLang's `tp_size` is 1, its `speculative_algorithm` null.
+    pub when_unset: Option<&'static str>,
+}
+
+const fn rep(field: &'static str, pointer: &'static str) -> Reported {
+    Reported { field, pointer, when_unset: None }
 }
 
 /// One speculative-decoding algorithm as the engine names it.
@@ -112,6 +134,7 @@ const SGLANG: EngineFacts = EngineFacts {
         ("--speculative-draft-model-path", "speculative.draft_model"),
         ("--speculative-draft-model", "speculative.draft_model"),
     ],
+    model_positional: false,
     removed_flags: &[],
     abbreviations: true,
     algorithms: &[
@@ -123,6 +146,20 @@ const SGLANG: EngineFacts = EngineFacts {
         Algorithm { name: "NGRAM", reported_as: "NGRAM", draft_model: Need::Forbidden },
     ],
     server_info_path: Some("/get_server_info"),
+    // `build_server_info` returns every ServerArgs field after resolution.
+    reported: &[
+        rep("model", "/model_path"),
+        rep("server.port", "/port"),
+        Reported { field: "server.tp_size", pointer: "/tp_size", when_unset: Some("1") },
+        rep("server.mem_fraction_static", "/mem_fraction_static"),
+        rep("server.max_running_requests", "/max_running_requests"),
+        rep("server.context_length", "/context_length"),
+        Reported { field: "speculative.algorithm", pointer: "/speculative_algorithm", when_unset: Some("null") },
+        rep("speculative.num_steps", "/speculative_num_steps"),
+        rep("speculative.eagle_topk", "/speculative_eagle_topk"),
+        rep("speculative.num_draft_tokens", "/speculative_num_draft_tokens"),
+        rep("speculative.draft_model", "/speculative_draft_model_path"),
+    ],
     metrics_path: "/metrics",
     running_requests_metric: "sglang:num_running_reqs",
     default_algorithm_with_draft: None,
@@ -155,6 +192,7 @@ const VLLM: EngineFacts = EngineFacts {
         ("--speculative-config", "speculative"),
         ("-sc", "speculative"),
     ],
+    model_positional: true,
     removed_flags: &[],
     abbreviations: true,
     algorithms: &[
@@ -166,6 +204,7 @@ const VLLM: EngineFacts = EngineFacts {
         Algorithm { name: "suffix", reported_as: "suffix", draft_model: Need::Forbidden },
     ],
     server_info_path: None,
+    reported: &[],
     metrics_path: "/metrics",
     running_requests_metric: "vllm:num_requests_running",
     default_algorithm_with_draft: None,
@@ -206,6 +245,7 @@ const LLAMA_CPP: EngineFacts = EngineFacts {
         ("--spec-draft-p-min", "speculative.draft_p_min"),
         ("--draft-p-min", "speculative.draft_p_min"),
     ],
+    model_positional: false,
     removed_flags: &[
         ("--draft", "--spec-draft-n-max (speculative.num_steps)"),
         ("--draft-n", "--spec-draft-n-max (speculative.num_steps)"),
@@ -231,6 +271,9 @@ const LLAMA_CPP: EngineFacts = EngineFacts {
         Algorithm { name: "ngram-cache", reported_as: "ngram-cache", draft_model: Need::Forbidden },
     ],
     server_info_path: Some("/props"),
+    // Not the spec type: `/props` reports `speculative.types: "none"` whatever `--spec-type`
+    // is (a fresh request's defaults); the speculation proof reads `/slots` and a completion.
+    reported: &[rep("model", "/model_path"), rep("server.max_running_requests", "/total_slots")],
     metrics_path: "/metrics",
     running_requests_metric: "llamacpp:requests_processing",
     default_algorithm_with_draft: Some("draft-simple"),
@@ -310,7 +353,8 @@ fn float(v: f64) -> String {
     if s.contains(['.', 'e', 'E']) { s } else { format!("{s}.0") }
 }
 
-/// The argv of `ExecStart=`.
+/// The argv of `ExecStart=`: the command, then the first flag of each field the facts table
+/// lists, in its order, for every field the spec sets, then `extra_args`.
 pub(crate) fn build_argv(
     engine: Engine,
     command: &[String],
@@ -318,63 +362,53 @@ pub(crate) fn build_argv(
     server: &Server,
     spec: Option<&Speculative>,
 ) -> Vec<String> {
+    let f = facts(engine);
     let mut a: Vec<String> = command.to_vec();
-    let flag = |a: &mut Vec<String>, name: &str, value: Option<String>| {
-        if let Some(v) = value {
-            a.push(name.to_string());
+    if f.model_positional {
+        a.push(model.to_string());
+    }
+    let mut seen: Vec<&str> = Vec::new();
+    for (flag, field) in f.owned_flags {
+        if seen.contains(field) {
+            continue;
+        }
+        seen.push(field);
+        if *field == "model" && f.model_positional {
+            continue;
+        }
+        if let Some(v) = field_value(field, model, server, spec) {
+            a.push(flag.to_string());
             a.push(v);
-        }
-    };
-    match engine {
-        Engine::Sglang => {
-            flag(&mut a, "--model-path", Some(model.to_string()));
-            flag(&mut a, "--host", Some(server.host.clone()));
-            flag(&mut a, "--port", Some(server.port.to_string()));
-            flag(&mut a, "--tp-size", server.tp_size.map(|v| v.to_string()));
-            flag(&mut a, "--mem-fraction-static", server.mem_fraction_static.map(float));
-            flag(&mut a, "--max-running-requests", server.max_running_requests.map(|v| v.to_string()));
-            flag(&mut a, "--context-length", server.context_length.map(|v| v.to_string()));
-            flag(&mut a, "--served-model-name", server.served_model_name.clone());
-            if let Some(s) = spec {
-                flag(&mut a, "--speculative-algorithm", s.algorithm.clone());
-                flag(&mut a, "--speculative-num-steps", s.num_steps.map(|v| v.to_string()));
-                flag(&mut a, "--speculative-eagle-topk", s.eagle_topk.map(|v| v.to_string()));
-                flag(&mut a, "--speculative-num-draft-tokens", s.num_draft_tokens.map(|v| v.to_string()));
-                flag(&mut a, "--speculative-draft-model-path", s.draft_model.clone());
-            }
-        }
-        Engine::Vllm => {
-            a.push(model.to_string());
-            flag(&mut a, "--host", Some(server.host.clone()));
-            flag(&mut a, "--port", Some(server.port.to_string()));
-            flag(&mut a, "--tensor-parallel-size", server.tp_size.map(|v| v.to_string()));
-            flag(&mut a, "--gpu-memory-utilization", server.mem_fraction_static.map(float));
-            flag(&mut a, "--max-num-seqs", server.max_running_requests.map(|v| v.to_string()));
-            flag(&mut a, "--max-model-len", server.context_length.map(|v| v.to_string()));
-            flag(&mut a, "--served-model-name", server.served_model_name.clone());
-            if let Some(s) = spec {
-                flag(&mut a, "--speculative-config", Some(vllm_speculative_config(s)));
-            }
-        }
-        Engine::LlamaCpp => {
-            flag(&mut a, "--model", Some(model.to_string()));
-            flag(&mut a, "--host", Some(server.host.clone()));
-            flag(&mut a, "--port", Some(server.port.to_string()));
-            flag(&mut a, "--ctx-size", server.context_length.map(|v| v.to_string()));
-            flag(&mut a, "--parallel", server.max_running_requests.map(|v| v.to_string()));
-            flag(&mut a, "--n-gpu-layers", server.n_gpu_layers.map(|v| v.to_string()));
-            flag(&mut a, "--alias", server.served_model_name.clone());
-            if let Some(s) = spec {
-                flag(&mut a, "--spec-type", s.algorithm.clone());
-                flag(&mut a, "--spec-draft-model", s.draft_model.clone());
-                flag(&mut a, "--spec-draft-n-max", s.num_steps.map(|v| v.to_string()));
-                flag(&mut a, "--spec-draft-n-min", s.draft_min.map(|v| v.to_string()));
-                flag(&mut a, "--spec-draft-p-min", s.draft_p_min.map(float));
-            }
         }
     }
     a.extend(server.extra_args.iter().cloned());
     a
+}
+
+/// The value a spec gives one field of the facts table, as the engine's parser reads it.
+fn field_value(field: &str, model: &str, server: &Server, spec: Option<&Speculative>) -> Option<String> {
+    let n = |v: Option<u32>| v.map(|v| v.to_string());
+    match field {
+        "model" => Some(model.to_string()),
+        "server.host" => Some(server.host.clone()),
+        "server.port" => Some(server.port.to_string()),
+        "server.tp_size" => n(server.tp_size),
+        "server.mem_fraction_static" => server.mem_fraction_static.map(float),
+        "server.max_running_requests" => n(server.max_running_requests),
+        "server.context_length" => n(server.context_length),
+        "server.n_gpu_layers" => n(server.n_gpu_layers),
+        "server.served_model_name" => server.served_model_name.clone(),
+        // vLLM takes the whole section as one JSON argument.
+        "speculative" => spec.map(vllm_speculative_config),
+        "speculative.algorithm" => spec?.algorithm.clone(),
+        "speculative.num_steps" => n(spec?.num_steps),
+        "speculative.eagle_topk" => n(spec?.eagle_topk),
+        "speculative.num_draft_tokens" => n(spec?.num_draft_tokens),
+        "speculative.draft_model" => spec?.draft_model.clone(),
+        "speculative.draft_min" => n(spec?.draft_min),
+        "speculative.draft_p_min" => spec?.draft_p_min.map(float),
+        _ => None,
+    }
 }
 
 /// vLLM's `--speculative-config` JSON, keys in a fixed order so the unit hash is stable.
@@ -410,6 +444,54 @@ mod tests {
         assert_eq!(flag_name("-1"), None);
         assert_eq!(flag_name("-.5"), None);
         assert_eq!(flag_name("value"), None);
+    }
+
+    #[test]
+    fn every_field_of_the_table_is_rendered_from_the_spec() {
+        let server = Server {
+            host: "h".into(),
+            port: 1,
+            tp_size: Some(2),
+            mem_fraction_static: Some(0.5),
+            max_running_requests: Some(3),
+            context_length: Some(4),
+            n_gpu_layers: Some(5),
+            served_model_name: Some("n".into()),
+            extra_args: vec![],
+        };
+        let spec = Speculative {
+            algorithm: Some("a".into()),
+            num_steps: Some(6),
+            eagle_topk: Some(7),
+            num_draft_tokens: Some(8),
+            draft_model: Some("/d".into()),
+            draft_min: Some(9),
+            draft_p_min: Some(0.25),
+            prompt_lookup_min: Some(1),
+            prompt_lookup_max: Some(2),
+        };
+        for e in [Engine::Sglang, Engine::Vllm, Engine::LlamaCpp] {
+            for (flag, field) in facts(e).owned_flags {
+                assert!(
+                    field_value(field, "/m", &server, Some(&spec)).is_some(),
+                    "{e:?}: {flag} -> {field} has no value"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn every_reported_field_is_a_field_specd_renders() {
+        for e in [Engine::Sglang, Engine::Vllm, Engine::LlamaCpp] {
+            for r in facts(e).reported {
+                assert!(facts(e).owned_flags.iter().any(|(_, f)| *f == r.field), "{e:?}: {}", r.field);
+                assert!(
+                    r.when_unset.is_none_or(|l| serde_json::from_str::<serde_json::Value>(l).is_ok()),
+                    "{e:?}: {}",
+                    r.field
+                );
+            }
+        }
     }
 
     #[test]

@@ -20,7 +20,7 @@ mod units;
 mod validate;
 
 pub use diag::{Diagnostic, Diagnostics, Severity};
-pub use engine::{Algorithm, EngineFacts, Evidence, Need, facts as engine_facts};
+pub use engine::{Algorithm, EngineFacts, Evidence, Need, Reported, facts as engine_facts};
 pub use model::{Document, DriftPolicy, Engine, Restart};
 pub use render::{HEADER, RenderedUnit, command_line, parse_command_line, parse_environment, render, sha256_hex};
 pub use resolve::{ExpectedArg, Policy, Readiness, Server, Service, Spec, Speculative};

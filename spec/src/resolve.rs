@@ -126,56 +126,32 @@ impl Spec {
     /// is listed.
     pub fn expected_server_args(&self) -> Vec<ExpectedArg> {
         use serde_json::{Value, json};
-        let mut out = Vec::new();
-        let mut push = |key: &'static str, value: Value| out.push(ExpectedArg { key, value });
-        match self.engine {
-            Engine::Sglang => {
-                push("/model_path", json!(self.model));
-                push("/port", json!(self.server.port));
-                push("/tp_size", json!(self.server.tp_size.unwrap_or(1)));
-                if let Some(v) = self.server.mem_fraction_static {
-                    push("/mem_fraction_static", json!(v));
-                }
-                if let Some(v) = self.server.max_running_requests {
-                    push("/max_running_requests", json!(v));
-                }
-                if let Some(v) = self.server.context_length {
-                    push("/context_length", json!(v));
-                }
-                match &self.speculative {
-                    None => push("/speculative_algorithm", Value::Null),
-                    Some(s) => {
-                        let facts = crate::engine::facts(self.engine);
-                        let alg = s.algorithm.as_deref().map(|a| facts.algorithm(a).map_or(a, |x| x.reported_as));
-                        push("/speculative_algorithm", json!(alg));
-                        if alg != Some("NGRAM") {
-                            if let Some(v) = s.num_steps {
-                                push("/speculative_num_steps", json!(v));
-                            }
-                            if let Some(v) = s.eagle_topk {
-                                push("/speculative_eagle_topk", json!(v));
-                            }
-                        }
-                        if let Some(v) = s.num_draft_tokens {
-                            push("/speculative_num_draft_tokens", json!(v));
-                        }
-                        if let Some(v) = &s.draft_model {
-                            push("/speculative_draft_model_path", json!(v));
-                        }
-                    }
-                }
-            }
-            Engine::LlamaCpp => {
-                push("/model_path", json!(self.model));
-                if let Some(v) = self.server.max_running_requests {
-                    push("/total_slots", json!(v));
-                }
-                // Not the spec type: `/props` reports `speculative.types: "none"` whatever
-                // `--spec-type` is (a fresh request's defaults). Whether it drafts is proven by
-                // the speculation step, from `/slots` and a completion's draft counts.
-            }
-            Engine::Vllm => {}
-        }
-        out
+        let facts = crate::engine::facts(self.engine);
+        let sp = self.speculative.as_ref();
+        let n = |v: Option<u32>| v.map(|v| json!(v));
+        facts
+            .reported
+            .iter()
+            .filter_map(|r| {
+                let v = match r.field {
+                    "model" => Some(json!(self.model)),
+                    "server.port" => Some(json!(self.server.port)),
+                    "server.tp_size" => n(self.server.tp_size),
+                    "server.mem_fraction_static" => self.server.mem_fraction_static.map(|v| json!(v)),
+                    "server.max_running_requests" => n(self.server.max_running_requests),
+                    "server.context_length" => n(self.server.context_length),
+                    "speculative.algorithm" => sp
+                        .and_then(|s| s.algorithm.as_deref())
+                        .map(|a| json!(facts.algorithm(a).map_or(a, |x| x.reported_as))),
+                    "speculative.num_steps" => n(sp.and_then(|s| s.num_steps)),
+                    "speculative.eagle_topk" => n(sp.and_then(|s| s.eagle_topk)),
+                    "speculative.num_draft_tokens" => n(sp.and_then(|s| s.num_draft_tokens)),
+                    "speculative.draft_model" => sp.and_then(|s| s.draft_model.as_ref()).map(|v| json!(v)),
+                    _ => None,
+                };
+                let v = v.or_else(|| r.when_unset.map(|l| serde_json::from_str::<Value>(l).unwrap_or(Value::Null)))?;
+                Some(ExpectedArg { key: r.pointer, value: v })
+            })
+            .collect()
     }
 }

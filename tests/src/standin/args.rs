@@ -493,11 +493,16 @@ fn sglang(argv: &[String], knobs: &mut Knobs) -> Result<Launch, Refusal> {
 
     if let Some(alg) = a["speculative_algorithm"].as_str().map(str::to_string) {
         let up = alg.to_uppercase();
-        const BUILTIN: &[&str] = &["EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM", "DFLASH", "DSPARK", "UNO"];
-        if !BUILTIN.contains(&up.as_str()) {
+        // The names SGLang's SpeculativeAlgorithm.from_string accepts, and its aliases, as
+        // recorded from its source.
+        const RECORDED: &str = include_str!("../../fixtures/engines/sglang/speculative_algorithms.txt");
+        let known = RECORDED.lines().filter(|l| !l.starts_with('#')).find_map(|l| match l.split_once(" -> ") {
+            Some((alias, to)) => (alias.trim() == up).then(|| to.trim().to_string()),
+            None => (l.trim() == up).then(|| up.clone()),
+        });
+        let Some(up) = known else {
             return Err(sglang_value_error(&format!("Unknown speculative algorithm name: {alg}")));
-        }
-        let up = if up == "NEXTN" { "EAGLE".to_string() } else { up };
+        };
         a.insert("speculative_algorithm".into(), json!(up));
         let int = |a: &Map<String, Value>, k: &str| a[k].as_i64();
         match up.as_str() {

@@ -257,6 +257,29 @@ fn a_process_that_ignores_sigterm_blocks_the_start_and_is_named() {
     e.b.shutdown().unwrap();
 }
 
+/// `specd apply -f PATH` in the background, its output piped; `pause`: `SPECD_PAUSE_BEFORE`
+/// ("-" for none).
+fn spawn_apply(e: &Env, path: &str, pause: &str) -> std::process::Child {
+    e.b.command(&[&e.specd, "apply", "-f", path, "--host", "gpu-01"])
+        .env("SPECD_PAUSE_BEFORE", pause)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Until the apply in progress records `phase` in its state file.
+fn wait_for_phase(e: &Env, phase: &str) {
+    let state_path = format!("/var/lib/specd/units/{UNIT}.json");
+    wait_until(&format!("the apply to reach {phase}"), Duration::from_secs(60), || {
+        e.b.read_to_string(&state_path)
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+            .is_some_and(|v| v["in_progress"]["phase"] == phase)
+    })
+    .unwrap();
+}
+
 /// Kill `specd apply` with SIGKILL once its recorded phase is `phase`, then apply again. Waits
 /// (the stop, readiness) are long enough to kill in; the instant between two quick steps is held
 /// with `SPECD_PAUSE_BEFORE` (`pause`, or "-" for none).
@@ -268,21 +291,8 @@ fn kill_at(phase: &str, pause: &str, load_ms: u32) {
     let p = e.put("s10.yaml", &e.spec(UNIT, 10, &seed_extra(load_ms)));
     let new = rendered_hash(&e, "s10.yaml");
     let reqs = e.in_flight(2, 400);
-    let mut child =
-        e.b.command(&[&e.specd, "apply", "-f", &p, "--host", "gpu-01"])
-            .env("SPECD_PAUSE_BEFORE", pause)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
-    let state_path = format!("/var/lib/specd/units/{UNIT}.json");
-    wait_until(&format!("the apply to reach {phase}"), Duration::from_secs(60), || {
-        e.b.read_to_string(&state_path)
-            .ok()
-            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
-            .is_some_and(|v| v["in_progress"]["phase"] == phase)
-    })
-    .unwrap();
+    let mut child = spawn_apply(&e, &p, pause);
+    wait_for_phase(&e, phase);
     let k = e.b.exec(&["pkill", "-KILL", "-f", "specd apply"]);
     assert!(k.status.success(), "{}", text(&k));
     let _ = child.wait();
@@ -335,20 +345,8 @@ fn a_failing_spec_whose_apply_was_killed_is_rolled_back_by_the_next_apply() {
         &seed_extra(3000).replace("SPECD_STANDIN_LOAD_MS", "SPECD_STANDIN_CUDA_OOM: \"1\", SPECD_STANDIN_LOAD_MS"),
     );
     let p = e.put("oom.yaml", &oom);
-    let mut child =
-        e.b.command(&[&e.specd, "apply", "-f", &p, "--host", "gpu-01"])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
-    let state_path = format!("/var/lib/specd/units/{UNIT}.json");
-    wait_until("the apply to wait for readiness", Duration::from_secs(60), || {
-        e.b.read_to_string(&state_path)
-            .ok()
-            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
-            .is_some_and(|v| v["in_progress"]["phase"] == "WaitReady")
-    })
-    .unwrap();
+    let mut child = spawn_apply(&e, &p, "-");
+    wait_for_phase(&e, "WaitReady");
     assert!(e.b.exec(&["pkill", "-KILL", "-f", "specd apply"]).status.success());
     let _ = child.wait();
     let (ok, out) = apply(&e, "oom.yaml", &oom);
@@ -540,20 +538,8 @@ fn a_full_state_dir_does_not_stop_a_rollback() {
         &seed_extra(3000).replace("SPECD_STANDIN_LOAD_MS", "SPECD_STANDIN_CUDA_OOM: \"1\", SPECD_STANDIN_LOAD_MS"),
     );
     let p = e.put("oom.yaml", &oom);
-    let child =
-        e.b.command(&[&e.specd, "apply", "-f", &p, "--host", "gpu-01"])
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-    let state_path = format!("/var/lib/specd/units/{UNIT}.json");
-    wait_until("the apply to wait for readiness", Duration::from_secs(30), || {
-        e.b.read_to_string(&state_path)
-            .ok()
-            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
-            .is_some_and(|v| v["in_progress"]["phase"] == "WaitReady")
-    })
-    .unwrap();
+    let child = spawn_apply(&e, &p, "-");
+    wait_for_phase(&e, "WaitReady");
     fill(&e, "/var/lib/specd");
     let o = child.wait_with_output().unwrap();
     let out = text(&o);
@@ -575,20 +561,8 @@ fn a_full_state_dir_while_stopping_starts_the_old_unit_again() {
     let p = e.put("s10.yaml", &e.spec(UNIT, 10, &seed_extra(100)));
     // In-flight requests hold the stop for TimeoutStopSec=2: the state dir fills meanwhile.
     let reqs = e.in_flight(2, 400);
-    let child =
-        e.b.command(&[&e.specd, "apply", "-f", &p, "--host", "gpu-01"])
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-    let state_path = format!("/var/lib/specd/units/{UNIT}.json");
-    wait_until("the apply to wait for the stop", Duration::from_secs(30), || {
-        e.b.read_to_string(&state_path)
-            .ok()
-            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
-            .is_some_and(|v| v["in_progress"]["phase"] == "WaitStopped")
-    })
-    .unwrap();
+    let child = spawn_apply(&e, &p, "-");
+    wait_for_phase(&e, "WaitStopped");
     fill(&e, "/var/lib/specd");
     let o = child.wait_with_output().unwrap();
     let out = text(&o);

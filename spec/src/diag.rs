@@ -37,6 +37,17 @@ impl Diagnostic {
     }
 }
 
+/// The user's text inside a diagnostic (a key, a quoted value) with control characters
+/// escaped, so that one diagnostic stays on its line (`"a\nb"` is shown as `a\nb`).
+fn visible(s: &str) -> std::borrow::Cow<'_, str> {
+    if !s.chars().any(char::is_control) {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    std::borrow::Cow::Owned(
+        s.chars().map(|c| if c.is_control() { c.escape_default().to_string() } else { c.to_string() }).collect(),
+    )
+}
+
 impl fmt::Display for Diagnostic {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}", self.file)?;
@@ -50,11 +61,11 @@ impl fmt::Display for Diagnostic {
         if !self.path.is_empty() {
             // A path holds the user's keys; a long one is cut short.
             match self.path.char_indices().nth(120) {
-                Some((cut, _)) => write!(f, "{}…: ", &self.path[..cut])?,
-                None => write!(f, "{}: ", self.path)?,
+                Some((cut, _)) => write!(f, "{}…: ", visible(&self.path[..cut]))?,
+                None => write!(f, "{}: ", visible(&self.path))?,
             }
         }
-        write!(f, "{}", self.message)?;
+        write!(f, "{}", visible(&self.message))?;
         if let Some(src) = &self.source_line {
             let num = self.line.to_string();
             let pad = " ".repeat(num.len());

@@ -661,6 +661,14 @@ fn an_error_is_never_listed_twice() {
 }
 
 #[test]
+fn a_key_with_a_newline_is_shown_on_one_line() {
+    // Found by the fuzz test: `{0\n\n>}` is a key "0\n>".
+    let shown = specd_spec::check("t.yaml", "{0\n\n>}").to_string();
+    assert!(shown.starts_with("t.yaml:1:2: 0\\n>: unknown field `0\\n>`, expected one of"), "{shown}");
+    assert_eq!(shown.lines().count(), 4, "{shown}");
+}
+
+#[test]
 fn a_long_line_is_shown_as_a_window_around_the_error() {
     let text = BASE.to_string() + &format!("  server: {{extra_args: [{}], port: 0}}\n", "n".repeat(2000));
     let shown = specd_spec::check("t.yaml", &text).to_string();

@@ -366,7 +366,7 @@ fn memory_max_problem(m: &str) -> Option<String> {
             Some((int, frac)) if frac.len() <= 2 => {
                 let permyriad = int.checked_mul(100).and_then(|v| v.checked_add(format!("{frac:0<2}").parse().ok()?));
                 match permyriad {
-                    Some(0) => Some(format!("{m:?} is zero: systemd refuses a zero memory limit")),
+                    Some(0) => Some(format!("{} is zero: systemd refuses a zero memory limit", shown(m))),
                     Some(v) if v <= 10000 => None,
                     _ => Some(format!("{} is more than 100%", shown(m))),
                 }
@@ -394,7 +394,7 @@ fn memory_max_problem(m: &str) -> Option<String> {
     let frac_bytes =
         if frac.is_empty() { 0 } else { frac.parse::<u128>().unwrap_or(0) * factor / 10u128.pow(frac.len() as u32) };
     match int.checked_mul(factor).and_then(|b| b.checked_add(frac_bytes)) {
-        Some(0) => Some(format!("{m:?} is zero: systemd refuses a zero memory limit")),
+        Some(0) => Some(format!("{} is zero: systemd refuses a zero memory limit", shown(m))),
         Some(b) if b < u128::from(u64::MAX) => None,
         _ => Some(format!("{} is too large (systemd's limit is 16E)", shown(m))),
     }
@@ -440,7 +440,7 @@ fn build(c: &mut Ctx, doc: &Document, l: &SpecLayer, overlay: Option<String>) ->
         }
         Some(u) if reserved_unit(u).is_some() => {
             let why = reserved_unit(u).unwrap_or_default();
-            c.err("unit", format!("{u:?} is reserved for {why}; a spec may not manage the host's own units"));
+            c.err("unit", format!("{} is reserved for {why}; a spec may not manage the host's own units", shown(u)));
             None
         }
         Some(u) => Some(u.clone()),
@@ -704,7 +704,7 @@ fn speculative(c: &mut Ctx, engine: Engine, l: &SpecLayer) -> Option<Speculative
                         .unwrap_or_default();
                     c.err(
                         "speculative.algorithm",
-                        format!("{a:?} is not a SGLang speculative algorithm; use one of {}{hint}", names.join(", ")),
+                        format!("{} is not a SGLang speculative algorithm; use one of {}{hint}", shown(a), names.join(", ")),
                     );
                 }
                 Some("NGRAM") => {
@@ -783,7 +783,7 @@ fn speculative(c: &mut Ctx, engine: Engine, l: &SpecLayer) -> Option<Speculative
                 Some(m) if facts.algorithm(m).is_none() => {
                     c.err(
                         "speculative.algorithm",
-                        format!("{m:?} is not a vLLM speculative method; use one of {}", names.join(", ")),
+                        format!("{} is not a vLLM speculative method; use one of {}", shown(m), names.join(", ")),
                     );
                 }
                 Some(m) => {
@@ -845,7 +845,11 @@ fn speculative(c: &mut Ctx, engine: Engine, l: &SpecLayer) -> Option<Speculative
                         };
                         c.err(
                             "speculative.algorithm",
-                            format!("{a:?} is not a llama-server --spec-type; use one of {}{hint}", names.join(", ")),
+                            format!(
+                                "{} is not a llama-server --spec-type; use one of {}{hint}",
+                                shown(a),
+                                names.join(", ")
+                            ),
                         );
                         None
                     }

@@ -327,14 +327,19 @@ async fn sync_source(
             let fallback = tokio::task::spawn_blocking(move || read_commit(&lock(&s2), acc, &host)).await;
             // The accepted commit passes the same gate as a new head (manage_units may have
             // been narrowed since it was accepted).
+            let own = crate::owner::own_unit();
             let fallback = fallback.map(|r| {
-                r.and_then(|desired| {
-                    let eval = Evaluation { head: Some(acc.to_string()), error: None, desired };
-                    let eval = gate_units(eval, cfg.manage_units.as_deref());
-                    match eval.error {
-                        Some(e) => Err(e),
-                        None => Ok(eval.desired),
-                    }
+                r.map(|mut desired| {
+                    desired.retain(|d| {
+                        match crate::owner::may_manage(&d.spec.unit, own.as_deref(), cfg.manage_units.as_deref()) {
+                            Ok(()) => true,
+                            Err(e) => {
+                                tracing::warn!("the accepted commit's {}: {e}; left alone", d.spec.unit);
+                                false
+                            }
+                        }
+                    });
+                    desired
                 })
             });
             match fallback {
@@ -728,6 +733,18 @@ fn serve_control(
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).context("the control socket needs a directory")?;
     // specd sets the directory's owner group and mode, so it must be specd's own: never /run
     // or /tmp, whose modes other services depend on.
+    {
+        use std::os::unix::fs::MetadataExt;
+        if let Ok(m) = std::fs::metadata(dir)
+            && (m.mode() & 0o1002 != 0)
+        {
+            anyhow::bail!(
+                "control_socket {}: its directory {} is shared (sticky or world-writable), and specd sets that directory's mode; put the socket in a directory of its own, such as /run/specd/control.sock",
+                path.display(),
+                dir.display()
+            );
+        }
+    }
     if let Some(other) = std::fs::read_dir(dir)
         .ok()
         .into_iter()
@@ -821,6 +838,8 @@ mod tests {
         let (tx, _rx) = mpsc::unbounded_channel();
         let e = serve_control(&d.path().join("control.sock"), None, tx.clone()).unwrap_err();
         assert!(format!("{e:#}").contains("holds other files (other)"), "{e:#}");
+        let e = serve_control(Path::new("/tmp/specd-control.sock"), None, tx.clone()).unwrap_err();
+        assert!(format!("{e:#}").contains("is shared (sticky or world-writable)"), "{e:#}");
         let own = d.path().join("specd");
         let h = serve_control(&own.join("control.sock"), None, tx).unwrap();
         assert_eq!(mode(&own), 0o700);

@@ -268,6 +268,12 @@ fn control_socket(flag: Option<PathBuf>, config: &std::path::Path) -> anyhow::Re
     if let Some(s) = flag {
         return Ok(s);
     }
-    let cfg = crate::config::AgentConfig::load(config)?;
-    Ok(cfg.control_socket.unwrap_or_else(|| PathBuf::from(crate::config::CONTROL_SOCKET)))
+    let configured = match crate::config::AgentConfig::load(config) {
+        Ok(cfg) => cfg.control_socket,
+        Err(e) => {
+            eprintln!("specd: warning: {e:#}; using {}", crate::config::CONTROL_SOCKET);
+            None
+        }
+    };
+    Ok(configured.unwrap_or_else(|| PathBuf::from(crate::config::CONTROL_SOCKET)))
 }

@@ -49,7 +49,8 @@ pub enum Verdict {
     StartLimitHit,
     /// It stopped because it was asked to (or exited 0 by itself).
     CleanStop,
-    /// It never became ready: specd stopped it to roll back, after the server logged errors.
+    /// It never became ready: specd stopped it (to roll back, or to leave it stopped), after the
+    /// server logged errors.
     FailedStart,
     /// It was started while the unit file on disk had changed without a daemon-reload: it runs
     /// systemd's old copy of the unit, not the file on disk.
@@ -1596,23 +1597,26 @@ pub async fn last_verdict(unit: &str) -> Option<Diagnosis> {
 /// `within` for the journal to catch up: journald takes the server's output and systemd's own
 /// lines on different sockets, so right after a stop the instance's end may not be written yet.
 pub async fn instance_verdict(unit: &str, invocation: &str, within: std::time::Duration) -> Option<Diagnosis> {
-    let deadline = tokio::time::Instant::now() + within;
+    let started = tokio::time::Instant::now();
+    let mut pause = std::time::Duration::from_millis(25);
     loop {
         // No journal to read: nothing to wait for. No line of this instance yet: journald
-        // may lag behind a busy host; wait for it.
+        // may lag behind a busy host; wait for it, but not long (its lines may be gone).
         let raw = gather_raw(unit, 4).await.ok()?;
         let d = assemble(&raw)
             .iter()
             .filter(|e| e.invocation.as_deref().is_some_and(|i| i.starts_with(invocation)))
             .map(classify)
             .next_back();
-        if let Some(d) = d.filter(|d| d.verdict.is_ending() && d.ended.is_some()) {
-            return Some(d);
+        let waited = started.elapsed();
+        match d {
+            Some(d) if d.verdict.is_ending() && d.ended.is_some() => return Some(d),
+            None if waited >= std::time::Duration::from_secs(1) => return None,
+            _ if waited >= within => return None,
+            _ => {}
         }
-        if tokio::time::Instant::now() >= deadline {
-            return None;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(std::time::Duration::from_millis(400));
     }
 }
 

@@ -62,11 +62,13 @@ pub fn foreign(path: &std::path::Path, file: Option<&[u8]>, load_state: &str, fr
             Some(format!("{} was not written by specd (it has no specd header)", path.display()))
         }
         Some(_) => None,
-        None if load_state != "not-found" && !fragment_path.is_empty() && fragment_path != "/dev/null" => {
-            Some(format!(
-                "systemd loads it from {fragment_path}, a unit file specd did not write (a file in {} would shadow it)",
-                path.parent().map_or_else(String::new, |p| p.display().to_string())
-            ))
+        None if load_state != "not-found"
+            && !fragment_path.is_empty()
+            && fragment_path != "/dev/null"
+            && std::path::Path::new(fragment_path) != path
+            && std::path::Path::new(fragment_path).exists() =>
+        {
+            Some(format!("systemd loads it from {fragment_path}, a unit file specd did not write"))
         }
         None => None,
     }
@@ -125,9 +127,14 @@ mod tests {
         let ours = format!("{}\n[Unit]\n", specd_spec::HEADER);
         assert_eq!(foreign(p, None, "not-found", ""), None, "no unit at all");
         assert_eq!(foreign(p, Some(ours.as_bytes()), "loaded", p.to_str().unwrap()), None);
-        let e = foreign(p, None, "loaded", "/usr/lib/systemd/system/nginx.service").unwrap();
-        assert!(e.contains("systemd loads it from /usr/lib/systemd/system/nginx.service"), "{e}");
-        assert!(e.contains("a file in /etc/systemd/system would shadow it"), "{e}");
+        let d = tempfile::tempdir().unwrap();
+        let vendor = d.path().join("nginx.service");
+        std::fs::write(&vendor, "[Service]\nExecStart=/bin/true\n").unwrap();
+        let e = foreign(p, None, "loaded", vendor.to_str().unwrap()).unwrap();
+        assert_eq!(e, format!("systemd loads it from {}, a unit file specd did not write", vendor.display()));
+        // specd's own file deleted before a daemon-reload, or a package removed: nothing to take over.
+        assert_eq!(foreign(p, None, "loaded", p.to_str().unwrap()), None);
+        assert_eq!(foreign(p, None, "loaded", "/usr/lib/systemd/system/gone.service"), None);
         let e = foreign(p, Some(b"[Service]\nExecStart=/bin/true\n"), "loaded", p.to_str().unwrap()).unwrap();
         assert!(e.contains("was not written by specd"), "{e}");
     }

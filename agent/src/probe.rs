@@ -47,7 +47,10 @@ impl Probe {
     pub async fn health(&self, url: &str) -> Health {
         match self.client.get(url).send().await {
             Ok(r) if r.status().is_success() => Health::Ready,
-            Ok(r) if r.status().is_server_error() => Health::Loading(format!("{url} answered {}", r.status())),
+            // 408, 425, 429: a busy server or a proxy in front of one asks to come back later.
+            Ok(r) if r.status().is_server_error() || matches!(r.status().as_u16(), 408 | 425 | 429) => {
+                Health::Loading(format!("{url} answered {}", r.status()))
+            }
             Ok(r) => Health::Error(format!("{url} answered {}", r.status())),
             Err(e) if e.is_connect() => Health::Loading(format!("{url}: port not open yet")),
             Err(e) if e.is_timeout() => Health::Loading(format!("{url}: timed out")),
@@ -256,6 +259,7 @@ mod tests {
             Some("503 Service Unavailable"),
             Some("500 Internal Server Error"),
             None,
+            Some("429 Too Many Requests"),
             Some("404 Not Found"),
             Some("401 Unauthorized"),
         ];
@@ -265,6 +269,8 @@ mod tests {
         assert!(matches!(p.health(&url).await, Health::Loading(w) if w.ends_with("answered 503 Service Unavailable")));
         assert!(matches!(p.health(&url).await, Health::Loading(_)), "a 5xx: not ready yet");
         assert!(matches!(p.health(&url).await, Health::Loading(_)), "a connection closed unanswered: not ready yet");
+        let h = p.health(&url).await;
+        assert!(matches!(h, Health::Loading(_)), "429: come back later: {h:?}");
         assert!(matches!(p.health(&url).await, Health::Error(w) if w.ends_with("answered 404 Not Found")));
         assert!(matches!(p.health(&url).await, Health::Error(w) if w.ends_with("answered 401 Unauthorized")));
         // Nothing listens any more: the port is closed.

@@ -324,7 +324,7 @@ pub async fn reconcile<S: Systemd>(ctx: &Ctx<S>, d: &DesiredState, dry_run: bool
     // A unit file specd did not write (no header, never recorded as written) is someone else's:
     // replaced only when the spec adopts it.
     let path = unit_path(&ctx.unit_dir, &unit);
-    if (plan.steps.contains(&Step::WriteUnit) || plan.steps.contains(&Step::Stop))
+    if plan.steps.contains(&Step::WriteUnit)
         && !d.spec.policy.adopt
         && st.written_sha256.is_none()
         && let Some(whose) =
@@ -415,14 +415,23 @@ pub async fn reconcile<S: Systemd>(ctx: &Ctx<S>, d: &DesiredState, dry_run: bool
 
     // An apply of this same unit that was interrupted (killed, the agent stopped): it may have
     // stopped the old instance and written the new unit already, so this run is its second half.
-    let resumed = st.in_progress.as_ref().is_some_and(|p| p.sha256 == d.unit.sha256);
+    let resumed = st.in_progress.as_ref().filter(|p| p.sha256 == d.unit.sha256);
+    let resumed_wrote = resumed.is_some_and(|p| p.wrote);
+    let resumed = resumed.is_some();
     st.in_progress = Some(InProgress {
         sha256: d.unit.sha256.clone(),
         pid: std::process::id(),
         phase: "starting".into(),
         started: state::now(),
+        wrote: resumed_wrote,
     });
-    ctx.store.save(&st)?;
+    if let Err(e) = ctx.store.save(&st) {
+        // Finishing a rollback puts a server back: that matters more than recording it.
+        if plan.steps != [Step::Rollback] {
+            return Err(e.into());
+        }
+        emit(Event::Warning(format!("could not record the rollback in specd's state ({e:#}); rolling back anyway")));
+    }
 
     if plan.steps == [Step::Rollback]
         && let Some(g) = st.last_good.clone()
@@ -524,7 +533,7 @@ pub async fn reconcile<S: Systemd>(ctx: &Ctx<S>, d: &DesiredState, dry_run: bool
             // Quarantine only a unit this apply wrote (or the interrupted apply it finishes): a
             // unit that ran before and failed to start again (a GPU not ready after a reboot) is
             // retried with backoff, not condemned.
-            let wrote = (plan.steps.contains(&Step::WriteUnit) || resumed)
+            let wrote = (plan.steps.contains(&Step::WriteUnit) || resumed_wrote)
                 && st.written_sha256.as_deref() == Some(d.unit.sha256.as_str());
             let failure = recovery::Failure {
                 step: f.step,
@@ -1043,6 +1052,12 @@ async fn run_steps_inner<S: Systemd>(
                     let _ = ctx.store.save(st);
                     return Err(StepFailure::host(step, format!("{e:#}")));
                 }
+                if t.spec.is_some()
+                    && let Some(p) = st.in_progress.as_mut()
+                {
+                    p.wrote = true;
+                    let _ = ctx.store.save(st);
+                }
             }
             Step::Reload => {
                 emit(Event::Phase("systemctl daemon-reload".into()));
@@ -1284,7 +1299,10 @@ async fn wait_ready<S: Systemd>(ctx: &Ctx<S>, unit: &str, t: &Target<'_>, pid: u
 
 /// Record (or clear) why the newest desired state could not be used (a bad commit), so that
 /// `status` shows it.
+/// Under the unit's lock; skipped while a reconcile holds it (that reconcile saves the state,
+/// and the next source read records the error again).
 pub fn set_error(store: &Store, unit: &str, error: Option<String>) -> Result<()> {
+    let Some(_lock) = UnitLock::try_acquire(&store.locks_dir(), unit)? else { return Ok(()) };
     let mut st = store.load(unit)?;
     match st.desired.as_mut() {
         Some(d) if d.error != error => d.error = error,

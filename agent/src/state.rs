@@ -112,6 +112,9 @@ pub struct InProgress {
     pub pid: u32,
     pub phase: String,
     pub started: u64,
+    /// This apply wrote the desired unit file (its WriteUnit step finished).
+    #[serde(default)]
+    pub wrote: bool,
 }
 
 /// Everything specd remembers about one unit.

@@ -208,3 +208,23 @@ fn metric_names_and_speculation_evidence_exist_in_the_real_replies() {
         other => panic!("{other:?}"),
     }
 }
+
+#[test]
+fn a_spec_that_sets_every_reported_field_expects_every_one() {
+    let full = |engine: &str, rest: &str| {
+        let text = format!(
+            "apiVersion: specd/v1\nkind: InferenceService\nmetadata: {{name: t}}\nspec:\n  unit: t.service\n  engine: {engine}\n  model: /m\n{rest}"
+        );
+        specd_spec::parse("t.yaml", &text).unwrap().resolve(None).unwrap()
+    };
+    let sglang = full(
+        "sglang",
+        "  server: {port: 30001, tp_size: 2, mem_fraction_static: 0.8, max_running_requests: 8, context_length: 4096}\n  speculative: {algorithm: EAGLE, num_steps: 3, eagle_topk: 1, num_draft_tokens: 4, draft_model: /d}\n",
+    );
+    let llama = full("llama-cpp", "  server: {max_running_requests: 2}\n");
+    for spec in [sglang, llama] {
+        let want: Vec<&str> = engine_facts(spec.engine).reported.iter().map(|r| r.pointer).collect();
+        let got: Vec<&str> = spec.expected_server_args().iter().map(|a| a.key).collect();
+        assert_eq!(got, want, "{:?}: a reported field the spec sets is not expected", spec.engine);
+    }
+}

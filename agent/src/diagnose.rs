@@ -1601,7 +1601,7 @@ pub async fn instance_verdict(unit: &str, invocation: &str, within: std::time::D
     let mut pause = std::time::Duration::from_millis(25);
     loop {
         // No journal to read: nothing to wait for. No line of this instance yet: journald
-        // may lag behind a busy host; wait for it, but not long (its lines may be gone).
+        // lags behind a busy host (seconds, with several servers loading); wait for it.
         let raw = gather_raw(unit, 4).await.ok()?;
         let d = assemble(&raw)
             .iter()
@@ -1611,7 +1611,6 @@ pub async fn instance_verdict(unit: &str, invocation: &str, within: std::time::D
         let waited = started.elapsed();
         match d {
             Some(d) if d.verdict.is_ending() && d.ended.is_some() => return Some(d),
-            None if waited >= std::time::Duration::from_secs(1) => return None,
             _ if waited >= within => return None,
             _ => {}
         }

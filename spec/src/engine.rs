@@ -378,35 +378,47 @@ pub(crate) fn build_argv(
         }
         if let Some(v) = field_value(field, model, server, spec) {
             a.push(flag.to_string());
-            a.push(v);
+            a.push(match v {
+                serde_json::Value::String(s) => s,
+                // A float as the engine's parser reads it back (`1.0`, not `1`).
+                serde_json::Value::Number(n) if n.is_f64() => float(n.as_f64().unwrap_or_default()),
+                v => v.to_string(),
+            });
         }
     }
     a.extend(server.extra_args.iter().cloned());
     a
 }
 
-/// The value a spec gives one field of the facts table, as the engine's parser reads it.
-fn field_value(field: &str, model: &str, server: &Server, spec: Option<&Speculative>) -> Option<String> {
-    let n = |v: Option<u32>| v.map(|v| v.to_string());
+/// The value a spec gives one field of the facts table (`None`: the spec leaves it unset): what
+/// `build_argv` renders and what the running engine must report (`Spec::expected_server_args`).
+pub(crate) fn field_value(
+    field: &str,
+    model: &str,
+    server: &Server,
+    spec: Option<&Speculative>,
+) -> Option<serde_json::Value> {
+    use serde_json::json;
+    let n = |v: Option<u32>| v.map(|v| json!(v));
     match field {
-        "model" => Some(model.to_string()),
-        "server.host" => Some(server.host.clone()),
-        "server.port" => Some(server.port.to_string()),
+        "model" => Some(json!(model)),
+        "server.host" => Some(json!(server.host)),
+        "server.port" => Some(json!(server.port)),
         "server.tp_size" => n(server.tp_size),
-        "server.mem_fraction_static" => server.mem_fraction_static.map(float),
+        "server.mem_fraction_static" => server.mem_fraction_static.map(|v| json!(v)),
         "server.max_running_requests" => n(server.max_running_requests),
         "server.context_length" => n(server.context_length),
         "server.n_gpu_layers" => n(server.n_gpu_layers),
-        "server.served_model_name" => server.served_model_name.clone(),
+        "server.served_model_name" => server.served_model_name.as_ref().map(|v| json!(v)),
         // vLLM takes the whole section as one JSON argument.
-        "speculative" => spec.map(vllm_speculative_config),
-        "speculative.algorithm" => spec?.algorithm.clone(),
+        "speculative" => spec.map(|s| json!(vllm_speculative_config(s))),
+        "speculative.algorithm" => spec?.algorithm.as_ref().map(|v| json!(v)),
         "speculative.num_steps" => n(spec?.num_steps),
         "speculative.eagle_topk" => n(spec?.eagle_topk),
         "speculative.num_draft_tokens" => n(spec?.num_draft_tokens),
-        "speculative.draft_model" => spec?.draft_model.clone(),
+        "speculative.draft_model" => spec?.draft_model.as_ref().map(|v| json!(v)),
         "speculative.draft_min" => n(spec?.draft_min),
-        "speculative.draft_p_min" => spec?.draft_p_min.map(float),
+        "speculative.draft_p_min" => spec?.draft_p_min.map(|v| json!(v)),
         _ => None,
     }
 }

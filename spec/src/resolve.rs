@@ -127,27 +127,17 @@ impl Spec {
     pub fn expected_server_args(&self) -> Vec<ExpectedArg> {
         use serde_json::{Value, json};
         let facts = crate::engine::facts(self.engine);
-        let sp = self.speculative.as_ref();
-        let n = |v: Option<u32>| v.map(|v| json!(v));
         facts
             .reported
             .iter()
             .filter_map(|r| {
-                let v = match r.field {
-                    "model" => Some(json!(self.model)),
-                    "server.port" => Some(json!(self.server.port)),
-                    "server.tp_size" => n(self.server.tp_size),
-                    "server.mem_fraction_static" => self.server.mem_fraction_static.map(|v| json!(v)),
-                    "server.max_running_requests" => n(self.server.max_running_requests),
-                    "server.context_length" => n(self.server.context_length),
-                    "speculative.algorithm" => sp
-                        .and_then(|s| s.algorithm.as_deref())
-                        .map(|a| json!(facts.algorithm(a).map_or(a, |x| x.reported_as))),
-                    "speculative.num_steps" => n(sp.and_then(|s| s.num_steps)),
-                    "speculative.eagle_topk" => n(sp.and_then(|s| s.eagle_topk)),
-                    "speculative.num_draft_tokens" => n(sp.and_then(|s| s.num_draft_tokens)),
-                    "speculative.draft_model" => sp.and_then(|s| s.draft_model.as_ref()).map(|v| json!(v)),
-                    _ => None,
+                let v = crate::engine::field_value(r.field, &self.model, &self.server, self.speculative.as_ref());
+                // The engine reports an algorithm by its own name for it.
+                let v = match (r.field, v) {
+                    ("speculative.algorithm", Some(Value::String(a))) => {
+                        Some(json!(facts.algorithm(&a).map_or(a.as_str(), |x| x.reported_as)))
+                    }
+                    (_, v) => v,
                 };
                 let v = v.or_else(|| r.when_unset.map(|l| serde_json::from_str::<Value>(l).unwrap_or(Value::Null)))?;
                 Some(ExpectedArg { key: r.pointer, value: v })

@@ -202,6 +202,13 @@ pub struct Evidence {
     pub config: ConfigCheck,
 }
 
+impl Evidence {
+    /// Whether this is the instance with invocation ID `id` (or a prefix of it, as shown).
+    pub fn is_invocation(&self, id: &str) -> bool {
+        self.invocation.as_deref().is_some_and(|i| i.starts_with(id))
+    }
+}
+
 /// One line of evidence as a person reads it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct EvidenceLine {
@@ -1216,28 +1223,21 @@ pub fn classify(ev: &Evidence) -> Diagnosis {
         let rollback = who_lines.iter().any(|l| {
             l.origin == Origin::Specd
                 && l.action.as_deref() == Some("rollback")
-                && l.invocation.as_deref().is_none_or(|i| ev.invocation.as_deref().is_some_and(|e| e.starts_with(i)))
+                && l.invocation.as_deref().is_none_or(|i| ev.is_invocation(i))
         });
         let errs: Vec<&Line> = svc.iter().copied().filter(|l| looks_like_error(&l.message)).collect();
-        if rollback && !errs.is_empty() {
-            let errs = &errs[errs.len().saturating_sub(5)..];
-            for l in errs {
+        if rollback && let (Some(first), Some(last)) = (errs.first(), errs.last()) {
+            for l in &errs[errs.len().saturating_sub(5)..] {
                 b.line(l);
             }
             b.line(stop);
             props_line(&mut b);
-            let last = errs.last().map(|l| l.message.trim().to_string()).unwrap_or_default();
-            let first = svc
-                .iter()
-                .find(|l| looks_like_error(&l.message))
-                .map(|l| l.message.trim().to_string())
-                .filter(|f| *f != last);
-            if let Some(f) = svc.iter().find(|l| looks_like_error(&l.message)) {
-                b.line(f);
-            }
-            let quoted = match first {
-                Some(f) => format!("its first error: \"{f}\", its last: \"{last}\""),
-                None => format!("its last error: \"{last}\""),
+            b.line(first);
+            let (first, last) = (first.message.trim(), last.message.trim());
+            let quoted = if first == last {
+                format!("its last error: \"{last}\"")
+            } else {
+                format!("its first error: \"{first}\", its last: \"{last}\"")
             };
             return finish(
                 Verdict::FailedStart,
@@ -1380,7 +1380,7 @@ pub fn journal_note_to(
         clean(unit),
         clean(action)
     );
-    if let Some(i) = invocation {
+    if let Some(i) = invocation.filter(|i| !i.is_empty()) {
         datagram.push_str(&format!("SPECD_INVOCATION_ID={}\n", clean(i)));
     }
     let sock = std::os::unix::net::UnixDatagram::unbound()?;
@@ -1572,7 +1572,7 @@ pub async fn gather_newest(unit: &str, invocation: Option<&str>, n: usize) -> Re
     let mut all = assemble(&raw);
     all.drain(..all.len().saturating_sub(n));
     if let Some(id) = invocation {
-        all.retain(|e| e.invocation.as_deref().is_some_and(|i| i.starts_with(id)));
+        all.retain(|e| e.is_invocation(id));
         if all.is_empty() {
             bail!("{unit}: no instance with invocation ID {id} in the journal");
         }
@@ -1603,11 +1603,7 @@ pub async fn instance_verdict(unit: &str, invocation: &str, within: std::time::D
         // No journal to read: nothing to wait for. No line of this instance yet: journald
         // lags behind a busy host (seconds, with several servers loading); wait for it.
         let raw = gather_raw(unit, 4).await.ok()?;
-        let d = assemble(&raw)
-            .iter()
-            .filter(|e| e.invocation.as_deref().is_some_and(|i| i.starts_with(invocation)))
-            .map(classify)
-            .next_back();
+        let d = assemble(&raw).iter().filter(|e| e.is_invocation(invocation)).map(classify).next_back();
         let waited = started.elapsed();
         match d {
             Some(d) if d.verdict.is_ending() && d.ended.is_some() => return Some(d),

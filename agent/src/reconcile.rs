@@ -778,7 +778,7 @@ async fn restore<S: Systemd>(
 /// failed start, not a stop on request).
 async fn stop_quietly<S: Systemd>(ctx: &Ctx<S>, unit: &str, note: &str) {
     let invocation = ctx.systemd.show(unit).await.map(|p| p.invocation_id).unwrap_or_default();
-    let _ = crate::diagnose::journal_note(unit, "rollback", Some(invocation.as_str()).filter(|i| !i.is_empty()), note);
+    let _ = crate::diagnose::journal_note(unit, "rollback", Some(&invocation), note);
     let _ = ctx.systemd.run(&["stop", unit]).await;
 }
 
@@ -943,8 +943,7 @@ async fn run_steps_inner<S: Systemd>(
                         ),
                     ),
                 };
-                let invocation = Some(before.invocation_id.as_str()).filter(|i| !i.is_empty());
-                let _ = crate::diagnose::journal_note(unit, action, invocation, &note);
+                let _ = crate::diagnose::journal_note(unit, action, Some(&before.invocation_id), &note);
                 // --no-block: specd watches the stop itself (cgroup, progress) instead of
                 // sitting in systemctl.
                 ctx.systemd
@@ -1036,6 +1035,14 @@ async fn run_steps_inner<S: Systemd>(
                 emit(Event::Phase(format!("writing {} (unit {})", path.display(), short(t.sha256))));
                 // Record the intent first: after a crash, the next apply knows the file may be its own.
                 let before_write = st.written_sha256.replace(t.sha256.to_string());
+                // This apply's own write (read by the next apply if this one is interrupted:
+                // a write that did not happen leaves a WriteUnit in that apply's plan anyway).
+                let before_wrote = st.in_progress.as_ref().map(|p| p.wrote);
+                if t.spec.is_some()
+                    && let Some(p) = st.in_progress.as_mut()
+                {
+                    p.wrote = true;
+                }
                 if let Err(e) = ctx.store.save(st) {
                     if t.spec.is_some() {
                         return Err(StepFailure::host(step, format!("{e:#}")));
@@ -1049,14 +1056,11 @@ async fn run_steps_inner<S: Systemd>(
                 if let Err(e) = fsx::atomic_write(&path, t.text.as_bytes(), 0o644) {
                     // Nothing was written: the file on disk is still the one recorded before.
                     st.written_sha256 = before_write;
+                    if let (Some(p), Some(w)) = (st.in_progress.as_mut(), before_wrote) {
+                        p.wrote = w;
+                    }
                     let _ = ctx.store.save(st);
                     return Err(StepFailure::host(step, format!("{e:#}")));
-                }
-                if t.spec.is_some()
-                    && let Some(p) = st.in_progress.as_mut()
-                {
-                    p.wrote = true;
-                    let _ = ctx.store.save(st);
                 }
             }
             Step::Reload => {

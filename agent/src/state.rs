@@ -181,6 +181,11 @@ impl UnitState {
     }
 }
 
+/// The state of a unit specd knows nothing about yet.
+fn fresh(unit: &str) -> UnitState {
+    UnitState { unit: unit.to_string(), ..Default::default() }
+}
+
 /// The state directory.
 #[derive(Clone, Debug)]
 pub struct Store {
@@ -210,10 +215,8 @@ impl Store {
     /// unit file's hash, the running process) like a unit specd adopts.
     pub fn load(&self, unit: &str) -> Result<UnitState> {
         let p = self.path(unit);
-        let fresh = || UnitState { unit: unit.to_string(), ..Default::default() };
-        let Some(bytes) = fsx::read_opt(&p)? else { return Ok(fresh()) };
-        match serde_json::from_slice(&bytes) {
-            Ok(st) => Ok(st),
+        Ok(match self.read(unit)? {
+            Ok(st) => st,
             Err(e) => {
                 let aside = p.with_file_name(format!("{unit}.json.corrupt-{}", now()));
                 let what = match std::fs::rename(&p, &aside) {
@@ -224,9 +227,9 @@ impl Store {
                     "specd: warning: {} is corrupt ({e}); {what}; {unit} is observed afresh from the host (its deployed unit file and running process); its history, quarantine and rollback target are in that file",
                     p.display()
                 );
-                Ok(fresh())
+                fresh(unit)
             }
-        }
+        })
     }
 
     /// A unit's state for a read-only command (`status`, `history`): a corrupt file is reported
@@ -234,16 +237,22 @@ impl Store {
     /// unit's lock, moves it aside (a read-only command could otherwise move away the good file
     /// an apply just wrote).
     pub fn peek(&self, unit: &str) -> Result<UnitState> {
-        let p = self.path(unit);
-        let fresh = || UnitState { unit: unit.to_string(), ..Default::default() };
-        let Some(bytes) = fsx::read_opt(&p)? else { return Ok(fresh()) };
-        Ok(serde_json::from_slice(&bytes).unwrap_or_else(|e| {
+        Ok(self.read(unit)?.unwrap_or_else(|e| {
             eprintln!(
                 "specd: warning: {} is corrupt ({e}); {unit} is shown as if specd had no state for it; the next apply (or the agent) moves the file aside and observes the unit afresh from the host",
-                p.display()
+                self.path(unit).display()
             );
-            fresh()
+            fresh(unit)
         }))
+    }
+
+    /// A unit's state file, parsed: fresh state when there is none, the parse error when it is
+    /// corrupt.
+    fn read(&self, unit: &str) -> Result<Result<UnitState, serde_json::Error>> {
+        Ok(match fsx::read_opt(&self.path(unit))? {
+            None => Ok(fresh(unit)),
+            Some(bytes) => serde_json::from_slice(&bytes),
+        })
     }
 
     /// Save a unit's state: 0600 in a 0700 directory (it holds the spec, environment included,

@@ -1602,12 +1602,22 @@ pub async fn instance_verdict(unit: &str, invocation: &str, within: std::time::D
     loop {
         // No journal to read: nothing to wait for. No line of this instance yet: journald
         // lags behind a busy host (seconds, with several servers loading); wait for it.
-        let raw = gather_raw(unit, 4).await.ok()?;
-        let d = assemble(&raw).iter().filter(|e| e.is_invocation(invocation)).map(classify).next_back();
+        // A failed read (systemd busy with a daemon-reload, a journal file being rotated) is
+        // tried again like a missing line.
+        let d = match gather_raw(unit, 4).await {
+            Ok(raw) => assemble(&raw).iter().filter(|e| e.is_invocation(invocation)).map(classify).next_back(),
+            Err(e) => {
+                tracing::debug!(unit, invocation, "reading the instance's journal: {e:#}");
+                None
+            }
+        };
         let waited = started.elapsed();
         match d {
             Some(d) if d.verdict.is_ending() && d.ended.is_some() => return Some(d),
-            _ if waited >= within => return None,
+            other if waited >= within => {
+                tracing::debug!(unit, invocation, verdict = ?other.map(|d| d.verdict), "no ending of the instance in the journal");
+                return None;
+            }
             _ => {}
         }
         tokio::time::sleep(pause).await;

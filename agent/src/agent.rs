@@ -14,11 +14,11 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::{Notify, mpsc, watch};
 
 use crate::config::AgentConfig;
+use crate::host::{Host, RealHost};
 use crate::metrics::Metrics;
 use crate::reconcile::{self, Action, Ctx, DesiredState, Event, Shutdown};
 use crate::source::{self, GitSource};
 use crate::state::{self, Outcome, Source, Store};
-use crate::systemd::{Systemctl, Systemd};
 
 /// What the agent knows about its source, persisted for `status`.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -103,11 +103,9 @@ pub async fn run(opts: RunOptions) -> Result<()> {
     store.secure();
     let (stop_tx, shutdown) = Shutdown::new();
     let ctx = Arc::new(Ctx {
-        systemd: Systemctl,
+        host: RealHost::new(crate::cgroup::Layout::host()),
         unit_dir: opts.unit_dir.clone(),
         store: store.clone(),
-        layout: crate::cgroup::Layout::host(),
-        probe: crate::probe::Probe::default(),
         events: Arc::new(log),
         shutdown: shutdown.clone(),
     });
@@ -266,7 +264,7 @@ async fn sync_source(
     hostname: &str,
     state_dir: &Path,
     store: &Store,
-    ctx: &Arc<Ctx<Systemctl>>,
+    ctx: &Arc<Ctx<RealHost>>,
     metrics: &Arc<Metrics>,
     workers: &mut BTreeMap<String, Worker>,
     last_head: &mut Option<String>,
@@ -378,7 +376,7 @@ async fn sync_source(
         if cfg.prune {
             // In the background, under the unit's lock: a stop may take TimeoutStopSec.
             let (ctx, u) = (ctx.clone(), u.clone());
-            tokio::spawn(async move { prune(&ctx, &u).await });
+            tokio::spawn(async move { reconcile::prune(&ctx, &u).await });
         } else if !prev.orphans.contains(u) {
             tracing::warn!(unit = %u, "orphaned: its spec is gone from {}; left running (set prune: true to remove it)", source::short(&commit));
         }
@@ -416,7 +414,7 @@ fn gate_units(mut eval: Evaluation, pattern: Option<&str>) -> Evaluation {
 fn ensure_worker(
     workers: &mut BTreeMap<String, Worker>,
     d: DesiredState,
-    ctx: &Arc<Ctx<Systemctl>>,
+    ctx: &Arc<Ctx<RealHost>>,
     metrics: &Arc<Metrics>,
 ) {
     let unit = d.spec.unit.clone();
@@ -435,27 +433,6 @@ fn ensure_worker(
             workers.insert(unit, Worker { desired: tx, poke, handle });
         }
     }
-}
-
-async fn prune(ctx: &Ctx<Systemctl>, unit: &str) {
-    let _lock = match crate::lock::UnitLock::acquire(&ctx.store.locks_dir(), unit).await {
-        Ok(l) => l,
-        Err(e) => return tracing::error!(unit, "pruning: cannot take the unit's lock: {e:#}"),
-    };
-    tracing::warn!(unit, "pruning: its spec is gone; stopping it and moving its unit file to the state dir");
-    let _ = ctx.systemd.run(&["stop", unit]).await;
-    let path = reconcile::unit_path(&ctx.unit_dir, unit);
-    let keep = ctx.store.dir.join("pruned");
-    if crate::fsx::ensure_private_dir(&keep).is_ok() && path.exists() {
-        let kept = keep.join(format!("{unit}.{}", state::now()));
-        let _ = std::fs::copy(&path, &kept).and_then(|_| std::fs::remove_file(&path));
-        let _ = crate::fsx::make_private(&kept);
-    }
-    let _ = ctx.systemd.run(&["daemon-reload"]).await;
-    let _ = std::fs::rename(
-        ctx.store.dir.join("units").join(format!("{unit}.json")),
-        keep.join(format!("{unit}.json.{}", state::now())),
-    );
 }
 
 /// What the head of the source says.
@@ -575,7 +552,7 @@ async fn worker(
     unit: String,
     mut rx: watch::Receiver<Arc<DesiredState>>,
     poke: Arc<Notify>,
-    ctx: Arc<Ctx<Systemctl>>,
+    ctx: Arc<Ctx<RealHost>>,
     metrics: Arc<Metrics>,
 ) {
     let builder = backon::ExponentialBuilder::default()
@@ -612,7 +589,7 @@ async fn worker(
                     Some(Outcome::Unquarantined) | None => r.plan.sync,
                 };
                 metrics.reconciled(&unit, now, &result, t0.elapsed().as_secs_f64(), failed);
-                if let Ok(p) = ctx.systemd.show(&unit).await {
+                if let Ok(p) = ctx.host.show(&unit).await {
                     metrics.down(&unit, !matches!(p.active_state.as_str(), "active" | "activating" | "reloading"));
                 }
                 if r.outcome.is_some() {

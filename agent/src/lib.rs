@@ -8,6 +8,7 @@ pub mod cli;
 pub mod config;
 pub mod diagnose;
 pub mod fsx;
+pub mod host;
 pub mod lock;
 pub mod metrics;
 pub mod ops;
@@ -21,3 +22,6 @@ pub mod specs;
 pub mod speculation;
 pub mod state;
 pub mod systemd;
+
+#[cfg(test)]
+mod faults;

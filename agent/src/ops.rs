@@ -9,24 +9,22 @@ use serde::Serialize;
 
 use crate::cgroup::Layout;
 use crate::cli::Global;
+use crate::host::{Host, RealHost};
 use crate::plan::{self, Sync};
 use crate::probe::{self, Health, Probe};
 use crate::reconcile::{self, Ctx, DesiredState, Event, Events};
 use crate::specs;
 use crate::state::{self, Source, Store};
-use crate::systemd::{Systemctl, Systemd};
 
 pub fn hostname(over: Option<String>) -> String {
     over.unwrap_or_else(|| nix::unistd::gethostname().map(|h| h.to_string_lossy().into_owned()).unwrap_or_default())
 }
 
-pub fn ctx(g: &Global, events: Events) -> Ctx<Systemctl> {
+pub fn ctx(g: &Global, events: Events) -> Ctx<RealHost> {
     Ctx {
-        systemd: Systemctl,
+        host: RealHost::new(Layout::host()),
         unit_dir: g.unit_dir.clone(),
         store: Store::new(&g.state_dir),
-        layout: Layout::host(),
-        probe: Probe::default(),
         events,
         shutdown: reconcile::Shutdown::never(),
     }
@@ -130,8 +128,8 @@ pub struct UnitStatus {
     pub down: Option<String>,
 }
 
-async fn unit_status<S: Systemd>(
-    ctx: &Ctx<S>,
+async fn unit_status<H: Host>(
+    ctx: &Ctx<H>,
     st: &state::UnitState,
     override_desired: Option<&DesiredState>,
 ) -> Result<UnitStatus> {
@@ -141,7 +139,7 @@ async fn unit_status<S: Systemd>(
         (None, None) => None,
     };
     let Some(d) = desired else {
-        let props = ctx.systemd.show(&st.unit).await?;
+        let props = ctx.host.show(&st.unit).await?;
         return Ok(UnitStatus {
             unit: st.unit.clone(),
             sync: Sync::OutOfSync,
@@ -326,7 +324,7 @@ pub async fn diff(g: &Global, file: &Path, host: Option<String>) -> Result<u8> {
     let Some(d) = desired(file, host)? else {
         return Ok(2);
     };
-    let path = reconcile::unit_path(&g.unit_dir, &d.spec.unit);
+    let path = crate::host::unit_path(&g.unit_dir, &d.spec.unit);
     let deployed = crate::fsx::read_opt(&path)?.map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default();
     let mut differs = false;
     if deployed != d.unit.text {

@@ -152,9 +152,11 @@ pub fn plan(o: &Observed, d: &Desired) -> Plan {
     if let Some(why) = &o.quarantined {
         let running_good = o.deployed_sha256 == o.last_good_sha256 && (o.active_state == "active" || o.main_pid > 0);
         let healable = d.drift == DriftPolicy::Heal || !running_good && o.main_pid == 0;
+        // A rollback that was interrupted (specd killed in it) is finished unless the last good
+        // unit already serves, ready.
+        let unfinished = o.interrupted && !(running_good && o.ready == Some(true));
         if let Some(g) = o.last_good_sha256.as_ref().filter(|g| **g != d.sha256)
-            && !running_good
-            && healable
+            && (!running_good && healable || unfinished)
         {
             return Plan {
                 sync: Sync::Failed,
@@ -631,6 +633,25 @@ mod tests {
         let mut o = o.clone();
         o.deployed_sha256 = Some("e".repeat(64));
         assert!(plan(&o, &Desired { drift: DriftPolicy::Report, ..desired() }).steps.is_empty());
+    }
+
+    #[test]
+    fn a_rollback_killed_after_starting_the_good_unit_is_finished_until_that_unit_is_ready() {
+        // Found by the fault matrix: killed between the rollback's start and its readiness.
+        let mut o = in_sync();
+        o.quarantined = Some("exit 1".into());
+        o.last_good_sha256 = Some("a".repeat(64));
+        o.deployed_sha256 = Some("a".repeat(64));
+        o.interrupted = true;
+        o.ready = Some(false);
+        assert_eq!(plan(&o, &desired()).steps, &[Rollback]);
+        // Ready: it is done, and not restarted.
+        o.ready = Some(true);
+        assert!(plan(&o, &desired()).steps.is_empty());
+        // Not interrupted: a loading good unit is left to load.
+        o.ready = Some(false);
+        o.interrupted = false;
+        assert!(plan(&o, &desired()).steps.is_empty());
     }
 
     #[test]

@@ -5,19 +5,20 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use anyhow::{Context, Result};
 use specd_spec::{RenderedUnit, Spec};
 
-use crate::cgroup::{self, Layout};
-use crate::fsx;
+use crate::host::{Host, unit_path};
 use crate::lock::UnitLock;
 use crate::plan::{self, Desired, Observed, Plan, Step, Sync};
-use crate::probe::{self, Health, Probe};
+use crate::probe::{self, Health};
 use crate::recovery::{self, Recovery};
 use crate::state::{self, GoodUnit, HistoryEntry, InProgress, Outcome, Quarantined, Source, Store, UnitState};
-use crate::systemd::{Systemd, UnitProps};
+use crate::systemd::UnitProps;
 
 /// How long specd waits for a stop: systemd's `TimeoutStopSec`, plus a margin for its SIGKILL and
 /// the kernel's reaping (5 s, or a tenth of the timeout when that is longer).
@@ -47,12 +48,10 @@ pub enum Event {
 pub type Events = Arc<dyn Fn(&str, &Event) + Send + std::marker::Sync>;
 
 /// Everything the reconciler acts through.
-pub struct Ctx<S: Systemd> {
-    pub systemd: S,
+pub struct Ctx<H: Host> {
+    pub host: H,
     pub unit_dir: PathBuf,
     pub store: Store,
-    pub layout: Layout,
-    pub probe: Probe,
     pub events: Events,
     pub shutdown: Shutdown,
 }
@@ -161,20 +160,30 @@ impl StepFailure {
     }
 }
 
+/// A background task that ends with the reconcile that started it (also when that reconcile is
+/// dropped half-way: the agent stopping, a test's crash).
+struct Background<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for Background<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// How the instance an apply stopped had ended: specd's own SIGKILL verdict at once, or the
 /// diagnosis from the journal, which is read in the background while the new server loads.
 #[derive(Default)]
 struct StopRecord {
     verdict: Option<String>,
-    pending: Option<tokio::task::JoinHandle<Option<String>>>,
+    pending: Option<Background<Option<String>>>,
 }
 
 impl StopRecord {
     async fn finish(&mut self) -> Option<String> {
         if self.verdict.is_none()
-            && let Some(p) = self.pending.take()
+            && let Some(mut p) = self.pending.take()
         {
-            self.verdict = p.await.ok().flatten();
+            self.verdict = (&mut p.0).await.ok().flatten();
         }
         self.verdict.clone()
     }
@@ -207,31 +216,29 @@ enum Restore {
     HostFault,
 }
 
-pub fn unit_path(unit_dir: &Path, unit: &str) -> PathBuf {
-    unit_dir.join(unit)
-}
-
 /// Observe a unit: the deployed file, systemd's view, the main process, and (cheaply) the server.
-pub async fn observe<S: Systemd>(
-    ctx: &Ctx<S>,
+pub async fn observe<H: Host>(
+    ctx: &Ctx<H>,
     d: &DesiredState,
     st: &UnitState,
     probe_server: bool,
 ) -> Result<(Observed, UnitProps)> {
     let path = unit_path(&ctx.unit_dir, &d.spec.unit);
-    let deployed = fsx::read_opt(&path)?;
-    let props = ctx.systemd.show(&d.spec.unit).await?;
-    let main_cmdline = if props.main_pid > 0 { cgroup::cmdline(props.main_pid) } else { None };
+    let deployed = ctx.host.read(&path)?;
+    let props = ctx.host.show(&d.spec.unit).await?;
+    let main_cmdline = if props.main_pid > 0 { ctx.host.cmdline(props.main_pid) } else { None };
     let mut ready = None;
     let mut arg_mismatches = Vec::new();
     if probe_server && props.active_state == "active" {
-        let quick = Probe::new(Duration::from_millis(1500));
+        // A quick look: a hung server does not hold the reconcile.
+        let quick = Duration::from_millis(1500);
         let base = d.spec.base_url();
-        let h = quick.health(&format!("{base}{}", d.spec.readiness.endpoint)).await;
+        let url = format!("{base}{}", d.spec.readiness.endpoint);
+        let h = tokio::time::timeout(quick, ctx.host.health(&url)).await.unwrap_or(Health::Loading("timed out".into()));
         ready = Some(h == Health::Ready);
         if h == Health::Ready
             && d.spec.readiness.verify_args
-            && let Some(Ok(info)) = quick.server_info(&base, &d.spec).await
+            && let Ok(Some(Ok(info))) = tokio::time::timeout(quick, ctx.host.server_info(&base, &d.spec)).await
         {
             arg_mismatches =
                 probe::compare_args(&d.spec.expected_server_args(), &info).iter().map(|m| m.to_string()).collect();
@@ -240,10 +247,10 @@ pub async fn observe<S: Systemd>(
     let interrupted = st.in_progress.as_ref().is_some_and(|p| p.sha256 == d.unit.sha256);
     let o = Observed {
         deployed_sha256: deployed.as_deref().map(specd_spec::sha256_hex),
-        drop_ins: own_drop_ins(&props, &d.spec.unit),
+        drop_ins: own_drop_ins(&ctx.host, &props, &d.spec.unit),
         // Any mask is a person's decision, even one a unit file of higher priority shadows (a
         // runtime mask in /run of a unit whose file is in /etc) or one not loaded yet.
-        load_state: if props.is_masked() || mask_link(&ctx.unit_dir, &d.spec.unit).is_some() {
+        load_state: if props.is_masked() || mask_link(&ctx.host, &ctx.unit_dir, &d.spec.unit).is_some() {
             "masked".into()
         } else {
             props.load_state.clone()
@@ -266,24 +273,24 @@ pub async fn observe<S: Systemd>(
 
 /// A link of the unit to `/dev/null` (a mask) in the unit directory, `/etc/systemd/system` or
 /// `/run/systemd/system` (`systemctl mask --runtime`).
-pub fn mask_link(unit_dir: &Path, unit: &str) -> Option<PathBuf> {
+pub fn mask_link(host: &impl Host, unit_dir: &Path, unit: &str) -> Option<PathBuf> {
     [unit_dir, Path::new("/etc/systemd/system"), Path::new("/run/systemd/system")]
         .iter()
         .map(|d| d.join(unit))
-        .find(|p| std::fs::read_link(p).is_ok_and(|t| t == Path::new("/dev/null")))
+        .find(|p| host.is_mask(p))
 }
 
 /// Drop-ins of this unit's own `<unit>.d/` directories. Shared ones (`service.d/`, prefix
 /// drop-ins like `sglang-.service.d/`) belong to the host's configuration of every service and are
 /// neither drift nor specd's to remove.
-pub fn own_drop_ins(props: &UnitProps, unit: &str) -> Vec<String> {
+pub fn own_drop_ins(host: &impl Host, props: &UnitProps, unit: &str) -> Vec<String> {
     let own = format!("{unit}.d");
     props
         .drop_in_paths
         .iter()
         .filter(|p| {
             let p = Path::new(p);
-            p.exists() && p.parent().and_then(|d| d.file_name()).is_some_and(|n| n.to_string_lossy() == own)
+            host.exists(p) && p.parent().and_then(|d| d.file_name()).is_some_and(|n| n.to_string_lossy() == own)
         })
         .cloned()
         .collect()
@@ -301,7 +308,7 @@ pub fn desired_of(ctx_unit_dir: &Path, d: &DesiredState) -> Desired {
 }
 
 /// One reconcile of one unit. With `dry_run`, observes and plans only.
-pub async fn reconcile<S: Systemd>(ctx: &Ctx<S>, d: &DesiredState, dry_run: bool) -> Result<Report, ReconcileError> {
+pub async fn reconcile<H: Host>(ctx: &Ctx<H>, d: &DesiredState, dry_run: bool) -> Result<Report, ReconcileError> {
     let unit = d.spec.unit.clone();
     let emit = |e: Event| (ctx.events)(&unit, &e);
     // Whatever validation let through: never specd's own unit, systemd's or D-Bus's.
@@ -324,11 +331,13 @@ pub async fn reconcile<S: Systemd>(ctx: &Ctx<S>, d: &DesiredState, dry_run: bool
     // A unit file specd did not write (no header, never recorded as written) is someone else's:
     // replaced only when the spec adopts it.
     let path = unit_path(&ctx.unit_dir, &unit);
+    // A file systemd loaded and that is gone since is nobody's.
+    let fragment = if ctx.host.exists(Path::new(&props.fragment_path)) { props.fragment_path.as_str() } else { "" };
     if plan.steps.contains(&Step::WriteUnit)
         && !d.spec.policy.adopt
         && st.written_sha256.is_none()
         && let Some(whose) =
-            crate::owner::foreign(&path, fsx::read_opt(&path)?.as_deref(), &props.load_state, &props.fragment_path)
+            crate::owner::foreign(&path, ctx.host.read(&path)?.as_deref(), &props.load_state, fragment)
     {
         let verdict = format!(
             "Refused: {unit}: {whose}; specd takes over a unit it did not write only when the spec adopts it (policy: {{adopt: true}}); nothing changed"
@@ -343,7 +352,7 @@ pub async fn reconcile<S: Systemd>(ctx: &Ctx<S>, d: &DesiredState, dry_run: bool
         };
         return Ok(Report { unit, plan, outcome: None, verdict, stop_verdict: None, action: Action::AwaitChange });
     }
-    fsx::clean_temps(&ctx.unit_dir, &unit);
+    ctx.host.clean_temps(&ctx.unit_dir, &unit);
     st.desired = Some(state::DesiredRecord {
         sha256: d.unit.sha256.clone(),
         source: d.source.clone(),
@@ -353,6 +362,10 @@ pub async fn reconcile<S: Systemd>(ctx: &Ctx<S>, d: &DesiredState, dry_run: bool
     });
 
     if plan.steps.is_empty() {
+        // An interrupted apply or rollback with nothing left to do (the last good unit serves).
+        if st.in_progress.as_ref().is_some_and(|p| p.sha256 == d.unit.sha256) {
+            st.in_progress = None;
+        }
         // In sync and nothing recorded as good yet (state lost, or adopted): it is good now.
         if plan.sync == Sync::InSync && st.last_good.as_ref().is_none_or(|g| g.sha256 != d.unit.sha256) {
             st.last_good = Some(good_unit(d));
@@ -386,7 +399,7 @@ pub async fn reconcile<S: Systemd>(ctx: &Ctx<S>, d: &DesiredState, dry_run: bool
     }
 
     // The running unit is the rollback target if nothing better is known: it was serving.
-    let deployed_text = fsx::read_opt(&unit_path(&ctx.unit_dir, &unit))?;
+    let deployed_text = ctx.host.read(&unit_path(&ctx.unit_dir, &unit))?;
     // The instance being stopped listens where the deployed unit says (the spec may move it).
     let old_url = deployed_text
         .as_deref()
@@ -579,8 +592,8 @@ pub async fn reconcile<S: Systemd>(ctx: &Ctx<S>, d: &DesiredState, dry_run: bool
 }
 
 /// Plain words when a unit's service is not running after an apply.
-async fn down_note<S: Systemd>(ctx: &Ctx<S>, unit: &str) -> Option<String> {
-    let p = ctx.systemd.show(unit).await.ok()?;
+async fn down_note<H: Host>(ctx: &Ctx<H>, unit: &str) -> Option<String> {
+    let p = ctx.host.show(unit).await.ok()?;
     (!matches!(p.active_state.as_str(), "active" | "activating" | "reloading"))
         .then(|| format!("{unit} is DOWN ({}/{})", p.active_state, p.sub_state))
 }
@@ -616,8 +629,8 @@ fn history(
 
 /// After a failed step: roll back to the last good unit, start it again after a host fault, or
 /// leave the service as it is; see [`recovery::decide`].
-async fn recover<S: Systemd>(
-    ctx: &Ctx<S>,
+async fn recover<H: Host>(
+    ctx: &Ctx<H>,
     st: &mut UnitState,
     d: &DesiredState,
     f: &StepFailure,
@@ -722,8 +735,8 @@ async fn recover<S: Systemd>(
 }
 
 /// Put the last good unit back and prove it serves: the same race-free sequence.
-async fn restore<S: Systemd>(
-    ctx: &Ctx<S>,
+async fn restore<H: Host>(
+    ctx: &Ctx<H>,
     st: &mut UnitState,
     d: &DesiredState,
     g: &GoodUnit,
@@ -751,7 +764,7 @@ async fn restore<S: Systemd>(
     };
     // The file on disk may still be the last good one (the write of the new one failed): it is
     // not written again, which would fail the same way on a full or read-only unit directory.
-    let on_disk = fsx::read_opt(&unit_path(&ctx.unit_dir, unit)).ok().flatten().map(|b| specd_spec::sha256_hex(&b));
+    let on_disk = ctx.host.read(&unit_path(&ctx.unit_dir, unit)).ok().flatten().map(|b| specd_spec::sha256_hex(&b));
     let write = on_disk.as_deref() != Some(g.sha256.as_str());
     let steps: Vec<Step> = [
         Step::Stop,
@@ -765,7 +778,7 @@ async fn restore<S: Systemd>(
     .into_iter()
     .filter(|s| write || *s != Step::WriteUnit)
     .collect();
-    let props = ctx.systemd.show(unit).await.unwrap_or_default();
+    let props = ctx.host.show(unit).await.unwrap_or_default();
     let mut sv = StopRecord::default();
     let r = run_steps(ctx, st, unit, &steps, &t, &props, &mut sv).await;
     if stop_verdict.is_none() {
@@ -776,10 +789,45 @@ async fn restore<S: Systemd>(
 
 /// Stop a unit whose instance failed, and say so in its journal (`diagnose` then names the
 /// failed start, not a stop on request).
-async fn stop_quietly<S: Systemd>(ctx: &Ctx<S>, unit: &str, note: &str) {
-    let invocation = ctx.systemd.show(unit).await.map(|p| p.invocation_id).unwrap_or_default();
-    let _ = crate::diagnose::journal_note(unit, "rollback", Some(&invocation), note);
-    let _ = ctx.systemd.run(&["stop", unit]).await;
+async fn stop_quietly<H: Host>(ctx: &Ctx<H>, unit: &str, note: &str) {
+    let invocation = ctx.host.show(unit).await.map(|p| p.invocation_id).unwrap_or_default();
+    ctx.host.note(unit, "rollback", &invocation, note);
+    let _ = ctx.host.stop(unit, true).await;
+}
+
+/// A unit whose spec is gone, with `prune: true`: stop it, wait until its processes are gone,
+/// keep its unit file and state in the state dir (private), and reload.
+pub async fn prune<H: Host>(ctx: &Ctx<H>, unit: &str) {
+    let _lock = match UnitLock::acquire(&ctx.store.locks_dir(), unit).await {
+        Ok(l) => l,
+        Err(e) => return tracing::error!(unit, "pruning: cannot take the unit's lock: {e:#}"),
+    };
+    tracing::warn!(unit, "pruning: its spec is gone; stopping it and moving its unit file to the state dir");
+    let before = ctx.host.show(unit).await.unwrap_or_default();
+    ctx.host.note(unit, "prune", &before.invocation_id, &format!("specd: stopping {unit}: its spec is gone (prune)"));
+    let _ = ctx.host.stop(unit, true).await;
+    if !before.control_group.is_empty() {
+        // The stop job is over (systemd's SIGKILL included): what is left goes within moments.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        if let Err(lingering) = ctx.host.wait_empty(&before.control_group, deadline, || {}).await {
+            tracing::error!(
+                unit,
+                "pruning: {} processes still in {} after the stop",
+                lingering.len(),
+                before.control_group
+            );
+        }
+    }
+    let path = unit_path(&ctx.unit_dir, unit);
+    let keep = ctx.store.dir.join("pruned");
+    if ctx.host.exists(&path) {
+        let _ = ctx.host.move_aside(&path, &keep.join(format!("{unit}.{}", state::now())));
+    }
+    let _ = ctx.host.daemon_reload().await;
+    let _ = std::fs::rename(
+        ctx.store.dir.join("units").join(format!("{unit}.json")),
+        keep.join(format!("{unit}.json.{}", state::now())),
+    );
 }
 
 /// The argv of a unit text's `ExecStart=`.
@@ -813,8 +861,8 @@ pub fn sigkill_verdict(props: &UnitProps, timeout_stop: Duration, in_flight: Opt
     None
 }
 
-async fn run_steps<S: Systemd>(
-    ctx: &Ctx<S>,
+async fn run_steps<H: Host>(
+    ctx: &Ctx<H>,
     st: &mut UnitState,
     unit: &str,
     steps: &[Step],
@@ -827,8 +875,8 @@ async fn run_steps<S: Systemd>(
     match (r, ready_pid) {
         (Err(f), Some(pid)) if !f.cancelled => {
             // The server had answered ready: if it is gone now, it crashed after readiness.
-            let props = ctx.systemd.show(unit).await.unwrap_or_default();
-            if !cgroup::alive(pid) || props.main_pid != pid {
+            let props = ctx.host.show(unit).await.unwrap_or_default();
+            if !ctx.host.alive(pid) || props.main_pid != pid {
                 return Err(StepFailure {
                     message: format!(
                         "the server crashed after it was ready (pid {pid} is gone; Result={}, status {}, {} restarts): {}",
@@ -849,8 +897,8 @@ async fn run_steps<S: Systemd>(
 }
 
 #[allow(clippy::too_many_arguments)]
-async fn run_steps_inner<S: Systemd>(
-    ctx: &Ctx<S>,
+async fn run_steps_inner<H: Host>(
+    ctx: &Ctx<H>,
     st: &mut UnitState,
     unit: &str,
     steps: &[Step],
@@ -873,12 +921,6 @@ async fn run_steps_inner<S: Systemd>(
             p.phase = format!("{step:?}");
             let _ = ctx.store.save(st);
         }
-        // Fault injection for crash tests: hold before this step until killed or stopped.
-        if std::env::var("SPECD_PAUSE_BEFORE").is_ok_and(|v| v == format!("{step:?}")) {
-            emit(Event::Phase(format!("paused before {step:?} (SPECD_PAUSE_BEFORE)")));
-            ctx.shutdown.wait().await;
-            return Err(StepFailure::cancelled(step));
-        }
         match step {
             Step::Drain => {
                 let Some(spec) = t.spec else { continue };
@@ -891,7 +933,7 @@ async fn run_steps_inner<S: Systemd>(
                     if ctx.shutdown.is_set() {
                         return Err(StepFailure::cancelled(step));
                     }
-                    match ctx.probe.running_requests(&t.old_url, spec.engine).await {
+                    match ctx.host.running_requests(&t.old_url, spec.engine).await {
                         Some(0) => break,
                         Some(n) => {
                             in_flight.store(n as i64, Ordering::Relaxed);
@@ -914,8 +956,11 @@ async fn run_steps_inner<S: Systemd>(
             Step::Stop => {
                 emit(Event::Phase(format!("stopping {unit}")));
                 if let Some(spec) = t.spec
-                    && let Some(n) =
-                        Probe::new(Duration::from_millis(500)).running_requests(&t.old_url, spec.engine).await
+                    && let Ok(Some(n)) = tokio::time::timeout(
+                        Duration::from_millis(500),
+                        ctx.host.running_requests(&t.old_url, spec.engine),
+                    )
+                    .await
                 {
                     in_flight.store(n as i64, Ordering::Relaxed);
                 }
@@ -943,42 +988,37 @@ async fn run_steps_inner<S: Systemd>(
                         ),
                     ),
                 };
-                let _ = crate::diagnose::journal_note(unit, action, Some(&before.invocation_id), &note);
-                // --no-block: specd watches the stop itself (cgroup, progress) instead of
-                // sitting in systemctl.
-                ctx.systemd
-                    .run(&["stop", "--no-block", unit])
-                    .await
-                    .map_err(|e| StepFailure::host(step, format!("{e:#}")))?;
+                ctx.host.note(unit, action, &before.invocation_id, &note);
+                // Not waiting for the job: specd watches the stop itself (cgroup, progress).
+                ctx.host.stop(unit, false).await.map_err(|e| StepFailure::host(step, format!("{e:#}")))?;
             }
             Step::WaitStopped => {
                 let deadline = Instant::now() + t.stop_budget;
                 let started = Instant::now();
                 // While stopping, keep reading the in-flight count for the progress line.
                 let poller = t.spec.map(|spec| {
-                    let (probe, url, engine, counter) =
-                        (Probe::new(Duration::from_millis(800)), t.old_url.clone(), spec.engine, in_flight.clone());
-                    tokio::spawn(async move {
+                    let (host, url, engine, counter) =
+                        (ctx.host.clone(), t.old_url.clone(), spec.engine, in_flight.clone());
+                    Background(tokio::spawn(async move {
                         loop {
-                            if let Some(n) = probe.running_requests(&url, engine).await {
+                            let ask = host.running_requests(&url, engine);
+                            if let Ok(Some(n)) = tokio::time::timeout(Duration::from_millis(800), ask).await {
                                 counter.store(n as i64, Ordering::Relaxed);
                             }
                             tokio::time::sleep(Duration::from_secs(1)).await;
                         }
-                    })
+                    }))
                 });
                 let counter = in_flight.clone();
                 let waited = tokio::select! {
-                    w = cgroup::wait_empty(&ctx.layout, &cg, deadline.into(), || {
+                    w = ctx.host.wait_empty(&cg, deadline, || {
                         let n = counter.load(Ordering::Relaxed);
                         let reqs = if n >= 0 { format!(", {n} requests in flight") } else { String::new() };
                         emit(Event::Progress(format!("stopping: {}s{reqs}", started.elapsed().as_secs())));
                     }) => Some(w),
                     _ = ctx.shutdown.wait() => None,
                 };
-                if let Some(p) = poller {
-                    p.abort();
-                }
+                drop(poller);
                 let Some(waited) = waited else { return Err(StepFailure::cancelled(step)) };
                 if let Err(lingering) = waited {
                     let who: Vec<String> = lingering.iter().map(|l| format!("pid {} ({})", l.pid, l.cmdline)).collect();
@@ -1001,33 +1041,19 @@ async fn run_steps_inner<S: Systemd>(
                 } else {
                     // Not our SIGKILL: read how it ended (a crash before, an OOM kill...) from the
                     // journal in the background, off the apply's path.
-                    let u = unit.to_string();
-                    let invocation = props.invocation_id.clone();
-                    stop.pending = Some(tokio::spawn(async move {
-                        let within = Duration::from_secs(5);
-                        let d = if invocation.is_empty() {
-                            tokio::time::timeout(within, crate::diagnose::last_verdict(&u)).await.ok().flatten()
-                        } else {
-                            crate::diagnose::instance_verdict(&u, &invocation, within).await
-                        };
-                        d.filter(|d| d.verdict != crate::diagnose::Verdict::CleanStop).map(|d| d.summary)
-                    }));
+                    let (host, u, invocation) = (ctx.host.clone(), unit.to_string(), props.invocation_id.clone());
+                    stop.pending = Some(Background(tokio::spawn(async move {
+                        host.ending(&u, &invocation, Duration::from_secs(5)).await
+                    })));
                 }
                 emit(Event::Progress(format!("stopped after {:.1}s; cgroup empty", started.elapsed().as_secs_f64())));
             }
             Step::RemoveDropIns => {
-                let props = ctx.systemd.show(unit).await.map_err(|e| StepFailure::host(step, format!("{e:#}")))?;
+                let props = ctx.host.show(unit).await.map_err(|e| StepFailure::host(step, format!("{e:#}")))?;
                 let keep = ctx.store.dir.join("removed-drop-ins").join(state::now().to_string());
-                for p in own_drop_ins(&props, unit).iter() {
-                    fsx::ensure_private_dir(&keep).map_err(|e| StepFailure::host(step, format!("{e:#}")))?;
+                for p in own_drop_ins(&ctx.host, &props, unit).iter() {
                     let dest = keep.join(p.trim_start_matches('/').replace('/', "__"));
-                    // The copy is the owner's only (a drop-in may set secrets).
-                    std::fs::copy(p, &dest)
-                        .and_then(|_| {
-                            std::fs::set_permissions(&dest, std::os::unix::fs::PermissionsExt::from_mode(0o600))
-                        })
-                        .and_then(|_| std::fs::remove_file(p))
-                        .map_err(|e| StepFailure::host(step, format!("moving {p} aside: {e}")))?;
+                    ctx.host.move_aside(Path::new(p), &dest).map_err(|e| StepFailure::host(step, format!("{e:#}")))?;
                     emit(Event::Progress(format!("moved drop-in {p} to {}", dest.display())));
                 }
             }
@@ -1053,7 +1079,7 @@ async fn run_steps_inner<S: Systemd>(
                         "could not record the write in specd's state ({e:#}); writing anyway"
                     )));
                 }
-                if let Err(e) = fsx::atomic_write(&path, t.text.as_bytes(), 0o644) {
+                if let Err(e) = ctx.host.write(&path, t.text.as_bytes()) {
                     // Nothing was written: the file on disk is still the one recorded before.
                     st.written_sha256 = before_write;
                     if let (Some(p), Some(w)) = (st.in_progress.as_mut(), before_wrote) {
@@ -1065,8 +1091,8 @@ async fn run_steps_inner<S: Systemd>(
             }
             Step::Reload => {
                 emit(Event::Phase("systemctl daemon-reload".into()));
-                ctx.systemd.run(&["daemon-reload"]).await.map_err(|e| StepFailure::host(step, format!("{e:#}")))?;
-                let props = ctx.systemd.show(unit).await.map_err(|e| StepFailure::host(step, format!("{e:#}")))?;
+                ctx.host.daemon_reload().await.map_err(|e| StepFailure::host(step, format!("{e:#}")))?;
+                let props = ctx.host.show(unit).await.map_err(|e| StepFailure::host(step, format!("{e:#}")))?;
                 if props.need_daemon_reload {
                     return Err(StepFailure::host(
                         step,
@@ -1082,8 +1108,8 @@ async fn run_steps_inner<S: Systemd>(
             }
             Step::Start => {
                 emit(Event::Phase(format!("starting {unit}")));
-                let r = ctx.systemd.run(&["start", unit]).await;
-                let props = ctx.systemd.show(unit).await.map_err(|e| StepFailure::host(step, format!("{e:#}")))?;
+                let r = ctx.host.start(unit).await;
+                let props = ctx.host.show(unit).await.map_err(|e| StepFailure::host(step, format!("{e:#}")))?;
                 if let Err(e) = r {
                     return Err(StepFailure::spec(
                         step,
@@ -1096,7 +1122,7 @@ async fn run_steps_inner<S: Systemd>(
             Step::VerifyCmdline => {
                 let props = match after_start.take() {
                     Some(p) => p,
-                    None => ctx.systemd.show(unit).await.map_err(|e| StepFailure::host(step, format!("{e:#}")))?,
+                    None => ctx.host.show(unit).await.map_err(|e| StepFailure::host(step, format!("{e:#}")))?,
                 };
                 let pid = props.main_pid;
                 if pid == 0 {
@@ -1112,7 +1138,7 @@ async fn run_steps_inner<S: Systemd>(
                 if started_pid == 0 {
                     started_pid = pid;
                 }
-                match cgroup::cmdline(pid) {
+                match ctx.host.cmdline(pid) {
                     Some(c) if crate::plan::runs_argv(&c, &t.argv) => {
                         emit(Event::Progress(format!("pid {pid} runs the rendered ExecStart")))
                     }
@@ -1150,7 +1176,7 @@ async fn run_steps_inner<S: Systemd>(
                     crate::speculation::TOKENS
                 )));
                 let measured =
-                    ctx.probe.speculation(&t.base_url, spec).await.map_err(|e| {
+                    ctx.host.speculation(&t.base_url, spec).await.map_err(|e| {
                         StepFailure::spec(step, format!("could not read the speculation evidence: {e}"))
                     })?;
                 if let Some(why) = crate::speculation::missing(spec, &measured) {
@@ -1162,7 +1188,7 @@ async fn run_steps_inner<S: Systemd>(
             }
             Step::VerifyArgs => {
                 let Some(spec) = t.spec else { continue };
-                match ctx.probe.server_info(&t.base_url, spec).await {
+                match ctx.host.server_info(&t.base_url, spec).await {
                     None => {}
                     Some(Err(e)) => {
                         return Err(StepFailure::spec(step, format!("could not read the server's args: {e}")));
@@ -1190,11 +1216,11 @@ async fn run_steps_inner<S: Systemd>(
 
 /// After the cgroup emptied: wait for systemd to settle the unit as stopped, and stop it again
 /// if something restarted it meanwhile.
-async fn wait_stopped_state<S: Systemd>(ctx: &Ctx<S>, unit: &str, deadline: Instant) -> Result<UnitProps, String> {
+async fn wait_stopped_state<H: Host>(ctx: &Ctx<H>, unit: &str, deadline: Instant) -> Result<UnitProps, String> {
     let mut restops = 0;
     loop {
-        let props = ctx.systemd.show(unit).await.map_err(|e| format!("{e:#}"))?;
-        if props.is_stopped() && !ctx.layout.populated(&props.control_group) {
+        let props = ctx.host.show(unit).await.map_err(|e| format!("{e:#}"))?;
+        if props.is_stopped() && !ctx.host.populated(&props.control_group) {
             return Ok(props);
         }
         if matches!(props.active_state.as_str(), "active" | "activating") && props.sub_state != "stop-sigterm" {
@@ -1213,7 +1239,7 @@ async fn wait_stopped_state<S: Systemd>(ctx: &Ctx<S>, unit: &str, deadline: Inst
                     props.sub_state
                 )),
             );
-            ctx.systemd.run(&["stop", unit]).await.map_err(|e| format!("{e:#}"))?;
+            ctx.host.stop(unit, true).await.map_err(|e| format!("{e:#}"))?;
             continue;
         }
         if Instant::now() >= deadline {
@@ -1236,7 +1262,7 @@ pub fn readiness_backoff() -> backon::ExponentialBuilder {
 
 /// Poll the readiness endpoint until 200, with a short capped backoff, while checking that the
 /// process specd started is still the one running.
-async fn wait_ready<S: Systemd>(ctx: &Ctx<S>, unit: &str, t: &Target<'_>, pid: u32) -> Result<(), String> {
+async fn wait_ready<H: Host>(ctx: &Ctx<H>, unit: &str, t: &Target<'_>, pid: u32) -> Result<(), String> {
     use backon::Retryable;
     let emit = |e: Event| (ctx.events)(unit, &e);
     emit(Event::Phase(format!("waiting for {}{} (up to {}s)", t.base_url, t.endpoint, t.readiness.as_secs())));
@@ -1251,7 +1277,7 @@ async fn wait_ready<S: Systemd>(ctx: &Ctx<S>, unit: &str, t: &Target<'_>, pid: u
         Fatal(String),
     }
     let attempt = || async {
-        let why = match ctx.probe.health(&url).await {
+        let why = match ctx.host.health(&url).await {
             Health::Ready => return Ok(()),
             // A 4xx: no such endpoint, or one that wants what specd does not send. Waiting
             // will not make it answer 200.
@@ -1261,16 +1287,16 @@ async fn wait_ready<S: Systemd>(ctx: &Ctx<S>, unit: &str, t: &Target<'_>, pid: u
             Health::Loading(why) => why,
         };
         let now = Instant::now();
-        let exited = !cgroup::alive(pid);
+        let exited = !ctx.host.alive(pid);
         let due = exited || { now.duration_since(*last_check.lock().unwrap()) >= Duration::from_millis(500) };
         if due {
             *last_check.lock().unwrap() = now;
-            let mut props = ctx.systemd.show(unit).await.map_err(|e| Wait::Fatal(format!("{e:#}")))?;
+            let mut props = ctx.host.show(unit).await.map_err(|e| Wait::Fatal(format!("{e:#}")))?;
             // The process is gone: let systemd settle the unit so its result can be told.
             let settle = Instant::now() + Duration::from_secs(2);
             while exited && props.main_pid == pid && Instant::now() < settle {
                 tokio::time::sleep(Duration::from_millis(10)).await;
-                props = ctx.systemd.show(unit).await.map_err(|e| Wait::Fatal(format!("{e:#}")))?;
+                props = ctx.host.show(unit).await.map_err(|e| Wait::Fatal(format!("{e:#}")))?;
             }
             if exited || props.main_pid != pid || !matches!(props.active_state.as_str(), "active" | "activating") {
                 return Err(Wait::Fatal(format!(

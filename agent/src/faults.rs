@@ -1,0 +1,239 @@
+//! The reconciler on the in-memory host, with a fault at every call: every step × every fault
+//! kind (a call fails, times out, the process dies, processes linger, specd is killed). After
+//! each: the unit file is the old or the new one, the state says what happened, and the next
+//! reconcile converges on a serving unit without touching a healthy one again.
+//!
+//! The real host's truth is in the end-to-end tests (a real systemd, real servers); this is the
+//! part no machine can enumerate: what follows a fault at each exact point.
+
+use std::sync::Arc;
+
+use specd_spec::Spec;
+
+use crate::host::fake::{Crashed, FAULTS, FakeHost, Fault};
+use crate::reconcile::{self, Action, Ctx, DesiredState, Report, Shutdown};
+use crate::state::{Outcome, Store};
+
+const UNIT: &str = "sglang-qwen.service";
+
+fn spec(steps: u32) -> Spec {
+    let yaml = format!(
+        "apiVersion: specd/v1\nkind: InferenceService\nmetadata: {{name: qwen}}\nspec:\n  unit: {UNIT}\n  engine: sglang\n  command: [/opt/sglang/bin/python3, -m, sglang.launch_server]\n  model: /models/qwen\n  server: {{port: 30000}}\n  speculative: {{algorithm: EAGLE, draft_model: /models/draft, num_steps: {steps}, eagle_topk: 1, num_draft_tokens: {}}}\n  service: {{timeout_stop_sec: 10, drain_timeout_sec: 5}}\n  readiness: {{timeout_sec: 60}}\n",
+        steps + 1
+    );
+    specd_spec::parse("qwen.yaml", &yaml).unwrap().resolve(None).unwrap()
+}
+
+struct World {
+    host: FakeHost,
+    dir: tempfile::TempDir,
+    /// What the reconciles said, as `specd apply` prints it (for failure messages).
+    log: Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl World {
+    fn new() -> World {
+        // specd's state is real files (saved with fsync): in memory where the machine has a
+        // tmpfs for it, so that the thousands of saves here cost nothing.
+        let dir = tempfile::tempdir_in("/dev/shm").or_else(|_| tempfile::tempdir()).unwrap();
+        let host = FakeHost::new(UNIT, &dir.path().join("units"));
+        World { host, dir, log: Arc::default() }
+    }
+
+    fn ctx(&self) -> Ctx<FakeHost> {
+        Ctx {
+            host: self.host.clone(),
+            unit_dir: self.dir.path().join("units"),
+            store: Store::new(self.dir.path().join("state")),
+            events: {
+                let log = self.log.clone();
+                Arc::new(move |_: &str, e: &reconcile::Event| log.lock().unwrap().push(format!("{e:?}")))
+            },
+            shutdown: Shutdown::never(),
+        }
+    }
+
+    fn said(&self) -> String {
+        self.log.lock().unwrap().join("\n")
+    }
+
+    fn store(&self) -> Store {
+        Store::new(self.dir.path().join("state"))
+    }
+
+    /// One reconcile as its own task: `None` when specd was killed in it.
+    async fn reconcile(&self, d: &DesiredState) -> Option<Result<Report, String>> {
+        let ctx = self.ctx();
+        let d = d.clone();
+        let r =
+            tokio::spawn(async move { reconcile::reconcile(&ctx, &d, false).await.map_err(|e| e.to_string()) }).await;
+        match r {
+            Ok(r) => Some(r),
+            Err(e) if e.is_panic() && self.host.crashed() => None,
+            Err(e) => std::panic::resume_unwind(e.into_panic()),
+        }
+    }
+}
+
+fn quiet_crashes() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let default = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if info.payload().downcast_ref::<Crashed>().is_none() {
+                default(info);
+            }
+        }));
+    });
+}
+
+fn desired(steps: u32) -> DesiredState {
+    DesiredState::new(spec(steps), None)
+}
+
+/// A world where `old` was applied and serves.
+async fn serving(old: &DesiredState, new: &DesiredState, new_fails: bool) -> World {
+    let w = World::new();
+    w.host.serves(&old.spec, false);
+    w.host.serves(&new.spec, new_fails);
+    let r = w.reconcile(old).await.unwrap().unwrap();
+    assert_eq!(r.outcome, Some(Outcome::Applied), "{}", r.verdict);
+    assert_eq!(w.host.serving().as_ref(), Some(&old.spec.argv));
+    w
+}
+
+/// After a faulty reconcile: what it wrote and said is true of the host.
+fn check_faulty_run(w: &World, old: &DesiredState, new: &DesiredState, r: &Option<Result<Report, String>>, case: &str) {
+    for t in w.host.writes() {
+        assert!(t == old.unit.text || t == new.unit.text, "{case}: wrote a unit that is neither old nor new:\n{t}");
+    }
+    let file = w.host.unit_file();
+    assert!(
+        file.as_deref() == Some(old.unit.text.as_str()) || file.as_deref() == Some(new.unit.text.as_str()),
+        "{case}: the unit file is neither old nor new"
+    );
+    let Some(Ok(r)) = r else { return };
+    let st = w.store().peek(UNIT).unwrap();
+    match r.outcome {
+        Some(Outcome::Applied) => assert_eq!(w.host.serving().as_ref(), Some(&new.spec.argv), "{case}: {}", r.verdict),
+        Some(Outcome::RolledBack) => {
+            // Or it died right after, and the verdict says the service is down.
+            if !r.verdict.contains("DOWN") {
+                assert_eq!(w.host.serving().as_ref(), Some(&old.spec.argv), "{case}: {}", r.verdict);
+            }
+            assert!(st.quarantined(&new.unit.sha256).is_some(), "{case}: rolled back without a quarantine");
+        }
+        Some(Outcome::Failed) if w.host.serving().is_none() && w.host.alive_count() == 0 => {
+            assert!(
+                r.verdict.contains("DOWN"),
+                "{case}: the service is down and the verdict does not say so: {}",
+                r.verdict
+            )
+        }
+        _ => {}
+    }
+    if r.outcome.is_some() {
+        let last = st.history.last().unwrap_or_else(|| panic!("{case}: no history"));
+        assert_eq!(last.message, r.verdict, "{case}: the state does not say what the reconcile said");
+    }
+}
+
+/// After the faults are over: the next reconcile (the agent's requeue, or the operator's next
+/// apply) leaves a server serving, the one the state says, and the one after does nothing.
+async fn check_converges(w: &World, old: &DesiredState, new: &DesiredState, case: &str) {
+    w.host.heal();
+    let r = w.reconcile(new).await.unwrap().unwrap_or_else(|e| panic!("{case}: the next reconcile failed: {e}"));
+    let serving = w.host.serving();
+    let st = w.store().peek(UNIT).unwrap();
+    let quarantined = st.quarantined(&new.unit.sha256).is_some();
+    if serving.as_ref() == Some(&new.spec.argv) {
+        assert_eq!(w.host.unit_file().as_deref(), Some(new.unit.text.as_str()), "{case}");
+        assert!(!quarantined, "{case}: serves a quarantined unit");
+    } else {
+        assert_eq!(
+            serving.as_ref(),
+            Some(&old.spec.argv),
+            "{case}: nothing serves after the next reconcile: {}\n{}",
+            r.verdict,
+            w.said()
+        );
+        assert_eq!(w.host.unit_file().as_deref(), Some(old.unit.text.as_str()), "{case}");
+        assert!(quarantined, "{case}: the old unit serves but the new one is not quarantined: {}", r.verdict);
+    }
+    assert!(st.in_progress.is_none(), "{case}: an apply is still recorded in progress: {}", r.verdict);
+    let before = w.host.stops_and_starts();
+    let again = w.reconcile(new).await.unwrap().unwrap();
+    assert_eq!(
+        w.host.stops_and_starts(),
+        before,
+        "{case}: a serving unit was stopped or started again: {}",
+        again.verdict
+    );
+    assert_eq!(again.action, Action::AwaitChange, "{case}: {}", again.verdict);
+}
+
+/// Calls an apply of `new` over `old` makes without faults.
+async fn calls_of_apply(old: &DesiredState, new: &DesiredState, new_fails: bool) -> Vec<&'static str> {
+    let w = serving(old, new, new_fails).await;
+    let n0 = w.host.calls();
+    let r = w.reconcile(new).await.unwrap().unwrap();
+    assert!(r.outcome.is_some(), "{}", r.verdict);
+    w.host.call_names()[n0..].to_vec()
+}
+
+async fn matrix(new_fails: bool) {
+    quiet_crashes();
+    let (old, new) = (desired(5), desired(10));
+    let calls = calls_of_apply(&old, &new, new_fails).await;
+    assert!(calls.len() > 20, "{calls:?}");
+    let mut cases = 0;
+    for (i, name) in calls.iter().enumerate() {
+        for f in FAULTS {
+            let case = format!(
+                "fault {f:?} at call {i} ({name}) of {}",
+                if new_fails { "a failing apply" } else { "an apply" }
+            );
+            let w = serving(&old, &new, new_fails).await;
+            w.host.plan(i, f);
+            let r = w.reconcile(&new).await;
+            check_faulty_run(&w, &old, &new, &r, &case);
+            check_converges(&w, &old, &new, &case).await;
+            cases += 1;
+        }
+    }
+    assert_eq!(cases, calls.len() * FAULTS.len());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_fault_at_any_call_of_an_apply_leaves_the_host_old_or_new_and_the_next_reconcile_converges() {
+    matrix(false).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_fault_at_any_call_of_a_failing_apply_and_its_rollback_still_converges() {
+    matrix(true).await;
+}
+
+/// A unit that is in sync and serving is never stopped or started because a call failed.
+#[tokio::test(start_paused = true)]
+async fn a_healthy_in_sync_server_is_never_restarted_by_a_fault() {
+    quiet_crashes();
+    let (old, new) = (desired(5), desired(10));
+    let probe = serving(&old, &new, false).await;
+    let r = probe.reconcile(&new).await.unwrap().unwrap();
+    assert_eq!(r.outcome, Some(Outcome::Applied));
+    let n0 = probe.host.calls();
+    let r = probe.reconcile(&new).await.unwrap().unwrap();
+    assert!(r.verdict.starts_with("InSync"), "{}", r.verdict);
+    let n = probe.host.calls() - n0;
+    for i in 0..n {
+        for f in [Fault::Fails, Fault::TimesOut, Fault::ProcessLingers, Fault::Crash] {
+            let w = serving(&new, &old, false).await;
+            w.host.plan(i, f);
+            let before = w.host.stops_and_starts();
+            let _ = w.reconcile(&new).await;
+            assert_eq!(w.host.stops_and_starts(), before, "fault {f:?} at call {i}: the serving unit was touched");
+            assert_eq!(w.host.serving().as_ref(), Some(&new.spec.argv));
+        }
+    }
+}

@@ -1,0 +1,598 @@
+//! An in-memory host for the reconciler's tests: one systemd service, its processes, its unit
+//! files and its server, on tokio's (paused) clock. Any call can be made to fail: the fault plan
+//! names the call by its number, and what happens there (see [`Fault`]).
+//!
+//! The model follows what the real host does where the reconciler depends on it: a stop sends
+//! SIGTERM and the process exits a moment later (or lingers); a start runs the unit systemd has
+//! loaded (the file at the last daemon-reload), whose server answers 503 while it loads and 200
+//! after; a process that exits takes the unit to `failed`; a unit file replaced on disk makes
+//! systemd report `NeedDaemonReload=yes`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Result, anyhow, bail};
+use serde_json::Value;
+use specd_spec::{Engine, Spec};
+use tokio::time::Instant;
+
+use super::Host;
+use crate::cgroup::Lingering;
+use crate::probe::Health;
+use crate::speculation::Speculation;
+use crate::systemd::UnitProps;
+
+/// What goes wrong at a planned call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fault {
+    /// The call fails at once (systemd refuses, a write hits a full disk, a connection is reset).
+    Fails,
+    /// The call hangs until its own timeout (systemctl's 25 s, an HTTP timeout), then fails.
+    TimesOut,
+    /// The unit's main process dies just before the call.
+    ProcessDies,
+    /// From this call on, processes told to stop stay in their cgroup (a process in D state).
+    ProcessLingers,
+    /// specd is killed at this call: the call never returns, and the test drops the reconcile.
+    Crash,
+}
+
+pub const FAULTS: [Fault; 5] = [Fault::Fails, Fault::TimesOut, Fault::ProcessDies, Fault::ProcessLingers, Fault::Crash];
+
+/// How long after SIGTERM a server exits.
+const EXIT_AFTER_TERM: Duration = Duration::from_millis(300);
+/// How long a server loads before it answers 200.
+pub const LOAD: Duration = Duration::from_millis(60);
+
+#[derive(Clone, Debug)]
+struct Proc {
+    argv: Vec<String>,
+    alive: bool,
+    cgroup: String,
+    ready_at: Instant,
+    /// A server that fails to load exits then.
+    dies_at: Option<Instant>,
+    /// Told to stop: exits then (unless it lingers).
+    exits_at: Option<Instant>,
+    lingers: bool,
+}
+
+#[derive(Debug, Default)]
+struct Unit {
+    /// The unit file systemd has loaded (at the last daemon-reload).
+    loaded: Option<String>,
+    active: &'static str,
+    sub: &'static str,
+    result: &'static str,
+    main_pid: u32,
+    exit_code: u32,
+    exit_status: i32,
+    invocation: u32,
+}
+
+#[derive(Debug, Default)]
+struct World {
+    files: BTreeMap<PathBuf, Vec<u8>>,
+    unit: Unit,
+    procs: BTreeMap<u32, Proc>,
+    next_pid: u32,
+    /// Servers started with these argvs fail to load (a bad spec).
+    bad: Vec<Vec<String>>,
+    /// The spec each argv serves (its reported args and its speculation).
+    specs: Vec<Spec>,
+    lingering: bool,
+    plan: Option<(usize, Fault)>,
+    calls: Vec<&'static str>,
+    crashed: bool,
+    /// Every unit text ever written, in order.
+    writes: Vec<String>,
+    /// Stops and starts asked for.
+    stops: usize,
+    starts: usize,
+}
+
+/// What the fault plan says about this call.
+enum Go {
+    On,
+    Fail(String),
+    Hang,
+}
+
+/// A handle on the in-memory host (clones share it).
+#[derive(Clone, Debug)]
+pub struct FakeHost {
+    unit: String,
+    unit_dir: PathBuf,
+    world: Arc<Mutex<World>>,
+}
+
+impl FakeHost {
+    pub fn new(unit: &str, unit_dir: &Path) -> FakeHost {
+        let w = World { next_pid: 100, ..Default::default() };
+        let host = FakeHost { unit: unit.into(), unit_dir: unit_dir.into(), world: Arc::new(Mutex::new(w)) };
+        host.w().unit.active = "inactive";
+        host.w().unit.sub = "dead";
+        host
+    }
+
+    fn w(&self) -> std::sync::MutexGuard<'_, World> {
+        self.world.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn cgroup(&self) -> String {
+        format!("/system.slice/{}", self.unit)
+    }
+
+    fn path(&self) -> PathBuf {
+        super::unit_path(&self.unit_dir, &self.unit)
+    }
+
+    /// Servers of this spec serve; with `fails`, they fail to load.
+    pub fn serves(&self, spec: &Spec, fails: bool) {
+        let mut w = self.w();
+        if fails {
+            w.bad.push(spec.argv.clone());
+        }
+        w.specs.push(spec.clone());
+    }
+
+    /// Fault `f` at call number `n` (0-based) from now on counted.
+    pub fn plan(&self, n: usize, f: Fault) {
+        let mut w = self.w();
+        w.plan = Some((n + w.calls.len(), f));
+    }
+
+    /// No more faults: the plan is cleared and lingering processes finally exit.
+    pub fn heal(&self) {
+        let mut w = self.w();
+        w.plan = None;
+        w.lingering = false;
+        let now = Instant::now();
+        for p in w.procs.values_mut() {
+            p.lingers = false;
+            if let Some(t) = p.exits_at.as_mut() {
+                *t = (*t).min(now);
+            }
+        }
+        Self::advance(&mut w);
+    }
+
+    pub fn calls(&self) -> usize {
+        self.w().calls.len()
+    }
+
+    pub fn call_names(&self) -> Vec<&'static str> {
+        self.w().calls.clone()
+    }
+
+    pub fn crashed(&self) -> bool {
+        self.w().crashed
+    }
+
+    pub fn stops_and_starts(&self) -> (usize, usize) {
+        let w = self.w();
+        (w.stops, w.starts)
+    }
+
+    pub fn writes(&self) -> Vec<String> {
+        self.w().writes.clone()
+    }
+
+    pub fn unit_file(&self) -> Option<String> {
+        self.w().files.get(&self.path()).map(|b| String::from_utf8_lossy(b).into_owned())
+    }
+
+    /// The argv of the process serving now, if one is up and ready.
+    pub fn serving(&self) -> Option<Vec<String>> {
+        let mut w = self.w();
+        Self::advance(&mut w);
+        let pid = w.unit.main_pid;
+        let p = w.procs.get(&pid)?;
+        (w.unit.active == "active" && p.alive && Instant::now() >= p.ready_at).then(|| p.argv.clone())
+    }
+
+    /// Processes alive in the unit's cgroup.
+    pub fn alive_count(&self) -> usize {
+        let mut w = self.w();
+        Self::advance(&mut w);
+        w.procs.values().filter(|p| p.alive).count()
+    }
+
+    /// Let time-driven things happen: a failing load ends, a stopped process exits.
+    fn advance(w: &mut World) {
+        let now = Instant::now();
+        let main = w.unit.main_pid;
+        let mut main_exit = None;
+        for (pid, p) in w.procs.iter_mut() {
+            if !p.alive {
+                continue;
+            }
+            if let Some(t) = p.exits_at.filter(|t| *t <= now && !p.lingers) {
+                let _ = t;
+                p.alive = false;
+                if *pid == main {
+                    main_exit = Some(true);
+                }
+            } else if p.dies_at.is_some_and(|t| t <= now) {
+                p.alive = false;
+                if *pid == main {
+                    main_exit = Some(false);
+                }
+            }
+        }
+        match main_exit {
+            Some(true) => Self::ended(w, "success", 1, 0),
+            Some(false) => Self::ended(w, "exit-code", 1, 1),
+            None => {}
+        }
+        // A stop whose process lingers: systemd gives up on the unit (its SIGKILL did not help).
+        if w.unit.active == "deactivating"
+            && w.procs
+                .get(&main)
+                .is_some_and(|p| p.lingers && p.exits_at.is_some_and(|t| t + Duration::from_secs(30) <= now))
+        {
+            Self::ended(w, "timeout", 2, 9);
+        }
+    }
+
+    fn ended(w: &mut World, result: &'static str, code: u32, status: i32) {
+        let stopping = w.unit.active == "deactivating";
+        w.unit.active = if result == "success" || (stopping && result != "timeout") { "inactive" } else { "failed" };
+        w.unit.sub = if w.unit.active == "inactive" { "dead" } else { "failed" };
+        w.unit.result = result;
+        w.unit.main_pid = 0;
+        w.unit.exit_code = code;
+        w.unit.exit_status = status;
+    }
+
+    fn kill_main(w: &mut World) {
+        let main = w.unit.main_pid;
+        if let Some(p) = w.procs.get_mut(&main).filter(|p| p.alive) {
+            p.alive = false;
+            Self::ended(w, "signal", 2, 9);
+        }
+    }
+
+    /// Count the call and apply the fault plan to it.
+    fn enter(&self, name: &'static str) -> Go {
+        let mut w = self.w();
+        Self::advance(&mut w);
+        let n = w.calls.len();
+        w.calls.push(name);
+        match w.plan {
+            Some((at, f)) if at == n => match f {
+                Fault::Fails => Go::Fail(format!("{name}: injected failure")),
+                Fault::TimesOut => Go::Hang,
+                Fault::ProcessDies => {
+                    Self::kill_main(&mut w);
+                    Go::On
+                }
+                Fault::ProcessLingers => {
+                    w.lingering = true;
+                    for p in w.procs.values_mut() {
+                        p.lingers = true;
+                    }
+                    Go::On
+                }
+                Fault::Crash => {
+                    w.crashed = true;
+                    drop(w);
+                    // Unwinds out of the reconcile as a SIGKILL would end it: nothing after
+                    // this point runs, and the unit's lock is released.
+                    std::panic::panic_any(Crashed);
+                }
+            },
+            _ => Go::On,
+        }
+    }
+
+    /// Run an async call under the fault plan: a hang is a timeout (`timeout`), or forever
+    /// after a crash.
+    async fn call<T>(&self, name: &'static str, timeout: Duration, failed: impl FnOnce(String) -> T) -> Option<T> {
+        match self.enter(name) {
+            Go::On => None,
+            Go::Fail(e) => Some(failed(e)),
+            Go::Hang => {
+                tokio::time::sleep(timeout).await;
+                Some(failed(format!("{name}: timed out after {}s", timeout.as_secs())))
+            }
+        }
+    }
+
+    /// A sync call under the fault plan (a hang is a failure: nothing sync here waits).
+    fn sync_call(&self, name: &'static str) -> Result<()> {
+        match self.enter(name) {
+            Go::On => Ok(()),
+            Go::Fail(e) => Err(anyhow!(e)),
+            Go::Hang => Err(anyhow!("{name}: timed out")),
+        }
+    }
+
+    fn spec_of(&self, argv: &[String]) -> Option<Spec> {
+        self.w().specs.iter().find(|s| s.argv == argv).cloned()
+    }
+
+    fn ready_server(&self, url: &str) -> Option<Vec<String>> {
+        let argv = self.serving()?;
+        let spec = self.spec_of(&argv)?;
+        url.starts_with(&spec.base_url()).then_some(argv)
+    }
+}
+
+/// The payload of the panic that stands for specd being killed.
+#[derive(Debug)]
+pub struct Crashed;
+
+const SYSTEMCTL: Duration = Duration::from_secs(25);
+const HTTP: Duration = Duration::from_secs(5);
+
+impl Host for FakeHost {
+    async fn show(&self, unit: &str) -> Result<UnitProps> {
+        if let Some(e) = self.call("show", SYSTEMCTL, |e| e).await {
+            bail!(e);
+        }
+        assert_eq!(unit, self.unit);
+        let on_disk = self.unit_file();
+        let w = self.w();
+        let u = &w.unit;
+        Ok(UnitProps {
+            load_state: if u.loaded.is_some() { "loaded" } else { "not-found" }.into(),
+            active_state: u.active.into(),
+            sub_state: u.sub.into(),
+            result: u.result.into(),
+            exec_main_code: u.exit_code,
+            exec_main_status: u.exit_status,
+            main_pid: u.main_pid,
+            n_restarts: 0,
+            control_group: if u.invocation > 0 { self.cgroup() } else { String::new() },
+            need_daemon_reload: on_disk != u.loaded,
+            fragment_path: if u.loaded.is_some() { self.path().display().to_string() } else { String::new() },
+            drop_in_paths: vec![],
+            invocation_id: if u.invocation > 0 { format!("{:032x}", u.invocation) } else { String::new() },
+            exec_main_start_mono: 0,
+            unit_file_state: String::new(),
+        })
+    }
+
+    async fn start(&self, unit: &str) -> Result<()> {
+        if let Some(e) = self.call("start", SYSTEMCTL, |e| e).await {
+            bail!(e);
+        }
+        let mut w = self.w();
+        w.starts += 1;
+        if matches!(w.unit.active, "active" | "activating") {
+            return Ok(());
+        }
+        let Some(text) = w.unit.loaded.clone() else { bail!("Unit {unit} not found.") };
+        let argv = crate::reconcile::exec_start(&text).unwrap_or_default();
+        let now = Instant::now();
+        let fails = w.bad.contains(&argv);
+        let pid = w.next_pid;
+        w.next_pid += 1;
+        let lingers = w.lingering;
+        w.procs.insert(
+            pid,
+            Proc {
+                argv,
+                alive: true,
+                cgroup: self.cgroup(),
+                ready_at: now + LOAD,
+                dies_at: fails.then(|| now + LOAD / 2),
+                exits_at: None,
+                lingers,
+            },
+        );
+        w.unit.invocation += 1;
+        w.unit.main_pid = pid;
+        w.unit.active = "active";
+        w.unit.sub = "running";
+        w.unit.result = "success";
+        w.unit.exit_code = 0;
+        w.unit.exit_status = 0;
+        Ok(())
+    }
+
+    async fn stop(&self, unit: &str, wait: bool) -> Result<()> {
+        if let Some(e) = self.call("stop", SYSTEMCTL, |e| e).await {
+            bail!(e);
+        }
+        assert_eq!(unit, self.unit);
+        let exit = {
+            let mut w = self.w();
+            w.stops += 1;
+            let main = w.unit.main_pid;
+            let now = Instant::now();
+            match w.procs.get_mut(&main).filter(|p| p.alive) {
+                Some(p) => {
+                    p.exits_at.get_or_insert(now + EXIT_AFTER_TERM);
+                    w.unit.active = "deactivating";
+                    w.unit.sub = "stop-sigterm";
+                    Some(now + EXIT_AFTER_TERM)
+                }
+                None => {
+                    if w.unit.active == "failed" {
+                        w.unit.active = "inactive";
+                        w.unit.sub = "dead";
+                    }
+                    None
+                }
+            }
+        };
+        if wait && let Some(t) = exit {
+            tokio::time::sleep_until(t).await;
+            Self::advance(&mut self.w());
+        }
+        Ok(())
+    }
+
+    async fn daemon_reload(&self) -> Result<()> {
+        if let Some(e) = self.call("daemon_reload", SYSTEMCTL, |e| e).await {
+            bail!(e);
+        }
+        let text = self.unit_file();
+        self.w().unit.loaded = text;
+        Ok(())
+    }
+
+    fn alive(&self, pid: u32) -> bool {
+        let _ = self.enter("alive");
+        pid == 0 || self.w().procs.get(&pid).is_some_and(|p| p.alive)
+    }
+
+    fn cmdline(&self, pid: u32) -> Option<Vec<String>> {
+        if !matches!(self.enter("cmdline"), Go::On) {
+            return None;
+        }
+        self.w().procs.get(&pid).filter(|p| p.alive).map(|p| p.argv.clone())
+    }
+
+    fn populated(&self, cg: &str) -> bool {
+        let _ = self.enter("populated");
+        self.w().procs.values().any(|p| p.alive && p.cgroup == cg)
+    }
+
+    async fn wait_empty(
+        &self,
+        cg: &str,
+        deadline: Instant,
+        mut tick: impl FnMut() + Send,
+    ) -> Result<(), Vec<Lingering>> {
+        if self.call("wait_empty", Duration::ZERO, |_| ()).await.is_some() {
+            // A failed inotify watch: the real wait falls back to polling; so does this one.
+        }
+        loop {
+            let (busy, next) = {
+                let mut w = self.w();
+                Self::advance(&mut w);
+                let alive: Vec<(u32, &Proc)> =
+                    w.procs.iter().filter(|(_, p)| p.alive && p.cgroup == cg).map(|(k, p)| (*k, p)).collect();
+                let next = alive.iter().filter_map(|(_, p)| p.exits_at.or(p.dies_at)).filter(|_| !w.lingering).min();
+                let busy: Vec<Lingering> =
+                    alive.iter().map(|(pid, p)| Lingering { pid: *pid, cmdline: p.argv.join(" ") }).collect();
+                (busy, next)
+            };
+            if busy.is_empty() {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(busy);
+            }
+            tick();
+            let wake = next.unwrap_or(deadline).min(deadline).min(Instant::now() + Duration::from_secs(1));
+            tokio::time::sleep_until(wake.max(Instant::now() + Duration::from_millis(1))).await;
+        }
+    }
+
+    fn read(&self, path: &Path) -> Result<Option<Vec<u8>>> {
+        self.sync_call("read")?;
+        Ok(self.w().files.get(path).cloned())
+    }
+
+    fn write(&self, path: &Path, bytes: &[u8]) -> Result<()> {
+        self.sync_call("write")?;
+        let mut w = self.w();
+        w.writes.push(String::from_utf8_lossy(bytes).into_owned());
+        w.files.insert(path.into(), bytes.to_vec());
+        Ok(())
+    }
+
+    fn exists(&self, path: &Path) -> bool {
+        let _ = self.enter("exists");
+        self.w().files.contains_key(path)
+    }
+
+    fn is_mask(&self, _path: &Path) -> bool {
+        let _ = self.enter("is_mask");
+        false
+    }
+
+    fn clean_temps(&self, _dir: &Path, _name: &str) {
+        let _ = self.enter("clean_temps");
+    }
+
+    fn move_aside(&self, path: &Path, _dest: &Path) -> Result<()> {
+        self.sync_call("move_aside")?;
+        self.w().files.remove(path);
+        Ok(())
+    }
+
+    async fn health(&self, url: &str) -> Health {
+        if let Some(h) = self.call("health", HTTP, |e| Health::Loading(format!("{url}: {e}"))).await {
+            return h;
+        }
+        match self.ready_server(url) {
+            Some(_) => Health::Ready,
+            None => {
+                let w = self.w();
+                let up = w.procs.get(&w.unit.main_pid).is_some_and(|p| p.alive);
+                Health::Loading(if up { format!("{url} answered 503") } else { format!("{url}: port not open yet") })
+            }
+        }
+    }
+
+    async fn server_info(&self, base_url: &str, spec: &Spec) -> Option<Result<Value, String>> {
+        spec.server_info_path()?;
+        if let Some(e) = self.call("server_info", HTTP, |e| e).await {
+            return Some(Err(e));
+        }
+        let Some(argv) = self.ready_server(base_url) else {
+            return Some(Err(format!("{base_url}: connection refused")));
+        };
+        let serving = self.spec_of(&argv)?;
+        let mut info = serde_json::json!({});
+        for a in serving.expected_server_args() {
+            set_pointer(&mut info, a.key, a.value.clone());
+        }
+        Some(Ok(info))
+    }
+
+    async fn running_requests(&self, base_url: &str, _engine: Engine) -> Option<u64> {
+        self.call("running_requests", HTTP, |_| ()).await.map_or(Some(()), |_| None)?;
+        self.ready_server(base_url).map(|_| 0)
+    }
+
+    async fn speculation(&self, base_url: &str, _spec: &Spec) -> Result<Speculation, String> {
+        if let Some(e) = self.call("speculation", HTTP, |e| e).await {
+            return Err(e);
+        }
+        let argv = self.ready_server(base_url).ok_or_else(|| format!("{base_url}: connection refused"))?;
+        let serving = self.spec_of(&argv).ok_or("no spec")?;
+        Ok(if serving.speculates() {
+            Speculation {
+                drafted: Some(24),
+                accepted: Some(18),
+                accept_length: None,
+                accept_rate: Some(0.75),
+                evidence: vec!["drafted=24".into()],
+                off: false,
+            }
+        } else {
+            Speculation::default()
+        })
+    }
+
+    fn note(&self, _unit: &str, _action: &str, _invocation: &str, _message: &str) {
+        let _ = self.enter("note");
+    }
+
+    async fn ending(&self, _unit: &str, _invocation: &str, _within: Duration) -> Option<String> {
+        self.call("ending", Duration::from_secs(5), |_| ()).await.map_or(Some(()), |_| None)?;
+        let w = self.w();
+        (w.unit.result == "exit-code").then(|| "crash: the server died on its own: exit status 1".to_string())
+    }
+}
+
+fn set_pointer(v: &mut Value, pointer: &str, value: Value) {
+    let mut cur = v;
+    let parts: Vec<&str> = pointer.trim_start_matches('/').split('/').collect();
+    for (i, p) in parts.iter().enumerate() {
+        let obj = cur.as_object_mut().expect("an object");
+        if i + 1 == parts.len() {
+            obj.insert(p.to_string(), value);
+            return;
+        }
+        cur = obj.entry(p.to_string()).or_insert_with(|| serde_json::json!({}));
+    }
+}

@@ -1,0 +1,205 @@
+//! The host, as the reconciler sees it: one boundary for every effect an apply has or depends on
+//! (the service manager, the process table and cgroups, unit files, the server's HTTP endpoints,
+//! the journal). [`RealHost`] is the machine; the reconciler's tests drive the same code on an
+//! in-memory host that can fail at any call (`reconcile::fake`).
+//!
+//! What is not here: specd's own state files ([`crate::state::Store`], a directory specd owns)
+//! and the clock (tokio's: tests pause it).
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::Result;
+use serde_json::Value;
+use specd_spec::{Engine, Spec};
+use tokio::time::Instant;
+
+use crate::cgroup::{self, Layout, Lingering};
+use crate::fsx;
+use crate::probe::{Health, Probe};
+use crate::speculation::Speculation;
+use crate::systemd::{Systemctl, Systemd, UnitProps};
+
+/// Cheap to clone (a handle): background reads during an apply hold their own.
+pub trait Host: Clone + Send + Sync + 'static {
+    // The service manager.
+
+    /// The unit's properties, as systemd reports them now.
+    fn show(&self, unit: &str) -> impl Future<Output = Result<UnitProps>> + Send;
+    /// Start the unit and wait for the start job (an error: the job failed).
+    fn start(&self, unit: &str) -> impl Future<Output = Result<()>> + Send;
+    /// Ask for a stop; with `wait`, until the stop job finished, else only queued.
+    fn stop(&self, unit: &str, wait: bool) -> impl Future<Output = Result<()>> + Send;
+    fn daemon_reload(&self) -> impl Future<Output = Result<()>> + Send;
+
+    // Processes and cgroups.
+
+    /// The process exists and has not exited; pid 0 (not known) counts as alive.
+    fn alive(&self, pid: u32) -> bool;
+    /// A process's command line; `None` once it is gone.
+    fn cmdline(&self, pid: u32) -> Option<Vec<String>>;
+    /// A process is still in the cgroup.
+    fn populated(&self, cgroup: &str) -> bool;
+    /// Until the cgroup is empty, or `deadline` (then: what is still in it). `tick` about once a
+    /// second while waiting.
+    fn wait_empty(
+        &self,
+        cgroup: &str,
+        deadline: Instant,
+        tick: impl FnMut() + Send,
+    ) -> impl Future<Output = Result<(), Vec<Lingering>>> + Send;
+
+    // Unit files.
+
+    fn read(&self, path: &Path) -> Result<Option<Vec<u8>>>;
+    /// Replace the file at once: a reader sees the old or the new bytes, never a mix.
+    fn write(&self, path: &Path, bytes: &[u8]) -> Result<()>;
+    fn exists(&self, path: &Path) -> bool;
+    /// The file is a link to `/dev/null` (a mask).
+    fn is_mask(&self, path: &Path) -> bool;
+    /// Temporary files an interrupted write left next to `name` in `dir`.
+    fn clean_temps(&self, dir: &Path, name: &str);
+    /// Move a file into `dest` (a private copy), then remove it.
+    fn move_aside(&self, path: &Path, dest: &Path) -> Result<()>;
+
+    // The server.
+
+    fn health(&self, url: &str) -> impl Future<Output = Health> + Send;
+    /// The server's own report of its args (`None`: the engine has none).
+    fn server_info(&self, base_url: &str, spec: &Spec) -> impl Future<Output = Option<Result<Value, String>>> + Send;
+    /// Requests in flight (`None`: not told).
+    fn running_requests(&self, base_url: &str, engine: Engine) -> impl Future<Output = Option<u64>> + Send;
+    /// One short generation and the engine's evidence of drafting.
+    fn speculation(&self, base_url: &str, spec: &Spec) -> impl Future<Output = Result<Speculation, String>> + Send;
+
+    // The journal.
+
+    /// Say in the unit's journal who acts on it and why (`specd diagnose` reads it).
+    fn note(&self, unit: &str, action: &str, invocation: &str, message: &str);
+    /// How an instance ended, once the journal shows it (up to `within`); `None` for a clean
+    /// stop or when the journal does not tell.
+    fn ending(&self, unit: &str, invocation: &str, within: Duration) -> impl Future<Output = Option<String>> + Send;
+}
+
+/// The machine: `systemctl`, `/proc` and the cgroup tree, the file system, HTTP to the server,
+/// journald.
+#[derive(Clone)]
+pub struct RealHost {
+    pub systemd: Systemctl,
+    pub layout: Layout,
+    pub probe: Probe,
+}
+
+impl RealHost {
+    pub fn new(layout: Layout) -> RealHost {
+        RealHost { systemd: Systemctl, layout, probe: Probe::default() }
+    }
+}
+
+impl Host for RealHost {
+    async fn show(&self, unit: &str) -> Result<UnitProps> {
+        self.systemd.show(unit).await
+    }
+
+    async fn start(&self, unit: &str) -> Result<()> {
+        self.systemd.run(&["start", unit]).await
+    }
+
+    async fn stop(&self, unit: &str, wait: bool) -> Result<()> {
+        if wait {
+            self.systemd.run(&["stop", unit]).await
+        } else {
+            self.systemd.run(&["stop", "--no-block", unit]).await
+        }
+    }
+
+    async fn daemon_reload(&self) -> Result<()> {
+        self.systemd.run(&["daemon-reload"]).await
+    }
+
+    fn alive(&self, pid: u32) -> bool {
+        cgroup::alive(pid)
+    }
+
+    fn cmdline(&self, pid: u32) -> Option<Vec<String>> {
+        cgroup::cmdline(pid)
+    }
+
+    fn populated(&self, cg: &str) -> bool {
+        self.layout.populated(cg)
+    }
+
+    async fn wait_empty(&self, cg: &str, deadline: Instant, tick: impl FnMut() + Send) -> Result<(), Vec<Lingering>> {
+        cgroup::wait_empty(&self.layout, cg, deadline, tick).await
+    }
+
+    fn read(&self, path: &Path) -> Result<Option<Vec<u8>>> {
+        fsx::read_opt(path)
+    }
+
+    fn write(&self, path: &Path, bytes: &[u8]) -> Result<()> {
+        fsx::atomic_write(path, bytes, 0o644)
+    }
+
+    fn exists(&self, path: &Path) -> bool {
+        path.exists()
+    }
+
+    fn is_mask(&self, path: &Path) -> bool {
+        std::fs::read_link(path).is_ok_and(|t| t == Path::new("/dev/null"))
+    }
+
+    fn clean_temps(&self, dir: &Path, name: &str) {
+        fsx::clean_temps(dir, name)
+    }
+
+    fn move_aside(&self, path: &Path, dest: &Path) -> Result<()> {
+        use anyhow::Context;
+        if let Some(dir) = dest.parent() {
+            fsx::ensure_private_dir(dir)?;
+        }
+        // The copy is the owner's only (a drop-in may set secrets).
+        std::fs::copy(path, dest)
+            .and_then(|_| std::fs::set_permissions(dest, std::os::unix::fs::PermissionsExt::from_mode(0o600)))
+            .and_then(|_| std::fs::remove_file(path))
+            .with_context(|| format!("moving {} aside", path.display()))
+    }
+
+    async fn health(&self, url: &str) -> Health {
+        self.probe.health(url).await
+    }
+
+    async fn server_info(&self, base_url: &str, spec: &Spec) -> Option<Result<Value, String>> {
+        self.probe.server_info(base_url, spec).await
+    }
+
+    async fn running_requests(&self, base_url: &str, engine: Engine) -> Option<u64> {
+        self.probe.running_requests(base_url, engine).await
+    }
+
+    async fn speculation(&self, base_url: &str, spec: &Spec) -> Result<Speculation, String> {
+        self.probe.speculation(base_url, spec).await
+    }
+
+    fn note(&self, unit: &str, action: &str, invocation: &str, message: &str) {
+        let _ = crate::diagnose::journal_note(unit, action, Some(invocation), message);
+    }
+
+    async fn ending(&self, unit: &str, invocation: &str, within: Duration) -> Option<String> {
+        let d = if invocation.is_empty() {
+            tokio::time::timeout(within, crate::diagnose::last_verdict(unit)).await.ok().flatten()
+        } else {
+            crate::diagnose::instance_verdict(unit, invocation, within).await
+        };
+        d.filter(|d| d.verdict != crate::diagnose::Verdict::CleanStop).map(|d| d.summary)
+    }
+}
+
+/// Where a unit's file lives in a unit directory.
+pub fn unit_path(unit_dir: &Path, unit: &str) -> PathBuf {
+    unit_dir.join(unit)
+}
+
+#[cfg(test)]
+pub mod fake;

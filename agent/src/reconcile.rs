@@ -12,6 +12,7 @@ use tokio::time::Instant;
 use anyhow::{Context, Result};
 use specd_spec::{RenderedUnit, Spec};
 
+use crate::cgroup::Lingering;
 use crate::host::{Host, unit_path};
 use crate::lock::UnitLock;
 use crate::plan::{self, Desired, Observed, Plan, Step, Sync};
@@ -336,8 +337,7 @@ pub async fn reconcile<H: Host>(ctx: &Ctx<H>, d: &DesiredState, dry_run: bool) -
     if plan.steps.contains(&Step::WriteUnit)
         && !d.spec.policy.adopt
         && st.written_sha256.is_none()
-        && let Some(whose) =
-            crate::owner::foreign(&path, ctx.host.read(&path)?.as_deref(), &props.load_state, fragment)
+        && let Some(whose) = crate::owner::foreign(&path, ctx.host.read(&path)?.as_deref(), &props.load_state, fragment)
     {
         let verdict = format!(
             "Refused: {unit}: {whose}; specd takes over a unit it did not write only when the spec adopts it (policy: {{adopt: true}}); nothing changed"
@@ -790,9 +790,30 @@ async fn restore<H: Host>(
 /// Stop a unit whose instance failed, and say so in its journal (`diagnose` then names the
 /// failed start, not a stop on request).
 async fn stop_quietly<H: Host>(ctx: &Ctx<H>, unit: &str, note: &str) {
-    let invocation = ctx.host.show(unit).await.map(|p| p.invocation_id).unwrap_or_default();
-    ctx.host.note(unit, "rollback", &invocation, note);
+    let before = ctx.host.show(unit).await.unwrap_or_default();
+    ctx.host.note(unit, "rollback", &before.invocation_id, note);
+    if let Err(lingering) = stop_until_empty(ctx, unit, &before).await {
+        (ctx.events)(
+            unit,
+            &Event::Warning(format!(
+                "{} processes still in {} after the stop: {}",
+                lingering.len(),
+                before.control_group,
+                lingering.iter().map(|l| format!("pid {} ({})", l.pid, l.cmdline)).collect::<Vec<_>>().join(", ")
+            )),
+        );
+    }
+}
+
+/// Stop a unit outside an apply and wait until its cgroup is empty (stopped means empty): the
+/// stop job is over once `stop` returns (systemd's SIGKILL included), so what is left goes within
+/// moments, or is returned.
+async fn stop_until_empty<H: Host>(ctx: &Ctx<H>, unit: &str, before: &UnitProps) -> Result<(), Vec<Lingering>> {
     let _ = ctx.host.stop(unit, true).await;
+    if before.control_group.is_empty() {
+        return Ok(());
+    }
+    ctx.host.wait_empty(&before.control_group, Instant::now() + Duration::from_secs(10), || {}).await
 }
 
 /// A unit whose spec is gone, with `prune: true`: stop it, wait until its processes are gone,
@@ -805,18 +826,13 @@ pub async fn prune<H: Host>(ctx: &Ctx<H>, unit: &str) {
     tracing::warn!(unit, "pruning: its spec is gone; stopping it and moving its unit file to the state dir");
     let before = ctx.host.show(unit).await.unwrap_or_default();
     ctx.host.note(unit, "prune", &before.invocation_id, &format!("specd: stopping {unit}: its spec is gone (prune)"));
-    let _ = ctx.host.stop(unit, true).await;
-    if !before.control_group.is_empty() {
-        // The stop job is over (systemd's SIGKILL included): what is left goes within moments.
-        let deadline = Instant::now() + Duration::from_secs(10);
-        if let Err(lingering) = ctx.host.wait_empty(&before.control_group, deadline, || {}).await {
-            tracing::error!(
-                unit,
-                "pruning: {} processes still in {} after the stop",
-                lingering.len(),
-                before.control_group
-            );
-        }
+    if let Err(lingering) = stop_until_empty(ctx, unit, &before).await {
+        tracing::error!(
+            unit,
+            "pruning: {} processes still in {} after the stop",
+            lingering.len(),
+            before.control_group
+        );
     }
     let path = unit_path(&ctx.unit_dir, unit);
     let keep = ctx.store.dir.join("pruned");

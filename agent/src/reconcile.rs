@@ -559,8 +559,8 @@ pub async fn reconcile<H: Host>(ctx: &Ctx<H>, d: &DesiredState, dry_run: bool) -
                 good_any: st.last_good.is_some(),
                 rollback: d.spec.policy.rollback,
             };
-            let quarantined = recovery::quarantine(&failure);
-            if quarantined {
+            let decision = recovery::after(&failure);
+            if decision.quarantine {
                 st.quarantine.retain(|q| q.sha256 != d.unit.sha256);
                 st.quarantine.push(Quarantined {
                     sha256: d.unit.sha256.clone(),
@@ -569,17 +569,15 @@ pub async fn reconcile<H: Host>(ctx: &Ctx<H>, d: &DesiredState, dry_run: bool) -
                     time: state::now(),
                 });
             }
-            let (outcome, mut verdict) = recover(ctx, &mut st, d, &f, &failure, &mut stop_verdict).await;
+            let (outcome, mut verdict) = recover(ctx, &mut st, d, &f, &failure, &decision, &mut stop_verdict).await;
             if let Some(down) = down_note(ctx, &unit).await {
                 verdict.push_str(&format!("; {down}"));
             }
-            // A host fault (a lingering process, systemd refusing) after the stop leaves the
-            // apply in progress, so the next reconcile finishes it whatever the drift policy.
-            if f.spec_fault || !failure.stopped {
+            if decision.finished {
                 st.in_progress = None;
             }
             st.record(history(d, outcome, verdict.clone(), stop_verdict.clone(), started.elapsed().as_millis() as u64));
-            let action = if quarantined { Action::AwaitChange } else { Action::Requeue(Duration::from_secs(30)) };
+            let action = if decision.requeue { Action::Requeue(Duration::from_secs(30)) } else { Action::AwaitChange };
             Report { unit: unit.clone(), plan, outcome: Some(outcome), verdict, stop_verdict, action }
         }
     };
@@ -635,12 +633,13 @@ async fn recover<H: Host>(
     d: &DesiredState,
     f: &StepFailure,
     failure: &recovery::Failure,
+    decision: &recovery::Decision,
     stop_verdict: &mut Option<String>,
 ) -> (Outcome, String) {
     let unit = &d.spec.unit;
     let what = format!("{:?} failed: {}", f.step, f.message);
-    let quarantined = recovery::quarantine(failure);
-    match recovery::decide(failure) {
+    let quarantined = decision.quarantine;
+    match decision.recovery.clone() {
         Recovery::Retry => {
             let why = if f.crashed_after_ready && failure.verified_before {
                 format!(

@@ -43,6 +43,26 @@ pub enum Recovery {
     LeaveStopped(&'static str),
 }
 
+/// Everything decided after a failed step.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Decision {
+    pub recovery: Recovery,
+    /// The desired hash is quarantined.
+    pub quarantine: bool,
+    /// The apply is over (its `in_progress` record goes). A host fault after the stop leaves it
+    /// in progress, so that the next reconcile finishes it whatever the drift policy.
+    pub finished: bool,
+    /// Reconcile again after a while (the agent backs off from there); otherwise only a change
+    /// brings this unit back (a quarantined hash is never retried).
+    pub requeue: bool,
+}
+
+/// What follows a failed step: the whole decision, pure.
+pub fn after(f: &Failure) -> Decision {
+    let quarantine = quarantine(f);
+    Decision { recovery: decide(f), quarantine, finished: f.spec_fault || !f.stopped, requeue: !quarantine }
+}
+
 /// Steps after which the instance that ran before is gone.
 fn after_stop(step: Step) -> bool {
     !matches!(step, Step::Drain | Step::Stop)
@@ -140,6 +160,20 @@ mod tests {
                 Recovery::LeaveStopped("there is no last good unit to start again")
             );
         }
+    }
+
+    #[test]
+    fn a_quarantined_hash_waits_for_a_change_and_a_host_fault_leaves_the_apply_to_finish() {
+        let spec = after(&Failure { spec_fault: true, ..f(Step::WaitReady) });
+        assert_eq!((spec.quarantine, spec.finished, spec.requeue), (true, true, false));
+        let host = after(&f(Step::WriteUnit));
+        assert_eq!(
+            (host.recovery, host.quarantine, host.finished, host.requeue),
+            (Recovery::StartLastGood, false, false, true)
+        );
+        // Nothing was stopped: nothing to finish, and it is tried again.
+        let before_stop = after(&Failure { stopped: false, ..f(Step::Stop) });
+        assert_eq!((before_stop.finished, before_stop.requeue), (true, true));
     }
 
     #[test]

@@ -590,7 +590,7 @@ async fn worker(
                 };
                 metrics.reconciled(&unit, now, &result, t0.elapsed().as_secs_f64(), failed);
                 if let Ok(p) = ctx.host.show(&unit).await {
-                    metrics.down(&unit, !matches!(p.active_state.as_str(), "active" | "activating" | "reloading"));
+                    metrics.down(&unit, !p.active_state.is_up());
                 }
                 if r.outcome.is_some() {
                     tracing::info!(unit = %unit, "{}", r.verdict);

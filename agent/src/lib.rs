@@ -17,6 +17,7 @@ pub mod plan;
 pub mod probe;
 pub mod reconcile;
 pub mod recovery;
+pub mod service;
 pub mod source;
 pub mod specs;
 pub mod speculation;

@@ -4,6 +4,8 @@
 use serde::Serialize;
 use specd_spec::DriftPolicy;
 
+use crate::service::ActiveState;
+
 /// What specd saw on the host for one unit.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Observed {
@@ -12,7 +14,7 @@ pub struct Observed {
     /// Drop-ins that change the unit (any `X.service.d/*.conf` systemd loads).
     pub drop_ins: Vec<String>,
     pub load_state: String,
-    pub active_state: String,
+    pub active_state: ActiveState,
     pub sub_state: String,
     pub main_pid: u32,
     pub need_daemon_reload: bool,
@@ -150,7 +152,8 @@ pub fn plan(o: &Observed, d: &Desired) -> Plan {
         };
     }
     if let Some(why) = &o.quarantined {
-        let running_good = o.deployed_sha256 == o.last_good_sha256 && (o.active_state == "active" || o.main_pid > 0);
+        let running_good =
+            o.deployed_sha256 == o.last_good_sha256 && (o.active_state == ActiveState::Active || o.main_pid > 0);
         let healable = d.drift == DriftPolicy::Heal || !running_good && o.main_pid == 0;
         // A rollback that was interrupted (specd killed in it) is finished unless the last good
         // unit already serves, ready.
@@ -178,8 +181,7 @@ pub fn plan(o: &Observed, d: &Desired) -> Plan {
     }
 
     let file_differs = o.deployed_sha256.as_deref() != Some(d.sha256.as_str());
-    let running =
-        matches!(o.active_state.as_str(), "active" | "activating" | "deactivating" | "reloading") || o.main_pid > 0;
+    let running = o.active_state.may_run() || o.main_pid > 0;
     let loaded_elsewhere =
         o.load_state == "loaded" && !o.fragment_path.is_empty() && o.fragment_path != d.fragment_path;
     let stale_cmdline = running && o.main_cmdline.as_ref().is_some_and(|c| !runs_argv(c, &d.argv));
@@ -270,8 +272,8 @@ pub fn plan(o: &Observed, d: &Desired) -> Plan {
     }
 
     // The host has the desired unit, loaded. What is its service doing?
-    match o.active_state.as_str() {
-        "active" | "reloading" => match o.ready {
+    match o.active_state {
+        ActiveState::Active | ActiveState::Reloading | ActiveState::Refreshing => match o.ready {
             Some(false) => Plan {
                 sync: Sync::Progressing,
                 reasons: vec!["the server is up but not ready yet".into()],
@@ -279,7 +281,7 @@ pub fn plan(o: &Observed, d: &Desired) -> Plan {
             },
             _ => Plan { sync: Sync::InSync, reasons: vec![], steps: vec![] },
         },
-        "activating" | "deactivating" => Plan {
+        ActiveState::Activating | ActiveState::Deactivating => Plan {
             sync: Sync::Progressing,
             reasons: vec![format!("systemd is {} the unit ({})", o.active_state, o.sub_state)],
             steps: vec![],

@@ -19,7 +19,7 @@ use crate::plan::{self, Desired, Observed, Plan, Step, Sync};
 use crate::probe::{self, Health};
 use crate::recovery::{self, Recovery};
 use crate::state::{self, GoodUnit, HistoryEntry, InProgress, Outcome, Quarantined, Source, Store, UnitState};
-use crate::systemd::UnitProps;
+use crate::systemd::{ActiveState, UnitProps};
 
 /// How long specd waits for a stop: systemd's `TimeoutStopSec`, plus a margin for its SIGKILL and
 /// the kernel's reaping (5 s, or a tenth of the timeout when that is longer).
@@ -230,7 +230,7 @@ pub async fn observe<H: Host>(
     let main_cmdline = if props.main_pid > 0 { ctx.host.cmdline(props.main_pid) } else { None };
     let mut ready = None;
     let mut arg_mismatches = Vec::new();
-    if probe_server && props.active_state == "active" {
+    if probe_server && props.active_state == ActiveState::Active {
         // A quick look: a hung server does not hold the reconcile.
         let quick = Duration::from_millis(1500);
         let base = d.spec.base_url();
@@ -256,7 +256,7 @@ pub async fn observe<H: Host>(
         } else {
             props.load_state.clone()
         },
-        active_state: props.active_state.clone(),
+        active_state: props.active_state,
         sub_state: props.sub_state.clone(),
         main_pid: props.main_pid,
         need_daemon_reload: props.need_daemon_reload,
@@ -592,8 +592,7 @@ pub async fn reconcile<H: Host>(ctx: &Ctx<H>, d: &DesiredState, dry_run: bool) -
 /// Plain words when a unit's service is not running after an apply.
 async fn down_note<H: Host>(ctx: &Ctx<H>, unit: &str) -> Option<String> {
     let p = ctx.host.show(unit).await.ok()?;
-    (!matches!(p.active_state.as_str(), "active" | "activating" | "reloading"))
-        .then(|| format!("{unit} is DOWN ({}/{})", p.active_state, p.sub_state))
+    (!p.active_state.is_up()).then(|| format!("{unit} is DOWN ({}/{})", p.active_state, p.sub_state))
 }
 
 fn good_unit(d: &DesiredState) -> GoodUnit {
@@ -1238,7 +1237,9 @@ async fn wait_stopped_state<H: Host>(ctx: &Ctx<H>, unit: &str, deadline: Instant
         if props.is_stopped() && !ctx.host.populated(&props.control_group) {
             return Ok(props);
         }
-        if matches!(props.active_state.as_str(), "active" | "activating") && props.sub_state != "stop-sigterm" {
+        if matches!(props.active_state, ActiveState::Active | ActiveState::Activating)
+            && props.sub_state != "stop-sigterm"
+        {
             // Restarted behind specd's back (Restart= timer, a dependency, a person).
             if restops >= 3 {
                 return Err(format!(
@@ -1313,7 +1314,10 @@ async fn wait_ready<H: Host>(ctx: &Ctx<H>, unit: &str, t: &Target<'_>, pid: u32)
                 tokio::time::sleep(Duration::from_millis(10)).await;
                 props = ctx.host.show(unit).await.map_err(|e| Wait::Fatal(format!("{e:#}")))?;
             }
-            if exited || props.main_pid != pid || !matches!(props.active_state.as_str(), "active" | "activating") {
+            if exited
+                || props.main_pid != pid
+                || !matches!(props.active_state, ActiveState::Active | ActiveState::Activating)
+            {
                 return Err(Wait::Fatal(format!(
                     "the server exited while loading (Result={}, status {}, {} restarts)",
                     props.result,

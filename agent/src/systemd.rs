@@ -4,6 +4,8 @@ use std::collections::BTreeMap;
 use std::future::Future;
 
 use anyhow::{Context, Result, bail};
+
+pub use crate::service::ActiveState;
 use tokio::process::Command;
 
 /// The properties specd reads.
@@ -32,7 +34,7 @@ pub const PROPS: &[&str] = &[
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct UnitProps {
     pub load_state: String,
-    pub active_state: String,
+    pub active_state: ActiveState,
     pub sub_state: String,
     pub result: String,
     pub exec_main_code: u32,
@@ -57,7 +59,7 @@ impl UnitProps {
         let n = |k: &str| m.get(k).and_then(|v| v.parse().ok()).unwrap_or(0);
         UnitProps {
             load_state: s("LoadState"),
-            active_state: s("ActiveState"),
+            active_state: ActiveState::parse(&s("ActiveState")),
             sub_state: s("SubState"),
             result: s("Result"),
             exec_main_code: n("ExecMainCode") as u32,
@@ -81,12 +83,11 @@ impl UnitProps {
 
     /// A process of the unit may be alive (running, starting, stopping, or about to restart).
     pub fn is_running(&self) -> bool {
-        matches!(self.active_state.as_str(), "active" | "activating" | "deactivating" | "reloading")
-            || self.main_pid > 0
+        self.active_state.may_run() || self.main_pid > 0
     }
 
     pub fn is_stopped(&self) -> bool {
-        matches!(self.active_state.as_str(), "inactive" | "failed") && self.main_pid == 0
+        self.active_state.is_stopped() && self.main_pid == 0
     }
 
     /// Exit status as systemd prints it: `3`, or `9/KILL` for a signal.

@@ -22,7 +22,7 @@ use super::Host;
 use crate::cgroup::Lingering;
 use crate::probe::Health;
 use crate::speculation::Speculation;
-use crate::systemd::UnitProps;
+use crate::systemd::{ActiveState, UnitProps};
 
 /// What goes wrong at a planned call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -339,7 +339,7 @@ impl Host for FakeHost {
         let u = &w.unit;
         Ok(UnitProps {
             load_state: if u.loaded.is_some() { "loaded" } else { "not-found" }.into(),
-            active_state: u.active.into(),
+            active_state: ActiveState::parse(u.active),
             sub_state: u.sub.into(),
             result: u.result.into(),
             exec_main_code: u.exit_code,

@@ -27,7 +27,7 @@ fn fixture(name: &str) -> Raw {
         main_cmdline: meta["main_cmdline"]
             .as_array()
             .map(|a| a.iter().map(|w| w.as_str().unwrap().to_string()).collect()),
-        oom_kill_count: None,
+        oom_kill_count: meta["oom_kill_count"].as_u64(),
     }
 }
 

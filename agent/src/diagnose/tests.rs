@@ -69,7 +69,7 @@ fn stop_timeout_is_not_an_oom_and_names_specd() {
     // The evidence is in time order and timestamped.
     let times: Vec<&str> = d.evidence.iter().map(|e| e.time.as_str()).collect();
     assert!(times.windows(2).all(|w| w[0] <= w[1]), "{times:?}");
-    assert!(times.iter().all(|t| t.starts_with("2026-12-02T") && t.ends_with('Z')), "{times:?}");
+    assert!(times.iter().all(|t| t.starts_with("2026-12-03T") && t.ends_with('Z')), "{times:?}");
     // The instance before: the same ending, from the journal alone (no systemctl for it),
     // stopped by the restart; it started before the unit file changed: not stale.
     let d0 = &ds[0];
@@ -454,7 +454,7 @@ fn text_output_puts_the_verdict_first_then_timestamped_evidence() {
     let head = lines.next().unwrap();
     assert!(head.starts_with("crash.service ") && head.ends_with(": crash"), "{t}");
     assert_contains(lines.next().unwrap(), "crash: the server died on its own: exit status 3");
-    assert!(lines.any(|l| l.trim_start().starts_with("2026-12-02T") && l.contains("status=3/NOTIMPLEMENTED")), "{t}");
+    assert!(lines.any(|l| l.trim_start().starts_with("2026-12-03T") && l.contains("status=3/NOTIMPLEMENTED")), "{t}");
 }
 
 #[test]

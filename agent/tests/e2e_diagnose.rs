@@ -3,7 +3,8 @@
 //! and must name it.
 //!
 //! `record_fixtures` (ignored; run with `SPECD_RECORD_FIXTURES=1`) re-records the fixtures in
-//! `tests/fixtures/diagnose/` that the classifier's unit tests read.
+//! `tests/fixtures/diagnose/` that the classifier's unit tests read: what specd's own gatherer
+//! (`diagnose::gather_raw`, run inside the box) reads for each case.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -11,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde_json::Value;
-use specd::diagnose::{self, JOURNAL_FIELDS, Raw, show_props};
+use specd::diagnose::{self, Raw};
 use specd_e2e::{SystemdBox, bin_path, free_port, wait_until};
 
 fn boot() -> SystemdBox {
@@ -24,10 +25,6 @@ fn fixtures_dir() -> PathBuf {
 
 fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
-}
-
-fn now_us() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_micros() as u64
 }
 
 /// Drops the journal fields diagnosis never reads (cursor, boot ID, monotonic time).
@@ -44,18 +41,9 @@ fn trim_journal(text: &str) -> String {
         .collect()
 }
 
-fn journal_json(b: &SystemdBox, matches: &[&str]) -> String {
-    let fields = format!("--output-fields={JOURNAL_FIELDS}");
-    let mut argv = vec!["journalctl", "--no-pager", "-o", "json", &fields];
-    argv.extend_from_slice(matches);
-    let out = b.exec(&argv);
-    trim_journal(&String::from_utf8_lossy(&out.stdout))
-}
-
-/// The host kernel's OOM-killer lines about this box since `since_us` (the box's journald does
-/// not read the kernel log; the host's ring buffer has them, naming the box's cgroup).
-fn kernel_lines(b: &SystemdBox, since_us: u64) -> Vec<diagnose::Line> {
-    let all = rt().block_on(diagnose::kernel_oom_lines(since_us));
+/// The kernel lines of this box only: the ring buffer is the host's, and other boxes (other
+/// tests) may have had their own OOM kills in the same seconds.
+fn this_box_only(b: &SystemdBox, all: Vec<diagnose::Line>) -> Vec<diagnose::Line> {
     let pids: Vec<String> = all
         .iter()
         .filter(|l| l.message.starts_with("oom-kill:") && l.message.contains(b.name()))
@@ -69,50 +57,18 @@ fn kernel_lines(b: &SystemdBox, since_us: u64) -> Vec<diagnose::Line> {
         .collect()
 }
 
-/// What specd's gatherer reads, read from the box from outside (same commands, same parsing).
-fn capture(b: &SystemdBox, unit: &str, since_us: u64) -> Raw {
-    let show = b.systemctl_check(&["show", unit, "-p", &show_props()]).unwrap();
-    let view = diagnose::parse_show(&show);
-    let mut ctx: Vec<String> =
-        vec!["SYSLOG_IDENTIFIER=specd".into(), "SYSLOG_IDENTIFIER=sudo".into(), "SYSLOG_IDENTIFIER=polkitd".into()];
-    for (_, dep) in &view.stop_deps {
-        ctx.extend(["+".into(), "_PID=1".into(), format!("UNIT={dep}")]);
-    }
-    let ctx: Vec<&str> = ctx.iter().map(String::as_str).collect();
-    let mut files = Vec::new();
-    let mut mtime = None;
-    for p in std::iter::once(&view.props.fragment_path).chain(view.props.drop_in_paths.iter()) {
-        if let Ok(t) = b.read_to_string(p) {
-            files.push(t);
-            let m = std::fs::metadata(b.host_path(p))
-                .and_then(|m| m.modified())
-                .ok()
-                .and_then(|m| m.duration_since(std::time::UNIX_EPOCH).ok())
-                .map(|d| d.as_micros() as u64);
-            mtime = mtime.max(m);
-        }
-    }
-    let main_cmdline = (view.props.main_pid > 0)
-        .then(|| b.read_file(&format!("/proc/{}/cmdline", view.props.main_pid)).ok())
-        .flatten()
-        .map(|c| {
-            c.strip_suffix(&[0])
-                .unwrap_or(&c)
-                .split(|x| *x == 0)
-                .map(|w| String::from_utf8_lossy(w).into_owned())
-                .collect()
-        });
-    Raw {
-        unit: unit.into(),
-        show,
-        journal: journal_json(b, &["-u", unit]),
-        context: journal_json(b, &ctx),
-        kernel: kernel_lines(b, since_us),
-        unit_files: files,
-        unit_mtime_us: mtime,
-        main_cmdline,
-        oom_kill_count: None,
-    }
+/// What specd's gatherer (`diagnose::gather_raw`) reads about `unit`, run inside the box: this
+/// test binary runs itself there (see `in_box_entry`).
+fn gathered(b: &SystemdBox, unit: &str) -> Raw {
+    let line = in_box(b, unit, "gather");
+    serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"))
+}
+
+/// A capture for a fixture: the gatherer's reading, with this box's kernel lines only.
+fn capture(b: &SystemdBox, unit: &str) -> Raw {
+    let mut raw = gathered(b, unit);
+    raw.kernel = this_box_only(b, std::mem::take(&mut raw.kernel));
+    raw
 }
 
 /// The kernel names cgroups by their host path; the part above the box (the test runner's own
@@ -132,10 +88,10 @@ fn save_fixture(name: &str, raw: &Raw, what: &str) {
     let d = fixtures_dir();
     std::fs::create_dir_all(&d).unwrap();
     let w = |ext: &str, text: &str| std::fs::write(d.join(format!("{name}.{ext}")), text).unwrap();
-    w("journal.json", &raw.journal);
+    w("journal.json", &trim_journal(&raw.journal));
     w("show", &raw.show);
     if !raw.context.is_empty() {
-        w("context.json", &raw.context);
+        w("context.json", &trim_journal(&raw.context));
     }
     if !raw.kernel.is_empty() {
         // Kernel lines as journalctl -k -o json gives them.
@@ -162,6 +118,7 @@ fn save_fixture(name: &str, raw: &Raw, what: &str) {
         "what": what,
         "unit_mtime_us": raw.unit_mtime_us,
         "main_cmdline": raw.main_cmdline,
+        "oom_kill_count": raw.oom_kill_count,
     });
     w("meta.json", &(serde_json::to_string_pretty(&meta).unwrap() + "\n"));
 }
@@ -207,7 +164,6 @@ fn record_fixtures() {
     if std::env::var_os("SPECD_RECORD_FIXTURES").is_none() {
         return;
     }
-    let since = now_us();
     let b = boot();
 
     // 1. Stop timeout while draining, stop requested by specd (the seed's case, with a unit
@@ -252,7 +208,7 @@ while :; do sleep 0.2; done
     wait_prop(&b, "seed.service", "Result", "timeout");
     save_fixture(
         "stop-timeout-stale",
-        &capture(&b, "seed.service", since),
+        &capture(&b, "seed.service"),
         "recorded: systemd 252 in the box; SGLang's drain messages printed by a script",
     );
 
@@ -283,7 +239,7 @@ while :; do sleep 0.2; done
     b.systemctl_check(&["stop", "drained.service"]).unwrap();
     save_fixture(
         "clean-stop-sglang-selfkill",
-        &capture(&b, "drained.service", since),
+        &capture(&b, "drained.service"),
         "recorded: systemd 252 in the box; SGLang's drain and self-SIGKILL done by a script",
     );
 
@@ -310,7 +266,7 @@ kill -9 $$
     wait_prop(&b, "cuda.service", "ActiveState", "failed");
     save_fixture(
         "cuda-oom-sglang",
-        &capture(&b, "cuda.service", since),
+        &capture(&b, "cuda.service"),
         "recorded: systemd 252 in the box; SGLang's CUDA OOM traceback (torch format) and self-SIGKILL done by a script",
     );
 
@@ -332,7 +288,7 @@ exit 1
     wait_prop(&b, "vllm.service", "ActiveState", "failed");
     save_fixture(
         "cuda-oom-vllm",
-        &capture(&b, "vllm.service", since),
+        &capture(&b, "vllm.service"),
         "recorded: systemd 252 in the box; vLLM's KV-cache error printed by a script",
     );
 
@@ -355,7 +311,7 @@ exit 3
     wait_prop(&b, "crash.service", "ActiveState", "failed");
     save_fixture(
         "crash-exit3",
-        &capture(&b, "crash.service", since),
+        &capture(&b, "crash.service"),
         "recorded: systemd 252 in the box; the traceback printed by a script",
     );
 
@@ -364,7 +320,7 @@ exit 3
     b.systemctl_check(&["daemon-reload"]).unwrap();
     b.systemctl_check(&["start", "wd.service"]).unwrap();
     wait_prop(&b, "wd.service", "Result", "watchdog");
-    save_fixture("watchdog", &capture(&b, "wd.service", since), "recorded: systemd 252 in the box");
+    save_fixture("watchdog", &capture(&b, "wd.service"), "recorded: systemd 252 in the box");
 
     // 7. Start limit: a crash loop.
     let loop_ = script(
@@ -387,7 +343,7 @@ exit 3
     .unwrap();
     save_fixture(
         "start-limit-cuda",
-        &capture(&b, "loop.service", since),
+        &capture(&b, "loop.service"),
         "recorded: systemd 252 in the box; SGLang's KV-cache message printed by a script",
     );
 
@@ -396,7 +352,7 @@ exit 3
     b.systemctl_check(&["daemon-reload"]).unwrap();
     b.systemctl_check(&["start", "hog.service"]).unwrap();
     wait_prop(&b, "hog.service", "ActiveState", "failed");
-    let hog = capture(&b, "hog.service", since);
+    let hog = capture(&b, "hog.service");
     assert!(!hog.kernel.is_empty(), "no kernel OOM line for the box");
     save_fixture(
         "oom-kill-hybrid",
@@ -411,8 +367,8 @@ exit 3
     b.systemctl_check(&["start", "app.service"]).unwrap();
     b.systemctl_check(&["stop", "db.service"]).unwrap();
     wait_prop(&b, "app.service", "ActiveState", "inactive");
-    save_fixture("clean-stop-dependency", &capture(&b, "app.service", since), "recorded: systemd 252 in the box");
-    save_fixture("clean-stop-unattributed", &capture(&b, "db.service", since), "recorded: systemd 252 in the box");
+    save_fixture("clean-stop-dependency", &capture(&b, "app.service"), "recorded: systemd 252 in the box");
+    save_fixture("clean-stop-unattributed", &capture(&b, "db.service"), "recorded: systemd 252 in the box");
 
     // 10. Stale config, running: restarted after an edit without daemon-reload.
     let idle = script(&b, "idle", "while :; do sleep 0.2; done\n");
@@ -422,7 +378,7 @@ exit 3
     install(&b, "stale.service", &format!("[Service]\nExecStart={idle} sglang --speculative-num-steps 5\n"));
     b.systemctl_check(&["restart", "stale.service"]).unwrap();
     wait_prop(&b, "stale.service", "NeedDaemonReload", "yes");
-    save_fixture("stale-config-running", &capture(&b, "stale.service", since), "recorded: systemd 252 in the box");
+    save_fixture("stale-config-running", &capture(&b, "stale.service"), "recorded: systemd 252 in the box");
 
     b.shutdown().unwrap();
 }
@@ -445,34 +401,44 @@ fn specd_diagnose(b: &SystemdBox, unit: Option<&str>, json: bool) -> (i32, Strin
     (out.status.code().unwrap_or(-1), text(&out.stdout), text(&out.stderr))
 }
 
-/// `specd::diagnose::last_verdict` (what `specd status` shows) inside the box: this test binary
-/// runs itself there with `SPECD_DIAG_LAST` set. Does nothing unless run that way.
+/// The library run inside the box for the tests of this file, which run this test binary there
+/// with `SPECD_DIAG_UNIT` and `SPECD_DIAG_CALL`: `last` prints `diagnose::last_verdict` (what
+/// `specd status` shows), `gather` the `diagnose::gather_raw` reading, as one JSON line. Does
+/// nothing unless run that way.
 #[test]
 #[ignore = "run inside the box by the tests of this file"]
-fn in_box_diagnose_entry() {
-    let Ok(unit) = std::env::var("SPECD_DIAG_UNIT") else { return };
-    let d = rt().block_on(diagnose::last_verdict(&unit));
-    println!("{}", serde_json::to_string(&d).unwrap());
+fn in_box_entry() {
+    let (Ok(unit), Ok(call)) = (std::env::var("SPECD_DIAG_UNIT"), std::env::var("SPECD_DIAG_CALL")) else { return };
+    let json = match call.as_str() {
+        "last" => serde_json::to_string(&rt().block_on(diagnose::last_verdict(&unit))),
+        "gather" => {
+            serde_json::to_string(&rt().block_on(diagnose::gather_raw(&unit, diagnose::MAX_INSTANCES)).unwrap())
+        }
+        other => panic!("SPECD_DIAG_CALL={other}"),
+    };
+    println!("{}", json.unwrap());
     std::io::stdout().flush().unwrap();
     std::process::exit(0);
 }
 
-/// `specd::diagnose::last_verdict(unit)` run inside the box (what `specd status` shows).
-fn last_verdict(b: &SystemdBox, unit: &str) -> Value {
+/// `in_box_entry` for `unit` and `call` inside the box: the JSON line it printed.
+fn in_box(b: &SystemdBox, unit: &str, call: &str) -> String {
     let exe = std::env::current_exe().unwrap();
     let out = b.exec_env(
-        &[exe.to_str().unwrap(), "--ignored", "--exact", "in_box_diagnose_entry", "--nocapture", "--test-threads=1"],
-        &[("SPECD_DIAG_UNIT", unit), ("SPECD_DIAG_LAST", "1")],
+        &[exe.to_str().unwrap(), "--ignored", "--exact", "in_box_entry", "--nocapture", "--test-threads=1"],
+        &[("SPECD_DIAG_UNIT", unit), ("SPECD_DIAG_CALL", call)],
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
-    let line = stdout.lines().find_map(|l| l.strip_prefix("test in_box_diagnose_entry ... ")).unwrap_or_default();
-    serde_json::from_str(line).unwrap_or_else(|e| {
-        panic!(
-            "{e}: {stdout}
-{}",
-            String::from_utf8_lossy(&out.stderr)
-        )
-    })
+    match stdout.lines().find_map(|l| l.strip_prefix("test in_box_entry ... ")) {
+        Some(line) => line.to_string(),
+        None => panic!("{stdout}\n{}", String::from_utf8_lossy(&out.stderr)),
+    }
+}
+
+/// `specd::diagnose::last_verdict(unit)` run inside the box (what `specd status` shows).
+fn last_verdict(b: &SystemdBox, unit: &str) -> Value {
+    let line = in_box(b, unit, "last");
+    serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"))
 }
 
 /// The diagnoses of `unit`, newest first, from `specd diagnose UNIT --json` in the box.
@@ -672,6 +638,12 @@ fn exit_3_is_a_crash() {
     assert_summary(&d, "exiting with code 3");
     assert!(cites(&d, "Main process exited, code=exited, status=3/NOTIMPLEMENTED"), "{d:#}");
     assert_eq!(last_verdict(&b, unit), d, "status shows the same verdict");
+    // What the gatherer reads (as the fixtures are recorded), diagnosed here, is what
+    // `specd diagnose` printed.
+    let raw = gathered(&b, unit);
+    let here: Vec<Value> =
+        diagnose::assemble(&raw).iter().rev().map(|e| serde_json::to_value(diagnose::classify(e)).unwrap()).collect();
+    assert_eq!(here, diagnoses(&b, unit));
 
     let (code, out, err) = specd_diagnose(&b, Some(unit), false);
     assert_eq!(code, 0, "{out}{err}");

@@ -1,0 +1,616 @@
+use std::path::Path;
+
+use super::facts::{Exit, parse_exit_line};
+use super::parse::kernel_kills;
+use super::*;
+
+fn dir() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/diagnose")
+}
+
+fn read_opt(name: &str) -> Option<String> {
+    std::fs::read_to_string(dir().join(name)).ok()
+}
+
+/// A recorded (or written) case as the gatherer would have read it.
+fn fixture(name: &str) -> Raw {
+    let meta: serde_json::Value = serde_json::from_str(&read_opt(&format!("{name}.meta.json")).expect("meta")).unwrap();
+    let unit_files = (0..).map_while(|i| read_opt(&format!("{name}.unit{i}"))).collect();
+    Raw {
+        unit: meta["unit"].as_str().unwrap().to_string(),
+        show: read_opt(&format!("{name}.show")).expect("show"),
+        journal: read_opt(&format!("{name}.journal.json")).expect("journal"),
+        context: read_opt(&format!("{name}.context.json")).unwrap_or_default(),
+        kernel: parse_journal_json(&read_opt(&format!("{name}.kernel.json")).unwrap_or_default()),
+        unit_files,
+        unit_mtime_us: meta["unit_mtime_us"].as_u64(),
+        main_cmdline: meta["main_cmdline"]
+            .as_array()
+            .map(|a| a.iter().map(|w| w.as_str().unwrap().to_string()).collect()),
+        oom_kill_count: meta["oom_kill_count"].as_u64(),
+    }
+}
+
+/// Diagnoses of every instance, oldest first.
+fn diagnose(raw: &Raw) -> Vec<Diagnosis> {
+    assemble(raw).iter().map(classify).collect()
+}
+
+fn newest(raw: &Raw) -> Diagnosis {
+    diagnose(raw).pop().expect("an instance")
+}
+
+fn has_evidence(d: &Diagnosis, text: &str) -> bool {
+    d.evidence.iter().any(|e| e.text.contains(text))
+}
+
+#[track_caller]
+fn assert_contains(hay: &str, needle: &str) {
+    assert!(hay.contains(needle), "{needle:?} not in {hay:?}");
+}
+
+#[test]
+fn stop_timeout_is_not_an_oom_and_names_specd() {
+    let ds = diagnose(&fixture("stop-timeout-stale"));
+    assert_eq!(ds.len(), 2, "{ds:#?}");
+    let d = &ds[1];
+    assert_eq!(d.verdict, Verdict::StopTimeoutKill, "{d:#?}");
+    assert_contains(&d.summary, "stop-timeout SIGKILL: systemd killed the server 2 s after SIGTERM (TimeoutStopSec)");
+    assert_contains(&d.summary, "(16 requests in flight)");
+    assert_contains(&d.summary, "not an OOM");
+    assert_contains(&d.summary, "requested by specd");
+    assert!(has_evidence(d, "State 'stop-sigterm' timed out. Killing."), "{d:#?}");
+    assert!(has_evidence(d, "specd: stopping seed.service"), "{d:#?}");
+    assert!(has_evidence(d, "Result=timeout ExecMainCode=2 ExecMainStatus=9"), "{d:#?}");
+    // The seed: this instance had been restarted after the unit file changed, unreloaded.
+    assert_eq!(d.notes.len(), 1, "{d:#?}");
+    assert_contains(&d.notes[0], "stale-config start");
+    assert_contains(&d.notes[0], "NeedDaemonReload=yes");
+    // The evidence is in time order and timestamped.
+    let times: Vec<&str> = d.evidence.iter().map(|e| e.time.as_str()).collect();
+    assert!(times.windows(2).all(|w| w[0] <= w[1]), "{times:?}");
+    assert!(times.iter().all(|t| t.starts_with("2026-12-03T") && t.ends_with('Z')), "{times:?}");
+    // The instance before: the same ending, from the journal alone (no systemctl for it),
+    // stopped by the restart; it started before the unit file changed: not stale.
+    let d0 = &ds[0];
+    assert_eq!(d0.verdict, Verdict::StopTimeoutKill, "{d0:#?}");
+    assert_contains(&d0.summary, "not an OOM");
+    assert_contains(&d0.summary, "requested by a restart request");
+    assert!(d0.notes.is_empty(), "{d0:#?}");
+    assert!(!has_evidence(d0, "Result=timeout ExecMainCode"), "{d0:#?}");
+}
+
+#[test]
+fn sglang_killing_itself_after_draining_is_a_clean_stop() {
+    let d = newest(&fixture("clean-stop-sglang-selfkill"));
+    assert_eq!(d.verdict, Verdict::CleanStop, "{d:#?}");
+    assert_contains(&d.summary, "stopped on request by specd");
+    assert_contains(&d.summary, "sent by the server itself");
+    assert_contains(&d.summary, "not systemd, not the OOM killer");
+    assert!(has_evidence(&d, "Main process exited, code=killed, status=9/KILL"), "{d:#?}");
+}
+
+#[test]
+fn cuda_oom_with_sigkill_is_cuda_oom_not_a_crash() {
+    let d = newest(&fixture("cuda-oom-sglang"));
+    assert_eq!(d.verdict, Verdict::CudaOom, "{d:#?}");
+    assert_contains(&d.summary, "PyTorch CUDA out of memory");
+    assert_contains(&d.summary, "signal 9/KILL");
+    assert_contains(&d.summary, "not by systemd or the kernel");
+    assert!(has_evidence(&d, "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"), "{d:#?}");
+    let d = newest(&fixture("cuda-oom-vllm"));
+    assert_eq!(d.verdict, Verdict::CudaOom, "{d:#?}");
+    assert_contains(&d.summary, "vLLM");
+    assert_contains(&d.summary, "exit status 1");
+}
+
+#[test]
+fn exit_3_is_a_crash_with_the_last_error() {
+    let d = newest(&fixture("crash-exit3"));
+    assert_eq!(d.verdict, Verdict::Crash, "{d:#?}");
+    assert_contains(&d.summary, "exit status 3");
+    assert_contains(&d.summary, "ValueError: Unknown speculative algorithm name: EAGLE4");
+    assert!(has_evidence(&d, "Traceback (most recent call last):"), "{d:#?}");
+    assert!(has_evidence(&d, "Failed with result 'exit-code'."), "{d:#?}");
+}
+
+#[test]
+fn watchdog() {
+    let d = newest(&fixture("watchdog"));
+    assert_eq!(d.verdict, Verdict::Watchdog, "{d:#?}");
+    assert_contains(&d.summary, "WatchdogSec=1 s");
+    assert_contains(&d.summary, "signal 6/ABRT");
+    assert!(has_evidence(&d, "Watchdog timeout (limit 1s)!"), "{d:#?}");
+}
+
+#[test]
+fn start_limit_names_the_cause_of_the_last_failure() {
+    let ds = diagnose(&fixture("start-limit-cuda"));
+    assert_eq!(ds.len(), 3, "{ds:#?}");
+    let d = ds.last().unwrap();
+    assert_eq!(d.verdict, Verdict::StartLimitHit, "{d:#?}");
+    assert_contains(&d.summary, "after 3 restarts");
+    assert_contains(&d.summary, "CUDA OOM (SGLang: not enough memory for the KV cache)");
+    assert!(has_evidence(d, "Start request repeated too quickly."), "{d:#?}");
+    // The earlier instances each died of the same CUDA OOM (their output had no invocation
+    // ID: the process was gone before journald looked; it is placed by time).
+    for d in &ds[..2] {
+        assert_eq!(d.verdict, Verdict::CudaOom, "{d:#?}");
+    }
+}
+
+#[test]
+fn memory_hog_on_hybrid_host_is_an_oom_kill_from_the_kernel_line() {
+    let raw = fixture("oom-kill-hybrid");
+    let d = newest(&raw);
+    assert_eq!(d.verdict, Verdict::OomKill, "{d:#?}");
+    assert_contains(&d.summary, "the kernel's OOM killer killed process ");
+    assert_contains(&d.summary, " (tail): the memory cgroup limit was reached");
+    assert_contains(&d.summary, "memory cgroup limit");
+    // systemd on a v1 memory controller cannot tell: Result=signal.
+    assert_contains(&d.summary, "signal 9/KILL, Result=signal");
+    assert!(has_evidence(&d, "Memory cgroup out of memory: Killed process "), "{d:#?}");
+    assert!(has_evidence(&d, "/specd-box-"), "the kernel's line names the unit's cgroup: {d:#?}");
+    // Without the kernel's line, a SIGKILL nobody asked for is a crash, with the hint.
+    let mut blind = raw.clone();
+    blind.kernel.clear();
+    let d = newest(&blind);
+    assert_eq!(d.verdict, Verdict::Crash, "{d:#?}");
+    assert_contains(&d.summary, "SIGKILL outside any stop job");
+    assert_contains(&d.summary, "no kernel OOM line names this unit");
+}
+
+#[test]
+fn oom_kill_reported_by_systemd_on_cgroup_v2() {
+    let raw = fixture("oom-kill-v2");
+    let d = newest(&raw);
+    assert_eq!(d.verdict, Verdict::OomKill, "{d:#?}");
+    assert_contains(&d.summary, "(Result=oom-kill)");
+    assert!(has_evidence(&d, "A process of this unit has been killed by the OOM killer."), "{d:#?}");
+    assert!(has_evidence(&d, "oom-kill:constraint=CONSTRAINT_MEMCG"), "{d:#?}");
+    // systemd's word alone is enough.
+    let mut blind = raw.clone();
+    blind.kernel.clear();
+    assert_eq!(newest(&blind).verdict, Verdict::OomKill);
+}
+
+#[test]
+fn kernel_lines_of_other_units_do_not_count() {
+    // These captures hold the hog's kernel lines too (same box, same time span).
+    for name in ["clean-stop-dependency", "clean-stop-unattributed", "stale-config-running"] {
+        let raw = fixture(name);
+        assert!(!raw.kernel.is_empty(), "{name}: the fixture should carry the hog's lines");
+        for ev in assemble(&raw) {
+            assert!(ev.kernel.is_empty(), "{name}: {:?}", ev.kernel);
+        }
+    }
+}
+
+#[test]
+fn who_stopped_it() {
+    let d = newest(&fixture("clean-stop-dependency"));
+    assert_eq!(d.verdict, Verdict::CleanStop, "{d:#?}");
+    assert_contains(&d.summary, "a dependency: db.service was being stopped (BindsTo=db.service)");
+    assert!(has_evidence(&d, "Stopping db.service..."), "{d:#?}");
+
+    let mut raw = fixture("clean-stop-unattributed");
+    let d = newest(&raw);
+    assert_eq!(d.verdict, Verdict::CleanStop, "{d:#?}");
+    assert_contains(&d.summary, "a stop request the journal does not attribute");
+    assert_contains(&d.summary, "and ended within a second of SIGTERM");
+
+    // sudo's lines (written by hand), placed just before systemd's stop job.
+    let stop = parse_journal_json(&raw.journal).into_iter().find(|l| l.message.starts_with("Stopping ")).unwrap();
+    for (i, l) in read_opt("clean-stop-sudo.context.json").unwrap().lines().enumerate() {
+        let mut v: serde_json::Value = serde_json::from_str(l).unwrap();
+        v["__REALTIME_TIMESTAMP"] = (stop.time_us - 40_000 + i as u64 * 1000).to_string().into();
+        raw.context.push_str(&format!("{v}\n"));
+    }
+    let d = newest(&raw);
+    assert_eq!(d.verdict, Verdict::CleanStop, "{d:#?}");
+    assert_contains(&d.summary, "stopped on request by a person (alice, via sudo)");
+    assert!(has_evidence(&d, "COMMAND=/usr/bin/systemctl stop db"), "{d:#?}");
+}
+
+#[test]
+fn stale_config_start_of_a_running_instance() {
+    let ds = diagnose(&fixture("stale-config-running"));
+    assert_eq!(ds.len(), 2, "{ds:#?}");
+    let d = &ds[1];
+    assert_eq!(d.verdict, Verdict::StaleConfigStart, "{d:#?}");
+    assert_contains(&d.summary, "NeedDaemonReload=yes");
+    assert_contains(&d.summary, "differs from the unit on disk");
+    assert_contains(&d.summary, "--speculative-num-steps 3");
+    assert_contains(&d.summary, "--speculative-num-steps 5");
+    assert!(d.ended.is_none());
+    // The instance the restart stopped had started before the edit.
+    assert_eq!(ds[0].verdict, Verdict::CleanStop, "{:#?}", ds[0]);
+    assert_contains(&ds[0].summary, "restart");
+}
+
+#[test]
+fn running_and_healthy() {
+    let mut raw = fixture("stale-config-running");
+    raw.show = raw.show.replace("NeedDaemonReload=yes", "NeedDaemonReload=no");
+    raw.main_cmdline = None;
+    let d = newest(&raw);
+    assert_eq!(d.verdict, Verdict::Running, "{d:#?}");
+    assert!(d.notes.is_empty(), "{d:#?}");
+}
+
+fn sys(t: u64, m: &str) -> Line {
+    Line {
+        time_us: t * 1_000_000,
+        origin: Origin::Systemd,
+        pid: 1,
+        ident: "systemd".into(),
+        unit: "x.service".into(),
+        invocation: Some("i1".into()),
+        job_type: m.starts_with("Stopping ").then(|| "stop".into()),
+        action: None,
+        message: m.into(),
+    }
+}
+
+fn svc(t: u64, m: &str) -> Line {
+    Line {
+        time_us: t * 1_000_000,
+        origin: Origin::Service,
+        pid: 77,
+        ident: "python3".into(),
+        unit: "x.service".into(),
+        invocation: Some("i1".into()),
+        job_type: None,
+        action: None,
+        message: m.into(),
+    }
+}
+
+fn ev(lines: Vec<Line>) -> Evidence {
+    Evidence { unit: "x.service".into(), invocation: Some("i1".into()), lines, ..Default::default() }
+}
+
+fn note(t_ms: u64, action: &str, invocation: &str) -> Line {
+    Line {
+        time_us: t_ms * 1000,
+        origin: Origin::Specd,
+        pid: 9,
+        ident: "specd".into(),
+        unit: "x.service".into(),
+        invocation: Some(invocation.into()),
+        action: Some(action.into()),
+        message: format!("specd: stopping x.service ({action})"),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn a_failed_start_that_specd_stopped_quotes_the_server_s_first_and_last_errors() {
+    let lines = |n: Line| {
+        vec![
+            sys(0, "Started x.service."),
+            svc(1, "E gguf_init_from_file: failed to open GGUF file '/models/missing.gguf'"),
+            svc(2, "E srv    load_model: failed to load draft model, '/models/missing.gguf'"),
+            n,
+            sys(10, "Stopping x.service..."),
+            sys(10, "x.service: Deactivated successfully."),
+        ]
+    };
+    let d = classify(&ev(lines(note(9_900, "rollback", "i1"))));
+    assert_eq!(d.verdict, Verdict::FailedStart, "{d:#?}");
+    assert_contains(
+        &d.summary,
+        "its first error: \"E gguf_init_from_file: failed to open GGUF file '/models/missing.gguf'\"",
+    );
+    assert_contains(
+        &d.summary,
+        "its last: \"E srv    load_model: failed to load draft model, '/models/missing.gguf'\"",
+    );
+    // A plain stop to apply a new unit is a clean stop, whatever the server logged before.
+    assert_eq!(classify(&ev(lines(note(9_900, "stop", "i1")))).verdict, Verdict::CleanStop);
+    // A rollback note about another instance does not make this one a failed start.
+    assert_eq!(classify(&ev(lines(note(9_900, "rollback", "i0")))).verdict, Verdict::CleanStop);
+}
+
+#[test]
+fn precedence_stop_timeout_over_an_earlier_cuda_oom() {
+    let d = classify(&ev(vec![
+        sys(0, "Started x.service."),
+        svc(5, "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 MiB."),
+        sys(10, "Stopping x.service..."),
+        sys(310, "x.service: State 'stop-sigterm' timed out. Killing."),
+        sys(310, "x.service: Killing process 77 (python3) with signal SIGKILL."),
+        sys(310, "x.service: Main process exited, code=killed, status=9/KILL"),
+        sys(310, "x.service: Failed with result 'timeout'."),
+    ]));
+    assert_eq!(d.verdict, Verdict::StopTimeoutKill, "{d:#?}");
+    assert_contains(&d.summary, "300 s after SIGTERM");
+    assert_contains(&d.notes[0], "CUDA OOM");
+}
+
+#[test]
+fn precedence_properties_only_when_the_journal_is_gone() {
+    let mut e = ev(vec![]);
+    e.props = Some(parse_show(
+        "Id=x.service\nActiveState=failed\nSubState=failed\nResult=timeout\nExecMainCode=2\nExecMainStatus=9\nInvocationID=i1\nTimeoutStopUSec=5min\n",
+    ));
+    let d = classify(&e);
+    assert_eq!(d.verdict, Verdict::StopTimeoutKill, "{d:#?}");
+    assert_contains(&d.summary, "300 s after SIGTERM (TimeoutStopSec) while it had not exited after SIGTERM");
+    assert!(has_evidence(&d, "Result=timeout ExecMainCode=2 ExecMainStatus=9"), "{d:#?}");
+
+    e.props =
+        Some(parse_show("ActiveState=failed\nResult=oom-kill\nExecMainCode=2\nExecMainStatus=9\nInvocationID=i1\n"));
+    assert_eq!(classify(&e).verdict, Verdict::OomKill);
+    e.props =
+        Some(parse_show("ActiveState=failed\nResult=signal\nExecMainCode=2\nExecMainStatus=9\nInvocationID=i1\n"));
+    assert_eq!(classify(&e).verdict, Verdict::Crash);
+    e.props =
+        Some(parse_show("ActiveState=failed\nResult=exit-code\nExecMainCode=1\nExecMainStatus=3\nInvocationID=i1\n"));
+    assert_eq!(classify(&e).verdict, Verdict::Crash);
+    e.props = Some(parse_show(
+        "ActiveState=failed\nResult=start-limit-hit\nExecMainCode=1\nExecMainStatus=1\nInvocationID=i1\n",
+    ));
+    assert_eq!(classify(&e).verdict, Verdict::StartLimitHit);
+    e.props =
+        Some(parse_show("ActiveState=inactive\nResult=success\nExecMainCode=1\nExecMainStatus=0\nInvocationID=i1\n"));
+    let d = classify(&e);
+    assert_eq!(d.verdict, Verdict::CleanStop);
+    assert_contains(&d.summary, "whether it was asked to stop is unknown");
+    e.props =
+        Some(parse_show("ActiveState=failed\nResult=watchdog\nExecMainCode=2\nExecMainStatus=6\nInvocationID=i1\n"));
+    assert_eq!(classify(&e).verdict, Verdict::Watchdog);
+    e.props = Some(parse_show("ActiveState=inactive\nInvocationID=i1\n"));
+    assert_eq!(classify(&e).verdict, Verdict::Unknown);
+}
+
+#[test]
+fn precedence_kernel_oom_over_cuda_text_and_signal() {
+    let mut e = ev(vec![
+        sys(0, "Started x.service."),
+        svc(4, "RuntimeError: CUDA error: out of memory"),
+        sys(5, "x.service: Main process exited, code=killed, status=9/KILL"),
+        sys(5, "x.service: Failed with result 'signal'."),
+    ]);
+    assert_eq!(classify(&e).verdict, Verdict::CudaOom);
+    e.kernel = vec![Line {
+        time_us: 4_900_000,
+        origin: Origin::Kernel,
+        message: "Out of memory: Killed process 77 (python3) total-vm:1kB".into(),
+        ..Default::default()
+    }];
+    let d = classify(&e);
+    assert_eq!(d.verdict, Verdict::OomKill, "{d:#?}");
+    assert_contains(&d.summary, "the machine ran out of memory");
+    assert_contains(&d.notes[0], "CUDA OOM");
+}
+
+#[test]
+fn precedence_a_stop_that_ends_in_a_non_zero_exit_is_a_crash_while_stopping() {
+    let d = classify(&ev(vec![
+        sys(0, "Started x.service."),
+        sys(10, "Stopping x.service..."),
+        svc(10, "Exception in thread shutdown: boom"),
+        sys(11, "x.service: Main process exited, code=exited, status=1/FAILURE"),
+        sys(11, "x.service: Failed with result 'exit-code'."),
+    ]));
+    assert_eq!(d.verdict, Verdict::Crash, "{d:#?}");
+    assert_contains(&d.summary, "failed while stopping");
+}
+
+#[test]
+fn exit_0_on_its_own_and_sigterm_from_kill() {
+    let d = classify(&ev(vec![sys(0, "Started x.service."), sys(3, "x.service: Deactivated successfully.")]));
+    assert_eq!(d.verdict, Verdict::CleanStop, "{d:#?}");
+    assert_contains(&d.summary, "exited by itself with status 0");
+    let d = classify(&ev(vec![
+        sys(0, "Started x.service."),
+        sys(3, "x.service: Main process exited, code=killed, status=15/TERM"),
+        sys(3, "x.service: Deactivated successfully."),
+    ]));
+    assert_eq!(d.verdict, Verdict::CleanStop, "{d:#?}");
+    assert_contains(&d.summary, "signal 15/TERM without a stop job");
+}
+
+#[test]
+fn start_timeout_is_not_a_stop_timeout() {
+    let d = classify(&ev(vec![
+        sys(0, "Starting x.service..."),
+        sys(90, "x.service: start operation timed out. Terminating."),
+        sys(90, "x.service: Starting timed out. Terminating."),
+        sys(91, "x.service: Main process exited, code=killed, status=15/TERM"),
+        sys(91, "x.service: Failed with result 'timeout'."),
+    ]));
+    assert_eq!(d.verdict, Verdict::Crash, "{d:#?}");
+    assert_contains(&d.summary, "did not finish starting");
+}
+
+#[test]
+fn verdicts_serialize_kebab_case() {
+    let all = [
+        (Verdict::StopTimeoutKill, "stop-timeout-kill"),
+        (Verdict::OomKill, "oom-kill"),
+        (Verdict::CudaOom, "cuda-oom"),
+        (Verdict::Crash, "crash"),
+        (Verdict::Watchdog, "watchdog"),
+        (Verdict::StartLimitHit, "start-limit-hit"),
+        (Verdict::CleanStop, "clean-stop"),
+        (Verdict::FailedStart, "failed-start"),
+        (Verdict::StaleConfigStart, "stale-config-start"),
+        (Verdict::Running, "running"),
+        (Verdict::Unknown, "unknown"),
+    ];
+    for (v, s) in all {
+        assert_eq!(serde_json::to_value(v).unwrap(), serde_json::json!(s));
+        assert_eq!(v.as_str(), s);
+    }
+}
+
+#[test]
+fn text_output_puts_the_verdict_first_then_timestamped_evidence() {
+    let d = newest(&fixture("crash-exit3"));
+    let t = render_text(&d);
+    let mut lines = t.lines();
+    let head = lines.next().unwrap();
+    assert!(head.starts_with("crash.service ") && head.ends_with(": crash"), "{t}");
+    assert_contains(lines.next().unwrap(), "crash: the server died on its own: exit status 3");
+    assert!(lines.any(|l| l.trim_start().starts_with("2026-12-03T") && l.contains("status=3/NOTIMPLEMENTED")), "{t}");
+}
+
+#[test]
+fn parses_the_pieces() {
+    assert_eq!(parse_timespan_us("5min"), Some(300_000_000));
+    assert_eq!(parse_timespan_us("1min 30s"), Some(90_000_000));
+    assert_eq!(parse_timespan_us("300ms"), Some(300_000));
+    assert_eq!(parse_timespan_us("infinity"), None);
+    assert_eq!(parse_exit_line("x: Main process exited, code=dumped, status=11/SEGV"), Some(Exit::Dumped(11)));
+    assert_eq!(parse_exit_line("x: Main process exited, code=exited, status=137/n/a"), Some(Exit::Exited(137)));
+    assert_eq!(format_us(1_796_210_280_123_456), "2026-12-02T11:18:00.123Z");
+    // Drop-ins override ExecStart=, an empty assignment resets it; continuations join.
+    let unit =
+        "[Unit]\nDescription=x\n[Service]\nExecStart=/usr/bin/python3 -m sglang.launch_server \\\n  --port 30000\n";
+    assert_eq!(
+        effective_exec_start(&[unit]).unwrap(),
+        ["/usr/bin/python3", "-m", "sglang.launch_server", "--port", "30000"]
+    );
+    let drop_in = "[Service]\nExecStart=\nExecStart=-/bin/sleep \"1 2\"\n";
+    assert_eq!(effective_exec_start(&[unit, drop_in]).unwrap(), ["/bin/sleep", "1 2"]);
+    assert_eq!(effective_exec_start(&["[Service]\nExecStart=\n"]), None);
+    // The ring buffer, placed on the wall clock.
+    let k = parse_kmsg(
+        "<6>[ 1073.557474] oom-kill:constraint=CONSTRAINT_MEMCG,task_memcg=/a/x.service,task=sh,pid=9,uid=0\n<3>[ 1073.557528] Memory cgroup out of memory: Killed process 9 (sh) total-vm:1kB\n",
+        1_000_000,
+    );
+    assert_eq!(k.len(), 2);
+    assert_eq!(k[0].time_us, 1_074_557_474);
+    let kills = kernel_kills(&k);
+    assert_eq!(kills.len(), 1);
+    assert_eq!(kills[0].pid, Some(9));
+    assert_eq!(kills[0].memcg.as_deref(), Some("/a/x.service"));
+    assert_eq!(kills[0].lines.len(), 2);
+    // journald's byte-array form of a message.
+    let l = parse_journal_json(
+        "{\"__REALTIME_TIMESTAMP\":\"5\",\"_PID\":\"7\",\"_SYSTEMD_UNIT\":\"x.service\",\"MESSAGE\":[104,105,27]}\n",
+    );
+    assert_eq!(l[0].message, "hi\u{1b}");
+    assert_eq!(l[0].origin, Origin::Service);
+}
+
+#[test]
+fn journal_note_writes_a_native_entry_about_the_unit() {
+    let d = tempfile::tempdir().unwrap();
+    let p = d.path().join("socket");
+    let sock = std::os::unix::net::UnixDatagram::bind(&p).unwrap();
+    journal_note_to(&p, "llm.service", "stop", Some("i1"), "specd: stopping llm.service\nfor apply").unwrap();
+    let mut buf = [0u8; 4096];
+    let n = sock.recv(&mut buf).unwrap();
+    let text = std::str::from_utf8(&buf[..n]).unwrap();
+    assert_eq!(
+        text,
+        "MESSAGE=specd: stopping llm.service for apply\nPRIORITY=5\nSYSLOG_IDENTIFIER=specd\nOBJECT_SYSTEMD_UNIT=llm.service\nSPECD_ACTION=stop\nSPECD_INVOCATION_ID=i1\n"
+    );
+}
+
+/// Every recorded case, diagnosed in full (every instance, newest first, as `specd diagnose`
+/// prints it), is exactly its `<name>.diagnosis.txt`: the verdicts, the wording, the notes and
+/// the cited lines. After re-recording a case, review the text and replace the file with it.
+#[test]
+fn every_fixture_reads_exactly_as_its_recorded_diagnosis() {
+    let mut names: Vec<String> = std::fs::read_dir(dir())
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok()?.strip_suffix(".meta.json").map(str::to_string))
+        .collect();
+    names.sort();
+    assert!(names.len() >= 12, "{names:?}");
+    for name in names {
+        let text: String = diagnose(&fixture(&name)).iter().rev().map(render_text).collect();
+        let want = read_opt(&format!("{name}.diagnosis.txt")).unwrap_or_default();
+        assert!(text == want, "{name}: the diagnosis is now:\n{text}\nwas:\n{want}");
+    }
+}
+
+/// A host that answers from a recorded case and records what it was asked.
+struct Recorded {
+    raw: Raw,
+    asked: std::sync::Mutex<Vec<JournalQuery>>,
+    journal_fails: bool,
+}
+
+impl JournalSource for Recorded {
+    async fn show(&self, _unit: &str) -> anyhow::Result<String> {
+        Ok(self.raw.show.clone())
+    }
+
+    async fn journal(&self, q: &JournalQuery) -> anyhow::Result<String> {
+        self.asked.lock().unwrap().push(q.clone());
+        if self.journal_fails {
+            anyhow::bail!("journal rotated");
+        }
+        let context = q.matches.iter().any(|m| m.starts_with("SYSLOG_IDENTIFIER="));
+        Ok(if context { self.raw.context.clone() } else { self.raw.journal.clone() })
+    }
+
+    async fn kernel_oom_lines(&self, since_us: u64) -> Vec<Line> {
+        self.raw.kernel.iter().filter(|l| l.time_us >= since_us).cloned().collect()
+    }
+
+    fn unit_file(&self, path: &str) -> Option<(String, Option<u64>)> {
+        let i: usize = path.strip_prefix("/etc/systemd/system/unit")?.parse().ok()?;
+        Some((self.raw.unit_files.get(i)?.clone(), self.raw.unit_mtime_us))
+    }
+
+    fn cmdline(&self, _pid: u32) -> Option<Vec<String>> {
+        self.raw.main_cmdline.clone()
+    }
+
+    fn oom_kill_count(&self, _control_group: &str) -> Option<u64> {
+        Some(2)
+    }
+}
+
+fn recorded(name: &str) -> Recorded {
+    let mut raw = fixture(name);
+    raw.show = raw
+        .show
+        .lines()
+        .map(|l| if l.starts_with("FragmentPath=") { "FragmentPath=/etc/systemd/system/unit0" } else { l })
+        .map(|l| format!("{l}\n"))
+        .collect();
+    Recorded { raw, asked: Default::default(), journal_fails: false }
+}
+
+#[test]
+fn the_gatherer_asks_for_systemd_s_lines_each_instance_s_output_and_who_stopped_it() {
+    let src = recorded("clean-stop-dependency");
+    let raw = tokio_test_block_on(gather_raw_from(&src, "app.service", MAX_INSTANCES)).unwrap();
+    let asked = src.asked.lock().unwrap().clone();
+    let args: Vec<String> = asked.iter().map(|q| q.args().join(" ")).collect();
+    assert!(args[0].ends_with("_PID=1 UNIT=app.service + _UID=0 OBJECT_SYSTEMD_UNIT=app.service"), "{args:#?}");
+    assert!(args[1].ends_with("-n 1600 _SYSTEMD_UNIT=app.service"), "{args:#?}");
+    assert!(args.iter().any(|a| a.contains("-n 400 _SYSTEMD_INVOCATION_ID=")), "{args:#?}");
+    let context = args.last().unwrap();
+    assert!(context.contains("--since=@"), "{context}");
+    assert!(context.contains("SYSLOG_IDENTIFIER=polkitd + _PID=1 UNIT=db.service +"), "{context}");
+    assert!(args.iter().all(|a| a.contains(&format!("--output-fields={JOURNAL_FIELDS}"))), "{args:#?}");
+    // What it read, assembled, is the recorded case's diagnosis, with the unit file it read.
+    assert_eq!(raw.unit_files, src.raw.unit_files);
+    assert_eq!(raw.oom_kill_count, Some(2));
+    let d = newest(&raw);
+    assert_eq!(d.verdict, Verdict::CleanStop, "{d:#?}");
+    assert_contains(&d.summary, "a dependency: db.service was being stopped (BindsTo=db.service)");
+}
+
+#[test]
+fn a_gather_fails_when_systemd_s_lines_cannot_be_read_or_the_unit_does_not_exist() {
+    let mut src = recorded("crash-exit3");
+    src.journal_fails = true;
+    let e = tokio_test_block_on(gather_raw_from(&src, "crash.service", 4)).unwrap_err();
+    assert_contains(&format!("{e:#}"), "journal rotated");
+    src.raw.show = "LoadState=not-found\nActiveState=inactive\n".into();
+    let e = tokio_test_block_on(gather_raw_from(&src, "nope.service", 4)).unwrap_err();
+    assert_contains(&format!("{e:#}"), "nope.service: no such unit");
+}
+
+fn tokio_test_block_on<F: std::future::Future>(f: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(f)
+}

@@ -174,8 +174,7 @@ impl UnitView {
     /// The instance still runs (or is starting, stopping, reloading), and is not waiting to be
     /// restarted.
     pub fn is_live(&self) -> bool {
-        matches!(self.props.active_state.as_str(), "active" | "activating" | "deactivating" | "reloading")
-            && self.props.sub_state != "auto-restart"
+        self.props.active_state.may_run() && self.props.sub_state != "auto-restart"
     }
 }
 

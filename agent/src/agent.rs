@@ -4,54 +4,22 @@
 //! resync. Errors back off per unit. Talks to systemd with sd-notify when run as a service.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use backon::BackoffBuilder;
-use serde::{Deserialize, Serialize};
 use tokio::sync::{Notify, mpsc, watch};
 
 use crate::config::AgentConfig;
+use crate::context::{self, Dirs, Sink};
+use crate::guard::{catch, lock};
 use crate::metrics::Metrics;
-use crate::reconcile::{self, Action, Ctx, DesiredState, Event, Shutdown};
+use crate::reconcile::{self, Action, Ctx, DesiredState, Shutdown};
 use crate::source::{self, GitSource};
-use crate::state::{self, Outcome, Source, Store};
+use crate::state::{self, Outcome, Source, SourceState, Store};
 use crate::systemd::{Systemctl, Systemd};
-
-/// What the agent knows about its source, persisted for `status`.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct SourceState {
-    pub repo: String,
-    pub followed: String,
-    /// The newest commit whose specs were handed to the units (never goes backwards unless
-    /// `allow_rewind`).
-    pub accepted_commit: Option<String>,
-    /// The head seen last, and why it was not accepted, if it was not.
-    pub head_commit: Option<String>,
-    pub error: Option<String>,
-    pub time: u64,
-    /// Units that specd manages but the accepted commit has no spec for.
-    #[serde(default)]
-    pub orphans: Vec<String>,
-}
-
-impl SourceState {
-    pub fn path(state_dir: &Path) -> PathBuf {
-        state_dir.join("source.json")
-    }
-    pub fn load(state_dir: &Path) -> Option<SourceState> {
-        let b = std::fs::read(Self::path(state_dir)).ok()?;
-        serde_json::from_slice(&b).ok()
-    }
-    fn save(&self, state_dir: &Path) -> Result<()> {
-        crate::fsx::ensure_private_dir(state_dir)?;
-        let mut b = serde_json::to_vec_pretty(self)?;
-        b.push(b'\n');
-        crate::fsx::atomic_write(&Self::path(state_dir), &b, 0o600)
-    }
-}
 
 /// Why something asked for a reconcile.
 #[derive(Debug, Clone)]
@@ -66,8 +34,7 @@ pub enum Trigger {
 
 pub struct RunOptions {
     pub config: AgentConfig,
-    pub state_dir: PathBuf,
-    pub unit_dir: PathBuf,
+    pub dirs: Dirs,
 }
 
 struct Worker {
@@ -76,45 +43,21 @@ struct Worker {
     handle: tokio::task::JoinHandle<()>,
 }
 
-fn log(unit: &str, e: &Event) {
-    match e {
-        Event::Plan(p) => {
-            if p.steps.is_empty() {
-                tracing::debug!(unit, sync = %p.sync, reasons = ?p.reasons, "observed");
-            } else {
-                let steps: Vec<String> = p.steps.iter().map(|s| format!("{s:?}")).collect();
-                tracing::info!(unit, sync = %p.sync, reasons = ?p.reasons, plan = %steps.join(" → "), "reconciling");
-            }
-        }
-        Event::Phase(m) => tracing::info!(unit, "{m}"),
-        Event::Progress(m) => tracing::info!(unit, "  {m}"),
-        Event::Warning(m) => tracing::warn!(unit, "{m}"),
-    }
-}
-
 /// Run the agent until SIGTERM/SIGINT.
 pub async fn run(opts: RunOptions) -> Result<()> {
     let cfg = opts.config.clone();
     let src_cfg = cfg.source()?;
-    let hostname = crate::ops::hostname(cfg.hostname.clone());
-    let store = Store::new(&opts.state_dir);
-    crate::fsx::ensure_private_dir(&opts.state_dir)?;
+    let hostname = context::hostname(cfg.hostname.clone());
+    let store = Store::new(&opts.dirs.state_dir);
+    crate::fsx::ensure_private_dir(&opts.dirs.state_dir)?;
     // State written world-readable by an older specd is made private.
     store.secure();
     let (stop_tx, shutdown) = Shutdown::new();
-    let ctx = Arc::new(Ctx {
-        systemd: Systemctl,
-        unit_dir: opts.unit_dir.clone(),
-        store: store.clone(),
-        layout: crate::cgroup::Layout::host(),
-        probe: crate::probe::Probe::default(),
-        events: Arc::new(log),
-        shutdown: shutdown.clone(),
-    });
+    let ctx = Arc::new(context::host_ctx(&opts.dirs, context::events(Sink::Log), shutdown));
     let metrics = Arc::new(Metrics::default());
     let (trig_tx, mut trig_rx) = mpsc::unbounded_channel::<Trigger>();
 
-    let cache = opts.state_dir.join("repo");
+    let cache = opts.dirs.state_dir.join("repo");
     let src = {
         let c = src_cfg.clone();
         tokio::task::spawn_blocking(move || GitSource::open(c, &cache)).await??
@@ -123,7 +66,7 @@ pub async fn run(opts: RunOptions) -> Result<()> {
     tracing::info!(repo = %src_cfg.repo, followed = %lock(&src).followed(), host = %hostname, "specd agent starting");
 
     // Watch the local repository's refs, and the unit directory.
-    let _watchers = watchers(&lock(&src), &opts.unit_dir, trig_tx.clone())?;
+    let _watchers = watchers(&lock(&src), &opts.dirs.unit_dir, trig_tx.clone())?;
     // Signals.
     {
         let t = trig_tx.clone();
@@ -141,13 +84,24 @@ pub async fn run(opts: RunOptions) -> Result<()> {
     // Metrics (TCP, read-only) and control actions (a Unix socket, root's or a group's).
     let listen = cfg.listen.clone().unwrap_or_else(|| "127.0.0.1:9464".into());
     let server = serve(&listen, metrics.clone()).await?;
-    let socket = cfg.control_socket.clone().unwrap_or_else(|| crate::config::CONTROL_SOCKET.into());
+    let socket = cfg.control_socket();
     let control = serve_control(&socket, cfg.control_group.as_deref(), trig_tx.clone())?;
 
     let mut workers: BTreeMap<String, Worker> = BTreeMap::new();
     let mut last_head: Option<String> = None;
-    sync_source(&src, &cfg, &hostname, &opts.state_dir, &store, &ctx, &metrics, &mut workers, &mut last_head, true)
-        .await;
+    sync_source(
+        &src,
+        &cfg,
+        &hostname,
+        &opts.dirs.state_dir,
+        &store,
+        &ctx,
+        &metrics,
+        &mut workers,
+        &mut last_head,
+        true,
+    )
+    .await;
     let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]);
     tracing::info!(units = workers.len(), "ready");
 
@@ -199,7 +153,7 @@ pub async fn run(opts: RunOptions) -> Result<()> {
                     }
                 }
                 if source && (force || forced_due.is_none()) {
-                    sync_source(&src, &cfg, &hostname, &opts.state_dir, &store, &ctx, &metrics, &mut workers, &mut last_head, force).await;
+                    sync_source(&src, &cfg, &hostname, &opts.dirs.state_dir, &store, &ctx, &metrics, &mut workers, &mut last_head, force).await;
                 }
                 for t in ts {
                     match t {
@@ -211,17 +165,17 @@ pub async fn run(opts: RunOptions) -> Result<()> {
             }
             _ = tokio::time::sleep_until(poll_at), if remote => {
                 poll_at = tokio::time::Instant::now() + jitter(interval);
-                sync_source(&src, &cfg, &hostname, &opts.state_dir, &store, &ctx, &metrics, &mut workers, &mut last_head, false).await;
+                sync_source(&src, &cfg, &hostname, &opts.dirs.state_dir, &store, &ctx, &metrics, &mut workers, &mut last_head, false).await;
             }
             _ = tokio::time::sleep_until(forced_due.unwrap_or(resync_at)), if forced_due.is_some() => {
                 forced_due = None;
                 last_forced = Some(tokio::time::Instant::now());
-                sync_source(&src, &cfg, &hostname, &opts.state_dir, &store, &ctx, &metrics, &mut workers, &mut last_head, true).await;
+                sync_source(&src, &cfg, &hostname, &opts.dirs.state_dir, &store, &ctx, &metrics, &mut workers, &mut last_head, true).await;
                 workers.values().for_each(|w| w.poke.notify_one());
             }
             _ = tokio::time::sleep_until(resync_at) => {
                 resync_at = tokio::time::Instant::now() + resync;
-                sync_source(&src, &cfg, &hostname, &opts.state_dir, &store, &ctx, &metrics, &mut workers, &mut last_head, true).await;
+                sync_source(&src, &cfg, &hostname, &opts.dirs.state_dir, &store, &ctx, &metrics, &mut workers, &mut last_head, true).await;
                 workers.values().for_each(|w| w.poke.notify_one());
             }
             _ = term.recv() => break,
@@ -552,24 +506,6 @@ pub fn read_commit(s: &GitSource, head: git2::Oid, host: &str) -> Result<Vec<Des
     Ok(desired)
 }
 
-/// Lock a mutex whose holder may have panicked: the data it guards is still usable (a source
-/// handle, counters), so a panic elsewhere never turns into a second one here.
-pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-/// Run `f`, turning a panic into an error that carries the panic's message.
-pub fn catch<T>(f: impl FnOnce() -> T) -> Result<T, String> {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|p| {
-        let msg = p
-            .downcast_ref::<&str>()
-            .map(|s| s.to_string())
-            .or_else(|| p.downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "a panic without a message".into());
-        format!("{msg} (a bug in specd; please report it)")
-    })
-}
-
 /// One unit's reconcile loop.
 async fn worker(
     unit: String,
@@ -808,25 +744,6 @@ fn serve_control(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_panic_becomes_an_error_with_its_message_and_a_lock_survives_it() {
-        let m = Arc::new(Mutex::new(1u32));
-        let m2 = m.clone();
-        let e = catch(move || {
-            let _g = m2.lock().unwrap();
-            panic!("num_steps + 1 overflowed");
-        })
-        .unwrap_err();
-        assert!(e.contains("num_steps + 1 overflowed"), "{e}");
-        assert!(e.contains("a bug in specd"), "{e}");
-        assert!(m.is_poisoned());
-        *lock(&m) += 1;
-        assert_eq!(*lock(&m), 2);
-        assert_eq!(catch(|| 7), Ok(7));
-        let e = catch(|| std::panic::panic_any(3u8)).unwrap_err();
-        assert!(e.starts_with("a panic without a message"), "{e}");
-    }
 
     #[tokio::test]
     async fn the_control_socket_needs_a_directory_of_its_own() {

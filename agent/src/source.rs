@@ -203,10 +203,6 @@ impl GitSource {
         self.repo.find_commit(oid).is_ok()
     }
 
-    pub fn summary(&self, oid: Oid) -> String {
-        self.repo.find_commit(oid).ok().and_then(|c| c.summary().ok().flatten().map(str::to_string)).unwrap_or_default()
-    }
-
     /// Check the commit's signature against the configured signers. `Ok(None)` when no
     /// verification is configured, `Ok(Some(signer))` when it verifies.
     pub fn verify(&self, oid: Oid) -> Result<Option<String>> {

@@ -301,10 +301,6 @@ impl Store {
         v.sort();
         Ok(v)
     }
-
-    pub fn exists(dir: &Path) -> bool {
-        dir.join("units").is_dir()
-    }
 }
 
 /// What the agent knows about its source, persisted for `status` (`<state dir>/source.json`).

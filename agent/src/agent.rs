@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use backon::BackoffBuilder;
+use specd_spec::short;
 use tokio::sync::{Notify, mpsc, watch};
 
 use crate::config::AgentConfig;
@@ -17,7 +18,7 @@ use crate::context::{self, Dirs, Sink};
 use crate::guard::{catch, lock};
 use crate::metrics::Metrics;
 use crate::reconcile::{self, Action, Ctx, DesiredState, Shutdown};
-use crate::source::{self, GitSource};
+use crate::source::GitSource;
 use crate::state::{self, Outcome, Source, SourceState, Store};
 use crate::systemd::{Systemctl, Systemd};
 
@@ -335,7 +336,7 @@ impl Units {
                 });
                 match fallback {
                     Ok(Ok(desired)) => {
-                        tracing::info!(commit = %source::short(&acc.to_string()), "reconciling the units of the accepted commit");
+                        tracing::info!(commit = %short(&acc.to_string()), "reconciling the units of the accepted commit");
                         for d in desired {
                             ensure_worker(workers, d, ctx, metrics);
                         }
@@ -371,12 +372,12 @@ impl Units {
                 let (ctx, u) = (ctx.clone(), u.clone());
                 tokio::spawn(async move { prune(&ctx, &u).await });
             } else if !prev.orphans.contains(u) {
-                tracing::warn!(unit = %u, "orphaned: its spec is gone from {}; left running (set prune: true to remove it)", source::short(&commit));
+                tracing::warn!(unit = %u, "orphaned: its spec is gone from {}; left running (set prune: true to remove it)", short(&commit));
             }
         }
         st.orphans = if cfg.prune { vec![] } else { orphans };
         let _ = st.save(state_dir);
-        tracing::info!(commit = %source::short(&commit), units = seen.len(), ms = started.elapsed().as_millis() as u64, "source read");
+        tracing::info!(commit = %short(&commit), units = seen.len(), ms = started.elapsed().as_millis() as u64, "source read");
     }
 
     fn poke(&self, unit: &str) {
@@ -393,7 +394,7 @@ impl Units {
 /// A commit with a unit this agent may not manage (see [`crate::owner`]) is not deployed.
 fn gate_units(mut eval: Evaluation, pattern: Option<&str>) -> Evaluation {
     let own = crate::owner::own_unit();
-    let commit = eval.head.as_deref().map(source::short).unwrap_or("-").to_string();
+    let commit = eval.head.as_deref().map(short).unwrap_or("-").to_string();
     let refused: Vec<String> = eval
         .desired
         .iter()
@@ -490,15 +491,15 @@ pub fn evaluate(s: &GitSource, accepted: Option<&str>, allow_rewind: bool, host:
                 format!(
                     "{} moved to {} which does not contain the deployed commit {} (a force push or reset?); refusing to go backwards (set allow_rewind: true to allow)",
                     s.followed(),
-                    source::short(&hs),
-                    source::short(&old.to_string())
+                    short(&hs),
+                    short(&old.to_string())
                 ),
             );
         }
     }
     match s.verify(head) {
         Ok(Some(signer)) => {
-            tracing::info!(commit = %source::short(&hs), %signer, "signature verified")
+            tracing::info!(commit = %short(&hs), %signer, "signature verified")
         }
         Ok(None) => {}
         Err(e) => return fail(Some(hs), format!("{e:#}; staying on the last good commit")),
@@ -513,12 +514,12 @@ pub fn evaluate(s: &GitSource, accepted: Option<&str>, allow_rewind: bool, host:
 pub fn read_commit(s: &GitSource, head: git2::Oid, host: &str) -> Result<Vec<DesiredState>, String> {
     let hs = head.to_string();
     let files = catch(|| s.read_specs(head))
-        .map_err(|e| format!("commit {}: internal error while reading specs: {e}", source::short(&hs)))?
+        .map_err(|e| format!("commit {}: internal error while reading specs: {e}", short(&hs)))?
         .map_err(|e| format!("{e:#}"))?;
     let mut desired = Vec::new();
     let mut errors = Vec::new();
     for f in files {
-        let shown = format!("{}@{}", f.path, source::short(&hs));
+        let shown = format!("{}@{}", f.path, short(&hs));
         // A panic on one spec (a bug in validation or rendering) fails this commit like an invalid
         // spec does, and is reported; it never reaches the agent's loop.
         let read = catch(|| {
@@ -529,7 +530,7 @@ pub fn read_commit(s: &GitSource, head: git2::Oid, host: &str) -> Result<Vec<Des
         let read = match read {
             Ok(r) => r,
             Err(e) => {
-                errors.push(format!("{shown}: commit {}: internal error while reading specs: {e}", source::short(&hs)));
+                errors.push(format!("{shown}: commit {}: internal error while reading specs: {e}", short(&hs)));
                 continue;
             }
         };
@@ -549,7 +550,7 @@ pub fn read_commit(s: &GitSource, head: git2::Oid, host: &str) -> Result<Vec<Des
         }
     }
     if !errors.is_empty() {
-        return Err(format!("commit {} is not deployed; nothing changed:\n{}", source::short(&hs), errors.join("\n")));
+        return Err(format!("commit {} is not deployed; nothing changed:\n{}", short(&hs), errors.join("\n")));
     }
     Ok(desired)
 }

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use serde::Serialize;
+use specd_spec::short;
 
 use crate::context::{self, Dirs, Sink, hostname};
 use crate::plan::{self, Sync};
@@ -203,13 +204,12 @@ pub async fn status(dirs: &Dirs, json: bool, file: Option<&Path>, host: Option<S
     if json {
         println!("{}", serde_json::to_string_pretty(&serde_json::json!({"source": source, "units": all}))?);
     } else if let Some(s) = &source {
-        let c = |x: &Option<String>| x.as_deref().map_or("-".to_string(), |c| c[..12.min(c.len())].to_string());
         println!(
             "source {} ({}): deployed commit {}, head {}",
             s.repo,
             s.followed,
-            c(&s.accepted_commit),
-            c(&s.head_commit)
+            hash(&s.accepted_commit),
+            hash(&s.head_commit)
         );
         if let Some(e) = &s.error {
             println!("  head not deployed: {e}");
@@ -232,13 +232,17 @@ pub async fn status(dirs: &Dirs, json: bool, file: Option<&Path>, host: Option<S
     Ok(if ok { 0 } else { 1 })
 }
 
+/// A hash as people read it, `-` when there is none.
+fn hash(h: &Option<String>) -> &str {
+    h.as_deref().map_or("-", short)
+}
+
 fn print_status(s: &UnitStatus) {
-    let sh = |h: &Option<String>| h.as_deref().map_or("-".to_string(), |h| h.chars().take(12).collect());
     println!("{}: {} {} ({}/{}, pid {})", s.unit, s.sync, s.health, s.active_state, s.sub_state, s.main_pid);
     println!(
         "  desired unit {}  deployed {}  from {}",
-        sh(&s.desired_sha256),
-        sh(&s.deployed_sha256),
+        hash(&s.desired_sha256),
+        hash(&s.deployed_sha256),
         s.source.as_ref().map_or("-".into(), |x| x.to_string())
     );
     if s.applied_source != s.source {
@@ -381,7 +385,7 @@ pub async fn unquarantine(dirs: &Dirs, unit: String, socket: PathBuf) -> Result<
     for q in std::mem::take(&mut st.quarantine) {
         let message = format!(
             "Unquarantined: {unit}: cleared the quarantine of unit {} (it had failed: {}); it is tried again",
-            q.sha256.chars().take(12).collect::<String>(),
+            short(&q.sha256),
             q.reason
         );
         println!("{message}");
@@ -436,7 +440,7 @@ pub async fn history(dirs: &Dirs, unit: Option<String>, json: bool) -> Result<u8
             "{}  {u}  {:<11} unit {}  {src}",
             state::format_time(h.time),
             format!("{:?}", h.outcome),
-            &h.sha256[..12.min(h.sha256.len())]
+            short(&h.sha256)
         );
         println!("    {}", h.message);
         if let Some(v) = &h.stop_verdict {

@@ -7,6 +7,7 @@ use std::process::{Command, Stdio};
 
 use anyhow::{Context, Result, anyhow, bail};
 use git2::{Cred, CredentialType, FetchOptions, Oid, RemoteCallbacks, Repository};
+use specd_spec::short;
 
 /// Which signatures a commit must carry to deploy.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -304,8 +305,4 @@ impl GitSource {
 
 fn text_of(path: &str, bytes: &[u8]) -> Result<String> {
     String::from_utf8(bytes.to_vec()).map_err(|_| anyhow!("{path} is not UTF-8 text"))
-}
-
-pub fn short(s: &str) -> &str {
-    &s[..s.len().min(12)]
 }

@@ -47,7 +47,7 @@ impl std::fmt::Display for Source {
         match self {
             Source::File { path } => write!(f, "file {path}"),
             Source::Commit { commit, path, .. } => {
-                write!(f, "commit {} ({path})", &commit[..commit.len().min(12)])
+                write!(f, "commit {} ({path})", specd_spec::short(commit))
             }
         }
     }

@@ -28,6 +28,16 @@ pub use units::reserved_unit;
 
 use diag::{Pos, SourceMap};
 
+/// A hash as people read it: its first 12 characters (a commit, a unit's sha256).
+///
+/// ```
+/// assert_eq!(specd_spec::short("3f2a9c0e71b4d5a6"), "3f2a9c0e71b4");
+/// assert_eq!(specd_spec::short("3f2a"), "3f2a");
+/// ```
+pub fn short(hash: &str) -> &str {
+    hash.get(..12).unwrap_or(hash)
+}
+
 /// A spec file that parsed: its document and where each field stands in the text.
 #[derive(Clone, Debug)]
 pub struct ParsedSpec {

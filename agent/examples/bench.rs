@@ -90,22 +90,21 @@ fn readiness_lag(runs: usize) -> anyhow::Result<()> {
             .spawn()?;
         let url = format!("http://127.0.0.1:{port}/health_generate");
         let lag = rt.block_on(async {
-            let probe = specd::probe::Probe::new(Duration::from_secs(2));
+            let probe = specd::Probe::new(Duration::from_secs(2));
             // Ground truth: a 1 ms poller.
             let truth = {
                 let (p, u) = (probe.clone(), url.clone());
                 tokio::spawn(async move {
                     loop {
-                        if p.health(&u).await == specd::probe::Health::Ready {
+                        if p.health(&u).await == specd::Health::Ready {
                             return Instant::now();
                         }
                         tokio::time::sleep(Duration::from_millis(1)).await;
                     }
                 })
             };
-            let op =
-                || async { if probe.health(&url).await == specd::probe::Health::Ready { Ok(()) } else { Err(()) } };
-            op.retry(specd::reconcile::readiness_backoff()).sleep(tokio::time::sleep).await.ok();
+            let op = || async { if probe.health(&url).await == specd::Health::Ready { Ok(()) } else { Err(()) } };
+            op.retry(specd::readiness_backoff()).sleep(tokio::time::sleep).await.ok();
             let noticed = Instant::now();
             let t = truth.await.unwrap();
             noticed.saturating_duration_since(t).as_secs_f64() * 1000.0

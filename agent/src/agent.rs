@@ -5,53 +5,22 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
 use backon::BackoffBuilder;
-use serde::{Deserialize, Serialize};
+use specd_spec::short;
 use tokio::sync::{Notify, mpsc, watch};
 
 use crate::config::AgentConfig;
+use crate::context::{self, Dirs, Sink};
+use crate::guard::{catch, lock};
 use crate::host::{Host, RealHost};
 use crate::metrics::Metrics;
-use crate::reconcile::{self, Action, Ctx, DesiredState, Event, Shutdown};
-use crate::source::{self, GitSource};
-use crate::state::{self, Outcome, Source, Store};
-
-/// What the agent knows about its source, persisted for `status`.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct SourceState {
-    pub repo: String,
-    pub followed: String,
-    /// The newest commit whose specs were handed to the units (never goes backwards unless
-    /// `allow_rewind`).
-    pub accepted_commit: Option<String>,
-    /// The head seen last, and why it was not accepted, if it was not.
-    pub head_commit: Option<String>,
-    pub error: Option<String>,
-    pub time: u64,
-    /// Units that specd manages but the accepted commit has no spec for.
-    #[serde(default)]
-    pub orphans: Vec<String>,
-}
-
-impl SourceState {
-    pub fn path(state_dir: &Path) -> PathBuf {
-        state_dir.join("source.json")
-    }
-    pub fn load(state_dir: &Path) -> Option<SourceState> {
-        let b = std::fs::read(Self::path(state_dir)).ok()?;
-        serde_json::from_slice(&b).ok()
-    }
-    fn save(&self, state_dir: &Path) -> Result<()> {
-        crate::fsx::ensure_private_dir(state_dir)?;
-        let mut b = serde_json::to_vec_pretty(self)?;
-        b.push(b'\n');
-        crate::fsx::atomic_write(&Self::path(state_dir), &b, 0o600)
-    }
-}
+use crate::reconcile::{self, Action, Ctx, DesiredState, Shutdown};
+use crate::source::GitSource;
+use crate::state::{self, Outcome, Source, SourceState, Store};
 
 /// Why something asked for a reconcile.
 #[derive(Debug, Clone)]
@@ -66,8 +35,7 @@ pub enum Trigger {
 
 pub struct RunOptions {
     pub config: AgentConfig,
-    pub state_dir: PathBuf,
-    pub unit_dir: PathBuf,
+    pub dirs: Dirs,
 }
 
 struct Worker {
@@ -76,43 +44,21 @@ struct Worker {
     handle: tokio::task::JoinHandle<()>,
 }
 
-fn log(unit: &str, e: &Event) {
-    match e {
-        Event::Plan(p) => {
-            if p.steps.is_empty() {
-                tracing::debug!(unit, sync = %p.sync, reasons = ?p.reasons, "observed");
-            } else {
-                let steps: Vec<String> = p.steps.iter().map(|s| format!("{s:?}")).collect();
-                tracing::info!(unit, sync = %p.sync, reasons = ?p.reasons, plan = %steps.join(" → "), "reconciling");
-            }
-        }
-        Event::Phase(m) => tracing::info!(unit, "{m}"),
-        Event::Progress(m) => tracing::info!(unit, "  {m}"),
-        Event::Warning(m) => tracing::warn!(unit, "{m}"),
-    }
-}
-
 /// Run the agent until SIGTERM/SIGINT.
 pub async fn run(opts: RunOptions) -> Result<()> {
     let cfg = opts.config.clone();
     let src_cfg = cfg.source()?;
-    let hostname = crate::ops::hostname(cfg.hostname.clone());
-    let store = Store::new(&opts.state_dir);
-    crate::fsx::ensure_private_dir(&opts.state_dir)?;
+    let hostname = context::hostname(cfg.hostname.clone());
+    let store = Store::new(&opts.dirs.state_dir);
+    crate::fsx::ensure_private_dir(&opts.dirs.state_dir)?;
     // State written world-readable by an older specd is made private.
     store.secure();
     let (stop_tx, shutdown) = Shutdown::new();
-    let ctx = Arc::new(Ctx {
-        host: RealHost::new(crate::cgroup::Layout::host()),
-        unit_dir: opts.unit_dir.clone(),
-        store: store.clone(),
-        events: Arc::new(log),
-        shutdown: shutdown.clone(),
-    });
+    let ctx = Arc::new(context::host_ctx(&opts.dirs, context::events(Sink::Log), shutdown));
     let metrics = Arc::new(Metrics::default());
     let (trig_tx, mut trig_rx) = mpsc::unbounded_channel::<Trigger>();
 
-    let cache = opts.state_dir.join("repo");
+    let cache = opts.dirs.state_dir.join("repo");
     let src = {
         let c = src_cfg.clone();
         tokio::task::spawn_blocking(move || GitSource::open(c, &cache)).await??
@@ -121,7 +67,7 @@ pub async fn run(opts: RunOptions) -> Result<()> {
     tracing::info!(repo = %src_cfg.repo, followed = %lock(&src).followed(), host = %hostname, "specd agent starting");
 
     // Watch the local repository's refs, and the unit directory.
-    let _watchers = watchers(&lock(&src), &opts.unit_dir, trig_tx.clone())?;
+    let _watchers = watchers(&lock(&src), &opts.dirs.unit_dir, trig_tx.clone())?;
     // Signals.
     {
         let t = trig_tx.clone();
@@ -139,15 +85,22 @@ pub async fn run(opts: RunOptions) -> Result<()> {
     // Metrics (TCP, read-only) and control actions (a Unix socket, root's or a group's).
     let listen = cfg.listen.clone().unwrap_or_else(|| "127.0.0.1:9464".into());
     let server = serve(&listen, metrics.clone()).await?;
-    let socket = cfg.control_socket.clone().unwrap_or_else(|| crate::config::CONTROL_SOCKET.into());
+    let socket = cfg.control_socket();
     let control = serve_control(&socket, cfg.control_group.as_deref(), trig_tx.clone())?;
 
-    let mut workers: BTreeMap<String, Worker> = BTreeMap::new();
-    let mut last_head: Option<String> = None;
-    sync_source(&src, &cfg, &hostname, &opts.state_dir, &store, &ctx, &metrics, &mut workers, &mut last_head, true)
-        .await;
+    let mut units = Units {
+        src: src.clone(),
+        cfg: cfg.clone(),
+        hostname,
+        state_dir: opts.dirs.state_dir.clone(),
+        ctx,
+        metrics,
+        workers: BTreeMap::new(),
+        last_head: None,
+    };
+    units.sync_source(Read::Always).await;
     let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]);
-    tracing::info!(units = workers.len(), "ready");
+    tracing::info!(units = units.workers.len(), "ready");
 
     let interval = Duration::from_secs(cfg.interval.unwrap_or(60).max(1));
     let resync = Duration::from_secs(cfg.resync.unwrap_or(300).max(1));
@@ -197,30 +150,30 @@ pub async fn run(opts: RunOptions) -> Result<()> {
                     }
                 }
                 if source && (force || forced_due.is_none()) {
-                    sync_source(&src, &cfg, &hostname, &opts.state_dir, &store, &ctx, &metrics, &mut workers, &mut last_head, force).await;
+                    units.sync_source(if force { Read::Always } else { Read::IfHeadMoved }).await;
                 }
                 for t in ts {
                     match t {
-                        Trigger::Unit(u) => if let Some(w) = workers.get(&u) { w.poke.notify_one() },
-                        Trigger::All => workers.values().for_each(|w| w.poke.notify_one()),
+                        Trigger::Unit(u) => units.poke(&u),
+                        Trigger::All => units.poke_all(),
                         Trigger::Source => {}
                     }
                 }
             }
             _ = tokio::time::sleep_until(poll_at), if remote => {
                 poll_at = tokio::time::Instant::now() + jitter(interval);
-                sync_source(&src, &cfg, &hostname, &opts.state_dir, &store, &ctx, &metrics, &mut workers, &mut last_head, false).await;
+                units.sync_source(Read::IfHeadMoved).await;
             }
             _ = tokio::time::sleep_until(forced_due.unwrap_or(resync_at)), if forced_due.is_some() => {
                 forced_due = None;
                 last_forced = Some(tokio::time::Instant::now());
-                sync_source(&src, &cfg, &hostname, &opts.state_dir, &store, &ctx, &metrics, &mut workers, &mut last_head, true).await;
-                workers.values().for_each(|w| w.poke.notify_one());
+                units.sync_source(Read::Always).await;
+                units.poke_all();
             }
             _ = tokio::time::sleep_until(resync_at) => {
                 resync_at = tokio::time::Instant::now() + resync;
-                sync_source(&src, &cfg, &hostname, &opts.state_dir, &store, &ctx, &metrics, &mut workers, &mut last_head, true).await;
-                workers.values().for_each(|w| w.poke.notify_one());
+                units.sync_source(Read::Always).await;
+                units.poke_all();
             }
             _ = term.recv() => break,
             _ = int.recv() => break,
@@ -230,16 +183,44 @@ pub async fn run(opts: RunOptions) -> Result<()> {
     let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Stopping]);
     tracing::info!("stopping: applies in progress stop at their next safe point");
     let _ = stop_tx.send(true);
-    for (u, w) in workers {
-        if tokio::time::timeout(Duration::from_secs(60), w.handle).await.is_err() {
-            tracing::warn!(unit = %u, "did not reach a safe point within 60 s");
-        }
+    let handles = units.workers.into_iter().map(|(u, w)| (u, w.handle)).collect();
+    for u in join_within(handles, tokio::time::sleep(STOP_WITHIN)).await {
+        tracing::warn!(unit = %u, "did not reach a safe point within {} s", STOP_WITHIN.as_secs());
     }
     server.abort();
     control.abort();
     let _ = std::fs::remove_file(&socket);
     tracing::info!("stopped");
     Ok(())
+}
+
+/// How long the agent waits at its stop for the units' workers to reach a safe point: all of
+/// them together, within the agent unit's `TimeoutStopSec=90` (examples/specd.service), with
+/// time left to close the endpoints before systemd kills what remains.
+const STOP_WITHIN: Duration = Duration::from_secs(75);
+
+/// Wait for every task until one shared `deadline`; the units whose task had not finished by
+/// then (they are left running, and end with the process).
+async fn join_within(
+    handles: Vec<(String, tokio::task::JoinHandle<()>)>,
+    deadline: impl std::future::Future<Output = ()>,
+) -> Vec<String> {
+    tokio::pin!(deadline);
+    let mut passed = false;
+    let mut late = Vec::new();
+    for (unit, mut h) in handles {
+        if !passed {
+            tokio::select! {
+                biased;
+                _ = &mut h => continue,
+                _ = &mut deadline => passed = true,
+            }
+        }
+        if !h.is_finished() {
+            late.push(unit);
+        }
+    }
+    late
 }
 
 /// The least time between two forced re-reads of the source.
@@ -256,140 +237,164 @@ fn jitter(d: Duration) -> Duration {
     Duration::from_millis(ms - spread + r)
 }
 
-/// Read the head of the source and hand each unit its desired state, if the head may deploy.
-#[allow(clippy::too_many_arguments)]
-async fn sync_source(
-    src: &Arc<Mutex<GitSource>>,
-    cfg: &AgentConfig,
-    hostname: &str,
-    state_dir: &Path,
-    store: &Store,
-    ctx: &Arc<Ctx<RealHost>>,
-    metrics: &Arc<Metrics>,
-    workers: &mut BTreeMap<String, Worker>,
-    last_head: &mut Option<String>,
-    force: bool,
-) {
-    let started = Instant::now();
-    metrics.source_read();
-    let prev = SourceState::load(state_dir).unwrap_or_default();
-    let s2 = src.clone();
-    let accepted = prev.accepted_commit.clone();
-    let allow_rewind = cfg.allow_rewind;
-    let host = hostname.to_string();
-    let res = tokio::task::spawn_blocking(move || {
-        let s = lock(&s2);
-        catch(|| evaluate(&s, accepted.as_deref(), allow_rewind, &host))
-    })
-    .await;
-    let eval = match res {
-        Ok(Ok(e)) => e,
-        Ok(Err(e)) => Evaluation {
-            head: None,
-            error: Some(format!("the source: internal error while reading specs: {e}; nothing changed")),
-            desired: vec![],
-        },
-        Err(e) => Evaluation {
-            head: None,
-            error: Some(format!("the source: internal error while reading specs: {e}; nothing changed")),
-            desired: vec![],
-        },
-    };
-    let eval = gate_units(eval, cfg.manage_units.as_deref());
-    let mut st = SourceState {
-        repo: cfg.repo.clone().unwrap_or_default(),
-        followed: lock(src).followed(),
-        accepted_commit: prev.accepted_commit.clone(),
-        head_commit: eval.head.clone(),
-        error: eval.error.clone(),
-        time: state::now(),
-        orphans: prev.orphans.clone(),
-    };
-    if !force && eval.head == *last_head && eval.error.is_none() {
-        return;
-    }
-    *last_head = eval.head.clone();
-    if let Some(e) = &eval.error {
-        tracing::error!(commit = eval.head.as_deref().unwrap_or("-"), "not deployed: {e}");
-        // Bad commit: record the error for each unit's status; change nothing.
-        for u in workers.keys() {
-            let _ = reconcile::set_error(store, u, Some(e.clone()));
+/// Whether a source read hands the units their desired states again when the head has not
+/// moved.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Read {
+    /// Only a new head (or one that may not deploy) changes anything: polls, ref changes.
+    IfHeadMoved,
+    /// Every read counts: the first, SIGHUP, `specd reconcile`, the periodic resync.
+    Always,
+}
+
+/// The agent between two triggers: its source, the units' workers, the head it read last.
+struct Units {
+    src: Arc<Mutex<GitSource>>,
+    cfg: AgentConfig,
+    hostname: String,
+    state_dir: PathBuf,
+    ctx: Arc<Ctx<RealHost>>,
+    metrics: Arc<Metrics>,
+    workers: BTreeMap<String, Worker>,
+    last_head: Option<String>,
+}
+
+impl Units {
+    /// Read the head of the source and hand each unit its desired state, if the head may deploy.
+    async fn sync_source(&mut self, read: Read) {
+        let Units { src, cfg, hostname, state_dir, ctx, metrics, workers, last_head } = self;
+        let store = &ctx.store;
+        let started = Instant::now();
+        metrics.source_read();
+        let prev = SourceState::load(state_dir).unwrap_or_default();
+        let s2 = src.clone();
+        let accepted = prev.accepted_commit.clone();
+        let allow_rewind = cfg.allow_rewind;
+        let host = hostname.to_string();
+        let res = tokio::task::spawn_blocking(move || {
+            let s = lock(&s2);
+            catch(|| evaluate(&s, accepted.as_deref(), allow_rewind, &host))
+        })
+        .await;
+        let eval = match res {
+            Ok(Ok(e)) => e,
+            Ok(Err(e)) => Evaluation {
+                head: None,
+                error: Some(format!("the source: internal error while reading specs: {e}; nothing changed")),
+                desired: vec![],
+            },
+            Err(e) => Evaluation {
+                head: None,
+                error: Some(format!("the source: internal error while reading specs: {e}; nothing changed")),
+                desired: vec![],
+            },
+        };
+        let eval = gate_units(eval, cfg.manage_units.as_deref());
+        let mut st = SourceState {
+            repo: cfg.repo.clone().unwrap_or_default(),
+            followed: lock(src).followed(),
+            accepted_commit: prev.accepted_commit.clone(),
+            head_commit: eval.head.clone(),
+            error: eval.error.clone(),
+            time: state::now(),
+            orphans: prev.orphans.clone(),
+        };
+        if read == Read::IfHeadMoved && eval.head == *last_head && eval.error.is_none() {
+            return;
         }
-        let _ = st.save(state_dir);
-        // Starting with a head that may not deploy: keep the units on the accepted commit (finish
-        // interrupted applies, start stopped units) rather than leaving them unreconciled.
-        if workers.is_empty()
-            && let Some(acc) = prev.accepted_commit.as_deref().and_then(|a| git2::Oid::from_str(a).ok())
-        {
-            let (s2, host) = (src.clone(), hostname.to_string());
-            let fallback = tokio::task::spawn_blocking(move || read_commit(&lock(&s2), acc, &host)).await;
-            // The accepted commit passes the same gate as a new head (manage_units may have
-            // been narrowed since it was accepted).
-            let own = crate::owner::own_unit();
-            let fallback = fallback.map(|r| {
-                r.map(|mut desired| {
-                    desired.retain(|d| {
-                        match crate::owner::may_manage(&d.spec.unit, own.as_deref(), cfg.manage_units.as_deref()) {
-                            Ok(()) => true,
-                            Err(e) => {
-                                tracing::warn!("the accepted commit's {}: {e}; left alone", d.spec.unit);
-                                false
+        *last_head = eval.head.clone();
+        if let Some(e) = &eval.error {
+            tracing::error!(commit = eval.head.as_deref().unwrap_or("-"), "not deployed: {e}");
+            // Bad commit: record the error for each unit's status; change nothing.
+            for u in workers.keys() {
+                let _ = reconcile::set_error(store, u, Some(e.clone()));
+            }
+            let _ = st.save(state_dir);
+            // Starting with a head that may not deploy: keep the units on the accepted commit (finish
+            // interrupted applies, start stopped units) rather than leaving them unreconciled.
+            if workers.is_empty()
+                && let Some(acc) = prev.accepted_commit.as_deref().and_then(|a| git2::Oid::from_str(a).ok())
+            {
+                let (s2, host) = (src.clone(), hostname.to_string());
+                let fallback = tokio::task::spawn_blocking(move || read_commit(&lock(&s2), acc, &host)).await;
+                // The accepted commit passes the same gate as a new head (manage_units may have
+                // been narrowed since it was accepted).
+                let own = crate::owner::own_unit();
+                let fallback = fallback.map(|r| {
+                    r.map(|mut desired| {
+                        desired.retain(|d| {
+                            match crate::owner::may_manage(&d.spec.unit, own.as_deref(), cfg.manage_units.as_deref()) {
+                                Ok(()) => true,
+                                Err(e) => {
+                                    tracing::warn!("the accepted commit's {}: {e}; left alone", d.spec.unit);
+                                    false
+                                }
                             }
+                        });
+                        desired
+                    })
+                });
+                match fallback {
+                    Ok(Ok(desired)) => {
+                        tracing::info!(commit = %short(&acc.to_string()), "reconciling the units of the accepted commit");
+                        for d in desired {
+                            ensure_worker(workers, d, ctx, metrics);
                         }
-                    });
-                    desired
-                })
-            });
-            match fallback {
-                Ok(Ok(desired)) => {
-                    tracing::info!(commit = %source::short(&acc.to_string()), "reconciling the units of the accepted commit");
-                    for d in desired {
-                        ensure_worker(workers, d, ctx, metrics);
                     }
+                    Ok(Err(e)) => tracing::error!("the accepted commit cannot be read either: {e}"),
+                    Err(e) => tracing::error!("reading the accepted commit panicked: {e}"),
                 }
-                Ok(Err(e)) => tracing::error!("the accepted commit cannot be read either: {e}"),
-                Err(e) => tracing::error!("reading the accepted commit panicked: {e}"),
+            }
+            return;
+        }
+        let commit = eval.head.clone().unwrap_or_default();
+        st.accepted_commit = Some(commit.clone());
+        for u in store.units().unwrap_or_default() {
+            let _ = reconcile::set_error(store, &u, None);
+        }
+        metrics.commit(&commit);
+        let mut seen = Vec::new();
+        for d in eval.desired {
+            seen.push(d.spec.unit.clone());
+            ensure_worker(workers, d, ctx, metrics);
+        }
+
+        // Units specd manages that this commit has no spec for: orphaned (left running) or pruned.
+        let managed = store.units().unwrap_or_default();
+        let orphans: Vec<String> = managed.into_iter().filter(|u| !seen.contains(u)).collect();
+        for u in &orphans {
+            if let Some(w) = workers.remove(u) {
+                // Its worker ends after the reconcile it may be in (it sees its sender gone).
+                drop(w.desired);
+            }
+            if cfg.prune {
+                // In the background, under the unit's lock: a stop may take TimeoutStopSec.
+                let (ctx, u) = (ctx.clone(), u.clone());
+                tokio::spawn(async move { reconcile::prune(&ctx, &u).await });
+            } else if !prev.orphans.contains(u) {
+                tracing::warn!(unit = %u, "orphaned: its spec is gone from {}; left running (set prune: true to remove it)", short(&commit));
             }
         }
-        return;
-    }
-    let commit = eval.head.clone().unwrap_or_default();
-    st.accepted_commit = Some(commit.clone());
-    for u in store.units().unwrap_or_default() {
-        let _ = reconcile::set_error(store, &u, None);
-    }
-    metrics.commit(&commit);
-    let mut seen = Vec::new();
-    for d in eval.desired {
-        seen.push(d.spec.unit.clone());
-        ensure_worker(workers, d, ctx, metrics);
+        st.orphans = if cfg.prune { vec![] } else { orphans };
+        let _ = st.save(state_dir);
+        tracing::info!(commit = %short(&commit), units = seen.len(), ms = started.elapsed().as_millis() as u64, "source read");
     }
 
-    // Units specd manages that this commit has no spec for: orphaned (left running) or pruned.
-    let managed = store.units().unwrap_or_default();
-    let orphans: Vec<String> = managed.into_iter().filter(|u| !seen.contains(u)).collect();
-    for u in &orphans {
-        if let Some(w) = workers.remove(u) {
-            // Its worker ends after the reconcile it may be in (it sees its sender gone).
-            drop(w.desired);
-        }
-        if cfg.prune {
-            // In the background, under the unit's lock: a stop may take TimeoutStopSec.
-            let (ctx, u) = (ctx.clone(), u.clone());
-            tokio::spawn(async move { reconcile::prune(&ctx, &u).await });
-        } else if !prev.orphans.contains(u) {
-            tracing::warn!(unit = %u, "orphaned: its spec is gone from {}; left running (set prune: true to remove it)", source::short(&commit));
+    fn poke(&self, unit: &str) {
+        if let Some(w) = self.workers.get(unit) {
+            w.poke.notify_one();
         }
     }
-    st.orphans = if cfg.prune { vec![] } else { orphans };
-    let _ = st.save(state_dir);
-    tracing::info!(commit = %source::short(&commit), units = seen.len(), ms = started.elapsed().as_millis() as u64, "source read");
+
+    fn poke_all(&self) {
+        self.workers.values().for_each(|w| w.poke.notify_one());
+    }
 }
 
 /// A commit with a unit this agent may not manage (see [`crate::owner`]) is not deployed.
 fn gate_units(mut eval: Evaluation, pattern: Option<&str>) -> Evaluation {
     let own = crate::owner::own_unit();
-    let commit = eval.head.as_deref().map(source::short).unwrap_or("-").to_string();
+    let commit = eval.head.as_deref().map(short).unwrap_or("-").to_string();
     let refused: Vec<String> = eval
         .desired
         .iter()
@@ -465,15 +470,15 @@ pub fn evaluate(s: &GitSource, accepted: Option<&str>, allow_rewind: bool, host:
                 format!(
                     "{} moved to {} which does not contain the deployed commit {} (a force push or reset?); refusing to go backwards (set allow_rewind: true to allow)",
                     s.followed(),
-                    source::short(&hs),
-                    source::short(&old.to_string())
+                    short(&hs),
+                    short(&old.to_string())
                 ),
             );
         }
     }
     match s.verify(head) {
         Ok(Some(signer)) => {
-            tracing::info!(commit = %source::short(&hs), %signer, "signature verified")
+            tracing::info!(commit = %short(&hs), %signer, "signature verified")
         }
         Ok(None) => {}
         Err(e) => return fail(Some(hs), format!("{e:#}; staying on the last good commit")),
@@ -488,12 +493,12 @@ pub fn evaluate(s: &GitSource, accepted: Option<&str>, allow_rewind: bool, host:
 pub fn read_commit(s: &GitSource, head: git2::Oid, host: &str) -> Result<Vec<DesiredState>, String> {
     let hs = head.to_string();
     let files = catch(|| s.read_specs(head))
-        .map_err(|e| format!("commit {}: internal error while reading specs: {e}", source::short(&hs)))?
+        .map_err(|e| format!("commit {}: internal error while reading specs: {e}", short(&hs)))?
         .map_err(|e| format!("{e:#}"))?;
     let mut desired = Vec::new();
     let mut errors = Vec::new();
     for f in files {
-        let shown = format!("{}@{}", f.path, source::short(&hs));
+        let shown = format!("{}@{}", f.path, short(&hs));
         // A panic on one spec (a bug in validation or rendering) fails this commit like an invalid
         // spec does, and is reported; it never reaches the agent's loop.
         let read = catch(|| {
@@ -504,7 +509,7 @@ pub fn read_commit(s: &GitSource, head: git2::Oid, host: &str) -> Result<Vec<Des
         let read = match read {
             Ok(r) => r,
             Err(e) => {
-                errors.push(format!("{shown}: commit {}: internal error while reading specs: {e}", source::short(&hs)));
+                errors.push(format!("{shown}: commit {}: internal error while reading specs: {e}", short(&hs)));
                 continue;
             }
         };
@@ -524,27 +529,9 @@ pub fn read_commit(s: &GitSource, head: git2::Oid, host: &str) -> Result<Vec<Des
         }
     }
     if !errors.is_empty() {
-        return Err(format!("commit {} is not deployed; nothing changed:\n{}", source::short(&hs), errors.join("\n")));
+        return Err(format!("commit {} is not deployed; nothing changed:\n{}", short(&hs), errors.join("\n")));
     }
     Ok(desired)
-}
-
-/// Lock a mutex whose holder may have panicked: the data it guards is still usable (a source
-/// handle, counters), so a panic elsewhere never turns into a second one here.
-pub fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-/// Run `f`, turning a panic into an error that carries the panic's message.
-pub fn catch<T>(f: impl FnOnce() -> T) -> Result<T, String> {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).map_err(|p| {
-        let msg = p
-            .downcast_ref::<&str>()
-            .map(|s| s.to_string())
-            .or_else(|| p.downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "a panic without a message".into());
-        format!("{msg} (a bug in specd; please report it)")
-    })
 }
 
 /// One unit's reconcile loop.
@@ -786,23 +773,39 @@ fn serve_control(
 mod tests {
     use super::*;
 
+    #[tokio::test]
+    async fn workers_are_joined_under_one_deadline() {
+        let stuck = || tokio::spawn(std::future::pending::<()>());
+        // Once the one deadline has passed, no worker gets time of its own: every unfinished
+        // one is named at once (a timeout per worker would wait for each in turn).
+        let handles = vec![("a".to_string(), stuck()), ("b".to_string(), stuck()), ("c".to_string(), stuck())];
+        assert_eq!(join_within(handles, std::future::ready(())).await, ["a", "b", "c"]);
+        // A worker that finished while the join waited for another is not late. The deadline
+        // passes when that worker ends (a task ends in the poll that sends).
+        let (ended_tx, ended_rx) = tokio::sync::oneshot::channel::<()>();
+        let ends = tokio::spawn(async move {
+            let _ = ended_tx.send(());
+        });
+        let deadline = async move {
+            let _ = ended_rx.await;
+        };
+        assert_eq!(join_within(vec![("d".to_string(), stuck()), ("e".to_string(), ends)], deadline).await, ["d"]);
+        // Before the deadline, every worker is waited for.
+        let handles = vec![("f".to_string(), tokio::spawn(async {})), ("g".to_string(), tokio::spawn(async {}))];
+        assert!(join_within(handles, std::future::pending()).await.is_empty());
+    }
+
     #[test]
-    fn a_panic_becomes_an_error_with_its_message_and_a_lock_survives_it() {
-        let m = Arc::new(Mutex::new(1u32));
-        let m2 = m.clone();
-        let e = catch(move || {
-            let _g = m2.lock().unwrap();
-            panic!("num_steps + 1 overflowed");
-        })
-        .unwrap_err();
-        assert!(e.contains("num_steps + 1 overflowed"), "{e}");
-        assert!(e.contains("a bug in specd"), "{e}");
-        assert!(m.is_poisoned());
-        *lock(&m) += 1;
-        assert_eq!(*lock(&m), 2);
-        assert_eq!(catch(|| 7), Ok(7));
-        let e = catch(|| std::panic::panic_any(3u8)).unwrap_err();
-        assert!(e.starts_with("a panic without a message"), "{e}");
+    fn the_stop_fits_in_the_agent_unit_s_stop_timeout() {
+        let unit = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/specd.service"));
+        let secs: u64 = unit
+            .lines()
+            .find_map(|l| l.strip_prefix("TimeoutStopSec="))
+            .expect("the agent unit sets TimeoutStopSec")
+            .trim()
+            .parse()
+            .unwrap();
+        assert!(STOP_WITHIN + Duration::from_secs(10) <= Duration::from_secs(secs), "{STOP_WITHIN:?} in {secs} s");
     }
 
     #[tokio::test]

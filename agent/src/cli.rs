@@ -5,7 +5,9 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use crate::specs;
+use crate::config::{self, AgentConfig};
+use crate::context::Dirs;
+use crate::{agent, ops, specs};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -28,6 +30,12 @@ pub struct Global {
     /// Where specd writes unit files.
     #[arg(long, global = true, env = "SPECD_UNIT_DIR", default_value = "/etc/systemd/system")]
     pub unit_dir: PathBuf,
+}
+
+impl Global {
+    fn dirs(&self) -> Dirs {
+        Dirs { state_dir: self.state_dir.clone(), unit_dir: self.unit_dir.clone() }
+    }
 }
 
 #[derive(Subcommand, Debug)]
@@ -146,15 +154,15 @@ pub enum Command {
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    let g = cli.global.clone();
+    let dirs = cli.global.dirs();
     match cli.command {
-        Command::Apply { file, dry_run, host } => run_async(crate::ops::apply(&g, &file, host, dry_run)),
-        Command::Status { json, file, host } => run_async(crate::ops::status(&g, json, file.as_deref(), host)),
-        Command::Diff { file, host } => run_async(crate::ops::diff(&g, &file, host)),
+        Command::Apply { file, dry_run, host } => run_async(ops::apply(&dirs, &file, host, dry_run)),
+        Command::Status { json, file, host } => run_async(ops::status(&dirs, json, file.as_deref(), host)),
+        Command::Diff { file, host } => run_async(ops::diff(&dirs, &file, host)),
         Command::Run { config, repo, branch, path, hostname, interval, listen, control_socket } => {
             init_tracing();
             run_async(async move {
-                let mut cfg = crate::config::AgentConfig::load(&config)?;
+                let mut cfg = AgentConfig::load(&config)?;
                 cfg.repo = repo.or(cfg.repo);
                 cfg.branch = branch.or(cfg.branch);
                 cfg.path = path.or(cfg.path);
@@ -162,24 +170,22 @@ pub fn main() -> ExitCode {
                 cfg.interval = interval.or(cfg.interval);
                 cfg.listen = listen.or(cfg.listen);
                 cfg.control_socket = control_socket.or(cfg.control_socket);
-                let state_dir = cfg.state_dir.clone().unwrap_or(g.state_dir.clone());
-                let unit_dir = cfg.unit_dir.clone().unwrap_or(g.unit_dir.clone());
-                crate::agent::run(crate::agent::RunOptions { config: cfg, state_dir, unit_dir }).await?;
+                let dirs = Dirs {
+                    state_dir: cfg.state_dir.clone().unwrap_or(dirs.state_dir),
+                    unit_dir: cfg.unit_dir.clone().unwrap_or(dirs.unit_dir),
+                };
+                agent::run(agent::RunOptions { config: cfg, dirs }).await?;
                 Ok(0)
             })
         }
-        Command::Reconcile { unit, socket, config } => run_async(async move {
-            let socket = control_socket(socket, &config)?;
-            crate::ops::ask_reconcile(&socket, unit).await
-        }),
-        Command::Unquarantine { unit, socket, config } => run_async(async move {
-            let socket = control_socket(socket, &config)?;
-            crate::ops::unquarantine(&g, &unit, &socket).await
-        }),
-        Command::History { unit, json } => run_async(crate::ops::history(&g, unit, json)),
-        Command::Diagnose { unit, json } => {
-            run_async(async move { crate::ops::diagnose(unit.as_deref(), json, &g.state_dir).await })
+        Command::Reconcile { unit, socket, config } => {
+            run_async(ops::ask_reconcile(config::control_socket(socket, &config), unit))
         }
+        Command::Unquarantine { unit, socket, config } => {
+            run_async(ops::unquarantine(&dirs, unit, config::control_socket(socket, &config)))
+        }
+        Command::History { unit, json } => run_async(ops::history(&dirs, unit, json)),
+        Command::Diagnose { unit, json } => run_async(ops::diagnose(unit, json, &dirs)),
         Command::Validate { files } => validate(&files),
         Command::Render { file, host, hash } => render(&file, host.as_deref(), hash),
         Command::Schema => {
@@ -260,20 +266,4 @@ fn init_tracing() {
     } else {
         b.init();
     }
-}
-
-/// The agent's control socket: the flag, else the agent config's `control_socket`, else the
-/// default.
-fn control_socket(flag: Option<PathBuf>, config: &std::path::Path) -> anyhow::Result<PathBuf> {
-    if let Some(s) = flag {
-        return Ok(s);
-    }
-    let configured = match crate::config::AgentConfig::load(config) {
-        Ok(cfg) => cfg.control_socket,
-        Err(e) => {
-            eprintln!("specd: warning: {e:#}; using {}", crate::config::CONTROL_SOCKET);
-            None
-        }
-    };
-    Ok(configured.unwrap_or_else(|| PathBuf::from(crate::config::CONTROL_SOCKET)))
 }

@@ -67,6 +67,11 @@ impl AgentConfig {
         serde_saphyr::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
     }
 
+    /// The control socket: `control_socket`, else [`CONTROL_SOCKET`].
+    pub fn control_socket(&self) -> PathBuf {
+        self.control_socket.clone().unwrap_or_else(|| PathBuf::from(CONTROL_SOCKET))
+    }
+
     pub fn source(&self) -> Result<SourceConfig> {
         let Some(repo) = self.repo.clone() else {
             bail!("no repository configured: set `repo` in the agent config or pass --repo")
@@ -86,5 +91,21 @@ impl AgentConfig {
             ssh_key_file: self.ssh_key_file.clone(),
             verify,
         })
+    }
+}
+
+/// The control socket of the agent that `config` configures, for the commands that talk to it:
+/// `flag`, else the config's `control_socket`, else the default. A config that cannot be read is
+/// a warning, not an error: the default socket is tried.
+pub fn control_socket(flag: Option<PathBuf>, config: &Path) -> PathBuf {
+    if let Some(s) = flag {
+        return s;
+    }
+    match AgentConfig::load(config) {
+        Ok(cfg) => cfg.control_socket(),
+        Err(e) => {
+            eprintln!("specd: warning: {e:#}; using {CONTROL_SOCKET}");
+            PathBuf::from(CONTROL_SOCKET)
+        }
     }
 }

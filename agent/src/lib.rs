@@ -1,28 +1,44 @@
 //! specd, the agent: CLI, reconciler, systemd and cgroup access, readiness probes, state.
 //!
-//! See ARCHITECTURE.md at the repository root for the map and the invariants.
+//! See ARCHITECTURE.md at the repository root for the map and the invariants. The modules are
+//! private; what the binary, the tests and the examples use is exported below, item by item.
 
-pub mod agent;
-pub mod cgroup;
-pub mod cli;
-pub mod config;
+mod agent;
+mod cgroup;
+mod cli;
+mod config;
+mod context;
+/// Public for the end-to-end tests of the diagnosis (`agent/tests/e2e_diagnose.rs`).
 pub mod diagnose;
-pub mod fsx;
-pub mod host;
-pub mod lock;
-pub mod metrics;
-pub mod ops;
-pub mod owner;
+mod fsx;
+mod guard;
+mod host;
+mod lock;
+mod metrics;
+mod ops;
+mod owner;
+// Public until their own dead code and lints are settled: private, they report some.
 pub mod plan;
-pub mod probe;
+mod probe;
 pub mod reconcile;
-pub mod recovery;
-pub mod service;
-pub mod source;
-pub mod specs;
-pub mod speculation;
-pub mod state;
-pub mod systemd;
+mod recovery;
+mod service;
+mod source;
+mod specs;
+mod speculation;
+mod state;
+mod systemd;
+
+/// The `specd` command line (the binary is only this).
+pub use cli::main;
+
+/// Reading and gating the source's head, for the source tests.
+pub use agent::{Evaluation, evaluate};
+pub use source::{GitSource, SourceConfig, Verify};
+
+/// What the benchmarks measure specd's readiness policy with.
+pub use probe::{Health, Probe};
+pub use reconcile::readiness_backoff;
 
 #[cfg(test)]
 mod faults;

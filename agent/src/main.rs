@@ -1,3 +1,3 @@
 fn main() -> std::process::ExitCode {
-    specd::cli::main()
+    specd::main()
 }

@@ -1,7 +1,7 @@
 //! Prometheus metrics of the agent, served on a loopback port with the control endpoint.
 
+use std::sync::Mutex;
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, Mutex};
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
@@ -98,7 +98,7 @@ impl Metrics {
     }
 
     pub fn commit(&self, c: &str) {
-        let mut cur = crate::agent::lock(&self.current_commit);
+        let mut cur = crate::guard::lock(&self.current_commit);
         if let Some(old) = cur.take() {
             self.commit.get_or_create(&vec![("commit".into(), old)]).set(0);
         }
@@ -108,9 +108,7 @@ impl Metrics {
 
     pub fn render(&self) -> String {
         let mut s = String::new();
-        let _ = encode(&mut s, &crate::agent::lock(&self.registry));
+        let _ = encode(&mut s, &crate::guard::lock(&self.registry));
         s
     }
 }
-
-pub type Shared = Arc<Metrics>;

@@ -1,59 +1,20 @@
 //! The commands that touch a host: apply, status, diff.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use serde::Serialize;
+use specd_spec::short;
 
-use crate::cgroup::Layout;
-use crate::cli::Global;
-use crate::host::{Host, RealHost};
+use crate::context::{self, Dirs, Sink, hostname};
+use crate::host::Host;
 use crate::plan::{self, Sync};
 use crate::probe::{self, Health, Probe};
-use crate::reconcile::{self, Ctx, DesiredState, Event, Events};
+use crate::reconcile::{self, Ctx, DesiredState, Event, Shutdown};
 use crate::specs;
-use crate::state::{self, Source, Store};
-
-pub fn hostname(over: Option<String>) -> String {
-    over.unwrap_or_else(|| nix::unistd::gethostname().map(|h| h.to_string_lossy().into_owned()).unwrap_or_default())
-}
-
-pub fn ctx(g: &Global, events: Events) -> Ctx<RealHost> {
-    Ctx {
-        host: RealHost::new(Layout::host()),
-        unit_dir: g.unit_dir.clone(),
-        store: Store::new(&g.state_dir),
-        events,
-        shutdown: reconcile::Shutdown::never(),
-    }
-}
-
-/// Progress lines on stderr: `[  12.3s] unit: message`.
-pub fn stderr_events() -> Events {
-    let t0 = Instant::now();
-    Arc::new(move |unit: &str, e: &Event| {
-        let t = t0.elapsed().as_secs_f64();
-        let t = (t * 1000.0).round() / 1000.0;
-        match e {
-            Event::Plan(p) => {
-                eprintln!(
-                    "[{t:7.1}s] {unit}: {}{}",
-                    p.sync,
-                    if p.reasons.is_empty() { String::new() } else { format!(": {}", p.reasons.join("; ")) }
-                );
-                if !p.steps.is_empty() {
-                    let steps: Vec<String> = p.steps.iter().map(|s| format!("{s:?}")).collect();
-                    eprintln!("[{t:7.3}s] {unit}: plan: {}", steps.join(" → "));
-                }
-            }
-            Event::Phase(m) => eprintln!("[{t:7.3}s] {unit}: {m}"),
-            Event::Progress(m) => eprintln!("[{t:7.3}s] {unit}:   {m}"),
-            Event::Warning(m) => eprintln!("[{t:7.3}s] {unit}: WARNING: {m}"),
-        }
-    })
-}
+use crate::state::{self, Source, SourceState, Store};
 
 /// Load, resolve for this host and render a spec file; diagnostics on stderr when it is bad.
 fn desired(file: &Path, host: Option<String>) -> Result<Option<DesiredState>> {
@@ -80,12 +41,12 @@ fn desired(file: &Path, host: Option<String>) -> Result<Option<DesiredState>> {
     }
 }
 
-pub async fn apply(g: &Global, file: &Path, host: Option<String>, dry_run: bool) -> Result<u8> {
+pub async fn apply(dirs: &Dirs, file: &Path, host: Option<String>, dry_run: bool) -> Result<u8> {
     let Some(d) = desired(file, host)? else {
         eprintln!("specd: nothing was changed on this host");
         return Ok(1);
     };
-    let ctx = ctx(g, stderr_events());
+    let ctx = context::host_ctx(dirs, context::events(Sink::Stderr), Shutdown::never());
     let report = reconcile::reconcile(&ctx, &d, dry_run).await?;
     if let Some(v) = &report.stop_verdict {
         println!("note: the previous instance was {v}");
@@ -220,8 +181,8 @@ async fn unit_status<H: Host>(
     })
 }
 
-pub async fn status(g: &Global, json: bool, file: Option<&Path>, host: Option<String>) -> Result<u8> {
-    let ctx = ctx(g, Arc::new(|_: &str, _: &Event| {}));
+pub async fn status(dirs: &Dirs, json: bool, file: Option<&Path>, host: Option<String>) -> Result<u8> {
+    let ctx = context::host_ctx(dirs, Arc::new(|_: &str, _: &Event| {}), Shutdown::never());
     let mut override_desired = None;
     let units = match file {
         Some(f) => {
@@ -239,17 +200,16 @@ pub async fn status(g: &Global, json: bool, file: Option<&Path>, host: Option<St
         let st = ctx.store.peek(u)?;
         all.push(unit_status(&ctx, &st, override_desired.as_ref()).await?);
     }
-    let source = crate::agent::SourceState::load(&g.state_dir);
+    let source = SourceState::load(&dirs.state_dir);
     if json {
         println!("{}", serde_json::to_string_pretty(&serde_json::json!({"source": source, "units": all}))?);
     } else if let Some(s) = &source {
-        let c = |x: &Option<String>| x.as_deref().map_or("-".to_string(), |c| c[..12.min(c.len())].to_string());
         println!(
             "source {} ({}): deployed commit {}, head {}",
             s.repo,
             s.followed,
-            c(&s.accepted_commit),
-            c(&s.head_commit)
+            hash(&s.accepted_commit),
+            hash(&s.head_commit)
         );
         if let Some(e) = &s.error {
             println!("  head not deployed: {e}");
@@ -260,7 +220,7 @@ pub async fn status(g: &Global, json: bool, file: Option<&Path>, host: Option<St
     }
     if json {
     } else if all.is_empty() {
-        println!("no units managed yet (state dir {})", g.state_dir.display());
+        println!("no units managed yet (state dir {})", dirs.state_dir.display());
     } else {
         for s in &all {
             print_status(s);
@@ -272,13 +232,17 @@ pub async fn status(g: &Global, json: bool, file: Option<&Path>, host: Option<St
     Ok(if ok { 0 } else { 1 })
 }
 
+/// A hash as people read it, `-` when there is none.
+fn hash(h: &Option<String>) -> &str {
+    h.as_deref().map_or("-", short)
+}
+
 fn print_status(s: &UnitStatus) {
-    let sh = |h: &Option<String>| h.as_deref().map_or("-".to_string(), |h| h.chars().take(12).collect());
     println!("{}: {} {} ({}/{}, pid {})", s.unit, s.sync, s.health, s.active_state, s.sub_state, s.main_pid);
     println!(
         "  desired unit {}  deployed {}  from {}",
-        sh(&s.desired_sha256),
-        sh(&s.deployed_sha256),
+        hash(&s.desired_sha256),
+        hash(&s.deployed_sha256),
         s.source.as_ref().map_or("-".into(), |x| x.to_string())
     );
     if s.applied_source != s.source {
@@ -320,11 +284,11 @@ fn print_status(s: &UnitStatus) {
     }
 }
 
-pub async fn diff(g: &Global, file: &Path, host: Option<String>) -> Result<u8> {
+pub async fn diff(dirs: &Dirs, file: &Path, host: Option<String>) -> Result<u8> {
     let Some(d) = desired(file, host)? else {
         return Ok(2);
     };
-    let path = crate::host::unit_path(&g.unit_dir, &d.spec.unit);
+    let path = crate::host::unit_path(&dirs.unit_dir, &d.spec.unit);
     let deployed = crate::fsx::read_opt(&path)?.map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default();
     let mut differs = false;
     if deployed != d.unit.text {
@@ -357,8 +321,8 @@ pub async fn diff(g: &Global, file: &Path, host: Option<String>) -> Result<u8> {
 }
 
 /// `specd reconcile`: ask the running agent over its control socket.
-pub async fn ask_reconcile(socket: &Path, unit: Option<String>) -> Result<u8> {
-    control_post(socket, unit.as_deref()).await?;
+pub async fn ask_reconcile(socket: PathBuf, unit: Option<String>) -> Result<u8> {
+    control_post(&socket, unit.as_deref()).await?;
     println!("reconcile of {} queued", unit.as_deref().unwrap_or("every unit"));
     Ok(0)
 }
@@ -402,8 +366,9 @@ async fn control_post(socket: &Path, unit: Option<&str>) -> Result<()> {
 /// `specd unquarantine UNIT`: clear the quarantine of every hash of a unit, recorded in its
 /// history, under the unit's lock (so it works while the agent runs); then ask the agent, if one
 /// runs, to reconcile the unit.
-pub async fn unquarantine(g: &Global, unit: &str, socket: &Path) -> Result<u8> {
-    let store = Store::new(&g.state_dir);
+pub async fn unquarantine(dirs: &Dirs, unit: String, socket: PathBuf) -> Result<u8> {
+    let unit = unit.as_str();
+    let store = Store::new(&dirs.state_dir);
     let locks = store.locks_dir();
     let lock = match crate::lock::UnitLock::try_acquire(&locks, unit)? {
         Some(l) => l,
@@ -420,7 +385,7 @@ pub async fn unquarantine(g: &Global, unit: &str, socket: &Path) -> Result<u8> {
     for q in std::mem::take(&mut st.quarantine) {
         let message = format!(
             "Unquarantined: {unit}: cleared the quarantine of unit {} (it had failed: {}); it is tried again",
-            q.sha256.chars().take(12).collect::<String>(),
+            short(&q.sha256),
             q.reason
         );
         println!("{message}");
@@ -437,14 +402,14 @@ pub async fn unquarantine(g: &Global, unit: &str, socket: &Path) -> Result<u8> {
     store.save(&st)?;
     drop(lock);
     // A running agent tries it now (none may run: then the next apply or agent start does).
-    if control_post(socket, Some(unit)).await.is_ok() {
+    if control_post(&socket, Some(unit)).await.is_ok() {
         println!("asked the running agent to reconcile {unit}");
     }
     Ok(0)
 }
 
-pub async fn history(g: &Global, unit: Option<String>, json: bool) -> Result<u8> {
-    let store = Store::new(&g.state_dir);
+pub async fn history(dirs: &Dirs, unit: Option<String>, json: bool) -> Result<u8> {
+    let store = Store::new(&dirs.state_dir);
     let units = match unit {
         Some(u) => vec![u],
         None => store.units()?,
@@ -475,7 +440,7 @@ pub async fn history(g: &Global, unit: Option<String>, json: bool) -> Result<u8>
             "{}  {u}  {:<11} unit {}  {src}",
             state::format_time(h.time),
             format!("{:?}", h.outcome),
-            &h.sha256[..12.min(h.sha256.len())]
+            short(&h.sha256)
         );
         println!("    {}", h.message);
         if let Some(v) = &h.stop_verdict {
@@ -489,6 +454,6 @@ pub async fn history(g: &Global, unit: Option<String>, json: bool) -> Result<u8>
 }
 
 /// `specd diagnose`: see [`crate::diagnose`].
-pub async fn diagnose(unit: Option<&str>, json: bool, state_dir: &Path) -> Result<u8> {
-    crate::diagnose::run(unit, json, state_dir).await
+pub async fn diagnose(unit: Option<String>, json: bool, dirs: &Dirs) -> Result<u8> {
+    crate::diagnose::run(unit.as_deref(), json, &dirs.state_dir).await
 }

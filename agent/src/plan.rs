@@ -2,7 +2,7 @@
 //! the reconciler observes, calls [`plan`], and carries the steps out.
 
 use serde::Serialize;
-use specd_spec::DriftPolicy;
+use specd_spec::{DriftPolicy, short};
 
 use crate::service::ActiveState;
 
@@ -130,10 +130,6 @@ pub fn runs_argv(cmdline: &[String], argv: &[String]) -> bool {
         }
     }
     false
-}
-
-fn short(h: &str) -> &str {
-    &h[..h.len().min(12)]
 }
 
 /// Decide. Never restarts a healthy server that runs the desired unit.

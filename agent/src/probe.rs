@@ -145,7 +145,7 @@ impl Probe {
         if !r.status().is_success() {
             return None;
         }
-        metric_sum(&r.text().await.ok()?, facts.running_requests_metric)
+        speculation::metric_sum(&r.text().await.ok()?, facts.running_requests_metric)
     }
 }
 
@@ -162,29 +162,6 @@ fn error_chain(e: &dyn std::error::Error) -> String {
         cur = c.source();
     }
     s
-}
-
-/// Sum of a metric's samples over all label sets.
-pub fn metric_sum(text: &str, name: &str) -> Option<u64> {
-    let mut found = false;
-    let mut sum = 0.0;
-    for line in text.lines() {
-        if line.starts_with('#') {
-            continue;
-        }
-        let Some(rest) = line.strip_prefix(name) else {
-            continue;
-        };
-        if !(rest.starts_with('{') || rest.starts_with(' ')) {
-            continue;
-        }
-        let value = rest.rsplit_once('}').map_or(rest, |(_, v)| v).split_whitespace().next();
-        if let Some(v) = value.and_then(|v| v.parse::<f64>().ok()) {
-            sum += v;
-            found = true;
-        }
-    }
-    found.then_some(sum.round() as u64)
 }
 
 /// One arg that the server reports differently from the spec.
@@ -280,9 +257,9 @@ mod tests {
     #[test]
     fn sums_metric_samples() {
         let t = "# HELP sglang:num_running_reqs x\n# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs{model_name=\"a\"} 3.0\nsglang:num_running_reqs{model_name=\"b\"} 2\nsglang:num_running_reqs_total 9\n";
-        assert_eq!(metric_sum(t, "sglang:num_running_reqs"), Some(5));
-        assert_eq!(metric_sum("x 1\n", "sglang:num_running_reqs"), None);
-        assert_eq!(metric_sum("vllm:num_requests_running 4\n", "vllm:num_requests_running"), Some(4));
+        assert_eq!(speculation::metric_sum(t, "sglang:num_running_reqs"), Some(5));
+        assert_eq!(speculation::metric_sum("x 1\n", "sglang:num_running_reqs"), None);
+        assert_eq!(speculation::metric_sum("vllm:num_requests_running 4\n", "vllm:num_requests_running"), Some(4));
     }
 
     #[test]

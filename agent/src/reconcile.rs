@@ -10,7 +10,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use anyhow::{Context, Result};
-use specd_spec::{RenderedUnit, Spec};
+use specd_spec::{RenderedUnit, Spec, exec_start, short};
 
 use crate::cgroup::Lingering;
 use crate::host::{Host, unit_path};
@@ -124,10 +124,6 @@ pub enum ReconcileError {
 pub fn error_policy(_err: &ReconcileError, attempt: u32) -> Action {
     let secs = 5u64.saturating_mul(1 << attempt.min(6)).min(300);
     Action::Requeue(Duration::from_secs(secs))
-}
-
-fn short(h: &str) -> &str {
-    &h[..h.len().min(12)]
 }
 
 /// Why a step failed.
@@ -842,11 +838,6 @@ pub async fn prune<H: Host>(ctx: &Ctx<H>, unit: &str) {
         ctx.store.dir.join("units").join(format!("{unit}.json")),
         keep.join(format!("{unit}.json.{}", state::now())),
     );
-}
-
-/// The argv of a unit text's `ExecStart=`.
-pub fn exec_start(text: &str) -> Option<Vec<String>> {
-    text.lines().find_map(|l| l.strip_prefix("ExecStart=")).and_then(specd_spec::parse_command_line)
 }
 
 fn base_url_from_argv(argv: &[String]) -> Option<String> {

@@ -7,6 +7,7 @@ use std::process::{Command, Stdio};
 
 use anyhow::{Context, Result, anyhow, bail};
 use git2::{Cred, CredentialType, FetchOptions, Oid, RemoteCallbacks, Repository};
+use specd_spec::short;
 
 /// Which signatures a commit must carry to deploy.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -203,10 +204,6 @@ impl GitSource {
         self.repo.find_commit(oid).is_ok()
     }
 
-    pub fn summary(&self, oid: Oid) -> String {
-        self.repo.find_commit(oid).ok().and_then(|c| c.summary().ok().flatten().map(str::to_string)).unwrap_or_default()
-    }
-
     /// Check the commit's signature against the configured signers. `Ok(None)` when no
     /// verification is configured, `Ok(Some(signer))` when it verifies.
     pub fn verify(&self, oid: Oid) -> Result<Option<String>> {
@@ -308,8 +305,4 @@ impl GitSource {
 
 fn text_of(path: &str, bytes: &[u8]) -> Result<String> {
     String::from_utf8(bytes.to_vec()).map_err(|_| anyhow!("{path} is not UTF-8 text"))
-}
-
-pub fn short(s: &str) -> &str {
-    &s[..s.len().min(12)]
 }

@@ -129,8 +129,8 @@ pub fn from_vllm(evidence: &Evidence, before: &str, after: &str) -> Speculation 
         return Speculation::default();
     };
     let delta = |name: &str| {
-        let a = crate::probe::metric_sum(after, name)?;
-        Some(a.saturating_sub(crate::probe::metric_sum(before, name).unwrap_or(0)))
+        let a = metric_sum(after, name)?;
+        Some(a.saturating_sub(metric_sum(before, name).unwrap_or(0)))
     };
     let (n_drafts, n_tokens, n_accepted) = (delta(drafts), delta(draft_tokens), delta(accepted));
     let show = |v: Option<u64>| v.map_or("absent".to_string(), |v| format!("+{v}"));
@@ -163,6 +163,29 @@ pub fn missing(spec: &Spec, s: &Speculation) -> Option<String> {
         "the spec asks for speculative decoding, but the server drafted nothing in a {TOKENS}-token generation ({}){hint}",
         s.evidence.join(", ")
     ))
+}
+
+/// Sum of a metric's samples over all label sets.
+pub fn metric_sum(text: &str, name: &str) -> Option<u64> {
+    let mut found = false;
+    let mut sum = 0.0;
+    for line in text.lines() {
+        if line.starts_with('#') {
+            continue;
+        }
+        let Some(rest) = line.strip_prefix(name) else {
+            continue;
+        };
+        if !(rest.starts_with('{') || rest.starts_with(' ')) {
+            continue;
+        }
+        let value = rest.rsplit_once('}').map_or(rest, |(_, v)| v).split_whitespace().next();
+        if let Some(v) = value.and_then(|v| v.parse::<f64>().ok()) {
+            sum += v;
+            found = true;
+        }
+    }
+    found.then_some(sum.round() as u64)
 }
 
 #[cfg(test)]

@@ -47,7 +47,7 @@ impl std::fmt::Display for Source {
         match self {
             Source::File { path } => write!(f, "file {path}"),
             Source::Commit { commit, path, .. } => {
-                write!(f, "commit {} ({path})", &commit[..commit.len().min(12)])
+                write!(f, "commit {} ({path})", specd_spec::short(commit))
             }
         }
     }
@@ -301,9 +301,40 @@ impl Store {
         v.sort();
         Ok(v)
     }
+}
 
-    pub fn exists(dir: &Path) -> bool {
-        dir.join("units").is_dir()
+/// What the agent knows about its source, persisted for `status` (`<state dir>/source.json`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SourceState {
+    pub repo: String,
+    pub followed: String,
+    /// The newest commit whose specs were handed to the units (never goes backwards unless
+    /// `allow_rewind`).
+    pub accepted_commit: Option<String>,
+    /// The head seen last, and why it was not accepted, if it was not.
+    pub head_commit: Option<String>,
+    pub error: Option<String>,
+    pub time: u64,
+    /// Units that specd manages but the accepted commit has no spec for.
+    #[serde(default)]
+    pub orphans: Vec<String>,
+}
+
+impl SourceState {
+    fn path(state_dir: &Path) -> PathBuf {
+        state_dir.join("source.json")
+    }
+
+    pub fn load(state_dir: &Path) -> Option<SourceState> {
+        let b = std::fs::read(Self::path(state_dir)).ok()?;
+        serde_json::from_slice(&b).ok()
+    }
+
+    pub fn save(&self, state_dir: &Path) -> Result<()> {
+        fsx::ensure_private_dir(state_dir)?;
+        let mut b = serde_json::to_vec_pretty(self)?;
+        b.push(b'\n');
+        fsx::atomic_write(&Self::path(state_dir), &b, 0o600)
     }
 }
 

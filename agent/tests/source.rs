@@ -4,8 +4,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use specd::agent::evaluate;
-use specd::source::{GitSource, SourceConfig, Verify};
+use specd::evaluate;
+use specd::{GitSource, SourceConfig, Verify};
 use specd_e2e::git;
 
 const SPEC: &str = "apiVersion: specd/v1
@@ -50,7 +50,7 @@ fn cfg(repo: &str) -> SourceConfig {
     }
 }
 
-fn steps_of(e: &specd::agent::Evaluation) -> Vec<u32> {
+fn steps_of(e: &specd::Evaluation) -> Vec<u32> {
     e.desired.iter().map(|d| d.spec.speculative.as_ref().unwrap().num_steps.unwrap()).collect()
 }
 

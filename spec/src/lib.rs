@@ -22,11 +22,23 @@ mod validate;
 pub use diag::{Diagnostic, Diagnostics, Severity};
 pub use engine::{Algorithm, EngineFacts, Evidence, Need, Reported, facts as engine_facts};
 pub use model::{Document, DriftPolicy, Engine, Restart};
-pub use render::{HEADER, RenderedUnit, command_line, parse_command_line, parse_environment, render, sha256_hex};
+pub use render::{
+    HEADER, RenderedUnit, command_line, exec_start, parse_command_line, parse_environment, render, sha256_hex,
+};
 pub use resolve::{ExpectedArg, Policy, Readiness, Server, Service, Spec, Speculative};
 pub use units::reserved_unit;
 
 use diag::{Pos, SourceMap};
+
+/// A hash as people read it: its first 12 characters (a commit, a unit's sha256).
+///
+/// ```
+/// assert_eq!(specd_spec::short("3f2a9c0e71b4d5a6"), "3f2a9c0e71b4");
+/// assert_eq!(specd_spec::short("3f2a"), "3f2a");
+/// ```
+pub fn short(hash: &str) -> &str {
+    hash.get(..12).unwrap_or(hash)
+}
 
 /// A spec file that parsed: its document and where each field stands in the text.
 #[derive(Clone, Debug)]

@@ -123,6 +123,11 @@ pub fn command_line(argv: &[String]) -> String {
     argv.iter().map(|w| exec_word(w)).collect::<Vec<_>>().join(" ")
 }
 
+/// The argv of a unit text's (first) `ExecStart=`, as specd renders it.
+pub fn exec_start(text: &str) -> Option<Vec<String>> {
+    text.lines().find_map(|l| l.strip_prefix("ExecStart=")).and_then(parse_command_line)
+}
+
 /// Split an `ExecStart=` value into argv as systemd does for the subset of the syntax specd
 /// writes and reads: quoting, C escapes, `%%` and `$$`. Returns `None` for anything else
 /// (unknown specifiers or escapes, variable references, unterminated quotes, `;`).

@@ -11,7 +11,7 @@ pub fn render_text(d: &Diagnosis) -> String {
     let mut out = format!(
         "{} {} [{}]: {}\n  {}\n",
         d.unit,
-        d.invocation.as_deref().map(crate::source::short).unwrap_or("-"),
+        d.invocation.as_deref().map(specd_spec::short).unwrap_or("-"),
         match (&d.started, &d.ended) {
             (Some(s), Some(e)) => format!("{s} .. {e}"),
             (Some(s), None) => format!("{s} .. now"),

@@ -366,7 +366,7 @@ impl Host for FakeHost {
             return Ok(());
         }
         let Some(text) = w.unit.loaded.clone() else { bail!("Unit {unit} not found.") };
-        let argv = crate::reconcile::exec_start(&text).unwrap_or_default();
+        let argv = specd_spec::exec_start(&text).unwrap_or_default();
         let now = Instant::now();
         let fails = w.bad.contains(&argv);
         let pid = w.next_pid;

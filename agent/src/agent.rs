@@ -9,7 +9,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
-use backon::BackoffBuilder;
 use specd_spec::short;
 use tokio::sync::{Notify, mpsc, watch};
 
@@ -542,12 +541,9 @@ async fn worker(
     ctx: Arc<Ctx<RealHost>>,
     metrics: Arc<Metrics>,
 ) {
-    let builder = backon::ExponentialBuilder::default()
-        .with_min_delay(Duration::from_secs(2))
-        .with_max_delay(Duration::from_secs(300))
-        .with_jitter()
-        .without_max_times();
-    let mut backoff = builder.build();
+    // Failures in a row (errors, or applies that did not reach their unit): the error policy's
+    // attempt; reset by any reconcile that did not fail.
+    let mut failures = 0u32;
     loop {
         if ctx.shutdown.is_set() {
             return;
@@ -570,9 +566,9 @@ async fn worker(
                 let result = r.outcome.map_or("none".to_string(), |o| format!("{o:?}").to_lowercase());
                 // The status after this reconcile, not the one it started from.
                 let now = match r.outcome {
-                    Some(Outcome::Applied | Outcome::Started) => crate::plan::Sync::InSync,
-                    Some(Outcome::RolledBack | Outcome::Failed) => crate::plan::Sync::Failed,
-                    Some(Outcome::Reported) => crate::plan::Sync::Drifted,
+                    Some(Outcome::Applied | Outcome::Started) => crate::plan::SyncStatus::InSync,
+                    Some(Outcome::RolledBack | Outcome::Failed) => crate::plan::SyncStatus::Failed,
+                    Some(Outcome::Reported) => crate::plan::SyncStatus::Drifted,
                     Some(Outcome::Unquarantined) | None => r.plan.sync,
                 };
                 metrics.reconciled(&unit, now, &result, t0.elapsed().as_secs_f64(), failed);
@@ -583,21 +579,32 @@ async fn worker(
                     tracing::info!(unit = %unit, "{}", r.verdict);
                 }
                 match (r.outcome, r.action) {
-                    (Some(Outcome::Failed), Action::Requeue(_)) => backoff.next(),
+                    // A failed apply asks to come back; the error policy says when, at the
+                    // earliest what it asked.
+                    (Some(Outcome::Failed), Action::Requeue(d)) => {
+                        let Action::Requeue(backoff) = reconcile::error_policy(failures) else { unreachable!() };
+                        failures = failures.saturating_add(1);
+                        Some(jitter(backoff.max(d)))
+                    }
                     (_, Action::Requeue(d)) => {
-                        backoff = builder.build();
+                        failures = 0;
                         Some(d)
                     }
                     (_, Action::AwaitChange) => {
-                        backoff = builder.build();
+                        failures = 0;
                         None
                     }
                 }
             }
             Err(e) => {
                 tracing::error!(unit = %unit, "reconcile failed: {e}");
-                metrics.reconciled(&unit, crate::plan::Sync::Failed, "error", t0.elapsed().as_secs_f64(), true);
-                backoff.next()
+                metrics.reconciled(&unit, crate::plan::SyncStatus::Failed, "error", t0.elapsed().as_secs_f64(), true);
+                let action = reconcile::error_policy(failures);
+                failures = failures.saturating_add(1);
+                match action {
+                    Action::Requeue(d) => Some(jitter(d)),
+                    Action::AwaitChange => None,
+                }
             }
         };
         let sleep = tokio::time::sleep(wait.unwrap_or(Duration::from_secs(86_400)));

@@ -92,12 +92,12 @@ fn reasons(p: &Plan) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::{Step, Sync};
+    use crate::plan::{Step, SyncStatus};
 
     #[test]
     fn a_plan_reads_as_its_steps_and_reasons() {
         let p = Plan {
-            sync: Sync::OutOfSync,
+            sync: SyncStatus::OutOfSync,
             reasons: vec!["a".into(), "b".into()],
             steps: vec![Step::Stop, Step::WaitStopped, Step::Start],
         };

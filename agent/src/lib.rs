@@ -17,10 +17,9 @@ mod lock;
 mod metrics;
 mod ops;
 mod owner;
-// Public until their own dead code and lints are settled: private, they report some.
-pub mod plan;
+mod plan;
 mod probe;
-pub mod reconcile;
+mod reconcile;
 mod recovery;
 mod service;
 mod source;

@@ -10,7 +10,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use crate::plan::Sync;
+use crate::plan::SyncStatus;
 
 type Labels = Vec<(String, String)>;
 
@@ -27,7 +27,14 @@ pub struct Metrics {
     current_commit: Mutex<Option<String>>,
 }
 
-const SYNCS: [Sync; 6] = [Sync::InSync, Sync::OutOfSync, Sync::Drifted, Sync::Progressing, Sync::Failed, Sync::Masked];
+const SYNCS: [SyncStatus; 6] = [
+    SyncStatus::InSync,
+    SyncStatus::OutOfSync,
+    SyncStatus::Drifted,
+    SyncStatus::Progressing,
+    SyncStatus::Failed,
+    SyncStatus::Masked,
+];
 
 impl Default for Metrics {
     fn default() -> Self {
@@ -73,7 +80,7 @@ fn unit(u: &str) -> Labels {
 }
 
 impl Metrics {
-    pub fn reconciled(&self, u: &str, sync: Sync, result: &str, secs: f64, failed: bool) {
+    pub fn reconciled(&self, u: &str, sync: SyncStatus, result: &str, secs: f64, failed: bool) {
         for s in SYNCS {
             let mut l = unit(u);
             l.push(("status".into(), s.to_string()));

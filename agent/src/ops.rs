@@ -10,7 +10,7 @@ use specd_spec::short;
 
 use crate::context::{self, Dirs, Sink, hostname};
 use crate::host::Host;
-use crate::plan::{self, Sync};
+use crate::plan::{self, SyncStatus};
 use crate::probe::{self, Health, Probe};
 use crate::reconcile::{self, Ctx, DesiredState, Event, Shutdown};
 use crate::specs;
@@ -55,8 +55,8 @@ pub async fn apply(dirs: &Dirs, file: &Path, host: Option<String>, dry_run: bool
     // 0: the unit runs the spec (or, dry run, would be made to); 1: anything else.
     Ok(match (report.outcome, report.plan.sync) {
         (Some(state::Outcome::Applied | state::Outcome::Started), _) => 0,
-        (None, Sync::InSync) => 0,
-        (None, Sync::OutOfSync | Sync::Drifted) if dry_run => 0,
+        (None, SyncStatus::InSync) => 0,
+        (None, SyncStatus::OutOfSync | SyncStatus::Drifted) if dry_run => 0,
         _ => 1,
     })
 }
@@ -64,7 +64,7 @@ pub async fn apply(dirs: &Dirs, file: &Path, host: Option<String>, dry_run: bool
 #[derive(Debug, Serialize)]
 pub struct UnitStatus {
     pub unit: String,
-    pub sync: Sync,
+    pub sync: SyncStatus,
     pub health: String,
     pub reasons: Vec<String>,
     pub desired_sha256: Option<String>,
@@ -103,7 +103,7 @@ async fn unit_status<H: Host>(
         let props = ctx.host.show(&st.unit).await?;
         return Ok(UnitStatus {
             unit: st.unit.clone(),
-            sync: Sync::OutOfSync,
+            sync: SyncStatus::OutOfSync,
             health: "Unknown".into(),
             reasons: vec!["no desired state recorded".into()],
             desired_sha256: None,
@@ -128,7 +128,7 @@ async fn unit_status<H: Host>(
     let mut reasons = p.reasons.clone();
     let lock_free = !crate::lock::UnitLock::held(&ctx.store.locks_dir(), &st.unit);
     if !lock_free {
-        sync = Sync::Progressing;
+        sync = SyncStatus::Progressing;
         reasons.insert(
             0,
             format!("an apply is running ({})", st.in_progress.as_ref().map_or("?".into(), |p| p.phase.clone())),
@@ -137,9 +137,9 @@ async fn unit_status<H: Host>(
     if let Some(last) = st.history.last()
         && last.sha256 == d.unit.sha256
         && matches!(last.outcome, state::Outcome::Failed | state::Outcome::RolledBack)
-        && sync != Sync::Progressing
+        && sync != SyncStatus::Progressing
     {
-        sync = Sync::Failed;
+        sync = SyncStatus::Failed;
         if !reasons.iter().any(|r| r.contains(&last.message)) {
             reasons.push(last.message.clone());
         }
@@ -228,7 +228,7 @@ pub async fn status(dirs: &Dirs, json: bool, file: Option<&Path>, host: Option<S
     }
     // A head that was not deployed, or an orphaned unit, is not "all in sync" either.
     let source_ok = source.as_ref().is_none_or(|s| s.error.is_none() && s.orphans.is_empty());
-    let ok = source_ok && all.iter().all(|s| s.sync == Sync::InSync && s.health == "Healthy");
+    let ok = source_ok && all.iter().all(|s| s.sync == SyncStatus::InSync && s.health == "Healthy");
     Ok(if ok { 0 } else { 1 })
 }
 

@@ -49,7 +49,7 @@ pub struct Desired {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-pub enum Sync {
+pub enum SyncStatus {
     InSync,
     OutOfSync,
     Drifted,
@@ -59,15 +59,15 @@ pub enum Sync {
     Masked,
 }
 
-impl std::fmt::Display for Sync {
+impl std::fmt::Display for SyncStatus {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
-            Sync::InSync => "InSync",
-            Sync::OutOfSync => "OutOfSync",
-            Sync::Drifted => "Drifted",
-            Sync::Progressing => "Progressing",
-            Sync::Failed => "Failed",
-            Sync::Masked => "Masked",
+            SyncStatus::InSync => "InSync",
+            SyncStatus::OutOfSync => "OutOfSync",
+            SyncStatus::Drifted => "Drifted",
+            SyncStatus::Progressing => "Progressing",
+            SyncStatus::Failed => "Failed",
+            SyncStatus::Masked => "Masked",
         })
     }
 }
@@ -105,7 +105,7 @@ pub enum Step {
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Plan {
-    pub sync: Sync,
+    pub sync: SyncStatus,
     /// Why, in words a person reads in `status` and `apply --dry-run`.
     pub reasons: Vec<String>,
     pub steps: Vec<Step>,
@@ -139,7 +139,7 @@ pub fn plan(o: &Observed, d: &Desired) -> Plan {
     // start; specd says so and touches nothing.
     if o.load_state == "masked" {
         return Plan {
-            sync: Sync::Masked,
+            sync: SyncStatus::Masked,
             reasons: vec![
                 "the unit is masked; specd changes nothing and does not unmask it (`systemctl unmask` it to let specd manage it)"
                     .into(),
@@ -158,7 +158,7 @@ pub fn plan(o: &Observed, d: &Desired) -> Plan {
             && (!running_good && healable || unfinished)
         {
             return Plan {
-                sync: Sync::Failed,
+                sync: SyncStatus::Failed,
                 reasons: vec![
                     format!("unit {} failed before and is not retried: {why}", short(&d.sha256)),
                     format!("the host does not run the last good unit {}; restoring it", short(g)),
@@ -167,7 +167,7 @@ pub fn plan(o: &Observed, d: &Desired) -> Plan {
             };
         }
         return Plan {
-            sync: Sync::Failed,
+            sync: SyncStatus::Failed,
             reasons: vec![format!(
                 "unit {} failed before and is not retried: {why}; commit a new spec to try again",
                 short(&d.sha256)
@@ -251,34 +251,34 @@ pub fn plan(o: &Observed, d: &Desired) -> Plan {
         }
         reasons.push("an earlier apply of this spec was interrupted; finishing it".to_string());
         reasons.extend(drift);
-        return Plan { sync: Sync::Progressing, reasons, steps };
+        return Plan { sync: SyncStatus::Progressing, reasons, steps };
     }
 
     let spec_change = file_differs && new_spec;
     if spec_change {
         reasons.extend(drift);
-        return Plan { sync: Sync::OutOfSync, reasons, steps: full(running, true, !o.drop_ins.is_empty()) };
+        return Plan { sync: SyncStatus::OutOfSync, reasons, steps: full(running, true, !o.drop_ins.is_empty()) };
     }
     if !drift.is_empty() {
         let steps = match d.drift {
             DriftPolicy::Heal => full(running, file_differs, !o.drop_ins.is_empty()),
             DriftPolicy::Report => vec![],
         };
-        return Plan { sync: Sync::Drifted, reasons: drift, steps };
+        return Plan { sync: SyncStatus::Drifted, reasons: drift, steps };
     }
 
     // The host has the desired unit, loaded. What is its service doing?
     match o.active_state {
         ActiveState::Active | ActiveState::Reloading | ActiveState::Refreshing => match o.ready {
             Some(false) => Plan {
-                sync: Sync::Progressing,
+                sync: SyncStatus::Progressing,
                 reasons: vec!["the server is up but not ready yet".into()],
                 steps: vec![],
             },
-            _ => Plan { sync: Sync::InSync, reasons: vec![], steps: vec![] },
+            _ => Plan { sync: SyncStatus::InSync, reasons: vec![], steps: vec![] },
         },
         ActiveState::Activating | ActiveState::Deactivating => Plan {
-            sync: Sync::Progressing,
+            sync: SyncStatus::Progressing,
             reasons: vec![format!("systemd is {} the unit ({})", o.active_state, o.sub_state)],
             steps: vec![],
         },
@@ -286,7 +286,7 @@ pub fn plan(o: &Observed, d: &Desired) -> Plan {
             let mut steps = vec![Step::Start, Step::VerifyCmdline, Step::WaitReady];
             steps.extend(verify_after_ready(d));
             Plan {
-                sync: Sync::OutOfSync,
+                sync: SyncStatus::OutOfSync,
                 reasons: vec![format!("the service is not running ({}/{})", o.active_state, o.sub_state)],
                 steps,
             }
@@ -358,7 +358,7 @@ mod tests {
             let o =
                 Observed { load_state: "masked".into(), fragment_path: "/run/systemd/system/x.service".into(), ..o };
             let p = plan(&o, &d);
-            assert_eq!((p.sync, p.steps.len()), (Sync::Masked, 0), "{o:?}");
+            assert_eq!((p.sync, p.steps.len()), (SyncStatus::Masked, 0), "{o:?}");
             assert!(p.reasons[0].contains("does not unmask"), "{p:?}");
         }
     }
@@ -382,7 +382,7 @@ mod tests {
     #[test]
     fn in_sync_does_nothing() {
         let p = plan(&in_sync(), &desired());
-        assert_eq!(p.sync, Sync::InSync);
+        assert_eq!(p.sync, SyncStatus::InSync);
         assert!(p.steps.is_empty());
     }
 
@@ -398,7 +398,7 @@ mod tests {
                         o.main_cmdline = cmdline.clone();
                         let d = Desired { drift, verify_args: verify, verify_speculation: speculation, ..desired() };
                         let p = plan(&o, &d);
-                        assert_eq!((p.sync, p.steps.len()), (Sync::InSync, 0), "{o:?} {d:?}");
+                        assert_eq!((p.sync, p.steps.len()), (SyncStatus::InSync, 0), "{o:?} {d:?}");
                     }
                 }
             }
@@ -411,7 +411,7 @@ mod tests {
         o.deployed_sha256 = Some("a".repeat(64));
         o.written_sha256 = Some("a".repeat(64));
         let p = plan(&o, &desired());
-        assert_eq!(p.sync, Sync::OutOfSync);
+        assert_eq!(p.sync, SyncStatus::OutOfSync);
         assert_eq!(p.steps, FULL);
         assert!(p.reasons[0].starts_with("the spec changed: deployed unit aaaaaaaaaaaa → desired dddddddddddd"));
     }
@@ -470,7 +470,7 @@ mod tests {
         o.deployed_sha256 = Some("a".repeat(64));
         o.written_sha256 = None;
         let p = plan(&o, &desired());
-        assert_eq!((p.sync, p.steps.as_slice()), (Sync::OutOfSync, FULL));
+        assert_eq!((p.sync, p.steps.as_slice()), (SyncStatus::OutOfSync, FULL));
     }
 
     #[test]
@@ -479,11 +479,11 @@ mod tests {
         o.deployed_sha256 = Some("e".repeat(64));
         o.need_daemon_reload = true;
         let p = plan(&o, &desired());
-        assert_eq!(p.sync, Sync::Drifted);
+        assert_eq!(p.sync, SyncStatus::Drifted);
         assert_eq!(p.steps, FULL);
         assert!(p.reasons[0].contains("edited by hand"), "{:?}", p.reasons);
         let r = plan(&o, &Desired { drift: DriftPolicy::Report, ..desired() });
-        assert_eq!((r.sync, r.steps.len()), (Sync::Drifted, 0));
+        assert_eq!((r.sync, r.steps.len()), (SyncStatus::Drifted, 0));
     }
 
     #[test]
@@ -491,7 +491,7 @@ mod tests {
         let mut o = in_sync();
         o.deployed_sha256 = None;
         let p = plan(&o, &desired());
-        assert_eq!(p.sync, Sync::Drifted);
+        assert_eq!(p.sync, SyncStatus::Drifted);
         assert!(p.steps.contains(&WriteUnit));
     }
 
@@ -500,7 +500,7 @@ mod tests {
         let mut o = in_sync();
         o.need_daemon_reload = true;
         let p = plan(&o, &desired());
-        assert_eq!(p.sync, Sync::Drifted);
+        assert_eq!(p.sync, SyncStatus::Drifted);
         assert!(!p.steps.contains(&WriteUnit));
         assert!(p.steps.contains(&Reload) && p.steps.contains(&Stop));
     }
@@ -510,7 +510,7 @@ mod tests {
         let mut o = in_sync();
         o.drop_ins = vec!["/etc/systemd/system/x.service.d/override.conf".into()];
         let p = plan(&o, &desired());
-        assert_eq!(p.sync, Sync::Drifted);
+        assert_eq!(p.sync, SyncStatus::Drifted);
         assert!(p.steps.contains(&RemoveDropIns));
         assert!(!p.steps.contains(&WriteUnit));
     }
@@ -521,7 +521,7 @@ mod tests {
         let mut o = in_sync();
         o.main_cmdline = Some(vec!["/bin/srv".into(), "--steps".into(), "5".into()]);
         let p = plan(&o, &desired());
-        assert_eq!(p.sync, Sync::Drifted);
+        assert_eq!(p.sync, SyncStatus::Drifted);
         assert_eq!(p.steps, &[Drain, Stop, WaitStopped, Reload, Start, VerifyCmdline, WaitReady, VerifyArgs]);
     }
 
@@ -529,8 +529,8 @@ mod tests {
     fn live_arg_mismatch_is_drift_only_when_verified() {
         let mut o = in_sync();
         o.arg_mismatches = vec!["speculative_num_steps: spec 10 / server 5".into()];
-        assert_eq!(plan(&o, &desired()).sync, Sync::Drifted);
-        assert_eq!(plan(&o, &Desired { verify_args: false, ..desired() }).sync, Sync::InSync);
+        assert_eq!(plan(&o, &desired()).sync, SyncStatus::Drifted);
+        assert_eq!(plan(&o, &Desired { verify_args: false, ..desired() }).sync, SyncStatus::InSync);
     }
 
     #[test]
@@ -538,7 +538,7 @@ mod tests {
         let mut o = in_sync();
         o.fragment_path = "/run/systemd/system/x.service".into();
         let p = plan(&o, &desired());
-        assert_eq!(p.sync, Sync::Drifted);
+        assert_eq!(p.sync, SyncStatus::Drifted);
         assert!(p.reasons[0].contains("/run/systemd/system/x.service"));
     }
 
@@ -551,7 +551,7 @@ mod tests {
             o.main_cmdline = None;
             o.ready = None;
             let p = plan(&o, &desired());
-            assert_eq!(p.sync, Sync::OutOfSync);
+            assert_eq!(p.sync, SyncStatus::OutOfSync);
             assert_eq!(p.steps, &[Start, VerifyCmdline, WaitReady, VerifyArgs]);
         }
     }
@@ -560,14 +560,14 @@ mod tests {
     fn loading_and_restarting_are_progressing() {
         let mut o = in_sync();
         o.ready = Some(false);
-        assert_eq!(plan(&o, &desired()).sync, Sync::Progressing);
+        assert_eq!(plan(&o, &desired()).sync, SyncStatus::Progressing);
         let mut o = in_sync();
         o.active_state = "activating".into();
         o.sub_state = "auto-restart".into();
         o.main_pid = 0;
         o.main_cmdline = None;
         let p = plan(&o, &desired());
-        assert_eq!((p.sync, p.steps.len()), (Sync::Progressing, 0));
+        assert_eq!((p.sync, p.steps.len()), (SyncStatus::Progressing, 0));
     }
 
     #[test]
@@ -578,7 +578,7 @@ mod tests {
             o.active_state = "failed".into();
             o.quarantined = Some("readiness timed out".into());
             let p = plan(&o, &desired());
-            assert_eq!((p.sync, p.steps.len()), (Sync::Failed, 0));
+            assert_eq!((p.sync, p.steps.len()), (SyncStatus::Failed, 0));
             assert!(p.reasons[0].contains("readiness timed out"));
         }
     }
@@ -593,7 +593,7 @@ mod tests {
         o.main_pid = 0;
         o.main_cmdline = None;
         let p = plan(&o, &Desired { drift: DriftPolicy::Report, ..desired() });
-        assert_eq!(p.sync, Sync::Progressing);
+        assert_eq!(p.sync, SyncStatus::Progressing);
         assert_eq!(p.steps, &[Stop, WaitStopped, Reload, Start, VerifyCmdline, WaitReady, VerifyArgs]);
         // Killed while the file was still the old one.
         let mut o = in_sync();
@@ -620,7 +620,7 @@ mod tests {
         o.active_state = "inactive".into();
         o.main_pid = 0;
         let p = plan(&o, &desired());
-        assert_eq!((p.sync, p.steps.as_slice()), (Sync::Failed, &[Rollback][..]));
+        assert_eq!((p.sync, p.steps.as_slice()), (SyncStatus::Failed, &[Rollback][..]));
         // Once the good unit runs again, nothing more.
         let mut o = o.clone();
         o.deployed_sha256 = Some("a".repeat(64));
@@ -700,10 +700,10 @@ mod tests {
                                                 assert!(pos(Reload).is_some_and(|r| r < s), "{p:?}");
                                             }
                                         }
-                                        if p.sync == Sync::InSync {
+                                        if p.sync == SyncStatus::InSync {
                                             assert!(p.steps.is_empty());
                                         }
-                                        if policy == DriftPolicy::Report && p.sync == Sync::Drifted {
+                                        if policy == DriftPolicy::Report && p.sync == SyncStatus::Drifted {
                                             assert!(p.steps.is_empty());
                                         }
                                     }

@@ -15,7 +15,7 @@ use specd_spec::{RenderedUnit, Spec, exec_start, short};
 use crate::cgroup::Lingering;
 use crate::host::{Host, unit_path};
 use crate::lock::UnitLock;
-use crate::plan::{self, Desired, Observed, Plan, Step, Sync};
+use crate::plan::{self, Desired, Observed, Plan, Step, SyncStatus};
 use crate::probe::{self, Health};
 use crate::recovery::{self, Recovery};
 use crate::state::{self, GoodUnit, HistoryEntry, InProgress, Outcome, Quarantined, Source, Store, UnitState};
@@ -46,7 +46,7 @@ pub enum Event {
     Warning(String),
 }
 
-pub type Events = Arc<dyn Fn(&str, &Event) + Send + std::marker::Sync>;
+pub type Events = Arc<dyn Fn(&str, &Event) + Send + Sync>;
 
 /// Everything the reconciler acts through.
 pub struct Ctx<H: Host> {
@@ -103,7 +103,6 @@ impl DesiredState {
 /// What one reconcile did.
 #[derive(Clone, Debug)]
 pub struct Report {
-    pub unit: String,
     pub plan: Plan,
     /// `None` when nothing was done.
     pub outcome: Option<Outcome>,
@@ -120,10 +119,11 @@ pub enum ReconcileError {
     Io(#[from] anyhow::Error),
 }
 
-/// kube-rs' error policy: back off on errors. The agent caps and resets the delay per unit.
-pub fn error_policy(_err: &ReconcileError, attempt: u32) -> Action {
-    let secs = 5u64.saturating_mul(1 << attempt.min(6)).min(300);
-    Action::Requeue(Duration::from_secs(secs))
+/// kube-rs' error policy: what follows a reconcile that failed (an error, or an apply that did
+/// not reach its unit), by the number of failures in a row before it: 2 s, doubling, at most 5
+/// minutes. The worker jitters it, and a failed apply's own requeue is the earliest.
+pub fn error_policy(attempt: u32) -> Action {
+    Action::Requeue(Duration::from_secs(2u64 << attempt.min(8)).min(Duration::from_secs(300)))
 }
 
 /// Why a step failed.
@@ -338,7 +338,7 @@ pub async fn reconcile<H: Host>(ctx: &Ctx<H>, d: &DesiredState, dry_run: bool) -
         let verdict = format!(
             "Refused: {unit}: {whose}; specd takes over a unit it did not write only when the spec adopts it (policy: {{adopt: true}}); nothing changed"
         );
-        return Ok(Report { unit, plan, outcome: None, verdict, stop_verdict: None, action: Action::AwaitChange });
+        return Ok(Report { plan, outcome: None, verdict, stop_verdict: None, action: Action::AwaitChange });
     }
     if dry_run {
         let verdict = if plan.steps.is_empty() {
@@ -346,7 +346,7 @@ pub async fn reconcile<H: Host>(ctx: &Ctx<H>, d: &DesiredState, dry_run: bool) -
         } else {
             format!("{}: would run {} steps", plan.sync, plan.steps.len())
         };
-        return Ok(Report { unit, plan, outcome: None, verdict, stop_verdict: None, action: Action::AwaitChange });
+        return Ok(Report { plan, outcome: None, verdict, stop_verdict: None, action: Action::AwaitChange });
     }
     ctx.host.clean_temps(&ctx.unit_dir, &unit);
     st.desired = Some(state::DesiredRecord {
@@ -363,22 +363,22 @@ pub async fn reconcile<H: Host>(ctx: &Ctx<H>, d: &DesiredState, dry_run: bool) -
             st.in_progress = None;
         }
         // In sync and nothing recorded as good yet (state lost, or adopted): it is good now.
-        if plan.sync == Sync::InSync && st.last_good.as_ref().is_none_or(|g| g.sha256 != d.unit.sha256) {
+        if plan.sync == SyncStatus::InSync && st.last_good.as_ref().is_none_or(|g| g.sha256 != d.unit.sha256) {
             st.last_good = Some(good_unit(d));
             st.written_sha256.get_or_insert_with(|| d.unit.sha256.clone());
         }
         ctx.store.save(&st)?;
         let verdict = match plan.sync {
-            Sync::InSync => format!("InSync: {unit} runs unit {} and is ready", short(&d.unit.sha256)),
+            SyncStatus::InSync => format!("InSync: {unit} runs unit {} and is ready", short(&d.unit.sha256)),
             s => format!("{s}: {}", plan.reasons.join("; ")),
         };
         // In sync again after a failure of this unit (systemd restarted it after a crash): the
         // history says it runs, so that status no longer reports the failure.
-        let recovered = plan.sync == Sync::InSync
+        let recovered = plan.sync == SyncStatus::InSync
             && st.history.last().is_some_and(|h| h.sha256 == d.unit.sha256 && h.outcome == Outcome::Failed);
         let outcome = match plan.sync {
-            Sync::Drifted => Some(Outcome::Reported),
-            Sync::InSync if recovered => Some(Outcome::Started),
+            SyncStatus::Drifted => Some(Outcome::Reported),
+            SyncStatus::InSync if recovered => Some(Outcome::Started),
             _ => None,
         };
         // A drift that is only reported is recorded once, not at every resync.
@@ -388,10 +388,10 @@ pub async fn reconcile<H: Host>(ctx: &Ctx<H>, d: &DesiredState, dry_run: bool) -
             ctx.store.save(&st)?;
         }
         let action = match plan.sync {
-            Sync::Progressing => Action::Requeue(Duration::from_secs(5)),
+            SyncStatus::Progressing => Action::Requeue(Duration::from_secs(5)),
             _ => Action::AwaitChange,
         };
-        return Ok(Report { unit, plan, outcome, verdict, stop_verdict: None, action });
+        return Ok(Report { plan, outcome, verdict, stop_verdict: None, action });
     }
 
     // The running unit is the rollback target if nothing better is known: it was serving.
@@ -474,14 +474,7 @@ pub async fn reconcile<H: Host>(ctx: &Ctx<H>, d: &DesiredState, dry_run: bool) -
         st.in_progress = None;
         st.record(history(d, outcome, verdict.clone(), sv.clone(), t0.elapsed().as_millis() as u64));
         ctx.store.save(&st)?;
-        return Ok(Report {
-            unit,
-            plan,
-            outcome: Some(outcome),
-            verdict,
-            stop_verdict: sv,
-            action: Action::AwaitChange,
-        });
+        return Ok(Report { plan, outcome: Some(outcome), verdict, stop_verdict: sv, action: Action::AwaitChange });
     }
 
     let started = Instant::now();
@@ -520,14 +513,7 @@ pub async fn reconcile<H: Host>(ctx: &Ctx<H>, d: &DesiredState, dry_run: bool) -
                 Outcome::Started
             };
             st.record(history(d, outcome, verdict.clone(), stop_verdict.clone(), ms));
-            Report {
-                unit: unit.clone(),
-                plan,
-                outcome: Some(outcome),
-                verdict,
-                stop_verdict,
-                action: Action::AwaitChange,
-            }
+            Report { plan, outcome: Some(outcome), verdict, stop_verdict, action: Action::AwaitChange }
         }
         Err(f) if f.cancelled => {
             let verdict = format!(
@@ -535,7 +521,7 @@ pub async fn reconcile<H: Host>(ctx: &Ctx<H>, d: &DesiredState, dry_run: bool) -
                 f.step
             );
             emit(Event::Warning(verdict.clone()));
-            Report { unit: unit.clone(), plan, outcome: None, verdict, stop_verdict, action: Action::AwaitChange }
+            Report { plan, outcome: None, verdict, stop_verdict, action: Action::AwaitChange }
         }
         Err(f) => {
             emit(Event::Warning(format!("{:?} failed: {}", f.step, f.message)));
@@ -574,7 +560,7 @@ pub async fn reconcile<H: Host>(ctx: &Ctx<H>, d: &DesiredState, dry_run: bool) -
             }
             st.record(history(d, outcome, verdict.clone(), stop_verdict.clone(), started.elapsed().as_millis() as u64));
             let action = if decision.requeue { Action::Requeue(Duration::from_secs(30)) } else { Action::AwaitChange };
-            Report { unit: unit.clone(), plan, outcome: Some(outcome), verdict, stop_verdict, action }
+            Report { plan, outcome: Some(outcome), verdict, stop_verdict, action }
         }
     };
     let mut report = report;
@@ -1363,6 +1349,18 @@ mod tests {
         let argv: Vec<String> = ["x", "--host=10.0.0.2", "--port=8000"].iter().map(|s| s.to_string()).collect();
         assert_eq!(base_url_from_argv(&argv).as_deref(), Some("http://10.0.0.2:8000"));
         assert_eq!(base_url_from_argv(&["x".to_string()]), None);
+    }
+
+    #[test]
+    fn the_error_policy_doubles_from_two_seconds_to_five_minutes() {
+        let secs: Vec<u64> = (0..10)
+            .map(|a| match error_policy(a) {
+                Action::Requeue(d) => d.as_secs(),
+                Action::AwaitChange => 0,
+            })
+            .collect();
+        assert_eq!(secs, [2, 4, 8, 16, 32, 64, 128, 256, 300, 300]);
+        assert_eq!(error_policy(u32::MAX), Action::Requeue(Duration::from_secs(300)));
     }
 
     #[test]

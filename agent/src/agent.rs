@@ -304,10 +304,8 @@ impl Units {
         *last_head = eval.head.clone();
         if let Some(e) = &eval.error {
             tracing::error!(commit = eval.head.as_deref().unwrap_or("-"), "not deployed: {e}");
-            // Bad commit: record the error for each unit's status; change nothing.
-            for u in workers.keys() {
-                let _ = reconcile::set_error(store, u, Some(e.clone()));
-            }
+            // Bad commit: the source's state says why (every unit's status shows it); change
+            // nothing. A unit's own state is written only by its reconciles.
             let _ = st.save(state_dir);
             // Starting with a head that may not deploy: keep the units on the accepted commit (finish
             // interrupted applies, start stopped units) rather than leaving them unreconciled.
@@ -348,9 +346,6 @@ impl Units {
         }
         let commit = eval.head.clone().unwrap_or_default();
         st.accepted_commit = Some(commit.clone());
-        for u in store.units().unwrap_or_default() {
-            let _ = reconcile::set_error(store, &u, None);
-        }
         metrics.commit(&commit);
         let mut seen = Vec::new();
         for d in eval.desired {

@@ -170,7 +170,7 @@ async fn unit_status<H: Host>(
         cmdline_matches: o.main_cmdline.as_ref().map(|c| crate::plan::runs_argv(c, &d.spec.argv)),
         arg_mismatches: o.arg_mismatches.clone(),
         last_result: st.history.last().cloned(),
-        error: st.desired.as_ref().and_then(|r| r.error.clone()),
+        error: None,
         last_ended: crate::diagnose::last_verdict(&st.unit).await.map(|d| d.summary),
         // The proof of the running unit's speculation (a measurement of an older hash is not it).
         speculation: st
@@ -201,6 +201,12 @@ pub async fn status(dirs: &Dirs, json: bool, file: Option<&Path>, host: Option<S
         all.push(unit_status(&ctx, &st, override_desired.as_ref()).await?);
     }
     let source = SourceState::load(&dirs.state_dir);
+    // A head that may not deploy concerns every unit the agent manages.
+    if let Some(e) = source.as_ref().and_then(|s| s.error.as_ref()) {
+        for s in &mut all {
+            s.error = Some(e.clone());
+        }
+    }
     if json {
         println!("{}", serde_json::to_string_pretty(&serde_json::json!({"source": source, "units": all}))?);
     } else if let Some(s) = &source {

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use specd_spec::{RenderedUnit, Spec, exec_start, short};
 
 use crate::cgroup::Lingering;
@@ -354,7 +354,6 @@ pub async fn reconcile<H: Host>(ctx: &Ctx<H>, d: &DesiredState, dry_run: bool) -
         source: d.source.clone(),
         time: state::now(),
         spec: d.spec.clone(),
-        error: None,
     });
 
     if plan.steps.is_empty() {
@@ -1321,20 +1320,6 @@ async fn wait_ready<H: Host>(ctx: &Ctx<H>, unit: &str, t: &Target<'_>, pid: u32)
         }
         Err(Wait::Fatal(m)) | Err(Wait::Loading(m)) => Err(m),
     }
-}
-
-/// Record (or clear) why the newest desired state could not be used (a bad commit), so that
-/// `status` shows it.
-/// Under the unit's lock; skipped while a reconcile holds it (that reconcile saves the state,
-/// and the next source read records the error again).
-pub fn set_error(store: &Store, unit: &str, error: Option<String>) -> Result<()> {
-    let Some(_lock) = UnitLock::try_acquire(&store.locks_dir(), unit)? else { return Ok(()) };
-    let mut st = store.load(unit)?;
-    match st.desired.as_mut() {
-        Some(d) if d.error != error => d.error = error,
-        _ => return Ok(()),
-    }
-    store.save(&st).context("saving state")
 }
 
 #[cfg(test)]

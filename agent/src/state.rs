@@ -155,9 +155,6 @@ pub struct DesiredRecord {
     pub source: Option<Source>,
     pub time: u64,
     pub spec: specd_spec::Spec,
-    /// The located error of the newest desired state that could not be used, if any.
-    #[serde(default)]
-    pub error: Option<String>,
 }
 
 impl UnitState {

@@ -644,72 +644,68 @@ async fn recover<H: Host>(
             }
             (Outcome::Failed, format!("Failed: {unit}: {what}; {why}, so the service is left stopped{q}"))
         }
-        Recovery::StartLastGood => {
-            let Some(g) = st.last_good.clone() else {
+        Recovery::StartLastGood | Recovery::Rollback => {
+            let why = if decision.recovery == Recovery::Rollback { Restore::Rollback } else { Restore::HostFault };
+            // A rollback goes to another unit; after a host fault the last good one may be this.
+            let Some(g) = st.last_good.clone().filter(|g| why == Restore::HostFault || g.sha256 != d.unit.sha256)
+            else {
                 return (Outcome::Failed, format!("Failed: {unit}: {what}"));
             };
-            match restore(ctx, st, d, &g, Restore::HostFault, stop_verdict).await {
-                Ok(()) => (
-                    Outcome::Failed,
-                    format!(
-                        "Failed: {unit}: {what}; started the last good unit {} again and it serves; unit {} is tried again later",
-                        short(&g.sha256),
-                        short(&d.unit.sha256)
-                    ),
-                ),
-                Err(rf) if rf.cancelled => (
-                    Outcome::Failed,
-                    format!(
-                        "Failed: {unit}: {what}; starting the last good unit {} again stopped at a safe point because the agent is stopping",
-                        short(&g.sha256)
-                    ),
-                ),
-                Err(rf) => (
-                    Outcome::Failed,
-                    format!(
-                        "Failed: {unit}: {what}; starting the last good unit {} again failed too ({:?}: {})",
-                        short(&g.sha256),
-                        rf.step,
-                        rf.message
-                    ),
-                ),
+            let r = restore(ctx, st, d, &g, why, stop_verdict).await;
+            if why == Restore::Rollback
+                && let Err(rf) = &r
+                && !rf.cancelled
+            {
+                let note = format!("specd: stopping {unit}: the rollback to {} failed too", short(&g.sha256));
+                stop_quietly(ctx, unit, &note).await;
             }
+            restored(why, r, &format!("{unit}: {what}"), short(&g.sha256), short(&d.unit.sha256))
         }
-        Recovery::Rollback => {
-            let Some(g) = st.last_good.clone().filter(|g| g.sha256 != d.unit.sha256) else {
-                return (Outcome::Failed, format!("Failed: {unit}: {what}"));
-            };
-            match restore(ctx, st, d, &g, Restore::Rollback, stop_verdict).await {
-                Ok(()) => (
-                    Outcome::RolledBack,
-                    format!(
-                        "RolledBack: {unit}: {what}; restored the last good unit {} and it serves again; spec {} is quarantined",
-                        short(&g.sha256),
-                        short(&d.unit.sha256)
-                    ),
-                ),
-                Err(rf) if rf.cancelled => (
-                    Outcome::Failed,
-                    format!(
-                        "Failed: {unit}: {what}; the rollback to {} stopped at a safe point because the agent is stopping; the next run finishes it",
-                        short(&g.sha256)
-                    ),
-                ),
-                Err(rf) => {
-                    let note = format!("specd: stopping {unit}: the rollback to {} failed too", short(&g.sha256));
-                    stop_quietly(ctx, unit, &note).await;
-                    (
-                        Outcome::Failed,
-                        format!(
-                            "Failed: {unit}: {what}; the rollback to {} failed too ({:?}: {}); the service is stopped",
-                            short(&g.sha256),
-                            rf.step,
-                            rf.message
-                        ),
-                    )
-                }
-            }
-        }
+    }
+}
+
+/// The outcome and verdict of putting the last good unit `good` back after `failed`'s failure
+/// (`what`: the unit and what failed).
+fn restored(why: Restore, r: Result<(), StepFailure>, what: &str, good: &str, failed: &str) -> (Outcome, String) {
+    match (why, r) {
+        (Restore::Rollback, Ok(())) => (
+            Outcome::RolledBack,
+            format!(
+                "RolledBack: {what}; restored the last good unit {good} and it serves again; spec {failed} is quarantined"
+            ),
+        ),
+        (Restore::HostFault, Ok(())) => (
+            Outcome::Failed,
+            format!(
+                "Failed: {what}; started the last good unit {good} again and it serves; unit {failed} is tried again later"
+            ),
+        ),
+        (Restore::Rollback, Err(rf)) if rf.cancelled => (
+            Outcome::Failed,
+            format!(
+                "Failed: {what}; the rollback to {good} stopped at a safe point because the agent is stopping; the next run finishes it"
+            ),
+        ),
+        (Restore::HostFault, Err(rf)) if rf.cancelled => (
+            Outcome::Failed,
+            format!(
+                "Failed: {what}; starting the last good unit {good} again stopped at a safe point because the agent is stopping"
+            ),
+        ),
+        (Restore::Rollback, Err(rf)) => (
+            Outcome::Failed,
+            format!(
+                "Failed: {what}; the rollback to {good} failed too ({:?}: {}); the service is stopped",
+                rf.step, rf.message
+            ),
+        ),
+        (Restore::HostFault, Err(rf)) => (
+            Outcome::Failed,
+            format!(
+                "Failed: {what}; starting the last good unit {good} again failed too ({:?}: {})",
+                rf.step, rf.message
+            ),
+        ),
     }
 }
 

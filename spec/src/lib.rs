@@ -30,6 +30,28 @@ pub use units::reserved_unit;
 
 use diag::{Pos, SourceMap};
 
+/// UTC calendar time of unix seconds: (year, month, day, hour, minute, second). Pure arithmetic
+/// (the civil-from-days algorithm), so that every timestamp specd and its tests print agrees.
+///
+/// ```
+/// assert_eq!(specd_spec::utc(0), (1970, 1, 1, 0, 0, 0));
+/// assert_eq!(specd_spec::utc(1_796_206_680), (2026, 12, 2, 10, 18, 0));
+/// ```
+pub fn utc(secs: u64) -> (i64, u32, u32, u32, u32, u32) {
+    let days = (secs / 86_400) as i64;
+    let rem = (secs % 86_400) as u32;
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (y, m, d, rem / 3600, rem % 3600 / 60, rem % 60)
+}
+
 /// A hash as people read it: its first 12 characters (a commit, a unit's sha256).
 ///
 /// ```

@@ -86,6 +86,37 @@ mod tests {
         Line { origin, message: m.into(), ..Line::default() }
     }
 
+    /// One line of each kind the rules look for, and a command line that differs from the disk.
+    struct Lines {
+        oom: Line,
+        cuda: Line,
+        stop: Line,
+        timeout: Line,
+        wd: Line,
+        limit: Line,
+        err: Line,
+        note: Line,
+        cmd: Vec<String>,
+        disk: Vec<String>,
+    }
+
+    impl Lines {
+        fn new() -> Lines {
+            Lines {
+                oom: line(Origin::Kernel, "Out of memory: Killed process 77 (python3)"),
+                cuda: line(Origin::Service, "torch.OutOfMemoryError: CUDA out of memory."),
+                stop: line(Origin::Systemd, "Stopping x.service..."),
+                timeout: line(Origin::Systemd, "x.service: State 'stop-sigterm' timed out. Killing."),
+                wd: line(Origin::Systemd, "x.service: Watchdog timeout (limit 1s)!"),
+                limit: line(Origin::Systemd, "x.service: Start request repeated too quickly."),
+                err: line(Origin::Service, "E load_model: failed to load model"),
+                note: line(Origin::Specd, "specd: stopping x.service (rollback)"),
+                cmd: vec!["a".to_string()],
+                disk: vec!["b".to_string()],
+            }
+        }
+    }
+
     fn rule(name: &str) -> usize {
         RULES.iter().position(|r| r.name == name).unwrap_or_else(|| panic!("no rule {name:?}"))
     }
@@ -104,16 +135,7 @@ mod tests {
     /// satisfy the rule before it too, which then wins.
     #[test]
     fn each_rule_fires_on_its_facts_and_yields_to_the_rule_before_it() {
-        let oom = line(Origin::Kernel, "Out of memory: Killed process 77 (python3)");
-        let cuda = line(Origin::Service, "torch.OutOfMemoryError: CUDA out of memory.");
-        let stop = line(Origin::Systemd, "Stopping x.service...");
-        let timeout = line(Origin::Systemd, "x.service: State 'stop-sigterm' timed out. Killing.");
-        let wd = line(Origin::Systemd, "x.service: Watchdog timeout (limit 1s)!");
-        let limit = line(Origin::Systemd, "x.service: Start request repeated too quickly.");
-        let err = line(Origin::Service, "E load_model: failed to load model");
-        let note = line(Origin::Specd, "specd: stopping x.service (rollback)");
-        let cmd = vec!["a".to_string()];
-        let disk = vec!["b".to_string()];
+        let Lines { oom, cuda, stop, timeout, wd, limit, err, note, cmd, disk } = Lines::new();
         let stale = || Some(Stale { unreloaded: None, differs: Some((&cmd, &disk)) });
         let ended = |exit| Facts { exit: Some(exit), ..Facts::default() };
 
@@ -161,16 +183,8 @@ mod tests {
     /// Facts that two neighbouring rules both accept go to the earlier one.
     #[test]
     fn the_earlier_of_two_rules_that_hold_wins() {
-        let oom = line(Origin::Kernel, "Out of memory: Killed process 77 (python3)");
+        let Lines { oom, stop, timeout, wd, limit, err, note, cmd, disk, .. } = Lines::new();
         let cuda = line(Origin::Service, "RuntimeError: CUDA error: out of memory");
-        let stop = line(Origin::Systemd, "Stopping x.service...");
-        let timeout = line(Origin::Systemd, "x.service: State 'stop-sigterm' timed out. Killing.");
-        let wd = line(Origin::Systemd, "x.service: Watchdog timeout (limit 1s)!");
-        let limit = line(Origin::Systemd, "x.service: Start request repeated too quickly.");
-        let err = line(Origin::Service, "E load_model: failed to load model");
-        let note = line(Origin::Specd, "specd: stopping x.service (rollback)");
-        let cmd = vec!["a".to_string()];
-        let disk = vec!["b".to_string()];
         let stale = || Some(Stale { unreloaded: Some((2, 1)), differs: Some((&cmd, &disk)) });
         let base = Facts { exit: Some(Exit::Killed(9)), ..Facts::default() };
         let both: Vec<(&str, Facts)> = vec![

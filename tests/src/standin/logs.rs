@@ -6,20 +6,8 @@ use serde_json::Value;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// UTC (year, month, day, hour, minute, second) of now.
-fn now_parts() -> (i64, u32, u32, u64, u64, u64) {
-    let secs = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
-    let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
-    // Civil from days (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    (y, m, d, rem / 3600, rem % 3600 / 60, rem % 60)
+fn now_parts() -> (i64, u32, u32, u32, u32, u32) {
+    specd_spec::utc(SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0))
 }
 
 /// One log line on stderr in the engine's format.

@@ -10,7 +10,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use anyhow::Result;
-use specd_spec::{RenderedUnit, Spec, exec_start, short};
+use specd_spec::{RenderedUnit, Spec, base_url_of_argv, exec_start, short};
 
 use crate::cgroup::Lingering;
 use crate::host::{Host, unit_path};
@@ -399,7 +399,7 @@ pub async fn reconcile<H: Host>(ctx: &Ctx<H>, d: &DesiredState, dry_run: bool) -
     let old_url = deployed_text
         .as_deref()
         .and_then(|t| exec_start(&String::from_utf8_lossy(t)))
-        .and_then(|argv| base_url_from_argv(&argv))
+        .and_then(|argv| base_url_of_argv(&argv))
         .unwrap_or_else(|| d.spec.base_url());
     if let Some(text) = deployed_text
         && o.ready == Some(true)
@@ -721,7 +721,7 @@ async fn restore<H: Host>(
     let unit = &d.spec.unit;
     (ctx.events)(unit, &Event::Phase(format!("rolling back to the last good unit {}", short(&g.sha256))));
     let argv = exec_start(&g.text).unwrap_or_default();
-    let base_url = g.base_url.clone().unwrap_or_else(|| base_url_from_argv(&argv).unwrap_or_else(|| d.spec.base_url()));
+    let base_url = g.base_url.clone().unwrap_or_else(|| base_url_of_argv(&argv).unwrap_or_else(|| d.spec.base_url()));
     let t = Target {
         sha256: &g.sha256,
         text: &g.text,
@@ -819,17 +819,6 @@ pub async fn prune<H: Host>(ctx: &Ctx<H>, unit: &str) {
         ctx.store.dir.join("units").join(format!("{unit}.json")),
         keep.join(format!("{unit}.json.{}", state::now())),
     );
-}
-
-fn base_url_from_argv(argv: &[String]) -> Option<String> {
-    let val = |flag: &str| {
-        argv.iter().enumerate().find_map(|(i, w)| {
-            if w == flag { argv.get(i + 1).cloned() } else { w.strip_prefix(&format!("{flag}=")).map(str::to_string) }
-        })
-    };
-    let port = val("--port")?;
-    let host = val("--host").filter(|h| h != "0.0.0.0").unwrap_or_else(|| "127.0.0.1".into());
-    Some(format!("http://{host}:{port}"))
 }
 
 /// A stop that ended in SIGKILL, in plain words.
@@ -1326,10 +1315,13 @@ mod tests {
     fn the_replaced_instance_is_found_where_its_unit_says() {
         let text = "[Service]\nExecStart=/opt/py -m sglang.launch_server --model-path /m --host 0.0.0.0 --port 30001\n";
         let argv = exec_start(text).unwrap();
-        assert_eq!(base_url_from_argv(&argv).as_deref(), Some("http://127.0.0.1:30001"));
+        assert_eq!(base_url_of_argv(&argv).as_deref(), Some("http://127.0.0.1:30001"));
         let argv: Vec<String> = ["x", "--host=10.0.0.2", "--port=8000"].iter().map(|s| s.to_string()).collect();
-        assert_eq!(base_url_from_argv(&argv).as_deref(), Some("http://10.0.0.2:8000"));
-        assert_eq!(base_url_from_argv(&["x".to_string()]), None);
+        assert_eq!(base_url_of_argv(&argv).as_deref(), Some("http://10.0.0.2:8000"));
+        assert_eq!(base_url_of_argv(&["x".to_string()]), None);
+        // An IPv6 wildcard is reached on loopback, as the spec's own base URL is.
+        let argv: Vec<String> = ["x", "--host", "::", "--port", "8000"].iter().map(|s| s.to_string()).collect();
+        assert_eq!(base_url_of_argv(&argv).as_deref(), Some("http://[::1]:8000"));
     }
 
     #[test]

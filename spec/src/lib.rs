@@ -25,7 +25,7 @@ pub use model::{Document, DriftPolicy, Engine, Restart};
 pub use render::{
     HEADER, RenderedUnit, command_line, exec_start, parse_command_line, parse_environment, render, sha256_hex,
 };
-pub use resolve::{ExpectedArg, Policy, Readiness, Server, Service, Spec, Speculative};
+pub use resolve::{ExpectedArg, Policy, Readiness, Server, Service, Spec, Speculative, base_url_of_argv};
 pub use units::reserved_unit;
 
 use diag::{Pos, SourceMap};

@@ -99,16 +99,33 @@ pub struct ExpectedArg {
     pub value: serde_json::Value,
 }
 
+/// The base URL specd reaches a server at from the same host, given what it listens on (a
+/// wildcard address is reached on loopback).
+pub fn base_url(host: &str, port: &str) -> String {
+    let host = match host {
+        "0.0.0.0" | "" => "127.0.0.1".to_string(),
+        "::" => "[::1]".to_string(),
+        h if h.contains(':') => format!("[{h}]"),
+        h => h.to_string(),
+    };
+    format!("http://{host}:{port}")
+}
+
+/// The base URL of a server from its argv (`--port`, and `--host` when given; `--flag value` or
+/// `--flag=value`): where an instance of a unit already deployed listens.
+pub fn base_url_of_argv(argv: &[String]) -> Option<String> {
+    let val = |flag: &str| {
+        argv.iter().enumerate().find_map(|(i, w)| {
+            if w == flag { argv.get(i + 1).cloned() } else { w.strip_prefix(&format!("{flag}=")).map(str::to_string) }
+        })
+    };
+    Some(base_url(&val("--host").unwrap_or_default(), &val("--port")?))
+}
+
 impl Spec {
     /// The server's base URL as specd reaches it from the same host.
     pub fn base_url(&self) -> String {
-        let host = match self.server.host.as_str() {
-            "0.0.0.0" | "" => "127.0.0.1".to_string(),
-            "::" => "[::1]".to_string(),
-            h if h.contains(':') => format!("[{h}]"),
-            h => h.to_string(),
-        };
-        format!("http://{host}:{}", self.server.port)
+        base_url(&self.server.host, &self.server.port.to_string())
     }
 
     /// Where the engine reports its own args, if it does.

@@ -123,9 +123,46 @@ pub fn command_line(argv: &[String]) -> String {
     argv.iter().map(|w| exec_word(w)).collect::<Vec<_>>().join(" ")
 }
 
-/// The argv of a unit text's (first) `ExecStart=`, as specd renders it.
+/// The argv of a unit text's `ExecStart=` (`None` when it is not one specd's parser takes).
 pub fn exec_start(text: &str) -> Option<Vec<String>> {
-    text.lines().find_map(|l| l.strip_prefix("ExecStart=")).and_then(parse_command_line)
+    exec_start_value(&[text]).as_deref().and_then(parse_command_line)
+}
+
+/// The effective `ExecStart=` value of a unit file and its drop-ins (in systemd's order): the
+/// last non-empty assignment in `[Service]` after the last empty one, continuation lines joined,
+/// the `@-:+!` prefixes dropped.
+pub fn exec_start_value(files: &[&str]) -> Option<String> {
+    let mut exec: Option<String> = None;
+    for text in files {
+        let mut section = String::new();
+        let mut pending = String::new();
+        for raw in text.lines() {
+            let l = raw.trim();
+            if pending.is_empty() && (l.starts_with('#') || l.starts_with(';')) {
+                continue;
+            }
+            if let Some(rest) = l.strip_suffix('\\') {
+                pending.push_str(rest);
+                pending.push(' ');
+                continue;
+            }
+            let line = std::mem::take(&mut pending) + l;
+            if line.starts_with('[') && line.ends_with(']') {
+                section = line;
+                continue;
+            }
+            if section != "[Service]" {
+                continue;
+            }
+            if let Some((k, v)) = line.split_once('=')
+                && k.trim() == "ExecStart"
+            {
+                let v = v.trim();
+                exec = if v.is_empty() { None } else { Some(v.to_string()) };
+            }
+        }
+    }
+    Some(exec?.trim_start_matches(['@', '-', ':', '+', '!']).to_string())
 }
 
 /// Split an `ExecStart=` value into argv as systemd does for the subset of the syntax specd

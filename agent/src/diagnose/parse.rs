@@ -148,42 +148,11 @@ pub fn parse_timespan_us(s: &str) -> Option<u64> {
     Some(total as u64)
 }
 
-/// The effective `ExecStart=` of a unit file and its drop-ins (in systemd's order): the last
-/// non-empty assignment in `[Service]` after the last empty one. Continuation lines are joined.
+/// The effective `ExecStart=` of a unit file and its drop-ins as argv; a value specd's parser
+/// does not take is split at white space (a person's unit, shown as evidence).
 pub fn effective_exec_start(files: &[&str]) -> Option<Vec<String>> {
-    let mut exec: Option<String> = None;
-    for text in files {
-        let mut section = String::new();
-        let mut pending = String::new();
-        for raw in text.lines() {
-            let l = raw.trim();
-            if pending.is_empty() && (l.starts_with('#') || l.starts_with(';')) {
-                continue;
-            }
-            if let Some(rest) = l.strip_suffix('\\') {
-                pending.push_str(rest);
-                pending.push(' ');
-                continue;
-            }
-            let line = std::mem::take(&mut pending) + l;
-            if line.starts_with('[') && line.ends_with(']') {
-                section = line;
-                continue;
-            }
-            if section != "[Service]" {
-                continue;
-            }
-            if let Some((k, v)) = line.split_once('=')
-                && k.trim() == "ExecStart"
-            {
-                let v = v.trim();
-                exec = if v.is_empty() { None } else { Some(v.to_string()) };
-            }
-        }
-    }
-    let v = exec?;
-    let v = v.trim_start_matches(['@', '-', ':', '+', '!']);
-    Some(specd_spec::parse_command_line(v).unwrap_or_else(|| v.split_whitespace().map(str::to_string).collect()))
+    let v = specd_spec::exec_start_value(files)?;
+    Some(specd_spec::parse_command_line(&v).unwrap_or_else(|| v.split_whitespace().map(str::to_string).collect()))
 }
 
 /// Kernel OOM-killer lines, grouped per kill: the `oom-kill:` summary line (cgroup, pid) and

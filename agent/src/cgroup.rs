@@ -53,6 +53,19 @@ impl Layout {
         }
     }
 
+    /// Where the kernel counts the cgroup's OOM kills (`oom_kill N`): cgroup v2 `memory.events`,
+    /// then the v1 memory controller's `memory.oom_control` (mounted beside systemd's hierarchy).
+    pub fn oom_kill_files(&self, cg: &str) -> Vec<PathBuf> {
+        let v2 = self.events_file(cg).map(|p| p.with_file_name("memory.events"));
+        let v1 = match self {
+            Layout::Hybrid { systemd, .. } | Layout::Legacy { systemd } => {
+                systemd.parent().map(|root| Self::join(&root.join("memory"), cg).join("memory.oom_control"))
+            }
+            Layout::Unified { .. } => None,
+        };
+        [v2, v1].into_iter().flatten().collect()
+    }
+
     /// The directory whose `cgroup.procs` (recursively) lists the unit's processes.
     pub fn procs_dir(&self, cg: &str) -> PathBuf {
         match self {
@@ -183,6 +196,23 @@ pub async fn wait_empty(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn oom_kills_are_counted_where_each_layout_keeps_them() {
+        let cg = "/system.slice/x.service";
+        let unified = Layout::Unified { root: "/cg".into() };
+        assert_eq!(unified.oom_kill_files(cg), [PathBuf::from("/cg/system.slice/x.service/memory.events")]);
+        let hybrid = Layout::Hybrid { unified: "/cg/unified".into(), systemd: "/cg/systemd".into() };
+        assert_eq!(
+            hybrid.oom_kill_files(cg),
+            [
+                PathBuf::from("/cg/unified/system.slice/x.service/memory.events"),
+                PathBuf::from("/cg/memory/system.slice/x.service/memory.oom_control")
+            ]
+        );
+        let legacy = Layout::Legacy { systemd: "/cg/systemd".into() };
+        assert_eq!(legacy.oom_kill_files(cg), [PathBuf::from("/cg/memory/system.slice/x.service/memory.oom_control")]);
+    }
 
     #[test]
     fn a_zombie_is_not_alive() {

@@ -160,16 +160,7 @@ pub fn oom_kill_count(control_group: &str) -> Option<u64> {
     if control_group.is_empty() {
         return None;
     }
-    let layout = Layout::host();
-    let v2 = layout.events_file(control_group).map(|p| p.with_file_name("memory.events"));
-    // The v1 memory controller, mounted beside systemd's v1 hierarchy.
-    let v1 = match &layout {
-        Layout::Hybrid { systemd, .. } | Layout::Legacy { systemd } => systemd
-            .parent()
-            .map(|root| root.join("memory").join(control_group.trim_start_matches('/')).join("memory.oom_control")),
-        Layout::Unified { .. } => None,
-    };
-    [v2, v1].into_iter().flatten().find_map(|p| {
+    Layout::host().oom_kill_files(control_group).into_iter().find_map(|p| {
         let t = std::fs::read_to_string(p).ok()?;
         t.lines().find_map(|l| l.strip_prefix("oom_kill ")).and_then(|v| v.trim().parse().ok())
     })

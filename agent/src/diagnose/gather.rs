@@ -1,5 +1,5 @@
 //! The gatherer: what diagnosis reads from a host, through [`JournalSource`] (on this host,
-//! [`Host`]: `systemctl show`, `journalctl`, the kernel ring buffer, `/proc`, the cgroup), into
+//! [`Journald`]: `systemctl show`, `journalctl`, the kernel ring buffer, `/proc`, the cgroup), into
 //! a [`Raw`] that [`super::assemble`] splits into instances.
 
 use std::future::Future;
@@ -60,9 +60,9 @@ pub trait JournalSource: Send + Sync {
     fn oom_kill_count(&self, control_group: &str) -> Option<u64>;
 }
 
-/// This host.
+/// This host's journald (through `journalctl`), systemd (`systemctl show`), kernel ring buffer, `/proc` and cgroups.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct Host;
+pub struct Journald;
 
 async fn output(cmd: &str, args: &[String]) -> Result<String> {
     let out = Command::new(cmd).args(args).output().await.with_context(|| format!("running {cmd}"))?;
@@ -72,7 +72,7 @@ async fn output(cmd: &str, args: &[String]) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
-impl JournalSource for Host {
+impl JournalSource for Journald {
     async fn show(&self, unit: &str) -> Result<String> {
         output("systemctl", &["show".into(), unit.into(), "-p".into(), show_props()]).await
     }
@@ -148,9 +148,9 @@ fn read_ring_buffer() -> Option<String> {
     Some(String::from_utf8_lossy(&buf).into_owned())
 }
 
-/// This host's kernel OOM-killer lines since `since_us` (see [`Host`]).
+/// This host's kernel OOM-killer lines since `since_us` (see [`Journald`]).
 pub async fn kernel_oom_lines(since_us: u64) -> Vec<Line> {
-    Host.kernel_oom_lines(since_us).await
+    Journald.kernel_oom_lines(since_us).await
 }
 
 /// The live cgroup's OOM-kill count: cgroup v2 `memory.events` (unified or hybrid layout),
@@ -246,7 +246,7 @@ pub async fn gather_raw_from<S: JournalSource>(src: &S, unit: &str, max_instance
 
 /// [`gather_raw_from`] this host.
 pub async fn gather_raw(unit: &str, max_instances: usize) -> Result<Raw> {
-    gather_raw_from(&Host, unit, max_instances).await
+    gather_raw_from(&Journald, unit, max_instances).await
 }
 
 /// The evidence for each instance of `unit` (oldest first), or for one instance

@@ -39,7 +39,7 @@ pub use assemble::{Raw, assemble};
 pub use command::{render_text, run};
 pub use facts::CUDA_OOM_SIGNATURES;
 pub use gather::{
-    Host, JournalQuery, JournalSource, gather, gather_newest, gather_raw, gather_raw_from, kernel_oom_lines,
+    JournalQuery, JournalSource, Journald, gather, gather_newest, gather_raw, gather_raw_from, kernel_oom_lines,
     oom_kill_count,
 };
 pub use journal::{JOURNAL_SOCKET, journal_note, journal_note_to};

@@ -357,40 +357,7 @@ pub async fn reconcile<H: Host>(ctx: &Ctx<H>, d: &DesiredState, dry_run: bool) -
     });
 
     if plan.steps.is_empty() {
-        // An interrupted apply or rollback with nothing left to do (the last good unit serves).
-        if st.in_progress.as_ref().is_some_and(|p| p.sha256 == d.unit.sha256) {
-            st.in_progress = None;
-        }
-        // In sync and nothing recorded as good yet (state lost, or adopted): it is good now.
-        if plan.sync == SyncStatus::InSync && st.last_good.as_ref().is_none_or(|g| g.sha256 != d.unit.sha256) {
-            st.last_good = Some(good_unit(d));
-            st.written_sha256.get_or_insert_with(|| d.unit.sha256.clone());
-        }
-        ctx.store.save(&st)?;
-        let verdict = match plan.sync {
-            SyncStatus::InSync => format!("InSync: {unit} runs unit {} and is ready", short(&d.unit.sha256)),
-            s => format!("{s}: {}", plan.reasons.join("; ")),
-        };
-        // In sync again after a failure of this unit (systemd restarted it after a crash): the
-        // history says it runs, so that status no longer reports the failure.
-        let recovered = plan.sync == SyncStatus::InSync
-            && st.history.last().is_some_and(|h| h.sha256 == d.unit.sha256 && h.outcome == Outcome::Failed);
-        let outcome = match plan.sync {
-            SyncStatus::Drifted => Some(Outcome::Reported),
-            SyncStatus::InSync if recovered => Some(Outcome::Started),
-            _ => None,
-        };
-        // A drift that is only reported is recorded once, not at every resync.
-        let repeated = st.history.last().is_some_and(|h| h.outcome == Outcome::Reported && h.message == verdict);
-        if let Some(outcome) = outcome.filter(|_| !repeated) {
-            st.record(history(d, outcome, verdict.clone(), None, 0));
-            ctx.store.save(&st)?;
-        }
-        let action = match plan.sync {
-            SyncStatus::Progressing => Action::Requeue(Duration::from_secs(5)),
-            _ => Action::AwaitChange,
-        };
-        return Ok(Report { plan, outcome, verdict, stop_verdict: None, action });
+        return settle(ctx, &mut st, d, plan);
     }
 
     // The running unit is the rollback target if nothing better is known: it was serving.
@@ -401,24 +368,8 @@ pub async fn reconcile<H: Host>(ctx: &Ctx<H>, d: &DesiredState, dry_run: bool) -
         .and_then(|t| exec_start(&String::from_utf8_lossy(t)))
         .and_then(|argv| base_url_of_argv(&argv))
         .unwrap_or_else(|| d.spec.base_url());
-    if let Some(text) = deployed_text
-        && o.ready == Some(true)
-        && o.main_cmdline.as_ref().is_some_and(|c| {
-            exec_start(&String::from_utf8_lossy(&text)).is_some_and(|argv| crate::plan::runs_argv(c, &argv))
-        })
-        && o.deployed_sha256.as_deref() != Some(d.unit.sha256.as_str())
-        && st.last_good.as_ref().is_none_or(|g| Some(&g.sha256) != o.deployed_sha256.as_ref())
-        && !o.need_daemon_reload
-    {
-        let text = String::from_utf8_lossy(&text).into_owned();
-        st.last_good = Some(GoodUnit {
-            sha256: specd_spec::sha256_hex(text.as_bytes()),
-            text,
-            source: None,
-            time: state::now(),
-            endpoint: Some(d.spec.readiness.endpoint.clone()),
-            base_url: None,
-        });
+    if let Some(g) = deployed_text.as_deref().and_then(|text| running_as_good(&o, &st, d, text)) {
+        st.last_good = Some(g);
     }
 
     // An apply of this same unit that was interrupted (killed, the agent stopped): it may have
@@ -444,36 +395,7 @@ pub async fn reconcile<H: Host>(ctx: &Ctx<H>, d: &DesiredState, dry_run: bool) -
     if plan.steps == [Step::Rollback]
         && let Some(g) = st.last_good.clone()
     {
-        // A rollback that did not finish (the agent stopped or died in it): finish it.
-        let t0 = Instant::now();
-        let mut sv = None;
-        let (outcome, verdict) = match restore(ctx, &mut st, d, &g, Restore::Rollback, &mut sv).await {
-            Ok(()) => (
-                Outcome::RolledBack,
-                format!(
-                    "RolledBack: {unit}: restored the last good unit {}; spec {} stays quarantined",
-                    short(&g.sha256),
-                    short(&d.unit.sha256)
-                ),
-            ),
-            Err(f) => (
-                Outcome::Failed,
-                format!(
-                    "Failed: {unit}: restoring the last good unit {}: {:?} failed: {}",
-                    short(&g.sha256),
-                    f.step,
-                    f.message
-                ),
-            ),
-        };
-        let mut verdict = verdict;
-        if let Some(down) = down_note(ctx, &unit).await {
-            verdict.push_str(&format!("; {down}"));
-        }
-        st.in_progress = None;
-        st.record(history(d, outcome, verdict.clone(), sv.clone(), t0.elapsed().as_millis() as u64));
-        ctx.store.save(&st)?;
-        return Ok(Report { plan, outcome: Some(outcome), verdict, stop_verdict: sv, action: Action::AwaitChange });
+        return finish_rollback(ctx, &mut st, d, g, plan).await;
     }
 
     let started = Instant::now();
@@ -523,42 +445,8 @@ pub async fn reconcile<H: Host>(ctx: &Ctx<H>, d: &DesiredState, dry_run: bool) -
             Report { plan, outcome: None, verdict, stop_verdict, action: Action::AwaitChange }
         }
         Err(f) => {
-            emit(Event::Warning(format!("{:?} failed: {}", f.step, f.message)));
-            // Quarantine only a unit this apply wrote (or the interrupted apply it finishes): a
-            // unit that ran before and failed to start again (a GPU not ready after a reboot) is
-            // retried with backoff, not condemned.
-            let wrote = (plan.steps.contains(&Step::WriteUnit) || resumed_wrote)
-                && st.written_sha256.as_deref() == Some(d.unit.sha256.as_str());
-            let failure = recovery::Failure {
-                step: f.step,
-                spec_fault: f.spec_fault,
-                crashed_after_ready: f.crashed_after_ready,
-                wrote,
-                stopped: plan.steps.contains(&Step::Stop) || resumed,
-                verified_before: st.verified_before(&d.unit.sha256),
-                good_other: st.last_good.as_ref().is_some_and(|g| g.sha256 != d.unit.sha256),
-                good_any: st.last_good.is_some(),
-                rollback: d.spec.policy.rollback,
-            };
-            let decision = recovery::after(&failure);
-            if decision.quarantine {
-                st.quarantine.retain(|q| q.sha256 != d.unit.sha256);
-                st.quarantine.push(Quarantined {
-                    sha256: d.unit.sha256.clone(),
-                    reason: f.message.clone(),
-                    source: d.source.clone(),
-                    time: state::now(),
-                });
-            }
-            let (outcome, mut verdict) = recover(ctx, &mut st, d, &f, &failure, &decision, &mut stop_verdict).await;
-            if let Some(down) = down_note(ctx, &unit).await {
-                verdict.push_str(&format!("; {down}"));
-            }
-            if decision.finished {
-                st.in_progress = None;
-            }
-            st.record(history(d, outcome, verdict.clone(), stop_verdict.clone(), started.elapsed().as_millis() as u64));
-            let action = if decision.requeue { Action::Requeue(Duration::from_secs(30)) } else { Action::AwaitChange };
+            let (outcome, verdict, action) =
+                failed(ctx, &mut st, d, f, &plan, (resumed, resumed_wrote), started, &mut stop_verdict).await;
             Report { plan, outcome: Some(outcome), verdict, stop_verdict, action }
         }
     };
@@ -568,6 +456,161 @@ pub async fn reconcile<H: Host>(ctx: &Ctx<H>, d: &DesiredState, dry_run: bool) -
         report.verdict.push_str(&format!(" (specd's state could not be saved: {e:#})"));
     }
     Ok(report)
+}
+
+/// Nothing to do on the host: record what the unit is (in sync, drifted and only reported,
+/// progressing) and when to look again.
+fn settle<H: Host>(ctx: &Ctx<H>, st: &mut UnitState, d: &DesiredState, plan: Plan) -> Result<Report, ReconcileError> {
+    let unit = &d.spec.unit;
+    // An interrupted apply or rollback with nothing left to do (the last good unit serves).
+    if st.in_progress.as_ref().is_some_and(|p| p.sha256 == d.unit.sha256) {
+        st.in_progress = None;
+    }
+    // In sync and nothing recorded as good yet (state lost, or adopted): it is good now.
+    if plan.sync == SyncStatus::InSync && st.last_good.as_ref().is_none_or(|g| g.sha256 != d.unit.sha256) {
+        st.last_good = Some(good_unit(d));
+        st.written_sha256.get_or_insert_with(|| d.unit.sha256.clone());
+    }
+    ctx.store.save(st)?;
+    let verdict = match plan.sync {
+        SyncStatus::InSync => format!("InSync: {unit} runs unit {} and is ready", short(&d.unit.sha256)),
+        s => format!("{s}: {}", plan.reasons.join("; ")),
+    };
+    // In sync again after a failure of this unit (systemd restarted it after a crash): the
+    // history says it runs, so that status no longer reports the failure.
+    let recovered = plan.sync == SyncStatus::InSync
+        && st.history.last().is_some_and(|h| h.sha256 == d.unit.sha256 && h.outcome == Outcome::Failed);
+    let outcome = match plan.sync {
+        SyncStatus::Drifted => Some(Outcome::Reported),
+        SyncStatus::InSync if recovered => Some(Outcome::Started),
+        _ => None,
+    };
+    // A drift that is only reported is recorded once, not at every resync.
+    let repeated = st.history.last().is_some_and(|h| h.outcome == Outcome::Reported && h.message == verdict);
+    if let Some(outcome) = outcome.filter(|_| !repeated) {
+        st.record(history(d, outcome, verdict.clone(), None, 0));
+        ctx.store.save(st)?;
+    }
+    let action = match plan.sync {
+        SyncStatus::Progressing => Action::Requeue(Duration::from_secs(5)),
+        _ => Action::AwaitChange,
+    };
+    Ok(Report { plan, outcome, verdict, stop_verdict: None, action })
+}
+
+/// The unit that runs is the rollback target when nothing better is known: it was serving,
+/// ready, from the deployed file systemd has loaded, and it is not the desired one.
+fn running_as_good(o: &Observed, st: &UnitState, d: &DesiredState, deployed: &[u8]) -> Option<GoodUnit> {
+    let text = String::from_utf8_lossy(deployed).into_owned();
+    let serving = o.ready == Some(true)
+        && !o.need_daemon_reload
+        && o.main_cmdline
+            .as_ref()
+            .is_some_and(|c| exec_start(&text).is_some_and(|argv| crate::plan::runs_argv(c, &argv)));
+    let other = o.deployed_sha256.as_deref() != Some(d.unit.sha256.as_str());
+    let known = st.last_good.as_ref().is_some_and(|g| Some(&g.sha256) == o.deployed_sha256.as_ref());
+    (serving && other && !known).then(|| GoodUnit {
+        sha256: specd_spec::sha256_hex(text.as_bytes()),
+        text,
+        source: None,
+        time: state::now(),
+        endpoint: Some(d.spec.readiness.endpoint.clone()),
+        base_url: None,
+    })
+}
+
+/// A rollback that did not finish (specd stopped or died in it): finish it.
+async fn finish_rollback<H: Host>(
+    ctx: &Ctx<H>,
+    st: &mut UnitState,
+    d: &DesiredState,
+    g: GoodUnit,
+    plan: Plan,
+) -> Result<Report, ReconcileError> {
+    let unit = &d.spec.unit;
+    // A rollback that did not finish (the agent stopped or died in it): finish it.
+    let t0 = Instant::now();
+    let mut sv = None;
+    let (outcome, verdict) = match restore(ctx, st, d, &g, Restore::Rollback, &mut sv).await {
+        Ok(()) => (
+            Outcome::RolledBack,
+            format!(
+                "RolledBack: {unit}: restored the last good unit {}; spec {} stays quarantined",
+                short(&g.sha256),
+                short(&d.unit.sha256)
+            ),
+        ),
+        Err(f) => (
+            Outcome::Failed,
+            format!(
+                "Failed: {unit}: restoring the last good unit {}: {:?} failed: {}",
+                short(&g.sha256),
+                f.step,
+                f.message
+            ),
+        ),
+    };
+    let mut verdict = verdict;
+    if let Some(down) = down_note(ctx, unit).await {
+        verdict.push_str(&format!("; {down}"));
+    }
+    st.in_progress = None;
+    st.record(history(d, outcome, verdict.clone(), sv.clone(), t0.elapsed().as_millis() as u64));
+    ctx.store.save(st)?;
+    Ok(Report { plan, outcome: Some(outcome), verdict, stop_verdict: sv, action: Action::AwaitChange })
+}
+
+/// A step of the apply failed: decide what follows (`recovery::after`), quarantine, carry out
+/// the recovery, and record it.
+#[allow(clippy::too_many_arguments)]
+async fn failed<H: Host>(
+    ctx: &Ctx<H>,
+    st: &mut UnitState,
+    d: &DesiredState,
+    f: StepFailure,
+    plan: &Plan,
+    (resumed, resumed_wrote): (bool, bool),
+    started: Instant,
+    stop_verdict: &mut Option<String>,
+) -> (Outcome, String, Action) {
+    let unit = &d.spec.unit;
+    (ctx.events)(unit, &Event::Warning(format!("{:?} failed: {}", f.step, f.message)));
+    // Quarantine only a unit this apply wrote (or the interrupted apply it finishes): a
+    // unit that ran before and failed to start again (a GPU not ready after a reboot) is
+    // retried with backoff, not condemned.
+    let wrote = (plan.steps.contains(&Step::WriteUnit) || resumed_wrote)
+        && st.written_sha256.as_deref() == Some(d.unit.sha256.as_str());
+    let failure = recovery::Failure {
+        step: f.step,
+        spec_fault: f.spec_fault,
+        crashed_after_ready: f.crashed_after_ready,
+        wrote,
+        stopped: plan.steps.contains(&Step::Stop) || resumed,
+        verified_before: st.verified_before(&d.unit.sha256),
+        good_other: st.last_good.as_ref().is_some_and(|g| g.sha256 != d.unit.sha256),
+        good_any: st.last_good.is_some(),
+        rollback: d.spec.policy.rollback,
+    };
+    let decision = recovery::after(&failure);
+    if decision.quarantine {
+        st.quarantine.retain(|q| q.sha256 != d.unit.sha256);
+        st.quarantine.push(Quarantined {
+            sha256: d.unit.sha256.clone(),
+            reason: f.message.clone(),
+            source: d.source.clone(),
+            time: state::now(),
+        });
+    }
+    let (outcome, mut verdict) = recover(ctx, st, d, &f, &failure, &decision, stop_verdict).await;
+    if let Some(down) = down_note(ctx, unit).await {
+        verdict.push_str(&format!("; {down}"));
+    }
+    if decision.finished {
+        st.in_progress = None;
+    }
+    st.record(history(d, outcome, verdict.clone(), stop_verdict.clone(), started.elapsed().as_millis() as u64));
+    let action = if decision.requeue { Action::Requeue(Duration::from_secs(30)) } else { Action::AwaitChange };
+    (outcome, verdict, action)
 }
 
 /// Plain words when a unit's service is not running after an apply.

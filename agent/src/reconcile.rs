@@ -888,9 +888,20 @@ async fn run_steps<H: Host>(
     before: &UnitProps,
     stop: &mut StopRecord,
 ) -> Result<(), StepFailure> {
-    let mut ready_pid = None;
-    let r = run_steps_inner(ctx, st, unit, steps, t, before, stop, &mut ready_pid).await;
-    match (r, ready_pid) {
+    let mut run = Run {
+        ctx,
+        unit,
+        t,
+        before,
+        path: unit_path(&ctx.unit_dir, unit),
+        cg: before.control_group.clone(),
+        in_flight: Arc::new(AtomicI64::new(-1)),
+        started_pid: 0,
+        after_start: None,
+        ready_pid: None,
+    };
+    let r = run.steps(st, steps, stop).await;
+    match (r, run.ready_pid) {
         (Err(f), Some(pid)) if !f.cancelled => {
             // The server had answered ready: if it is gone now, it crashed after readiness.
             let props = ctx.host.show(unit).await.unwrap_or_default();
@@ -914,322 +925,369 @@ async fn run_steps<H: Host>(
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn run_steps_inner<H: Host>(
-    ctx: &Ctx<H>,
-    st: &mut UnitState,
-    unit: &str,
-    steps: &[Step],
-    t: &Target<'_>,
-    before: &UnitProps,
-    stop: &mut StopRecord,
-    ready_pid: &mut Option<u32>,
-) -> Result<(), StepFailure> {
-    let emit = |e: Event| (ctx.events)(unit, &e);
-    let path = unit_path(&ctx.unit_dir, unit);
-    let cg = before.control_group.clone();
-    let in_flight = Arc::new(AtomicI64::new(-1));
-    let mut started_pid = 0;
-    let mut after_start: Option<UnitProps> = None;
-    for &step in steps {
-        if ctx.shutdown.is_set() {
-            return Err(StepFailure::cancelled(step));
-        }
-        if let Some(p) = st.in_progress.as_mut() {
-            p.phase = format!("{step:?}");
-            let _ = ctx.store.save(st);
-        }
-        match step {
-            Step::Drain => {
-                let Some(spec) = t.spec else { continue };
-                if t.drain.is_zero() {
-                    continue;
-                }
-                emit(Event::Phase(format!("draining in-flight requests (up to {}s)", t.drain.as_secs())));
-                let deadline = Instant::now() + t.drain;
-                loop {
-                    if ctx.shutdown.is_set() {
-                        return Err(StepFailure::cancelled(step));
-                    }
-                    match ctx.host.running_requests(&t.old_url, spec.engine).await {
-                        Some(0) => break,
-                        Some(n) => {
-                            in_flight.store(n as i64, Ordering::Relaxed);
-                            if Instant::now() >= deadline {
-                                emit(Event::Warning(format!(
-                                    "{n} requests still in flight after the drain budget; stopping anyway"
-                                )));
-                                break;
-                            }
-                            emit(Event::Progress(format!("draining: {n} requests in flight")));
-                        }
-                        None => {
-                            emit(Event::Progress("the server does not report in-flight requests; not waiting".into()));
-                            break;
-                        }
-                    }
-                    tokio::time::sleep(Duration::from_millis(500)).await;
-                }
+/// One apply's (or restore's) steps on one unit: what the steps share while they run.
+struct Run<'a, H: Host> {
+    ctx: &'a Ctx<H>,
+    unit: &'a str,
+    t: &'a Target<'a>,
+    /// systemd's view before the first step.
+    before: &'a UnitProps,
+    path: PathBuf,
+    cg: String,
+    /// Requests in flight on the instance being replaced (-1: not known).
+    in_flight: Arc<AtomicI64>,
+    /// The main pid of the instance this run started.
+    started_pid: u32,
+    /// systemd's view right after the start.
+    after_start: Option<UnitProps>,
+    /// The started server answered ready (a later failure is a crash after readiness).
+    ready_pid: Option<u32>,
+}
+
+impl<H: Host> Run<'_, H> {
+    async fn steps(&mut self, st: &mut UnitState, steps: &[Step], stop: &mut StopRecord) -> Result<(), StepFailure> {
+        let run = self;
+        for &step in steps {
+            if run.ctx.shutdown.is_set() {
+                return Err(StepFailure::cancelled(step));
             }
-            Step::Stop => {
-                emit(Event::Phase(format!("stopping {unit}")));
-                if let Some(spec) = t.spec
-                    && let Ok(Some(n)) = tokio::time::timeout(
-                        Duration::from_millis(500),
-                        ctx.host.running_requests(&t.old_url, spec.engine),
-                    )
-                    .await
-                {
-                    in_flight.store(n as i64, Ordering::Relaxed);
-                }
-                // What systemd said a moment ago (observe) is enough to know what to stop.
-                let props = before;
-                if props.load_state == "not-found" && !props.is_running() {
-                    // No unit yet: nothing to stop.
-                    continue;
-                }
-                // Say in the unit's journal who stops it and why (`specd diagnose` reads it).
-                let (action, note) = match (t.spec, t.restore) {
-                    (Some(_), _) => ("stop", format!("specd: stopping {unit} to apply unit {}", short(t.sha256))),
-                    (None, Restore::Rollback) => (
-                        "rollback",
-                        format!(
-                            "specd: stopping {unit} to roll back to the last good unit {}: the new unit failed",
-                            short(t.sha256)
-                        ),
-                    ),
-                    (None, Restore::HostFault) => (
-                        "restore",
-                        format!(
-                            "specd: stopping {unit} to start the last good unit {} again: the apply failed on the host",
-                            short(t.sha256)
-                        ),
-                    ),
-                };
-                ctx.host.note(unit, action, &before.invocation_id, &note);
-                // Not waiting for the job: specd watches the stop itself (cgroup, progress).
-                ctx.host.stop(unit, false).await.map_err(|e| StepFailure::host(step, format!("{e:#}")))?;
+            if let Some(p) = st.in_progress.as_mut() {
+                p.phase = format!("{step:?}");
+                let _ = run.ctx.store.save(st);
             }
-            Step::WaitStopped => {
-                let deadline = Instant::now() + t.stop_budget;
-                let started = Instant::now();
-                // While stopping, keep reading the in-flight count for the progress line.
-                let poller = t.spec.map(|spec| {
-                    let (host, url, engine, counter) =
-                        (ctx.host.clone(), t.old_url.clone(), spec.engine, in_flight.clone());
-                    Background(tokio::spawn(async move {
-                        loop {
-                            let ask = host.running_requests(&url, engine);
-                            if let Ok(Some(n)) = tokio::time::timeout(Duration::from_millis(800), ask).await {
-                                counter.store(n as i64, Ordering::Relaxed);
-                            }
-                            tokio::time::sleep(Duration::from_secs(1)).await;
-                        }
-                    }))
-                });
-                let counter = in_flight.clone();
-                let waited = tokio::select! {
-                    w = ctx.host.wait_empty(&cg, deadline, || {
-                        let n = counter.load(Ordering::Relaxed);
-                        let reqs = if n >= 0 { format!(", {n} requests in flight") } else { String::new() };
-                        emit(Event::Progress(format!("stopping: {}s{reqs}", started.elapsed().as_secs())));
-                    }) => Some(w),
-                    _ = ctx.shutdown.wait() => None,
-                };
-                drop(poller);
-                let Some(waited) = waited else { return Err(StepFailure::cancelled(step)) };
-                if let Err(lingering) = waited {
-                    let who: Vec<String> = lingering.iter().map(|l| format!("pid {} ({})", l.pid, l.cmdline)).collect();
-                    return Err(StepFailure::host(
-                        step,
-                        format!(
-                            "processes still in the unit's cgroup {} after {}s: {}; not starting a new instance over them",
-                            cg,
-                            t.stop_budget.as_secs(),
-                            who.join(", ")
-                        ),
-                    ));
-                }
-                // The cgroup is empty; systemd settles the unit state right after. Then make
-                // sure nothing (Restart=, a dependency, a person) started it again.
-                let props = wait_stopped_state(ctx, unit, deadline).await.map_err(|m| StepFailure::host(step, m))?;
-                if let Some(v) = sigkill_verdict(&props, t.timeout_stop, Some(in_flight.load(Ordering::Relaxed))) {
-                    emit(Event::Warning(v.clone()));
-                    stop.verdict = Some(v);
-                } else {
-                    // Not our SIGKILL: read how it ended (a crash before, an OOM kill...) from the
-                    // journal in the background, off the apply's path.
-                    let (host, u, invocation) = (ctx.host.clone(), unit.to_string(), props.invocation_id.clone());
-                    stop.pending = Some(Background(tokio::spawn(async move {
-                        host.ending(&u, &invocation, Duration::from_secs(5)).await
-                    })));
-                }
-                emit(Event::Progress(format!("stopped after {:.1}s; cgroup empty", started.elapsed().as_secs_f64())));
-            }
-            Step::RemoveDropIns => {
-                let props = ctx.host.show(unit).await.map_err(|e| StepFailure::host(step, format!("{e:#}")))?;
-                let keep = ctx.store.dir.join("removed-drop-ins").join(state::now().to_string());
-                for p in own_drop_ins(&ctx.host, &props, unit).iter() {
-                    let dest = keep.join(p.trim_start_matches('/').replace('/', "__"));
-                    ctx.host.move_aside(Path::new(p), &dest).map_err(|e| StepFailure::host(step, format!("{e:#}")))?;
-                    emit(Event::Progress(format!("moved drop-in {p} to {}", dest.display())));
-                }
-            }
-            Step::WriteUnit => {
-                emit(Event::Phase(format!("writing {} (unit {})", path.display(), short(t.sha256))));
-                // Record the intent first: after a crash, the next apply knows the file may be its own.
-                let before_write = st.written_sha256.replace(t.sha256.to_string());
-                // This apply's own write (read by the next apply if this one is interrupted:
-                // a write that did not happen leaves a WriteUnit in that apply's plan anyway).
-                let before_wrote = st.in_progress.as_ref().map(|p| p.wrote);
-                if t.spec.is_some()
-                    && let Some(p) = st.in_progress.as_mut()
-                {
-                    p.wrote = true;
-                }
-                if let Err(e) = ctx.store.save(st) {
-                    if t.spec.is_some() {
-                        return Err(StepFailure::host(step, format!("{e:#}")));
-                    }
-                    // Putting the last good unit back matters more than recording it: the
-                    // unit file carries specd's header, so the next apply still knows it.
-                    emit(Event::Warning(format!(
-                        "could not record the write in specd's state ({e:#}); writing anyway"
-                    )));
-                }
-                if let Err(e) = ctx.host.write(&path, t.text.as_bytes()) {
-                    // Nothing was written: the file on disk is still the one recorded before.
-                    st.written_sha256 = before_write;
-                    if let (Some(p), Some(w)) = (st.in_progress.as_mut(), before_wrote) {
-                        p.wrote = w;
-                    }
-                    let _ = ctx.store.save(st);
-                    return Err(StepFailure::host(step, format!("{e:#}")));
-                }
-            }
-            Step::Reload => {
-                emit(Event::Phase("systemctl daemon-reload".into()));
-                ctx.host.daemon_reload().await.map_err(|e| StepFailure::host(step, format!("{e:#}")))?;
-                let props = ctx.host.show(unit).await.map_err(|e| StepFailure::host(step, format!("{e:#}")))?;
-                if props.need_daemon_reload {
-                    return Err(StepFailure::host(
-                        step,
-                        "systemd still reports NeedDaemonReload=yes after daemon-reload",
-                    ));
-                }
-                if props.fragment_path != path.display().to_string() {
-                    return Err(StepFailure::host(
-                        step,
-                        format!("systemd loads {unit} from {:?}, not from {}", props.fragment_path, path.display()),
-                    ));
-                }
-            }
-            Step::Start => {
-                emit(Event::Phase(format!("starting {unit}")));
-                let r = ctx.host.start(unit).await;
-                let props = ctx.host.show(unit).await.map_err(|e| StepFailure::host(step, format!("{e:#}")))?;
-                if let Err(e) = r {
-                    return Err(StepFailure::spec(
-                        step,
-                        format!("{e:#} (Result={}, status {})", props.result, props.exit_status()),
-                    ));
-                }
-                started_pid = props.main_pid;
-                after_start = Some(props);
-            }
-            Step::VerifyCmdline => {
-                let props = match after_start.take() {
-                    Some(p) => p,
-                    None => ctx.host.show(unit).await.map_err(|e| StepFailure::host(step, format!("{e:#}")))?,
-                };
-                let pid = props.main_pid;
-                if pid == 0 {
-                    return Err(StepFailure::spec(
-                        step,
-                        format!(
-                            "the server exited right after start (Result={}, status {})",
-                            props.result,
-                            props.exit_status()
-                        ),
-                    ));
-                }
-                if started_pid == 0 {
-                    started_pid = pid;
-                }
-                match ctx.host.cmdline(pid) {
-                    Some(c) if crate::plan::runs_argv(&c, &t.argv) => {
-                        emit(Event::Progress(format!("pid {pid} runs the rendered ExecStart")))
-                    }
-                    Some(c) => {
-                        return Err(StepFailure::spec(
-                            step,
-                            format!(
-                                "pid {pid} runs {:?}, not the rendered ExecStart {:?}",
-                                c.join(" "),
-                                t.argv.join(" ")
-                            ),
-                        ));
-                    }
-                    None => {
-                        return Err(StepFailure::spec(
-                            step,
-                            format!("pid {pid} exited before its command line could be read"),
-                        ));
-                    }
-                }
-            }
-            Step::WaitReady => {
-                tokio::select! {
-                    r = wait_ready(ctx, unit, t, started_pid) => r.map_err(|m| StepFailure::spec(step, m))?,
-                    _ = ctx.shutdown.wait() => return Err(StepFailure::cancelled(step)),
-                }
-                *ready_pid = Some(started_pid);
-            }
-            // Planned alone and carried out by `restore`, never inside a sequence.
-            Step::Rollback => continue,
-            Step::VerifySpeculation => {
-                let Some(spec) = t.spec else { continue };
-                emit(Event::Phase(format!(
-                    "proving that the server speculates ({}-token generation)",
-                    crate::speculation::TOKENS
-                )));
-                let measured =
-                    ctx.host.speculation(&t.base_url, spec).await.map_err(|e| {
-                        StepFailure::spec(step, format!("could not read the speculation evidence: {e}"))
-                    })?;
-                if let Some(why) = crate::speculation::missing(spec, &measured) {
-                    return Err(StepFailure::spec(step, why));
-                }
-                emit(Event::Progress(format!("the server speculates: {}", measured.figure())));
-                st.speculation =
-                    Some(state::SpeculationRecord { sha256: t.sha256.to_string(), time: state::now(), measured });
-            }
-            Step::VerifyArgs => {
-                let Some(spec) = t.spec else { continue };
-                match ctx.host.server_info(&t.base_url, spec).await {
-                    None => {}
-                    Some(Err(e)) => {
-                        return Err(StepFailure::spec(step, format!("could not read the server's args: {e}")));
-                    }
-                    Some(Ok(info)) => {
-                        let m = probe::compare_args(&spec.expected_server_args(), &info);
-                        if !m.is_empty() {
-                            let list: Vec<String> = m.iter().map(|x| x.to_string()).collect();
-                            return Err(StepFailure::spec(
-                                step,
-                                format!("the server reports args that differ from the spec: {}", list.join("; ")),
-                            ));
-                        }
-                        emit(Event::Progress(format!(
-                            "the server reports the spec's args ({} checked)",
-                            spec.expected_server_args().len()
-                        )));
-                    }
-                }
+            match step {
+                Step::Drain => run.drain().await?,
+                Step::Stop => run.stop().await?,
+                Step::WaitStopped => run.wait_stopped(stop).await?,
+                Step::RemoveDropIns => run.remove_drop_ins().await?,
+                Step::WriteUnit => run.write_unit(st).await?,
+                Step::Reload => run.reload().await?,
+                Step::Start => run.start().await?,
+                Step::VerifyCmdline => run.verify_cmdline().await?,
+                Step::WaitReady => run.wait_ready().await?,
+                Step::VerifySpeculation => run.verify_speculation(st).await?,
+                Step::VerifyArgs => run.verify_args().await?,
+                // Planned alone and carried out by `restore`, never inside a sequence.
+                Step::Rollback => {}
             }
         }
+        Ok(())
     }
-    Ok(())
+
+    async fn drain(&mut self) -> Result<(), StepFailure> {
+        let (ctx, unit, t, step) = (self.ctx, self.unit, self.t, Step::Drain);
+        let emit = |e: Event| (ctx.events)(unit, &e);
+        let Some(spec) = t.spec else { return Ok(()) };
+        if t.drain.is_zero() {
+            return Ok(());
+        }
+        emit(Event::Phase(format!("draining in-flight requests (up to {}s)", t.drain.as_secs())));
+        let deadline = Instant::now() + t.drain;
+        loop {
+            if ctx.shutdown.is_set() {
+                return Err(StepFailure::cancelled(step));
+            }
+            match ctx.host.running_requests(&t.old_url, spec.engine).await {
+                Some(0) => break,
+                Some(n) => {
+                    self.in_flight.store(n as i64, Ordering::Relaxed);
+                    if Instant::now() >= deadline {
+                        emit(Event::Warning(format!(
+                            "{n} requests still in flight after the drain budget; stopping anyway"
+                        )));
+                        break;
+                    }
+                    emit(Event::Progress(format!("draining: {n} requests in flight")));
+                }
+                None => {
+                    emit(Event::Progress("the server does not report in-flight requests; not waiting".into()));
+                    break;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        Ok(())
+    }
+
+    async fn stop(&mut self) -> Result<(), StepFailure> {
+        let (ctx, unit, t, before, step) = (self.ctx, self.unit, self.t, self.before, Step::Stop);
+        let emit = |e: Event| (ctx.events)(unit, &e);
+        emit(Event::Phase(format!("stopping {unit}")));
+        if let Some(spec) = t.spec
+            && let Ok(Some(n)) =
+                tokio::time::timeout(Duration::from_millis(500), ctx.host.running_requests(&t.old_url, spec.engine))
+                    .await
+        {
+            self.in_flight.store(n as i64, Ordering::Relaxed);
+        }
+        // What systemd said a moment ago (observe) is enough to know what to stop.
+        let props = before;
+        if props.load_state == "not-found" && !props.is_running() {
+            // No unit yet: nothing to stop.
+            return Ok(());
+        }
+        // Say in the unit's journal who stops it and why (`specd diagnose` reads it).
+        let (action, note) = match (t.spec, t.restore) {
+            (Some(_), _) => ("stop", format!("specd: stopping {unit} to apply unit {}", short(t.sha256))),
+            (None, Restore::Rollback) => (
+                "rollback",
+                format!(
+                    "specd: stopping {unit} to roll back to the last good unit {}: the new unit failed",
+                    short(t.sha256)
+                ),
+            ),
+            (None, Restore::HostFault) => (
+                "restore",
+                format!(
+                    "specd: stopping {unit} to start the last good unit {} again: the apply failed on the host",
+                    short(t.sha256)
+                ),
+            ),
+        };
+        ctx.host.note(unit, action, &before.invocation_id, &note);
+        // Not waiting for the job: specd watches the stop itself (cgroup, progress).
+        ctx.host.stop(unit, false).await.map_err(|e| StepFailure::host(step, format!("{e:#}")))?;
+        Ok(())
+    }
+
+    async fn wait_stopped(&mut self, stop: &mut StopRecord) -> Result<(), StepFailure> {
+        let (ctx, unit, t, step, cg) = (self.ctx, self.unit, self.t, Step::WaitStopped, &self.cg);
+        let emit = |e: Event| (ctx.events)(unit, &e);
+        let deadline = Instant::now() + t.stop_budget;
+        let started = Instant::now();
+        // While stopping, keep reading the in-flight count for the progress line.
+        let poller = t.spec.map(|spec| {
+            let (host, url, engine, counter) =
+                (ctx.host.clone(), t.old_url.clone(), spec.engine, self.in_flight.clone());
+            Background(tokio::spawn(async move {
+                loop {
+                    let ask = host.running_requests(&url, engine);
+                    if let Ok(Some(n)) = tokio::time::timeout(Duration::from_millis(800), ask).await {
+                        counter.store(n as i64, Ordering::Relaxed);
+                    }
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+            }))
+        });
+        let counter = self.in_flight.clone();
+        let waited = tokio::select! {
+            w = ctx.host.wait_empty(cg, deadline, || {
+                let n = counter.load(Ordering::Relaxed);
+                let reqs = if n >= 0 { format!(", {n} requests in flight") } else { String::new() };
+                emit(Event::Progress(format!("stopping: {}s{reqs}", started.elapsed().as_secs())));
+            }) => Some(w),
+            _ = ctx.shutdown.wait() => None,
+        };
+        drop(poller);
+        let Some(waited) = waited else { return Err(StepFailure::cancelled(step)) };
+        if let Err(lingering) = waited {
+            let who: Vec<String> = lingering.iter().map(|l| format!("pid {} ({})", l.pid, l.cmdline)).collect();
+            return Err(StepFailure::host(
+                step,
+                format!(
+                    "processes still in the unit's cgroup {} after {}s: {}; not starting a new instance over them",
+                    cg,
+                    t.stop_budget.as_secs(),
+                    who.join(", ")
+                ),
+            ));
+        }
+        // The cgroup is empty; systemd settles the unit state right after. Then make
+        // sure nothing (Restart=, a dependency, a person) started it again.
+        let props = wait_stopped_state(ctx, unit, deadline).await.map_err(|m| StepFailure::host(step, m))?;
+        if let Some(v) = sigkill_verdict(&props, t.timeout_stop, Some(self.in_flight.load(Ordering::Relaxed))) {
+            emit(Event::Warning(v.clone()));
+            stop.verdict = Some(v);
+        } else {
+            // Not our SIGKILL: read how it ended (a crash before, an OOM kill...) from the
+            // journal in the background, off the apply's path.
+            let (host, u, invocation) = (ctx.host.clone(), unit.to_string(), props.invocation_id.clone());
+            stop.pending =
+                Some(Background(tokio::spawn(
+                    async move { host.ending(&u, &invocation, Duration::from_secs(5)).await },
+                )));
+        }
+        emit(Event::Progress(format!("stopped after {:.1}s; cgroup empty", started.elapsed().as_secs_f64())));
+        Ok(())
+    }
+
+    async fn remove_drop_ins(&mut self) -> Result<(), StepFailure> {
+        let (ctx, unit, step) = (self.ctx, self.unit, Step::RemoveDropIns);
+        let emit = |e: Event| (ctx.events)(unit, &e);
+        let props = ctx.host.show(unit).await.map_err(|e| StepFailure::host(step, format!("{e:#}")))?;
+        let keep = ctx.store.dir.join("removed-drop-ins").join(state::now().to_string());
+        for p in own_drop_ins(&ctx.host, &props, unit).iter() {
+            let dest = keep.join(p.trim_start_matches('/').replace('/', "__"));
+            ctx.host.move_aside(Path::new(p), &dest).map_err(|e| StepFailure::host(step, format!("{e:#}")))?;
+            emit(Event::Progress(format!("moved drop-in {p} to {}", dest.display())));
+        }
+        Ok(())
+    }
+
+    async fn write_unit(&mut self, st: &mut UnitState) -> Result<(), StepFailure> {
+        let (ctx, unit, t, step, path) = (self.ctx, self.unit, self.t, Step::WriteUnit, &self.path);
+        let emit = |e: Event| (ctx.events)(unit, &e);
+        emit(Event::Phase(format!("writing {} (unit {})", path.display(), short(t.sha256))));
+        // Record the intent first: after a crash, the next apply knows the file may be its own.
+        let before_write = st.written_sha256.replace(t.sha256.to_string());
+        // This apply's own write (read by the next apply if this one is interrupted:
+        // a write that did not happen leaves a WriteUnit in that apply's plan anyway).
+        let before_wrote = st.in_progress.as_ref().map(|p| p.wrote);
+        if t.spec.is_some()
+            && let Some(p) = st.in_progress.as_mut()
+        {
+            p.wrote = true;
+        }
+        if let Err(e) = ctx.store.save(st) {
+            if t.spec.is_some() {
+                return Err(StepFailure::host(step, format!("{e:#}")));
+            }
+            // Putting the last good unit back matters more than recording it: the
+            // unit file carries specd's header, so the next apply still knows it.
+            emit(Event::Warning(format!("could not record the write in specd's state ({e:#}); writing anyway")));
+        }
+        if let Err(e) = ctx.host.write(path, t.text.as_bytes()) {
+            // Nothing was written: the file on disk is still the one recorded before.
+            st.written_sha256 = before_write;
+            if let (Some(p), Some(w)) = (st.in_progress.as_mut(), before_wrote) {
+                p.wrote = w;
+            }
+            let _ = ctx.store.save(st);
+            return Err(StepFailure::host(step, format!("{e:#}")));
+        }
+        Ok(())
+    }
+
+    async fn reload(&mut self) -> Result<(), StepFailure> {
+        let (ctx, unit, step, path) = (self.ctx, self.unit, Step::Reload, &self.path);
+        let emit = |e: Event| (ctx.events)(unit, &e);
+        emit(Event::Phase("systemctl daemon-reload".into()));
+        ctx.host.daemon_reload().await.map_err(|e| StepFailure::host(step, format!("{e:#}")))?;
+        let props = ctx.host.show(unit).await.map_err(|e| StepFailure::host(step, format!("{e:#}")))?;
+        if props.need_daemon_reload {
+            return Err(StepFailure::host(step, "systemd still reports NeedDaemonReload=yes after daemon-reload"));
+        }
+        if props.fragment_path != path.display().to_string() {
+            return Err(StepFailure::host(
+                step,
+                format!("systemd loads {unit} from {:?}, not from {}", props.fragment_path, path.display()),
+            ));
+        }
+        Ok(())
+    }
+
+    async fn start(&mut self) -> Result<(), StepFailure> {
+        let (ctx, unit, step) = (self.ctx, self.unit, Step::Start);
+        let emit = |e: Event| (ctx.events)(unit, &e);
+        emit(Event::Phase(format!("starting {unit}")));
+        let r = ctx.host.start(unit).await;
+        let props = ctx.host.show(unit).await.map_err(|e| StepFailure::host(step, format!("{e:#}")))?;
+        if let Err(e) = r {
+            return Err(StepFailure::spec(
+                step,
+                format!("{e:#} (Result={}, status {})", props.result, props.exit_status()),
+            ));
+        }
+        self.started_pid = props.main_pid;
+        self.after_start = Some(props);
+        Ok(())
+    }
+
+    async fn verify_cmdline(&mut self) -> Result<(), StepFailure> {
+        let (ctx, unit, t, step) = (self.ctx, self.unit, self.t, Step::VerifyCmdline);
+        let emit = |e: Event| (ctx.events)(unit, &e);
+        let props = match self.after_start.take() {
+            Some(p) => p,
+            None => ctx.host.show(unit).await.map_err(|e| StepFailure::host(step, format!("{e:#}")))?,
+        };
+        let pid = props.main_pid;
+        if pid == 0 {
+            return Err(StepFailure::spec(
+                step,
+                format!(
+                    "the server exited right after start (Result={}, status {})",
+                    props.result,
+                    props.exit_status()
+                ),
+            ));
+        }
+        if self.started_pid == 0 {
+            self.started_pid = pid;
+        }
+        match ctx.host.cmdline(pid) {
+            Some(c) if crate::plan::runs_argv(&c, &t.argv) => {
+                emit(Event::Progress(format!("pid {pid} runs the rendered ExecStart")))
+            }
+            Some(c) => {
+                return Err(StepFailure::spec(
+                    step,
+                    format!("pid {pid} runs {:?}, not the rendered ExecStart {:?}", c.join(" "), t.argv.join(" ")),
+                ));
+            }
+            None => {
+                return Err(StepFailure::spec(step, format!("pid {pid} exited before its command line could be read")));
+            }
+        }
+        Ok(())
+    }
+
+    async fn wait_ready(&mut self) -> Result<(), StepFailure> {
+        let (ctx, unit, t, step) = (self.ctx, self.unit, self.t, Step::WaitReady);
+        tokio::select! {
+            r = wait_ready(ctx, unit, t, self.started_pid) => r.map_err(|m| StepFailure::spec(step, m))?,
+            _ = ctx.shutdown.wait() => return Err(StepFailure::cancelled(step)),
+        }
+        self.ready_pid = Some(self.started_pid);
+        Ok(())
+    }
+
+    async fn verify_speculation(&mut self, st: &mut UnitState) -> Result<(), StepFailure> {
+        let (ctx, unit, t, step) = (self.ctx, self.unit, self.t, Step::VerifySpeculation);
+        let emit = |e: Event| (ctx.events)(unit, &e);
+        let Some(spec) = t.spec else { return Ok(()) };
+        emit(Event::Phase(format!(
+            "proving that the server speculates ({}-token generation)",
+            crate::speculation::TOKENS
+        )));
+        let measured = ctx
+            .host
+            .speculation(&t.base_url, spec)
+            .await
+            .map_err(|e| StepFailure::spec(step, format!("could not read the speculation evidence: {e}")))?;
+        if let Some(why) = crate::speculation::missing(spec, &measured) {
+            return Err(StepFailure::spec(step, why));
+        }
+        emit(Event::Progress(format!("the server speculates: {}", measured.figure())));
+        st.speculation = Some(state::SpeculationRecord { sha256: t.sha256.to_string(), time: state::now(), measured });
+        Ok(())
+    }
+
+    async fn verify_args(&mut self) -> Result<(), StepFailure> {
+        let (ctx, unit, t, step) = (self.ctx, self.unit, self.t, Step::VerifyArgs);
+        let emit = |e: Event| (ctx.events)(unit, &e);
+        let Some(spec) = t.spec else { return Ok(()) };
+        match ctx.host.server_info(&t.base_url, spec).await {
+            None => {}
+            Some(Err(e)) => {
+                return Err(StepFailure::spec(step, format!("could not read the server's args: {e}")));
+            }
+            Some(Ok(info)) => {
+                let m = probe::compare_args(&spec.expected_server_args(), &info);
+                if !m.is_empty() {
+                    let list: Vec<String> = m.iter().map(|x| x.to_string()).collect();
+                    return Err(StepFailure::spec(
+                        step,
+                        format!("the server reports args that differ from the spec: {}", list.join("; ")),
+                    ));
+                }
+                emit(Event::Progress(format!(
+                    "the server reports the spec's args ({} checked)",
+                    spec.expected_server_args().len()
+                )));
+            }
+        }
+        Ok(())
+    }
 }
 
 /// After the cgroup emptied: wait for systemd to settle the unit as stopped, and stop it again

@@ -579,7 +579,7 @@ async fn worker(
                     (Some(Outcome::Failed), Action::Requeue(d)) => {
                         let Action::Requeue(backoff) = reconcile::error_policy(failures) else { unreachable!() };
                         failures = failures.saturating_add(1);
-                        Some(jitter(backoff.max(d)))
+                        Some(jitter(backoff).max(d))
                     }
                     (_, Action::Requeue(d)) => {
                         failures = 0;

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use specd_spec::Spec;
 
-use crate::host::fake::{Crashed, FAULTS, FakeHost, Fault};
+use crate::host::fake::{Crashed, FAULTS, FakeHost, Fault, LOAD};
 use crate::reconcile::{self, Action, Ctx, DesiredState, Report, Shutdown};
 use crate::state::{Outcome, Store};
 
@@ -104,6 +104,7 @@ async fn serving(old: &DesiredState, new: &DesiredState, new_fails: bool) -> Wor
 
 /// After a faulty reconcile: what it wrote and said is true of the host.
 fn check_faulty_run(w: &World, old: &DesiredState, new: &DesiredState, r: &Option<Result<Report, String>>, case: &str) {
+    assert_eq!(w.host.started_over_live(), 0, "{case}: a new instance was started over a live one\n{}", w.said());
     for t in w.host.writes() {
         assert!(t == old.unit.text || t == new.unit.text, "{case}: wrote a unit that is neither old nor new:\n{t}");
     }
@@ -140,10 +141,13 @@ fn check_faulty_run(w: &World, old: &DesiredState, new: &DesiredState, r: &Optio
 
 /// After the faults are over: the next reconcile (the agent's requeue, or the operator's next
 /// apply) leaves a server serving, the one the state says, and the one after does nothing.
-async fn check_converges(w: &World, old: &DesiredState, new: &DesiredState, case: &str) {
+async fn check_converges(w: &World, old: &DesiredState, new: &DesiredState, fault: Fault, new_fails: bool, case: &str) {
     w.host.heal();
     let r = w.reconcile(new).await.unwrap().unwrap_or_else(|e| panic!("{case}: the next reconcile failed: {e}"));
+    // A server the reconcile left loading (a rollback killed after its start) has loaded by now.
+    tokio::time::sleep(LOAD).await;
     let serving = w.host.serving();
+    assert_eq!(w.host.started_over_live(), 0, "{case}: a new instance was started over a live one\n{}", w.said());
     let st = w.store().peek(UNIT).unwrap();
     let quarantined = st.quarantined(&new.unit.sha256).is_some();
     if serving.as_ref() == Some(&new.spec.argv) {
@@ -159,6 +163,14 @@ async fn check_converges(w: &World, old: &DesiredState, new: &DesiredState, case
         );
         assert_eq!(w.host.unit_file().as_deref(), Some(old.unit.text.as_str()), "{case}");
         assert!(quarantined, "{case}: the old unit serves but the new one is not quarantined: {}", r.verdict);
+        // A good spec is condemned only by its server dying under it (specd cannot tell that
+        // from a spec that does not start); never by a host call that failed or hung.
+        assert!(
+            new_fails || fault == Fault::ProcessDies,
+            "{case}: a good spec was quarantined by a host fault: {}\n{}",
+            st.quarantined(&new.unit.sha256).map_or("", |q| q.reason.as_str()),
+            w.said()
+        );
     }
     assert!(st.in_progress.is_none(), "{case}: an apply is still recorded in progress: {}", r.verdict);
     let before = w.host.stops_and_starts();
@@ -197,7 +209,7 @@ async fn matrix(new_fails: bool) {
             w.host.plan(i, f);
             let r = w.reconcile(&new).await;
             check_faulty_run(&w, &old, &new, &r, &case);
-            check_converges(&w, &old, &new, &case).await;
+            check_converges(&w, &old, &new, f, new_fails, &case).await;
             cases += 1;
         }
     }

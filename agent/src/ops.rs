@@ -201,9 +201,12 @@ pub async fn status(dirs: &Dirs, json: bool, file: Option<&Path>, host: Option<S
         all.push(unit_status(&ctx, &st, override_desired.as_ref()).await?);
     }
     let source = SourceState::load(&dirs.state_dir);
-    // A head that may not deploy concerns every unit the agent manages.
-    if let Some(e) = source.as_ref().and_then(|s| s.error.as_ref()) {
-        for s in &mut all {
+    // A head that may not deploy concerns every unit the agent deploys from it (not a spec
+    // given with --file, nor a unit applied by hand).
+    if let Some(e) = source.as_ref().and_then(|s| s.error.as_ref())
+        && override_desired.is_none()
+    {
+        for s in all.iter_mut().filter(|s| matches!(s.source, Some(Source::Commit { .. }))) {
             s.error = Some(e.clone());
         }
     }
@@ -268,8 +271,9 @@ fn print_status(s: &UnitStatus) {
     for r in &s.reasons {
         println!("  why: {r}");
     }
-    if let Some(e) = &s.error {
-        println!("  newest desired state unusable: {e}");
+    if s.error.is_some() {
+        // The error itself is on the source's line above, once.
+        println!("  newest desired state unusable: the source's head is not deployed (see above)");
     }
     if let Some(r) = &s.speculation {
         println!(

@@ -151,11 +151,11 @@ pub fn plan(o: &Observed, d: &Desired) -> Plan {
         let running_good =
             o.deployed_sha256 == o.last_good_sha256 && (o.active_state == ActiveState::Active || o.main_pid > 0);
         let healable = d.drift == DriftPolicy::Heal || !running_good && o.main_pid == 0;
-        // A rollback that was interrupted (specd killed in it) is finished unless the last good
-        // unit already serves, ready.
-        let unfinished = o.interrupted && !(running_good && o.ready == Some(true));
+        // A rollback that was interrupted (specd killed in it) after it started the last good
+        // unit is left to finish loading: that unit ran, verified, before.
         if let Some(g) = o.last_good_sha256.as_ref().filter(|g| **g != d.sha256)
-            && (!running_good && healable || unfinished)
+            && !running_good
+            && healable
         {
             return Plan {
                 sync: SyncStatus::Failed,
@@ -634,22 +634,22 @@ mod tests {
     }
 
     #[test]
-    fn a_rollback_killed_after_starting_the_good_unit_is_finished_until_that_unit_is_ready() {
-        // Found by the fault matrix: killed between the rollback's start and its readiness.
+    fn a_rollback_killed_after_starting_the_good_unit_does_not_restart_it() {
+        // Killed between the rollback's start and its readiness: the last good unit loads (a
+        // large model takes minutes); restarting it would only add to the downtime.
         let mut o = in_sync();
         o.quarantined = Some("exit 1".into());
         o.last_good_sha256 = Some("a".repeat(64));
         o.deployed_sha256 = Some("a".repeat(64));
         o.interrupted = true;
         o.ready = Some(false);
-        assert_eq!(plan(&o, &desired()).steps, &[Rollback]);
-        // Ready: it is done, and not restarted.
+        assert!(plan(&o, &desired()).steps.is_empty());
         o.ready = Some(true);
         assert!(plan(&o, &desired()).steps.is_empty());
-        // Not interrupted: a loading good unit is left to load.
-        o.ready = Some(false);
-        o.interrupted = false;
-        assert!(plan(&o, &desired()).steps.is_empty());
+        // Killed before it started: finished.
+        o.active_state = "inactive".into();
+        o.main_pid = 0;
+        assert_eq!(plan(&o, &desired()).steps, &[Rollback]);
     }
 
     #[test]

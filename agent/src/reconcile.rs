@@ -13,6 +13,7 @@ use anyhow::Result;
 use specd_spec::{RenderedUnit, Spec, base_url_of_argv, exec_start, short};
 
 use crate::cgroup::Lingering;
+use crate::fsx;
 use crate::host::{Host, unit_path};
 use crate::lock::UnitLock;
 use crate::plan::{self, Desired, Observed, Plan, Step, SyncStatus};
@@ -462,8 +463,9 @@ pub async fn reconcile<H: Host>(ctx: &Ctx<H>, d: &DesiredState, dry_run: bool) -
 /// progressing) and when to look again.
 fn settle<H: Host>(ctx: &Ctx<H>, st: &mut UnitState, d: &DesiredState, plan: Plan) -> Result<Report, ReconcileError> {
     let unit = &d.spec.unit;
-    // An interrupted apply or rollback with nothing left to do (the last good unit serves).
-    if st.in_progress.as_ref().is_some_and(|p| p.sha256 == d.unit.sha256) {
+    // An interrupted apply or rollback with nothing left to do (the last good unit runs). Under a
+    // mask it stays recorded: once unmasked, the next reconcile finishes it.
+    if plan.sync != SyncStatus::Masked && st.in_progress.as_ref().is_some_and(|p| p.sha256 == d.unit.sha256) {
         st.in_progress = None;
     }
     // In sync and nothing recorded as good yet (state lost, or adopted): it is good now.
@@ -854,14 +856,17 @@ pub async fn prune<H: Host>(ctx: &Ctx<H>, unit: &str) {
     }
     let path = unit_path(&ctx.unit_dir, unit);
     let keep = ctx.store.dir.join("pruned");
+    if let Err(e) = fsx::ensure_private_dir(&keep) {
+        return tracing::error!(unit, "pruning: {e:#}");
+    }
     if ctx.host.exists(&path) {
         let _ = ctx.host.move_aside(&path, &keep.join(format!("{unit}.{}", state::now())));
     }
     let _ = ctx.host.daemon_reload().await;
-    let _ = std::fs::rename(
-        ctx.store.dir.join("units").join(format!("{unit}.json")),
-        keep.join(format!("{unit}.json.{}", state::now())),
-    );
+    let state_file = ctx.store.dir.join("units").join(format!("{unit}.json"));
+    if let Err(e) = std::fs::rename(&state_file, keep.join(format!("{unit}.json.{}", state::now()))) {
+        tracing::error!(unit, "pruning: moving {} aside: {e}", state_file.display());
+    }
 }
 
 /// A stop that ended in SIGKILL, in plain words.
@@ -1183,10 +1188,14 @@ impl<H: Host> Run<'_, H> {
         let r = ctx.host.start(unit).await;
         let props = ctx.host.show(unit).await.map_err(|e| StepFailure::host(step, format!("{e:#}")))?;
         if let Err(e) = r {
-            return Err(StepFailure::spec(
-                step,
-                format!("{e:#} (Result={}, status {})", props.result, props.exit_status()),
-            ));
+            let why = format!("{e:#} (Result={}, status {})", props.result, props.exit_status());
+            let new_instance = props.invocation_id != self.before.invocation_id;
+            match recovery::failed_start(props.active_state, new_instance) {
+                // The request failed, not the unit: it runs; the next steps check it.
+                recovery::FailedStart::Runs => {}
+                recovery::FailedStart::Unit => return Err(StepFailure::spec(step, why)),
+                recovery::FailedStart::Host => return Err(StepFailure::host(step, why)),
+            }
         }
         self.started_pid = props.main_pid;
         self.after_start = Some(props);
@@ -1224,9 +1233,11 @@ impl<H: Host> Run<'_, H> {
                     format!("pid {pid} runs {:?}, not the rendered ExecStart {:?}", c.join(" "), t.argv.join(" ")),
                 ));
             }
-            None => {
+            // Gone: the server exited. Alive: /proc could not be read (a host fault).
+            None if !ctx.host.alive(pid) => {
                 return Err(StepFailure::spec(step, format!("pid {pid} exited before its command line could be read")));
             }
+            None => return Err(StepFailure::host(step, format!("could not read the command line of pid {pid}"))),
         }
         Ok(())
     }
@@ -1249,9 +1260,7 @@ impl<H: Host> Run<'_, H> {
             "proving that the server speculates ({}-token generation)",
             crate::speculation::TOKENS
         )));
-        let measured = ctx
-            .host
-            .speculation(&t.base_url, spec)
+        let measured = answered(|| ctx.host.speculation(&t.base_url, spec))
             .await
             .map_err(|e| StepFailure::spec(step, format!("could not read the speculation evidence: {e}")))?;
         if let Some(why) = crate::speculation::missing(spec, &measured) {
@@ -1266,7 +1275,8 @@ impl<H: Host> Run<'_, H> {
         let (ctx, unit, t, step) = (self.ctx, self.unit, self.t, Step::VerifyArgs);
         let emit = |e: Event| (ctx.events)(unit, &e);
         let Some(spec) = t.spec else { return Ok(()) };
-        match ctx.host.server_info(&t.base_url, spec).await {
+        let info = answered(|| async { ctx.host.server_info(&t.base_url, spec).await.transpose() }).await;
+        match info.transpose() {
             None => {}
             Some(Err(e)) => {
                 return Err(StepFailure::spec(step, format!("could not read the server's args: {e}")));
@@ -1288,6 +1298,26 @@ impl<H: Host> Run<'_, H> {
         }
         Ok(())
     }
+}
+
+/// A question to the server that a reset connection or a moment's overload may fail: asked up to
+/// three times, a second apart, before its error counts.
+async fn answered<T, F, Fut>(ask: F) -> Result<T, String>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<T, String>>,
+{
+    let mut last = String::new();
+    for attempt in 0..3 {
+        if attempt > 0 {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        match ask().await {
+            Ok(v) => return Ok(v),
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
 }
 
 /// After the cgroup emptied: wait for systemd to settle the unit as stopped, and stop it again

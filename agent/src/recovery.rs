@@ -3,6 +3,7 @@
 //! tested without a machine. The reconciler carries it out.
 
 use crate::plan::Step;
+use crate::service::ActiveState;
 
 /// What is known about a failed apply.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -61,6 +62,28 @@ pub struct Decision {
 pub fn after(f: &Failure) -> Decision {
     let quarantine = quarantine(f);
     Decision { recovery: decide(f), quarantine, finished: f.spec_fault || !f.stopped, requeue: !quarantine }
+}
+
+/// A start request that returned an error, by what systemd says of the unit after it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FailedStart {
+    /// The unit is up or coming up: the request failed (a timeout), not the start.
+    Runs,
+    /// systemd started a new instance of the unit and it failed: the spec's fault.
+    Unit,
+    /// No new instance: the request never reached the unit (the host's fault).
+    Host,
+}
+
+/// `new_instance`: the unit's invocation ID is not the one before the start.
+pub fn failed_start(active: ActiveState, new_instance: bool) -> FailedStart {
+    if active.is_up() {
+        FailedStart::Runs
+    } else if new_instance {
+        FailedStart::Unit
+    } else {
+        FailedStart::Host
+    }
 }
 
 /// Steps after which the instance that ran before is gone.
@@ -174,6 +197,17 @@ mod tests {
         // Nothing was stopped: nothing to finish, and it is tried again.
         let before_stop = after(&Failure { stopped: false, ..f(Step::Stop) });
         assert_eq!((before_stop.finished, before_stop.requeue), (true, true));
+    }
+
+    #[test]
+    fn a_failed_start_request_is_the_unit_s_fault_only_when_systemd_started_it() {
+        assert_eq!(failed_start(ActiveState::Failed, true), FailedStart::Unit);
+        assert_eq!(failed_start(ActiveState::Inactive, true), FailedStart::Unit);
+        assert_eq!(failed_start(ActiveState::Activating, true), FailedStart::Runs);
+        assert_eq!(failed_start(ActiveState::Active, false), FailedStart::Runs);
+        // A unit that failed before (its Result is still the old one) and was not started again.
+        assert_eq!(failed_start(ActiveState::Failed, false), FailedStart::Host);
+        assert_eq!(failed_start(ActiveState::Unknown, false), FailedStart::Host);
     }
 
     #[test]

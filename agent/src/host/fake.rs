@@ -91,6 +91,8 @@ struct World {
     /// Stops and starts asked for.
     stops: usize,
     starts: usize,
+    /// Starts of a new instance while a process of the unit was still alive in its cgroup.
+    started_over_live: usize,
 }
 
 /// What the fault plan says about this call.
@@ -174,6 +176,11 @@ impl FakeHost {
     pub fn stops_and_starts(&self) -> (usize, usize) {
         let w = self.w();
         (w.stops, w.starts)
+    }
+
+    /// How many new instances were started while a process of the unit still ran.
+    pub fn started_over_live(&self) -> usize {
+        self.w().started_over_live
     }
 
     pub fn writes(&self) -> Vec<String> {
@@ -366,6 +373,10 @@ impl Host for FakeHost {
             return Ok(());
         }
         let Some(text) = w.unit.loaded.clone() else { bail!("Unit {unit} not found.") };
+        let cg = self.cgroup();
+        if w.procs.values().any(|p| p.alive && p.cgroup == cg) {
+            w.started_over_live += 1;
+        }
         let argv = specd_spec::exec_start(&text).unwrap_or_default();
         let now = Instant::now();
         let fails = w.bad.contains(&argv);

@@ -1,7 +1,7 @@
 //! The host, as the reconciler sees it: one boundary for every effect an apply has or depends on
 //! (the service manager, the process table and cgroups, unit files, the server's HTTP endpoints,
 //! the journal). [`RealHost`] is the machine; the reconciler's tests drive the same code on an
-//! in-memory host that can fail at any call (`reconcile::fake`).
+//! in-memory host that can fail at any call (`host::fake`).
 //!
 //! What is not here: specd's own state files ([`crate::state::Store`], a directory specd owns)
 //! and the clock (tokio's: tests pause it).

@@ -1260,7 +1260,8 @@ impl<H: Host> Run<'_, H> {
             "proving that the server speculates ({}-token generation)",
             crate::speculation::TOKENS
         )));
-        let measured = answered(|| ctx.host.speculation(&t.base_url, spec))
+        let pid = self.started_pid;
+        let measured = answered(|| ctx.host.speculation(&t.base_url, spec), || ctx.host.alive(pid))
             .await
             .map_err(|e| StepFailure::spec(step, format!("could not read the speculation evidence: {e}")))?;
         if let Some(why) = crate::speculation::missing(spec, &measured) {
@@ -1275,7 +1276,10 @@ impl<H: Host> Run<'_, H> {
         let (ctx, unit, t, step) = (self.ctx, self.unit, self.t, Step::VerifyArgs);
         let emit = |e: Event| (ctx.events)(unit, &e);
         let Some(spec) = t.spec else { return Ok(()) };
-        let info = answered(|| async { ctx.host.server_info(&t.base_url, spec).await.transpose() }).await;
+        let pid = self.started_pid;
+        let info =
+            answered(|| async { ctx.host.server_info(&t.base_url, spec).await.transpose() }, || ctx.host.alive(pid))
+                .await;
         match info.transpose() {
             None => {}
             Some(Err(e)) => {
@@ -1301,8 +1305,9 @@ impl<H: Host> Run<'_, H> {
 }
 
 /// A question to the server that a reset connection or a moment's overload may fail: asked up to
-/// three times, a second apart, before its error counts.
-async fn answered<T, F, Fut>(ask: F) -> Result<T, String>
+/// three times, a second apart, while the process specd started still runs (a server that died
+/// is not asked again: its error stands, and the crash is named).
+async fn answered<T, F, Fut>(ask: F, runs: impl Fn() -> bool) -> Result<T, String>
 where
     F: Fn() -> Fut,
     Fut: std::future::Future<Output = Result<T, String>>,
@@ -1310,6 +1315,9 @@ where
     let mut last = String::new();
     for attempt in 0..3 {
         if attempt > 0 {
+            if !runs() {
+                break;
+            }
             tokio::time::sleep(Duration::from_secs(1)).await;
         }
         match ask().await {

@@ -6,7 +6,6 @@ pub mod agent;
 pub mod cgroup;
 pub mod cli;
 pub mod config;
-pub mod dbus;
 pub mod diagnose;
 pub mod fsx;
 pub mod host;

@@ -8,7 +8,6 @@
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Result;
@@ -17,7 +16,6 @@ use specd_spec::{Engine, Spec};
 use tokio::time::Instant;
 
 use crate::cgroup::{self, Layout, Lingering};
-use crate::dbus::Manager;
 use crate::fsx;
 use crate::probe::{Health, Probe};
 use crate::speculation::Speculation;
@@ -84,99 +82,40 @@ pub trait Host: Clone + Send + Sync + 'static {
     fn ending(&self, unit: &str, invocation: &str, within: Duration) -> impl Future<Output = Option<String>> + Send;
 }
 
-/// The machine: systemd over D-Bus (`systemctl` when no D-Bus connection can be made), `/proc`
-/// and the cgroup tree, the file system, HTTP to the server, journald.
+/// The machine: `systemctl`, `/proc` and the cgroup tree, the file system, HTTP to the server,
+/// journald.
 #[derive(Clone)]
 pub struct RealHost {
     pub systemd: Systemctl,
     pub layout: Layout,
     pub probe: Probe,
-    /// The connection to systemd: made on first use, shared by every clone, made again when
-    /// systemd closed it (a daemon-reexec).
-    dbus: Arc<tokio::sync::Mutex<Option<Manager>>>,
 }
 
 impl RealHost {
     pub fn new(layout: Layout) -> RealHost {
-        RealHost { systemd: Systemctl, layout, probe: Probe::default(), dbus: Arc::default() }
+        RealHost { systemd: Systemctl, layout, probe: Probe::default() }
     }
-
-    /// The D-Bus connection to systemd; `None` when none can be made.
-    pub async fn manager(&self) -> Option<Manager> {
-        let mut slot = self.dbus.lock().await;
-        if let Some(m) = &*slot {
-            return Some(m.clone());
-        }
-        match Manager::connect().await {
-            Ok(m) => {
-                *slot = Some(m.clone());
-                Some(m)
-            }
-            Err(e) => {
-                tracing::debug!("no D-Bus connection to systemd ({e:#}): using systemctl");
-                None
-            }
-        }
-    }
-
-    /// `op` on the D-Bus connection, once more on a new connection if systemd closed the first;
-    /// `None` when there is no connection to be had.
-    async fn over_dbus<T, F, Fut>(&self, op: F) -> Option<Result<T>>
-    where
-        F: Fn(Manager) -> Fut,
-        Fut: Future<Output = Result<T>>,
-    {
-        let m = self.manager().await?;
-        match op(m.clone()).await {
-            Err(e) if closed(&e) => {
-                tracing::debug!("the D-Bus connection to systemd is closed ({e:#}): connecting again");
-                {
-                    let mut slot = self.dbus.lock().await;
-                    if slot.as_ref().is_some_and(|s| s.same(&m)) {
-                        *slot = None;
-                    }
-                }
-                let m = self.manager().await?;
-                Some(op(m).await)
-            }
-            r => Some(r),
-        }
-    }
-}
-
-/// The error is the connection's end, not systemd's answer.
-fn closed(e: &anyhow::Error) -> bool {
-    e.chain().any(|c| matches!(c.downcast_ref::<zbus::Error>(), Some(zbus::Error::InputOutput(_))))
 }
 
 impl Host for RealHost {
     async fn show(&self, unit: &str) -> Result<UnitProps> {
-        match self.over_dbus(|m| async move { m.show(unit).await }).await {
-            Some(r) => r,
-            None => self.systemd.show(unit).await,
-        }
+        self.systemd.show(unit).await
     }
 
     async fn start(&self, unit: &str) -> Result<()> {
-        match self.over_dbus(|m| async move { m.start(unit).await }).await {
-            Some(r) => r,
-            None => self.systemd.run(&["start", unit]).await,
-        }
+        self.systemd.run(&["start", unit]).await
     }
 
     async fn stop(&self, unit: &str, wait: bool) -> Result<()> {
-        match self.over_dbus(|m| async move { m.stop(unit, wait).await }).await {
-            Some(r) => r,
-            None if wait => self.systemd.run(&["stop", unit]).await,
-            None => self.systemd.run(&["stop", "--no-block", unit]).await,
+        if wait {
+            self.systemd.run(&["stop", unit]).await
+        } else {
+            self.systemd.run(&["stop", "--no-block", unit]).await
         }
     }
 
     async fn daemon_reload(&self) -> Result<()> {
-        match self.over_dbus(|m| async move { m.daemon_reload().await }).await {
-            Some(r) => r,
-            None => self.systemd.run(&["daemon-reload"]).await,
-        }
+        self.systemd.run(&["daemon-reload"]).await
     }
 
     fn alive(&self, pid: u32) -> bool {

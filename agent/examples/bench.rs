@@ -92,7 +92,7 @@ fn units_box(n: usize, load_ms: u32) -> anyhow::Result<(SystemdBox, Vec<String>)
 /// `specd status`, `systemctl show` and daemon-reload, in a box with one unit and one with 16.
 fn systemd_calls(runs: usize) -> anyhow::Result<()> {
     let specd = specd_bin();
-    let props = specd::systemd::PROPS.join(",");
+    let props = specd::UNIT_PROPERTIES.join(",");
     println!("\n## systemd calls (wall time of the whole process, ms)\n");
     println!("| what | runs | median | p90 |\n|---|---|---|---|");
     for n in [1, 16] {

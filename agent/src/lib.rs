@@ -38,6 +38,8 @@ pub use source::{GitSource, SourceConfig, Verify};
 /// What the benchmarks measure specd's readiness policy with.
 pub use probe::{Health, Probe};
 pub use reconcile::readiness_backoff;
+/// The unit properties specd reads (the benchmarks time one `systemctl show` of them).
+pub use systemd::PROPS as UNIT_PROPERTIES;
 
 #[cfg(test)]
 mod faults;

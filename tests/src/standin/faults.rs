@@ -101,7 +101,7 @@ pub fn memory_hog(l: &Launch) {
         }
         held.push(v);
         total += chunk as u64;
-        if total % (256 << 20) == 0 {
+        if total.is_multiple_of(256 << 20) {
             line(l.flavour, "info", &format!("Loading weights: {} MiB", total >> 20));
         }
     }

@@ -172,18 +172,32 @@ impl<T> Drop for Background<T> {
 /// diagnosis from the journal, which is read in the background while the new server loads.
 #[derive(Default)]
 struct StopRecord {
+    /// How it ended, when that was not a clean stop.
     verdict: Option<String>,
-    pending: Option<Background<Option<String>>>,
+    /// How it ended, clean or not.
+    ended: Option<String>,
+    pending: Option<Background<Option<crate::host::Ending>>>,
+    /// The instance started after it (empty: none was).
+    followed_by: String,
 }
 
 impl StopRecord {
     async fn finish(&mut self) -> Option<String> {
-        if self.verdict.is_none()
-            && let Some(mut p) = self.pending.take()
+        if let Some(mut p) = self.pending.take()
+            && let Some(e) = (&mut p.0).await.ok().flatten()
         {
-            self.verdict = (&mut p.0).await.ok().flatten();
+            if self.verdict.is_none() && !e.clean {
+                self.verdict = Some(e.summary.clone());
+            }
+            self.ended = Some(e.summary);
         }
         self.verdict.clone()
+    }
+
+    /// What `status` shows as the last ending while the instance started after it runs.
+    fn last_ended(&self) -> Option<state::LastEnded> {
+        let summary = self.ended.clone()?;
+        (!self.followed_by.is_empty()).then(|| state::LastEnded { summary, followed_by: self.followed_by.clone() })
     }
 }
 
@@ -417,6 +431,9 @@ pub async fn reconcile<H: Host>(ctx: &Ctx<H>, d: &DesiredState, dry_run: bool) -
     let mut stop = StopRecord::default();
     let result = run_steps(ctx, &mut st, &unit, &plan.steps, &target, &props, &mut stop).await;
     let mut stop_verdict = stop.finish().await;
+    if let Some(l) = stop.last_ended() {
+        st.last_ended = Some(l);
+    }
     let ms = started.elapsed().as_millis() as u64;
 
     let report = match result {
@@ -801,8 +818,12 @@ async fn restore<H: Host>(
     let props = ctx.host.show(unit).await.unwrap_or_default();
     let mut sv = StopRecord::default();
     let r = run_steps(ctx, st, unit, &steps, &t, &props, &mut sv).await;
+    let v = sv.finish().await;
     if stop_verdict.is_none() {
-        *stop_verdict = sv.finish().await;
+        *stop_verdict = v;
+    }
+    if let Some(l) = sv.last_ended() {
+        st.last_ended = Some(l);
     }
     r
 }
@@ -904,8 +925,10 @@ async fn run_steps<H: Host>(
         started_pid: 0,
         after_start: None,
         ready_pid: None,
+        started_invocation: String::new(),
     };
     let r = run.steps(st, steps, stop).await;
+    stop.followed_by = std::mem::take(&mut run.started_invocation);
     match (r, run.ready_pid) {
         (Err(f), Some(pid)) if !f.cancelled => {
             // The server had answered ready: if it is gone now, it crashed after readiness.
@@ -947,6 +970,8 @@ struct Run<'a, H: Host> {
     after_start: Option<UnitProps>,
     /// The started server answered ready (a later failure is a crash after readiness).
     ready_pid: Option<u32>,
+    /// The invocation ID of the instance this run started.
+    started_invocation: String,
 }
 
 impl<H: Host> Run<'_, H> {
@@ -1103,15 +1128,12 @@ impl<H: Host> Run<'_, H> {
         if let Some(v) = sigkill_verdict(&props, t.timeout_stop, Some(self.in_flight.load(Ordering::Relaxed))) {
             emit(Event::Warning(v.clone()));
             stop.verdict = Some(v);
-        } else {
-            // Not our SIGKILL: read how it ended (a crash before, an OOM kill...) from the
-            // journal in the background, off the apply's path.
-            let (host, u, invocation) = (ctx.host.clone(), unit.to_string(), props.invocation_id.clone());
-            stop.pending =
-                Some(Background(tokio::spawn(
-                    async move { host.ending(&u, &invocation, Duration::from_secs(5)).await },
-                )));
         }
+        // How it ended, as `diagnose` tells it (a crash before, an OOM kill...), read from the
+        // journal in the background, off the apply's path.
+        let (host, u, invocation) = (ctx.host.clone(), unit.to_string(), props.invocation_id.clone());
+        stop.pending =
+            Some(Background(tokio::spawn(async move { host.ending(&u, &invocation, Duration::from_secs(5)).await })));
         emit(Event::Progress(format!("stopped after {:.1}s; cgroup empty", started.elapsed().as_secs_f64())));
         Ok(())
     }
@@ -1198,6 +1220,7 @@ impl<H: Host> Run<'_, H> {
             }
         }
         self.started_pid = props.main_pid;
+        self.started_invocation = props.invocation_id.clone();
         self.after_start = Some(props);
         Ok(())
     }

@@ -127,6 +127,18 @@ pub struct UnitState {
     /// What the last verification of a speculative unit measured (its hash, when, the figure).
     #[serde(default)]
     pub speculation: Option<SpeculationRecord>,
+    /// How the last instance that ended ended, recorded when specd saw it end (an apply's stop).
+    #[serde(default)]
+    pub last_ended: Option<LastEnded>,
+}
+
+/// The verdict on the last instance that ended, and the instance that followed it: true while
+/// that instance is still the unit's current one (`status` then needs no journal).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LastEnded {
+    pub summary: String,
+    /// The invocation ID of the instance started after it.
+    pub followed_by: String,
 }
 
 /// The speculation proof of one unit hash, as measured right after it became ready.

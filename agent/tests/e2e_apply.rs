@@ -121,6 +121,48 @@ fn the_seed_after_ten_applies_each_serves_the_new_steps_and_reports_the_sigkill(
     e.b.shutdown().unwrap();
 }
 
+/// `status` says how the last instance ended without reading the journal while the instance
+/// specd started after it runs; after a restart specd did not make, it reads the journal again.
+#[test]
+fn status_tells_the_last_ending_from_state_until_an_instance_ends_behind_specd_s_back() {
+    let e = Env::new();
+    let (ok, out) = apply(&e, "s5.yaml", &e.spec(UNIT, 5, &seed_extra(100)));
+    assert!(ok, "{out}");
+    let (ok, out) = apply(&e, "s6.yaml", &e.spec(UNIT, 6, &seed_extra(100)));
+    assert!(ok, "{out}");
+    let last_ended = |o: &std::process::Output| {
+        text(o).lines().find(|l| l.trim_start().starts_with("last ended:")).map(|l| l.trim().to_string())
+    };
+    let with_journal = e.specd(&["status"]);
+    let ended = last_ended(&with_journal).unwrap_or_else(|| panic!("{}", text(&with_journal)));
+    // What the journal's own diagnosis says of the instance the apply stopped.
+    let d: serde_json::Value = serde_json::from_slice(&e.specd(&["diagnose", UNIT, "--json"]).stdout).unwrap();
+    let stopped = d.as_array().unwrap().iter().find(|x| !x["ended"].is_null()).unwrap();
+    // The same verdict (its figures may differ by the lines journald had when each read it).
+    let verdict = stopped["summary"].as_str().unwrap().split(':').next().unwrap();
+    assert!(ended.starts_with(&format!("last ended: {verdict}:")), "{ended} / {stopped}");
+    // No journal at all (journalctl fails): the same line, from specd's state.
+    e.b.check(&["mount", "--bind", "/bin/false", "/usr/bin/journalctl"]).unwrap();
+    let without = e.specd(&["status"]);
+    assert_eq!(last_ended(&without).as_deref(), Some(ended.as_str()), "{}", text(&without));
+    // The server dies and systemd starts it again (Restart=always): the state's record is about
+    // an instance that is gone, so status asks the journal, which cannot answer here.
+    let pid = e.main_pid(UNIT);
+    e.b.check(&["kill", "-9", &pid.to_string()]).unwrap();
+    wait_until("systemd to start the server again", Duration::from_secs(30), || {
+        let p = e.main_pid(UNIT);
+        p != 0 && p != pid
+    })
+    .unwrap();
+    let after = e.specd(&["status"]);
+    assert_eq!(last_ended(&after), None, "{}", text(&after));
+    e.b.check(&["umount", "/usr/bin/journalctl"]).unwrap();
+    let after = e.specd(&["status"]);
+    let ended = last_ended(&after).unwrap_or_else(|| panic!("{}", text(&after)));
+    assert!(ended.contains("signal") || ended.contains("KILL") || ended.contains("crash"), "{ended}");
+    e.b.shutdown().unwrap();
+}
+
 #[test]
 fn an_in_sync_apply_restarts_nothing_and_status_is_green() {
     let e = Env::new();

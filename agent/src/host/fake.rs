@@ -588,10 +588,14 @@ impl Host for FakeHost {
         let _ = self.enter("note");
     }
 
-    async fn ending(&self, _unit: &str, _invocation: &str, _within: Duration) -> Option<String> {
+    async fn ending(&self, _unit: &str, _invocation: &str, _within: Duration) -> Option<super::Ending> {
         self.call("ending", Duration::from_secs(5), |_| ()).await.map_or(Some(()), |_| None)?;
         let w = self.w();
-        (w.unit.result == "exit-code").then(|| "crash: the server died on its own: exit status 1".to_string())
+        Some(if w.unit.result == "exit-code" {
+            super::Ending { clean: false, summary: "crash: the server died on its own: exit status 1".into() }
+        } else {
+            super::Ending { clean: true, summary: "clean stop: stopped on request".into() }
+        })
     }
 }
 

@@ -77,9 +77,9 @@ pub trait Host: Clone + Send + Sync + 'static {
 
     /// Say in the unit's journal who acts on it and why (`specd diagnose` reads it).
     fn note(&self, unit: &str, action: &str, invocation: &str, message: &str);
-    /// How an instance ended, once the journal shows it (up to `within`); `None` for a clean
-    /// stop or when the journal does not tell.
-    fn ending(&self, unit: &str, invocation: &str, within: Duration) -> impl Future<Output = Option<String>> + Send;
+    /// How an instance ended, once the journal shows it (up to `within`); `None` when the
+    /// journal does not tell.
+    fn ending(&self, unit: &str, invocation: &str, within: Duration) -> impl Future<Output = Option<Ending>> + Send;
 }
 
 /// The machine: `systemctl`, `/proc` and the cgroup tree, the file system, HTTP to the server,
@@ -186,14 +186,22 @@ impl Host for RealHost {
         let _ = crate::diagnose::journal_note(unit, action, Some(invocation), message);
     }
 
-    async fn ending(&self, unit: &str, invocation: &str, within: Duration) -> Option<String> {
+    async fn ending(&self, unit: &str, invocation: &str, within: Duration) -> Option<Ending> {
         let d = if invocation.is_empty() {
             tokio::time::timeout(within, crate::diagnose::last_verdict(unit)).await.ok().flatten()
         } else {
             crate::diagnose::instance_verdict(unit, invocation, within).await
         };
-        d.filter(|d| d.verdict != crate::diagnose::Verdict::CleanStop).map(|d| d.summary)
+        d.map(|d| Ending { clean: d.verdict == crate::diagnose::Verdict::CleanStop, summary: d.summary })
     }
+}
+
+/// How an instance ended, as its diagnosis says it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Ending {
+    /// A clean stop (on request, or by itself with success).
+    pub clean: bool,
+    pub summary: String,
 }
 
 /// Where a unit's file lives in a unit directory.

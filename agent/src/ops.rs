@@ -174,9 +174,7 @@ async fn unit_status<H: Host>(
         // Recorded when specd saw the last instance end, while the one after it still runs;
         // otherwise (a restart specd did not make, or no record yet) read from the journal.
         last_ended: match &st.last_ended {
-            Some(l) if !props.invocation_id.is_empty() && l.followed_by == props.invocation_id => {
-                Some(l.summary.clone())
-            }
+            Some(l) if !props.invocation_id.is_empty() && l.followed_by == props.invocation_id => l.summary.clone(),
             _ => crate::diagnose::last_verdict(&st.unit).await.map(|d| d.summary),
         },
         // The proof of the running unit's speculation (a measurement of an older hash is not it).

@@ -179,6 +179,8 @@ struct StopRecord {
     pending: Option<Background<Option<crate::host::Ending>>>,
     /// The instance started after it (empty: none was).
     followed_by: String,
+    /// There was no instance to stop (the unit's first start).
+    first: bool,
 }
 
 impl StopRecord {
@@ -196,8 +198,10 @@ impl StopRecord {
 
     /// What `status` shows as the last ending while the instance started after it runs.
     fn last_ended(&self) -> Option<state::LastEnded> {
-        let summary = self.ended.clone()?;
-        (!self.followed_by.is_empty()).then(|| state::LastEnded { summary, followed_by: self.followed_by.clone() })
+        if self.followed_by.is_empty() || (self.ended.is_none() && !self.first) {
+            return None;
+        }
+        Some(state::LastEnded { summary: self.ended.clone(), followed_by: self.followed_by.clone() })
     }
 }
 
@@ -1131,6 +1135,7 @@ impl<H: Host> Run<'_, H> {
         }
         // How it ended, as `diagnose` tells it (a crash before, an OOM kill...), read from the
         // journal in the background, off the apply's path.
+        stop.first = props.invocation_id.is_empty();
         let (host, u, invocation) = (ctx.host.clone(), unit.to_string(), props.invocation_id.clone());
         stop.pending =
             Some(Background(tokio::spawn(async move { host.ending(&u, &invocation, Duration::from_secs(5)).await })));

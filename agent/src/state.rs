@@ -136,7 +136,8 @@ pub struct UnitState {
 /// that instance is still the unit's current one (`status` then needs no journal).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LastEnded {
-    pub summary: String,
+    /// `None`: no instance ended before it (the unit's first).
+    pub summary: Option<String>,
     /// The invocation ID of the instance started after it.
     pub followed_by: String,
 }

@@ -65,7 +65,7 @@ pub async fn apply(dirs: &Dirs, file: &Path, host: Option<String>, dry_run: bool
 pub struct UnitStatus {
     pub unit: String,
     pub sync: SyncStatus,
-    pub health: String,
+    pub health: ServiceHealth,
     pub reasons: Vec<String>,
     pub desired_sha256: Option<String>,
     pub deployed_sha256: Option<String>,
@@ -89,6 +89,34 @@ pub struct UnitStatus {
     pub down: Option<String>,
 }
 
+/// What `status` says of the server: its readiness endpoint's answer, or systemd's state when
+/// it was not asked.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum ServiceHealth {
+    Healthy,
+    Loading,
+    Unknown,
+    Down,
+}
+
+impl ServiceHealth {
+    fn of(ready: Option<bool>, active: crate::service::ActiveState) -> ServiceHealth {
+        match ready {
+            Some(true) => ServiceHealth::Healthy,
+            Some(false) => ServiceHealth::Loading,
+            // Not asked: the service is up (loading, or not yet reachable), or it is down.
+            None if active.is_up() => ServiceHealth::Unknown,
+            None => ServiceHealth::Down,
+        }
+    }
+}
+
+impl std::fmt::Display for ServiceHealth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(self, f)
+    }
+}
+
 async fn unit_status<H: Host>(
     ctx: &Ctx<H>,
     st: &state::UnitState,
@@ -104,7 +132,7 @@ async fn unit_status<H: Host>(
         return Ok(UnitStatus {
             unit: st.unit.clone(),
             sync: SyncStatus::OutOfSync,
-            health: "Unknown".into(),
+            health: ServiceHealth::Unknown,
             reasons: vec!["no desired state recorded".into()],
             desired_sha256: None,
             deployed_sha256: None,
@@ -144,13 +172,8 @@ async fn unit_status<H: Host>(
             reasons.push(last.message.clone());
         }
     }
-    let health = match (o.ready, props.active_state.as_str()) {
-        (Some(true), _) => "Healthy",
-        (Some(false), _) => "Loading",
-        (None, "active" | "activating" | "reloading") => "Unknown",
-        (None, _) => "Down",
-    };
-    let down = (health == "Down").then(|| match st.history.last() {
+    let health = ServiceHealth::of(o.ready, props.active_state);
+    let down = (health == ServiceHealth::Down).then(|| match st.history.last() {
         Some(h) if matches!(h.outcome, state::Outcome::Failed | state::Outcome::RolledBack) => h.message.clone(),
         _ => format!("the service is not running ({}/{})", props.active_state, props.sub_state),
     });
@@ -158,7 +181,7 @@ async fn unit_status<H: Host>(
         down,
         unit: st.unit.clone(),
         sync,
-        health: health.into(),
+        health,
         reasons,
         desired_sha256: Some(d.unit.sha256.clone()),
         deployed_sha256: o.deployed_sha256.clone(),
@@ -242,7 +265,7 @@ pub async fn status(dirs: &Dirs, json: bool, file: Option<&Path>, host: Option<S
     }
     // A head that was not deployed, or an orphaned unit, is not "all in sync" either.
     let source_ok = source.as_ref().is_none_or(|s| s.error.is_none() && s.orphans.is_empty());
-    let ok = source_ok && all.iter().all(|s| s.sync == SyncStatus::InSync && s.health == "Healthy");
+    let ok = source_ok && all.iter().all(|s| s.sync == SyncStatus::InSync && s.health == ServiceHealth::Healthy);
     Ok(if ok { 0 } else { 1 })
 }
 
@@ -471,4 +494,21 @@ pub async fn history(dirs: &Dirs, unit: Option<String>, json: bool) -> Result<u8
 /// `specd diagnose`: see [`crate::diagnose`].
 pub async fn diagnose(unit: Option<String>, json: bool, dirs: &Dirs) -> Result<u8> {
     crate::diagnose::run(unit.as_deref(), json, &dirs.state_dir).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::service::ActiveState;
+
+    #[test]
+    fn health_is_the_readiness_answer_or_else_systemd_s_state() {
+        assert_eq!(ServiceHealth::of(Some(true), ActiveState::Active), ServiceHealth::Healthy);
+        assert_eq!(ServiceHealth::of(Some(false), ActiveState::Active), ServiceHealth::Loading);
+        assert_eq!(ServiceHealth::of(None, ActiveState::Activating), ServiceHealth::Unknown);
+        assert_eq!(ServiceHealth::of(None, ActiveState::Failed), ServiceHealth::Down);
+        assert_eq!(ServiceHealth::of(None, ActiveState::Deactivating), ServiceHealth::Down);
+        assert_eq!(serde_json::to_value(ServiceHealth::Healthy).unwrap(), "Healthy");
+        assert_eq!(ServiceHealth::Down.to_string(), "Down");
+    }
 }

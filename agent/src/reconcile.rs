@@ -980,27 +980,26 @@ struct Run<'a, H: Host> {
 
 impl<H: Host> Run<'_, H> {
     async fn steps(&mut self, st: &mut UnitState, steps: &[Step], stop: &mut StopRecord) -> Result<(), StepFailure> {
-        let run = self;
         for &step in steps {
-            if run.ctx.shutdown.is_set() {
+            if self.ctx.shutdown.is_set() {
                 return Err(StepFailure::cancelled(step));
             }
             if let Some(p) = st.in_progress.as_mut() {
                 p.phase = format!("{step:?}");
-                let _ = run.ctx.store.save(st);
+                let _ = self.ctx.store.save(st);
             }
             match step {
-                Step::Drain => run.drain().await?,
-                Step::Stop => run.stop().await?,
-                Step::WaitStopped => run.wait_stopped(stop).await?,
-                Step::RemoveDropIns => run.remove_drop_ins().await?,
-                Step::WriteUnit => run.write_unit(st).await?,
-                Step::Reload => run.reload().await?,
-                Step::Start => run.start().await?,
-                Step::VerifyCmdline => run.verify_cmdline().await?,
-                Step::WaitReady => run.wait_ready().await?,
-                Step::VerifySpeculation => run.verify_speculation(st).await?,
-                Step::VerifyArgs => run.verify_args().await?,
+                Step::Drain => self.drain().await?,
+                Step::Stop => self.stop().await?,
+                Step::WaitStopped => self.wait_stopped(stop).await?,
+                Step::RemoveDropIns => self.remove_drop_ins().await?,
+                Step::WriteUnit => self.write_unit(st).await?,
+                Step::Reload => self.reload().await?,
+                Step::Start => self.start().await?,
+                Step::VerifyCmdline => self.verify_cmdline().await?,
+                Step::WaitReady => self.wait_ready().await?,
+                Step::VerifySpeculation => self.verify_speculation(st).await?,
+                Step::VerifyArgs => self.verify_args().await?,
                 // Planned alone and carried out by `restore`, never inside a sequence.
                 Step::Rollback => {}
             }

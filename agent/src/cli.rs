@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 
 use crate::config::{self, AgentConfig};
 use crate::context::Dirs;
@@ -45,6 +45,10 @@ pub enum Command {
     Validate {
         #[arg(required = true)]
         files: Vec<PathBuf>,
+        /// Print a JSON array of the diagnostics (file, line, column, field, severity, message)
+        /// on stdout instead of text.
+        #[arg(long)]
+        json: bool,
     },
     /// Print the unit file a spec renders to.
     Render {
@@ -150,6 +154,14 @@ pub enum Command {
         #[arg(long)]
         host: Option<String>,
     },
+    /// Print the shell completion script of specd for bash, zsh or fish.
+    Completions { shell: clap_complete::Shell },
+    /// Write the man pages of specd and of each of its commands (specd.1, specd-apply.1, ...),
+    /// generated from this command line, into a directory.
+    Man {
+        #[arg(long, default_value = ".")]
+        out: PathBuf,
+    },
 }
 
 pub fn main() -> ExitCode {
@@ -186,37 +198,79 @@ pub fn main() -> ExitCode {
         }
         Command::History { unit, json } => run_async(ops::history(&dirs, unit, json)),
         Command::Diagnose { unit, json } => run_async(ops::diagnose(unit, json, &dirs)),
-        Command::Validate { files } => validate(&files),
+        Command::Validate { files, json } => validate(&files, json),
         Command::Render { file, host, hash } => render(&file, host.as_deref(), hash),
         Command::Schema => {
             print!("{}", specd_spec::json_schema());
             ExitCode::SUCCESS
         }
+        Command::Completions { shell } => {
+            clap_complete::generate(shell, &mut Cli::command(), "specd", &mut std::io::stdout());
+            ExitCode::SUCCESS
+        }
+        Command::Man { out } => match man_pages(&out) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("specd: error: {e:#}");
+                ExitCode::from(2)
+            }
+        },
     }
 }
 
-fn validate(paths: &[PathBuf]) -> ExitCode {
+/// `specd.1` and one page per command (`specd-apply.1`...), from the clap definition, so
+/// that they never disagree with `--help`.
+fn man_pages(out: &std::path::Path) -> anyhow::Result<()> {
+    use anyhow::Context;
+    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    let cmd = Cli::command();
+    let page = |cmd: clap::Command, name: &str| -> anyhow::Result<()> {
+        let mut buf = Vec::new();
+        clap_mangen::Man::new(cmd).render(&mut buf)?;
+        let path = out.join(format!("{name}.1"));
+        crate::fsx::atomic_write(&path, &buf, 0o644).with_context(|| format!("writing {}", path.display()))
+    };
+    for sub in cmd.get_subcommands().filter(|s| s.get_name() != "help") {
+        let name = format!("specd-{}", sub.get_name());
+        let sub = sub.clone().display_name(name.clone()).bin_name(format!("specd {}", sub.get_name()));
+        page(sub, &name)?;
+    }
+    page(cmd, "specd")
+}
+
+fn validate(paths: &[PathBuf], json: bool) -> ExitCode {
     let files = match specs::expand(paths) {
         Ok(f) => f,
         Err(d) => {
-            eprintln!("{d}");
+            if json {
+                println!("{}", diagnostics_json(&d.0));
+            } else {
+                eprintln!("{d}");
+            }
             return ExitCode::from(1);
         }
     };
     let mut bad = 0;
+    let mut all = Vec::new();
     for f in &files {
         let diags = match std::fs::read_to_string(f) {
             Ok(text) => specd_spec::check(&f.display().to_string(), &text),
             Err(e) => specd_spec::Diagnostics(vec![specs::io_diag(f, &e)]),
         };
-        for d in &diags.0 {
-            eprintln!("{d}");
+        if !json {
+            for d in &diags.0 {
+                eprintln!("{d}");
+            }
         }
         if diags.has_errors() {
             bad += 1;
-        } else {
+        } else if !json {
             println!("{}: ok", f.display());
         }
+        all.extend(diags.0);
+    }
+    if json {
+        println!("{}", diagnostics_json(&all));
     }
     if bad > 0 {
         eprintln!("{bad} of {} file(s) invalid", files.len());
@@ -224,6 +278,24 @@ fn validate(paths: &[PathBuf]) -> ExitCode {
     } else {
         ExitCode::SUCCESS
     }
+}
+
+/// `specd validate --json`: one object per diagnostic; `[]` when every file is valid.
+fn diagnostics_json(diags: &[specd_spec::Diagnostic]) -> String {
+    let v: Vec<serde_json::Value> = diags
+        .iter()
+        .map(|d| {
+            serde_json::json!({
+                "file": d.file,
+                "line": d.line,
+                "column": d.column,
+                "field": d.path,
+                "severity": d.severity,
+                "message": d.message,
+            })
+        })
+        .collect();
+    serde_json::to_string_pretty(&v).unwrap_or_else(|_| "[]".into())
 }
 
 fn render(file: &std::path::Path, host: Option<&str>, hash: bool) -> ExitCode {

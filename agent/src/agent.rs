@@ -84,6 +84,7 @@ pub async fn run(opts: RunOptions) -> Result<()> {
     // Metrics (TCP, read-only) and control actions (a Unix socket, root's or a group's).
     let listen = cfg.listen.clone().unwrap_or_else(|| "127.0.0.1:9464".into());
     let server = serve(&listen, metrics.clone()).await?;
+    crate::notify::install(&cfg.notify.webhooks, &hostname, Some(&metrics));
     let socket = cfg.control_socket();
     let control = serve_control(&socket, cfg.control_group.as_deref(), trig_tx.clone())?;
 
@@ -573,6 +574,7 @@ async fn worker(
                 if r.outcome.is_some() {
                     tracing::info!(unit = %unit, "{}", r.verdict);
                 }
+                crate::notify::after_reconcile(&ctx, &d, &r, t0.elapsed()).await;
                 match (r.outcome, r.action) {
                     // A failed apply asks to come back; the error policy says when, at the
                     // earliest what it asked.

@@ -73,6 +73,9 @@ pub enum Command {
         /// Hostname whose overlay applies (default: this machine's hostname).
         #[arg(long)]
         host: Option<String>,
+        /// The agent config whose `notify.webhooks` are told of the outcome (if it has any).
+        #[arg(long, default_value = "/etc/specd/agent.yaml")]
+        config: PathBuf,
     },
     /// Per unit: sync, health, desired vs deployed unit, running config vs spec, last result.
     /// Exit 0 when all are in sync and healthy, 1 otherwise, 2 when it cannot tell.
@@ -168,7 +171,12 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let dirs = cli.global.dirs();
     match cli.command {
-        Command::Apply { file, dry_run, host } => run_async(ops::apply(&dirs, &file, host, dry_run)),
+        Command::Apply { file, dry_run, host, config } => run_async(async move {
+            if !dry_run {
+                install_notifier(&config);
+            }
+            ops::apply(&dirs, &file, host, dry_run).await
+        }),
         Command::Status { json, file, host } => run_async(ops::status(&dirs, json, file.as_deref(), host)),
         Command::Diff { file, host } => run_async(ops::diff(&dirs, &file, host)),
         Command::Run { config, repo, branch, path, hostname, interval, listen, control_socket } => {
@@ -277,6 +285,17 @@ fn validate(paths: &[PathBuf], json: bool) -> ExitCode {
         ExitCode::from(1)
     } else {
         ExitCode::SUCCESS
+    }
+}
+
+/// The webhooks of the agent config, for a one-shot command that applies. A config that cannot be
+/// read is a warning: the apply goes on, unannounced.
+fn install_notifier(config: &std::path::Path) {
+    match AgentConfig::load(config) {
+        Ok(cfg) => {
+            crate::notify::install(&cfg.notify.webhooks, &crate::context::hostname(cfg.hostname.clone()), None);
+        }
+        Err(e) => eprintln!("specd: warning: {e:#}; no webhook is told of this apply"),
     }
 }
 

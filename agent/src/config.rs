@@ -52,6 +52,98 @@ pub struct AgentConfig {
     /// Only units whose names match this pattern (`*`, `?`) are managed; a commit with any other
     /// is not deployed. Default: any name (specd's own, systemd's and D-Bus's units never are).
     pub manage_units: Option<String>,
+    /// Who hears about applies, rollbacks, quarantines and servers left down.
+    #[serde(default)]
+    pub notify: NotifyConfig,
+}
+
+/// `notify:` of the agent config.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NotifyConfig {
+    #[serde(default)]
+    pub webhooks: Vec<Webhook>,
+}
+
+/// One webhook: a JSON body is POSTed to `url` for each reconcile whose outcome is one of
+/// `events` (`crate::notify` builds it).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Webhook {
+    pub url: WebhookUrl,
+    /// Default: every event.
+    #[serde(default = "all_events", deserialize_with = "some_events")]
+    pub events: Vec<NotifyEvent>,
+    /// A file holding a token sent as `Authorization: Bearer <token>` (read at each delivery,
+    /// so that a rotated token is used at once; never put in the body).
+    pub token_file: Option<PathBuf>,
+}
+
+/// What a reconcile's notice says happened.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NotifyEvent {
+    /// The desired unit runs, verified and ready (or a stopped one was started again).
+    Applied,
+    /// A new unit failed and the last good one was restored.
+    Rollback,
+    /// A unit hash failed and will not be tried again until `specd unquarantine`.
+    Quarantine,
+    /// The service is not running after the reconcile.
+    Down,
+    /// A new unit failed and nothing was restored.
+    Failed,
+}
+
+pub const ALL_EVENTS: [NotifyEvent; 5] =
+    [NotifyEvent::Applied, NotifyEvent::Rollback, NotifyEvent::Quarantine, NotifyEvent::Down, NotifyEvent::Failed];
+
+fn all_events() -> Vec<NotifyEvent> {
+    ALL_EVENTS.to_vec()
+}
+
+fn some_events<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Vec<NotifyEvent>, D::Error> {
+    let v = Vec::<NotifyEvent>::deserialize(d)?;
+    if v.is_empty() {
+        return Err(serde::de::Error::custom(
+            "events is empty: name at least one of applied, rollback, quarantine, down, failed (or leave it out for all)",
+        ));
+    }
+    Ok(v)
+}
+
+/// An http:// or https:// URL with a host, checked when the config is read. Shown without its
+/// path and query (`Display`), which may hold a secret (Slack's do).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WebhookUrl(pub reqwest::Url);
+
+impl std::fmt::Display for WebhookUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let u = &self.0;
+        write!(f, "{}://{}", u.scheme(), u.host_str().unwrap_or(""))?;
+        if let Some(p) = u.port() {
+            write!(f, ":{p}")?;
+        }
+        Ok(())
+    }
+}
+
+impl<'de> Deserialize<'de> for WebhookUrl {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        use serde::de::Error;
+        let s = String::deserialize(d)?;
+        let u = reqwest::Url::parse(&s).map_err(|e| D::Error::custom(format!("url: not a URL ({e})")))?;
+        if !matches!(u.scheme(), "http" | "https") {
+            return Err(D::Error::custom(format!("url: must be http:// or https://, not {}://", u.scheme())));
+        }
+        if u.host_str().is_none_or(str::is_empty) {
+            return Err(D::Error::custom("url: has no host"));
+        }
+        if !u.username().is_empty() || u.password().is_some() {
+            return Err(D::Error::custom("url: carries credentials; put the token in token_file instead"));
+        }
+        Ok(WebhookUrl(u))
+    }
 }
 
 /// Where the agent listens for control actions unless configured otherwise.
@@ -106,6 +198,53 @@ pub fn control_socket(flag: Option<PathBuf>, config: &Path) -> PathBuf {
         Err(e) => {
             eprintln!("specd: warning: {e:#}; using {CONTROL_SOCKET}");
             PathBuf::from(CONTROL_SOCKET)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(text: &str) -> Result<AgentConfig> {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("agent.yaml");
+        std::fs::write(&p, text).unwrap();
+        AgentConfig::load(&p)
+    }
+
+    #[test]
+    fn webhooks_are_read_with_their_events_and_default_to_all() {
+        let cfg = load(
+            "repo: /r\nnotify:\n  webhooks:\n    - url: https://hooks.example.com/T0/B0/secret\n      events: [rollback, down]\n      token_file: /etc/specd/hook-token\n    - url: http://127.0.0.1:9000/hook\n",
+        )
+        .unwrap();
+        let w = &cfg.notify.webhooks;
+        assert_eq!(w.len(), 2);
+        assert_eq!(w[0].events, [NotifyEvent::Rollback, NotifyEvent::Down]);
+        assert_eq!(w[0].token_file.as_deref(), Some(Path::new("/etc/specd/hook-token")));
+        // Shown without the path, which may be the secret.
+        assert_eq!(w[0].url.to_string(), "https://hooks.example.com");
+        assert_eq!(w[1].events, ALL_EVENTS);
+        assert_eq!(w[1].url.to_string(), "http://127.0.0.1:9000");
+        assert!(load("repo: /r\n").unwrap().notify.webhooks.is_empty());
+    }
+
+    #[test]
+    fn a_bad_webhook_is_an_error_naming_file_line_and_field() {
+        for (text, line, says) in [
+            ("notify:\n  webhooks:\n    - url: http://h/x\n      events: [rollback, rollbak]\n", 4, "rollbak"),
+            ("notify:\n  webhooks:\n    - url: ftp://h/x\n", 3, "must be http:// or https://"),
+            ("notify:\n  webhooks:\n    - url: https://user:pw@h/x\n", 3, "token_file"),
+            ("notify:\n  webhooks:\n    - url: not a url\n", 3, "not a URL"),
+            ("notify:\n  webhooks:\n    - url: http://h/x\n      events: []\n", 4, "events is empty"),
+            ("notify:\n  webhooks:\n    - url: http://h/x\n      secret: 1\n", 4, "unknown field `secret`"),
+            ("notify:\n  webhook: []\n", 2, "unknown field `webhook`"),
+        ] {
+            let e = format!("{:#}", load(text).unwrap_err());
+            assert!(e.contains("agent.yaml"), "{e}");
+            assert!(e.contains(&format!("line {line} ")), "{text}: {e}");
+            assert!(e.contains(says), "{text}: {e}");
         }
     }
 }

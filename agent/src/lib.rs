@@ -15,6 +15,7 @@ mod guard;
 mod host;
 mod lock;
 mod metrics;
+mod notify;
 mod ops;
 mod owner;
 mod plan;

@@ -75,6 +75,13 @@ impl Default for Metrics {
     }
 }
 
+impl Metrics {
+    /// A counter kept by another part of the agent (the webhook notifier's), served with these.
+    pub fn register_counter(&self, name: &str, help: &str, c: Counter) {
+        crate::guard::lock(&self.registry).register(name, help, c);
+    }
+}
+
 fn unit(u: &str) -> Labels {
     vec![("unit".into(), u.into())]
 }

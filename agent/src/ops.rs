@@ -47,7 +47,10 @@ pub async fn apply(dirs: &Dirs, file: &Path, host: Option<String>, dry_run: bool
         return Ok(1);
     };
     let ctx = context::host_ctx(dirs, context::events(Sink::Stderr), Shutdown::never());
+    let t0 = std::time::Instant::now();
     let report = reconcile::reconcile(&ctx, &d, dry_run).await?;
+    crate::notify::after_reconcile(&ctx, &d, &report, t0.elapsed()).await;
+    crate::notify::flush(std::time::Duration::from_secs(30)).await;
     if let Some(v) = &report.stop_verdict {
         println!("note: the previous instance was {v}");
     }

@@ -22,7 +22,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     // Observe, plan, act, record: drives the adapters.
     ("engine", &["reconcile", "faults"]),
     // One-shot commands, the long-running agent, and what they share.
-    ("commands", &["ops", "agent", "context"]),
+    ("commands", &["ops", "agent", "context", "notify"]),
     // Argument parsing.
     ("cli", &["cli"]),
 ];

@@ -1,0 +1,365 @@
+//! Webhook notifications: after a reconcile that did something, a JSON notice (unit, host,
+//! commit, outcome, verdict, events, duration, and a plain `text` line that Slack-style receivers
+//! show) is POSTed to every webhook of the agent config that asked for one of its events.
+//!
+//! Never in the way of a reconcile: [`Notifier::send`] only queues. Each webhook has its own
+//! bounded queue and its own task (a dead receiver delays no other), retried with backoff; a full
+//! queue drops its oldest notice and counts it (`specd_notifications_dropped`). A notice carries
+//! no secret: it is built from the report and the unit's name, never from the spec's environment;
+//! a webhook's token goes in the `Authorization` header, read from its file at each delivery.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+
+use backon::{ExponentialBuilder, Retryable};
+use prometheus_client::metrics::counter::Counter;
+use serde::Serialize;
+
+use crate::config::{NotifyEvent, Webhook};
+use crate::guard::lock;
+use crate::reconcile::{Ctx, DesiredState, Report};
+use crate::state::{Outcome, Source};
+
+/// Notices kept per webhook while it cannot be reached; the oldest goes first.
+pub const QUEUE: usize = 64;
+/// One delivery attempt.
+const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What one reconcile did, as a webhook receives it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Notice {
+    pub unit: String,
+    pub host: String,
+    /// The commit of the desired state, when it came from the repository.
+    pub commit: Option<String>,
+    /// Where the desired state came from (`commit abc1234 (specs/qwen.yaml)`, `file ...`).
+    pub source: Option<String>,
+    /// `applied`, `started`, `rolledback`, `failed`.
+    pub outcome: String,
+    /// The reconcile's one line for a person.
+    pub verdict: String,
+    /// What a webhook's `events` are matched against.
+    pub events: Vec<NotifyEvent>,
+    pub sha256: String,
+    pub durations: Durations,
+    /// Unix time, seconds.
+    pub time: u64,
+    /// One line for chat receivers (Slack, Mattermost...).
+    pub text: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Durations {
+    /// The whole reconcile, observe to record.
+    pub reconcile_seconds: f64,
+}
+
+impl Notice {
+    /// The notice of a reconcile, or `None` when it did nothing worth telling (nothing done, a
+    /// drift only reported, an unquarantine). `up`: whether the service runs after it.
+    pub fn of(
+        host: &str,
+        d: &DesiredState,
+        r: &Report,
+        quarantined: bool,
+        up: bool,
+        took: Duration,
+        time: u64,
+    ) -> Option<Notice> {
+        let outcome = r.outcome?;
+        let mut events = match outcome {
+            Outcome::Applied | Outcome::Started => vec![NotifyEvent::Applied],
+            Outcome::RolledBack => vec![NotifyEvent::Rollback],
+            Outcome::Failed => vec![NotifyEvent::Failed],
+            Outcome::Reported | Outcome::Unquarantined => return None,
+        };
+        if quarantined && matches!(outcome, Outcome::RolledBack | Outcome::Failed) {
+            events.push(NotifyEvent::Quarantine);
+        }
+        if !up {
+            events.push(NotifyEvent::Down);
+        }
+        let commit = match &d.source {
+            Some(Source::Commit { commit, .. }) => Some(commit.clone()),
+            _ => None,
+        };
+        let unit = d.spec.unit.clone();
+        let what = match outcome {
+            Outcome::Applied => "applied",
+            Outcome::Started => "started again",
+            Outcome::RolledBack => "ROLLED BACK",
+            _ => "FAILED",
+        };
+        let from = commit.as_deref().map(|c| format!(" at {}", specd_spec::short(c))).unwrap_or_default();
+        let down = if up { "" } else { " [DOWN]" };
+        let text = format!("specd on {host}: {unit} {what}{from}{down}: {}", r.verdict);
+        Some(Notice {
+            unit,
+            host: host.to_string(),
+            commit,
+            source: d.source.as_ref().map(ToString::to_string),
+            outcome: format!("{outcome:?}").to_lowercase(),
+            verdict: r.verdict.clone(),
+            events,
+            sha256: d.unit.sha256.clone(),
+            durations: Durations { reconcile_seconds: (took.as_secs_f64() * 1000.0).round() / 1000.0 },
+            time,
+            text,
+        })
+    }
+}
+
+/// The counters of deliveries, registered in the agent's metrics.
+#[derive(Clone, Default)]
+pub struct Counters {
+    pub delivered: Counter,
+    /// Gave up after the retries (or refused by the receiver: a 4xx other than 408/429).
+    pub failed: Counter,
+    /// Dropped from a full queue, unsent.
+    pub dropped: Counter,
+}
+
+/// Hands notices to the webhooks' tasks. Cheap to clone.
+#[derive(Clone)]
+pub struct Notifier {
+    targets: Arc<Vec<Arc<Target>>>,
+    pub counters: Counters,
+}
+
+struct Target {
+    hook: Webhook,
+    queue: std::sync::Mutex<VecDeque<Notice>>,
+    /// Notices queued or being delivered.
+    pending: tokio::sync::watch::Sender<usize>,
+    wake: tokio::sync::Notify,
+}
+
+impl Notifier {
+    /// One task per webhook (on the current tokio runtime). `None` without webhooks.
+    pub fn start(hooks: &[Webhook]) -> Option<Notifier> {
+        if hooks.is_empty() {
+            return None;
+        }
+        let counters = Counters::default();
+        let client = reqwest::Client::builder()
+            .timeout(ATTEMPT_TIMEOUT)
+            .user_agent(concat!("specd/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .ok()?;
+        let targets: Vec<Arc<Target>> = hooks
+            .iter()
+            .map(|h| {
+                Arc::new(Target {
+                    hook: h.clone(),
+                    queue: std::sync::Mutex::new(VecDeque::new()),
+                    pending: tokio::sync::watch::channel(0).0,
+                    wake: tokio::sync::Notify::new(),
+                })
+            })
+            .collect();
+        for t in &targets {
+            tokio::spawn(deliver_loop(t.clone(), client.clone(), counters.clone()));
+        }
+        Some(Notifier { targets: Arc::new(targets), counters })
+    }
+
+    /// Queue `n` for every webhook that asked for one of its events; never waits.
+    pub fn send(&self, n: &Notice) {
+        for t in self.targets.iter().filter(|t| n.events.iter().any(|e| t.hook.events.contains(e))) {
+            let mut q = lock(&t.queue);
+            if q.len() >= QUEUE {
+                q.pop_front();
+                self.counters.dropped.inc();
+                t.pending.send_modify(|p| *p = p.saturating_sub(1));
+                tracing::warn!(webhook = %t.hook.url, "notification queue full: the oldest notice was dropped");
+            }
+            q.push_back(n.clone());
+            t.pending.send_modify(|p| *p += 1);
+            drop(q);
+            t.wake.notify_one();
+        }
+    }
+
+    /// Wait until every queued notice was delivered or given up, at most `within` (a one-shot
+    /// command waits for its notice before it exits). True when nothing is left.
+    pub async fn flush(&self, within: Duration) -> bool {
+        let all = async {
+            for t in self.targets.iter() {
+                let mut rx = t.pending.subscribe();
+                let _ = rx.wait_for(|p| *p == 0).await;
+            }
+        };
+        tokio::time::timeout(within, all).await.is_ok()
+    }
+}
+
+/// The process's notifier and the hostname its notices name, set once by [`install`].
+static NOTIFIER: std::sync::OnceLock<(Notifier, String)> = std::sync::OnceLock::new();
+
+/// Start delivering to the config's webhooks (nothing without any), for the rest of the process;
+/// the counters go to `metrics` when given. Returns the notifier (also kept for
+/// [`after_reconcile`]); a second call returns the first one's.
+pub fn install(hooks: &[Webhook], host: &str, metrics: Option<&crate::metrics::Metrics>) -> Option<Notifier> {
+    if let Some((n, _)) = NOTIFIER.get() {
+        return Some(n.clone());
+    }
+    let n = Notifier::start(hooks)?;
+    if let Some(m) = metrics {
+        m.register_counter("notifications_delivered", "Webhook notices delivered", n.counters.delivered.clone());
+        m.register_counter(
+            "notifications_failed",
+            "Webhook notices given up after retries or refused by the receiver",
+            n.counters.failed.clone(),
+        );
+        m.register_counter(
+            "notifications_dropped",
+            "Webhook notices dropped unsent from a full queue",
+            n.counters.dropped.clone(),
+        );
+    }
+    let _ = NOTIFIER.set((n, host.to_string()));
+    NOTIFIER.get().map(|(n, _)| n.clone())
+}
+
+/// Wait for the installed notifier's queue to empty, at most `within` (see [`Notifier::flush`]);
+/// warns when notices are left.
+pub async fn flush(within: Duration) {
+    if let Some((n, _)) = NOTIFIER.get()
+        && !n.flush(within).await
+    {
+        eprintln!("specd: warning: a webhook notice was not delivered within {within:?}; given up");
+    }
+}
+
+/// After a reconcile of `d` that reported `r`: queue its notice, if it has one and webhooks
+/// were [`install`]ed. Never waits for a delivery.
+pub async fn after_reconcile<H: crate::host::Host>(ctx: &Ctx<H>, d: &DesiredState, r: &Report, took: Duration) {
+    let Some((n, host)) = NOTIFIER.get() else { return };
+    if r.outcome.is_none() {
+        return;
+    }
+    let quarantined = ctx.store.load(&d.spec.unit).is_ok_and(|st| st.quarantined(&d.unit.sha256).is_some());
+    let up = ctx.host.show(&d.spec.unit).await.is_ok_and(|p| p.active_state.is_up());
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    if let Some(notice) = Notice::of(host, d, r, quarantined, up, took, now) {
+        n.send(&notice);
+    }
+}
+
+enum Failure {
+    /// Worth another try: no answer, a timeout, 408, 429, 5xx.
+    Again(String),
+    /// The receiver refused it (another 4xx): trying again will not help.
+    Refused(String),
+}
+
+async fn deliver_loop(t: Arc<Target>, client: reqwest::Client, counters: Counters) {
+    loop {
+        let next = lock(&t.queue).pop_front();
+        let Some(notice) = next else {
+            t.wake.notified().await;
+            continue;
+        };
+        let attempt = || deliver(&client, &t.hook, &notice);
+        let backoff = ExponentialBuilder::default()
+            .with_min_delay(Duration::from_secs(1))
+            .with_max_delay(Duration::from_secs(60))
+            .with_max_times(6)
+            .with_jitter();
+        let result = attempt
+            .retry(backoff)
+            .when(|e| matches!(e, Failure::Again(_)))
+            .notify(|e, after| {
+                if let Failure::Again(why) = e {
+                    tracing::info!(webhook = %t.hook.url, unit = %notice.unit, "notification not delivered ({why}); again in {after:?}");
+                }
+            })
+            .await;
+        match result {
+            Ok(()) => {
+                counters.delivered.inc();
+            }
+            Err(Failure::Again(why) | Failure::Refused(why)) => {
+                counters.failed.inc();
+                tracing::warn!(webhook = %t.hook.url, unit = %notice.unit, "notification given up: {why}");
+            }
+        }
+        t.pending.send_modify(|p| *p = p.saturating_sub(1));
+    }
+}
+
+async fn deliver(client: &reqwest::Client, hook: &Webhook, n: &Notice) -> Result<(), Failure> {
+    let mut req = client.post(hook.url.0.clone()).json(n);
+    if let Some(f) = &hook.token_file {
+        let token = tokio::fs::read_to_string(f)
+            .await
+            .map_err(|e| Failure::Again(format!("reading the token file {}: {e}", f.display())))?;
+        req = req.bearer_auth(token.trim());
+    }
+    // The error's text may hold the URL, whose path may be a secret: only its kind is told.
+    let resp = req.send().await.map_err(|e| {
+        Failure::Again(if e.is_timeout() {
+            "timed out".into()
+        } else if e.is_connect() {
+            "cannot connect".into()
+        } else {
+            "request failed".into()
+        })
+    })?;
+    let code = resp.status();
+    match code.as_u16() {
+        200..=299 => Ok(()),
+        408 | 429 | 500..=599 => Err(Failure::Again(format!("answered {code}"))),
+        _ => Err(Failure::Refused(format!("answered {code}"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reconcile::Action;
+
+    fn desired() -> DesiredState {
+        let yaml = "apiVersion: specd/v1\nkind: InferenceService\nmetadata: {name: q}\nspec:\n  unit: q.service\n  engine: sglang\n  model: /m\n  service:\n    allow_literal_secrets: true\n    environment: {HF_TOKEN: hf_very_secret}\n";
+        let spec = specd_spec::parse("q.yaml", yaml).unwrap().resolve(None).unwrap();
+        let src = Source::Commit { repo: "/r".into(), commit: "0123456789abcdef".into(), path: "specs/q.yaml".into() };
+        DesiredState::new(spec, Some(src))
+    }
+
+    fn report(outcome: Option<Outcome>) -> Report {
+        Report {
+            plan: crate::plan::Plan { sync: crate::plan::SyncStatus::Failed, reasons: vec![], steps: vec![] },
+            outcome,
+            verdict: "RolledBack: q.service: restored the last good unit".into(),
+            stop_verdict: None,
+            action: Action::AwaitChange,
+        }
+    }
+
+    #[test]
+    fn a_rollback_s_notice_names_unit_host_commit_and_events_and_no_secret() {
+        let d = desired();
+        let n =
+            Notice::of("gpu-01", &d, &report(Some(Outcome::RolledBack)), true, true, Duration::from_millis(1234), 7)
+                .unwrap();
+        assert_eq!(n.events, [NotifyEvent::Rollback, NotifyEvent::Quarantine]);
+        assert_eq!(n.outcome, "rolledback");
+        assert_eq!(n.commit.as_deref(), Some("0123456789abcdef"));
+        assert_eq!(n.durations.reconcile_seconds, 1.234);
+        assert!(n.text.starts_with("specd on gpu-01: q.service ROLLED BACK at 0123456"), "{}", n.text);
+        let body = serde_json::to_string(&n).unwrap();
+        assert!(!body.contains("hf_very_secret"), "{body}");
+        let down = Notice::of("h", &d, &report(Some(Outcome::Failed)), false, false, Duration::ZERO, 0).unwrap();
+        assert_eq!(down.events, [NotifyEvent::Failed, NotifyEvent::Down]);
+        assert!(down.text.contains("[DOWN]"));
+    }
+
+    #[test]
+    fn nothing_done_is_not_notified() {
+        let d = desired();
+        for o in [None, Some(Outcome::Reported), Some(Outcome::Unquarantined)] {
+            assert_eq!(Notice::of("h", &d, &report(o), false, true, Duration::ZERO, 0), None);
+        }
+    }
+}

@@ -1,0 +1,205 @@
+//! Webhook notifications from the running agent in the box, received by a plain HTTP listener of
+//! this test: a rollback is delivered once with the fields an operator reads, a secret of the
+//! spec or the webhook's token never appears in a body, and a dead receiver delays nothing and
+//! gets its notices once it answers.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::sync::mpsc;
+use std::time::Duration;
+
+use common::*;
+use specd_e2e::BoxConfig;
+
+const AGENT: &str = "specd-agent.service";
+const SECRET: &str = "hf_notify_secret_5e1a";
+const TOKEN: &str = "hook-token-7f3c";
+
+/// One request the receiver got: its headers (lowercased names) and its JSON body.
+#[derive(Debug)]
+struct Delivery {
+    headers: Vec<(String, String)>,
+    raw: String,
+    body: serde_json::Value,
+}
+
+/// A minimal HTTP/1.1 server that answers 200 to every POST and hands each to the test.
+fn receiver(listener: TcpListener) -> mpsc::Receiver<Delivery> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            let mut r = BufReader::new(conn.try_clone().unwrap());
+            let mut headers = Vec::new();
+            let mut line = String::new();
+            if r.read_line(&mut line).unwrap_or(0) == 0 {
+                continue;
+            }
+            loop {
+                line.clear();
+                if r.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+                    break;
+                }
+                if let Some((k, v)) = line.trim_end().split_once(':') {
+                    headers.push((k.trim().to_ascii_lowercase(), v.trim().to_string()));
+                }
+            }
+            let len: usize =
+                headers.iter().find(|(k, _)| k == "content-length").and_then(|(_, v)| v.parse().ok()).unwrap_or(0);
+            let mut body = vec![0; len];
+            if r.read_exact(&mut body).is_err() {
+                continue;
+            }
+            let _ = conn.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+            let raw = String::from_utf8_lossy(&body).to_string();
+            let body = serde_json::from_str(&raw).unwrap_or_default();
+            if tx.send(Delivery { headers, raw, body }).is_err() {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+struct Fleet {
+    e: Env,
+    _dir: tempfile::TempDir,
+    repo: PathBuf,
+    listen: u16,
+}
+
+impl Fleet {
+    fn new() -> Fleet {
+        let dir = tempfile::tempdir().unwrap();
+        let repo = dir.path().join("config");
+        std::fs::create_dir_all(repo.join("specs")).unwrap();
+        git(&repo, &["init", "-q"]);
+        let b =
+            SystemdBox::boot_with(BoxConfig { binds: vec![dir.path().to_path_buf()], ..Default::default() }).unwrap();
+        let e = Env {
+            b,
+            port: free_port(),
+            specd: env!("CARGO_BIN_EXE_specd").into(),
+            standin: bin_path("specd-standin").display().to_string(),
+        };
+        Fleet { e, _dir: dir, repo, listen: free_port() }
+    }
+
+    fn spec(&self, steps: u32, env: &str) -> String {
+        let service = format!(
+            "  service: {{restart: always, timeout_stop_sec: 5, allow_literal_secrets: true, environment: {{HF_TOKEN: \"{SECRET}\", {env}SPECD_STANDIN_LOAD_MS: \"200\"}}}}\n"
+        );
+        sglang_spec(&self.e.standin, "qwen.service", self.e.port, steps, &service)
+    }
+
+    fn commit(&self, text: &str, msg: &str) -> String {
+        std::fs::write(self.repo.join("specs/qwen.yaml"), text).unwrap();
+        git(&self.repo, &["add", "-A"]);
+        git(&self.repo, &["commit", "-q", "-m", msg]);
+        git(&self.repo, &["rev-parse", "HEAD"])
+    }
+
+    fn start_agent(&self, config: &str) {
+        self.e.b.write_file("/run/agent.yaml", config).unwrap();
+        let unit = format!(
+            "[Service]\nType=notify\nExecStart={} run --config /run/agent.yaml --repo {} --path specs --hostname gpu-01 --interval 1 --listen 127.0.0.1:{}\nRestart=always\nRestartSec=1\nTimeoutStopSec=90\n",
+            self.e.specd,
+            self.repo.display(),
+            self.listen
+        );
+        self.e.b.write_file(&format!("/etc/systemd/system/{AGENT}"), unit).unwrap();
+        self.e.b.systemctl_check(&["daemon-reload"]).unwrap();
+        self.e.b.systemctl_check(&["start", AGENT]).unwrap();
+    }
+
+    fn next(&self, rx: &mpsc::Receiver<Delivery>, what: &str) -> Delivery {
+        rx.recv_timeout(Duration::from_secs(60)).unwrap_or_else(|_| {
+            panic!("no delivery of {what} within 60 s\nagent journal:\n{}", self.e.b.journal(AGENT).unwrap_or_default())
+        })
+    }
+
+    fn metric(&self, name: &str) -> Option<u64> {
+        let (_, body) = http_get(self.listen, "/metrics")?;
+        body.lines().find_map(|l| l.strip_prefix(&format!("{name} "))).and_then(|v| v.trim().parse().ok())
+    }
+}
+
+#[test]
+fn a_rollback_is_delivered_once_without_secrets_and_a_dead_receiver_delays_nothing() {
+    let f = Fleet::new();
+    let live = TcpListener::bind("127.0.0.1:0").unwrap();
+    let live_port = live.local_addr().unwrap().port();
+    let rx = receiver(live);
+    // Nothing listens here until the end of the test.
+    let dead_port = free_port();
+    f.e.b.write_file("/run/hook-token", format!("{TOKEN}\n")).unwrap();
+    f.start_agent(&format!(
+        "notify:\n  webhooks:\n    - url: http://127.0.0.1:{live_port}/hooks/specd\n      events: [applied, rollback]\n      token_file: /run/hook-token\n    - url: http://127.0.0.1:{dead_port}/hook\n"
+    ));
+
+    // The first commit applies: one `applied` notice.
+    let c1 = f.commit(&f.spec(5, ""), "steps 5");
+    let d = f.next(&rx, "the first apply");
+    assert_eq!(d.body["outcome"], "applied", "{}", d.raw);
+    assert_eq!(d.body["commit"], c1.as_str(), "{}", d.raw);
+
+    // A commit whose server exits at start: rolled back to the first, quarantined.
+    let c2 = f.commit(&f.spec(7, "SPECD_STANDIN_EXIT_CODE: \"3\", "), "fails at start");
+    let d = f.next(&rx, "the rollback");
+    let b = &d.body;
+    assert_eq!(b["unit"], "qwen.service", "{}", d.raw);
+    assert_eq!(b["host"], "gpu-01", "{}", d.raw);
+    assert_eq!(b["commit"], c2.as_str(), "{}", d.raw);
+    assert_eq!(b["outcome"], "rolledback", "{}", d.raw);
+    assert_eq!(b["events"], serde_json::json!(["rollback", "quarantine"]), "{}", d.raw);
+    assert!(b["verdict"].as_str().unwrap().contains("RolledBack"), "{}", d.raw);
+    assert!(b["durations"]["reconcile_seconds"].as_f64().unwrap() > 0.0, "{}", d.raw);
+    let text = b["text"].as_str().unwrap();
+    assert!(text.starts_with(&format!("specd on gpu-01: qwen.service ROLLED BACK at {}", &c2[..7])), "{text}");
+    let auth = d.headers.iter().find(|(k, _)| k == "authorization").map(|(_, v)| v.as_str());
+    assert_eq!(auth, Some(format!("Bearer {TOKEN}").as_str()), "the token file's token, as a header");
+    assert_eq!(f.e.state("qwen.service")["quarantine"].as_array().map(Vec::len), Some(1));
+    // The first unit serves again.
+    wait_until("steps 5 to serve again", Duration::from_secs(30), || f.e.served_steps() == Some(5)).unwrap();
+
+    // A working commit: its `applied` notice is the next delivery, so the rollback was delivered
+    // exactly once (a webhook's notices arrive in order).
+    let c3 = f.commit(&f.spec(9, ""), "steps 9");
+    let d3 = f.next(&rx, "the apply after the rollback");
+    assert_eq!(
+        (d3.body["outcome"].as_str(), d3.body["commit"].as_str()),
+        (Some("applied"), Some(c3.as_str())),
+        "{}",
+        d3.raw
+    );
+    assert!(!d.raw.contains(SECRET) && !d3.raw.contains(SECRET), "a secret of the spec is in a notice");
+    assert!(!d.raw.contains(TOKEN) && !d3.raw.contains(TOKEN), "the token is in a notice");
+    // Counted once the agent has read the answer.
+    wait_until("3 deliveries to be counted", Duration::from_secs(10), || {
+        f.metric("specd_notifications_delivered_total") == Some(3)
+    })
+    .unwrap();
+
+    // The dead receiver held up none of that; once it answers, its retried notices arrive (all
+    // three: applied, rollback, applied, in order).
+    assert_eq!(f.metric("specd_notifications_failed_total"), Some(0));
+    let dead = receiver(TcpListener::bind(("127.0.0.1", dead_port)).unwrap());
+    let got: Vec<(String, String)> = (0..3)
+        .map(|_| {
+            let d = f.next(&dead, "a retried notice");
+            assert!(d.headers.iter().all(|(k, _)| k != "authorization"), "no token configured, none sent");
+            assert!(!d.raw.contains(SECRET));
+            (d.body["outcome"].as_str().unwrap().into(), d.body["commit"].as_str().unwrap().into())
+        })
+        .collect();
+    assert_eq!(got, [("applied".into(), c1), ("rolledback".into(), c2), ("applied".into(), c3)]);
+    wait_until("the deliveries to be counted", Duration::from_secs(10), || {
+        f.metric("specd_notifications_delivered_total") == Some(6)
+    })
+    .unwrap();
+    assert_eq!(f.metric("specd_notifications_dropped_total"), Some(0));
+    f.e.b.shutdown().unwrap();
+}

@@ -30,6 +30,9 @@ pub struct AgentConfig {
     pub token_file: Option<PathBuf>,
     /// An SSH private key for ssh:// remotes.
     pub ssh_key_file: Option<PathBuf>,
+    /// A PEM file of CA certificates trusted for an https:// remote besides the system's (a
+    /// private CA, or the server's own self-signed certificate).
+    pub ca_file: Option<PathBuf>,
     /// Only deploy commits signed by a key listed in this allowed-signers file.
     pub verify_ssh_allowed_signers: Option<PathBuf>,
     /// Only deploy commits signed by a key in this OpenPGP keyring.
@@ -182,6 +185,7 @@ impl AgentConfig {
             token_file: self.token_file.clone(),
             ssh_key_file: self.ssh_key_file.clone(),
             verify,
+            ca_file: self.ca_file.clone(),
         })
     }
 }

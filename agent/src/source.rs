@@ -30,6 +30,8 @@ pub struct SourceConfig {
     pub token_file: Option<PathBuf>,
     pub ssh_key_file: Option<PathBuf>,
     pub verify: Option<Verify>,
+    /// A PEM file of CA certificates trusted for an https:// remote, besides the system's.
+    pub ca_file: Option<PathBuf>,
 }
 
 pub struct GitSource {
@@ -46,6 +48,20 @@ pub struct SpecFile {
     pub text: String,
 }
 
+/// Trust the CA certificates of `file` for https remotes, besides the system's (libgit2 adds them
+/// to the verify locations of its one TLS context: process-wide, and the agent has one source).
+fn trust_ca_file(file: &Path) -> Result<()> {
+    // Read first: a missing or unreadable file is named, not a TLS library's message.
+    let pem = std::fs::read(file).with_context(|| format!("ca_file: reading {}", file.display()))?;
+    if !pem.windows(27).any(|w| w == b"-----BEGIN CERTIFICATE-----") {
+        bail!("ca_file: {} holds no PEM certificate (-----BEGIN CERTIFICATE-----)", file.display());
+    }
+    // SAFETY: libgit2's global options are set before this source fetches; the agent opens its
+    // one source before any fetch, so no other thread is inside libgit2's TLS setup meanwhile.
+    unsafe { git2::opts::set_ssl_cert_file(file) }
+        .with_context(|| format!("ca_file: {} cannot be loaded as CA certificates", file.display()))
+}
+
 pub fn is_remote(repo: &str) -> bool {
     repo.contains("://") || (repo.contains('@') && repo.contains(':') && !repo.starts_with('/'))
 }
@@ -54,6 +70,9 @@ impl GitSource {
     /// Open the repository; a remote one is cloned (bare) into `cache` on first use.
     pub fn open(cfg: SourceConfig, cache: &Path) -> Result<GitSource> {
         let remote = is_remote(&cfg.repo);
+        if let Some(ca) = &cfg.ca_file {
+            trust_ca_file(ca)?;
+        }
         let repo = if remote {
             match Repository::open_bare(cache) {
                 Ok(r) => r,

@@ -1,5 +1,6 @@
-//! The agent as an operator runs it, in the box: systemd's watchdog restarts a hung agent, and
-//! commit signatures gate what the running agent deploys.
+//! The agent as an operator runs it, in the box: systemd's watchdog restarts a hung agent,
+//! commit signatures gate what the running agent deploys, and an https remote with a private
+//! certificate and a token is followed.
 
 mod common;
 
@@ -62,11 +63,11 @@ impl Fleet {
     /// `config` as its agent config.
     fn start_agent(&self, config: &str, unit_extra: &str) {
         self.e.b.write_file("/run/agent.yaml", config).unwrap();
+        // The local repository, unless the config names one.
+        let repo = if config.contains("repo:") { String::new() } else { format!("--repo {}", self.repo.display()) };
         let unit = format!(
-            "[Service]\nType=notify\nExecStart={} run --config /run/agent.yaml --repo {} --path specs --hostname gpu-01 --interval 1 --listen 127.0.0.1:{}\nRestart=always\nRestartSec=1\nTimeoutStopSec=90\n{unit_extra}",
-            self.e.specd,
-            self.repo.display(),
-            self.listen
+            "[Service]\nType=notify\nExecStart={} run --config /run/agent.yaml {repo} --path specs --hostname gpu-01 --interval 1 --listen 127.0.0.1:{}\nRestart=always\nRestartSec=1\nTimeoutStopSec=90\n{unit_extra}",
+            self.e.specd, self.listen
         );
         self.e.b.write_file(&format!("/etc/systemd/system/{AGENT}"), unit).unwrap();
         self.e.b.systemctl_check(&["daemon-reload"]).unwrap();
@@ -169,5 +170,153 @@ fn the_running_agent_deploys_only_commits_signed_by_an_allowed_key() {
     let st = f.wait_status("the signed head to be deployed", |s| !s.contains("head not deployed"));
     assert!(st.contains(&format!("deployed commit {}", &c3[..12])), "{st}");
     assert!(f.journal().contains("signature verified"), "{}", f.journal());
+    f.e.b.shutdown().unwrap();
+}
+
+/// git's smart HTTP over TLS: `git http-backend` behind Python's http.server, which asks for
+/// Basic credentials and accepts the token as the password.
+const GIT_HTTPS_SERVER: &str = r#"
+import base64, http.server, os, ssl, subprocess, sys
+root, port_file, cert, key, token = sys.argv[1:6]
+
+class Git(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self):
+        self.git()
+
+    def do_POST(self):
+        self.git()
+
+    def body(self):
+        if self.headers.get("Transfer-Encoding", "").lower() == "chunked":
+            out = b""
+            while True:
+                n = int(self.rfile.readline().strip().split(b";")[0], 16)
+                if n == 0:
+                    self.rfile.readline()
+                    return out
+                out += self.rfile.read(n)
+                self.rfile.readline()
+        n = int(self.headers.get("Content-Length") or 0)
+        return self.rfile.read(n) if n else b""
+
+    def git(self):
+        body = self.body()
+        auth = self.headers.get("Authorization", "")
+        user, password = "", None
+        if auth.startswith("Basic "):
+            user, _, password = base64.b64decode(auth[6:]).decode().partition(":")
+        if password != token:
+            self.send_response(401)
+            self.send_header("WWW-Authenticate", 'Basic realm="git"')
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        path, _, query = self.path.partition("?")
+        env = dict(os.environ, GIT_PROJECT_ROOT=root, GIT_HTTP_EXPORT_ALL="1", PATH_INFO=path,
+                   QUERY_STRING=query, REQUEST_METHOD=self.command, REMOTE_USER=user,
+                   CONTENT_TYPE=self.headers.get("Content-Type", ""), CONTENT_LENGTH=str(len(body)),
+                   GIT_PROTOCOL=self.headers.get("Git-Protocol", ""))
+        out = subprocess.run(["git", "http-backend"], input=body, env=env, capture_output=True).stdout
+        sep = b"\r\n\r\n" if b"\r\n\r\n" in out else b"\n\n"
+        head, _, rest = out.partition(sep)
+        status, headers = 200, []
+        for line in head.decode().splitlines():
+            k, _, v = line.partition(":")
+            if k.lower() == "status":
+                status = int(v.split()[0])
+            elif k:
+                headers.append((k, v.strip()))
+        self.send_response(status)
+        for k, v in headers:
+            self.send_header(k, v)
+        self.send_header("Content-Length", str(len(rest)))
+        self.end_headers()
+        self.wfile.write(rest)
+
+    def log_message(self, *args):
+        pass
+
+server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Git)
+ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+ctx.load_cert_chain(cert, key)
+server.socket = ctx.wrap_socket(server.socket, server_side=True)
+with open(port_file + ".tmp", "w") as f:
+    f.write(str(server.server_address[1]))
+os.rename(port_file + ".tmp", port_file)
+server.serve_forever()
+"#;
+
+/// A child process killed when the test ends, pass or fail.
+struct Reaped(std::process::Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// An https:// remote with a self-signed certificate and a token: refused until the agent config
+/// trusts the certificate (`ca_file`, as an operator would for a private CA), then deployed, and
+/// a pushed commit follows.
+#[test]
+fn an_https_remote_with_a_private_certificate_and_a_token_deploys() {
+    let f = Fleet::new();
+    let d = f.dir.path();
+    let run = |cmd: &mut Command| {
+        let out = cmd.output().unwrap();
+        assert!(out.status.success(), "{cmd:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    run(Command::new("openssl")
+        .args(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=127.0.0.1"])
+        .args(["-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost", "-keyout"])
+        .arg(d.join("key.pem"))
+        .arg("-out")
+        .arg(d.join("ca.pem")));
+    std::fs::write(d.join("token"), "s3cr3t-git-token\n").unwrap();
+    std::fs::write(d.join("server.py"), GIT_HTTPS_SERVER).unwrap();
+    // The served repository: bare, pushed to from the working one.
+    let served = d.join("served");
+    std::fs::create_dir(&served).unwrap();
+    run(Command::new("git").args(["init", "-q", "--bare", "-b", "main"]).arg(served.join("config.git")));
+    git(&f.repo, &["checkout", "-q", "-b", "main"]);
+    git(&f.repo, &["remote", "add", "origin", served.join("config.git").to_str().unwrap()]);
+    let c1 = f.commit(5, None);
+    git(&f.repo, &["push", "-q", "origin", "main"]);
+
+    let port_file = d.join("port");
+    let _server = Reaped(
+        Command::new("python3")
+            .arg(d.join("server.py"))
+            .args([&served, &port_file, &d.join("ca.pem"), &d.join("key.pem")])
+            .arg("s3cr3t-git-token")
+            .spawn()
+            .unwrap(),
+    );
+    wait_until("the https server to listen", Duration::from_secs(10), || port_file.exists()).unwrap();
+    let port = std::fs::read_to_string(&port_file).unwrap();
+    let url = format!("https://127.0.0.1:{port}/config.git");
+
+    // Not trusted yet: nothing deploys and status says why.
+    let config = format!("repo: {url}\ntoken_file: {}\n", d.join("token").display());
+    f.start_agent(&config, "");
+    let st = f.wait_status("the untrusted certificate to be reported", |s| s.contains("head not deployed"));
+    assert!(st.to_lowercase().contains("certificate"), "{st}");
+    assert!(f.e.b.read_to_string("/etc/systemd/system/qwen.service").is_err(), "nothing deployed");
+
+    // Trusted through the agent config: deployed, fetched with the token.
+    f.e.b.systemctl_check(&["stop", AGENT]).unwrap();
+    f.start_agent(&format!("{config}ca_file: {}\n", d.join("ca.pem").display()), "");
+    f.wait_steps(5);
+    let st = f.wait_status("the head to be deployed", |s| s.contains(&format!("deployed commit {}", &c1[..12])));
+    assert!(!st.contains("head not deployed"), "{st}");
+
+    // A pushed commit is fetched at the next poll.
+    let c2 = f.commit(7, None);
+    git(&f.repo, &["push", "-q", "origin", "main"]);
+    f.wait_steps(7);
+    f.wait_status("the pushed commit to be deployed", |s| s.contains(&format!("deployed commit {}", &c2[..12])));
     f.e.b.shutdown().unwrap();
 }

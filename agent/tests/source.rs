@@ -47,6 +47,7 @@ fn cfg(repo: &str) -> SourceConfig {
         token_file: None,
         ssh_key_file: None,
         verify: None,
+        ca_file: None,
     }
 }
 

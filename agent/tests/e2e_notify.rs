@@ -53,12 +53,13 @@ fn receiver(listener: TcpListener) -> mpsc::Receiver<Delivery> {
             if r.read_exact(&mut body).is_err() {
                 continue;
             }
-            let _ = conn.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
             let raw = String::from_utf8_lossy(&body).to_string();
             let body = serde_json::from_str(&raw).unwrap_or_default();
+            // Handed to the test before the answer: whoever got the answer, the test has it.
             if tx.send(Delivery { headers, raw, body }).is_err() {
                 return;
             }
+            let _ = conn.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
         }
     });
     rx
@@ -202,4 +203,43 @@ fn a_rollback_is_delivered_once_without_secrets_and_a_dead_receiver_delays_nothi
     .unwrap();
     assert_eq!(f.metric("specd_notifications_dropped_total"), Some(0));
     f.e.b.shutdown().unwrap();
+}
+
+/// `specd apply` tells the webhooks of the agent config too, and its notice is delivered before
+/// the command exits (a one-shot command has no later to retry in).
+#[test]
+fn specd_apply_delivers_its_notice_before_it_exits() {
+    let e = Env::new();
+    let live = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = live.local_addr().unwrap().port();
+    let rx = receiver(live);
+    e.b.write_file("/run/agent.yaml", format!("notify:\n  webhooks:\n    - url: http://127.0.0.1:{port}/\n")).unwrap();
+    let service = "  service: {restart: always, timeout_stop_sec: 2, environment: {SPECD_STANDIN_LOAD_MS: \"100\"}}\n";
+    let good = e.put("good.yaml", &e.spec("qwen.service", 5, service));
+    let o = e.specd(&["apply", "-f", &good, "--config", "/run/agent.yaml"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let d = rx.try_recv().expect("delivered before apply exited");
+    assert_eq!(d.body["outcome"], "applied", "{}", d.raw);
+    assert_eq!(d.body["unit"], "qwen.service");
+    assert_eq!(d.body["commit"], serde_json::Value::Null, "a file, not a commit");
+    assert_eq!(d.body["source"], format!("file {good}"), "{}", d.raw);
+
+    let bad = e.put(
+        "bad.yaml",
+        &e.spec(
+            "qwen.service",
+            7,
+            &service.replace("SPECD_STANDIN_LOAD_MS", "SPECD_STANDIN_EXIT_CODE: \"3\", SPECD_STANDIN_LOAD_MS"),
+        ),
+    );
+    let o = e.specd(&["apply", "-f", &bad, "--config", "/run/agent.yaml"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let d = rx.try_recv().expect("delivered before apply exited");
+    assert_eq!(d.body["outcome"], "rolledback", "{}", d.raw);
+    assert_eq!(d.body["events"], serde_json::json!(["rollback", "quarantine"]), "{}", d.raw);
+    // A dry run changes nothing and tells nobody.
+    let o = e.specd(&["apply", "-f", &good, "--config", "/run/agent.yaml", "--dry-run"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(rx.try_recv().is_err());
+    e.b.shutdown().unwrap();
 }

@@ -325,3 +325,19 @@ impl GitSource {
 fn text_of(path: &str, bytes: &[u8]) -> Result<String> {
     String::from_utf8(bytes.to_vec()).map_err(|_| anyhow!("{path} is not UTF-8 text"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_ca_file_that_is_missing_or_not_pem_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("ca.pem");
+        let e = format!("{:#}", trust_ca_file(&missing).unwrap_err());
+        assert!(e.starts_with(&format!("ca_file: reading {}", missing.display())), "{e}");
+        std::fs::write(&missing, "not a certificate\n").unwrap();
+        let e = format!("{:#}", trust_ca_file(&missing).unwrap_err());
+        assert!(e.contains("holds no PEM certificate"), "{e}");
+    }
+}

@@ -146,6 +146,7 @@ impl Notifier {
             .timeout(ATTEMPT_TIMEOUT)
             .user_agent(concat!("specd/", env!("CARGO_PKG_VERSION")))
             .build()
+            .map_err(|e| tracing::error!("no notifications: cannot make an HTTP client: {e}"))
             .ok()?;
         let targets: Vec<Arc<Target>> = hooks
             .iter()
@@ -218,6 +219,8 @@ pub fn install(hooks: &[Webhook], host: &str, metrics: Option<&crate::metrics::M
             n.counters.dropped.clone(),
         );
     }
+    let shown: Vec<String> = hooks.iter().map(|h| h.url.to_string()).collect();
+    tracing::info!(webhooks = %shown.join(", "), "notifications on");
     let _ = NOTIFIER.set((n, host.to_string()));
     NOTIFIER.get().map(|(n, _)| n.clone())
 }
@@ -353,6 +356,34 @@ mod tests {
         let down = Notice::of("h", &d, &report(Some(Outcome::Failed)), false, false, Duration::ZERO, 0).unwrap();
         assert_eq!(down.events, [NotifyEvent::Failed, NotifyEvent::Down]);
         assert!(down.text.contains("[DOWN]"));
+    }
+
+    /// A webhook that cannot be reached: its queue keeps the newest [`QUEUE`] notices and
+    /// counts the ones it dropped; `send` never waits.
+    #[tokio::test]
+    async fn a_full_queue_drops_its_oldest_and_counts_it() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let hook: Webhook =
+            serde_saphyr::from_str(&format!("url: http://127.0.0.1:{port}/\nevents: [rollback]\n")).unwrap();
+        let n = Notifier::start(&[hook]).unwrap();
+        let d = desired();
+        let mut notice =
+            Notice::of("h", &d, &report(Some(Outcome::RolledBack)), false, true, Duration::ZERO, 0).unwrap();
+        // On this single-threaded runtime the delivery task runs only when this test yields.
+        for i in 0..QUEUE as u64 + 3 {
+            notice.time = i;
+            n.send(&notice);
+        }
+        assert_eq!(n.counters.dropped.get(), 3);
+        let q = lock(&n.targets[0].queue);
+        assert_eq!(q.len(), QUEUE);
+        assert_eq!(q.front().map(|n| n.time), Some(3), "the oldest went first");
+        assert_eq!(*n.targets[0].pending.borrow(), QUEUE);
+        drop(q);
+        // An event the webhook did not ask for is not queued.
+        let applied = Notice::of("h", &d, &report(Some(Outcome::Applied)), false, true, Duration::ZERO, 0).unwrap();
+        n.send(&applied);
+        assert_eq!(lock(&n.targets[0].queue).len(), QUEUE);
     }
 
     #[test]

@@ -49,12 +49,12 @@ pub async fn apply(dirs: &Dirs, file: &Path, host: Option<String>, dry_run: bool
     let ctx = context::host_ctx(dirs, context::events(Sink::Stderr), Shutdown::never());
     let t0 = std::time::Instant::now();
     let report = reconcile::reconcile(&ctx, &d, dry_run).await?;
-    crate::notify::after_reconcile(&ctx, &d, &report, t0.elapsed()).await;
-    crate::notify::flush(std::time::Duration::from_secs(30)).await;
     if let Some(v) = &report.stop_verdict {
         println!("note: the previous instance was {v}");
     }
     println!("{}", report.verdict);
+    crate::notify::after_reconcile(&ctx, &d, &report, t0.elapsed()).await;
+    crate::notify::flush(std::time::Duration::from_secs(30)).await;
     // 0: the unit runs the spec (or, dry run, would be made to); 1: anything else.
     Ok(match (report.outcome, report.plan.sync) {
         (Some(state::Outcome::Applied | state::Outcome::Started), _) => 0,

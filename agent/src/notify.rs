@@ -242,7 +242,7 @@ pub async fn after_reconcile<H: crate::host::Host>(ctx: &Ctx<H>, d: &DesiredStat
     if r.outcome.is_none() {
         return;
     }
-    let quarantined = ctx.store.load(&d.spec.unit).is_ok_and(|st| st.quarantined(&d.unit.sha256).is_some());
+    let quarantined = ctx.store.peek(&d.spec.unit).is_ok_and(|st| st.quarantined(&d.unit.sha256).is_some());
     let up = ctx.host.show(&d.spec.unit).await.is_ok_and(|p| p.active_state.is_up());
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
     if let Some(notice) = Notice::of(host, d, r, quarantined, up, took, now) {

@@ -64,7 +64,9 @@ pub struct SweepSpec {
     /// The InferenceService spec file swept, relative to the sweep file (or absolute).
     #[serde(default)]
     pub base: String,
-    /// The host whose overlay in the base spec applies (default: none).
+    /// The host whose overlay in the base spec applies. Left out: the caller's choice (`specd`
+    /// uses the machine it runs on, as `specd apply` does); [`points`] merges the overlay named
+    /// here, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host: Option<String>,
     /// Spec fields by dotted path (`speculative.num_steps`), each with the list of values to

@@ -179,7 +179,7 @@ impl GitSource {
     }
 
     /// The spec files of a commit: `path` itself if it is a file, else the `*.yaml`/`*.yml`
-    /// files directly in that directory, sorted.
+    /// files directly in that directory, sorted (sweep documents, `kind: Sweep`, left out).
     pub fn read_specs(&self, oid: Oid) -> Result<Vec<SpecFile>> {
         let commit = self.repo.find_commit(oid)?;
         let tree = commit.tree()?;
@@ -204,7 +204,13 @@ impl GitSource {
                 let obj = e.to_object(&self.repo)?;
                 if let Some(blob) = obj.as_blob() {
                     let p = if path.is_empty() || path == "." { name.clone() } else { format!("{path}/{name}") };
-                    out.push(SpecFile { text: text_of(&p, blob.content())?, path: p });
+                    let text = text_of(&p, blob.content())?;
+                    // A sweep kept beside the specs is an operator's campaign (`specd sweep`),
+                    // not a unit to deploy.
+                    if specd_spec::sweep::is_sweep(&text) {
+                        continue;
+                    }
+                    out.push(SpecFile { text, path: p });
                 }
             }
             out.sort_by(|a, b| a.path.cmp(&b.path));

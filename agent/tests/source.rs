@@ -87,6 +87,21 @@ fn a_bad_commit_deploys_nothing_and_names_file_and_line() {
 }
 
 #[test]
+fn a_sweep_kept_beside_the_specs_is_not_deployed() {
+    let (_d, r) = repo();
+    std::fs::write(
+        r.join("specs/steps.yaml"),
+        "apiVersion: specd/v1\nkind: Sweep\nmetadata: {name: steps}\nspec:\n  base: qwen.yaml\n  matrix: {speculative.num_steps: [1, 2]}\n  load: {concurrency: [1], requests: 4}\n",
+    )
+    .unwrap();
+    commit(&r, 5, "a spec and a sweep over it");
+    let s = GitSource::open(cfg(r.to_str().unwrap()), Path::new("/nonexistent")).unwrap();
+    let e = evaluate(&s, None, false, "gpu-01");
+    assert_eq!(e.error, None, "the sweep is not read as a broken spec");
+    assert_eq!(steps_of(&e), vec![5], "only the spec deploys");
+}
+
+#[test]
 fn a_missing_path_is_an_error() {
     let (_d, r) = repo();
     commit(&r, 5, "x");

@@ -182,21 +182,28 @@ async fn check_converges(w: &World, old: &DesiredState, new: &DesiredState, faul
         again.verdict
     );
     assert_eq!(again.action, Action::AwaitChange, "{case}: {}", again.verdict);
+    // A unit that serves its desired spec starts at boot (set again if a fault stopped it).
+    if serving.as_ref() == Some(&new.spec.argv) {
+        assert!(w.host.enabled(), "{case}: the served unit is not enabled: {}\n{}", again.verdict, w.said());
+    }
 }
 
-/// Calls an apply of `new` over `old` makes without faults.
-async fn calls_of_apply(old: &DesiredState, new: &DesiredState, new_fails: bool) -> Vec<&'static str> {
+/// Calls an apply of `new` over `old` makes without faults. `enabled`: `old` starts at boot
+/// (else it does not: an older specd never enabled it, or a person disabled it).
+async fn calls_of_apply(old: &DesiredState, new: &DesiredState, new_fails: bool, enabled: bool) -> Vec<&'static str> {
     let w = serving(old, new, new_fails).await;
+    w.host.set_enabled(enabled);
     let n0 = w.host.calls();
     let r = w.reconcile(new).await.unwrap().unwrap();
     assert!(r.outcome.is_some(), "{}", r.verdict);
     w.host.call_names()[n0..].to_vec()
 }
 
-async fn matrix(new_fails: bool) {
+async fn matrix(new_fails: bool, enabled: bool) {
     quiet_crashes();
     let (old, new) = (desired(5), desired(10));
-    let calls = calls_of_apply(&old, &new, new_fails).await;
+    let calls = calls_of_apply(&old, &new, new_fails, enabled).await;
+    assert_eq!(calls.contains(&"enable"), !enabled && !new_fails, "{calls:?}");
     assert!(calls.len() > 20, "{calls:?}");
     let mut cases = 0;
     for (i, name) in calls.iter().enumerate() {
@@ -206,6 +213,7 @@ async fn matrix(new_fails: bool) {
                 if new_fails { "a failing apply" } else { "an apply" }
             );
             let w = serving(&old, &new, new_fails).await;
+            w.host.set_enabled(enabled);
             w.host.plan(i, f);
             let r = w.reconcile(&new).await;
             check_faulty_run(&w, &old, &new, &r, &case);
@@ -218,12 +226,18 @@ async fn matrix(new_fails: bool) {
 
 #[tokio::test(start_paused = true)]
 async fn a_fault_at_any_call_of_an_apply_leaves_the_host_old_or_new_and_the_next_reconcile_converges() {
-    matrix(false).await;
+    matrix(false, true).await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_fault_at_any_call_of_a_failing_apply_and_its_rollback_still_converges() {
-    matrix(true).await;
+    matrix(true, true).await;
+}
+
+/// The same over a unit that does not start at boot: the apply ends with `systemctl enable`.
+#[tokio::test(start_paused = true)]
+async fn a_fault_at_any_call_of_an_apply_that_enables_the_unit_still_converges_enabled() {
+    matrix(false, false).await;
 }
 
 /// A unit that is in sync and serving is never stopped or started because a call failed.

@@ -198,3 +198,65 @@ fn suspend_resume_and_rollback_with_a_pin() {
     assert_eq!(f.steps(a), Some(8));
     f.e.b.shutdown().unwrap();
 }
+
+/// Two boots over the same unit directory and state: the server specd applied comes back by
+/// itself at the second boot (specd enabled it), and `specd apply` verifies it without
+/// restarting it. `service.enabled: false` then disables it, and restarts nothing either.
+#[test]
+fn a_server_comes_back_at_boot_and_is_verified_without_a_restart() {
+    let persist = tempfile::tempdir().unwrap();
+    let boot = || {
+        let cfg = BoxConfig { persist: Some(persist.path().to_path_buf()), ..Default::default() };
+        Env {
+            b: SystemdBox::boot_with(cfg).unwrap(),
+            port: 0,
+            specd: env!("CARGO_BIN_EXE_specd").into(),
+            standin: bin_path("specd-standin").display().to_string(),
+        }
+    };
+    let port = free_port();
+    const UNIT: &str = "boot-a.service";
+    let mut e = boot();
+    e.port = port;
+    let spec = e.spec(UNIT, 5, "");
+    let o = e.specd(&["apply", "-f", &e.put("a.yaml", &spec)]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(e.b.prop(UNIT, "UnitFileState").unwrap(), "enabled");
+    let st = text(&e.specd(&["status"]));
+    assert!(st.contains(&format!("{UNIT}: InSync Healthy")) && !st.contains("start at boot"), "{st}");
+    let first_pid = e.main_pid(UNIT);
+    e.b.shutdown().unwrap();
+
+    // The second boot: nobody runs specd; systemd starts the server.
+    let mut e = boot();
+    e.port = port;
+    wait_until("the server to be ready after the boot", Duration::from_secs(60), || {
+        http_get(port, "/health_generate").is_some_and(|(c, _)| c == 200) && e.served_steps() == Some(5)
+    })
+    .unwrap_or_else(|err| panic!("{err}\n{}", e.b.journal(UNIT).unwrap_or_default()));
+    let (pid, invocation) = (e.main_pid(UNIT), e.b.prop(UNIT, "InvocationID").unwrap());
+    assert!(pid > 0 && !invocation.is_empty());
+    // specd finds its state and the unit it wrote: in sync, nothing restarted.
+    let o = e.specd(&["apply", "-f", &e.put("a.yaml", &spec)]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains(&format!("InSync: {UNIT} runs unit")), "{}", text(&o));
+    assert_eq!((e.main_pid(UNIT), e.b.prop(UNIT, "InvocationID").unwrap()), (pid, invocation.clone()));
+    let h = text(&e.specd(&["history", UNIT]));
+    assert_eq!(h.matches("Applied: ").count(), 1, "one apply, at the first boot: {h}");
+    eprintln!("pid {first_pid} at the first boot, {pid} at the second");
+
+    // Told not to start at boot: disabled, the server left as it runs.
+    let off = e.spec(UNIT, 5, "  service: {enabled: false}\n");
+    let o = e.specd(&["apply", "-f", &e.put("a.yaml", &off)]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("no longer starts at boot"), "{}", text(&o));
+    assert_eq!(e.b.prop(UNIT, "UnitFileState").unwrap(), "disabled");
+    assert_eq!((e.main_pid(UNIT), e.b.prop(UNIT, "InvocationID").unwrap()), (pid, invocation));
+    // And enabled again by the spec that says so; a hand `systemctl disable` shows in status.
+    let o = e.specd(&["apply", "-f", &e.put("a.yaml", &spec)]);
+    assert!(o.status.success() && text(&o).contains("starts at boot now"), "{}", text(&o));
+    e.b.systemctl_check(&["disable", UNIT]).unwrap();
+    let st = text(&e.specd(&["status"]));
+    assert!(st.contains("the unit is not enabled: it would not start at boot"), "{st}");
+    e.b.shutdown().unwrap();
+}

@@ -759,6 +759,32 @@ mod tests {
     use crate::service::ActiveState;
 
     #[test]
+    fn only_a_live_sweep_stops_a_hand_apply() {
+        let hold = |kind, pid| state::Hold {
+            kind,
+            by: "specd sweep qwen-mtp-steps".into(),
+            since: 0,
+            until: None,
+            reason: None,
+            pid,
+            pinned_sha256: None,
+            desired_at_pin: None,
+        };
+        let st = |h| state::UnitState { unit: "a.service".into(), hold: Some(h), ..Default::default() };
+        let why = live_sweep(&st(hold(state::HoldKind::Sweep, Some(std::process::id())))).unwrap();
+        assert!(
+            why.contains("held by a sweep by specd sweep qwen-mtp-steps") && why.contains("stop the sweep"),
+            "{why}"
+        );
+        let mut gone = std::process::Command::new("true").spawn().unwrap();
+        let pid = gone.id();
+        gone.wait().unwrap();
+        assert_eq!(live_sweep(&st(hold(state::HoldKind::Sweep, Some(pid)))), None);
+        assert_eq!(live_sweep(&st(hold(state::HoldKind::Suspend, None))), None);
+        assert_eq!(live_sweep(&st(hold(state::HoldKind::Pin, None))), None);
+    }
+
+    #[test]
     fn durations_are_numbers_with_units() {
         assert_eq!(parse_duration("90s"), Ok(Duration::from_secs(90)));
         assert_eq!(parse_duration("1h30m"), Ok(Duration::from_secs(5400)));

@@ -145,6 +145,8 @@ fn suspend_resume_and_rollback_with_a_pin() {
     assert!(m.contains("specd_unit_hold{unit=\"model-b.service\",kind=\"suspend\"} 0"), "{m}");
     let (_, st) = f.specd(&["status"]);
     let a_status = st.split("model-b.service:").next().unwrap();
+    assert!(a_status.contains("model-a.service: OutOfSync Healthy"), "{st}");
+    assert!(a_status.contains("why: the spec changed: deployed unit"), "{st}");
     assert!(a_status.contains("hold: suspended by root@") && a_status.contains(" until "), "{st}");
     assert!(a_status.contains("a hand `specd apply` still applies"), "{st}");
     let (_, h) = f.specd(&["history", "model-a.service"]);
@@ -192,10 +194,21 @@ fn suspend_resume_and_rollback_with_a_pin() {
     let (_, st) = f.specd(&["status"]);
     assert!(!st.contains("hold:"), "{st}");
 
+    // A suspend for a while: the commit waits, then the agent applies it by itself.
+    let (ok, out) = f.specd(&["suspend", "model-a.service", "--for", "3s"]);
+    assert!(ok, "{out}");
+    let before = f.held_looks("model-a.service");
+    f.commit(&[("a.yaml", &f.spec("model-a.service", a, 9))], "a 9");
+    f.wait_held_look("model-a.service", before);
+    assert_eq!(f.steps(a), Some(8));
+    f.wait_steps(a, 9);
+    let (_, h) = f.specd(&["history", "model-a.service"]);
+    assert!(h.contains("HoldCleared") && h.contains(": it expired at "), "{h}");
+
     // A rollback to a unit specd never ran is refused, and changes nothing.
     let (ok, out) = f.specd(&["rollback", "model-a.service", "--to", "0000ffff"]);
     assert!(!ok && out.contains("no good unit 0000ffff is recorded"), "{out}");
-    assert_eq!(f.steps(a), Some(8));
+    assert_eq!(f.steps(a), Some(9));
     f.e.b.shutdown().unwrap();
 }
 

@@ -263,3 +263,41 @@ async fn a_healthy_in_sync_server_is_never_restarted_by_a_fault() {
         }
     }
 }
+
+/// A serving unit that only has to be enabled again (a person ran `systemctl disable`): a fault at
+/// any call never stops or starts its server, the verdict says enabled only when it is, and the
+/// next reconcile enables it.
+#[tokio::test(start_paused = true)]
+async fn a_fault_while_only_enabling_never_touches_the_server_and_the_next_reconcile_enables() {
+    quiet_crashes();
+    let (old, new) = (desired(5), desired(10));
+    let probe = serving(&new, &old, false).await;
+    probe.host.set_enabled(false);
+    let n0 = probe.host.calls();
+    let r = probe.reconcile(&new).await.unwrap().unwrap();
+    assert!(r.verdict.contains("starts at boot now"), "{}", r.verdict);
+    assert!(probe.host.enabled());
+    let n = probe.host.calls() - n0;
+    assert!(probe.host.call_names()[n0..].contains(&"enable"));
+    for i in 0..n {
+        for f in [Fault::Fails, Fault::TimesOut, Fault::ProcessLingers, Fault::Crash] {
+            let case = format!("fault {f:?} at call {i} of an enable");
+            let w = serving(&new, &old, false).await;
+            w.host.set_enabled(false);
+            w.host.plan(i, f);
+            let before = w.host.stops_and_starts();
+            let r = w.reconcile(&new).await;
+            assert_eq!(w.host.stops_and_starts(), before, "{case}: the server was touched\n{}", w.said());
+            if let Some(Ok(r)) = &r
+                && r.verdict.contains("starts at boot now")
+            {
+                assert!(w.host.enabled(), "{case}: {}", r.verdict);
+            }
+            w.host.heal();
+            let r = w.reconcile(&new).await.unwrap().unwrap();
+            assert!(w.host.enabled(), "{case}: not enabled after the next reconcile: {}\n{}", r.verdict, w.said());
+            assert_eq!(w.host.serving().as_ref(), Some(&new.spec.argv), "{case}");
+            assert_eq!(w.host.stops_and_starts(), before, "{case}: the server was touched\n{}", w.said());
+        }
+    }
+}

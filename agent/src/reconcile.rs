@@ -444,15 +444,24 @@ pub async fn reconcile<H: Host>(ctx: &Ctx<H>, d: &DesiredState, dry_run: bool) -
 
     let report = match result {
         Ok(()) if plan.steps.iter().all(|s| matches!(s, Step::Enable | Step::Disable)) => {
-            // Only whether it starts at boot was set; the server was not touched.
+            // Only whether it starts at boot was to be set; the server was not touched.
             st.in_progress = None;
-            let verdict = if plan.steps.contains(&Step::Enable) {
-                format!("Applied: {unit} starts at boot now (systemctl enable); its server was left as it runs")
+            let now = ctx.host.show(&unit).await.ok().and_then(|p| plan::enabled_of(&p.unit_file_state));
+            if now != Some(d.spec.service.enabled) {
+                // The warning said why; the next look tries again.
+                let verdict = format!("{}: {}; not changed yet", plan.sync, plan.reasons.join("; "));
+                Report { plan, outcome: None, verdict, stop_verdict, action: Action::Requeue(Duration::from_secs(60)) }
             } else {
-                format!("Applied: {unit} no longer starts at boot (systemctl disable); its server was left as it runs")
-            };
-            st.record(history(d, Outcome::Applied, verdict.clone(), None, ms));
-            Report { plan, outcome: Some(Outcome::Applied), verdict, stop_verdict, action: Action::AwaitChange }
+                let verdict = if d.spec.service.enabled {
+                    format!("Applied: {unit} starts at boot now (systemctl enable); its server was left as it runs")
+                } else {
+                    format!(
+                        "Applied: {unit} no longer starts at boot (systemctl disable); its server was left as it runs"
+                    )
+                };
+                st.record(history(d, Outcome::Applied, verdict.clone(), None, ms));
+                Report { plan, outcome: Some(Outcome::Applied), verdict, stop_verdict, action: Action::AwaitChange }
+            }
         }
         Ok(()) => {
             st.last_good = Some(good_unit(d));

@@ -72,7 +72,7 @@ impl Notice {
             Outcome::Applied | Outcome::Started => vec![NotifyEvent::Applied],
             Outcome::RolledBack => vec![NotifyEvent::Rollback],
             Outcome::Failed => vec![NotifyEvent::Failed],
-            Outcome::Reported | Outcome::Unquarantined => return None,
+            Outcome::Reported | Outcome::Unquarantined | Outcome::HoldSet | Outcome::HoldCleared => return None,
         };
         if quarantined && matches!(outcome, Outcome::RolledBack | Outcome::Failed) {
             events.push(NotifyEvent::Quarantine);

@@ -32,6 +32,10 @@ pub trait Host: Clone + Send + Sync + 'static {
     /// Ask for a stop; with `wait`, until the stop job finished, else only queued.
     fn stop(&self, unit: &str, wait: bool) -> impl Future<Output = Result<()>> + Send;
     fn daemon_reload(&self) -> impl Future<Output = Result<()>> + Send;
+    /// `systemctl enable`: the unit starts at boot (its `[Install]` section's `WantedBy=`).
+    fn enable(&self, unit: &str) -> impl Future<Output = Result<()>> + Send;
+    /// `systemctl disable`: it no longer starts at boot.
+    fn disable(&self, unit: &str) -> impl Future<Output = Result<()>> + Send;
 
     // Processes and cgroups.
 
@@ -118,6 +122,14 @@ impl Host for RealHost {
         self.systemd.run(&["daemon-reload"]).await
     }
 
+    async fn enable(&self, unit: &str) -> Result<()> {
+        systemctl_unit_files("enable", unit).await
+    }
+
+    async fn disable(&self, unit: &str) -> Result<()> {
+        systemctl_unit_files("disable", unit).await
+    }
+
     fn alive(&self, pid: u32) -> bool {
         cgroup::alive(pid)
     }
@@ -196,6 +208,20 @@ impl Host for RealHost {
     }
 }
 
+/// `systemctl enable|disable UNIT`: links in `/etc/systemd/system/*.wants/`, and a reload.
+async fn systemctl_unit_files(verb: &str, unit: &str) -> Result<()> {
+    use anyhow::Context;
+    let out = tokio::process::Command::new("systemctl")
+        .args([verb, "--quiet", unit])
+        .output()
+        .await
+        .context("running systemctl")?;
+    if !out.status.success() {
+        anyhow::bail!("systemctl {verb} {unit}: {}", String::from_utf8_lossy(&out.stderr).trim());
+    }
+    Ok(())
+}
+
 /// How an instance ended, as its diagnosis says it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Ending {
@@ -211,3 +237,30 @@ pub fn unit_path(unit_dir: &Path, unit: &str) -> PathBuf {
 
 #[cfg(test)]
 pub mod fake;
+
+/// Whether process `pid` exists (signal 0; EPERM: it exists, owned by someone else).
+pub fn pid_alive(pid: u32) -> bool {
+    let Ok(p) = i32::try_from(pid) else { return false };
+    if p <= 0 {
+        return false;
+    }
+    match nix::sys::signal::kill(nix::unistd::Pid::from_raw(p), None) {
+        Ok(()) => true,
+        Err(e) => e == nix::errno::Errno::EPERM,
+    }
+}
+
+#[cfg(test)]
+mod pid_tests {
+    use super::*;
+
+    #[test]
+    fn this_process_is_alive_and_a_reaped_child_is_not() {
+        assert!(pid_alive(std::process::id()));
+        let mut c = std::process::Command::new("true").spawn().unwrap();
+        let pid = c.id();
+        c.wait().unwrap();
+        assert!(!pid_alive(pid));
+        assert!(!pid_alive(0));
+    }
+}

@@ -13,6 +13,7 @@ pub mod diagnose;
 mod fsx;
 mod guard;
 mod host;
+mod loadgen;
 mod lock;
 mod metrics;
 mod ops;
@@ -40,6 +41,11 @@ pub use probe::{Health, Probe};
 pub use reconcile::readiness_backoff;
 /// The unit properties specd reads (the benchmarks time one `systemctl show` of them).
 pub use systemd::PROPS as UNIT_PROPERTIES;
+
+/// The sweep's load generator, for its tests against the stand-in and the real llama-server.
+pub use loadgen::{
+    Api as LoadApi, BUILTIN_PROMPTS, Level as LoadLevel, LevelResult, prompts_from_jsonl, run as run_load,
+};
 
 #[cfg(test)]
 mod faults;

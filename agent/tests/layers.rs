@@ -16,7 +16,7 @@ const LAYERS: &[(&str, &[&str])] = &[
         "adapters",
         &[
             "cgroup", "config", "diagnose", "fsx", "host", "lock", "metrics", "owner", "probe", "source", "specs",
-            "state", "systemd",
+            "state", "systemd", "loadgen",
         ],
     ),
     // Observe, plan, act, record: drives the adapters.

@@ -539,24 +539,44 @@ async fn worker(
     // Failures in a row (errors, or applies that did not reach their unit): the error policy's
     // attempt; reset by any reconcile that did not fail.
     let mut failures = 0u32;
+    // What the agent last said of a hold on this unit (to say it once).
+    let mut last_held: Option<String> = None;
     loop {
         if ctx.shutdown.is_set() {
             return;
         }
         let d = rx.borrow_and_update().clone();
         let t0 = Instant::now();
+        // A hold (suspend, pin, sweep) in effect: observe and report only.
+        let held = hands_off(&ctx.store, &unit, &d.unit.sha256, &metrics).await;
+        let dry_run = held.is_some();
         // In a task of its own: a panic in one reconcile is an error of this unit, reported and
         // retried with backoff; the worker, the other units and the main loop go on.
         let run = {
             let (ctx, d) = (ctx.clone(), d.clone());
-            tokio::spawn(async move { reconcile::reconcile(&ctx, &d, false).await })
+            tokio::spawn(async move { reconcile::reconcile(&ctx, &d, dry_run).await })
         };
         let result = match run.await {
             Ok(r) => r,
             Err(e) => Err(reconcile::ReconcileError::Io(anyhow::anyhow!("internal error while reconciling: {e}"))),
         };
-        let wait = match result {
-            Ok(r) => {
+        let wait = match (result, &held) {
+            (Ok(r), Some((why, recheck))) => {
+                failures = 0;
+                metrics.reconciled(&unit, r.plan.sync, "held", t0.elapsed().as_secs_f64(), false);
+                if let Ok(p) = ctx.host.show(&unit).await {
+                    metrics.down(&unit, !p.active_state.is_up());
+                }
+                // Said once per hold and sync status, not at every look.
+                let said = format!("{why}: {}", r.verdict);
+                if last_held.as_ref() != Some(&said) {
+                    tracing::info!(unit = %unit, "hands off ({why}); observed: {}", r.verdict);
+                    last_held = Some(said);
+                }
+                *recheck
+            }
+            (Ok(r), None) => {
+                last_held = None;
                 let failed = matches!(r.outcome, Some(Outcome::Failed | Outcome::RolledBack));
                 let result = r.outcome.map_or("none".to_string(), |o| format!("{o:?}").to_lowercase());
                 // The status after this reconcile, not the one it started from.
@@ -564,7 +584,7 @@ async fn worker(
                     Some(Outcome::Applied | Outcome::Started) => crate::plan::SyncStatus::InSync,
                     Some(Outcome::RolledBack | Outcome::Failed) => crate::plan::SyncStatus::Failed,
                     Some(Outcome::Reported) => crate::plan::SyncStatus::Drifted,
-                    Some(Outcome::Unquarantined) | None => r.plan.sync,
+                    Some(Outcome::Unquarantined | Outcome::HoldSet | Outcome::HoldCleared) | None => r.plan.sync,
                 };
                 metrics.reconciled(&unit, now, &result, t0.elapsed().as_secs_f64(), failed);
                 if let Ok(p) = ctx.host.show(&unit).await {
@@ -591,7 +611,7 @@ async fn worker(
                     }
                 }
             }
-            Err(e) => {
+            (Err(e), _) => {
                 tracing::error!(unit = %unit, "reconcile failed: {e}");
                 metrics.reconciled(&unit, crate::plan::SyncStatus::Failed, "error", t0.elapsed().as_secs_f64(), true);
                 let action = reconcile::error_policy(failures);
@@ -611,6 +631,51 @@ async fn worker(
         }
     }
 }
+
+/// Whether a hold keeps the agent's hands off `unit` now: why, and when to look again (`None`:
+/// at the next change or request). A hold that ended (expired, its sweep gone, the source moved
+/// past a pin) is cleared here, recorded in the unit's history, and the agent acts again.
+async fn hands_off(
+    store: &Store,
+    unit: &str,
+    desired_sha: &str,
+    metrics: &Metrics,
+) -> Option<(String, Option<Duration>)> {
+    let hold = match store.peek(unit) {
+        Ok(st) => st.hold,
+        Err(e) => {
+            tracing::warn!(unit = %unit, "reading its state for a hold: {e:#}");
+            None
+        }
+    };
+    metrics.hold(unit, hold.as_ref().map(|h| h.kind));
+    let alive = hold.as_ref().and_then(|h| h.pid).is_some_and(crate::host::pid_alive);
+    let now = state::now();
+    match crate::hold::effective(hold.as_ref(), now, alive, desired_sha) {
+        crate::hold::HoldEffect::Acts => None,
+        crate::hold::HoldEffect::HandsOff(why) => {
+            let h = hold?;
+            let until = h.until.map(|u| Duration::from_secs(u.saturating_sub(now).max(1)));
+            // A sweep's process is looked at every few seconds (it may end without a word).
+            let pid = h.pid.map(|_| SWEEP_RECHECK);
+            Some((why, until.into_iter().chain(pid).min()))
+        }
+        crate::hold::HoldEffect::Expired(why) => {
+            let h = hold?;
+            match store.clear_hold_if(unit, &why, |x| *x == h).await {
+                Ok(Some(_)) => tracing::info!(unit = %unit, "hold ended ({why}): the agent acts on it again"),
+                Ok(None) => {}
+                Err(e) => tracing::error!(unit = %unit, "clearing its hold that ended ({why}): {e:#}"),
+            }
+            // A hold set again meanwhile is the next look's.
+            metrics.hold(unit, None);
+            None
+        }
+    }
+}
+
+/// How often the agent looks whether a sweep that holds a unit still runs.
+const SWEEP_RECHECK: Duration = Duration::from_secs(5);
 
 fn watchers(
     src: &GitSource,

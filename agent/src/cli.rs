@@ -130,6 +130,49 @@ pub enum Command {
         #[arg(long, default_value = "/etc/specd/agent.yaml")]
         config: PathBuf,
     },
+    /// The agent keeps its hands off a unit: it observes it and reports drift, and changes
+    /// nothing, until `specd resume` (or the end of --for). Shown in status, metrics and
+    /// history. A hand `specd apply` still applies. Works while the agent runs.
+    Suspend {
+        unit: String,
+        /// End the suspend by itself after this long (90s, 15m, 2h, 1d, 1h30m).
+        #[arg(long = "for", value_parser = ops::parse_duration)]
+        for_: Option<std::time::Duration>,
+        /// Why, for status and history.
+        #[arg(long)]
+        reason: Option<String>,
+        /// The control socket of the agent to notify, if one runs [default: `control_socket` of
+        /// the agent config, else /run/specd/control.sock].
+        #[arg(long)]
+        socket: Option<PathBuf>,
+        /// The agent config that names the control socket.
+        #[arg(long, default_value = "/etc/specd/agent.yaml")]
+        config: PathBuf,
+    },
+    /// End a unit's suspend or pin: the agent reconciles it again (to the source's desired unit).
+    Resume {
+        unit: String,
+        #[arg(long)]
+        socket: Option<PathBuf>,
+        #[arg(long, default_value = "/etc/specd/agent.yaml")]
+        config: PathBuf,
+    },
+    /// Apply an earlier good unit again (the one before the deployed unit, or --to HASH) through
+    /// the normal apply, and pin it: the agent leaves it there until the source has a new
+    /// desired unit or `specd resume`.
+    Rollback {
+        unit: String,
+        /// The unit hash (a prefix of 4 hex digits or more; see `specd history`).
+        #[arg(long)]
+        to: Option<String>,
+        /// Why, for status and history.
+        #[arg(long)]
+        reason: Option<String>,
+        #[arg(long)]
+        socket: Option<PathBuf>,
+        #[arg(long, default_value = "/etc/specd/agent.yaml")]
+        config: PathBuf,
+    },
     /// The applies of each unit: time, commit or file, unit hash, result.
     History {
         unit: Option<String>,
@@ -183,6 +226,15 @@ pub fn main() -> ExitCode {
         }
         Command::Unquarantine { unit, socket, config } => {
             run_async(ops::unquarantine(&dirs, unit, config::control_socket(socket, &config)))
+        }
+        Command::Suspend { unit, for_, reason, socket, config } => {
+            run_async(ops::suspend(&dirs, unit, for_, reason, config::control_socket(socket, &config)))
+        }
+        Command::Resume { unit, socket, config } => {
+            run_async(ops::resume(&dirs, unit, config::control_socket(socket, &config)))
+        }
+        Command::Rollback { unit, to, reason, socket, config } => {
+            run_async(ops::rollback(&dirs, unit, to, reason, config::control_socket(socket, &config)))
         }
         Command::History { unit, json } => run_async(ops::history(&dirs, unit, json)),
         Command::Diagnose { unit, json } => run_async(ops::diagnose(unit, json, &dirs)),

@@ -12,6 +12,7 @@ mod context;
 pub mod diagnose;
 mod fsx;
 mod guard;
+mod hold;
 mod host;
 mod loadgen;
 mod lock;

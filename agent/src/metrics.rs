@@ -23,6 +23,7 @@ pub struct Metrics {
     duration: Family<Labels, Histogram>,
     commit: Family<Labels, Gauge>,
     down: Family<Labels, Gauge>,
+    hold: Family<Labels, Gauge>,
     source_reads: Counter,
     current_commit: Mutex<Option<String>>,
 }
@@ -60,7 +61,14 @@ impl Default for Metrics {
         r.register("source_reads", "Reads of the source (fetch, gate, specs)", source_reads.clone());
         let down = Family::<Labels, Gauge>::default();
         r.register("unit_down", "1 when the unit's service is not running after its last reconcile", down.clone());
+        let hold = Family::<Labels, Gauge>::default();
+        r.register(
+            "unit_hold",
+            "1 for the kind of hold (suspend, pin, sweep) that keeps the agent's hands off the unit",
+            hold.clone(),
+        );
         Metrics {
+            hold,
             registry: Mutex::new(r),
             sync,
             last_reconcile,
@@ -102,6 +110,16 @@ impl Metrics {
 
     pub fn down(&self, u: &str, down: bool) {
         self.down.get_or_create(&unit(u)).set(i64::from(down));
+    }
+
+    /// The unit's hold: 1 for its kind, 0 for the others.
+    pub fn hold(&self, u: &str, kind: Option<crate::state::HoldKind>) {
+        use crate::state::HoldKind;
+        for k in [HoldKind::Suspend, HoldKind::Pin, HoldKind::Sweep] {
+            let mut l = unit(u);
+            l.push(("kind".into(), format!("{k:?}").to_lowercase()));
+            self.hold.get_or_create(&l).set(i64::from(kind == Some(k)));
+        }
     }
 
     pub fn commit(&self, c: &str) {

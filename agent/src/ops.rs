@@ -47,6 +47,10 @@ pub async fn apply(dirs: &Dirs, file: &Path, host: Option<String>, dry_run: bool
         return Ok(1);
     };
     let ctx = context::host_ctx(dirs, context::events(Sink::Stderr), Shutdown::never());
+    if !dry_run && let Some(why) = live_sweep(&ctx.store.peek(&d.spec.unit)?) {
+        eprintln!("specd: refused: {}: {why}; nothing was changed on this host", d.spec.unit);
+        return Ok(1);
+    }
     let report = reconcile::reconcile(&ctx, &d, dry_run).await?;
     if let Some(v) = &report.stop_verdict {
         println!("note: the previous instance was {v}");
@@ -87,6 +91,8 @@ pub struct UnitStatus {
     pub speculation: Option<state::SpeculationRecord>,
     /// Why the service is not running, when it is not.
     pub down: Option<String>,
+    /// A hold that keeps the agent's hands off the unit (suspend, pin, sweep).
+    pub hold: Option<state::Hold>,
 }
 
 /// What `status` says of the server: its readiness endpoint's answer, or systemd's state when
@@ -148,6 +154,7 @@ async fn unit_status<H: Host>(
             last_ended: None,
             speculation: None,
             down: None,
+            hold: st.hold.clone(),
         });
     };
     let (o, props) = reconcile::observe(ctx, &d, st, true).await?;
@@ -179,6 +186,7 @@ async fn unit_status<H: Host>(
     });
     Ok(UnitStatus {
         down,
+        hold: st.hold.clone(),
         unit: st.unit.clone(),
         sync,
         health,
@@ -295,6 +303,16 @@ fn print_status(s: &UnitStatus) {
     }
     if let Some(d) = &s.down {
         println!("  DOWN: {d}");
+    }
+    if let Some(h) = &s.hold {
+        let what = match h.kind {
+            state::HoldKind::Suspend => "the agent observes and reports drift only; a hand `specd apply` still applies",
+            state::HoldKind::Pin => {
+                "the agent leaves this unit until the source has a new desired unit or `specd resume`"
+            }
+            state::HoldKind::Sweep => "the agent observes only; `specd apply` is refused while the sweep runs",
+        };
+        println!("  hold: {} ({what})", h.describe());
     }
     for r in &s.reasons {
         println!("  why: {r}");
@@ -496,10 +514,289 @@ pub async fn diagnose(unit: Option<String>, json: bool, dirs: &Dirs) -> Result<u
     crate::diagnose::run(unit.as_deref(), json, &dirs.state_dir).await
 }
 
+/// Why a hand apply (or a new hold) must wait: a sweep's process holds the unit.
+fn live_sweep(st: &state::UnitState) -> Option<String> {
+    let h = st.hold.as_ref().filter(|h| h.kind == state::HoldKind::Sweep)?;
+    h.pid.is_none_or(crate::host::pid_alive).then(|| format!("{} (stop the sweep first)", h.describe()))
+}
+
+/// Who runs a command that puts a hold: `alice@host (specd suspend)` (under sudo, the user who
+/// ran sudo).
+fn operator(command: &str) -> String {
+    let user = std::env::var("SUDO_USER").ok().filter(|u| !u.is_empty()).unwrap_or_else(|| {
+        let uid = nix::unistd::getuid();
+        nix::unistd::User::from_uid(uid).ok().flatten().map_or_else(|| format!("uid {uid}"), |u| u.name)
+    });
+    format!("{user}@{} ({command})", hostname(None))
+}
+
+/// `90s`, `15m`, `2h`, `1d`, `1h30m`: a duration for `--for`.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let bad = || format!("{text:?} is not a duration: write a number with s, m, h or d (90s, 15m, 2h, 1d, 1h30m)");
+    let mut total = 0u64;
+    let mut digits = String::new();
+    let t = text.trim();
+    if t.is_empty() {
+        return Err(bad());
+    }
+    for c in t.chars() {
+        if c.is_ascii_digit() {
+            digits.push(c);
+            continue;
+        }
+        let unit = match c {
+            's' => 1,
+            'm' => 60,
+            'h' => 3600,
+            'd' => 86_400,
+            _ => return Err(bad()),
+        };
+        let n: u64 = digits.parse().map_err(|_| bad())?;
+        total = n.checked_mul(unit).and_then(|x| total.checked_add(x)).ok_or_else(bad)?;
+        digits.clear();
+    }
+    if !digits.is_empty() || total == 0 {
+        return Err(bad());
+    }
+    Ok(Duration::from_secs(total))
+}
+
+/// The unit must be one specd has state for (a typo suspends nothing).
+fn known_unit(store: &Store, unit: &str) -> Result<Option<state::UnitState>> {
+    let units = store.units()?;
+    if !units.iter().any(|u| u == unit) {
+        eprintln!(
+            "specd: {unit}: specd has no state for this unit (it knows: {}); nothing was changed",
+            if units.is_empty() { "none".to_string() } else { units.join(", ") }
+        );
+        return Ok(None);
+    }
+    Ok(Some(store.peek(unit)?))
+}
+
+/// `specd suspend UNIT [--for D] [--reason R]`: the agent keeps its hands off the unit (it
+/// observes it and reports drift) until `specd resume` or the end of `--for`. A hand `specd
+/// apply` still applies.
+pub async fn suspend(
+    dirs: &Dirs,
+    unit: String,
+    for_: Option<Duration>,
+    reason: Option<String>,
+    socket: PathBuf,
+) -> Result<u8> {
+    let store = Store::new(&dirs.state_dir);
+    let Some(st) = known_unit(&store, &unit)? else { return Ok(1) };
+    if let Some(why) = live_sweep(&st) {
+        eprintln!("specd: refused: {unit}: {why}; nothing was changed");
+        return Ok(1);
+    }
+    let since = state::now();
+    let hold = state::Hold {
+        kind: state::HoldKind::Suspend,
+        by: operator("specd suspend"),
+        since,
+        until: for_.map(|d| since + d.as_secs()),
+        reason,
+        pid: None,
+        pinned_sha256: None,
+        desired_at_pin: None,
+    };
+    if let Some(old) = st.hold.as_ref().filter(|h| h.kind == state::HoldKind::Pin) {
+        println!("{unit}: replaces the pin ({}); `specd resume` ends both", old.describe());
+    }
+    store.set_hold(&unit, hold.clone()).await?;
+    println!("{unit}: {}", hold.describe());
+    println!("the agent observes it and reports drift, and changes nothing; a hand `specd apply` still applies");
+    notify_agent(&socket, &unit).await;
+    Ok(0)
+}
+
+/// `specd resume UNIT`: end a suspend or a pin; the agent reconciles the unit again.
+pub async fn resume(dirs: &Dirs, unit: String, socket: PathBuf) -> Result<u8> {
+    let store = Store::new(&dirs.state_dir);
+    let Some(st) = known_unit(&store, &unit)? else { return Ok(1) };
+    if let Some(why) = live_sweep(&st) {
+        eprintln!("specd: refused: {unit}: {why}");
+        return Ok(1);
+    }
+    match store.clear_hold(&unit, &format!("resumed by {}", operator("specd resume"))).await? {
+        None => println!("{unit}: not held; nothing to resume"),
+        Some(h) => {
+            println!("{unit}: no longer {}", h.describe());
+            notify_agent(&socket, &unit).await;
+        }
+    }
+    Ok(0)
+}
+
+/// Ask a running agent to look at a unit again (none may run).
+async fn notify_agent(socket: &Path, unit: &str) {
+    if control_post(socket, Some(unit)).await.is_ok() {
+        println!("asked the running agent to reconcile {unit}");
+    }
+}
+
+/// `specd rollback UNIT [--to HASH]`: apply an earlier good unit of its history again (the one
+/// before the deployed unit, or the one whose hash starts with HASH) through the normal apply,
+/// and pin it there: the agent leaves it until the source has a new desired unit or `specd
+/// resume`.
+pub async fn rollback(
+    dirs: &Dirs,
+    unit: String,
+    to: Option<String>,
+    reason: Option<String>,
+    socket: PathBuf,
+) -> Result<u8> {
+    let ctx = context::host_ctx(dirs, context::events(Sink::Stderr), Shutdown::never());
+    let Some(st) = known_unit(&ctx.store, &unit)? else { return Ok(1) };
+    if let Some(why) = live_sweep(&st) {
+        eprintln!("specd: refused: {unit}: {why}; nothing was changed");
+        return Ok(1);
+    }
+    let deployed = ctx.host.read(&crate::host::unit_path(&dirs.unit_dir, &unit))?.map(|b| specd_spec::sha256_hex(&b));
+    let target = match rollback_target(&st, deployed.as_deref(), to.as_deref()) {
+        Ok(t) => t.clone(),
+        Err(e) => {
+            eprintln!("specd: {unit}: {e}; nothing was changed");
+            return Ok(1);
+        }
+    };
+    let d = DesiredState::new(target.spec.clone(), target.source.clone());
+    if d.unit.sha256 != target.sha256 {
+        println!(
+            "note: this specd renders that spec as unit {} (it was {} when it ran)",
+            short(&d.unit.sha256),
+            short(&target.sha256)
+        );
+    }
+    // The desired unit the source had when pinned: a second rollback keeps the first's.
+    let desired_at_pin = match &st.hold {
+        Some(h) if h.kind == state::HoldKind::Pin => h.desired_at_pin.clone(),
+        _ => st.desired.as_ref().map(|r| r.sha256.clone()),
+    };
+    let hold = state::Hold {
+        kind: state::HoldKind::Pin,
+        by: operator("specd rollback"),
+        since: state::now(),
+        until: None,
+        reason,
+        pid: None,
+        pinned_sha256: Some(d.unit.sha256.clone()),
+        desired_at_pin,
+    };
+    // Pinned first: an agent that runs does not move it forward meanwhile.
+    ctx.store.set_hold(&unit, hold.clone()).await?;
+    println!(
+        "{unit}: rolling back to unit {} ({}, good at {})",
+        short(&d.unit.sha256),
+        d.source.as_ref().map_or("no source".into(), |s| s.to_string()),
+        state::format_time(target.time)
+    );
+    let report = reconcile::reconcile(&ctx, &d, false).await?;
+    println!("{}", report.verdict);
+    let runs = matches!(
+        (report.outcome, report.plan.sync),
+        (Some(state::Outcome::Applied | state::Outcome::Started), _) | (None, SyncStatus::InSync)
+    );
+    if runs {
+        println!("{unit}: {}", hold.describe());
+        notify_agent(&socket, &unit).await;
+        Ok(0)
+    } else {
+        ctx.store.clear_hold_if(&unit, "the rollback to it did not run", |h| *h == hold).await?;
+        println!("{unit}: not pinned (the rollback did not run)");
+        notify_agent(&socket, &unit).await;
+        Ok(1)
+    }
+}
+
+/// The good unit `specd rollback` goes back to: the newest kept one that is not deployed, or
+/// the one whose hash starts with `to`.
+fn rollback_target<'a>(
+    st: &'a state::UnitState,
+    deployed: Option<&str>,
+    to: Option<&str>,
+) -> Result<&'a state::DesiredRecord, String> {
+    let kept = || {
+        let v: Vec<String> = st
+            .good_specs
+            .iter()
+            .rev()
+            .map(|g| format!("{} ({})", short(&g.sha256), state::format_time(g.time)))
+            .collect();
+        if v.is_empty() { "none".to_string() } else { v.join(", ") }
+    };
+    match to {
+        Some(prefix) => {
+            let p = prefix.trim().to_ascii_lowercase();
+            if p.len() < 4 || !p.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return Err(format!("--to {prefix:?}: give at least 4 hex digits of a unit hash (`specd history`)"));
+            }
+            let found: Vec<_> = st.good_specs.iter().filter(|g| g.sha256.starts_with(&p)).collect();
+            match found.as_slice() {
+                [one] => Ok(one),
+                [] if st.history.iter().any(|h| h.sha256.starts_with(&p)) => Err(format!(
+                    "unit {p} is in the history, but specd keeps the specs of the last {} good units only, and it is not one of them (kept: {})",
+                    state::GOOD_SPECS_MAX,
+                    kept()
+                )),
+                [] => Err(format!("no good unit {p} is recorded (kept: {})", kept())),
+                _ => Err(format!("--to {p} names more than one unit: give more digits (kept: {})", kept())),
+            }
+        }
+        None => st
+            .good_specs
+            .iter()
+            .rev()
+            .find(|g| Some(g.sha256.as_str()) != deployed)
+            .ok_or_else(|| format!("no earlier good unit is recorded to roll back to (kept: {})", kept())),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::service::ActiveState;
+
+    #[test]
+    fn durations_are_numbers_with_units() {
+        assert_eq!(parse_duration("90s"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("1h30m"), Ok(Duration::from_secs(5400)));
+        assert_eq!(parse_duration("2d"), Ok(Duration::from_secs(172_800)));
+        for bad in ["", "10", "h", "5x", "0m", "-1h", "1.5h"] {
+            assert!(parse_duration(bad).unwrap_err().contains("is not a duration"), "{bad}");
+        }
+    }
+
+    fn good(sha: &str, time: u64) -> state::DesiredRecord {
+        let text = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/llama-cpp-qwen-draft.yaml"));
+        let spec = specd_spec::parse("t.yaml", text).and_then(|p| p.resolve(None)).unwrap();
+        state::DesiredRecord { sha256: sha.into(), source: None, time, spec }
+    }
+
+    #[test]
+    fn a_rollback_goes_to_the_newest_good_unit_not_deployed_or_the_one_named() {
+        let mut st = state::UnitState { unit: "t.service".into(), ..Default::default() };
+        assert!(rollback_target(&st, None, None).unwrap_err().contains("no earlier good unit"));
+        st.good_specs = vec![good("aaaa1111", 1), good("aaaa2222", 2), good("bbbb3333", 3)];
+        assert_eq!(rollback_target(&st, Some("bbbb3333"), None).unwrap().sha256, "aaaa2222");
+        // The deployed unit failed and was not kept: the newest good one is the target.
+        assert_eq!(rollback_target(&st, Some("cccc4444"), None).unwrap().sha256, "bbbb3333");
+        assert_eq!(rollback_target(&st, None, Some("AAAA1")).unwrap().sha256, "aaaa1111");
+        assert!(rollback_target(&st, None, Some("aaaa")).unwrap_err().contains("more than one"));
+        assert!(rollback_target(&st, None, Some("abc")).unwrap_err().contains("at least 4 hex digits"));
+        assert!(rollback_target(&st, None, Some("dddd")).unwrap_err().contains("no good unit dddd"));
+        st.history.push(state::HistoryEntry {
+            time: 0,
+            sha256: "dddd0000".into(),
+            source: None,
+            outcome: state::Outcome::Applied,
+            message: String::new(),
+            stop_verdict: None,
+            duration_ms: 0,
+        });
+        assert!(rollback_target(&st, None, Some("dddd")).unwrap_err().contains("keeps the specs of the last 8"));
+    }
 
     #[test]
     fn health_is_the_readiness_answer_or_else_systemd_s_state() {

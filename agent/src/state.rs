@@ -19,8 +19,7 @@ pub fn now() -> u64 {
 
 /// `2026-12-02T11:18:00Z` for unix seconds.
 pub fn format_time(secs: u64) -> String {
-    let (y, m, d, h, mi, s) = specd_spec::utc(secs);
-    format!("{y:04}-{m:02}-{d:02}T{h:02}:{mi:02}:{s:02}Z")
+    crate::hold::format_time(secs)
 }
 
 /// Where a desired state came from.
@@ -57,7 +56,16 @@ pub enum Outcome {
     Reported,
     /// A person cleared the quarantine of a unit hash (`specd unquarantine`).
     Unquarantined,
+    /// A hold was put on the unit (`specd suspend`, `specd rollback`'s pin, a sweep).
+    HoldSet,
+    /// A hold ended (`specd resume`, it expired, its sweep ended, the source moved past a pin).
+    HoldCleared,
 }
+
+/// How many specs of past good units are kept per unit (the targets of `specd rollback`).
+pub const GOOD_SPECS_MAX: usize = 8;
+
+pub use crate::hold::{Hold, HoldKind};
 
 /// A unit that ran and passed verification: the rollback target.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -130,6 +138,13 @@ pub struct UnitState {
     /// How the last instance that ended ended, recorded when specd saw it end (an apply's stop).
     #[serde(default)]
     pub last_ended: Option<LastEnded>,
+    /// A hold that keeps the agent's hands off the unit (suspend, pin, sweep).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hold: Option<Hold>,
+    /// The specs of the last good units (applied or started, verified and ready), oldest first,
+    /// at most [`GOOD_SPECS_MAX`]: what `specd rollback` re-applies.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub good_specs: Vec<DesiredRecord>,
 }
 
 /// The verdict on the last instance that ended, and the instance that followed it: true while
@@ -172,6 +187,19 @@ impl UnitState {
     }
 
     pub fn record(&mut self, e: HistoryEntry) {
+        // A unit that ran, verified and ready: its spec is kept as a rollback target.
+        if matches!(e.outcome, Outcome::Applied | Outcome::Started)
+            && let Some(d) = self.desired.as_ref().filter(|d| d.sha256 == e.sha256)
+        {
+            let mut d = d.clone();
+            d.time = e.time;
+            self.good_specs.retain(|g| g.sha256 != d.sha256);
+            self.good_specs.push(d);
+            if self.good_specs.len() > GOOD_SPECS_MAX {
+                let extra = self.good_specs.len() - GOOD_SPECS_MAX;
+                self.good_specs.drain(..extra);
+            }
+        }
         self.history.push(e);
         if self.history.len() > HISTORY_MAX {
             let extra = self.history.len() - HISTORY_MAX;
@@ -283,6 +311,52 @@ impl Store {
             }
         }
         walk(&self.dir, 0);
+    }
+
+    /// Put a hold on a unit, under the unit's lock (it waits for a reconcile of the unit to
+    /// finish), recorded in its history. Replaces a hold that was there.
+    pub async fn set_hold(&self, unit: &str, hold: Hold) -> Result<()> {
+        let _lock = crate::lock::UnitLock::acquire(&self.locks_dir(), unit).await?;
+        let mut st = self.load(unit)?;
+        let message = format!("HoldSet: {unit}: {}", hold.describe());
+        let sha = hold.pinned_sha256.clone().or_else(|| st.written_sha256.clone()).unwrap_or_default();
+        st.record(HistoryEntry {
+            time: now(),
+            sha256: sha,
+            source: None,
+            outcome: Outcome::HoldSet,
+            message,
+            stop_verdict: None,
+            duration_ms: 0,
+        });
+        st.hold = Some(hold);
+        self.save(&st)
+    }
+
+    /// End a unit's hold, under its lock, recorded in its history (`why`: resumed, expired…).
+    /// The hold that was there, if any.
+    pub async fn clear_hold(&self, unit: &str, why: &str) -> Result<Option<Hold>> {
+        self.clear_hold_if(unit, why, |_| true).await
+    }
+
+    /// End a unit's hold if it is still one `which` accepts (the one a decision was made on,
+    /// not one set since).
+    pub async fn clear_hold_if(&self, unit: &str, why: &str, which: impl Fn(&Hold) -> bool) -> Result<Option<Hold>> {
+        let _lock = crate::lock::UnitLock::acquire(&self.locks_dir(), unit).await?;
+        let mut st = self.load(unit)?;
+        let Some(h) = st.hold.take_if(|h| which(h)) else { return Ok(None) };
+        let sha = h.pinned_sha256.clone().or_else(|| st.written_sha256.clone()).unwrap_or_default();
+        st.record(HistoryEntry {
+            time: now(),
+            sha256: sha,
+            source: None,
+            outcome: Outcome::HoldCleared,
+            message: format!("HoldCleared: {unit}: no longer {}: {why}", h.describe()),
+            stop_verdict: None,
+            duration_ms: 0,
+        });
+        self.save(&st)?;
+        Ok(Some(h))
     }
 
     /// Units specd has state for, sorted.
@@ -405,5 +479,108 @@ mod tests {
         assert_eq!(store.peek("a.service").unwrap(), UnitState { unit: "a.service".into(), ..Default::default() });
         assert!(p.exists());
         assert_eq!(store.units().unwrap(), vec!["a.service".to_string()], "still listed");
+    }
+
+    fn desired(sha: &str) -> DesiredRecord {
+        let text = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/llama-cpp-qwen-draft.yaml"));
+        let spec = specd_spec::parse("t.yaml", text).and_then(|p| p.resolve(None)).unwrap();
+        DesiredRecord { sha256: sha.into(), source: None, time: 0, spec }
+    }
+
+    fn entry(sha: &str, outcome: Outcome, time: u64) -> HistoryEntry {
+        HistoryEntry {
+            time,
+            sha256: sha.into(),
+            source: None,
+            outcome,
+            message: String::new(),
+            stop_verdict: None,
+            duration_ms: 0,
+        }
+    }
+
+    #[test]
+    fn the_specs_of_good_units_are_kept_bounded_for_rollback() {
+        let mut st = fresh("a.service");
+        // A failed apply keeps nothing; an applied one keeps its spec.
+        st.desired = Some(desired("bad"));
+        st.record(entry("bad", Outcome::Failed, 1));
+        assert!(st.good_specs.is_empty());
+        for i in 0..(GOOD_SPECS_MAX as u64 + 3) {
+            st.desired = Some(desired(&format!("s{i}")));
+            st.record(entry(&format!("s{i}"), Outcome::Applied, 10 + i));
+        }
+        assert_eq!(st.good_specs.len(), GOOD_SPECS_MAX);
+        assert_eq!(st.good_specs[0].sha256, "s3");
+        // Applied again: moves to the newest place, with its new time, once.
+        st.desired = Some(desired("s5"));
+        st.record(entry("s5", Outcome::Started, 99));
+        assert_eq!(st.good_specs.len(), GOOD_SPECS_MAX);
+        let last = st.good_specs.last().unwrap();
+        assert_eq!((last.sha256.as_str(), last.time), ("s5", 99));
+        assert_eq!(st.good_specs.iter().filter(|g| g.sha256 == "s5").count(), 1);
+        // An entry for another hash than the desired one keeps nothing.
+        st.record(entry("other", Outcome::Applied, 100));
+        assert!(st.good_specs.iter().all(|g| g.sha256 != "other"));
+    }
+
+    #[tokio::test]
+    async fn a_hold_is_saved_and_cleared_under_the_lock_and_recorded() {
+        let d = tempfile::tempdir().unwrap();
+        let store = Store::new(d.path());
+        let hold = Hold {
+            kind: HoldKind::Suspend,
+            by: "root@h (specd suspend)".into(),
+            since: 1,
+            until: Some(3601),
+            reason: Some("incident 42".into()),
+            pid: None,
+            pinned_sha256: None,
+            desired_at_pin: None,
+        };
+        store.set_hold("a.service", hold.clone()).await.unwrap();
+        let st = store.load("a.service").unwrap();
+        assert_eq!(st.hold.as_ref(), Some(&hold));
+        let h = st.history.last().unwrap();
+        assert_eq!(h.outcome, Outcome::HoldSet);
+        assert_eq!(
+            h.message,
+            "HoldSet: a.service: suspended by root@h (specd suspend) since 1970-01-01T00:00:01Z until 1970-01-01T01:00:01Z: incident 42"
+        );
+        // Not cleared when it is not the hold asked for (one set since).
+        assert_eq!(store.clear_hold_if("a.service", "x", |h| h.kind == HoldKind::Pin).await.unwrap(), None);
+        assert_eq!(store.clear_hold("a.service", "resumed").await.unwrap(), Some(hold));
+        let st = store.load("a.service").unwrap();
+        assert_eq!(st.hold, None);
+        assert_eq!(st.history.last().unwrap().outcome, Outcome::HoldCleared);
+        assert!(st.history.last().unwrap().message.ends_with(": resumed"), "{}", st.history.last().unwrap().message);
+        assert_eq!(store.clear_hold("a.service", "again").await.unwrap(), None);
+        assert_eq!(store.load("a.service").unwrap().history.len(), 2);
+    }
+
+    #[tokio::test]
+    async fn a_hold_waits_for_a_reconcile_that_holds_the_lock() {
+        let d = tempfile::tempdir().unwrap();
+        let store = Store::new(d.path());
+        let lock = crate::lock::UnitLock::try_acquire(&store.locks_dir(), "a.service").unwrap().unwrap();
+        let hold = Hold {
+            kind: HoldKind::Suspend,
+            by: "x".into(),
+            since: 1,
+            until: None,
+            reason: None,
+            pid: None,
+            pinned_sha256: None,
+            desired_at_pin: None,
+        };
+        let (s2, h2) = (store.clone(), hold.clone());
+        let set = tokio::spawn(async move { s2.set_hold("a.service", h2).await });
+        // While the lock is held (a reconcile saves its state at its end), nothing is written.
+        tokio::task::yield_now().await;
+        assert!(!set.is_finished());
+        assert_eq!(store.peek("a.service").unwrap().hold, None);
+        drop(lock);
+        set.await.unwrap().unwrap();
+        assert_eq!(store.peek("a.service").unwrap().hold, Some(hold));
     }
 }

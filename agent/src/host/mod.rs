@@ -211,3 +211,30 @@ pub fn unit_path(unit_dir: &Path, unit: &str) -> PathBuf {
 
 #[cfg(test)]
 pub mod fake;
+
+/// Whether process `pid` exists (signal 0; EPERM: it exists, owned by someone else).
+pub fn pid_alive(pid: u32) -> bool {
+    let Ok(p) = i32::try_from(pid) else { return false };
+    if p <= 0 {
+        return false;
+    }
+    match nix::sys::signal::kill(nix::unistd::Pid::from_raw(p), None) {
+        Ok(()) => true,
+        Err(e) => e == nix::errno::Errno::EPERM,
+    }
+}
+
+#[cfg(test)]
+mod pid_tests {
+    use super::*;
+
+    #[test]
+    fn this_process_is_alive_and_a_reaped_child_is_not() {
+        assert!(pid_alive(std::process::id()));
+        let mut c = std::process::Command::new("true").spawn().unwrap();
+        let pid = c.id();
+        c.wait().unwrap();
+        assert!(!pid_alive(pid));
+        assert!(!pid_alive(0));
+    }
+}

@@ -1,0 +1,192 @@
+//! Whether a hold on a unit keeps the agent's hands off it now: pure, decided from the hold, the
+//! time, whether the sweep's process lives and the source's desired unit hash.
+
+use serde::{Deserialize, Serialize};
+
+/// What kind of hold keeps the agent's hands off a unit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum HoldKind {
+    /// `specd suspend`: hands off until resumed (or `until`).
+    Suspend,
+    /// `specd rollback`: the unit stays at `pinned_sha256` until the source's desired unit is a
+    /// new one (differs from `desired_at_pin`) or the operator resumes it.
+    Pin,
+    /// A sweep (a process that tries specs on the unit): hands off while that process lives.
+    Sweep,
+}
+
+impl std::fmt::Display for HoldKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            HoldKind::Suspend => "suspended",
+            HoldKind::Pin => "pinned",
+            HoldKind::Sweep => "held by a sweep",
+        })
+    }
+}
+
+/// A hold on a unit: the agent leaves it alone (observes and reports only) while the hold is in
+/// effect (see `hold::effective`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Hold {
+    pub kind: HoldKind,
+    /// Who put it: `root@host (specd suspend)`, `specd sweep qwen-mtp-steps`.
+    pub by: String,
+    /// Unix seconds.
+    pub since: u64,
+    /// When it expires (None: until resumed).
+    #[serde(default)]
+    pub until: Option<u64>,
+    #[serde(default)]
+    pub reason: Option<String>,
+    /// Sweep: the sweep's process; once it is gone the hold ends.
+    #[serde(default)]
+    pub pid: Option<u32>,
+    /// Pin: the unit hash pinned.
+    #[serde(default)]
+    pub pinned_sha256: Option<String>,
+    /// Pin: the desired unit hash the source had when the pin was set.
+    #[serde(default)]
+    pub desired_at_pin: Option<String>,
+}
+
+impl Hold {
+    /// One line for people: `suspended by root@h (specd suspend) since … until …: reason`.
+    pub fn describe(&self) -> String {
+        let mut s = format!("{} by {} since {}", self.kind, self.by, format_time(self.since));
+        match self.until {
+            Some(u) => s.push_str(&format!(" until {}", format_time(u))),
+            None if self.kind == HoldKind::Sweep => {}
+            None if self.kind == HoldKind::Pin => s.push_str(" until the source has a new unit or `specd resume`"),
+            None => s.push_str(" until `specd resume`"),
+        }
+        if let Some(p) = &self.pinned_sha256 {
+            s.push_str(&format!(", at unit {}", specd_spec::short(p)));
+        }
+        if let Some(pid) = self.pid {
+            s.push_str(&format!(", sweep pid {pid}"));
+        }
+        if let Some(r) = &self.reason {
+            s.push_str(&format!(": {r}"));
+        }
+        s
+    }
+}
+
+/// What a hold means for the agent's next reconcile of its unit.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HoldEffect {
+    /// The hold does not stop the agent (nothing to clear).
+    Acts,
+    /// Observe and report only; why, for the log and status.
+    HandsOff(String),
+    /// The hold has ended: clear it (recorded with why), then reconcile as usual.
+    Expired(String),
+}
+
+/// The effect of a unit's `hold` (if it has one) at unix time `now`, for a source whose desired
+/// unit is `desired_sha`. `pid_alive`: the hold's process (a sweep's) still runs; ignored when
+/// the hold names none.
+pub fn effective(hold: Option<&Hold>, now: u64, pid_alive: bool, desired_sha: &str) -> HoldEffect {
+    let Some(hold) = hold else { return HoldEffect::Acts };
+    if let Some(until) = hold.until
+        && now >= until
+    {
+        return HoldEffect::Expired(format!("it expired at {}", format_time(until)));
+    }
+    if let Some(pid) = hold.pid
+        && !pid_alive
+    {
+        return HoldEffect::Expired(format!("its process {pid} is gone"));
+    }
+    match hold.kind {
+        HoldKind::Suspend => HoldEffect::HandsOff(format!("suspended by {}", hold.by)),
+        HoldKind::Sweep => HoldEffect::HandsOff(format!("a sweep holds it ({})", hold.by)),
+        HoldKind::Pin => match &hold.desired_at_pin {
+            // The source has a unit that did not exist when the pin was set: move forward.
+            Some(at) if at != desired_sha => HoldEffect::Expired(format!(
+                "the source's desired unit is {} now (it was {} when pinned)",
+                specd_spec::short(desired_sha),
+                specd_spec::short(at)
+            )),
+            _ => HoldEffect::HandsOff(format!(
+                "pinned at unit {} by {} until the source has a new unit",
+                hold.pinned_sha256.as_deref().map_or("-", specd_spec::short),
+                hold.by
+            )),
+        },
+    }
+}
+
+/// `2026-12-02T11:18:00Z` for unix seconds.
+pub fn format_time(secs: u64) -> String {
+    let (y, m, d, h, mi, s) = specd_spec::utc(secs);
+    format!("{y:04}-{m:02}-{d:02}T{h:02}:{mi:02}:{s:02}Z")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hold(kind: HoldKind) -> Hold {
+        Hold {
+            kind,
+            by: "root@h (specd suspend)".into(),
+            since: 100,
+            until: None,
+            reason: None,
+            pid: None,
+            pinned_sha256: None,
+            desired_at_pin: None,
+        }
+    }
+
+    #[test]
+    fn no_hold_no_effect() {
+        assert_eq!(effective(None, 0, false, "d"), HoldEffect::Acts);
+    }
+
+    #[test]
+    fn a_suspend_keeps_hands_off_until_it_expires() {
+        let mut h = hold(HoldKind::Suspend);
+        assert!(
+            matches!(effective(Some(&h), 1_000_000, false, "d"), HoldEffect::HandsOff(w) if w.contains("suspended by root@h"))
+        );
+        h.until = Some(200);
+        assert!(matches!(effective(Some(&h), 199, false, "d"), HoldEffect::HandsOff(_)));
+        assert!(
+            matches!(effective(Some(&h), 200, false, "d"), HoldEffect::Expired(w) if w.contains("expired at 1970-01-01T00:03:20Z"))
+        );
+    }
+
+    #[test]
+    fn a_sweep_hold_ends_with_its_process() {
+        let mut h = hold(HoldKind::Sweep);
+        h.pid = Some(42);
+        assert!(
+            matches!(effective(Some(&h), 150, true, "d"), HoldEffect::HandsOff(w) if w.contains("a sweep holds it"))
+        );
+        assert!(
+            matches!(effective(Some(&h), 150, false, "d"), HoldEffect::Expired(w) if w.contains("process 42 is gone"))
+        );
+    }
+
+    #[test]
+    fn a_pin_holds_until_the_source_has_a_new_unit() {
+        let mut h = hold(HoldKind::Pin);
+        h.pinned_sha256 = Some("aaaaaaaaaaaaaaaa".into());
+        h.desired_at_pin = Some("bbbbbbbbbbbbbbbb".into());
+        // The source still wants the unit that was rolled back from: stay.
+        assert!(
+            matches!(effective(Some(&h), 150, false, "bbbbbbbbbbbbbbbb"), HoldEffect::HandsOff(w) if w.contains("pinned at unit aaaaaaaaaaaa"))
+        );
+        // A new commit with a new unit: move forward (even to the pinned unit itself).
+        assert!(
+            matches!(effective(Some(&h), 150, false, "cccccccccccccccc"), HoldEffect::Expired(w) if w.contains("cccccccccccc now"))
+        );
+        // A pin with a deadline expires like any hold.
+        h.until = Some(150);
+        assert!(matches!(effective(Some(&h), 150, false, "bbbbbbbbbbbbbbbb"), HoldEffect::Expired(_)));
+    }
+}

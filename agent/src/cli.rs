@@ -56,8 +56,12 @@ pub enum Command {
         #[arg(long)]
         hash: bool,
     },
-    /// Print the JSON Schema of spec files.
-    Schema,
+    /// Print the JSON Schema of spec files (or, with `--kind sweep`, of sweep files).
+    Schema {
+        /// Which document: `inference-service` (a spec) or `sweep`.
+        #[arg(long, value_enum, default_value = "inference-service")]
+        kind: SchemaKind,
+    },
     /// Reconcile one spec now: stop, wait for an empty cgroup, write, reload, start, verify,
     /// wait for readiness; roll back if it fails.
     Apply {
@@ -195,6 +199,15 @@ pub enum Command {
     },
 }
 
+/// The documents `specd schema` describes.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum SchemaKind {
+    /// A spec (`kind: InferenceService`).
+    InferenceService,
+    /// A sweep (`kind: Sweep`).
+    Sweep,
+}
+
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let dirs = cli.global.dirs();
@@ -240,8 +253,11 @@ pub fn main() -> ExitCode {
         Command::Diagnose { unit, json } => run_async(ops::diagnose(unit, json, &dirs)),
         Command::Validate { files } => validate(&files),
         Command::Render { file, host, hash } => render(&file, host.as_deref(), hash),
-        Command::Schema => {
-            print!("{}", specd_spec::json_schema());
+        Command::Schema { kind } => {
+            match kind {
+                SchemaKind::InferenceService => print!("{}", specd_spec::json_schema()),
+                SchemaKind::Sweep => print!("{}", specd_spec::sweep::json_schema()),
+            }
             ExitCode::SUCCESS
         }
     }
@@ -258,6 +274,7 @@ fn validate(paths: &[PathBuf]) -> ExitCode {
     let mut bad = 0;
     for f in &files {
         let diags = match std::fs::read_to_string(f) {
+            Ok(text) if specd_spec::sweep::is_sweep(&text) => validate_sweep(f, &text),
             Ok(text) => specd_spec::check(&f.display().to_string(), &text),
             Err(e) => specd_spec::Diagnostics(vec![specs::io_diag(f, &e)]),
         };
@@ -275,6 +292,19 @@ fn validate(paths: &[PathBuf]) -> ExitCode {
         ExitCode::from(1)
     } else {
         ExitCode::SUCCESS
+    }
+}
+
+/// A sweep document, its base spec and every point of it.
+fn validate_sweep(f: &std::path::Path, text: &str) -> specd_spec::Diagnostics {
+    let sweep = match specd_spec::sweep::parse_sweep(text, &f.display().to_string()) {
+        Ok(s) => s,
+        Err(d) => return d,
+    };
+    let base = sweep.base_path(f);
+    match specs::load(&base).and_then(|b| specd_spec::sweep::points(&sweep, &b)) {
+        Ok(_) => specd_spec::Diagnostics::default(),
+        Err(d) => d,
     }
 }
 

@@ -95,6 +95,10 @@ fn rendered_units_pass_systemd_analyze_verify() {
         if p.extension().is_none_or(|x| x != "yaml") {
             continue;
         }
+        // A sweep document (`kind: Sweep`) renders no unit itself.
+        if p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("sweep-")) {
+            continue;
+        }
         let mut parsed = specd_spec::parse("x.yaml", &std::fs::read_to_string(&p).unwrap()).unwrap();
         parsed.document.spec.command = Some(vec!["/bin/true".into()]);
         let spec = parsed.resolve(None).unwrap();
@@ -110,4 +114,39 @@ fn rendered_units_pass_systemd_analyze_verify() {
             String::from_utf8_lossy(&out.stderr)
         );
     }
+}
+
+#[test]
+fn schema_kind_sweep_prints_the_checked_in_sweep_schema() {
+    let out = specd().args(["schema", "--kind", "sweep"]).output().unwrap();
+    assert!(out.status.success());
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap(),
+        std::fs::read_to_string(root().join("schemas/sweep.schema.json")).unwrap()
+    );
+}
+
+/// `specd validate` tells a sweep from a spec by its kind, and checks the sweep's base spec and
+/// every point of it.
+#[test]
+fn validate_checks_a_sweep_and_every_point_of_it() {
+    let out = specd().args(["validate", "examples/sweep-qwen-mtp-steps.yaml"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::copy(root().join("examples/qwen35-122b-mtp.yaml"), dir.path().join("qwen35-122b-mtp.yaml")).unwrap();
+    let text = std::fs::read_to_string(root().join("examples/sweep-qwen-mtp-steps.yaml"))
+        .unwrap()
+        .replace("speculative.num_steps: [1, 2, 3, 4, 5, 6, 8, 10]", "speculative.num_draft_tokens: [11, 12]");
+    let sweep = dir.path().join("sweep.yaml");
+    std::fs::write(&sweep, text).unwrap();
+    let out = specd().arg("validate").arg(&sweep).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "{}:14:40: spec.matrix.speculative.num_draft_tokens[1]: point num_draft_tokens=12: speculative.num_draft_tokens: num_draft_tokens must be num_steps + 1 = 11",
+            sweep.display()
+        )),
+        "{stderr}"
+    );
 }

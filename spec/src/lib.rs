@@ -16,6 +16,7 @@ mod engine;
 pub mod model;
 mod render;
 mod resolve;
+pub mod sweep;
 mod units;
 mod validate;
 

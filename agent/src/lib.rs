@@ -23,11 +23,13 @@ mod plan;
 mod probe;
 mod reconcile;
 mod recovery;
+mod report;
 mod service;
 mod source;
 mod specs;
 mod speculation;
 mod state;
+mod sweep;
 mod systemd;
 
 /// The `specd` command line (the binary is only this).
@@ -47,6 +49,8 @@ pub use systemd::PROPS as UNIT_PROPERTIES;
 pub use loadgen::{
     Api as LoadApi, BUILTIN_PROMPTS, Level as LoadLevel, LevelResult, prompts_from_jsonl, run as run_load,
 };
+/// A sweep's records (`results.jsonl`), for the end-to-end tests of `specd sweep`.
+pub use report::{PointOutcome, PointResult};
 
 #[cfg(test)]
 mod faults;

@@ -1,5 +1,7 @@
 //! `specd sweep` end to end: its load generator against the stand-in process (as each engine)
-//! and against the real llama-server.
+//! and against the real llama-server; the command in the systemd box (points applied through
+//! the apply path, a point that dies recorded with its verdict, kill -9 and --resume, a running
+//! agent that keeps its hands off the swept unit); a real llama-server sweep over the draft size.
 
 mod common;
 
@@ -155,4 +157,136 @@ fn the_load_generator_reads_real_llama_server_accept_rates() {
     assert!(rate > 0.0 && rate <= 1.0, "{r:?}");
     assert!(r.evidence.iter().any(|e| e.starts_with("timings.draft_n=")), "{r:?}");
     assert!(r.tok_s_median.unwrap() > 0.0);
+}
+
+const UNIT: &str = "qwen.service";
+
+/// The stand-in SGLang spec, quick to load and drain.
+fn base_spec(e: &Env, steps: u32) -> String {
+    e.spec(
+        UNIT,
+        steps,
+        "  service: {timeout_stop_sec: 5, environment: {SPECD_STANDIN_LOAD_MS: \"100\", SPECD_STANDIN_WARMUP_MS: \"0\", SPECD_STANDIN_DRAIN_POLL_MS: \"100\", SPECD_STANDIN_TOKENS_PER_SEC: \"400\"}}\n",
+    )
+}
+
+fn sweep_doc(steps: &str, after: &str) -> String {
+    format!(
+        "apiVersion: specd/v1
+kind: Sweep
+metadata: {{name: steps}}
+spec:
+  base: base.yaml
+  matrix:
+    speculative.num_steps: [{steps}]
+  load: {{concurrency: [1, 4], requests: 4, warmup: 1, max_tokens: 16}}
+  objective: {{maximize: throughput, at_concurrency: 4}}
+  after: {after}
+"
+    )
+}
+
+fn results(e: &Env, out: &str) -> Vec<specd::PointResult> {
+    let text = e.b.read_to_string(&format!("{out}/results.jsonl")).unwrap_or_default();
+    text.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|err| panic!("{err}: {l}"))).collect()
+}
+
+/// How many times each unit hash was applied (history entries `applied`).
+fn applies(e: &Env) -> std::collections::BTreeMap<String, usize> {
+    let mut m = std::collections::BTreeMap::new();
+    for h in e.state(UNIT)["history"].as_array().unwrap() {
+        if h["outcome"] == "applied" {
+            *m.entry(h["sha256"].as_str().unwrap().to_string()).or_default() += 1;
+        }
+    }
+    m
+}
+
+#[test]
+fn a_sweep_measures_each_point_restores_the_unit_and_writes_its_reports() {
+    let e = Env::new();
+    let base = e.put("base.yaml", &base_spec(&e, 3));
+    let o = e.specd(&["apply", "-f", &base]);
+    assert!(o.status.success(), "{}", text(&o));
+    let sweep = e.put("sweep.yaml", &sweep_doc("1, 2, 4", "restore"));
+    let out = "/run/specs/out";
+    let o = e.specd(&["sweep", "-f", &sweep, "--out", out]);
+    let said = text(&o);
+    assert!(o.status.success(), "{said}");
+    let r = results(&e, out);
+    assert_eq!(
+        r.iter().map(|r| r.label.as_str()).collect::<Vec<_>>(),
+        ["num_steps=1", "num_steps=2", "num_steps=4"],
+        "{said}"
+    );
+    for p in &r {
+        assert_eq!(p.outcome, specd::PointOutcome::Measured, "{p:?}\n{said}");
+        assert_eq!(p.levels.iter().map(|l| l.concurrency).collect::<Vec<_>>(), [1, 4]);
+        assert!(p.levels.iter().all(|l| l.errors == 0 && l.requests == 4 && l.output_tokens == 64), "{p:?}");
+        assert!(p.levels[0].accept_length.is_some(), "the engine's evidence: {p:?}");
+        assert_eq!(p.max_running_requests, Some(serde_json::json!(16)));
+    }
+    // Every point went through the apply path once; the unit is back on steps 3, the hold gone.
+    let a = applies(&e);
+    assert!(r.iter().all(|p| a.get(&p.unit_sha256) == Some(&1)), "{a:?}");
+    assert_eq!(e.served_steps(), Some(3));
+    assert!(e.state(UNIT)["hold"].is_null(), "{}", e.state(UNIT));
+    assert!(said.contains("[2/3] num_steps=2: verified and ready"), "{said}");
+    assert!(said.contains("concurrency 4:"), "{said}");
+    // The reports; the winner's change printed as a diff of the base spec.
+    let table = e.b.read_to_string(&format!("{out}/table.md")).unwrap();
+    assert!(table.starts_with("| point |") && table.contains("★"), "{table}");
+    assert!(said.contains(&table), "the table is printed: {said}");
+    let csv = e.b.read_to_string(&format!("{out}/results.csv")).unwrap();
+    assert_eq!(csv.lines().count(), 1 + 3 * 2, "{csv}");
+    let svg = e.b.read_to_string(&format!("{out}/plot.svg")).unwrap();
+    assert!(svg.starts_with("<svg") && svg.contains("concurrency 4"), "{svg}");
+    assert!(
+        said.contains("--- /run/specs/base.yaml") && said.contains("-  speculative: {algorithm: NEXTN, num_steps: 3"),
+        "{said}"
+    );
+    assert_eq!(
+        e.b.read_to_string("/run/specs/base.yaml").unwrap(),
+        base_spec(&e, 3),
+        "no --write: the file is as it was"
+    );
+
+    // --write puts the winner into the base spec, the rest of the file byte for byte; a second
+    // run over the same output directory needs --resume, and measures nothing again.
+    let o = e.specd(&["sweep", "-f", &sweep, "--out", out]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("--resume"), "{}", text(&o));
+    let o = e.specd(&["sweep", "-f", &sweep, "--out", out, "--resume", "--write"]);
+    let said = text(&o);
+    assert!(o.status.success(), "{said}");
+    assert!(said.contains("[1/3] num_steps=1: measured before"), "{said}");
+    assert_eq!(results(&e, out).len(), 3);
+    let best = r.iter().max_by(|a, b| a.levels[1].throughput.total_cmp(&b.levels[1].throughput)).unwrap();
+    let steps = best.values[0].1.as_u64().unwrap() as u32;
+    let written = e.b.read_to_string("/run/specs/base.yaml").unwrap();
+    assert_eq!(
+        written,
+        base_spec(&e, 3).replace(
+            "num_steps: 3, eagle_topk: 1, num_draft_tokens: 4",
+            &format!("num_steps: {steps}, eagle_topk: 1, num_draft_tokens: {}", steps + 1)
+        ),
+        "{said}"
+    );
+    let o = e.specd(&["render", "--hash", &base]);
+    assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), best.unit_sha256);
+    e.b.shutdown().unwrap();
+}
+
+#[test]
+fn bad_sweep_input_is_located_and_changes_nothing() {
+    let e = Env::new();
+    e.put("base.yaml", &base_spec(&e, 3));
+    let sweep = e.put("sweep.yaml", &sweep_doc("1, 2", "restore").replace("max_tokens: 16", "max_tokens: sixteen"));
+    let o = e.specd(&["sweep", "-f", &sweep, "--out", "/run/specs/out"]);
+    let said = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{said}");
+    assert!(said.contains("/run/specs/sweep.yaml:8:") && said.contains("nothing was changed"), "{said}");
+    assert!(e.b.read_file("/run/specs/out/results.jsonl").is_err());
+    assert!(e.b.read_file(&format!("/var/lib/specd/units/{UNIT}.json")).is_err(), "no state written");
+    e.b.shutdown().unwrap();
 }

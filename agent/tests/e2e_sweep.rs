@@ -163,23 +163,31 @@ const UNIT: &str = "qwen.service";
 
 /// The stand-in SGLang spec, quick to load and drain.
 fn base_spec(e: &Env, steps: u32) -> String {
-    e.spec(
-        UNIT,
-        steps,
-        "  service: {timeout_stop_sec: 5, environment: {SPECD_STANDIN_LOAD_MS: \"100\", SPECD_STANDIN_WARMUP_MS: \"0\", SPECD_STANDIN_DRAIN_POLL_MS: \"100\", SPECD_STANDIN_TOKENS_PER_SEC: \"400\"}}\n",
-    )
+    base_spec_with(&e.standin, e.port, steps, "SPECD_STANDIN_TOKENS_PER_SEC: \"400\"")
+}
+
+/// The same with more of the stand-in's knobs (`NAME: "value"` entries of `environment`).
+fn base_spec_with(standin: &str, port: u16, steps: u32, env: &str) -> String {
+    let service = format!(
+        "  service: {{timeout_stop_sec: 5, environment: {{SPECD_STANDIN_LOAD_MS: \"100\", SPECD_STANDIN_WARMUP_MS: \"0\", SPECD_STANDIN_DRAIN_POLL_MS: \"100\", {env}}}}}\n"
+    );
+    sglang_spec(standin, UNIT, port, steps, &service)
 }
 
 fn sweep_doc(steps: &str, after: &str) -> String {
+    sweep_doc_with("base.yaml", steps, "[1, 4]", 4, after)
+}
+
+fn sweep_doc_with(base: &str, steps: &str, concurrency: &str, requests: u32, after: &str) -> String {
     format!(
         "apiVersion: specd/v1
 kind: Sweep
 metadata: {{name: steps}}
 spec:
-  base: base.yaml
+  base: {base}
   matrix:
     speculative.num_steps: [{steps}]
-  load: {{concurrency: [1, 4], requests: 4, warmup: 1, max_tokens: 16}}
+  load: {{concurrency: {concurrency}, requests: {requests}, warmup: 1, max_tokens: 16}}
   objective: {{maximize: throughput, at_concurrency: 4}}
   after: {after}
 "
@@ -288,5 +296,91 @@ fn bad_sweep_input_is_located_and_changes_nothing() {
     assert!(said.contains("/run/specs/sweep.yaml:8:") && said.contains("nothing was changed"), "{said}");
     assert!(e.b.read_file("/run/specs/out/results.jsonl").is_err());
     assert!(e.b.read_file(&format!("/var/lib/specd/units/{UNIT}.json")).is_err(), "no state written");
+    e.b.shutdown().unwrap();
+}
+
+/// The campaign of the issue on the stand-in's performance model: steps 1..6 at concurrency 1
+/// and 4, where the GPU holds at most 6 draft tokens: steps 6 (7 draft tokens) dies of CUDA OOM
+/// while loading. It is recorded with its verdict, the unit rolled back, and the sweep goes on.
+#[test]
+fn a_point_that_dies_of_cuda_oom_is_recorded_with_its_verdict_and_the_sweep_goes_on() {
+    let e = Env::new();
+    let env = "SPECD_STANDIN_BASE_TOKENS_PER_SEC: \"120\", SPECD_STANDIN_MAX_DRAFT_TOKENS: \"6\"";
+    let base = e.put("base.yaml", &base_spec_with(&e.standin, e.port, 3, env));
+    let o = e.specd(&["apply", "-f", &base]);
+    assert!(o.status.success(), "{}", text(&o));
+    let sweep =
+        e.put("sweep.yaml", &sweep_doc("1, 2, 3, 6, 4, 5", "restore").replace("name: steps", "name: qwen-mtp-steps"));
+    let out = "/run/specs/out";
+    let o = e.specd(&["sweep", "-f", &sweep, "--out", out]);
+    let said = text(&o);
+    assert!(o.status.success(), "{said}");
+    let r = results(&e, out);
+    assert_eq!(r.len(), 6, "{said}");
+    let oom = &r[3];
+    assert_eq!((oom.label.as_str(), oom.outcome), ("num_steps=6", specd::PointOutcome::ApplyFailed), "{said}");
+    assert_eq!(oom.verdict.as_deref(), Some("cuda-oom"), "{oom:?}\n{said}");
+    assert!(oom.summary.as_deref().unwrap_or("").contains("CUDA"), "{oom:?}");
+    for p in r.iter().filter(|p| p.label != "num_steps=6") {
+        assert_eq!(p.outcome, specd::PointOutcome::Measured, "{p:?}\n{said}");
+        assert!(p.levels.iter().all(|l| l.errors == 0 && l.accept_length.is_some()), "{p:?}");
+    }
+    // The points after the dead one were measured on their own units; the unit is back.
+    assert_eq!(e.served_steps(), Some(3));
+    assert!(said.contains("[4/6] num_steps=6: apply failed: cuda-oom"), "{said}");
+    let table = e.b.read_to_string(&format!("{out}/table.md")).unwrap();
+    assert!(table.contains("| num_steps=6 | – |") && table.contains("apply failed: cuda-oom"), "{table}");
+    let svg = e.b.read_to_string(&format!("{out}/plot.svg")).unwrap();
+    assert!(svg.contains("cuda-oom"), "the failed point is marked on the plot");
+    e.b.shutdown().unwrap();
+}
+
+/// kill -9 of the sweep in the middle: the points recorded stay recorded; --resume measures only
+/// the others (no new apply of a finished point), restores the unit and ends the hold.
+#[test]
+fn a_sweep_killed_mid_way_resumes_without_measuring_finished_points_again() {
+    let e = Env::new();
+    let base = e.put("base.yaml", &base_spec_with(&e.standin, e.port, 3, "SPECD_STANDIN_TOKENS_PER_SEC: \"100\""));
+    let o = e.specd(&["apply", "-f", &base]);
+    assert!(o.status.success(), "{}", text(&o));
+    let sweep = e.put("sweep.yaml", &sweep_doc_with("base.yaml", "1, 2, 4, 5", "[1, 4]", 6, "restore"));
+    let out = "/run/specs/out";
+    let log = "/run/specs/sweep.log";
+    let script = format!("exec {} sweep -f {sweep} --out {out} >{log} 2>&1", e.specd);
+    let mut child = e.b.command(&["/bin/sh", "-c", &script]).spawn().unwrap();
+    let recorded = wait_until("two points recorded", Duration::from_secs(60), || {
+        results(&e, out).len() >= 2 || child.try_wait().unwrap().is_some()
+    });
+    let sweep_log = || e.b.read_to_string(log).unwrap_or_default();
+    assert!(recorded.is_ok() && child.try_wait().unwrap().is_none(), "{recorded:?}\n{}", sweep_log());
+    // The sweep's pid (in the box) is its hold's.
+    let pid = e.state(UNIT)["hold"]["pid"].as_u64().expect("the sweep holds the unit");
+    assert!(e.b.sh(&format!("kill -9 {pid}")).status.success());
+    let _ = child.wait();
+    let done = results(&e, out);
+    assert!(done.len() < 4, "killed before the end: {done:?}");
+    let applied_before = applies(&e);
+
+    let o = e.specd(&["sweep", "-f", &sweep, "--out", out, "--resume"]);
+    let said = text(&o);
+    assert!(o.status.success(), "{said}");
+    let all = results(&e, out);
+    assert_eq!(all.len(), 4, "{said}");
+    assert_eq!(&all[..done.len()], &done[..], "the records before the kill are kept as they were");
+    let labels: std::collections::BTreeSet<_> = all.iter().map(|r| r.label.clone()).collect();
+    assert_eq!(labels.len(), 4, "each point once: {all:?}");
+    let applied_after = applies(&e);
+    for p in &done {
+        assert_eq!(
+            applied_after.get(&p.unit_sha256),
+            applied_before.get(&p.unit_sha256),
+            "{} applied again\n{said}",
+            p.label
+        );
+        assert!(said.contains(&format!("{}: measured before", p.label)), "{said}");
+    }
+    assert_eq!(e.served_steps(), Some(3));
+    assert!(e.state(UNIT)["hold"].is_null());
+    assert!(e.specd(&["status"]).status.success(), "{}", text(&e.specd(&["status"])));
     e.b.shutdown().unwrap();
 }

@@ -384,3 +384,135 @@ fn a_sweep_killed_mid_way_resumes_without_measuring_finished_points_again() {
     assert!(e.specd(&["status"]).status.success(), "{}", text(&e.specd(&["status"])));
     e.b.shutdown().unwrap();
 }
+
+/// With `specd run` following a repository, the agent keeps its hands off the unit a sweep holds
+/// (no apply of its own while the sweep runs, though each point is drift to it), and manages it
+/// again once the sweep has restored it and let go: a new commit deploys.
+#[test]
+fn a_running_agent_leaves_the_swept_unit_alone_and_manages_it_again_after() {
+    const AGENT: &str = "specd-agent.service";
+    let dir = tempfile::tempdir().unwrap();
+    let repo = dir.path().join("config");
+    std::fs::create_dir_all(repo.join("specs")).unwrap();
+    git(&repo, &["init", "-q"]);
+    let b = SystemdBox::boot_with(specd_e2e::BoxConfig { binds: vec![dir.path().to_path_buf()], ..Default::default() })
+        .unwrap();
+    let e = Env {
+        b,
+        port: free_port(),
+        specd: env!("CARGO_BIN_EXE_specd").into(),
+        standin: bin_path("specd-standin").display().to_string(),
+    };
+    let spec_file = repo.join("specs/qwen.yaml");
+    let commit = |steps: u32| {
+        std::fs::write(&spec_file, base_spec(&e, steps)).unwrap();
+        git(&repo, &["add", "-A"]);
+        git(&repo, &["commit", "-q", "-m", &format!("steps {steps}")]);
+    };
+    commit(3);
+    let agent = format!(
+        "[Service]\nType=notify\nExecStart={} run --config /run/agent.yaml --repo {} --path specs --hostname gpu-01 --interval 1\nRestart=always\nTimeoutStopSec=90\nEnvironment=SPECD_LOG=info\n",
+        e.specd,
+        repo.display()
+    );
+    e.b.write_file(&format!("/etc/systemd/system/{AGENT}"), agent).unwrap();
+    e.b.systemctl_check(&["daemon-reload"]).unwrap();
+    e.b.systemctl_check(&["start", AGENT]).unwrap();
+    let journal = || e.b.journal(AGENT).unwrap_or_default();
+    wait_until("the agent to deploy steps 3", Duration::from_secs(60), || e.served_steps() == Some(3))
+        .unwrap_or_else(|err| panic!("{err}\n{}", journal()));
+    wait_until("the agent's apply to be recorded", Duration::from_secs(30), || {
+        e.state(UNIT)["in_progress"].is_null() && !e.state(UNIT)["history"].as_array().unwrap().is_empty()
+    })
+    .unwrap();
+    let history_before = e.state(UNIT)["history"].as_array().unwrap().len();
+
+    // The sweep's base is the spec file of the repository's working tree.
+    let sweep =
+        e.put("sweep.yaml", &sweep_doc_with(&spec_file.display().to_string(), "1, 2, 4", "[1, 4]", 6, "restore"));
+    let o = e.specd(&["sweep", "-f", &sweep, "--out", "/run/specs/out"]);
+    let said = text(&o);
+    assert!(o.status.success(), "{said}\n{}", journal());
+    let r = results(&e, "/run/specs/out");
+    assert!(r.iter().all(|p| p.outcome == specd::PointOutcome::Measured), "{r:?}");
+    // Between the sweep's hold and its release, every apply is the sweep's: one per point, then
+    // the restore of the agent's unit. None of the agent's own.
+    let st = e.state(UNIT);
+    let h = &st["history"].as_array().unwrap()[history_before..];
+    let kinds: Vec<&str> = h.iter().map(|x| x["outcome"].as_str().unwrap()).collect();
+    let first = kinds.iter().position(|k| *k == "hold-set").unwrap_or_else(|| panic!("{kinds:?}"));
+    let last = kinds.iter().rposition(|k| *k == "hold-cleared").unwrap_or_else(|| panic!("{kinds:?}"));
+    let applied: Vec<&str> =
+        h[first..last].iter().filter(|x| x["outcome"] == "applied").map(|x| x["sha256"].as_str().unwrap()).collect();
+    let mut expected: Vec<&str> = r.iter().map(|p| p.unit_sha256.as_str()).collect();
+    expected.push(st["desired"]["sha256"].as_str().unwrap());
+    assert_eq!(applied, expected, "{h:#?}");
+    assert!(h[first..last].iter().all(|x| x["outcome"] != "rolled-back" && x["outcome"] != "failed"), "{h:#?}");
+    assert!(journal().contains("a sweep holds it"), "the agent saw the hold: {}", journal());
+    assert_eq!(e.served_steps(), Some(3));
+
+    // The agent manages the unit again.
+    commit(2);
+    wait_until("the agent to deploy steps 2", Duration::from_secs(60), || e.served_steps() == Some(2))
+        .unwrap_or_else(|err| panic!("{err}\n{}", journal()));
+    e.b.shutdown().unwrap();
+}
+
+/// The real llama-server (the GGUF as its own draft model) swept over `speculative.num_steps`
+/// (`--spec-draft-n-max`): each point reports llama-server's own accept rate.
+#[test]
+fn a_real_llama_server_sweep_over_the_draft_size_reports_real_accept_rates() {
+    let l = real_llama();
+    let e = Env::with_real_llama(&l);
+    let base = format!(
+        "apiVersion: specd/v1
+kind: InferenceService
+metadata: {{name: smol}}
+spec:
+  unit: {UNIT}
+  engine: llama-cpp
+  command: [{server}]
+  model: {gguf}
+  server: {{host: 127.0.0.1, port: {port}, context_length: 1024, max_running_requests: 1, extra_args: [--threads, \"1\"]}}
+  service: {{timeout_start_sec: 120, timeout_stop_sec: 30}}
+  speculative: {{draft_model: {gguf}, num_steps: 4}}
+",
+        server = l.server,
+        gguf = l.gguf,
+        port = e.port,
+    );
+    e.put("base.yaml", &base);
+    let sweep = e.put(
+        "sweep.yaml",
+        "apiVersion: specd/v1
+kind: Sweep
+metadata: {name: smol-draft}
+spec:
+  base: base.yaml
+  matrix:
+    speculative.num_steps: [2, 6]
+  load: {concurrency: [1], requests: 2, warmup: 1, max_tokens: 24}
+  after: best
+",
+    );
+    let o = e.specd(&["sweep", "-f", &sweep, "--out", "/run/specs/out"]);
+    let said = text(&o);
+    assert!(o.status.success(), "{said}");
+    let r = results(&e, "/run/specs/out");
+    assert_eq!(r.len(), 2, "{said}");
+    for p in &r {
+        assert_eq!(p.outcome, specd::PointOutcome::Measured, "{p:?}\n{said}");
+        let lv = &p.levels[0];
+        assert_eq!((lv.requests, lv.errors, lv.output_tokens), (2, 0, 48), "{p:?}");
+        let rate = lv.accept_rate.unwrap_or_else(|| panic!("no accept rate: {p:?}"));
+        assert!(rate > 0.0 && rate <= 1.0, "{p:?}");
+        assert!(lv.evidence.iter().any(|x| x.starts_with("timings.draft_n=")), "{p:?}");
+        assert!(p.proof.as_deref().is_some_and(|f| f.contains("accept rate")), "the apply's proof: {p:?}");
+        assert_eq!(p.max_running_requests, Some(serde_json::json!(1)), "llama-server's /props total_slots");
+    }
+    // after: best leaves the winner running.
+    let best = r.iter().max_by(|a, b| a.levels[0].throughput.total_cmp(&b.levels[0].throughput)).unwrap();
+    assert_eq!(e.state(UNIT)["last_good"]["sha256"].as_str(), Some(best.unit_sha256.as_str()), "{said}");
+    assert!(said.contains("after: applying the best point"), "{said}");
+    e.b.shutdown().unwrap();
+}

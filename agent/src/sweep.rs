@@ -319,6 +319,7 @@ pub async fn run(dirs: &Dirs, o: Options) -> Result<u8> {
     );
     let probe = Probe::default();
     let mut interrupted = false;
+    let mut aborted: Option<anyhow::Error> = None;
     for pt in &p.points {
         let i = pt.index + 1;
         if let Some(r) = prior.iter().rev().find(|r| r.unit_sha256 == pt.unit.sha256) {
@@ -335,17 +336,35 @@ pub async fn run(dirs: &Dirs, o: Options) -> Result<u8> {
             break;
         }
         hold.refresh(&ctx.store).await;
-        match point(&ctx, &p, pt, &probe, &shutdown).await? {
-            Some(r) => {
-                append(&results_path, &r)?;
+        let done = match point(&ctx, &p, pt, &probe, &shutdown).await {
+            Ok(Some(r)) => append(&results_path, &r).map(|()| Some(r)),
+            other => other,
+        };
+        match done {
+            Ok(Some(r)) => {
                 let verdict = r.verdict.as_deref().map_or(String::new(), |v| format!(": {v}"));
                 eprintln!("[{i}/{n}] {}: {}{verdict}", pt.label, r.outcome.as_str());
             }
-            None => {
+            Ok(None) => {
                 interrupted = true;
                 break;
             }
+            // specd's own state or the results file failed: stop here, but leave the host on a
+            // verified unit and let go of it first.
+            Err(e) => {
+                eprintln!("[{i}/{n}] {}: the sweep stops: {e:#}", pt.label);
+                aborted = Some(e);
+                break;
+            }
         }
+    }
+
+    // Leave the host on a verified unit: the one before the sweep, or the winner.
+    let final_ctx = context::host_ctx(dirs, events(), Shutdown::never());
+    if let Some(e) = aborted {
+        restore(&final_ctx, &unit, &before).await;
+        hold.release(&final_ctx.store).await;
+        return Err(e);
     }
 
     // The results of this sweep's points, in its order (a record of an older run of the sweep
@@ -364,8 +383,6 @@ pub async fn run(dirs: &Dirs, o: Options) -> Result<u8> {
     let limits = sw.spec.objective.constraints.limits();
     let winner = report::best(&results, goal(sw.spec.objective.maximize), at, &limits);
 
-    // Leave the host on a verified unit: the one before the sweep, or the winner.
-    let final_ctx = context::host_ctx(dirs, events(), Shutdown::never());
     let target = match (sw.spec.after, winner) {
         (After::Best, Some(w)) if !interrupted => p.points.iter().find(|pt| pt.index == w.index).map(|pt| {
             eprintln!("after: applying the best point, {}", pt.label);
@@ -432,6 +449,16 @@ pub async fn run(dirs: &Dirs, o: Options) -> Result<u8> {
         Err(e) => println!("the best point cannot be written into {} by itself: {e}", p.base_path.display()),
     }
     Ok(code)
+}
+
+/// After a sweep that stopped on an error: the unit as it was, if specd had deployed it.
+async fn restore<H: Host>(ctx: &Ctx<H>, unit: &str, before: &Before) {
+    let Some(spec) = before.spec.clone() else { return };
+    eprintln!("after: restoring {unit} as it was before the sweep");
+    match reconcile::reconcile(ctx, &DesiredState::new(spec, before.source.clone()), false).await {
+        Ok(r) => eprintln!("after: {}", r.verdict),
+        Err(e) => eprintln!("after: restoring {unit}: {e:#}"),
+    }
 }
 
 fn limits_text(limits: &[(&str, f64)]) -> String {

@@ -516,3 +516,37 @@ spec:
     assert!(said.contains("after: applying the best point"), "{said}");
     e.b.shutdown().unwrap();
 }
+
+/// SIGTERM (or Ctrl-C) mid-sweep: the point in progress is dropped, the unit restored through the
+/// apply path, the hold cleared, and the sweep says so (exit 130).
+#[test]
+fn a_sweep_stopped_by_sigterm_restores_the_unit_and_lets_go() {
+    let e = Env::new();
+    let base = e.put("base.yaml", &base_spec_with(&e.standin, e.port, 3, "SPECD_STANDIN_TOKENS_PER_SEC: \"100\""));
+    let o = e.specd(&["apply", "-f", &base]);
+    assert!(o.status.success(), "{}", text(&o));
+    let sweep = e.put("sweep.yaml", &sweep_doc_with("base.yaml", "1, 2, 4, 5", "[1, 4]", 6, "restore"));
+    let (out, log) = ("/run/specs/out", "/run/specs/sweep.log");
+    let script = format!("exec {} sweep -f {sweep} --out {out} >{log} 2>&1", e.specd);
+    let mut child = e.b.command(&["/bin/sh", "-c", &script]).spawn().unwrap();
+    let sweep_log = || e.b.read_to_string(log).unwrap_or_default();
+    let recorded = wait_until("a point recorded", Duration::from_secs(60), || {
+        !results(&e, out).is_empty() || child.try_wait().unwrap().is_some()
+    });
+    assert!(recorded.is_ok() && child.try_wait().unwrap().is_none(), "{recorded:?}\n{}", sweep_log());
+    let pid = e.state(UNIT)["hold"]["pid"].as_u64().expect("the sweep holds the unit");
+    assert!(e.b.sh(&format!("kill -TERM {pid}")).status.success());
+    let status = wait_for_exit(&mut child, Duration::from_secs(60));
+    let said = sweep_log();
+    assert_eq!(status.code(), Some(130), "{said}");
+    assert!(said.contains("interrupted") && said.contains("after: restoring qwen.service"), "{said}");
+    assert!(results(&e, out).len() < 4, "{said}");
+    assert_eq!(e.served_steps(), Some(3));
+    assert!(e.state(UNIT)["hold"].is_null());
+    assert!(e.specd(&["status"]).status.success(), "{}", text(&e.specd(&["status"])));
+    e.b.shutdown().unwrap();
+}
+
+fn wait_for_exit(c: &mut Child, within: Duration) -> std::process::ExitStatus {
+    specd_e2e::wait_for("the sweep to exit", within, || c.try_wait().unwrap()).unwrap()
+}

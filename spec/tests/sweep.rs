@@ -518,3 +518,92 @@ fn checked_in_sweep_schema_is_current() {
     assert_eq!(schema["required"], json!(["apiVersion", "kind", "metadata", "spec"]));
     assert_eq!(schema["$defs"]["SweepSpec"]["required"], json!(["base", "matrix", "load"]));
 }
+
+// --- no input panics ---------------------------------------------------------------------------
+
+use proptest::prelude::*;
+
+/// Paths a matrix may name, real and not.
+const FIELDS: &[&str] = &[
+    "speculative.num_steps",
+    "speculative.eagle_topk",
+    "speculative.num_draft_tokens",
+    "speculative.algorithm",
+    "speculative",
+    "server.port",
+    "server.port.x",
+    "server.extra_args",
+    "server.mem_fraction_static",
+    "service.environment.A",
+    "service.environment",
+    "readiness.timeout_sec",
+    "unit",
+    "model",
+    "hosts.x",
+    "spec.model",
+    "a..b",
+    "",
+];
+
+/// Scalars of every kind, as written in YAML.
+const VALUES: &[&str] = &[
+    "0",
+    "1",
+    "4",
+    "-1",
+    "4294967296",
+    "1e400",
+    ".nan",
+    "2.5",
+    "\"4\"",
+    "abc",
+    "null",
+    "~",
+    "true",
+    "[]",
+    "[1, 2]",
+    "{}",
+    "{a: 1}",
+    "\"a\\nb\"",
+    "NEXTN",
+    "60s",
+    "0s",
+    "9999999h",
+    "builtin",
+];
+
+fn junk_sweep() -> impl Strategy<Value = String> {
+    let v = || proptest::sample::select(VALUES).prop_map(str::to_string);
+    let axis = (proptest::sample::select(FIELDS), proptest::collection::vec(v(), 0..4))
+        .prop_map(|(f, vs)| format!("    \"{f}\": [{}]\n", vs.join(", ")));
+    (proptest::collection::vec(axis, 0..3), v(), v(), v(), v(), v(), v()).prop_map(
+        |(axes, c, r, d, w, at, host)| {
+            format!(
+                "apiVersion: specd/v1\nkind: Sweep\nmetadata: {{name: s}}\nspec:\n  base: b.yaml\n  host: {host}\n  matrix:\n{}  load:\n    concurrency: [{c}]\n    requests: {r}\n    duration: {d}\n    warmup: {w}\n  objective: {{at_concurrency: {at}}}\n",
+                axes.concat()
+            )
+        },
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(400))]
+    #[test]
+    fn no_sweep_input_panics_and_every_error_is_located(text in junk_sweep()) {
+        match sweep::parse_sweep(&text, "s.yaml") {
+            Err(d) => prop_assert!(d.0.iter().all(|d| d.line > 0), "{d}"),
+            Ok(s) => {
+                let b = specd_spec::parse("qwen.yaml", BASE).unwrap();
+                if let Err(d) = sweep::points(&s, &b) {
+                    prop_assert!(d.0.iter().all(|d| d.line > 0 && d.file == "s.yaml"), "{d}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn no_text_panics(text in ".{0,200}") {
+        let _ = sweep::parse_sweep(&text, "s.yaml");
+        let _ = sweep::is_sweep(&text);
+    }
+}

@@ -37,7 +37,8 @@ pub struct Knobs {
     pub memory_hog: bool,
     /// Spawn a child that ignores SIGTERM. `SPECD_STANDIN_LINGER_CHILD=1`.
     pub linger_child: bool,
-    /// Average accepted speculative length reported. `SPECD_STANDIN_ACCEPT_LENGTH`.
+    /// Tokens per verify step (the accept length), instead of the performance model's E(k);
+    /// kept within 1..=k+1. `SPECD_STANDIN_ACCEPT_LENGTH`.
     pub accept_length: Option<f64>,
     /// SGLang's shutdown watchdog polls every 5 s (also before it notices
     /// SIGTERM). `SPECD_STANDIN_DRAIN_POLL_MS`, default 5000 as in SGLang.
@@ -46,6 +47,26 @@ pub struct Knobs {
     /// request after `/health` answered 200: one crash right after readiness.
     /// `SPECD_STANDIN_CRASH_AFTER_READY=/path`.
     pub crash_after_ready: Option<String>,
+    /// The performance model (`perf.rs`): the target model's decode rate of one request with
+    /// speculation off. Given, requests are paced by the model (verify steps, bursts, prefill,
+    /// batch); not given, each token takes 1 / `tokens_per_sec`.
+    /// `SPECD_STANDIN_BASE_TOKENS_PER_SEC`.
+    pub base_tokens_per_sec: Option<f64>,
+    /// Probability that a draft position is accepted, given the ones before it were.
+    /// `SPECD_STANDIN_ACCEPT_RATE`, default 0.85.
+    pub accept_rate: f64,
+    /// Cost of one draft token, as a fraction of a target forward pass.
+    /// `SPECD_STANDIN_DRAFT_COST`, default 0.07.
+    pub draft_cost: f64,
+    /// Each other running request slows every request's steps by this fraction.
+    /// `SPECD_STANDIN_BATCH_SLOWDOWN`, default 0.05.
+    pub batch_slowdown: f64,
+    /// Prompt tokens per second of the prefill (timed model only).
+    /// `SPECD_STANDIN_PREFILL_TOKENS_PER_SEC`, default 8000.
+    pub prefill_tokens_per_sec: f64,
+    /// The GPU memory holds at most this draft size: a server configured with more dies of
+    /// CUDA OOM during load. `SPECD_STANDIN_MAX_DRAFT_TOKENS`.
+    pub max_draft_tokens: Option<u32>,
 }
 
 impl Default for Knobs {
@@ -61,6 +82,12 @@ impl Default for Knobs {
             accept_length: None,
             drain_poll_ms: 5000,
             crash_after_ready: None,
+            base_tokens_per_sec: None,
+            accept_rate: 0.85,
+            draft_cost: 0.07,
+            batch_slowdown: 0.05,
+            prefill_tokens_per_sec: 8000.0,
+            max_draft_tokens: None,
         }
     }
 }
@@ -76,6 +103,12 @@ const KNOBS: &[&str] = &[
     "accept-length",
     "drain-poll-ms",
     "crash-after-ready",
+    "base-tokens-per-sec",
+    "accept-rate",
+    "draft-cost",
+    "batch-slowdown",
+    "prefill-tokens-per-sec",
+    "max-draft-tokens",
 ];
 
 impl Knobs {
@@ -98,6 +131,33 @@ impl Knobs {
             "accept-length" => self.accept_length = Some(v.parse().map_err(|_| bad())?),
             "drain-poll-ms" => self.drain_poll_ms = v.parse().map_err(|_| bad())?,
             "crash-after-ready" => self.crash_after_ready = Some(v.to_string()),
+            "base-tokens-per-sec" => {
+                let x: f64 = v.parse().map_err(|_| bad())?;
+                if !(x > 0.0 && x.is_finite()) {
+                    return Err(bad());
+                }
+                self.base_tokens_per_sec = Some(x);
+            }
+            "accept-rate" => {
+                self.accept_rate = v.parse().map_err(|_| bad())?;
+                if !(0.0..=1.0).contains(&self.accept_rate) {
+                    return Err(bad());
+                }
+            }
+            "draft-cost" | "batch-slowdown" => {
+                let x: f64 = v.parse().map_err(|_| bad())?;
+                if !(x >= 0.0 && x.is_finite()) {
+                    return Err(bad());
+                }
+                if name == "draft-cost" { self.draft_cost = x } else { self.batch_slowdown = x }
+            }
+            "prefill-tokens-per-sec" => {
+                self.prefill_tokens_per_sec = v.parse().map_err(|_| bad())?;
+                if !(self.prefill_tokens_per_sec > 0.0 && self.prefill_tokens_per_sec.is_finite()) {
+                    return Err(bad());
+                }
+            }
+            "max-draft-tokens" => self.max_draft_tokens = Some(v.parse().map_err(|_| bad())?),
             _ => return Err(format!("specd-standin: unknown knob --standin-{name}")),
         }
         Ok(())

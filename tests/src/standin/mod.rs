@@ -15,6 +15,17 @@
 //! started while the file exists removes it and dies of SIGKILL at the first
 //! request after its first readiness 200).
 //!
+//! Performance model (`perf.rs`): `BASE_TOKENS_PER_SEC` (off by default: then each token takes
+//! 1 / `TOKENS_PER_SEC` as before) paces requests in verify steps: one request decodes at
+//! base × E(k) / (1 + `DRAFT_COST`·k) / (1 + `BATCH_SLOWDOWN`·(running − 1)) tokens/s, with
+//! E(k) = 1 + p + … + p^k the accept length of a k-token draft at `ACCEPT_RATE` p per position
+//! (0.85, 0.07, 0.05 by default); a step's tokens are sent together (a burst), and the first
+//! waits for the prefill (prompt words / `PREFILL_TOKENS_PER_SEC`, 8000). The evidence (SGLang
+//! `spec_verify_ct` and accept lengths, vLLM `spec_decode` counters, llama.cpp
+//! `timings.draft_n`/`draft_n_accepted`) counts the steps and tokens really delivered.
+//! `MAX_DRAFT_TOKENS=N`: a configured draft larger than N (SGLang `num_draft_tokens`, vLLM
+//! `num_speculative_tokens`, llama.cpp `--spec-draft-n-max`) dies of CUDA OOM while loading.
+//!
 //! Endpoints: SGLang `/health`, `/health_generate`, `/get_server_info`,
 //! `/server_info`, `/get_model_info`, `/generate`, `/metrics` (only with
 //! `--enable-metrics`), `/v1/models`, `/v1/completions`; vLLM `/health`, `/v1/models`,
@@ -26,6 +37,7 @@
 pub mod args;
 pub mod faults;
 pub mod logs;
+pub mod perf;
 pub mod server;
 
 use std::collections::BTreeMap;

@@ -2,6 +2,7 @@
 
 use super::args::{Flavour, Launch};
 use super::logs;
+use super::perf::Perf;
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
@@ -30,7 +31,12 @@ pub struct Shared {
     next_rid: AtomicU64,
     rids: Mutex<BTreeSet<String>>,
     slots: Arc<Semaphore>,
-    accept_length: Option<f64>,
+    /// The performance model: pacing and the accept length (`perf.rs`).
+    perf: Perf,
+    /// Verify steps done and tokens they produced, over all requests while speculating: the
+    /// evidence the server reports (accept length = tokens / steps).
+    verify_steps: AtomicU64,
+    spec_tokens: AtomicU64,
 }
 
 type St = Arc<Shared>;
@@ -41,21 +47,26 @@ impl Shared {
     }
 
     fn spec_on(&self) -> bool {
-        match self.launch.flavour {
-            Flavour::Sglang => !self.launch.args["speculative_algorithm"].is_null(),
-            Flavour::Vllm => !self.launch.args["speculative_config"].is_null(),
-            // llama-server drafts only with a --spec-type (default `none`): a draft model
-            // alone is loaded and never used; draft-* types need the draft model.
-            Flavour::LlamaCpp => {
-                let a = &self.launch.args;
-                let draft = !a.get("spec_draft_model").is_none_or(Value::is_null);
-                spec_types(a).iter().any(|t| t.starts_with("ngram-") || (t.starts_with("draft-") && draft))
-            }
-        }
+        spec_on(&self.launch)
     }
 
     fn in_flight(&self) -> usize {
         self.rids.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+}
+
+/// Whether the server drafts.
+fn spec_on(l: &Launch) -> bool {
+    match l.flavour {
+        Flavour::Sglang => !l.args["speculative_algorithm"].is_null(),
+        Flavour::Vllm => !l.args["speculative_config"].is_null(),
+        // llama-server drafts only with a --spec-type (default `none`): a draft model
+        // alone is loaded and never used; draft-* types need the draft model.
+        Flavour::LlamaCpp => {
+            let a = &l.args;
+            let draft = !a.get("spec_draft_model").is_none_or(Value::is_null);
+            spec_types(a).iter().any(|t| t.starts_with("ngram-") || (t.starts_with("draft-") && draft))
+        }
     }
 }
 
@@ -79,7 +90,7 @@ fn max_running(l: &Launch) -> usize {
 /// Runs the server until shutdown; returns the process exit code.
 pub async fn serve(launch: Launch) -> i32 {
     super::faults::arm(&launch.knobs);
-    let accept_length = launch.knobs.accept_length;
+    let perf = Perf::of(&launch, spec_on(&launch));
     let st: St = Arc::new(Shared {
         slots: Arc::new(Semaphore::new(max_running(&launch))),
         launch,
@@ -90,7 +101,9 @@ pub async fn serve(launch: Launch) -> i32 {
         generated: AtomicU64::new(0),
         next_rid: AtomicU64::new(1),
         rids: Mutex::new(BTreeSet::new()),
-        accept_length,
+        perf,
+        verify_steps: AtomicU64::new(0),
+        spec_tokens: AtomicU64::new(0),
     });
     let l = &st.launch;
     let addr = format!("{}:{}", if l.host.contains(':') { format!("[{}]", l.host) } else { l.host.clone() }, l.port);
@@ -138,7 +151,9 @@ pub async fn serve(launch: Launch) -> i32 {
             return 143;
         }
     }
-    if st.launch.knobs.cuda_oom {
+    // The memory limit: a draft larger than it dies here, as a real one would while it sizes
+    // its KV cache and captures CUDA graphs.
+    if st.launch.knobs.cuda_oom || st.perf.out_of_memory(&st.launch.knobs) {
         return super::faults::cuda_oom(&st.launch);
     }
     if st.launch.knobs.memory_hog {
@@ -284,17 +299,19 @@ async fn sglang_health(State(st): State<St>) -> Response {
     }
 }
 
+/// The server's running average of tokens per verify step (the model's before any request).
 fn accept_length(st: &Shared) -> f64 {
-    st.accept_length.unwrap_or_else(|| {
-        let steps = st.launch.args.get("speculative_num_steps").and_then(Value::as_f64).unwrap_or(3.0);
-        ((1.0 + 0.55 * steps) * 100.0).round() / 100.0
-    })
+    let steps = st.verify_steps.load(Ordering::SeqCst);
+    if steps == 0 {
+        return st.perf.accept_length;
+    }
+    st.spec_tokens.load(Ordering::SeqCst) as f64 / steps as f64
 }
 
 async fn sglang_server_info(State(st): State<St>) -> Response {
     let mut m = st.launch.args.clone();
     let mut internal = json!({
-        "last_gen_throughput": st.launch.knobs.tokens_per_sec,
+        "last_gen_throughput": st.perf.tokens_per_sec(1),
         "memory_usage": {"weight": 61.2, "kvcache": 9.7, "token_capacity": 412000},
     });
     if st.spec_on() {
@@ -414,7 +431,6 @@ async fn metrics(State(st): State<St>) -> Response {
     let a = &st.launch.args;
     let running = st.running.load(Ordering::SeqCst);
     let queued = st.queued.load(Ordering::SeqCst);
-    let gen_tokens = st.generated.load(Ordering::SeqCst);
     let mut out = String::new();
     let mut gauge = |name: &str, help: &str, labels: &str, v: f64| {
         let labels = if labels.is_empty() { String::new() } else { format!("{{{labels}}}") };
@@ -433,14 +449,13 @@ async fn metrics(State(st): State<St>) -> Response {
                 "sglang:gen_throughput",
                 "The generation throughput (token/s).",
                 &labels,
-                if running > 0 { st.launch.knobs.tokens_per_sec * running as f64 } else { 0.0 },
+                if running > 0 { st.perf.tokens_per_sec(running) * running as f64 } else { 0.0 },
             );
             gauge("sglang:token_usage", "The token usage.", &labels, 0.0);
             gauge("sglang:cache_hit_rate", "The prefix cache hit rate.", &labels, 0.0);
             let (len, rate) = if st.spec_on() {
                 let l = accept_length(&st);
-                let steps = a["speculative_num_steps"].as_f64().unwrap_or(1.0).max(1.0);
-                (l, ((l - 1.0) / steps).clamp(0.0, 1.0))
+                (l, ((l - 1.0) / f64::from(st.perf.k.max(1))).clamp(0.0, 1.0))
             } else {
                 (0.0, 0.0)
             };
@@ -459,12 +474,13 @@ async fn metrics(State(st): State<St>) -> Response {
             gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", &labels, queued as f64);
             gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", &labels, 0.0);
             if st.spec_on() {
-                let n = a["speculative_config"]["num_speculative_tokens"].as_f64().unwrap_or(1.0);
-                let drafts = gen_tokens as f64 / 2.0;
+                // Every verify step drafts k tokens; it yields the accepted ones plus one.
+                let drafts = st.verify_steps.load(Ordering::SeqCst) as f64;
+                let accepted = st.spec_tokens.load(Ordering::SeqCst) as f64 - drafts;
                 for (name, v) in [
                     ("vllm:spec_decode_num_drafts", drafts),
-                    ("vllm:spec_decode_num_draft_tokens", drafts * n),
-                    ("vllm:spec_decode_num_accepted_tokens", drafts * n * 0.6),
+                    ("vllm:spec_decode_num_draft_tokens", drafts * f64::from(st.perf.k)),
+                    ("vllm:spec_decode_num_accepted_tokens", accepted),
                 ] {
                     out.push_str(&format!(
                         "# HELP {name} Speculative decoding.\n# TYPE {name} counter\n{name}_total{{{labels}}} {v:?}\n"
@@ -495,6 +511,8 @@ struct Req {
     st: St,
     rid: String,
     permit: Option<tokio::sync::OwnedSemaphorePermit>,
+    /// This request's verify steps so far (its `spec_verify_ct`).
+    verify: Arc<AtomicU64>,
 }
 
 impl Req {
@@ -507,7 +525,7 @@ impl Req {
         let permit = st.slots.clone().acquire_owned().await.expect("the slot semaphore is never closed");
         st.queued.fetch_sub(1, Ordering::SeqCst);
         st.running.fetch_add(1, Ordering::SeqCst);
-        Req { st: st.clone(), rid, permit: Some(permit) }
+        Req { st: st.clone(), rid, permit: Some(permit), verify: Arc::new(AtomicU64::new(0)) }
     }
 }
 
@@ -546,34 +564,83 @@ fn sse(chunks: impl futures_util::Stream<Item = String> + Send + 'static) -> Res
 
 type Chunk = dyn Fn(&Req, u64, &str, &str, bool) -> Option<String> + Send + Sync;
 
-/// Generates `max` tokens at the configured rate, calling `chunk` for each
-/// (request, index, cumulative text, token text, last?) and yielding its
-/// output, then `done` if any. The request stays in flight until the stream
-/// has been consumed (or dropped by a client that went away).
+/// Where one request's generation stands.
+struct Gen {
+    req: Req,
+    /// Tokens produced.
+    i: u64,
+    text: String,
+    ended: bool,
+    /// Tokens left in the current verify step's burst.
+    left: u64,
+    /// When the timed model's next step ends (the first one after the prefill).
+    next_at: Option<tokio::time::Instant>,
+}
+
+/// Generates `max` tokens, calling `chunk` for each (request, index, cumulative text, token
+/// text, last?) and yielding its output, then `done` if any. Tokens come in verify steps
+/// ([`Perf::burst`] tokens each, counted as the request's and the server's evidence). With the
+/// timed model each step takes [`Perf::step_time`] at the current batch size, after a prefill
+/// of `prompt_tokens`, and a step's tokens are sent together; otherwise each token takes
+/// 1 / `tokens_per_sec`. The request stays in flight until the stream has been consumed (or
+/// dropped by a client that went away).
 fn token_stream(
     req: Req,
     max: u64,
+    prompt_tokens: u64,
     chunk: Box<Chunk>,
     done: Option<String>,
 ) -> impl futures_util::Stream<Item = String> + Send + 'static {
-    let every = Duration::from_secs_f64(1.0 / req.st.launch.knobs.tokens_per_sec);
-    futures_util::stream::unfold((req, 0u64, String::new(), false), move |(req, i, mut text, ended)| {
-        let step = if ended {
+    let g = Gen { req, i: 0, text: String::new(), ended: false, left: 0, next_at: None };
+    futures_util::stream::unfold(g, move |mut g| {
+        let mut wait_until = None;
+        let mut wait_for = None;
+        let step = if g.ended {
             None
-        } else if i >= max {
-            done.clone().map(|d| (d, (req, i, text, true)))
+        } else if g.i >= max {
+            g.ended = true;
+            done.clone()
         } else {
-            let w = WORDS[(i as usize) % WORDS.len()];
-            text.push_str(w);
-            let c = chunk(&req, i + 1, &text, w, i + 1 == max).unwrap_or_default();
-            Some((c, (req, i + 1, text, false)))
+            let st = g.req.st.clone();
+            let perf = &st.perf;
+            if g.left == 0 {
+                // A new verify step.
+                let j = g.req.verify.fetch_add(1, Ordering::SeqCst);
+                g.left = perf.burst(j).min(max - g.i);
+                if perf.k > 0 {
+                    st.verify_steps.fetch_add(1, Ordering::SeqCst);
+                }
+                if perf.timed {
+                    let now = tokio::time::Instant::now();
+                    let start = *g.next_at.get_or_insert_with(|| now + perf.prefill_time(prompt_tokens));
+                    let at = start + perf.step_time(st.running.load(Ordering::SeqCst));
+                    g.next_at = Some(at);
+                    wait_until = Some(at);
+                }
+            }
+            if !perf.timed {
+                wait_for = Some(perf.token_time());
+            }
+            g.left -= 1;
+            let w = WORDS[(g.i as usize) % WORDS.len()];
+            g.text.push_str(w);
+            g.i += 1;
+            if perf.k > 0 {
+                st.spec_tokens.fetch_add(1, Ordering::SeqCst);
+            }
+            Some(chunk(&g.req, g.i, &g.text, w, g.i == max).unwrap_or_default())
         };
         async move {
-            if let Some((_, (r, _, _, false))) = &step {
-                tokio::time::sleep(every).await;
-                r.st.generated.fetch_add(1, Ordering::SeqCst);
+            if let Some(at) = wait_until {
+                tokio::time::sleep_until(at).await;
             }
-            step
+            if let Some(d) = wait_for {
+                tokio::time::sleep(d).await;
+            }
+            if step.is_some() && !g.ended {
+                g.req.st.generated.fetch_add(1, Ordering::SeqCst);
+            }
+            step.map(|c| (c, g))
         }
     })
 }
@@ -587,11 +654,15 @@ fn sglang_meta(req: &Req, prompt_tokens: usize, n: u64, last: bool, max: u64) ->
         "cached_tokens": 0,
     });
     if req.st.spec_on() {
-        let l = accept_length(&req.st);
-        meta["spec_accept_length"] = json!(l);
-        meta["spec_verify_ct"] = json!(((n as f64) / l).ceil() as u64);
+        spec_meta(&mut meta, n, req.verify.load(Ordering::SeqCst));
     }
     meta
+}
+
+/// SGLang's evidence of one request: its verify steps, and its tokens per step.
+fn spec_meta(meta: &mut Value, tokens: u64, verify_ct: u64) {
+    meta["spec_verify_ct"] = json!(verify_ct);
+    meta["spec_accept_length"] = json!(if verify_ct == 0 { 0.0 } else { tokens as f64 / verify_ct as f64 });
 }
 
 async fn sglang_generate(State(st): State<St>, body: Bytes) -> Response {
@@ -609,6 +680,7 @@ async fn sglang_generate(State(st): State<St>, body: Bytes) -> Response {
         let s = token_stream(
             req,
             max,
+            prompt_tokens as u64,
             Box::new(move |r, n, text, _w, last| {
                 let c = json!({"text": text, "meta_info": sglang_meta(r, prompt_tokens, n, last, max)});
                 Some(format!("data: {c}\n\n"))
@@ -619,7 +691,14 @@ async fn sglang_generate(State(st): State<St>, body: Bytes) -> Response {
     }
     let rid = req.rid.clone();
     let spec = st.spec_on();
-    let s = token_stream(req, max, Box::new(|_, _, text, _, last| last.then(|| text.to_string())), None);
+    let verify = req.verify.clone();
+    let s = token_stream(
+        req,
+        max,
+        prompt_tokens as u64,
+        Box::new(|_, _, text, _, last| last.then(|| text.to_string())),
+        None,
+    );
     use futures_util::StreamExt;
     let text: String = s.collect::<Vec<_>>().await.concat();
     let mut meta = json!({
@@ -627,9 +706,7 @@ async fn sglang_generate(State(st): State<St>, body: Bytes) -> Response {
         "prompt_tokens": prompt_tokens, "completion_tokens": max, "cached_tokens": 0,
     });
     if spec {
-        let l = accept_length(&st);
-        meta["spec_accept_length"] = json!(l);
-        meta["spec_verify_ct"] = json!(((max as f64) / l).ceil() as u64);
+        spec_meta(&mut meta, max, verify.load(Ordering::SeqCst));
     }
     axum::Json(json!({"text": text, "meta_info": meta})).into_response()
 }
@@ -651,6 +728,7 @@ async fn openai_completions(State(st): State<St>, body: Bytes) -> Response {
         let s = token_stream(
             req,
             max,
+            prompt_tokens,
             Box::new(move |_, _, _, w, last| {
                 let c = json!({"id": id, "object": "text_completion", "model": model,
                     "choices": [{"index": 0, "text": w, "finish_reason": if last { json!("length") } else { Value::Null }}]});
@@ -660,7 +738,7 @@ async fn openai_completions(State(st): State<St>, body: Bytes) -> Response {
         );
         return sse(s);
     }
-    let s = token_stream(req, max, Box::new(|_, _, text, _, last| last.then(|| text.to_string())), None);
+    let s = token_stream(req, max, prompt_tokens, Box::new(|_, _, text, _, last| last.then(|| text.to_string())), None);
     use futures_util::StreamExt;
     let text: String = s.collect::<Vec<_>>().await.concat();
     axum::Json(json!({"id": id, "object": "text_completion", "model": model,
@@ -674,28 +752,31 @@ async fn llama_completion(State(st): State<St>, body: Bytes) -> Response {
         return llama_health(State(st)).await;
     }
     let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-    let (_prompt, max, stream) = gen_params(&body, &["/n_predict"], 16);
+    let (prompt, max, stream) = gen_params(&body, &["/n_predict"], 16);
+    let prompt_tokens = prompt.split_whitespace().count().max(1) as u64;
     let req = Req::start(&st).await;
     if stream {
         let s = token_stream(
             req,
             max,
+            prompt_tokens,
             Box::new(|_, _, _, w, last| Some(format!("data: {}\n\n", json!({"content": w, "stop": last})))),
             None,
         );
         return sse(s);
     }
     let spec = st.spec_on();
-    let rate = st.launch.knobs.accept_length.map_or(0.75, |l| ((l - 1.0) / 4.0).clamp(0.0, 1.0));
-    let s = token_stream(req, max, Box::new(|_, _, text, _, last| last.then(|| text.to_string())), None);
+    let verify = req.verify.clone();
+    let s = token_stream(req, max, prompt_tokens, Box::new(|_, _, text, _, last| last.then(|| text.to_string())), None);
     use futures_util::StreamExt;
     let text: String = s.collect::<Vec<_>>().await.concat();
     let mut timings = json!({"predicted_n": max, "prompt_n": 1});
-    // llama-server adds the draft counts only when something was drafted.
+    // llama-server adds the draft counts only when something was drafted: each verify step
+    // drafted up to n-max tokens and kept all but the target's own one of its burst.
     if spec && max > 0 {
-        let drafted = max;
-        timings["draft_n"] = json!(drafted);
-        timings["draft_n_accepted"] = json!(((drafted as f64) * rate).round() as u64);
+        let steps = verify.load(Ordering::SeqCst);
+        timings["draft_n"] = json!(steps * u64::from(st.perf.k));
+        timings["draft_n_accepted"] = json!(max - steps);
     }
     axum::Json(json!({"content": text, "stop": true, "tokens_predicted": max, "timings": timings})).into_response()
 }

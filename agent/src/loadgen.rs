@@ -362,18 +362,21 @@ async fn stream(
     }
     let mut buf: Vec<u8> = Vec::new();
     let mut p = Parse::default();
+    // The tokens of all the events that one read brings arrived together (a burst of accepted
+    // draft tokens, whether the server sends it as one event or several).
     while let Some(bytes) = resp.chunk().await.map_err(|e| format!("{url}: the stream broke: {}", chain(&e)))? {
         let now = Instant::now();
         buf.extend_from_slice(&bytes);
+        let mut new = 0;
         while let Some(nl) = buf.iter().position(|b| *b == b'\n') {
             let line: Vec<u8> = buf.drain(..=nl).collect();
-            let line = String::from_utf8_lossy(&line);
-            event(level.api, line.trim(), now, start, &mut p, r)?;
+            new += event(level.api, String::from_utf8_lossy(&line).trim(), &mut p, r)?;
         }
+        arrived(new, now, start, &mut p, r);
     }
     if !buf.is_empty() {
-        let line = String::from_utf8_lossy(&buf).to_string();
-        event(level.api, line.trim(), Instant::now(), start, &mut p, r)?;
+        let new = event(level.api, String::from_utf8_lossy(&buf).trim(), &mut p, r)?;
+        arrived(new, Instant::now(), start, &mut p, r);
     }
     if !p.done {
         return Err(format!("{url}: the stream ended before [DONE] (after {} tokens)", p.tokens));
@@ -382,14 +385,14 @@ async fn stream(
     Ok(())
 }
 
-/// One line of the event stream.
-fn event(api: Api, line: &str, now: Instant, start: Instant, p: &mut Parse, r: &mut Request) -> Result<(), String> {
+/// One line of the event stream: the new tokens it brings.
+fn event(api: Api, line: &str, p: &mut Parse, r: &mut Request) -> Result<u64, String> {
     let Some(data) = line.strip_prefix("data:").map(str::trim) else {
-        return Ok(());
+        return Ok(0);
     };
     if data == "[DONE]" {
         p.done = true;
-        return Ok(());
+        return Ok(0);
     }
     let v: Value = serde_json::from_str(data).map_err(|e| format!("a stream line that is not JSON ({e}): {data}"))?;
     if let Some(err) = v.get("error").filter(|e| !e.is_null()) {
@@ -423,6 +426,13 @@ fn event(api: Api, line: &str, now: Instant, start: Instant, p: &mut Parse, r: &
             u64::from(text.is_some_and(|t| !t.is_empty()))
         }
     };
+    p.tokens += new;
+    Ok(new)
+}
+
+/// `new` tokens arrived at `now`: the first is the TTFT; k tokens after a gap g count as k gaps
+/// of g/k (the per-token latency a reader sees).
+fn arrived(new: u64, now: Instant, start: Instant, p: &mut Parse, r: &mut Request) {
     if new > 0 {
         match p.last_token_at {
             None => r.ttft = Some(now - start),
@@ -437,9 +447,7 @@ fn event(api: Api, line: &str, now: Instant, start: Instant, p: &mut Parse, r: &
             r.itl.extend(std::iter::repeat_n(Duration::ZERO, new as usize - 1));
         }
         p.last_token_at = Some(now);
-        p.tokens += new;
     }
-    Ok(())
 }
 
 fn chain(e: &dyn std::error::Error) -> String {
@@ -519,24 +527,30 @@ mod tests {
         let g = |ct: u64, vc: u64| {
             format!(r#"data: {{"text":"x","meta_info":{{"completion_tokens":{ct},"spec_verify_ct":{vc}}}}}"#)
         };
-        event(Api::Generate, &g(1, 1), at(50), t0, &mut p, &mut r).unwrap();
-        event(Api::Generate, &g(4, 2), at(80), t0, &mut p, &mut r).unwrap();
-        event(Api::Generate, "", at(80), t0, &mut p, &mut r).unwrap();
-        event(Api::Generate, "data: [DONE]", at(81), t0, &mut p, &mut r).unwrap();
+        let mut read = |lines: &[&str], ms| {
+            let new: u64 = lines.iter().map(|l| event(Api::Generate, l, &mut p, &mut r).unwrap()).sum();
+            arrived(new, at(ms), t0, &mut p, &mut r);
+        };
+        read(&[&g(1, 1)], 50);
+        read(&[&g(4, 2), ""], 80);
+        // Two events in one read: their tokens arrived together.
+        read(&[&g(5, 3), &g(6, 3)], 100);
+        read(&["data: [DONE]"], 101);
         assert!(p.done);
-        assert_eq!(p.tokens, 4);
+        assert_eq!(p.tokens, 6);
         assert_eq!(r.ttft, Some(Duration::from_millis(50)));
-        assert_eq!(r.itl, vec![Duration::from_millis(10); 3]);
-        assert_eq!(r.verify, Some((4, 2)));
+        let ms = |m| Duration::from_millis(m);
+        assert_eq!(r.itl, vec![ms(10), ms(10), ms(10), ms(10), ms(10)]);
+        assert_eq!(r.verify, Some((6, 3)));
 
         let (mut p, mut r) = (Parse::default(), Request::default());
         let c = |t: &str| format!(r#"data: {{"choices":[{{"text":"{t}","index":0}}]}}"#);
-        event(Api::Completions, &c("a"), at(10), t0, &mut p, &mut r).unwrap();
-        event(Api::Completions, &c("b"), at(30), t0, &mut p, &mut r).unwrap();
+        assert_eq!(event(Api::Completions, &c("a"), &mut p, &mut r), Ok(1));
+        assert_eq!(event(Api::Completions, &c(""), &mut p, &mut r), Ok(0));
         let last = r#"data: {"choices":[{"text":"","finish_reason":"length"}],"usage":{"completion_tokens":3},"timings":{"predicted_n":3,"draft_n":4,"draft_n_accepted":3}}"#;
-        event(Api::Completions, last, at(31), t0, &mut p, &mut r).unwrap();
-        assert_eq!((p.tokens, p.usage, r.drafts), (2, Some(3), Some((4, 3))));
-        let err = event(Api::Completions, r#"data: {"error":{"message":"out of memory"}}"#, at(40), t0, &mut p, &mut r);
+        event(Api::Completions, last, &mut p, &mut r).unwrap();
+        assert_eq!((p.tokens, p.usage, r.drafts), (1, Some(3), Some((4, 3))));
+        let err = event(Api::Completions, r#"data: {"error":{"message":"out of memory"}}"#, &mut p, &mut r);
         assert_eq!(err.unwrap_err(), "the server reported an error mid-stream: out of memory");
     }
 

@@ -406,7 +406,13 @@ fn draw(out: &mut String, results: &[PointResult], title: &str, winner: Option<u
                 .filter_map(|l| if is_throughput { Some(l.throughput) } else { accept(l) })
                 .map(|y| (xs[w], y))
                 .collect();
-            chart.draw_series(ring.iter().map(|p| Circle::new(*p, 10, RGBColor(30, 30, 30).stroke_width(2))))?;
+            let series =
+                chart.draw_series(ring.iter().map(|p| Circle::new(*p, 10, RGBColor(30, 30, 30).stroke_width(2))))?;
+            if is_throughput {
+                series
+                    .label(format!("best: {}", r.label))
+                    .legend(|(x, y)| Circle::new((x + 11, y), 7, RGBColor(30, 30, 30).stroke_width(2)));
+            }
         }
         // Failed points: a red cross on the axis, with the verdict.
         let failed: Vec<(f64, String)> = results
@@ -529,6 +535,7 @@ pub(crate) mod tests {
         assert!(s.contains("cuda-oom"));
         assert!(s.contains("speculative.num_steps"));
         assert!(s.contains("accept length"));
+        assert!(s.contains("best: num_steps=6"));
     }
 
     #[test]

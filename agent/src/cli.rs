@@ -199,9 +199,9 @@ pub enum Command {
     },
     /// Run a benchmarking campaign (a `kind: Sweep` file): apply each point of its matrix
     /// through the apply path, load it at each concurrency, record the results (a point that
-    /// fails is recorded with its diagnosis), then restore the unit (or apply the best point).
-    /// Writes results.jsonl, table.md, results.csv and plot.svg, and prints the spec change that
-    /// applies the best point.
+    /// fails is recorded with its diagnosis), then restore the unit (or apply the best point;
+    /// on SIGINT/SIGTERM the unit is restored). Writes results.jsonl, table.md, results.csv and
+    /// plot.svg, and prints the spec change that applies the best point.
     Sweep {
         #[arg(long = "file", short = 'f')]
         file: PathBuf,

@@ -105,6 +105,34 @@ fn the_load_generator_measures_the_standin_as_sglang_over_both_apis() {
     assert_eq!((r.requests, r.errors, r.output_tokens), (4, 0, 32), "{r:?}");
 }
 
+/// vLLM's evidence is its `spec_decode` counters: read before and after the level (the warm-up
+/// outside them), their difference is the level's accept length.
+#[test]
+fn the_load_generator_reads_vllm_counters_around_a_level() {
+    let port = free_port();
+    let ps = port.to_string();
+    let _p = standin(
+        &[
+            "vllm",
+            "serve",
+            "/m",
+            "--port",
+            &ps,
+            "--speculative-config",
+            r#"{"method":"mtp","num_speculative_tokens":3}"#,
+        ],
+        &[("SPECD_STANDIN_LOAD_MS", "0"), ("SPECD_STANDIN_TOKENS_PER_SEC", "2000")],
+    );
+    ready(port, "/health", Duration::from_secs(10));
+    let r = run(&level(port, Engine::Vllm, LoadApi::Completions, 2, 4, 32));
+    assert_eq!((r.requests, r.errors, r.output_tokens), (4, 0, 128), "{r:?}");
+    let al = r.accept_length.unwrap_or_else(|| panic!("{r:?}"));
+    assert!(al > 1.5 && al <= 4.0, "{r:?}");
+    let rate = r.accept_rate.unwrap();
+    assert!((1.0 + 3.0 * rate - al).abs() < 1e-9, "three draft tokens a step: {r:?}");
+    assert!(r.evidence.iter().any(|e| e.starts_with("vllm:spec_decode_num_drafts_total +")), "{r:?}");
+}
+
 /// A server that dies under load: the requests in flight fail with a cause, and the level says
 /// so (the sweep records it; the diagnosis tells why it died).
 #[test]

@@ -574,18 +574,16 @@ async fn point<H: Host>(
             _ = shutdown.wait() => return Ok(None),
         };
         eprintln!("{}", level_line(&l));
-        let failed = l.errors > 0;
         r.levels.push(l);
-        if failed {
-            // Did the server die under the load? The instance verified is no longer the unit's.
-            let now = ctx.host.show(unit).await?;
-            if now.invocation_id != props.invocation_id || !now.active_state.is_up() || now.main_pid != props.main_pid {
-                let (v, s) = verdict_of(unit, Some(&props.invocation_id)).await;
-                r.outcome = PointOutcome::DiedUnderLoad;
-                r.verdict = v.or(Some("unknown".into()));
-                r.summary = s;
-                break;
-            }
+        // Did the server die under the load? The instance verified is no longer the unit's
+        // (also when systemd restarted it and the requests went on against the new one).
+        let now = ctx.host.show(unit).await?;
+        if now.invocation_id != props.invocation_id || !now.active_state.is_up() || now.main_pid != props.main_pid {
+            let (v, s) = verdict_of(unit, Some(&props.invocation_id)).await;
+            r.outcome = PointOutcome::DiedUnderLoad;
+            r.verdict = v.or(Some("unknown".into()));
+            r.summary = s;
+            break;
         }
     }
     r.time = state::now();

@@ -578,3 +578,37 @@ fn a_sweep_stopped_by_sigterm_restores_the_unit_and_lets_go() {
 fn wait_for_exit(c: &mut Child, within: Duration) -> std::process::ExitStatus {
     specd_e2e::wait_for("the sweep to exit", within, || c.try_wait().unwrap()).unwrap()
 }
+
+/// A server that dies while it is measured (here: SIGKILLed from outside, as the OOM killer would)
+/// is a point that "died under load", with the diagnosis of its instance; the next point runs.
+#[test]
+fn a_server_that_dies_under_load_is_recorded_with_its_diagnosis_and_the_sweep_goes_on() {
+    let e = Env::new();
+    let base = e.put("base.yaml", &base_spec_with(&e.standin, e.port, 3, "SPECD_STANDIN_TOKENS_PER_SEC: \"50\""));
+    let o = e.specd(&["apply", "-f", &base]);
+    assert!(o.status.success(), "{}", text(&o));
+    let sweep = e.put("sweep.yaml", &sweep_doc_with("base.yaml", "1, 2", "[1, 4]", 8, "restore"));
+    let (out, log) = ("/run/specs/out", "/run/specs/sweep.log");
+    let script = format!("exec {} sweep -f {sweep} --out {out} >{log} 2>&1", e.specd);
+    let mut child = e.b.command(&["/bin/sh", "-c", &script]).spawn().unwrap();
+    let sweep_log = || e.b.read_to_string(log).unwrap_or_default();
+    // The first point under load: verified (the sweep says so), its requests in flight.
+    wait_until("the first point under load", Duration::from_secs(60), || {
+        sweep_log().contains("[1/2] num_steps=1: verified and ready") && e.running_requests().unwrap_or(0) > 0
+    })
+    .unwrap_or_else(|err| panic!("{err}\n{}", sweep_log()));
+    let pid = e.main_pid(UNIT);
+    assert!(e.b.sh(&format!("kill -9 {pid}")).status.success());
+    let status = wait_for_exit(&mut child, Duration::from_secs(120));
+    let said = sweep_log();
+    assert!(status.success(), "{said}");
+    let r = results(&e, out);
+    assert_eq!(r.len(), 2, "{said}");
+    assert_eq!(r[0].outcome, specd::PointOutcome::DiedUnderLoad, "{:?}\n{said}", r[0]);
+    let verdict = r[0].verdict.as_deref().unwrap_or("");
+    assert!(!verdict.is_empty() && verdict != "unknown", "{:?}\n{said}", r[0]);
+    assert_eq!(r[1].outcome, specd::PointOutcome::Measured, "{said}");
+    assert!(said.contains(&format!("[1/2] num_steps=1: died under load: {verdict}")), "{said}");
+    assert_eq!(e.served_steps(), Some(3));
+    e.b.shutdown().unwrap();
+}

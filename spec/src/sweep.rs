@@ -14,7 +14,6 @@
 //! assert_eq!(points[0].spec.speculative.as_ref().unwrap().num_draft_tokens, Some(2));
 //! ```
 
-use std::collections::BTreeSet;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -64,7 +63,9 @@ pub struct SweepSpec {
     /// The InferenceService spec file swept, relative to the sweep file (or absolute).
     #[serde(default)]
     pub base: String,
-    /// The host whose overlay in the base spec applies (default: none).
+    /// The host whose overlay in the base spec applies. Left out: the caller's choice (`specd`
+    /// uses the machine it runs on, as `specd apply` does); [`points`] merges the overlay named
+    /// here, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host: Option<String>,
     /// Spec fields by dotted path (`speculative.num_steps`), each with the list of values to
@@ -457,13 +458,6 @@ fn validate(s: &Sweep, map: &SourceMap) -> Vec<Diagnostic> {
             }
         }
     }
-    let mut fields = BTreeSet::new();
-    for axis in &sp.matrix.0 {
-        if !fields.insert(axis.field.as_str()) {
-            // Only reachable through different spellings of one key; duplicates are parse errors.
-            out.push(map.at_field(Severity::Error, &format!("spec.matrix.{}", axis.field), "repeats a field".into()));
-        }
-    }
     if total > MAX_POINTS {
         out.push(map.at_field(
             Severity::Error,
@@ -723,13 +717,11 @@ fn blame(axes: &[Axis], derived: &[(String, Value)], field: &str) -> usize {
 /// The fields a derived field depends on (SGLang's `num_draft_tokens` rule).
 const DERIVED_FROM: &[&str] = &["speculative.num_steps", "speculative.eagle_topk"];
 
+/// A point's document and the fields derived for it.
+type PointDoc = (crate::model::Document, Vec<(String, Value)>);
+
 /// The document of one point, and the fields derived for it. `Err((axis, message))`.
-#[allow(clippy::type_complexity)]
-fn point(
-    base: &ParsedSpec,
-    host: Option<&str>,
-    values: &[(String, Value)],
-) -> Result<(crate::model::Document, Vec<(String, Value)>), (usize, String)> {
+fn point(base: &ParsedSpec, host: Option<&str>, values: &[(String, Value)]) -> Result<PointDoc, (usize, String)> {
     let mut doc = base.document.clone();
     // The matrix is set where the host's overlay would win over it: in the overlay, if any.
     let in_overlay = host.is_some_and(|h| doc.hosts.contains_key(h));

@@ -550,6 +550,19 @@ async fn worker(
         // A hold (suspend, pin, sweep) in effect: observe and report only.
         let held = hands_off(&ctx.store, &unit, &d.unit.sha256, &metrics).await;
         let dry_run = held.is_some();
+        if dry_run {
+            // What the source wants now is recorded (status compares the host with it: a held
+            // unit still shows its drift), and nothing is done about it.
+            let rec = state::DesiredRecord {
+                sha256: d.unit.sha256.clone(),
+                source: d.source.clone(),
+                time: state::now(),
+                spec: d.spec.clone(),
+            };
+            if let Err(e) = ctx.store.set_desired(&unit, rec).await {
+                tracing::warn!(unit = %unit, "recording its desired state: {e:#}");
+            }
+        }
         // In a task of its own: a panic in one reconcile is an error of this unit, reported and
         // retried with backoff; the worker, the other units and the main loop go on.
         let run = {

@@ -182,21 +182,28 @@ async fn check_converges(w: &World, old: &DesiredState, new: &DesiredState, faul
         again.verdict
     );
     assert_eq!(again.action, Action::AwaitChange, "{case}: {}", again.verdict);
+    // A unit that serves its desired spec starts at boot (set again if a fault stopped it).
+    if serving.as_ref() == Some(&new.spec.argv) {
+        assert!(w.host.enabled(), "{case}: the served unit is not enabled: {}\n{}", again.verdict, w.said());
+    }
 }
 
-/// Calls an apply of `new` over `old` makes without faults.
-async fn calls_of_apply(old: &DesiredState, new: &DesiredState, new_fails: bool) -> Vec<&'static str> {
+/// Calls an apply of `new` over `old` makes without faults. `enabled`: `old` starts at boot
+/// (else it does not: an older specd never enabled it, or a person disabled it).
+async fn calls_of_apply(old: &DesiredState, new: &DesiredState, new_fails: bool, enabled: bool) -> Vec<&'static str> {
     let w = serving(old, new, new_fails).await;
+    w.host.set_enabled(enabled);
     let n0 = w.host.calls();
     let r = w.reconcile(new).await.unwrap().unwrap();
     assert!(r.outcome.is_some(), "{}", r.verdict);
     w.host.call_names()[n0..].to_vec()
 }
 
-async fn matrix(new_fails: bool) {
+async fn matrix(new_fails: bool, enabled: bool) {
     quiet_crashes();
     let (old, new) = (desired(5), desired(10));
-    let calls = calls_of_apply(&old, &new, new_fails).await;
+    let calls = calls_of_apply(&old, &new, new_fails, enabled).await;
+    assert_eq!(calls.contains(&"enable"), !enabled && !new_fails, "{calls:?}");
     assert!(calls.len() > 20, "{calls:?}");
     let mut cases = 0;
     for (i, name) in calls.iter().enumerate() {
@@ -206,6 +213,7 @@ async fn matrix(new_fails: bool) {
                 if new_fails { "a failing apply" } else { "an apply" }
             );
             let w = serving(&old, &new, new_fails).await;
+            w.host.set_enabled(enabled);
             w.host.plan(i, f);
             let r = w.reconcile(&new).await;
             check_faulty_run(&w, &old, &new, &r, &case);
@@ -218,12 +226,18 @@ async fn matrix(new_fails: bool) {
 
 #[tokio::test(start_paused = true)]
 async fn a_fault_at_any_call_of_an_apply_leaves_the_host_old_or_new_and_the_next_reconcile_converges() {
-    matrix(false).await;
+    matrix(false, true).await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_fault_at_any_call_of_a_failing_apply_and_its_rollback_still_converges() {
-    matrix(true).await;
+    matrix(true, true).await;
+}
+
+/// The same over a unit that does not start at boot: the apply ends with `systemctl enable`.
+#[tokio::test(start_paused = true)]
+async fn a_fault_at_any_call_of_an_apply_that_enables_the_unit_still_converges_enabled() {
+    matrix(false, false).await;
 }
 
 /// A unit that is in sync and serving is never stopped or started because a call failed.
@@ -246,6 +260,44 @@ async fn a_healthy_in_sync_server_is_never_restarted_by_a_fault() {
             let _ = w.reconcile(&new).await;
             assert_eq!(w.host.stops_and_starts(), before, "fault {f:?} at call {i}: the serving unit was touched");
             assert_eq!(w.host.serving().as_ref(), Some(&new.spec.argv));
+        }
+    }
+}
+
+/// A serving unit that only has to be enabled again (a person ran `systemctl disable`): a fault at
+/// any call never stops or starts its server, the verdict says enabled only when it is, and the
+/// next reconcile enables it.
+#[tokio::test(start_paused = true)]
+async fn a_fault_while_only_enabling_never_touches_the_server_and_the_next_reconcile_enables() {
+    quiet_crashes();
+    let (old, new) = (desired(5), desired(10));
+    let probe = serving(&new, &old, false).await;
+    probe.host.set_enabled(false);
+    let n0 = probe.host.calls();
+    let r = probe.reconcile(&new).await.unwrap().unwrap();
+    assert!(r.verdict.contains("starts at boot now"), "{}", r.verdict);
+    assert!(probe.host.enabled());
+    let n = probe.host.calls() - n0;
+    assert!(probe.host.call_names()[n0..].contains(&"enable"));
+    for i in 0..n {
+        for f in [Fault::Fails, Fault::TimesOut, Fault::ProcessLingers, Fault::Crash] {
+            let case = format!("fault {f:?} at call {i} of an enable");
+            let w = serving(&new, &old, false).await;
+            w.host.set_enabled(false);
+            w.host.plan(i, f);
+            let before = w.host.stops_and_starts();
+            let r = w.reconcile(&new).await;
+            assert_eq!(w.host.stops_and_starts(), before, "{case}: the server was touched\n{}", w.said());
+            if let Some(Ok(r)) = &r
+                && r.verdict.contains("starts at boot now")
+            {
+                assert!(w.host.enabled(), "{case}: {}", r.verdict);
+            }
+            w.host.heal();
+            let r = w.reconcile(&new).await.unwrap().unwrap();
+            assert!(w.host.enabled(), "{case}: not enabled after the next reconcile: {}\n{}", r.verdict, w.said());
+            assert_eq!(w.host.serving().as_ref(), Some(&new.spec.argv), "{case}");
+            assert_eq!(w.host.stops_and_starts(), before, "{case}: the server was touched\n{}", w.said());
         }
     }
 }

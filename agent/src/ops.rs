@@ -47,7 +47,10 @@ pub async fn apply(dirs: &Dirs, file: &Path, host: Option<String>, dry_run: bool
         return Ok(1);
     };
     let ctx = context::host_ctx(dirs, context::events(Sink::Stderr), Shutdown::never());
-    if !dry_run && let Some(why) = live_sweep(&ctx.store.peek(&d.spec.unit)?) {
+    // A live sweep's hold refuses a hand apply (not the sweep's own).
+    if !dry_run
+        && let Some(why) = live_sweep(&ctx.store.peek(&d.spec.unit)?).filter(|_| !sweeps_own(&ctx.store, &d.spec.unit))
+    {
         eprintln!("specd: refused: {}: {why}; nothing was changed on this host", d.spec.unit);
         return Ok(1);
     }
@@ -520,6 +523,12 @@ fn live_sweep(st: &state::UnitState) -> Option<String> {
     h.pid.is_none_or(crate::host::pid_alive).then(|| format!("{} (stop the sweep first)", h.describe()))
 }
 
+/// This apply is the sweep's own: run by the process that holds the unit, or by its child.
+fn sweeps_own(store: &Store, unit: &str) -> bool {
+    let me = [std::process::id(), nix::unistd::getppid().as_raw().unsigned_abs()];
+    store.peek(unit).ok().and_then(|st| st.hold).and_then(|h| h.pid).is_some_and(|p| me.contains(&p))
+}
+
 /// Who runs a command that puts a hold: `alice@host (specd suspend)` (under sudo, the user who
 /// ran sudo).
 fn operator(command: &str) -> String {
@@ -757,6 +766,55 @@ fn rollback_target<'a>(
 mod tests {
     use super::*;
     use crate::service::ActiveState;
+
+    #[test]
+    fn only_a_live_sweep_stops_a_hand_apply() {
+        let hold = |kind, pid| state::Hold {
+            kind,
+            by: "specd sweep qwen-mtp-steps".into(),
+            since: 0,
+            until: None,
+            reason: None,
+            pid,
+            pinned_sha256: None,
+            desired_at_pin: None,
+        };
+        let st = |h| state::UnitState { unit: "a.service".into(), hold: Some(h), ..Default::default() };
+        let why = live_sweep(&st(hold(state::HoldKind::Sweep, Some(std::process::id())))).unwrap();
+        assert!(
+            why.contains("held by a sweep by specd sweep qwen-mtp-steps") && why.contains("stop the sweep"),
+            "{why}"
+        );
+        let mut gone = std::process::Command::new("true").spawn().unwrap();
+        let pid = gone.id();
+        gone.wait().unwrap();
+        assert_eq!(live_sweep(&st(hold(state::HoldKind::Sweep, Some(pid)))), None);
+        assert_eq!(live_sweep(&st(hold(state::HoldKind::Suspend, None))), None);
+        assert_eq!(live_sweep(&st(hold(state::HoldKind::Pin, None))), None);
+    }
+
+    #[tokio::test]
+    async fn the_sweep_s_own_applies_are_its_own() {
+        let d = tempfile::tempdir().unwrap();
+        let store = Store::new(d.path());
+        assert!(!sweeps_own(&store, "a.service"), "no hold");
+        let hold = |pid| state::Hold {
+            kind: state::HoldKind::Sweep,
+            by: "specd sweep s".into(),
+            since: 0,
+            until: None,
+            reason: None,
+            pid: Some(pid),
+            pinned_sha256: None,
+            desired_at_pin: None,
+        };
+        store.set_hold("a.service", hold(std::process::id())).await.unwrap();
+        assert!(sweeps_own(&store, "a.service"), "the holding process itself");
+        store.set_hold("a.service", hold(nix::unistd::getppid().as_raw().unsigned_abs())).await.unwrap();
+        assert!(sweeps_own(&store, "a.service"), "a child of the holding process");
+        store.set_hold("a.service", hold(1)).await.unwrap();
+        assert!(!sweeps_own(&store, "a.service"), "another process's sweep");
+    }
 
     #[test]
     fn durations_are_numbers_with_units() {

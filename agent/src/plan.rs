@@ -34,6 +34,10 @@ pub struct Observed {
     pub interrupted: bool,
     /// The last unit that ran and passed verification (the rollback target), if rollback is on.
     pub last_good_sha256: Option<String>,
+    /// The unit starts at boot (`UnitFileState=enabled`: Some(true); `disabled` or only
+    /// `enabled-runtime`: Some(false)); `None` when systemd does not say either (not loaded yet,
+    /// static, linked, generated).
+    pub enabled: Option<bool>,
 }
 
 /// What the spec wants.
@@ -46,6 +50,8 @@ pub struct Desired {
     pub verify_args: bool,
     /// The spec asks for speculative decoding: after readiness, prove the server drafts.
     pub verify_speculation: bool,
+    /// `service.enabled`: the unit starts at boot.
+    pub enabled: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -101,6 +107,13 @@ pub enum Step {
     /// Restore the last good unit (the same sequence, for that unit): the desired one is
     /// quarantined and the host does not run the last good one.
     Rollback,
+    /// `systemctl enable`: the unit starts at boot. Right after readiness, once the server has
+    /// shown that it starts (a unit that never starts is not made to start at boot), and before
+    /// the checks that follow (which see a server that died meanwhile); alone when nothing else
+    /// differs. It never touches the running server.
+    Enable,
+    /// `systemctl disable` (`service.enabled: false`). Where `Enable` would be.
+    Disable,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -228,6 +241,7 @@ pub fn plan(o: &Observed, d: &Desired) -> Plan {
             s.push(Step::WriteUnit);
         }
         s.extend([Step::Reload, Step::Start, Step::VerifyCmdline, Step::WaitReady]);
+        s.extend(boot_step(o, d, true));
         s.extend(verify_after_ready(d));
         s
     };
@@ -247,6 +261,7 @@ pub fn plan(o: &Observed, d: &Desired) -> Plan {
             full(running, file_differs, !o.drop_ins.is_empty())
         };
         if resumable {
+            steps.extend(boot_step(o, d, false));
             steps.extend(verify_after_ready(d));
         }
         reasons.push("an earlier apply of this spec was interrupted; finishing it".to_string());
@@ -268,6 +283,32 @@ pub fn plan(o: &Observed, d: &Desired) -> Plan {
     }
 
     // The host has the desired unit, loaded. What is its service doing?
+    let p = by_state(o, d);
+    // Whether it starts at boot (under the report policy, only said; a full apply sets it). A
+    // server still coming up is looked at again first.
+    match (boot_step(o, d, false), p.sync) {
+        (Some(b), SyncStatus::InSync | SyncStatus::OutOfSync) => {
+            let mut p = p;
+            p.reasons.push(match b {
+                Step::Enable => "the unit is not enabled: it would not start at boot (service.enabled is true)".into(),
+                _ => "the unit is enabled (it starts at boot), but the spec says service.enabled: false".into(),
+            });
+            if p.sync == SyncStatus::InSync {
+                p.sync = SyncStatus::Drifted;
+            }
+            if d.drift == DriftPolicy::Heal {
+                // After readiness when the server is started, else alone.
+                let at = p.steps.iter().position(|s| *s == Step::WaitReady).map_or(0, |i| i + 1);
+                p.steps.insert(at, b);
+            }
+            p
+        }
+        _ => p,
+    }
+}
+
+/// The plan for a host that has the desired unit, loaded: by what its service is doing.
+fn by_state(o: &Observed, d: &Desired) -> Plan {
     match o.active_state {
         ActiveState::Active | ActiveState::Reloading | ActiveState::Refreshing => match o.ready {
             Some(false) => Plan {
@@ -291,6 +332,28 @@ pub fn plan(o: &Observed, d: &Desired) -> Plan {
                 steps,
             }
         }
+    }
+}
+
+/// Whether a unit starts at boot, from systemd's `UnitFileState`: `enabled` yes; `disabled` or
+/// `enabled-runtime` (until the next boot only) no; anything else (static, linked, generated,
+/// not loaded) is not specd's to change.
+pub fn enabled_of(unit_file_state: &str) -> Option<bool> {
+    match unit_file_state {
+        "enabled" => Some(true),
+        "disabled" | "enabled-runtime" => Some(false),
+        _ => None,
+    }
+}
+
+/// The step that makes the unit start at boot as the spec says, if it does not. `writes`: the
+/// sequence writes and loads the unit (a unit systemd did not know is not enabled yet).
+fn boot_step(o: &Observed, d: &Desired, writes: bool) -> Option<Step> {
+    match (d.enabled, o.enabled) {
+        (true, Some(false)) => Some(Step::Enable),
+        (true, None) if writes => Some(Step::Enable),
+        (false, Some(true)) => Some(Step::Disable),
+        _ => None,
     }
 }
 
@@ -319,6 +382,7 @@ mod tests {
             drift: DriftPolicy::Heal,
             verify_args: true,
             verify_speculation: false,
+            enabled: true,
         }
     }
 
@@ -341,6 +405,7 @@ mod tests {
             quarantined: None,
             interrupted: false,
             last_good_sha256: None,
+            enabled: Some(true),
         }
     }
 
@@ -653,6 +718,54 @@ mod tests {
     }
 
     #[test]
+    fn whether_it_starts_at_boot_is_set_after_readiness_and_never_restarts_the_server() {
+        let not_enabled = Observed { enabled: Some(false), ..in_sync() };
+        let p = plan(&not_enabled, &desired());
+        assert_eq!((p.sync, p.steps.as_slice()), (SyncStatus::Drifted, &[Enable][..]));
+        assert!(p.reasons[0].contains("would not start at boot"), "{p:?}");
+        let off = Desired { enabled: false, ..desired() };
+        let p = plan(&in_sync(), &off);
+        assert_eq!((p.sync, p.steps.as_slice()), (SyncStatus::Drifted, &[Disable][..]));
+        assert!(p.reasons[0].contains("service.enabled: false"), "{p:?}");
+        assert!(plan(&Observed { enabled: Some(false), ..in_sync() }, &off).steps.is_empty());
+        // Reported only, under the report policy.
+        let p = plan(&not_enabled, &Desired { drift: DriftPolicy::Report, ..desired() });
+        assert_eq!((p.sync, p.steps.len()), (SyncStatus::Drifted, 0));
+        // A first deploy enables the unit once its server is ready.
+        let new = Observed {
+            deployed_sha256: None,
+            written_sha256: None,
+            load_state: "not-found".into(),
+            active_state: "inactive".into(),
+            main_pid: 0,
+            main_cmdline: None,
+            enabled: None,
+            ..in_sync()
+        };
+        assert_eq!(
+            plan(&new, &desired()).steps,
+            &[Stop, WaitStopped, WriteUnit, Reload, Start, VerifyCmdline, WaitReady, Enable, VerifyArgs]
+        );
+        assert_eq!(plan(&new, &off).steps, &FULL[1..]);
+        // A stopped service is started, and enabled once ready.
+        let stopped = Observed {
+            active_state: "failed".into(),
+            main_pid: 0,
+            main_cmdline: None,
+            ready: None,
+            ..not_enabled.clone()
+        };
+        assert_eq!(plan(&stopped, &desired()).steps, &[Start, VerifyCmdline, WaitReady, Enable, VerifyArgs]);
+        // A server still loading is looked at again once it is ready; static or generated units
+        // are not specd's to enable.
+        assert!(plan(&Observed { ready: Some(false), ..not_enabled.clone() }, &desired()).steps.is_empty());
+        assert_eq!(plan(&Observed { enabled: None, ..in_sync() }, &desired()).sync, SyncStatus::InSync);
+        assert_eq!(enabled_of("enabled"), Some(true));
+        assert_eq!(enabled_of("enabled-runtime"), Some(false));
+        assert_eq!(enabled_of("static"), None);
+    }
+
+    #[test]
     fn every_plan_that_writes_stops_first_and_verifies_after() {
         // Exhaustive over the observable booleans: the invariant of the race-free sequence.
         let bools = [false, true];
@@ -682,11 +795,26 @@ mod tests {
                                     if stale && o.main_pid > 0 {
                                         o.main_cmdline = Some(vec!["/old".into()]);
                                     }
-                                    let d = Desired { drift: policy, ..desired() };
-                                    for interrupted in bools {
+                                    for (interrupted, boot, want_boot) in bools
+                                        .into_iter()
+                                        .flat_map(|i| [None, Some(false), Some(true)].map(|b| (i, b)))
+                                        .flat_map(|(i, b)| bools.map(|w| (i, b, w)))
+                                    {
+                                        let d = Desired { drift: policy, enabled: want_boot, ..desired() };
                                         o.interrupted = interrupted;
+                                        o.enabled = boot;
                                         let p = plan(&o, &d);
                                         let pos = |s: Step| p.steps.iter().position(|x| *x == s);
+                                        // Starting at boot is set once the server answered
+                                        // ready (or alone), and only as the spec says.
+                                        for (b, wanted) in [(Enable, true), (Disable, false)] {
+                                            if let Some(i) = pos(b) {
+                                                assert_eq!(pos(WaitReady).map_or(0, |r| r + 1), i, "{p:?}");
+                                                assert_eq!(p.steps.iter().filter(|s| **s == b).count(), 1, "{p:?}");
+                                                assert_eq!(want_boot, wanted, "{o:?} {d:?} {p:?}");
+                                                assert!(boot != Some(wanted), "{o:?} {d:?} {p:?}");
+                                            }
+                                        }
                                         if let Some(w) = pos(WriteUnit) {
                                             assert!(pos(WaitStopped).is_some_and(|x| x < w), "{p:?}");
                                             assert!(pos(Reload).is_some_and(|x| x > w), "{p:?}");

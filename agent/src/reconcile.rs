@@ -283,6 +283,7 @@ pub async fn observe<H: Host>(
         quarantined: st.quarantined(&d.unit.sha256).map(|q| q.reason.clone()),
         last_good_sha256: st.last_good.as_ref().filter(|_| d.spec.policy.rollback).map(|g| g.sha256.clone()),
         interrupted,
+        enabled: plan::enabled_of(&props.unit_file_state),
     };
     Ok((o, props))
 }
@@ -320,6 +321,7 @@ pub fn desired_of(ctx_unit_dir: &Path, d: &DesiredState) -> Desired {
         drift: d.spec.policy.drift,
         verify_args: d.spec.readiness.verify_args && d.spec.server_info_path().is_some(),
         verify_speculation: d.spec.readiness.verify_speculation && d.spec.speculates(),
+        enabled: d.spec.service.enabled,
     }
 }
 
@@ -441,6 +443,26 @@ pub async fn reconcile<H: Host>(ctx: &Ctx<H>, d: &DesiredState, dry_run: bool) -
     let ms = started.elapsed().as_millis() as u64;
 
     let report = match result {
+        Ok(()) if plan.steps.iter().all(|s| matches!(s, Step::Enable | Step::Disable)) => {
+            // Only whether it starts at boot was to be set; the server was not touched.
+            st.in_progress = None;
+            let now = ctx.host.show(&unit).await.ok().and_then(|p| plan::enabled_of(&p.unit_file_state));
+            if now != Some(d.spec.service.enabled) {
+                // The warning said why; the next look tries again.
+                let verdict = format!("{}: {}; not changed yet", plan.sync, plan.reasons.join("; "));
+                Report { plan, outcome: None, verdict, stop_verdict, action: Action::Requeue(Duration::from_secs(60)) }
+            } else {
+                let verdict = if d.spec.service.enabled {
+                    format!("Applied: {unit} starts at boot now (systemctl enable); its server was left as it runs")
+                } else {
+                    format!(
+                        "Applied: {unit} no longer starts at boot (systemctl disable); its server was left as it runs"
+                    )
+                };
+                st.record(history(d, Outcome::Applied, verdict.clone(), None, ms));
+                Report { plan, outcome: Some(Outcome::Applied), verdict, stop_verdict, action: Action::AwaitChange }
+            }
+        }
         Ok(()) => {
             st.last_good = Some(good_unit(d));
             st.in_progress = None;
@@ -1002,9 +1024,26 @@ impl<H: Host> Run<'_, H> {
                 Step::VerifyArgs => self.verify_args().await?,
                 // Planned alone and carried out by `restore`, never inside a sequence.
                 Step::Rollback => {}
+                Step::Enable => self.boot(true).await,
+                Step::Disable => self.boot(false).await,
             }
         }
         Ok(())
+    }
+
+    /// `systemctl enable`/`disable`. Its failure fails nothing: the server runs, verified; the
+    /// next reconcile plans it again (status says the unit would not start at boot meanwhile).
+    async fn boot(&mut self, enable: bool) {
+        let (ctx, unit) = (self.ctx, self.unit);
+        let verb = if enable { "enable" } else { "disable" };
+        (ctx.events)(unit, &Event::Phase(format!("systemctl {verb} {unit}")));
+        let r = if enable { ctx.host.enable(unit).await } else { ctx.host.disable(unit).await };
+        if let Err(e) = r {
+            (ctx.events)(
+                unit,
+                &Event::Warning(format!("systemctl {verb} {unit} failed ({e:#}); the next reconcile tries again")),
+            );
+        }
     }
 
     async fn drain(&mut self) -> Result<(), StepFailure> {

@@ -333,6 +333,18 @@ impl Store {
         self.save(&st)
     }
 
+    /// Record the desired state of a unit the agent leaves alone (a hold), under its lock, so
+    /// that `status` compares the host with what the source wants now. Nothing else changes.
+    pub async fn set_desired(&self, unit: &str, desired: DesiredRecord) -> Result<()> {
+        let _lock = crate::lock::UnitLock::acquire(&self.locks_dir(), unit).await?;
+        let mut st = self.load(unit)?;
+        if st.desired.as_ref().is_some_and(|d| d.sha256 == desired.sha256 && d.source == desired.source) {
+            return Ok(());
+        }
+        st.desired = Some(desired);
+        self.save(&st)
+    }
+
     /// End a unit's hold, under its lock, recorded in its history (`why`: resumed, expired…).
     /// The hold that was there, if any.
     pub async fn clear_hold(&self, unit: &str, why: &str) -> Result<Option<Hold>> {

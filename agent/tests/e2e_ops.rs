@@ -145,6 +145,8 @@ fn suspend_resume_and_rollback_with_a_pin() {
     assert!(m.contains("specd_unit_hold{unit=\"model-b.service\",kind=\"suspend\"} 0"), "{m}");
     let (_, st) = f.specd(&["status"]);
     let a_status = st.split("model-b.service:").next().unwrap();
+    assert!(a_status.contains("model-a.service: OutOfSync Healthy"), "{st}");
+    assert!(a_status.contains("why: the spec changed: deployed unit"), "{st}");
     assert!(a_status.contains("hold: suspended by root@") && a_status.contains(" until "), "{st}");
     assert!(a_status.contains("a hand `specd apply` still applies"), "{st}");
     let (_, h) = f.specd(&["history", "model-a.service"]);
@@ -192,9 +194,82 @@ fn suspend_resume_and_rollback_with_a_pin() {
     let (_, st) = f.specd(&["status"]);
     assert!(!st.contains("hold:"), "{st}");
 
+    // A suspend for a while: the commit waits, then the agent applies it by itself.
+    let (ok, out) = f.specd(&["suspend", "model-a.service", "--for", "3s"]);
+    assert!(ok, "{out}");
+    let before = f.held_looks("model-a.service");
+    f.commit(&[("a.yaml", &f.spec("model-a.service", a, 9))], "a 9");
+    f.wait_held_look("model-a.service", before);
+    assert_eq!(f.steps(a), Some(8));
+    f.wait_steps(a, 9);
+    let (_, h) = f.specd(&["history", "model-a.service"]);
+    assert!(h.contains("HoldCleared") && h.contains(": it expired at "), "{h}");
+
     // A rollback to a unit specd never ran is refused, and changes nothing.
     let (ok, out) = f.specd(&["rollback", "model-a.service", "--to", "0000ffff"]);
     assert!(!ok && out.contains("no good unit 0000ffff is recorded"), "{out}");
-    assert_eq!(f.steps(a), Some(8));
+    assert_eq!(f.steps(a), Some(9));
     f.e.b.shutdown().unwrap();
+}
+
+/// Two boots over the same unit directory and state: the server specd applied comes back by
+/// itself at the second boot (specd enabled it), and `specd apply` verifies it without
+/// restarting it. `service.enabled: false` then disables it, and restarts nothing either.
+#[test]
+fn a_server_comes_back_at_boot_and_is_verified_without_a_restart() {
+    let persist = tempfile::tempdir().unwrap();
+    let boot = || {
+        let cfg = BoxConfig { persist: Some(persist.path().to_path_buf()), ..Default::default() };
+        Env {
+            b: SystemdBox::boot_with(cfg).unwrap(),
+            port: 0,
+            specd: env!("CARGO_BIN_EXE_specd").into(),
+            standin: bin_path("specd-standin").display().to_string(),
+        }
+    };
+    let port = free_port();
+    const UNIT: &str = "boot-a.service";
+    let mut e = boot();
+    e.port = port;
+    let spec = e.spec(UNIT, 5, "");
+    let o = e.specd(&["apply", "-f", &e.put("a.yaml", &spec)]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(e.b.prop(UNIT, "UnitFileState").unwrap(), "enabled");
+    let st = text(&e.specd(&["status"]));
+    assert!(st.contains(&format!("{UNIT}: InSync Healthy")) && !st.contains("start at boot"), "{st}");
+    let first_pid = e.main_pid(UNIT);
+    e.b.shutdown().unwrap();
+
+    // The second boot: nobody runs specd; systemd starts the server.
+    let mut e = boot();
+    e.port = port;
+    wait_until("the server to be ready after the boot", Duration::from_secs(60), || {
+        http_get(port, "/health_generate").is_some_and(|(c, _)| c == 200) && e.served_steps() == Some(5)
+    })
+    .unwrap_or_else(|err| panic!("{err}\n{}", e.b.journal(UNIT).unwrap_or_default()));
+    let (pid, invocation) = (e.main_pid(UNIT), e.b.prop(UNIT, "InvocationID").unwrap());
+    assert!(pid > 0 && !invocation.is_empty());
+    // specd finds its state and the unit it wrote: in sync, nothing restarted.
+    let o = e.specd(&["apply", "-f", &e.put("a.yaml", &spec)]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains(&format!("InSync: {UNIT} runs unit")), "{}", text(&o));
+    assert_eq!((e.main_pid(UNIT), e.b.prop(UNIT, "InvocationID").unwrap()), (pid, invocation.clone()));
+    let h = text(&e.specd(&["history", UNIT]));
+    assert_eq!(h.matches("Applied: ").count(), 1, "one apply, at the first boot: {h}");
+    eprintln!("pid {first_pid} at the first boot, {pid} at the second");
+
+    // Told not to start at boot: disabled, the server left as it runs.
+    let off = e.spec(UNIT, 5, "  service: {enabled: false}\n");
+    let o = e.specd(&["apply", "-f", &e.put("a.yaml", &off)]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("no longer starts at boot"), "{}", text(&o));
+    assert_eq!(e.b.prop(UNIT, "UnitFileState").unwrap(), "disabled");
+    assert_eq!((e.main_pid(UNIT), e.b.prop(UNIT, "InvocationID").unwrap()), (pid, invocation));
+    // And enabled again by the spec that says so; a hand `systemctl disable` shows in status.
+    let o = e.specd(&["apply", "-f", &e.put("a.yaml", &spec)]);
+    assert!(o.status.success() && text(&o).contains("starts at boot now"), "{}", text(&o));
+    e.b.systemctl_check(&["disable", UNIT]).unwrap();
+    let st = text(&e.specd(&["status"]));
+    assert!(st.contains("the unit is not enabled: it would not start at boot"), "{st}");
+    e.b.shutdown().unwrap();
 }

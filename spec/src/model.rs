@@ -290,6 +290,12 @@ pub struct ServiceLayer {
     /// a percentage of physical memory in (0, 100] (e.g. `80%`), or `infinity`. Not 0.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_max: Option<String>,
+    /// Start the server at boot (`systemctl enable`: the unit is wanted by
+    /// `multi-user.target`), so that it serves again after a reboot before the agent runs.
+    /// Default true; false disables it (specd never enables it, and disables it if it was).
+    /// Changing it changes no unit file and restarts nothing.
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "strict::bool")]
+    pub enabled: Option<bool>,
 }
 
 /// How specd decides that a started server is ready.
@@ -370,7 +376,7 @@ macro_rules! impl_merge {
 impl_merge!(SpecLayer { unit, engine, command, model } sections { server, speculative, service, readiness, policy });
 impl_merge!(ServerLayer { host, port, tp_size, mem_fraction_static, max_running_requests, context_length, n_gpu_layers, served_model_name, extra_args } sections {});
 impl_merge!(SpeculativeLayer { algorithm, num_steps, eagle_topk, num_draft_tokens, draft_model, draft_min, draft_p_min, prompt_lookup_min, prompt_lookup_max } sections {});
-impl_merge!(ServiceLayer { description, user, group, working_directory, environment_files, allow_literal_secrets, restart, restart_sec, timeout_start_sec, timeout_stop_sec, drain_timeout_sec, memory_max } sections { environment, credentials });
+impl_merge!(ServiceLayer { description, user, group, working_directory, environment_files, allow_literal_secrets, restart, restart_sec, timeout_start_sec, timeout_stop_sec, drain_timeout_sec, memory_max, enabled } sections { environment, credentials });
 impl_merge!(ReadinessLayer { timeout_sec, endpoint, verify_args, verify_speculation } sections {});
 impl_merge!(PolicyLayer { drift, rollback, adopt } sections {});
 

@@ -46,6 +46,9 @@ pub fn render(spec: &Spec) -> RenderedUnit {
     line("");
     line("[Unit]");
     line(&format!("Description={}", escape_specifiers(&spec.service.description)));
+    // systemd.special(7): a unit that needs a configured network pulls network-online.target
+    // in (Wants=) and orders itself after it (After=); After= alone waits for nothing.
+    line("Wants=network-online.target");
     line("After=network-online.target");
     line("");
     line("[Service]");

@@ -70,6 +70,13 @@ pub struct Service {
     pub timeout_stop_sec: u32,
     pub drain_timeout_sec: u32,
     pub memory_max: Option<String>,
+    /// Enabled at boot (`systemctl enable`). Not part of the unit file.
+    #[serde(default = "enabled_by_default")]
+    pub enabled: bool,
+}
+
+fn enabled_by_default() -> bool {
+    true
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

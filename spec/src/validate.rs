@@ -1004,6 +1004,7 @@ fn service(c: &mut Ctx, doc: &Document, engine: Engine, l: &SpecLayer) -> Option
         timeout_stop_sec,
         drain_timeout_sec: drain,
         memory_max: s.memory_max,
+        enabled: s.enabled.unwrap_or(true),
     })
 }
 

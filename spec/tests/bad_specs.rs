@@ -501,6 +501,13 @@ const CASES: &[(&str, &str, u64, &str, &str)] = &[
         "spec.service.credentials.tok",
         "must be an absolute path",
     ),
+    (
+        "enabled as a quoted string",
+        "  service: {enabled: \"false\"}\n",
+        9,
+        "spec.service.enabled",
+        "expected true or false, got a string: \"false\"",
+    ),
     ("whole file too large", "#\n", 1, "", "a spec may be at most 1048576 bytes (1 MiB)"),
     ("missing apiVersion", "#\n", 1, "apiVersion", "is required"),
 ];

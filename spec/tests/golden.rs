@@ -81,3 +81,16 @@ fn checked_in_schema_is_current() {
         "schemas/specd.schema.json is stale: regenerate it with `cargo run -p specd -- schema > schemas/specd.schema.json`"
     );
 }
+
+#[test]
+fn enabled_is_not_in_the_unit_file() {
+    let text = std::fs::read_to_string(root().join("examples/llama-cpp-qwen-draft.yaml")).unwrap();
+    let on = specd_spec::parse("x.yaml", &text).unwrap().resolve(None).unwrap();
+    assert!(on.service.enabled, "enabled by default");
+    let off_text = text.replace("  service:\n", "  service:\n    enabled: false\n");
+    assert_ne!(off_text, text);
+    let off = specd_spec::parse("x.yaml", &off_text).unwrap().resolve(None).unwrap();
+    assert!(!off.service.enabled);
+    // Starting at boot or not is systemctl enable/disable: no unit file changes, nothing restarts.
+    assert_eq!(specd_spec::render(&on).sha256, specd_spec::render(&off).sha256);
+}

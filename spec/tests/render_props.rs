@@ -84,6 +84,7 @@ fn check(spec: &Spec) {
         assert_eq!(vs.len(), 1, "{k} appears {} times", vs.len());
         let allowed = [
             "Description",
+            "Wants",
             "After",
             "Type",
             "WorkingDirectory",
@@ -101,6 +102,11 @@ fn check(spec: &Spec) {
         assert!(allowed.contains(k), "unexpected key {k}");
     }
     assert_eq!(keys["Description"][0], spec.service.description);
+    // systemd.special(7): network-online.target is pulled in and waited for, both.
+    assert_eq!(
+        (keys["Wants"].as_slice(), keys["After"].as_slice()),
+        (&["network-online.target".to_string()][..], &["network-online.target".to_string()][..])
+    );
     if let Some(w) = &spec.service.working_directory {
         assert_eq!(&keys["WorkingDirectory"][0], w);
     }

@@ -46,6 +46,11 @@ mount -t tmpfs -o mode=755 specd-box-run /run
 mkdir -p /run/specd-box/binds /run/specd-box/empty
 i=0
 for p in $SPECD_BOX_BINDS; do i=$((i+1)); mkdir /run/specd-box/binds/$i; mount --rbind "$p" /run/specd-box/binds/$i; done
+if [ -n "$SPECD_BOX_PERSIST" ]; then
+  mkdir -p /run/specd-box/persist/units /run/specd-box/persist/state
+  mount --bind "$SPECD_BOX_PERSIST/etc-systemd-system" /run/specd-box/persist/units
+  mount --bind "$SPECD_BOX_PERSIST/var-lib-specd" /run/specd-box/persist/state
+fi
 for d in $SPECD_BOX_PRIVATE_DIRS; do
   if [ -d "$d" ]; then mount -t tmpfs -o mode=755 specd-box-tmpfs "$d"; fi
 done
@@ -53,6 +58,10 @@ chmod 1777 /tmp /var/tmp /dev/shm
 mkdir -p /var/lib/specd /var/lib/systemd
 i=0
 for p in $SPECD_BOX_BINDS; do i=$((i+1)); mkdir -p "$p"; mount --move /run/specd-box/binds/$i "$p"; done
+if [ -n "$SPECD_BOX_PERSIST" ]; then
+  mount --move /run/specd-box/persist/units /etc/systemd/system
+  mount --move /run/specd-box/persist/state /var/lib/specd
+fi
 for d in /dev/console /dev/kmsg; do
   if [ -e "$d" ]; then mount --bind /dev/null "$d"; fi
 done
@@ -116,11 +125,17 @@ pub struct BoxConfig {
     pub binds: Vec<PathBuf>,
     /// How long boot may take before [`SystemdBox::boot_with`] gives up.
     pub boot_timeout: Duration,
+    /// A host directory that keeps the box's `/etc/systemd/system` (in `etc-systemd-system/`)
+    /// and `/var/lib/specd` (in `var-lib-specd/`) from one boot to the next: boot a box, shut it
+    /// down, boot another with the same directory, and it finds the units (and their
+    /// enablement links) and specd's state the first left. Created when missing. `None`: both
+    /// are fresh.
+    pub persist: Option<PathBuf>,
 }
 
 impl Default for BoxConfig {
     fn default() -> Self {
-        BoxConfig { binds: Vec::new(), boot_timeout: Duration::from_secs(30) }
+        BoxConfig { binds: Vec::new(), boot_timeout: Duration::from_secs(30), persist: None }
     }
 }
 
@@ -327,6 +342,18 @@ impl SystemdBox {
     /// Boots a box with options.
     pub fn boot_with(cfg: BoxConfig) -> Result<SystemdBox> {
         preflight()?;
+        let persist = match &cfg.persist {
+            Some(p) => {
+                if !p.is_absolute() {
+                    bail!("box persist directory {} must be absolute", p.display());
+                }
+                for sub in ["etc-systemd-system", "var-lib-specd"] {
+                    fs::create_dir_all(p.join(sub)).with_context(|| format!("create {}", p.join(sub).display()))?;
+                }
+                p.display().to_string()
+            }
+            None => String::new(),
+        };
         let start = Instant::now();
         let layout = cgroups::host_layout()?;
         let hierarchies = cgroups::host_hierarchies()?;
@@ -380,6 +407,7 @@ impl SystemdBox {
         .env("PATH", "/usr/sbin:/usr/bin:/sbin:/bin")
         .env("SPECD_BOX_CG_PROCS", join_paths(&procs))
         .env("SPECD_BOX_BINDS", join_paths(&binds))
+        .env("SPECD_BOX_PERSIST", persist)
         .env("SPECD_BOX_PRIVATE_DIRS", PRIVATE_DIRS.join("\n"))
         .env("SPECD_BOX_INNER2", INNER2)
         .env("SPECD_BOX_NOTIFY", format!("@{notify_name}"))

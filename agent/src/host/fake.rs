@@ -70,6 +70,8 @@ struct Unit {
     exit_code: u32,
     exit_status: i32,
     invocation: u32,
+    /// `systemctl enable`d (it would start at boot).
+    enabled: bool,
 }
 
 #[derive(Debug, Default)]
@@ -185,6 +187,16 @@ impl FakeHost {
 
     pub fn writes(&self) -> Vec<String> {
         self.w().writes.clone()
+    }
+
+    /// Whether the unit would start at boot.
+    pub fn enabled(&self) -> bool {
+        self.w().unit.enabled
+    }
+
+    /// As if a person ran `systemctl disable` (or an older specd never enabled it).
+    pub fn set_enabled(&self, on: bool) {
+        self.w().unit.enabled = on;
     }
 
     pub fn unit_file(&self) -> Option<String> {
@@ -359,7 +371,11 @@ impl Host for FakeHost {
             drop_in_paths: vec![],
             invocation_id: if u.invocation > 0 { format!("{:032x}", u.invocation) } else { String::new() },
             exec_main_start_mono: 0,
-            unit_file_state: String::new(),
+            unit_file_state: match (u.loaded.is_some(), u.enabled) {
+                (false, _) => String::new(),
+                (true, true) => "enabled".into(),
+                (true, false) => "disabled".into(),
+            },
         })
     }
 
@@ -444,6 +460,28 @@ impl Host for FakeHost {
         }
         let text = self.unit_file();
         self.w().unit.loaded = text;
+        Ok(())
+    }
+
+    async fn enable(&self, unit: &str) -> Result<()> {
+        if let Some(e) = self.call("enable", SYSTEMCTL, |e| e).await {
+            bail!(e);
+        }
+        assert_eq!(unit, self.unit);
+        let mut w = self.w();
+        if w.unit.loaded.is_none() {
+            bail!("Unit file {unit} does not exist.");
+        }
+        w.unit.enabled = true;
+        Ok(())
+    }
+
+    async fn disable(&self, unit: &str) -> Result<()> {
+        if let Some(e) = self.call("disable", SYSTEMCTL, |e| e).await {
+            bail!(e);
+        }
+        assert_eq!(unit, self.unit);
+        self.w().unit.enabled = false;
         Ok(())
     }
 

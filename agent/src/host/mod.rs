@@ -32,6 +32,10 @@ pub trait Host: Clone + Send + Sync + 'static {
     /// Ask for a stop; with `wait`, until the stop job finished, else only queued.
     fn stop(&self, unit: &str, wait: bool) -> impl Future<Output = Result<()>> + Send;
     fn daemon_reload(&self) -> impl Future<Output = Result<()>> + Send;
+    /// `systemctl enable`: the unit starts at boot (its `[Install]` section's `WantedBy=`).
+    fn enable(&self, unit: &str) -> impl Future<Output = Result<()>> + Send;
+    /// `systemctl disable`: it no longer starts at boot.
+    fn disable(&self, unit: &str) -> impl Future<Output = Result<()>> + Send;
 
     // Processes and cgroups.
 
@@ -118,6 +122,14 @@ impl Host for RealHost {
         self.systemd.run(&["daemon-reload"]).await
     }
 
+    async fn enable(&self, unit: &str) -> Result<()> {
+        systemctl_unit_files("enable", unit).await
+    }
+
+    async fn disable(&self, unit: &str) -> Result<()> {
+        systemctl_unit_files("disable", unit).await
+    }
+
     fn alive(&self, pid: u32) -> bool {
         cgroup::alive(pid)
     }
@@ -194,6 +206,20 @@ impl Host for RealHost {
         };
         d.map(|d| Ending { clean: d.verdict == crate::diagnose::Verdict::CleanStop, summary: d.summary })
     }
+}
+
+/// `systemctl enable|disable UNIT`: links in `/etc/systemd/system/*.wants/`, and a reload.
+async fn systemctl_unit_files(verb: &str, unit: &str) -> Result<()> {
+    use anyhow::Context;
+    let out = tokio::process::Command::new("systemctl")
+        .args([verb, "--quiet", unit])
+        .output()
+        .await
+        .context("running systemctl")?;
+    if !out.status.success() {
+        anyhow::bail!("systemctl {verb} {unit}: {}", String::from_utf8_lossy(&out.stderr).trim());
+    }
+    Ok(())
 }
 
 /// How an instance ended, as its diagnosis says it.

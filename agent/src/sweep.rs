@@ -122,7 +122,11 @@ struct Plan {
 fn plan(o: &Options) -> Result<Plan, String> {
     let name = o.file.display().to_string();
     let text = std::fs::read_to_string(&o.file).map_err(|e| format!("{name}: {e}"))?;
-    let parsed = sweep::parse_sweep(&text, &name).map_err(|d| d.to_string())?;
+    let mut parsed = sweep::parse_sweep(&text, &name).map_err(|d| d.to_string())?;
+    // No host named: this machine's overlay, as `specd apply`.
+    if parsed.sweep.spec.host.is_none() {
+        parsed.sweep.spec.host = Some(context::hostname(None));
+    }
     let base_path = parsed.base_path(&o.file);
     let base_name = base_path.display().to_string();
     let base_text = std::fs::read_to_string(&base_path).map_err(|e| format!("{base_name}: {e}"))?;

@@ -7,7 +7,7 @@ use clap::{CommandFactory, Parser, Subcommand};
 
 use crate::config::{self, AgentConfig};
 use crate::context::Dirs;
-use crate::{agent, ops, specs};
+use crate::{agent, ops, specs, sweep};
 
 #[derive(Parser, Debug)]
 #[command(
@@ -212,6 +212,24 @@ pub enum Command {
         #[arg(long, default_value = ".")]
         out: PathBuf,
     },
+    /// Run a benchmarking campaign (a `kind: Sweep` file): apply each point of its matrix
+    /// through the apply path, load it at each concurrency, record the results (a point that
+    /// fails is recorded with its diagnosis), then restore the unit (or apply the best point;
+    /// on SIGINT/SIGTERM the unit is restored). Writes results.jsonl, table.md, results.csv and
+    /// plot.svg, and prints the spec change that applies the best point.
+    Sweep {
+        #[arg(long = "file", short = 'f')]
+        file: PathBuf,
+        /// Go on with the results in the output directory: points measured before are skipped.
+        #[arg(long)]
+        resume: bool,
+        /// Write the best point's values into the base spec file.
+        #[arg(long)]
+        write: bool,
+        /// Where the results go [default: ./specd-sweep-NAME].
+        #[arg(long)]
+        out: Option<PathBuf>,
+    },
 }
 
 /// The documents `specd schema` describes.
@@ -235,6 +253,9 @@ pub fn main() -> ExitCode {
         }),
         Command::Status { json, file, host } => run_async(ops::status(&dirs, json, file.as_deref(), host)),
         Command::Diff { file, host } => run_async(ops::diff(&dirs, &file, host)),
+        Command::Sweep { file, resume, write, out } => {
+            run_async(sweep::run(&dirs, sweep::Options { file, resume, write, out }))
+        }
         Command::Run { config, repo, branch, path, hostname, interval, listen, control_socket } => {
             init_tracing();
             run_async(async move {

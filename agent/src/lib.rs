@@ -14,6 +14,7 @@ mod fsx;
 mod guard;
 mod hold;
 mod host;
+mod loadgen;
 mod lock;
 mod metrics;
 mod notify;
@@ -23,11 +24,13 @@ mod plan;
 mod probe;
 mod reconcile;
 mod recovery;
+mod report;
 mod service;
 mod source;
 mod specs;
 mod speculation;
 mod state;
+mod sweep;
 mod systemd;
 
 /// The `specd` command line (the binary is only this).
@@ -42,6 +45,13 @@ pub use probe::{Health, Probe};
 pub use reconcile::readiness_backoff;
 /// The unit properties specd reads (the benchmarks time one `systemctl show` of them).
 pub use systemd::PROPS as UNIT_PROPERTIES;
+
+/// The sweep's load generator, for its tests against the stand-in and the real llama-server.
+pub use loadgen::{
+    Api as LoadApi, BUILTIN_PROMPTS, Level as LoadLevel, LevelResult, prompts_from_jsonl, run as run_load,
+};
+/// A sweep's records (`results.jsonl`), for the end-to-end tests of `specd sweep`.
+pub use report::{PointOutcome, PointResult};
 
 #[cfg(test)]
 mod faults;

@@ -16,13 +16,13 @@ const LAYERS: &[(&str, &[&str])] = &[
         "adapters",
         &[
             "cgroup", "config", "diagnose", "fsx", "host", "lock", "metrics", "owner", "probe", "source", "specs",
-            "state", "systemd",
+            "state", "systemd", "loadgen", "report",
         ],
     ),
     // Observe, plan, act, record: drives the adapters.
     ("engine", &["reconcile", "faults"]),
     // One-shot commands, the long-running agent, and what they share.
-    ("commands", &["ops", "agent", "context", "notify"]),
+    ("commands", &["ops", "agent", "context", "notify", "sweep"]),
     // Argument parsing.
     ("cli", &["cli"]),
 ];

@@ -174,6 +174,13 @@ impl ParsedSpec {
     pub fn file(&self) -> &str {
         &self.map.file
     }
+
+    /// Where a field's key and value start in the file (1-based line and column each), when the
+    /// field is written there: `spec.speculative.num_steps`. For editing one value in place.
+    pub fn position(&self, path: &str) -> Option<((u64, u64), (u64, u64))> {
+        let (k, v) = (self.map.key_pos(path)?, self.map.value_pos(path)?);
+        Some(((k.line, k.column), (v.line, v.column)))
+    }
 }
 
 /// Parse, check every overlay, and report all problems of one file (errors and warnings).

@@ -1,0 +1,805 @@
+//! `specd sweep -f SWEEP.yaml`: an operator's benchmarking campaign as one command. Each point
+//! of the sweep (the base spec with one combination of the matrix values) is applied through
+//! the reconciler's apply path, exactly as `specd apply` does (drain, stop, empty cgroup, atomic
+//! write, reload, start, verify, speculation proof; a rollback when it fails), then loaded at each
+//! concurrency level. A point that fails is data: its outcome and the diagnosis verdict are
+//! recorded and the sweep goes on. After each point its record is appended to
+//! `<out>/results.jsonl` and fsync'd; `--resume` skips the points whose rendered unit was
+//! measured already. While it runs the unit carries a Sweep hold (this process's pid), so a
+//! running agent leaves it alone; at the end, or on SIGINT/SIGTERM, the unit is restored (or the
+//! winner applied) through the same apply path and the hold cleared.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use specd_spec::sweep::{self, After, Amount, Metric, ParsedSweep, Point, Prompts};
+use specd_spec::{ParsedSpec, Spec};
+
+use crate::context::{self, Dirs};
+use crate::diagnose;
+use crate::fsx;
+use crate::host::Host;
+use crate::loadgen::{self, Level};
+use crate::probe::Probe;
+use crate::reconcile::{self, Ctx, DesiredState, Event, Events, Shutdown};
+use crate::report::{self, Goal, PointOutcome, PointResult};
+use crate::state::{self, Hold, HoldKind, Outcome, Source, Store};
+
+/// The unit as it was before the sweep: what `after: restore` applies again. Kept in the
+/// output directory so that a resumed sweep restores the same thing.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct Before {
+    unit: String,
+    /// The desired state specd had for the unit (`None`: specd never deployed it).
+    spec: Option<Spec>,
+    source: Option<Source>,
+    sha256: Option<String>,
+}
+
+/// How long a sweep's hold lasts without a refresh: a sweep that hangs (rather than dies, which
+/// ends its hold at once) gives the unit back to the agent after this.
+const HOLD_FOR: u64 = 2 * 3600;
+
+/// The sweep's hold on its unit: a running agent leaves the unit alone while this process lives
+/// (and until the hold expires, refreshed as points go).
+struct SweepHold {
+    unit: String,
+    hold: Hold,
+}
+
+impl SweepHold {
+    /// Hold the unit, unless someone else holds it (a suspend, a pin, a sweep that still runs).
+    async fn take(store: &Store, unit: &str, name: &str) -> Result<SweepHold, String> {
+        let st = store.peek(unit).map_err(|e| format!("{e:#}"))?;
+        if let Some(h) = &st.hold {
+            let stale = h.kind == HoldKind::Sweep && h.pid.is_none_or(|p| !crate::host::pid_alive(p))
+                || h.until.is_some_and(|u| u <= state::now());
+            if !stale {
+                return Err(format!("{}: a sweep does not take a unit someone holds", h.describe()));
+            }
+        }
+        let now = state::now();
+        let hold = Hold {
+            kind: HoldKind::Sweep,
+            by: format!("specd sweep {name}"),
+            since: now,
+            until: Some(now + HOLD_FOR),
+            reason: None,
+            pid: Some(std::process::id()),
+            pinned_sha256: None,
+            desired_at_pin: None,
+        };
+        store.set_hold(unit, hold.clone()).await.map_err(|e| format!("{e:#}"))?;
+        Ok(SweepHold { unit: unit.into(), hold })
+    }
+
+    /// Push the expiry on when half of it is gone.
+    async fn refresh(&mut self, store: &Store) {
+        let now = state::now();
+        if self.hold.until.is_some_and(|u| u.saturating_sub(now) < HOLD_FOR / 2) {
+            self.hold.until = Some(now + HOLD_FOR);
+            if let Err(e) = store.set_hold(&self.unit, self.hold.clone()).await {
+                eprintln!("specd: WARNING: refreshing the hold on {}: {e:#}", self.unit);
+            }
+        }
+    }
+
+    /// End the hold (only this sweep's: one set since by someone else stays).
+    async fn release(self, store: &Store) {
+        let me = self.hold.pid;
+        let why = "the sweep ended";
+        if let Err(e) = store.clear_hold_if(&self.unit, why, |h| h.kind == HoldKind::Sweep && h.pid == me).await {
+            eprintln!("specd: WARNING: clearing the hold on {}: {e:#}; it ends with this process", self.unit);
+        }
+    }
+}
+
+/// What the command line asks.
+pub struct Options {
+    pub file: PathBuf,
+    pub resume: bool,
+    pub write: bool,
+    pub out: Option<PathBuf>,
+}
+
+/// Everything a sweep reads before it touches the host; an error here changes nothing.
+struct Plan {
+    parsed: ParsedSweep,
+    base_path: PathBuf,
+    base_text: String,
+    base: ParsedSpec,
+    points: Vec<Point>,
+    prompts: Arc<Vec<String>>,
+    out: PathBuf,
+}
+
+/// Read and check the sweep, its base spec and its prompts. `Err` is the message for stderr.
+fn plan(o: &Options) -> Result<Plan, String> {
+    let name = o.file.display().to_string();
+    let text = std::fs::read_to_string(&o.file).map_err(|e| format!("{name}: {e}"))?;
+    let mut parsed = sweep::parse_sweep(&text, &name).map_err(|d| d.to_string())?;
+    // No host named: this machine's overlay, as `specd apply`.
+    if parsed.sweep.spec.host.is_none() {
+        parsed.sweep.spec.host = Some(context::hostname(None));
+    }
+    let base_path = parsed.base_path(&o.file);
+    let base_name = base_path.display().to_string();
+    let base_text = std::fs::read_to_string(&base_path).map_err(|e| format!("{base_name}: {e}"))?;
+    let base = specd_spec::parse(&base_name, &base_text).map_err(|d| d.to_string())?;
+    let points = sweep::points(&parsed, &base).map_err(|d| d.to_string())?;
+    let prompts = match (&parsed.sweep.spec.load.prompts, parsed.prompts_path(&o.file)) {
+        (Prompts::File(_), Some(p)) => {
+            let pn = p.display().to_string();
+            let t = std::fs::read_to_string(&p).map_err(|e| format!("{pn}: {e}"))?;
+            loadgen::prompts_from_jsonl(&pn, &t)?
+        }
+        _ => loadgen::BUILTIN_PROMPTS.iter().map(|s| s.to_string()).collect(),
+    };
+    let out = o.out.clone().unwrap_or_else(|| PathBuf::from(format!("specd-sweep-{}", parsed.sweep.metadata.name)));
+    Ok(Plan { parsed, base_path, base_text, base, points, prompts: Arc::new(prompts), out })
+}
+
+/// The records of `results.jsonl`. A last line without its newline is a write that a kill cut
+/// short: ignored (and cut off before the next append). Returns the records and the length of
+/// the file's whole lines.
+pub fn read_results(path: &Path) -> Result<(Vec<PointResult>, usize)> {
+    let Some(bytes) = fsx::read_opt(path)? else {
+        return Ok((vec![], 0));
+    };
+    let mut out = Vec::new();
+    let mut whole = 0;
+    for (i, line) in bytes.split_inclusive(|b| *b == b'\n').enumerate() {
+        if !line.ends_with(b"\n") {
+            break;
+        }
+        whole += line.len();
+        let text = String::from_utf8_lossy(line);
+        if text.trim().is_empty() {
+            continue;
+        }
+        let r: PointResult = serde_json::from_str(&text).with_context(|| {
+            format!("{}:{}: not a sweep result (the file is not specd's, or was edited)", path.display(), i + 1)
+        })?;
+        out.push(r);
+    }
+    Ok((out, whole))
+}
+
+/// Append one record and make it durable before the next point starts.
+fn append(path: &Path, r: &PointResult) -> Result<()> {
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    let mut line = serde_json::to_string(r)?;
+    line.push('\n');
+    f.write_all(line.as_bytes()).with_context(|| format!("writing {}", path.display()))?;
+    f.sync_all().with_context(|| format!("fsync {}", path.display()))
+}
+
+/// The sweep's own event sink: the apply's phases and warnings, indented under the point.
+fn events() -> Events {
+    Arc::new(|_unit: &str, e: &Event| match e {
+        Event::Phase(m) => eprintln!("      {m}"),
+        Event::Warning(m) => eprintln!("      WARNING: {m}"),
+        Event::Plan(_) | Event::Progress(_) => {}
+    })
+}
+
+fn goal(m: Metric) -> Goal {
+    match m {
+        Metric::Throughput => Goal::Throughput,
+        Metric::TokensPerSPerRequest => Goal::TokSPerRequest,
+        Metric::AcceptLength => Goal::AcceptLength,
+    }
+}
+
+fn f1(v: Option<f64>) -> String {
+    v.map_or("–".into(), |v| format!("{v:.1}"))
+}
+
+/// One progress line per level.
+fn level_line(l: &loadgen::LevelResult) -> String {
+    let mut s = format!(
+        "    concurrency {}: {:.1} tok/s total, {} tok/s per request (p10 {}), TTFT p50/p99 {}/{} ms, ITL p50/p99 {}/{} ms",
+        l.concurrency,
+        l.throughput,
+        f1(l.tok_s_median),
+        f1(l.tok_s_p10),
+        f1(l.ttft_ms_p50),
+        f1(l.ttft_ms_p99),
+        f1(l.itl_ms_p50),
+        f1(l.itl_ms_p99)
+    );
+    if let Some(a) = l.accept_length {
+        s.push_str(&format!(", accept length {a:.2}"));
+    }
+    if let Some(r) = l.accept_rate {
+        s.push_str(&format!(", accept rate {:.0}%", r * 100.0));
+    }
+    if l.errors > 0 {
+        s.push_str(&format!(
+            ", {} of {} requests failed: {}",
+            l.errors,
+            l.errors + l.requests,
+            l.first_error.as_deref().unwrap_or("")
+        ));
+    }
+    s
+}
+
+/// `max_running_requests` as the server reports it (the engine facts' `Reported` row).
+async fn reported_max_running(probe: &Probe, spec: &Spec) -> Option<Value> {
+    let facts = specd_spec::engine_facts(spec.engine);
+    let row = facts.reported.iter().find(|r| r.field == "server.max_running_requests")?;
+    let info = probe.server_info(&spec.base_url(), spec).await?.ok()?;
+    info.pointer(row.pointer).cloned().filter(|v| !v.is_null())
+}
+
+/// The verdict on how an instance ended, for the record: (verdict, summary).
+async fn verdict_of(unit: &str, invocation: Option<&str>) -> (Option<String>, Option<String>) {
+    let d = match invocation {
+        Some(inv) if !inv.is_empty() => diagnose::instance_verdict(unit, inv, Duration::from_secs(10)).await,
+        _ => diagnose::last_verdict(unit).await,
+    };
+    match d {
+        Some(d) => (Some(d.verdict.as_str().to_string()), Some(d.summary)),
+        None => (None, None),
+    }
+}
+
+pub async fn run(dirs: &Dirs, o: Options) -> Result<u8> {
+    let p = match plan(&o) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("{e}");
+            eprintln!("specd: nothing was changed on this host");
+            return Ok(1);
+        }
+    };
+    let sw = &p.parsed.sweep;
+    let unit = p.points[0].spec.unit.clone();
+    let results_path = p.out.join("results.jsonl");
+    let (prior, whole) = read_results(&results_path)?;
+    if !o.resume && !prior.is_empty() {
+        eprintln!(
+            "specd: {} holds the results of {} point(s) already: --resume to go on with them, or --out another directory",
+            results_path.display(),
+            prior.len()
+        );
+        eprintln!("specd: nothing was changed on this host");
+        return Ok(1);
+    }
+    fsx::ensure_dir(&p.out)?;
+    // A record cut short by a kill is dropped before anything is appended after it.
+    let on_disk = fsx::read_opt(&results_path)?.map_or(0, |b| b.len());
+    if on_disk > whole {
+        let bytes = fsx::read_opt(&results_path)?.unwrap_or_default();
+        fsx::atomic_write(&results_path, &bytes[..whole], 0o644)?;
+        eprintln!(
+            "specd: dropped a result line cut short in {} (the point it was is measured again)",
+            results_path.display()
+        );
+    }
+
+    let (tx, shutdown) = Shutdown::new();
+    let ctx = context::host_ctx(dirs, events(), shutdown.clone());
+    let before = before(&ctx, &p.out, &unit)?;
+    let mut hold = match SweepHold::take(&ctx.store, &unit, &sw.metadata.name).await {
+        Ok(h) => h,
+        Err(why) => {
+            eprintln!("specd: {unit}: {why}");
+            eprintln!("specd: nothing was changed on this host");
+            return Ok(1);
+        }
+    };
+    let after_word = match sw.spec.after {
+        After::Restore => "restore the unit as it was",
+        After::Best => "apply the best point",
+    };
+    tokio::spawn(async move {
+        use tokio::signal::unix::{SignalKind, signal};
+        let Ok(mut term) = signal(SignalKind::terminate()) else { return };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        eprintln!("specd sweep: interrupted: the point in progress stops at its next safe point; then {after_word}");
+        let _ = tx.send(true);
+    });
+
+    let n = p.points.len();
+    let levels = &sw.spec.load.concurrency;
+    eprintln!(
+        "specd sweep {}: {n} point(s) of {unit}, load at concurrency {levels:?}; results in {}",
+        sw.metadata.name,
+        p.out.display()
+    );
+    let probe = Probe::default();
+    let mut interrupted = false;
+    let mut aborted: Option<anyhow::Error> = None;
+    for pt in &p.points {
+        let i = pt.index + 1;
+        if let Some(r) = prior.iter().rev().find(|r| r.unit_sha256 == pt.unit.sha256) {
+            eprintln!(
+                "[{i}/{n}] {}: {} before (unit {}), skipped",
+                pt.label,
+                r.outcome.as_str(),
+                specd_spec::short(&r.unit_sha256)
+            );
+            continue;
+        }
+        if shutdown.is_set() {
+            interrupted = true;
+            break;
+        }
+        hold.refresh(&ctx.store).await;
+        let done = match point(&ctx, &p, pt, &probe, &shutdown).await {
+            Ok(Some(r)) => append(&results_path, &r).map(|()| Some(r)),
+            other => other,
+        };
+        match done {
+            Ok(Some(r)) => {
+                let verdict = r.verdict.as_deref().map_or(String::new(), |v| format!(": {v}"));
+                eprintln!("[{i}/{n}] {}: {}{verdict}", pt.label, r.outcome.as_str());
+            }
+            Ok(None) => {
+                interrupted = true;
+                break;
+            }
+            // specd's own state or the results file failed: stop here, but leave the host on a
+            // verified unit and let go of it first.
+            Err(e) => {
+                eprintln!("[{i}/{n}] {}: the sweep stops: {e:#}", pt.label);
+                aborted = Some(e);
+                break;
+            }
+        }
+    }
+
+    // Leave the host on a verified unit: the one before the sweep, or the winner.
+    let final_ctx = context::host_ctx(dirs, events(), Shutdown::never());
+    if let Some(e) = aborted {
+        restore(&final_ctx, &unit, &before).await;
+        hold.release(&final_ctx.store).await;
+        return Err(e);
+    }
+
+    // The results of this sweep's points, in its order (a record of an older run of the sweep
+    // file whose point is gone is left out).
+    let (all, _) = read_results(&results_path)?;
+    let results: Vec<PointResult> = p
+        .points
+        .iter()
+        .filter_map(|pt| {
+            let mut r = all.iter().rev().find(|r| r.unit_sha256 == pt.unit.sha256)?.clone();
+            r.index = pt.index;
+            Some(r)
+        })
+        .collect();
+    let at = p.parsed.objective_concurrency();
+    let limits = sw.spec.objective.constraints.limits();
+    let winner = report::best(&results, goal(sw.spec.objective.maximize), at, &limits);
+
+    let target = match (sw.spec.after, winner) {
+        (After::Best, Some(w)) if !interrupted => p.points.iter().find(|pt| pt.index == w.index).map(|pt| {
+            eprintln!("after: applying the best point, {}", pt.label);
+            DesiredState::new(pt.spec.clone(), Some(Source::File { path: p.base_path.display().to_string() }))
+        }),
+        _ => before.spec.clone().map(|spec| {
+            eprintln!("after: restoring {unit} as it was before the sweep");
+            DesiredState::new(spec, before.source.clone())
+        }),
+    };
+    let mut code = if interrupted { 130 } else { 0 };
+    match target {
+        Some(d) => {
+            let r = reconcile::reconcile(&final_ctx, &d, false).await?;
+            eprintln!("after: {}", r.verdict);
+            if !matches!(r.outcome, Some(Outcome::Applied | Outcome::Started) | None) {
+                code = 1;
+            }
+        }
+        None => eprintln!(
+            "after: specd had not deployed {unit} before the sweep: it is left on the last point applied (`specd apply` another spec, or stop it)"
+        ),
+    }
+    hold.release(&final_ctx.store).await;
+
+    // What a person reads.
+    let title = format!(
+        "{}: {}",
+        sw.metadata.name,
+        sw.spec.matrix.0.iter().map(|a| a.field.as_str()).collect::<Vec<_>>().join(" × ")
+    );
+    let win = winner.map(|w| w.index);
+    let table = report::table(&results, win, at, &limits);
+    fsx::atomic_write(&p.out.join("table.md"), table.as_bytes(), 0o644)?;
+    fsx::atomic_write(&p.out.join("results.csv"), report::csv(&results).as_bytes(), 0o644)?;
+    match report::svg(&results, &title, win) {
+        Ok(svg) => fsx::atomic_write(&p.out.join("plot.svg"), svg.as_bytes(), 0o644)?,
+        Err(e) => eprintln!("specd: {e}"),
+    }
+    println!("{table}");
+    println!("table.md, results.csv, plot.svg in {}", p.out.display());
+    let goal_name = goal(sw.spec.objective.maximize).name();
+    let Some(w) = winner else {
+        println!("no point met the objective ({goal_name} at concurrency {at}{})", limits_text(&limits));
+        return Ok(code);
+    };
+    let wp = p.points.iter().find(|pt| pt.index == w.index).expect("the winner is a point");
+    println!("best: {} ({goal_name} at concurrency {at}{})", wp.label, limits_text(&limits));
+    match edit_spec(&p.base, &p.base_text, wp, sw.spec.host.as_deref()) {
+        Ok(new) if new == p.base_text => println!("{} already has the best point's values", p.base_path.display()),
+        Ok(new) => {
+            let name = p.base_path.display().to_string();
+            print!("{}", similar::TextDiff::from_lines(&p.base_text, &new).unified_diff().header(&name, &name));
+            if o.write {
+                let mode = std::fs::metadata(&p.base_path)
+                    .map(|m| std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o7777)
+                    .unwrap_or(0o644);
+                fsx::atomic_write(&p.base_path, new.as_bytes(), mode)?;
+                println!("wrote {name}: commit it to keep the best point");
+            } else {
+                println!("(--write puts this change into {name})");
+            }
+        }
+        Err(e) => println!("the best point cannot be written into {} by itself: {e}", p.base_path.display()),
+    }
+    Ok(code)
+}
+
+/// After a sweep that stopped on an error: the unit as it was, if specd had deployed it.
+async fn restore<H: Host>(ctx: &Ctx<H>, unit: &str, before: &Before) {
+    let Some(spec) = before.spec.clone() else { return };
+    eprintln!("after: restoring {unit} as it was before the sweep");
+    match reconcile::reconcile(ctx, &DesiredState::new(spec, before.source.clone()), false).await {
+        Ok(r) => eprintln!("after: {}", r.verdict),
+        Err(e) => eprintln!("after: restoring {unit}: {e:#}"),
+    }
+}
+
+fn limits_text(limits: &[(&str, f64)]) -> String {
+    limits.iter().map(|(k, v)| format!(", {k} ≤ {v}")).collect()
+}
+
+/// What the sweep restores: recorded at its first run, read again on resume.
+fn before<H: Host>(ctx: &Ctx<H>, out: &Path, unit: &str) -> Result<Before> {
+    let path = out.join("before.json");
+    if let Some(b) = fsx::read_opt(&path)? {
+        let b: Before = serde_json::from_slice(&b).with_context(|| format!("reading {}", path.display()))?;
+        if b.unit == unit {
+            return Ok(b);
+        }
+    }
+    let st = ctx.store.peek(unit)?;
+    let b = match st.desired {
+        Some(d) => Before { unit: unit.into(), spec: Some(d.spec), source: d.source, sha256: Some(d.sha256) },
+        None => Before { unit: unit.into(), spec: None, source: None, sha256: None },
+    };
+    fsx::atomic_write(&path, serde_json::to_string_pretty(&b)?.as_bytes(), 0o644)?;
+    Ok(b)
+}
+
+/// Apply one point and load it. `None`: interrupted (nothing recorded; the point is measured
+/// again on resume).
+async fn point<H: Host>(
+    ctx: &Ctx<H>,
+    p: &Plan,
+    pt: &Point,
+    probe: &Probe,
+    shutdown: &Shutdown,
+) -> Result<Option<PointResult>> {
+    let (i, n) = (pt.index + 1, p.points.len());
+    let unit = &pt.spec.unit;
+    eprintln!("[{i}/{n}] {}: applying unit {}", pt.label, specd_spec::short(&pt.unit.sha256));
+    let mut r = PointResult {
+        index: pt.index,
+        label: pt.label.clone(),
+        values: pt.values.clone(),
+        unit_sha256: pt.unit.sha256.clone(),
+        outcome: PointOutcome::Measured,
+        verdict: None,
+        summary: None,
+        apply_s: None,
+        max_running_requests: None,
+        proof: None,
+        levels: vec![],
+        time: 0,
+    };
+    let d = DesiredState::new(pt.spec.clone(), Some(Source::File { path: p.base_path.display().to_string() }));
+    let t0 = Instant::now();
+    let report = reconcile::reconcile(ctx, &d, false).await;
+    if shutdown.is_set() {
+        return Ok(None);
+    }
+    let report = match report {
+        Ok(rep) => rep,
+        Err(e) => {
+            r.outcome = PointOutcome::ApplyFailed;
+            r.summary = Some(format!("{e:#}"));
+            r.time = state::now();
+            return Ok(Some(r));
+        }
+    };
+    let ok = matches!(report.outcome, Some(Outcome::Applied | Outcome::Started))
+        || (report.outcome.is_none() && report.plan.steps.is_empty());
+    if !ok {
+        // The failed instance is the newest that ended (the rollback's runs).
+        let (v, s) = verdict_of(unit, None).await;
+        eprintln!("[{i}/{n}] {}: {}", pt.label, report.verdict);
+        r.outcome = PointOutcome::ApplyFailed;
+        r.verdict = v;
+        r.summary = s.or(Some(report.verdict));
+        r.time = state::now();
+        return Ok(Some(r));
+    }
+    r.apply_s = Some(t0.elapsed().as_secs_f64());
+    let props = ctx.host.show(unit).await?;
+    r.max_running_requests = reported_max_running(probe, &pt.spec).await;
+    r.proof = ctx.store.peek(unit)?.speculation.filter(|s| s.sha256 == pt.unit.sha256).map(|s| s.measured.figure());
+    eprintln!(
+        "[{i}/{n}] {}: verified and ready in {:.1} s{}",
+        pt.label,
+        r.apply_s.unwrap_or(0.0),
+        r.proof.as_deref().map_or(String::new(), |f| format!(" ({f})"))
+    );
+    let load = &p.parsed.sweep.spec.load;
+    let api = match load.api.for_engine(pt.spec.engine) {
+        sweep::Api::Generate => loadgen::Api::Generate,
+        _ => loadgen::Api::Completions,
+    };
+    for &c in &load.concurrency {
+        let (requests, duration) = match load.amount() {
+            Amount::Requests(n) => (n, None),
+            Amount::Duration(d) => (0, Some(d)),
+        };
+        let level = Level {
+            base_url: pt.spec.base_url(),
+            engine: pt.spec.engine,
+            api,
+            model: Some(pt.spec.server.served_model_name.clone().unwrap_or_else(|| pt.spec.model.clone())),
+            concurrency: c,
+            requests,
+            duration,
+            warmup: load.warmup,
+            max_tokens: load.max_tokens,
+            prompts: p.prompts.clone(),
+            timeout: Duration::from_secs(300),
+        };
+        let l = tokio::select! {
+            l = loadgen::run(&level) => l,
+            _ = shutdown.wait() => return Ok(None),
+        };
+        eprintln!("{}", level_line(&l));
+        r.levels.push(l);
+        // Did the server die under the load? The instance verified is no longer the unit's
+        // (also when systemd restarted it and the requests went on against the new one).
+        let now = ctx.host.show(unit).await?;
+        if now.invocation_id != props.invocation_id || !now.active_state.is_up() || now.main_pid != props.main_pid {
+            let (v, s) = verdict_of(unit, Some(&props.invocation_id)).await;
+            r.outcome = PointOutcome::DiedUnderLoad;
+            r.verdict = v.or(Some("unknown".into()));
+            r.summary = s;
+            break;
+        }
+    }
+    r.time = state::now();
+    Ok(Some(r))
+}
+
+/// The base spec file with the point's values written in place of the base's: each value
+/// edited where it stands (the rest of the file byte for byte), a field the file leaves out added
+/// under its section. The result must render the point's unit, or it is refused.
+pub fn edit_spec(base: &ParsedSpec, text: &str, pt: &Point, host: Option<&str>) -> Result<String, String> {
+    // The point's unit, or why not.
+    let renders = |t: &str| -> Result<(), String> {
+        let parsed = specd_spec::parse(base.file(), t).map_err(|d| d.to_string())?;
+        let spec = parsed.resolve(host).map_err(|d| d.to_string())?;
+        if specd_spec::render(&spec).sha256 == pt.unit.sha256 {
+            Ok(())
+        } else {
+            Err("the edited file would not render the point's unit (does a host overlay set the swept field?)".into())
+        }
+    };
+    // The matrix values, and the fields the engine's rules derive from them where the file
+    // writes them (SGLang's draft tokens = steps + 1)...
+    let mut out = text.to_string();
+    let written = |f: &str| base.position(&format!("spec.{f}")).is_some();
+    for (field, value) in pt.values.iter().chain(pt.derived.iter().filter(|(f, _)| written(f))) {
+        out = set_value(base.file(), &out, &format!("spec.{field}"), value)?;
+    }
+    if renders(&out).is_ok() {
+        return Ok(out);
+    }
+    // ...then the derived fields the file leaves out, if the point's unit needs them.
+    for (field, value) in pt.derived.iter().filter(|(f, _)| !written(f)) {
+        out = set_value(base.file(), &out, &format!("spec.{field}"), value)?;
+    }
+    renders(&out).map(|()| out)
+}
+
+/// A value as YAML writes it: numbers and booleans as they are, a string plain when it reads
+/// back as the same string, else double-quoted (JSON's quoting is YAML's).
+fn yaml_scalar(v: &Value) -> String {
+    match v {
+        Value::String(s) => {
+            let plain = !s.is_empty()
+                && s.chars().all(|c| c.is_ascii_alphanumeric() || "-_./".contains(c))
+                && !s.starts_with(['-', '.'])
+                && s.parse::<f64>().is_err()
+                && !matches!(
+                    s.to_ascii_lowercase().as_str(),
+                    "true" | "false" | "null" | "yes" | "no" | "on" | "off" | "~"
+                );
+            if plain { s.clone() } else { Value::String(s.clone()).to_string() }
+        }
+        v => v.to_string(),
+    }
+}
+
+/// Byte offset of a 1-based (line, column) in `text`.
+fn offset(text: &str, line: u64, column: u64) -> Option<usize> {
+    let start: usize = text.split_inclusive('\n').take(line.saturating_sub(1) as usize).map(str::len).sum();
+    let l = text[start..].split('\n').next()?;
+    let col = l.char_indices().nth(column.saturating_sub(1) as usize).map_or(l.len(), |(b, _)| b);
+    Some(start + col)
+}
+
+/// Where the scalar that starts at `at` ends (quoted, or plain up to a comment, a flow
+/// separator or the end of the line).
+fn scalar_end(text: &str, at: usize) -> usize {
+    let rest = &text[at..];
+    let line = rest.split('\n').next().unwrap_or("");
+    let bytes = line.as_bytes();
+    match bytes.first() {
+        Some(b'"') => {
+            let mut i = 1;
+            while i < bytes.len() {
+                match bytes[i] {
+                    b'\\' => i += 2,
+                    b'"' => return at + i + 1,
+                    _ => i += 1,
+                }
+            }
+            at + line.len()
+        }
+        Some(b'\'') => {
+            let mut i = 1;
+            while i < bytes.len() {
+                if bytes[i] == b'\'' {
+                    if bytes.get(i + 1) == Some(&b'\'') {
+                        i += 2;
+                        continue;
+                    }
+                    return at + i + 1;
+                }
+                i += 1;
+            }
+            at + line.len()
+        }
+        _ => {
+            let mut end = line.len();
+            for (i, c) in line.char_indices() {
+                if matches!(c, ',' | '}' | ']') || (c == '#' && i > 0 && line[..i].ends_with([' ', '\t'])) {
+                    end = i;
+                    break;
+                }
+            }
+            at + line[..end].trim_end().len()
+        }
+    }
+}
+
+/// Set one scalar field of a YAML spec file, in place. A field the file leaves out is added to
+/// its section (a block section: a line under it, indented like its first field; a flow
+/// section: the first entry).
+fn set_value(file: &str, text: &str, path: &str, value: &Value) -> Result<String, String> {
+    let parsed = specd_spec::parse(file, text).map_err(|d| d.to_string())?;
+    let new = yaml_scalar(value);
+    if let Some((_, (vl, vc))) = parsed.position(path) {
+        let at = offset(text, vl, vc).ok_or_else(|| format!("{path}: position out of the file"))?;
+        if text[at..].starts_with(['{', '[', '|', '>']) {
+            return Err(format!("{path} is not a single value in {file}"));
+        }
+        let end = scalar_end(text, at);
+        return Ok(format!("{}{new}{}", &text[..at], &text[end..]));
+    }
+    let (parent, key) = path.rsplit_once('.').ok_or_else(|| format!("{path}: not a field"))?;
+    let Some(((kl, _), (vl, vc))) = parsed.position(parent) else {
+        return Err(format!("{file} has no `{parent}` section to add `{key}: {new}` to: add it by hand"));
+    };
+    let at = offset(text, vl, vc).ok_or_else(|| format!("{parent}: position out of the file"))?;
+    if text[at..].starts_with('{') {
+        let inner = text[at + 1..].trim_start();
+        let sep = if inner.starts_with('}') { "" } else { ", " };
+        return Ok(format!("{}{{{key}: {new}{sep}{}", &text[..at], &text[at + 1..]));
+    }
+    if vl > kl {
+        // A block section: its first field's column is its indentation.
+        let line_start = at - (vc as usize - 1).min(at);
+        let indent = &text[line_start..at];
+        if indent.chars().all(|c| c == ' ') {
+            return Ok(format!("{}{indent}{key}: {new}\n{}", &text[..line_start], &text[line_start..]));
+        }
+    }
+    Err(format!("cannot add `{key}: {new}` under `{parent}` in {file}: add it by hand"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const SPEC: &str = "apiVersion: specd/v1
+kind: InferenceService
+metadata: {name: q}
+spec:
+  unit: q.service
+  engine: sglang
+  model: /models/q   # the weights
+  server: {port: 30000, tp_size: 4}
+  speculative:
+    algorithm: EAGLE
+    num_steps: 3 # tuned by hand
+    eagle_topk: 1
+";
+
+    #[test]
+    fn a_value_is_edited_in_place_and_the_rest_kept_byte_for_byte() {
+        let out = set_value("q.yaml", SPEC, "spec.speculative.num_steps", &json!(5)).unwrap();
+        assert_eq!(out, SPEC.replace("num_steps: 3 # tuned", "num_steps: 5 # tuned"));
+        let out = set_value("q.yaml", SPEC, "spec.server.tp_size", &json!(8)).unwrap();
+        assert_eq!(out, SPEC.replace("tp_size: 4}", "tp_size: 8}"));
+        let out = set_value("q.yaml", SPEC, "spec.model", &json!("/models/q two")).unwrap();
+        assert_eq!(out, SPEC.replace("model: /models/q   #", "model: \"/models/q two\"   #"));
+    }
+
+    #[test]
+    fn a_missing_field_is_added_to_its_section() {
+        let out = set_value("q.yaml", SPEC, "spec.speculative.num_draft_tokens", &json!(6)).unwrap();
+        assert_eq!(out, SPEC.replace("    algorithm: EAGLE\n", "    num_draft_tokens: 6\n    algorithm: EAGLE\n"));
+        let out = set_value("q.yaml", SPEC, "spec.server.max_running_requests", &json!(16)).unwrap();
+        assert_eq!(out, SPEC.replace("server: {port", "server: {max_running_requests: 16, port"));
+        let err = set_value("q.yaml", SPEC, "spec.service.timeout_stop_sec", &json!(30)).unwrap_err();
+        assert!(err.contains("add it by hand"), "{err}");
+    }
+
+    #[test]
+    fn scalars_are_written_as_yaml_reads_them() {
+        assert_eq!(yaml_scalar(&json!(3)), "3");
+        assert_eq!(yaml_scalar(&json!(0.85)), "0.85");
+        assert_eq!(yaml_scalar(&json!(true)), "true");
+        assert_eq!(yaml_scalar(&json!("EAGLE")), "EAGLE");
+        assert_eq!(yaml_scalar(&json!("on")), "\"on\"");
+        assert_eq!(yaml_scalar(&json!("12")), "\"12\"");
+        assert_eq!(yaml_scalar(&json!("a b: c")), "\"a b: c\"");
+    }
+
+    #[test]
+    fn a_torn_last_line_is_ignored_and_a_bad_whole_line_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("results.jsonl");
+        let r = crate::report::tests::campaign();
+        let mut text = String::new();
+        for x in &r[..2] {
+            text.push_str(&serde_json::to_string(x).unwrap());
+            text.push('\n');
+        }
+        let whole = text.len();
+        text.push_str(&serde_json::to_string(&r[2]).unwrap()[..40]);
+        std::fs::write(&p, &text).unwrap();
+        let (got, n) = read_results(&p).unwrap();
+        assert_eq!((got.len(), n), (2, whole));
+        std::fs::write(&p, format!("{}\nnot json\n", serde_json::to_string(&r[0]).unwrap())).unwrap();
+        let e = format!("{:#}", read_results(&p).unwrap_err());
+        assert!(e.contains("results.jsonl:2: not a sweep result"), "{e}");
+        assert_eq!(read_results(&dir.path().join("none.jsonl")).unwrap().0.len(), 0);
+    }
+}

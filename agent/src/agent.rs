@@ -66,7 +66,7 @@ pub async fn run(opts: RunOptions) -> Result<()> {
     tracing::info!(repo = %src_cfg.repo, followed = %lock(&src).followed(), host = %hostname, "specd agent starting");
 
     // Watch the local repository's refs, and the unit directory.
-    let _watchers = watchers(&lock(&src), &opts.dirs.unit_dir, trig_tx.clone())?;
+    let _watcher = watcher(&lock(&src), &opts.dirs.unit_dir, trig_tx.clone())?;
     // Signals.
     {
         let t = trig_tx.clone();
@@ -126,15 +126,12 @@ pub async fn run(opts: RunOptions) -> Result<()> {
     loop {
         tokio::select! {
             Some(t) = trig_rx.recv() => {
-                // Coalesce a burst (a commit touches several ref files).
+                // At once, with what else is already queued: a ref moves in one rename (lock
+                // files are not triggers), and a source read that finds the head where it was
+                // does nothing, so nothing is gained by waiting for more.
                 let mut ts = vec![t];
-                let settle = tokio::time::sleep(Duration::from_millis(20));
-                tokio::pin!(settle);
-                loop {
-                    tokio::select! {
-                        Some(t) = trig_rx.recv() => ts.push(t),
-                        _ = &mut settle => break,
-                    }
+                while let Ok(t) = trig_rx.try_recv() {
+                    ts.push(t);
                 }
                 let source = ts.iter().any(|t| matches!(t, Trigger::Source));
                 // An explicit request (SIGHUP, `specd reconcile`) re-reads the source even if the
@@ -637,11 +634,17 @@ async fn worker(
                 }
             }
         };
-        let sleep = tokio::time::sleep(wait.unwrap_or(Duration::from_secs(86_400)));
+        // No timer at all when nothing is due: a unit at rest wakes only on a change.
+        let requeue = async {
+            match wait {
+                Some(d) => tokio::time::sleep(d).await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             r = rx.changed() => if r.is_err() { return },
             _ = poke.notified() => {}
-            _ = sleep => {}
+            _ = requeue => {}
             _ = ctx.shutdown.wait() => return,
         }
     }
@@ -692,63 +695,52 @@ async fn hands_off(
 /// How often the agent looks whether a sweep that holds a unit still runs.
 const SWEEP_RECHECK: Duration = Duration::from_secs(5);
 
-fn watchers(
-    src: &GitSource,
-    unit_dir: &Path,
-    tx: mpsc::UnboundedSender<Trigger>,
-) -> Result<Vec<notify::RecommendedWatcher>> {
+/// One inotify watch (one thread) for both: the local repository's refs (a moved ref is a
+/// [`Trigger::Source`]) and the unit directory (a changed unit file or drop-in is that unit's
+/// [`Trigger::Unit`]). Lock files and specd's own temporary files are not changes: a ref moves
+/// when git renames `main.lock` to `main`, and that rename is the one event read.
+fn watcher(src: &GitSource, unit_dir: &Path, tx: mpsc::UnboundedSender<Trigger>) -> Result<notify::RecommendedWatcher> {
     use notify::{RecursiveMode, Watcher};
-    let mut out = Vec::new();
-    let paths = src.watch_paths();
-    if !paths.is_empty() {
-        let t = tx.clone();
-        let mut w = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
-            if let Ok(ev) = res
-                && !matches!(ev.kind, notify::EventKind::Access(_))
-                && ev.paths.iter().any(|p| {
-                    let s = p.to_string_lossy();
-                    s.contains("/refs/") || s.ends_with("packed-refs") || s.ends_with("/HEAD")
-                })
-            {
-                let _ = t.send(Trigger::Source);
-            }
-        })?;
-        for p in &paths {
-            if p.is_dir() {
-                let mode = if p.ends_with("refs") { RecursiveMode::Recursive } else { RecursiveMode::NonRecursive };
-                w.watch(p, mode).with_context(|| format!("watching {}", p.display()))?;
-            }
-        }
-        out.push(w);
-    }
-    let t = tx;
+    let refs = src.watch_paths();
+    let units = unit_dir.to_path_buf();
     let mut w = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
-        if let Ok(ev) = res {
-            if matches!(ev.kind, notify::EventKind::Access(_)) {
-                return;
+        let Ok(ev) = res else { return };
+        if matches!(ev.kind, notify::EventKind::Access(_)) {
+            return;
+        }
+        for p in &ev.paths {
+            let name = p.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
+            if name.ends_with(".lock") || name.ends_with(".specd-tmp") {
+                continue;
             }
-            for p in &ev.paths {
-                let name = p.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
+            if p.starts_with(&units) {
                 let parent =
                     p.parent().and_then(|x| x.file_name()).map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
-                if name.ends_with(".specd-tmp") {
-                    continue;
-                }
                 if name.ends_with(".service") {
-                    let _ = t.send(Trigger::Unit(name));
+                    let _ = tx.send(Trigger::Unit(name));
                 } else if let Some(u) = parent.strip_suffix(".d").filter(|u| u.ends_with(".service")) {
-                    let _ = t.send(Trigger::Unit(u.to_string()));
+                    let _ = tx.send(Trigger::Unit(u.to_string()));
                 } else if let Some(u) = name.strip_suffix(".d").filter(|u| u.ends_with(".service")) {
-                    let _ = t.send(Trigger::Unit(u.to_string()));
+                    let _ = tx.send(Trigger::Unit(u.to_string()));
+                }
+            } else {
+                let s = p.to_string_lossy();
+                if s.contains("/refs/") || name == "packed-refs" || name == "HEAD" {
+                    let _ = tx.send(Trigger::Source);
                 }
             }
         }
     })?;
+    for p in &refs {
+        if p.is_dir() {
+            let mode = if p.ends_with("refs") { RecursiveMode::Recursive } else { RecursiveMode::NonRecursive };
+            w.watch(p, mode).with_context(|| format!("watching {}", p.display()))?;
+        }
+    }
     if unit_dir.is_dir() {
         w.watch(unit_dir, RecursiveMode::Recursive).with_context(|| format!("watching {}", unit_dir.display()))?;
     }
-    out.push(w);
-    Ok(out)
+    Ok(w)
 }
 
 /// The read-only endpoint: `GET /metrics`, `GET /healthz`, on any address (control actions are

@@ -254,7 +254,9 @@ pub fn main() -> ExitCode {
         Command::Status { json, file, host } => run_async(ops::status(&dirs, json, file.as_deref(), host)),
         Command::Diff { file, host } => run_async(ops::diff(&dirs, &file, host)),
         Command::Sweep { file, resume, write, out } => {
-            run_async(sweep::run(&dirs, sweep::Options { file, resume, write, out }))
+            let mut rt = tokio::runtime::Builder::new_multi_thread();
+            rt.worker_threads(2);
+            run_on(rt, sweep::run(&dirs, sweep::Options { file, resume, write, out }))
         }
         Command::Run { config, repo, branch, path, hostname, interval, listen, control_socket } => {
             init_tracing();
@@ -437,9 +439,16 @@ fn render(file: &std::path::Path, host: Option<&str>, hash: bool) -> ExitCode {
     ExitCode::SUCCESS
 }
 
+/// Commands and the agent run on one thread: they wait on systemd, sockets and files, never on
+/// the CPU (git reads go to tokio's blocking pool), and one thread is one malloc arena and no
+/// cross-thread wake-ups. A sweep's load generator gets worker threads, so that a stream's
+/// timestamps are not taken behind another stream's parsing.
 fn run_async(f: impl std::future::Future<Output = anyhow::Result<u8>>) -> ExitCode {
-    let rt =
-        tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("a tokio runtime");
+    run_on(tokio::runtime::Builder::new_current_thread(), f)
+}
+
+fn run_on(mut rt: tokio::runtime::Builder, f: impl std::future::Future<Output = anyhow::Result<u8>>) -> ExitCode {
+    let rt = rt.enable_all().build().expect("a tokio runtime");
     match rt.block_on(f) {
         Ok(code) => ExitCode::from(code),
         Err(e) => {

@@ -462,7 +462,8 @@ fn control_actions_take_the_root_only_socket_and_forced_rereads_are_rate_limited
     }
     let took = t0.elapsed();
     let burst = source_reads(&f) - before;
-    assert!(burst >= 1, "no source read for 3,000 requests");
+    // At most one read a second (the burst may come within a second of the `specd reconcile`
+    // above, and then all of it is deferred: no read yet is right).
     assert!(burst <= took.as_secs() + 2, "{burst} source reads in {took:?} for 3,000 requests");
     // The last requests are honoured: one more read follows the burst.
     wait_until("the deferred read", Duration::from_secs(5), || source_reads(&f) > before + burst).unwrap();

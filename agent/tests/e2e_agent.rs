@@ -4,39 +4,15 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::*;
-use specd_e2e::BoxConfig;
 
 const AGENT: &str = "specd-agent.service";
 
-struct Fleet {
-    e: Env,
-    dir: tempfile::TempDir,
-    repo: PathBuf,
-    listen: u16,
-}
-
 impl Fleet {
-    fn new() -> Fleet {
-        let dir = tempfile::tempdir().unwrap();
-        let repo = dir.path().join("config");
-        std::fs::create_dir_all(repo.join("specs")).unwrap();
-        git(&repo, &["init", "-q"]);
-        let b =
-            SystemdBox::boot_with(BoxConfig { binds: vec![dir.path().to_path_buf()], ..Default::default() }).unwrap();
-        let e = Env {
-            b,
-            port: free_port(),
-            specd: env!("CARGO_BIN_EXE_specd").into(),
-            standin: bin_path("specd-standin").display().to_string(),
-        };
-        Fleet { e, dir, repo, listen: free_port() }
-    }
-
     fn spec(&self, unit: &str, port: u16, steps: u32, load_ms: u32, extra: &str) -> String {
         spec_text(&self.e.standin, unit, port, steps, load_ms, extra)
     }

@@ -9,34 +9,10 @@ use std::process::Command;
 use std::time::Duration;
 
 use common::*;
-use specd_e2e::BoxConfig;
 
 const AGENT: &str = "specd-agent.service";
 
-struct Fleet {
-    e: Env,
-    dir: tempfile::TempDir,
-    repo: PathBuf,
-    listen: u16,
-}
-
 impl Fleet {
-    fn new() -> Fleet {
-        let dir = tempfile::tempdir().unwrap();
-        let repo = dir.path().join("config");
-        std::fs::create_dir_all(repo.join("specs")).unwrap();
-        git(&repo, &["init", "-q"]);
-        let b =
-            SystemdBox::boot_with(BoxConfig { binds: vec![dir.path().to_path_buf()], ..Default::default() }).unwrap();
-        let e = Env {
-            b,
-            port: free_port(),
-            specd: env!("CARGO_BIN_EXE_specd").into(),
-            standin: bin_path("specd-standin").display().to_string(),
-        };
-        Fleet { e, dir, repo, listen: free_port() }
-    }
-
     fn spec(&self, steps: u32) -> String {
         let service =
             "  service: {restart: always, timeout_stop_sec: 5, environment: {SPECD_STANDIN_LOAD_MS: \"200\"}}\n";

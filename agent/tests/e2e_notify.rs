@@ -7,12 +7,10 @@ mod common;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
-use std::path::PathBuf;
 use std::sync::mpsc;
 use std::time::Duration;
 
 use common::*;
-use specd_e2e::BoxConfig;
 
 const AGENT: &str = "specd-agent.service";
 const SECRET: &str = "hf_notify_secret_5e1a";
@@ -65,30 +63,7 @@ fn receiver(listener: TcpListener) -> mpsc::Receiver<Delivery> {
     rx
 }
 
-struct Fleet {
-    e: Env,
-    _dir: tempfile::TempDir,
-    repo: PathBuf,
-    listen: u16,
-}
-
 impl Fleet {
-    fn new() -> Fleet {
-        let dir = tempfile::tempdir().unwrap();
-        let repo = dir.path().join("config");
-        std::fs::create_dir_all(repo.join("specs")).unwrap();
-        git(&repo, &["init", "-q"]);
-        let b =
-            SystemdBox::boot_with(BoxConfig { binds: vec![dir.path().to_path_buf()], ..Default::default() }).unwrap();
-        let e = Env {
-            b,
-            port: free_port(),
-            specd: env!("CARGO_BIN_EXE_specd").into(),
-            standin: bin_path("specd-standin").display().to_string(),
-        };
-        Fleet { e, _dir: dir, repo, listen: free_port() }
-    }
-
     fn spec(&self, steps: u32, env: &str) -> String {
         let service = format!(
             "  service: {{restart: always, timeout_stop_sec: 5, allow_literal_secrets: true, environment: {{HF_TOKEN: \"{SECRET}\", {env}SPECD_STANDIN_LOAD_MS: \"200\"}}}}\n"

@@ -51,6 +51,29 @@ pub fn real_llama() -> RealLlama {
     RealLlama { cache, server, gguf }
 }
 
+/// A box with an (empty) git repository of specs bound into it at the same path, for the tests
+/// that run the agent: `repo` (with `specs/`), the box, the port of the agent's metrics endpoint.
+pub struct Fleet {
+    pub e: Env,
+    pub dir: tempfile::TempDir,
+    pub repo: std::path::PathBuf,
+    pub listen: u16,
+}
+
+impl Fleet {
+    pub fn new() -> Fleet {
+        let dir = tempfile::tempdir().unwrap();
+        let repo = dir.path().join("config");
+        std::fs::create_dir_all(repo.join("specs")).unwrap();
+        git(&repo, &["init", "-q"]);
+        let cfg = specd_e2e::BoxConfig { binds: vec![dir.path().to_path_buf()], ..Default::default() };
+        let e = Env::from_box(
+            SystemdBox::boot_with(cfg).expect("boot a private systemd (the end-to-end tests run as root)"),
+        );
+        Fleet { e, dir, repo, listen: free_port() }
+    }
+}
+
 impl Env {
     /// A box that also sees the real engines' cache.
     pub fn with_real_llama(l: &RealLlama) -> Env {

@@ -179,8 +179,11 @@ pub enum Command {
         /// Why, for status and history.
         #[arg(long)]
         reason: Option<String>,
+        /// The control socket of the agent to notify, if one runs [default: `control_socket` of
+        /// the agent config, else /run/specd/control.sock].
         #[arg(long)]
         socket: Option<PathBuf>,
+        /// The agent config that names the control socket and the webhooks told of the outcome.
         #[arg(long, default_value = "/etc/specd/agent.yaml")]
         config: PathBuf,
     },
@@ -289,9 +292,10 @@ pub fn main() -> ExitCode {
         Command::Resume { unit, socket, config } => {
             run_async(ops::resume(&dirs, unit, config::control_socket(socket, &config)))
         }
-        Command::Rollback { unit, to, reason, socket, config } => {
-            run_async(ops::rollback(&dirs, unit, to, reason, config::control_socket(socket, &config)))
-        }
+        Command::Rollback { unit, to, reason, socket, config } => run_async(async move {
+            install_notifier(&config);
+            ops::rollback(&dirs, unit, to, reason, config::control_socket(socket, &config)).await
+        }),
         Command::History { unit, json } => run_async(ops::history(&dirs, unit, json)),
         Command::Diagnose { unit, json } => run_async(ops::diagnose(unit, json, &dirs)),
         Command::Validate { files, json } => validate(&files, json),

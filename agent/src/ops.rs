@@ -704,8 +704,11 @@ pub async fn rollback(
         d.source.as_ref().map_or("no source".into(), |s| s.to_string()),
         state::format_time(target.time)
     );
+    let t0 = std::time::Instant::now();
     let report = reconcile::reconcile(&ctx, &d, false).await?;
     println!("{}", report.verdict);
+    crate::notify::after_reconcile(&ctx, &d, &report, t0.elapsed()).await;
+    crate::notify::flush(std::time::Duration::from_secs(30)).await;
     let runs = matches!(
         (report.outcome, report.plan.sync),
         (Some(state::Outcome::Applied | state::Outcome::Started), _) | (None, SyncStatus::InSync)

@@ -15,8 +15,8 @@ const LAYERS: &[(&str, &[&str])] = &[
     (
         "adapters",
         &[
-            "cgroup", "config", "diagnose", "fsx", "host", "lock", "metrics", "owner", "probe", "source", "specs",
-            "state", "systemd",
+            "cgroup", "config", "dbus", "diagnose", "fsx", "host", "lock", "metrics", "owner", "probe", "source",
+            "specs", "state", "systemd",
         ],
     ),
     // Observe, plan, act, record: drives the adapters.

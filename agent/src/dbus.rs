@@ -734,7 +734,6 @@ async fn open(addr: &Address) -> Result<Arc<Conn>> {
                 break;
             }
             let Ok(len) = Message::length(&head) else { break };
-            eprintln!("DEBUG len {len} {head:?}");
             let mut buf = vec![0u8; len];
             buf[..16].copy_from_slice(&head);
             if rd.read_exact(&mut buf[16..]).await.is_err() {
@@ -745,11 +744,10 @@ async fn open(addr: &Address) -> Result<Arc<Conn>> {
             let m = match Message::decode(&buf) {
                 Ok(m) => m,
                 Err(e) => {
-                    eprintln!("DEBUG decode {e:#} {:?}", &buf[..buf.len().min(200)]);
+                    tracing::debug!("D-Bus: skipped a message specd cannot read: {e:#}");
                     continue;
                 }
             };
-            eprintln!("DEBUG got {:?} {:?} {:?}", m.kind, m.member, m.reply_serial);
             match m.kind {
                 Some(Kind::Return | Kind::Error) => {
                     let waiter =

@@ -934,4 +934,60 @@ mod tests {
         assert_eq!(Value::Array("{sv}".into(), vec![e]).signature(), "a{sv}");
         assert_eq!(type_end(b"a{sa(ii)}u", 0).unwrap(), 9);
     }
+
+    /// A peer that authenticates, answers one call and hangs up: the next call opens a new
+    /// connection; an error reply comes back as its name and message.
+    #[tokio::test]
+    async fn reconnects_after_the_peer_hung_up() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("sock");
+        let listener = tokio::net::UnixListener::bind(&path).unwrap();
+        let server = tokio::spawn(async move {
+            for answer in ["pong", "error"] {
+                let (mut s, _) = listener.accept().await.unwrap();
+                let mut auth = Vec::new();
+                while !auth.ends_with(b"BEGIN\r\n") {
+                    auth.push(s.read_u8().await.unwrap());
+                }
+                let uid = nix::unistd::geteuid().as_raw().to_string();
+                let hex: String = uid.bytes().map(|b| format!("{b:02x}")).collect();
+                assert_eq!(auth, format!("\0AUTH EXTERNAL {hex}\r\nBEGIN\r\n").into_bytes());
+                s.write_all(b"OK 0123456789abcdef0123456789abcdef\r\n").await.unwrap();
+                let mut head = [0u8; 16];
+                s.read_exact(&mut head).await.unwrap();
+                let mut buf = vec![0u8; Message::length(&head).unwrap()];
+                buf[..16].copy_from_slice(&head);
+                s.read_exact(&mut buf[16..]).await.unwrap();
+                let call = Message::decode(&buf).unwrap();
+                let mut reply = Message { reply_serial: Some(call.serial), ..Default::default() };
+                if answer == "pong" {
+                    reply.kind = Some(Kind::Return);
+                    reply.body = vec![Value::Str("pong".into())];
+                } else {
+                    reply.kind = Some(Kind::Error);
+                    reply.error_name = Some("org.freedesktop.DBus.Error.Failed".into());
+                    reply.body = vec![Value::Str("no".into())];
+                }
+                s.write_all(&reply.encode(1)).await.unwrap();
+                // Hang up.
+            }
+        });
+        let bus = Bus::new(Address::Peer(path));
+        let ping = || Message::call("x.y", "/x", "x.Y", "Ping", vec![]);
+        let r = bus.call(ping()).await.unwrap();
+        assert_eq!(r.body, vec![Value::Str("pong".into())]);
+        // The reader task sees the hang-up; the next call opens a new connection.
+        // (A call racing the hang-up fails once, as the connection it went out on closed.)
+        let mut e = bus.call(ping()).await.unwrap_err();
+        if e.downcast_ref::<BusError>().is_none() {
+            let text = format!("{e:#}");
+            assert!(text.contains("connection closed") || text.contains("writing"), "{text}");
+            e = bus.call(ping()).await.unwrap_err();
+        }
+        assert_eq!(
+            e.downcast_ref::<BusError>(),
+            Some(&BusError { name: "org.freedesktop.DBus.Error.Failed".into(), message: "no".into() })
+        );
+        server.await.unwrap();
+    }
 }

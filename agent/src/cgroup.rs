@@ -119,9 +119,14 @@ pub fn alive(pid: u32) -> bool {
         return true;
     }
     let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { return false };
-    // "pid (comm) S ...": the state follows the last ')' (comm may hold parentheses).
-    let state = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().next());
-    !matches!(state, Some("Z" | "X" | "x") | None)
+    // "pid (comm) S ppid pgrp session tty tpgid flags ...": the fields follow the last ')' (comm
+    // may hold parentheses). A process in its exit (PF_EXITING in flags: its memory, and with
+    // it its command line, may be gone while it is not yet a zombie) has exited too.
+    const PF_EXITING: u64 = 0x4;
+    let fields: Vec<&str> =
+        stat.rsplit_once(')').map(|(_, rest)| rest.split_whitespace().collect()).unwrap_or_default();
+    let exiting = fields.get(6).and_then(|f| f.parse::<u64>().ok()).is_some_and(|f| f & PF_EXITING != 0);
+    !exiting && !matches!(fields.first().copied(), Some("Z" | "X" | "x") | None)
 }
 
 /// A process's command line, NUL-separated words; `None` once it is gone.

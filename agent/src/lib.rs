@@ -8,6 +8,7 @@ mod cgroup;
 mod cli;
 mod config;
 mod context;
+mod dbus;
 /// Public for the end-to-end tests of the diagnosis (`agent/tests/e2e_diagnose.rs`).
 pub mod diagnose;
 mod fsx;

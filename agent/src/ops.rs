@@ -223,6 +223,29 @@ async fn unit_status<H: Host>(
     })
 }
 
+/// Runs the futures concurrently on this task; their outputs in order.
+async fn join_all<F: std::future::Future>(futures: impl IntoIterator<Item = F>) -> Vec<F::Output> {
+    let mut futs: Vec<_> = futures.into_iter().map(|f| Some(Box::pin(f))).collect();
+    let mut out: Vec<Option<F::Output>> = futs.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (f, o) in futs.iter_mut().zip(out.iter_mut()) {
+            if let Some(fut) = f {
+                match fut.as_mut().poll(cx) {
+                    std::task::Poll::Ready(v) => {
+                        *o = Some(v);
+                        *f = None;
+                    }
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending { std::task::Poll::Pending } else { std::task::Poll::Ready(()) }
+    })
+    .await;
+    out.into_iter().map(|o| o.expect("every future finished")).collect()
+}
+
 pub async fn status(dirs: &Dirs, json: bool, file: Option<&Path>, host: Option<String>) -> Result<u8> {
     let ctx = context::host_ctx(dirs, Arc::new(|_: &str, _: &Event| {}), Shutdown::never());
     let mut override_desired = None;
@@ -237,10 +260,12 @@ pub async fn status(dirs: &Dirs, json: bool, file: Option<&Path>, host: Option<S
         }
         None => ctx.store.units().context("reading the state directory")?,
     };
+    // Every unit at once: each asks systemd and its server (one connection to systemd, shared),
+    // so the wall time is the slowest unit's, not the sum.
+    let states = units.iter().map(|u| ctx.store.peek(u)).collect::<Result<Vec<_>>>()?;
     let mut all = Vec::new();
-    for u in &units {
-        let st = ctx.store.peek(u)?;
-        all.push(unit_status(&ctx, &st, override_desired.as_ref()).await?);
+    for s in join_all(states.iter().map(|st| unit_status(&ctx, st, override_desired.as_ref()))).await {
+        all.push(s?);
     }
     let source = SourceState::load(&dirs.state_dir);
     // A head that may not deploy concerns every unit the agent deploys from it (not a spec

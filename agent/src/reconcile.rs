@@ -1173,8 +1173,15 @@ impl<H: Host> Run<'_, H> {
         }
         // How it ended, as `diagnose` tells it (a crash before, an OOM kill...), read from the
         // journal in the background, off the apply's path.
-        stop.first = props.invocation_id.is_empty();
-        let (host, u, invocation) = (ctx.host.clone(), unit.to_string(), props.invocation_id.clone());
+        // A unit that failed and was then stopped may be unloaded by systemd at once (nothing
+        // references it), and loaded again with no invocation: the one before the stop is it.
+        let invocation = if props.invocation_id.is_empty() {
+            self.before.invocation_id.clone()
+        } else {
+            props.invocation_id.clone()
+        };
+        stop.first = invocation.is_empty();
+        let (host, u) = (ctx.host.clone(), unit.to_string());
         stop.pending =
             Some(Background(tokio::spawn(async move { host.ending(&u, &invocation, Duration::from_secs(5)).await })));
         emit(Event::Progress(format!("stopped after {:.1}s; cgroup empty", started.elapsed().as_secs_f64())));

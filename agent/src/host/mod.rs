@@ -19,7 +19,7 @@ use crate::cgroup::{self, Layout, Lingering};
 use crate::fsx;
 use crate::probe::{Health, Probe};
 use crate::speculation::Speculation;
-use crate::systemd::{Systemctl, Systemd, UnitProps};
+use crate::systemd::{Systemd, UnitProps};
 
 /// Cheap to clone (a handle): background reads during an apply hold their own.
 pub trait Host: Clone + Send + Sync + 'static {
@@ -86,18 +86,18 @@ pub trait Host: Clone + Send + Sync + 'static {
     fn ending(&self, unit: &str, invocation: &str, within: Duration) -> impl Future<Output = Option<Ending>> + Send;
 }
 
-/// The machine: `systemctl`, `/proc` and the cgroup tree, the file system, HTTP to the server,
-/// journald.
+/// The machine: systemd over D-Bus, `/proc` and the cgroup tree, the file system, HTTP to the
+/// server, journald.
 #[derive(Clone)]
 pub struct RealHost {
-    pub systemd: Systemctl,
+    pub systemd: Systemd,
     pub layout: Layout,
     pub probe: Probe,
 }
 
 impl RealHost {
     pub fn new(layout: Layout) -> RealHost {
-        RealHost { systemd: Systemctl, layout, probe: Probe::default() }
+        RealHost { systemd: Systemd::default(), layout, probe: Probe::default() }
     }
 }
 
@@ -107,19 +107,15 @@ impl Host for RealHost {
     }
 
     async fn start(&self, unit: &str) -> Result<()> {
-        self.systemd.run(&["start", unit]).await
+        self.systemd.start(unit).await
     }
 
     async fn stop(&self, unit: &str, wait: bool) -> Result<()> {
-        if wait {
-            self.systemd.run(&["stop", unit]).await
-        } else {
-            self.systemd.run(&["stop", "--no-block", unit]).await
-        }
+        self.systemd.stop(unit, wait).await
     }
 
     async fn daemon_reload(&self) -> Result<()> {
-        self.systemd.run(&["daemon-reload"]).await
+        self.systemd.daemon_reload().await
     }
 
     async fn enable(&self, unit: &str) -> Result<()> {

@@ -67,6 +67,31 @@ pub async fn run(opts: RunOptions) -> Result<()> {
 
     // Watch the local repository's refs, and the unit directory.
     let _watcher = watcher(&lock(&src), &opts.dirs.unit_dir, trig_tx.clone())?;
+    // systemd's word that a unit started, stopped or failed: that unit is looked at (a unit at
+    // rest is not looked at on a timer when the source is local).
+    {
+        let t = trig_tx.clone();
+        let systemd = ctx.host.systemd.clone();
+        let stop = ctx.shutdown.clone();
+        tokio::spawn(async move {
+            loop {
+                match systemd.state_changes().await {
+                    Ok(mut changes) => {
+                        while let Some(unit) = changes.next().await {
+                            let _ = t.send(Trigger::Unit(unit));
+                        }
+                        tracing::info!("the connection to systemd closed; listening again");
+                    }
+                    Err(e) => tracing::warn!("cannot listen to systemd's unit changes: {e:#}; trying again"),
+                }
+                // Again once systemd is back (after a daemon-reexec, say); not in a loop.
+                tokio::select! {
+                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                    _ = stop.wait() => return,
+                }
+            }
+        });
+    }
     // Signals.
     {
         let t = trig_tx.clone();
@@ -103,10 +128,13 @@ pub async fn run(opts: RunOptions) -> Result<()> {
     tracing::info!(units = units.workers.len(), "ready");
 
     let interval = Duration::from_secs(cfg.interval.unwrap_or(60).max(1));
-    let resync = Duration::from_secs(cfg.resync.unwrap_or(300).max(1));
+    // A full look at every unit: every `resync` s; by default only for a remote source (a
+    // local one's refs, the unit files and systemd's unit changes are all events).
+    let resync = cfg.resync.or(if lock(&src).is_remote() { Some(300) } else { None });
+    let resync = resync.map(|s| Duration::from_secs(s.max(1)));
     let remote = lock(&src).is_remote();
     let mut poll_at = tokio::time::Instant::now() + jitter(interval);
-    let mut resync_at = tokio::time::Instant::now() + resync;
+    let mut resync_at = resync.map(|r| tokio::time::Instant::now() + r);
     // Forced source re-reads (SIGHUP, `specd reconcile`) at most once a second: a burst of
     // requests is one read now and one at the end of the second.
     let mut last_forced: Option<tokio::time::Instant> = None;
@@ -161,14 +189,14 @@ pub async fn run(opts: RunOptions) -> Result<()> {
                 poll_at = tokio::time::Instant::now() + jitter(interval);
                 units.sync_source(Read::IfHeadMoved).await;
             }
-            _ = tokio::time::sleep_until(forced_due.unwrap_or(resync_at)), if forced_due.is_some() => {
+            _ = tokio::time::sleep_until(forced_due.unwrap_or_else(tokio::time::Instant::now)), if forced_due.is_some() => {
                 forced_due = None;
                 last_forced = Some(tokio::time::Instant::now());
                 units.sync_source(Read::Always).await;
                 units.poke_all();
             }
-            _ = tokio::time::sleep_until(resync_at) => {
-                resync_at = tokio::time::Instant::now() + resync;
+            _ = tokio::time::sleep_until(resync_at.unwrap_or_else(tokio::time::Instant::now)), if resync_at.is_some() => {
+                resync_at = resync.map(|r| tokio::time::Instant::now() + r);
                 units.sync_source(Read::Always).await;
                 units.poke_all();
             }

@@ -20,7 +20,8 @@ pub struct AgentConfig {
     pub path: Option<String>,
     /// Seconds between polls of a remote repository (jittered). Default 60.
     pub interval: Option<u64>,
-    /// Seconds between full resyncs of every unit. Default 300.
+    /// Seconds between full looks at every unit. Default: 300 for a remote repository; none for a
+    /// local one (its refs, the unit files and systemd's unit changes are all watched).
     pub resync: Option<u64>,
     pub state_dir: Option<PathBuf>,
     pub unit_dir: Option<PathBuf>,

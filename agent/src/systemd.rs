@@ -217,6 +217,66 @@ impl Systemd {
     }
 }
 
+impl Systemd {
+    /// Units whose `ActiveState` changes, by name, as systemd signals them (`PropertiesChanged`
+    /// on the unit's object), from now until the connection closes (`None`). The agent pokes a
+    /// unit's worker with them, instead of looking at every unit on a timer.
+    pub async fn state_changes(&self) -> Result<UnitChanges> {
+        let rule = "type='signal',sender='org.freedesktop.systemd1',interface='org.freedesktop.DBus.Properties',member='PropertiesChanged'";
+        let subscribe = Message::call(DEST, MANAGER_PATH, MANAGER, "Subscribe", vec![]);
+        Ok(UnitChanges(self.bus.signals(rule, Some(subscribe)).await?))
+    }
+}
+
+/// See [`Systemd::state_changes`].
+pub struct UnitChanges(crate::dbus::Signals);
+
+impl UnitChanges {
+    pub async fn next(&mut self) -> Option<String> {
+        loop {
+            let s = self.0.next().await?;
+            if let Some(unit) = active_state_changed(&s) {
+                return Some(unit);
+            }
+        }
+    }
+}
+
+/// The unit a signal says changed its `ActiveState`: `PropertiesChanged(s interface,
+/// a{sv} changed, as invalidated)` on a unit's object, for its `Unit` interface.
+fn active_state_changed(s: &Message) -> Option<String> {
+    if s.member.as_deref() != Some("PropertiesChanged") || s.body.first()?.as_str()? != "org.freedesktop.systemd1.Unit"
+    {
+        return None;
+    }
+    let named = |v: &Value| {
+        matches!(v, Value::DictEntry(k, _) if k.as_str() == Some("ActiveState")) || v.as_str() == Some("ActiveState")
+    };
+    let changed = s.body.iter().skip(1).any(|v| matches!(v, Value::Array(_, items) if items.iter().any(named)));
+    if !changed {
+        return None;
+    }
+    unit_of_object_path(s.path.as_deref()?)
+}
+
+/// The inverse of [`unit_object_path`].
+pub fn unit_of_object_path(path: &str) -> Option<String> {
+    let escaped = path.strip_prefix("/org/freedesktop/systemd1/unit/")?.as_bytes();
+    let mut out = Vec::with_capacity(escaped.len());
+    let mut i = 0;
+    while i < escaped.len() {
+        if escaped[i] == b'_' {
+            let hex = std::str::from_utf8(escaped.get(i + 1..i + 3)?).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(escaped[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
 /// The object path of a unit: its name escaped as systemd does (every byte but ASCII letters
 /// and digits, and a leading digit, as `_` and two hex digits).
 pub fn unit_object_path(unit: &str) -> String {
@@ -403,5 +463,41 @@ mod bus_tests {
     fn object_paths_escape_as_systemd_does() {
         assert_eq!(unit_object_path("bench0.service"), "/org/freedesktop/systemd1/unit/bench0_2eservice");
         assert_eq!(unit_object_path("0a-b_c@x.service"), "/org/freedesktop/systemd1/unit/_30a_2db_5fc_40x_2eservice");
+        for u in ["bench0.service", "0a-b_c@x.service", "m\\x2d1.service"] {
+            assert_eq!(unit_of_object_path(&unit_object_path(u)).as_deref(), Some(u));
+        }
+        assert_eq!(unit_of_object_path("/org/freedesktop/systemd1/unit/a_2"), None);
+        assert_eq!(unit_of_object_path("/org/freedesktop/systemd1/job/1"), None);
+    }
+
+    #[test]
+    fn a_change_of_active_state_names_its_unit_and_other_changes_do_not() {
+        let signal = |iface: &str, changed: &str| {
+            let mut m = Message::call(
+                "",
+                &unit_object_path("m0.service"),
+                "org.freedesktop.DBus.Properties",
+                "PropertiesChanged",
+                vec![],
+            );
+            m.body = vec![
+                Value::Str(iface.into()),
+                Value::Array(
+                    "{sv}".into(),
+                    vec![Value::DictEntry(
+                        Box::new(Value::Str(changed.into())),
+                        Box::new(Value::Variant(Box::new(Value::Str("x".into())))),
+                    )],
+                ),
+                Value::Array("s".into(), vec![]),
+            ];
+            m
+        };
+        assert_eq!(
+            active_state_changed(&signal("org.freedesktop.systemd1.Unit", "ActiveState")).as_deref(),
+            Some("m0.service")
+        );
+        assert_eq!(active_state_changed(&signal("org.freedesktop.systemd1.Unit", "Description")), None);
+        assert_eq!(active_state_changed(&signal("org.freedesktop.systemd1.Service", "ActiveState")), None);
     }
 }

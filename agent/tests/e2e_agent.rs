@@ -210,6 +210,27 @@ fn a_hand_edit_is_healed_while_the_agent_runs() {
 }
 
 #[test]
+fn a_server_stopped_by_hand_is_started_again_at_once_without_a_resync_timer() {
+    // A local repository and no config: no periodic resync. systemd's signal that the unit
+    // stopped is what makes the agent look.
+    let f = Fleet::new();
+    let a = f.e.port;
+    f.commit(&[("qwen.yaml", &f.spec("qwen.service", a, 5, 200, ""))], "steps 5");
+    f.start_agent(f.repo.to_str().unwrap(), "");
+    f.wait_steps(a, 5, Duration::from_secs(30));
+    f.wait_applied("qwen.service", 1);
+    let before = f.e.main_pid("qwen.service");
+    f.e.b.systemctl_check(&["stop", "qwen.service"]).unwrap();
+    wait_until("the agent to start the unit again", Duration::from_secs(30), || {
+        f.e.b.prop("qwen.service", "ActiveState").is_ok_and(|s| s == "active")
+            && f.e.b.prop("qwen.service", "MainPID").is_ok_and(|p| p != "0" && p != before.to_string())
+    })
+    .unwrap_or_else(|err| panic!("{err}\nagent journal:\n{}", f.e.b.journal(AGENT).unwrap_or_default()));
+    f.wait_steps(a, 5, Duration::from_secs(30));
+    f.e.b.shutdown().unwrap();
+}
+
+#[test]
 fn a_remote_over_file_url_and_git_daemon_deploys() {
     let f = Fleet::new();
     let a = f.e.port;

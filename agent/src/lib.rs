@@ -45,6 +45,7 @@ pub use source::{GitSource, SourceConfig, Verify};
 pub use probe::{Health, Probe};
 pub use reconcile::readiness_backoff;
 /// The unit properties specd reads (the benchmarks time one `systemctl show` of them).
+pub use speculation::TOKENS as PROOF_TOKENS;
 pub use systemd::PROPS as UNIT_PROPERTIES;
 
 /// The sweep's load generator, for its tests against the stand-in and the real llama-server.

@@ -53,7 +53,10 @@ pub async fn run(opts: RunOptions) -> Result<()> {
     // State written world-readable by an older specd is made private.
     store.secure();
     let (stop_tx, shutdown) = Shutdown::new();
-    let ctx = Arc::new(context::host_ctx(&opts.dirs, context::events(Sink::Log), shutdown));
+    let ctx = Arc::new(Ctx {
+        holds: reconcile::Holds::Obeyed,
+        ..context::host_ctx(&opts.dirs, context::events(Sink::Log), shutdown)
+    });
     let metrics = Arc::new(Metrics::default());
     let (trig_tx, mut trig_rx) = mpsc::unbounded_channel::<Trigger>();
 

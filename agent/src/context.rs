@@ -34,6 +34,7 @@ pub fn host_ctx(dirs: &Dirs, events: Events, shutdown: Shutdown) -> Ctx<RealHost
         store: Store::new(&dirs.state_dir),
         events,
         shutdown,
+        holds: crate::reconcile::Holds::Overridden,
     }
 }
 

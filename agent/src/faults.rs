@@ -50,6 +50,7 @@ impl World {
                 Arc::new(move |_: &str, e: &reconcile::Event| log.lock().unwrap().push(format!("{e:?}")))
             },
             shutdown: Shutdown::never(),
+            holds: reconcile::Holds::Obeyed,
         }
     }
 
@@ -300,4 +301,32 @@ async fn a_fault_while_only_enabling_never_touches_the_server_and_the_next_recon
             assert_eq!(w.host.stops_and_starts(), before, "{case}: the server was touched\n{}", w.said());
         }
     }
+}
+
+/// A hold set while the agent's reconcile waited for the unit's lock (a rollback's pin, a
+/// sweep's point) is seen under the lock: that reconcile observes and reports only. An
+/// operator's command overrides it.
+#[tokio::test(start_paused = true)]
+async fn a_hold_set_while_a_reconcile_waits_for_the_lock_stops_the_agent_not_an_operator() {
+    let (old, new) = (desired(3), desired(5));
+    let w = serving(&old, &new, false).await;
+    let hold = crate::hold::Hold {
+        kind: crate::hold::HoldKind::Suspend,
+        by: "root (specd suspend)".into(),
+        since: crate::state::now(),
+        until: None,
+        reason: None,
+        pid: None,
+        pinned_sha256: None,
+        desired_at_pin: None,
+    };
+    w.store().set_hold(UNIT, hold).await.unwrap();
+    let r = w.reconcile(&new).await.unwrap().unwrap();
+    assert_eq!(r.outcome, None, "{}", r.verdict);
+    assert!(r.verdict.contains("held: suspended by root (specd suspend)"), "{}", r.verdict);
+    assert_eq!(w.host.serving().as_ref(), Some(&old.spec.argv), "the agent acted on a held unit");
+    let ctx = Ctx { holds: reconcile::Holds::Overridden, ..w.ctx() };
+    let r = reconcile::reconcile(&ctx, &new, false).await.unwrap();
+    assert_eq!(r.outcome, Some(Outcome::Applied), "{}", r.verdict);
+    assert_eq!(w.host.serving().as_ref(), Some(&new.spec.argv));
 }

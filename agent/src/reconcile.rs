@@ -56,6 +56,17 @@ pub struct Ctx<H: Host> {
     pub store: Store,
     pub events: Events,
     pub shutdown: Shutdown,
+    /// Whether a unit's hold stops this context's reconciles from acting (the agent's), or not
+    /// (an operator's command, a sweep: they decided to act on the unit).
+    pub holds: Holds,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Holds {
+    /// A hold in effect makes a reconcile observe and report only; checked under the unit's
+    /// lock, so a hold set while this reconcile waited for the lock is seen.
+    Obeyed,
+    Overridden,
 }
 
 /// Set when the agent is asked to stop: an apply stops at the next safe point (between steps, or
@@ -342,6 +353,16 @@ pub async fn reconcile<H: Host>(ctx: &Ctx<H>, d: &DesiredState, dry_run: bool) -
         }
     };
     let mut st = ctx.store.load(&unit)?;
+    let held = match ctx.holds {
+        Holds::Obeyed => {
+            let alive = st.hold.as_ref().and_then(|h| h.pid).is_none_or(|p| ctx.host.alive(p));
+            match crate::hold::effective(st.hold.as_ref(), state::now(), alive, &d.unit.sha256) {
+                crate::hold::HoldEffect::HandsOff(why) => Some(why),
+                _ => None,
+            }
+        }
+        Holds::Overridden => None,
+    };
     let (o, props) = observe(ctx, d, &st, true).await?;
     let desired = desired_of(&ctx.unit_dir, d);
     let plan = plan::plan(&o, &desired);
@@ -361,11 +382,15 @@ pub async fn reconcile<H: Host>(ctx: &Ctx<H>, d: &DesiredState, dry_run: bool) -
         );
         return Ok(Report { plan, outcome: None, verdict, stop_verdict: None, action: Action::AwaitChange });
     }
-    if dry_run {
+    if dry_run || held.is_some() {
         let verdict = if plan.steps.is_empty() {
             format!("{}: nothing to do", plan.sync)
         } else {
             format!("{}: would run {} steps", plan.sync, plan.steps.len())
+        };
+        let verdict = match held {
+            Some(why) => format!("{verdict} (held: {why})"),
+            None => verdict,
         };
         return Ok(Report { plan, outcome: None, verdict, stop_verdict: None, action: Action::AwaitChange });
     }

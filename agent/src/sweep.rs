@@ -46,10 +46,12 @@ struct Before {
 const HOLD_FOR: u64 = 2 * 3600;
 
 /// The sweep's hold on its unit: a running agent leaves the unit alone while this process lives
-/// (and until the hold expires, refreshed as points go).
+/// (and until the hold expires: a task pushes the expiry on every quarter of it, whatever the
+/// sweep is doing, so a long point never outlives its hold).
 struct SweepHold {
     unit: String,
     hold: Hold,
+    refresher: tokio::task::JoinHandle<()>,
 }
 
 impl SweepHold {
@@ -75,22 +77,29 @@ impl SweepHold {
             desired_at_pin: None,
         };
         store.set_hold(unit, hold.clone()).await.map_err(|e| format!("{e:#}"))?;
-        Ok(SweepHold { unit: unit.into(), hold })
-    }
-
-    /// Push the expiry on when half of it is gone.
-    async fn refresh(&mut self, store: &Store) {
-        let now = state::now();
-        if self.hold.until.is_some_and(|u| u.saturating_sub(now) < HOLD_FOR / 2) {
-            self.hold.until = Some(now + HOLD_FOR);
-            if let Err(e) = store.set_hold(&self.unit, self.hold.clone()).await {
-                eprintln!("specd: WARNING: refreshing the hold on {}: {e:#}", self.unit);
-            }
-        }
+        let refresher = {
+            let (store, unit, mut hold) = (store.clone(), unit.to_string(), hold.clone());
+            tokio::spawn(async move {
+                loop {
+                    tokio::time::sleep(std::time::Duration::from_secs(HOLD_FOR / 4)).await;
+                    // Only this sweep's hold (one set since by someone else stays as it is).
+                    let ours = store.peek(&unit).is_ok_and(|st| st.hold.as_ref().is_some_and(|h| *h == hold));
+                    if !ours {
+                        return;
+                    }
+                    hold.until = Some(state::now() + HOLD_FOR);
+                    if let Err(e) = store.set_hold(&unit, hold.clone()).await {
+                        eprintln!("specd: WARNING: refreshing the hold on {unit}: {e:#}");
+                    }
+                }
+            })
+        };
+        Ok(SweepHold { unit: unit.into(), hold, refresher })
     }
 
     /// End the hold (only this sweep's: one set since by someone else stays).
     async fn release(self, store: &Store) {
+        self.refresher.abort();
         let me = self.hold.pid;
         let why = "the sweep ended";
         if let Err(e) = store.clear_hold_if(&self.unit, why, |h| h.kind == HoldKind::Sweep && h.pid == me).await {
@@ -291,7 +300,7 @@ pub async fn run(dirs: &Dirs, o: Options) -> Result<u8> {
     let (tx, shutdown) = Shutdown::new();
     let ctx = context::host_ctx(dirs, events(), shutdown.clone());
     let before = before(&ctx, &p.out, &unit)?;
-    let mut hold = match SweepHold::take(&ctx.store, &unit, &sw.metadata.name).await {
+    let hold = match SweepHold::take(&ctx.store, &unit, &sw.metadata.name).await {
         Ok(h) => h,
         Err(why) => {
             eprintln!("specd: {unit}: {why}");
@@ -339,7 +348,6 @@ pub async fn run(dirs: &Dirs, o: Options) -> Result<u8> {
             interrupted = true;
             break;
         }
-        hold.refresh(&ctx.store).await;
         let done = match point(&ctx, &p, pt, &probe, &shutdown).await {
             Ok(Some(r)) => append(&results_path, &r).map(|()| Some(r)),
             other => other,

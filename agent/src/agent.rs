@@ -735,7 +735,16 @@ fn watcher(src: &GitSource, unit_dir: &Path, tx: mpsc::UnboundedSender<Trigger>)
     let refs = src.watch_paths();
     let units = unit_dir.to_path_buf();
     let mut w = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
-        let Ok(ev) = res else { return };
+        // Events were lost (the kernel's queue overflowed, or the watch failed): look at
+        // everything, as a SIGHUP does.
+        let lost = |tx: &mpsc::UnboundedSender<Trigger>| {
+            let _ = tx.send(Trigger::Source);
+            let _ = tx.send(Trigger::All);
+        };
+        let Ok(ev) = res else { return lost(&tx) };
+        if ev.need_rescan() {
+            return lost(&tx);
+        }
         if matches!(ev.kind, notify::EventKind::Access(_)) {
             return;
         }

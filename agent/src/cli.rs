@@ -453,7 +453,11 @@ fn run_async(f: impl std::future::Future<Output = anyhow::Result<u8>>) -> ExitCo
 
 fn run_on(mut rt: tokio::runtime::Builder, f: impl std::future::Future<Output = anyhow::Result<u8>>) -> ExitCode {
     let rt = rt.enable_all().build().expect("a tokio runtime");
-    match rt.block_on(f) {
+    let result = rt.block_on(f);
+    // What is left in the blocking pool (a wait for another process's unit lock, say) does not
+    // keep the process: the command has finished, and the agent joined its workers.
+    rt.shutdown_timeout(std::time::Duration::from_secs(1));
+    match result {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
             eprintln!("specd: error: {e:#}");

@@ -72,15 +72,41 @@ pub struct NotifyConfig {
 /// One webhook: a JSON body is POSTed to `url` for each reconcile whose outcome is one of
 /// `events` (`crate::notify` builds it).
 #[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, try_from = "RawWebhook")]
 pub struct Webhook {
     pub url: WebhookUrl,
     /// Default: every event.
-    #[serde(default = "all_events", deserialize_with = "some_events")]
     pub events: Vec<NotifyEvent>,
     /// A file holding a token sent as `Authorization: Bearer <token>` (read at each delivery,
-    /// so that a rotated token is used at once; never put in the body).
+    /// so that a rotated token is used at once; never put in the body). Only over https://, or
+    /// http:// to a loopback address: never in the clear over a network.
     pub token_file: Option<PathBuf>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawWebhook {
+    url: WebhookUrl,
+    #[serde(default = "all_events", deserialize_with = "some_events")]
+    events: Vec<NotifyEvent>,
+    token_file: Option<PathBuf>,
+}
+
+impl TryFrom<RawWebhook> for Webhook {
+    type Error = String;
+
+    fn try_from(r: RawWebhook) -> std::result::Result<Webhook, String> {
+        let u = &r.url.0;
+        let host = u.host_str().unwrap_or("").trim_start_matches('[').trim_end_matches(']');
+        let loopback = host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|a| a.is_loopback());
+        if r.token_file.is_some() && u.scheme() == "http" && !loopback {
+            return Err(format!(
+                "token_file: the token would cross the network in the clear to {}: use an https:// url (http:// only to a loopback address)",
+                r.url
+            ));
+        }
+        Ok(Webhook { url: r.url, events: r.events, token_file: r.token_file })
+    }
 }
 
 /// What a reconcile's notice says happened.
@@ -245,6 +271,7 @@ mod tests {
             ("notify:\n  webhooks:\n    - url: http://h/x\n      events: []\n", 4, "events is empty"),
             ("notify:\n  webhooks:\n    - url: http://h/x\n      secret: 1\n", 4, "unknown field `secret`"),
             ("notify:\n  webhook: []\n", 2, "unknown field `webhook`"),
+            ("notify:\n  webhooks:\n    - url: http://hooks.example.com/x\n      token_file: /t\n", 3, "in the clear"),
         ] {
             let e = format!("{:#}", load(text).unwrap_err());
             assert!(e.contains("agent.yaml"), "{e}");

@@ -110,6 +110,9 @@ fn type_end(sig: &[u8], i: usize) -> Result<usize> {
         Some(&open @ (b'(' | b'{')) => {
             let close = if open == b'(' { b')' } else { b'}' };
             let mut j = i + 1;
+            if sig.get(j) == Some(&close) {
+                bail!("an empty struct in signature {:?}", String::from_utf8_lossy(sig));
+            }
             while sig.get(j) != Some(&close) {
                 if j >= sig.len() {
                     bail!("unclosed {:?} in signature {:?}", open as char, String::from_utf8_lossy(sig));
@@ -547,6 +550,8 @@ struct Conn {
     alive: Arc<AtomicBool>,
     /// Whether this connection asked for systemd's signals (`Subscribe`, and a match on a bus).
     subscribed: tokio::sync::OnceCell<()>,
+    /// The match rules added on a bus (each once per connection).
+    rules: tokio::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 /// Marks the connection dead when the reader task ends, also when its runtime drops it.
@@ -633,7 +638,10 @@ impl Bus {
         {
             return Ok(c.clone());
         }
-        let c = open(&self.addr).await?;
+        let c = match tokio::time::timeout(SETUP_TIMEOUT, open(&self.addr)).await {
+            Ok(c) => c?,
+            Err(_) => bail!("D-Bus: no answer within {} s while connecting", SETUP_TIMEOUT.as_secs()),
+        };
         *slot = Some(c.clone());
         Ok(c)
     }
@@ -645,24 +653,36 @@ impl Bus {
     }
 
     /// From now on, every signal that arrives on the connection (on systemd's private socket,
-    /// systemd sends all of its signals; on a bus, those matching `rule`). The connection's
-    /// first listener also sends `subscribe` (e.g. systemd's `Subscribe`), once per connection.
+    /// systemd sends all of its signals; on a bus, those matching `rule`, added once per rule).
+    /// The connection's first listener also sends `subscribe` (e.g. systemd's `Subscribe`), once
+    /// per connection. Gives up after [`SETUP_TIMEOUT`] without an answer.
     pub async fn signals(&self, rule: &str, subscribe: Option<Message>) -> Result<Signals> {
+        match tokio::time::timeout(SETUP_TIMEOUT, self.listen(rule, subscribe)).await {
+            Ok(r) => r,
+            Err(_) => bail!("D-Bus: no answer within {} s while subscribing to signals", SETUP_TIMEOUT.as_secs()),
+        }
+    }
+
+    async fn listen(&self, rule: &str, subscribe: Option<Message>) -> Result<Signals> {
         let c = self.conn().await?;
+        if matches!(self.addr, Address::Bus(_)) {
+            let mut rules = c.rules.lock().await;
+            if !rules.contains(rule) {
+                let add = Message::call(
+                    "org.freedesktop.DBus",
+                    "/org/freedesktop/DBus",
+                    "org.freedesktop.DBus",
+                    "AddMatch",
+                    vec![Value::Str(rule.into())],
+                );
+                call_on(&c, add).await?;
+                rules.insert(rule.to_string());
+            }
+        }
         let (tx, rx) = mpsc::unbounded_channel();
         c.listeners.lock().unwrap_or_else(|e| e.into_inner()).push(tx);
         c.subscribed
             .get_or_try_init(|| async {
-                if matches!(self.addr, Address::Bus(_)) {
-                    let add = Message::call(
-                        "org.freedesktop.DBus",
-                        "/org/freedesktop/DBus",
-                        "org.freedesktop.DBus",
-                        "AddMatch",
-                        vec![Value::Str(rule.into())],
-                    );
-                    call_on(&c, add).await?;
-                }
                 if let Some(s) = subscribe {
                     call_on(&c, s).await?;
                 }
@@ -673,12 +693,22 @@ impl Bus {
     }
 }
 
+/// How long opening a connection (connect, authenticate, `Hello`) or subscribing to signals may
+/// take before specd gives up (and tries again at its next need).
+pub const SETUP_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(25);
+
 async fn call_on(c: &Conn, m: Message) -> Result<Message> {
     let serial = c.serial.fetch_add(1, Ordering::SeqCst);
     let (tx, rx) = oneshot::channel();
     c.pending.lock().unwrap_or_else(|e| e.into_inner()).insert(serial, tx);
-    let bytes = m.encode(serial);
     let what = format!("{}.{}", m.interface.as_deref().unwrap_or(""), m.member.as_deref().unwrap_or(""));
+    // The reader may have ended (and cleared the pending calls) just before the insert: this
+    // call's reply would never come.
+    if !c.alive.load(Ordering::SeqCst) {
+        c.pending.lock().unwrap_or_else(|e| e.into_inner()).remove(&serial);
+        bail!("D-Bus call {what}: the connection closed");
+    }
+    let bytes = m.encode(serial);
     if let Err(e) = c.writer.lock().await.write_all(&bytes).await {
         c.pending.lock().unwrap_or_else(|e| e.into_inner()).remove(&serial);
         c.alive.store(false, Ordering::SeqCst);
@@ -724,6 +754,7 @@ async fn open(addr: &Address) -> Result<Arc<Conn>> {
         listeners: Arc::default(),
         alive: Arc::new(AtomicBool::new(true)),
         subscribed: tokio::sync::OnceCell::new(),
+        rules: Default::default(),
     });
     let guard = Alive(conn.alive.clone(), conn.pending.clone(), conn.listeners.clone());
     tokio::spawn(async move {

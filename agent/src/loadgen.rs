@@ -226,6 +226,7 @@ fn client() -> reqwest::Client {
         .no_proxy()
         .connect_timeout(Duration::from_secs(2))
         .pool_max_idle_per_host(0)
+        .tls_built_in_root_certs(false)
         .build()
         .expect("an HTTP client")
 }
@@ -272,13 +273,19 @@ async fn after_metrics(client: &reqwest::Client, url: &str, before: Option<&str>
     }
 }
 
-/// `concurrency` workers take the next request until the count (or the duration) is reached.
+/// Failed requests in a row (across the workers) after which a level ends: a server that is
+/// gone fails each request at once, and a level of a duration would spin.
+const FAILURES_IN_A_ROW: u32 = 32;
+
+/// `concurrency` workers take the next request until the count (or the duration) is reached, or
+/// [`FAILURES_IN_A_ROW`] requests failed one after the other.
 async fn drive(client: &reqwest::Client, level: &Level) -> Vec<Request> {
     let next = Arc::new(AtomicU32::new(0));
+    let failing = Arc::new(AtomicU32::new(0));
     let end = level.duration.map(|d| Instant::now() + d);
     let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..level.concurrency.max(1) {
-        let (client, level, next) = (client.clone(), level.clone(), next.clone());
+        let (client, level, next, failing) = (client.clone(), level.clone(), next.clone(), failing.clone());
         tasks.spawn(async move {
             let mut done = Vec::new();
             loop {
@@ -287,11 +294,17 @@ async fn drive(client: &reqwest::Client, level: &Level) -> Vec<Request> {
                     Some(end) => Instant::now() < end,
                     None => i < level.requests,
                 };
-                if !more {
+                if !more || failing.load(Ordering::SeqCst) >= FAILURES_IN_A_ROW {
                     return done;
                 }
                 let prompt = &level.prompts[i as usize % level.prompts.len().max(1)];
-                done.push(one(&client, &level, prompt).await);
+                let r = one(&client, &level, prompt).await;
+                if r.error.is_some() {
+                    failing.fetch_add(1, Ordering::SeqCst);
+                } else {
+                    failing.store(0, Ordering::SeqCst);
+                }
+                done.push(r);
             }
         });
     }

@@ -323,7 +323,8 @@ impl GitSource {
         if self.remote {
             return vec![];
         }
-        let git = self.repo.path().to_path_buf();
+        // The common directory: a worktree's branches are there, not in its own git dir.
+        let git = self.repo.commondir().to_path_buf();
         vec![git.join("refs"), git.join("packed-refs"), git.clone()]
     }
 }

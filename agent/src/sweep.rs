@@ -299,13 +299,19 @@ pub async fn run(dirs: &Dirs, o: Options) -> Result<u8> {
 
     let (tx, shutdown) = Shutdown::new();
     let ctx = context::host_ctx(dirs, events(), shutdown.clone());
-    let before = before(&ctx, &p.out, &unit)?;
     let hold = match SweepHold::take(&ctx.store, &unit, &sw.metadata.name).await {
         Ok(h) => h,
         Err(why) => {
             eprintln!("specd: {unit}: {why}");
             eprintln!("specd: nothing was changed on this host");
             return Ok(1);
+        }
+    };
+    let before = match before(&ctx, &p.out, &unit, o.resume, &p.points) {
+        Ok(b) => b,
+        Err(e) => {
+            hold.release(&ctx.store).await;
+            return Err(e);
         }
     };
     let after_word = match sw.spec.after {
@@ -478,20 +484,27 @@ fn limits_text(limits: &[(&str, f64)]) -> String {
 }
 
 /// What the sweep restores: recorded at its first run, read again on resume.
-fn before<H: Host>(ctx: &Ctx<H>, out: &Path, unit: &str) -> Result<Before> {
+/// The one recorded by an earlier run of this sweep is what is restored when this run goes on
+/// with it (`--resume`), or when the unit is still on one of the sweep's points (that run was
+/// killed before it restored); otherwise the unit as it is now. Private (0600): the spec may hold
+/// literal environment values.
+fn before<H: Host>(ctx: &Ctx<H>, out: &Path, unit: &str, resume: bool, points: &[Point]) -> Result<Before> {
     let path = out.join("before.json");
-    if let Some(b) = fsx::read_opt(&path)? {
+    let st = ctx.store.peek(unit)?;
+    let on_a_point = st.desired.as_ref().is_some_and(|d| points.iter().any(|p| p.unit.sha256 == d.sha256));
+    if let Some(b) = fsx::read_opt(&path)?
+        && (resume || on_a_point)
+    {
         let b: Before = serde_json::from_slice(&b).with_context(|| format!("reading {}", path.display()))?;
         if b.unit == unit {
             return Ok(b);
         }
     }
-    let st = ctx.store.peek(unit)?;
     let b = match st.desired {
         Some(d) => Before { unit: unit.into(), spec: Some(d.spec), source: d.source, sha256: Some(d.sha256) },
         None => Before { unit: unit.into(), spec: None, source: None, sha256: None },
     };
-    fsx::atomic_write(&path, serde_json::to_string_pretty(&b)?.as_bytes(), 0o644)?;
+    fsx::atomic_write(&path, serde_json::to_string_pretty(&b)?.as_bytes(), 0o600)?;
     Ok(b)
 }
 

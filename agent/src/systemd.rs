@@ -121,6 +121,10 @@ const MANAGER: &str = "org.freedesktop.systemd1.Manager";
 /// How long a method call may take before specd gives up on it (sd-bus's default, which is
 /// what `systemctl` waits).
 const CALL_TIMEOUT: Duration = Duration::from_secs(25);
+/// The longest specd waits for a start or stop job it waits on: a lost signal, or a stop that
+/// never ends (`TimeoutStopSec=infinity` and a process that ignores SIGTERM), is then an error
+/// and the unit's lock is let go; the job itself stays systemd's.
+const JOB_WAIT: Duration = Duration::from_secs(15 * 60);
 
 impl Default for Systemd {
     fn default() -> Self {
@@ -197,6 +201,14 @@ impl Systemd {
             .await?;
         let Some(signals) = signals.as_mut() else { return Ok(()) };
         let job = reply.body.first().and_then(Value::as_str).unwrap_or_default().to_string();
+        match tokio::time::timeout(JOB_WAIT, Self::job_removed(signals, &job, unit)).await {
+            Ok(r) => r,
+            Err(_) => bail!("systemd's job {job} did not end within {} min", JOB_WAIT.as_secs() / 60),
+        }
+    }
+
+    /// Until the `JobRemoved` signal of `job`: its result.
+    async fn job_removed(signals: &mut crate::dbus::Signals, job: &str, unit: &str) -> Result<()> {
         loop {
             let Some(s) = signals.next().await else {
                 bail!("the connection to systemd closed while waiting for job {job}")
@@ -205,7 +217,7 @@ impl Systemd {
                 continue;
             }
             // JobRemoved(u id, o job, s unit, s result)
-            if s.body.get(1).and_then(Value::as_str) != Some(job.as_str()) {
+            if s.body.get(1).and_then(Value::as_str) != Some(job) {
                 continue;
             }
             let result = s.body.get(3).and_then(Value::as_str).unwrap_or_default();

@@ -159,6 +159,18 @@ fn requests_to_a_server_that_dies_are_errors_with_a_cause() {
     assert!(e.contains("stream") || e.contains("connect"), "{e}");
 }
 
+/// A level of a duration against a server that is gone ends after a run of failures, not at the
+/// end of its duration (each request fails at once: it would spin and pile up records).
+#[test]
+fn a_level_of_a_duration_against_a_server_that_is_gone_ends_soon() {
+    let mut l = level(free_port(), Engine::Sglang, LoadApi::Generate, 2, 0, 16);
+    l.duration = Some(Duration::from_secs(600));
+    let t0 = std::time::Instant::now();
+    let r = run(&l);
+    assert!(t0.elapsed() < Duration::from_secs(60), "the level ran {:?}", t0.elapsed());
+    assert!((32..=34).contains(&r.errors), "{r:?}");
+}
+
 /// The real llama-server with the same GGUF as its draft: the accept rate is llama-server's own
 /// `timings.draft_n_accepted / draft_n` over the level's requests.
 #[test]

@@ -325,8 +325,20 @@ pub async fn run(dirs: &Dirs, o: Options) -> Result<u8> {
             _ = tokio::signal::ctrl_c() => {}
             _ = term.recv() => {}
         }
-        eprintln!("specd sweep: interrupted: the point in progress stops at its next safe point; then {after_word}");
+        eprintln!(
+            "specd sweep: interrupted: the point in progress stops at its next safe point; then {after_word} (again to quit at once)"
+        );
         let _ = tx.send(true);
+        // A second one quits now: the hold ends with this process, and the next apply (the
+        // agent's, or a hand one) finishes whatever was in progress.
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        eprintln!(
+            "specd sweep: interrupted again: quitting now; the unit is left as it is (a running agent takes it back; else `specd apply` it)"
+        );
+        std::process::exit(130);
     });
 
     let n = p.points.len();

@@ -367,7 +367,8 @@ async fn stream(
     r: &mut Request,
 ) -> Result<(), String> {
     let (url, body) = body(level, prompt);
-    let mut resp = client.post(&url).json(&body).send().await.map_err(|e| format!("{url}: {}", chain(&e)))?;
+    let mut resp =
+        client.post(&url).json(&body).send().await.map_err(|e| format!("{url}: {}", crate::probe::error_chain(&e)))?;
     if !resp.status().is_success() {
         let status = resp.status();
         let text = resp.text().await.unwrap_or_default();
@@ -377,7 +378,9 @@ async fn stream(
     let mut p = Parse::default();
     // The tokens of all the events that one read brings arrived together (a burst of accepted
     // draft tokens, whether the server sends it as one event or several).
-    while let Some(bytes) = resp.chunk().await.map_err(|e| format!("{url}: the stream broke: {}", chain(&e)))? {
+    while let Some(bytes) =
+        resp.chunk().await.map_err(|e| format!("{url}: the stream broke: {}", crate::probe::error_chain(&e)))?
+    {
         let now = Instant::now();
         buf.extend_from_slice(&bytes);
         let mut new = 0;
@@ -461,20 +464,6 @@ fn arrived(new: u64, now: Instant, start: Instant, p: &mut Parse, r: &mut Reques
         }
         p.last_token_at = Some(now);
     }
-}
-
-fn chain(e: &dyn std::error::Error) -> String {
-    let mut s = e.to_string();
-    let mut cur = e.source();
-    while let Some(c) = cur {
-        let m = c.to_string();
-        if !s.contains(&m) {
-            s.push_str(": ");
-            s.push_str(&m);
-        }
-        cur = c.source();
-    }
-    s
 }
 
 #[cfg(test)]

@@ -153,7 +153,7 @@ impl Probe {
 }
 
 /// An error with its causes ("error sending request: connection closed before message completed").
-fn error_chain(e: &dyn std::error::Error) -> String {
+pub fn error_chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut cur = e.source();
     while let Some(c) = cur {

@@ -467,10 +467,15 @@ pub async fn run(dirs: &Dirs, o: Options) -> Result<u8> {
             let name = p.base_path.display().to_string();
             print!("{}", similar::TextDiff::from_lines(&p.base_text, &new).unified_diff().header(&name, &name));
             if o.write {
-                let mode = std::fs::metadata(&p.base_path)
-                    .map(|m| std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o7777)
-                    .unwrap_or(0o644);
+                use std::os::unix::fs::{MetadataExt, PermissionsExt};
+                let was = std::fs::metadata(&p.base_path).ok();
+                let mode = was.as_ref().map_or(0o644, |m| m.permissions().mode() & 0o7777);
                 fsx::atomic_write(&p.base_path, new.as_bytes(), mode)?;
+                // Still the operator's file when specd ran as root (sudo): its owner as before.
+                if let Some(m) = was {
+                    std::os::unix::fs::chown(&p.base_path, Some(m.uid()), Some(m.gid()))
+                        .with_context(|| format!("giving {name} back to its owner"))?;
+                }
                 println!("wrote {name}: commit it to keep the best point");
             } else {
                 println!("(--write puts this change into {name})");

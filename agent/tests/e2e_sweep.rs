@@ -304,6 +304,8 @@ fn a_sweep_measures_each_point_restores_the_unit_and_writes_its_reports() {
     let o = e.specd(&["sweep", "-f", &sweep, "--out", out]);
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     assert!(text(&o).contains("--resume"), "{}", text(&o));
+    // The operator's file (run with sudo, specd is root): it stays theirs.
+    e.b.check(&["chown", "65534:65534", "/run/specs/base.yaml"]).unwrap();
     let o = e.specd(&["sweep", "-f", &sweep, "--out", out, "--resume", "--write"]);
     let said = text(&o);
     assert!(o.status.success(), "{said}");
@@ -319,6 +321,11 @@ fn a_sweep_measures_each_point_restores_the_unit_and_writes_its_reports() {
             &format!("num_steps: {steps}, eagle_topk: 1, num_draft_tokens: {}", steps + 1)
         ),
         "{said}"
+    );
+    assert_eq!(
+        e.b.sh_check("stat -c %u:%g /run/specs/base.yaml").unwrap().trim(),
+        "65534:65534",
+        "--write took the file"
     );
     let o = e.specd(&["render", "--hash", &base]);
     assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), best.unit_sha256);

@@ -38,7 +38,7 @@
 //!   `/var/tmp`, `/tmp`, `/dev/shm`. `/etc/machine-id` is a fresh id. Host
 //!   directories under them can be shown inside with [`BoxConfig::binds`]
 //!   (the workspace's target directory is bound automatically if needed).
-//!   Everything else (`/usr`, `/work/...`, `/etc`, the cargo target dir) is the
+//!   Everything else (`/usr`, the workspace, `/etc`, the cargo target dir) is the
 //!   host's, readable and writable.
 //! - **The host's network**: a server in the box listening on 127.0.0.1:PORT
 //!   is reachable from the test at 127.0.0.1:PORT. Pick ports with

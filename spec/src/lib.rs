@@ -74,9 +74,21 @@ pub struct ParsedSpec {
 /// Parse one spec file. `file` is only used in diagnostics. Unknown fields, duplicate keys, wrong
 /// types and YAML syntax errors are reported with file, line, column and field path.
 pub fn parse(file: &str, text: &str) -> Result<ParsedSpec, Diagnostics> {
+    let (document, map) = parse_located::<Document>(file, text, "a spec")?;
+    Ok(ParsedSpec { document, map })
+}
+
+/// One YAML document of `file` as a `T`, with the map of where its fields stand: the size limit
+/// (`what` names the kind of file in its message), duplicate keys refused, and a syntax or type
+/// error located at its line, column and field path. Specs and sweeps are read this way.
+fn parse_located<T: serde::de::DeserializeOwned>(
+    file: &str,
+    text: &str,
+    what: &str,
+) -> Result<(T, SourceMap), Diagnostics> {
     if text.len() > MAX_FILE_BYTES {
         let map = SourceMap::new(file, "");
-        let msg = format!("the file is {} bytes; a spec may be at most {MAX_FILE_BYTES} bytes (1 MiB)", text.len());
+        let msg = format!("the file is {} bytes; {what} may be at most {MAX_FILE_BYTES} bytes (1 MiB)", text.len());
         return Err(Diagnostics(vec![map.diag(Severity::Error, Some(Pos { line: 1, column: 1 }), "", msg)]));
     }
     let map = SourceMap::new(file, text);
@@ -90,8 +102,8 @@ pub fn parse(file: &str, text: &str) -> Result<ParsedSpec, Diagnostics> {
         // `.nan` and `.inf` reach the fields, whose range checks name them.
         non_finite_float_policy: serde_saphyr::NonFiniteFloatPolicy::PassThrough,
     };
-    match serde_saphyr::from_str_with_options::<Document>(text, options) {
-        Ok(document) => Ok(ParsedSpec { document, map }),
+    match serde_saphyr::from_str_with_options::<T>(text, options) {
+        Ok(value) => Ok((value, map)),
         Err(e) => {
             let pos: Option<Pos> = e.location().map(Pos::from).filter(|p| p.line > 0);
             let path = pos.and_then(|p| map.path_at(p)).unwrap_or_default();

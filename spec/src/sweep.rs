@@ -24,7 +24,7 @@ use serde::ser::{SerializeMap, Serializer};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::diag::{Diagnostic, Diagnostics, Pos, Severity, SourceMap};
+use crate::diag::{Diagnostic, Diagnostics, Severity, SourceMap};
 use crate::model::strict::{self, shown};
 use crate::model::{Engine, Merge, Metadata, SpecLayer};
 use crate::render::{RenderedUnit, render};
@@ -322,29 +322,7 @@ fn relative_to(sweep_file: &Path, p: &str) -> PathBuf {
 /// the wrong type for its field, a bad load or objective: each is reported with file, line,
 /// column and field path. The base spec is checked by [`points`].
 pub fn parse_sweep(text: &str, file: &str) -> Result<ParsedSweep, Diagnostics> {
-    if text.len() > crate::MAX_FILE_BYTES {
-        let map = SourceMap::new(file, "");
-        let msg =
-            format!("the file is {} bytes; a sweep may be at most {} bytes (1 MiB)", text.len(), crate::MAX_FILE_BYTES);
-        return Err(Diagnostics(vec![map.diag(Severity::Error, Some(Pos { line: 1, column: 1 }), "", msg)]));
-    }
-    let map = SourceMap::new(file, text);
-    let options = serde_saphyr::options! {
-        duplicate_keys: serde_saphyr::DuplicateKeyPolicy::Error,
-        with_snippet: false,
-        underscored_numbers_as_strings: true,
-        strict_booleans: true,
-        non_finite_float_policy: serde_saphyr::NonFiniteFloatPolicy::PassThrough,
-    };
-    let sweep = match serde_saphyr::from_str_with_options::<Sweep>(text, options) {
-        Ok(s) => s,
-        Err(e) => {
-            let pos: Option<Pos> = e.location().map(Pos::from).filter(|p| p.line > 0);
-            let path = pos.and_then(|p| map.path_at(p)).unwrap_or_default();
-            let message = clean_message(&e.to_string());
-            return Err(Diagnostics(vec![map.diag(Severity::Error, pos, &path, message)]));
-        }
-    };
+    let (sweep, map) = crate::parse_located::<Sweep>(file, text, "a sweep")?;
     let out = validate(&sweep, &map);
     if out.is_empty() { Ok(ParsedSweep { sweep, map }) } else { Err(Diagnostics(out)) }
 }

@@ -10,8 +10,6 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
-const AGENT: &str = "specd-agent.service";
-
 impl Fleet {
     fn spec(&self, unit: &str, port: u16, steps: u32, load_ms: u32, extra: &str) -> String {
         spec_text(&self.e.standin, unit, port, steps, load_ms, extra)
@@ -29,13 +27,7 @@ impl Fleet {
     /// Start the agent as a Type=notify unit in the box; returns when systemd says it is up.
     /// Its config file is /run/agent.yaml (absent: the defaults).
     fn start_agent(&self, repo: &str, extra_args: &str) {
-        let unit = format!(
-            "[Service]\nType=notify\nExecStart={} run --config /run/agent.yaml --repo {repo} --path specs --hostname gpu-01 --interval 1 --listen 127.0.0.1:{} {extra_args}\nRestart=always\nRestartSec=1\nTimeoutStopSec=90\nEnvironment=SPECD_LOG=info\n",
-            self.e.specd, self.listen
-        );
-        self.e.b.write_file(&format!("/etc/systemd/system/{AGENT}"), unit).unwrap();
-        self.e.b.systemctl_check(&["daemon-reload"]).unwrap();
-        self.e.b.systemctl_check(&["start", AGENT]).unwrap();
+        self.run_agent(repo, extra_args, "");
     }
 
     fn steps(&self, port: u16) -> Option<u64> {
@@ -77,16 +69,6 @@ impl Fleet {
         wait_until(what, Duration::from_secs(30), || f(&self.source_state())).unwrap_or_else(|err| {
             panic!("{err}\n{}\nagent journal:\n{}", self.source_state(), self.e.b.journal(AGENT).unwrap_or_default())
         });
-    }
-}
-
-/// A child process killed when the test ends, pass or fail.
-struct Reaped(std::process::Child);
-
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
     }
 }
 

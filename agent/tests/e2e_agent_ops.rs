@@ -10,8 +10,6 @@ use std::time::Duration;
 
 use common::*;
 
-const AGENT: &str = "specd-agent.service";
-
 impl Fleet {
     fn spec(&self, steps: u32) -> String {
         let service =
@@ -40,14 +38,8 @@ impl Fleet {
     fn start_agent(&self, config: &str, unit_extra: &str) {
         self.e.b.write_file("/run/agent.yaml", config).unwrap();
         // The local repository, unless the config names one.
-        let repo = if config.contains("repo:") { String::new() } else { format!("--repo {}", self.repo.display()) };
-        let unit = format!(
-            "[Service]\nType=notify\nExecStart={} run --config /run/agent.yaml {repo} --path specs --hostname gpu-01 --interval 1 --listen 127.0.0.1:{}\nRestart=always\nRestartSec=1\nTimeoutStopSec=90\n{unit_extra}",
-            self.e.specd, self.listen
-        );
-        self.e.b.write_file(&format!("/etc/systemd/system/{AGENT}"), unit).unwrap();
-        self.e.b.systemctl_check(&["daemon-reload"]).unwrap();
-        self.e.b.systemctl_check(&["start", AGENT]).unwrap();
+        let repo = if config.contains("repo:") { String::new() } else { self.repo.display().to_string() };
+        self.run_agent(&repo, "", unit_extra);
     }
 
     fn journal(&self) -> String {
@@ -223,16 +215,6 @@ with open(port_file + ".tmp", "w") as f:
 os.rename(port_file + ".tmp", port_file)
 server.serve_forever()
 "#;
-
-/// A child process killed when the test ends, pass or fail.
-struct Reaped(std::process::Child);
-
-impl Drop for Reaped {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// An https:// remote with a self-signed certificate and a token: refused until the agent config
 /// trusts the certificate (`ca_file`, as an operator would for a private CA), then deployed, and

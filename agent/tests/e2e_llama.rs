@@ -10,21 +10,7 @@ use common::*;
 const UNIT: &str = "smol.service";
 
 fn spec(l: &RealLlama, port: u16, speculative: &str, tail: &str) -> String {
-    format!(
-        "apiVersion: specd/v1
-kind: InferenceService
-metadata: {{name: smol}}
-spec:
-  unit: {UNIT}
-  engine: llama-cpp
-  command: [{server}]
-  model: {gguf}
-  server: {{host: 127.0.0.1, port: {port}, context_length: 1024, max_running_requests: 1, extra_args: [--threads, \"1\", --metrics]}}
-  service: {{timeout_start_sec: 120, timeout_stop_sec: 30}}
-{speculative}{tail}",
-        server = l.server,
-        gguf = l.gguf,
-    )
+    l.spec(UNIT, port, speculative, tail)
 }
 
 fn drafting(l: &RealLlama, n_max: u32) -> String {

@@ -12,7 +12,6 @@ use std::time::Duration;
 
 use common::*;
 
-const AGENT: &str = "specd-agent.service";
 const SECRET: &str = "hf_notify_secret_5e1a";
 const TOKEN: &str = "hook-token-7f3c";
 
@@ -80,15 +79,7 @@ impl Fleet {
 
     fn start_agent(&self, config: &str) {
         self.e.b.write_file("/run/agent.yaml", config).unwrap();
-        let unit = format!(
-            "[Service]\nType=notify\nExecStart={} run --config /run/agent.yaml --repo {} --path specs --hostname gpu-01 --interval 1 --listen 127.0.0.1:{}\nRestart=always\nRestartSec=1\nTimeoutStopSec=90\n",
-            self.e.specd,
-            self.repo.display(),
-            self.listen
-        );
-        self.e.b.write_file(&format!("/etc/systemd/system/{AGENT}"), unit).unwrap();
-        self.e.b.systemctl_check(&["daemon-reload"]).unwrap();
-        self.e.b.systemctl_check(&["start", AGENT]).unwrap();
+        self.run_agent(&self.repo.display().to_string(), "", "");
     }
 
     fn next(&self, rx: &mpsc::Receiver<Delivery>, what: &str) -> Delivery {

@@ -9,8 +9,6 @@ use std::time::Duration;
 use common::*;
 use specd_e2e::BoxConfig;
 
-const AGENT: &str = "specd-agent.service";
-
 impl Fleet {
     fn spec(&self, unit: &str, port: u16, steps: u32) -> String {
         let service =
@@ -28,15 +26,7 @@ impl Fleet {
     }
 
     fn start_agent(&self) {
-        let unit = format!(
-            "[Service]\nType=notify\nExecStart={} run --config /run/agent.yaml --repo {} --path specs --hostname gpu-01 --interval 1 --listen 127.0.0.1:{}\nRestart=always\nRestartSec=1\nTimeoutStopSec=90\nEnvironment=SPECD_LOG=info\n",
-            self.e.specd,
-            self.repo.display(),
-            self.listen
-        );
-        self.e.b.write_file(&format!("/etc/systemd/system/{AGENT}"), unit).unwrap();
-        self.e.b.systemctl_check(&["daemon-reload"]).unwrap();
-        self.e.b.systemctl_check(&["start", AGENT]).unwrap();
+        self.run_agent(&self.repo.display().to_string(), "", "");
     }
 
     fn steps(&self, port: u16) -> Option<u64> {

@@ -5,7 +5,7 @@
 
 mod common;
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,23 +13,13 @@ use common::*;
 use specd::{BUILTIN_PROMPTS, LevelResult, LoadApi, LoadLevel, run_load};
 use specd_spec::Engine;
 
-/// A server process of this test, killed at the end.
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn standin(args: &[&str], env: &[(&str, &str)]) -> Proc {
+fn standin(args: &[&str], env: &[(&str, &str)]) -> Reaped {
     let mut c = Command::new(bin_path("specd-standin"));
     c.args(args).stdout(Stdio::null()).stderr(Stdio::null());
     for (k, v) in env {
         c.env(k, v);
     }
-    Proc(c.spawn().unwrap())
+    Reaped(c.spawn().unwrap())
 }
 
 fn ready(port: u16, path: &str, within: Duration) {
@@ -178,7 +168,7 @@ fn the_load_generator_reads_real_llama_server_accept_rates() {
     let l = real_llama();
     let port = free_port();
     let ps = port.to_string();
-    let _p = Proc(
+    let _p = Reaped(
         Command::new(&l.server)
             .args(["-m", &l.gguf, "-md", &l.gguf, "--spec-type", "draft-simple", "--spec-draft-n-max", "4"])
             .args(["--host", "127.0.0.1", "--port", &ps, "-c", "1024", "--threads", "1", "-np", "1"])
@@ -437,34 +427,16 @@ fn a_sweep_killed_mid_way_resumes_without_measuring_finished_points_again() {
 /// again once the sweep has restored it and let go: a new commit deploys.
 #[test]
 fn a_running_agent_leaves_the_swept_unit_alone_and_manages_it_again_after() {
-    const AGENT: &str = "specd-agent.service";
-    let dir = tempfile::tempdir().unwrap();
-    let repo = dir.path().join("config");
-    std::fs::create_dir_all(repo.join("specs")).unwrap();
-    git(&repo, &["init", "-q"]);
-    let b = SystemdBox::boot_with(specd_e2e::BoxConfig { binds: vec![dir.path().to_path_buf()], ..Default::default() })
-        .unwrap();
-    let e = Env {
-        b,
-        port: free_port(),
-        specd: env!("CARGO_BIN_EXE_specd").into(),
-        standin: bin_path("specd-standin").display().to_string(),
-    };
+    let f = Fleet::new();
+    let (e, repo) = (&f.e, &f.repo);
     let spec_file = repo.join("specs/qwen.yaml");
     let commit = |steps: u32| {
-        std::fs::write(&spec_file, base_spec(&e, steps)).unwrap();
-        git(&repo, &["add", "-A"]);
-        git(&repo, &["commit", "-q", "-m", &format!("steps {steps}")]);
+        std::fs::write(&spec_file, base_spec(e, steps)).unwrap();
+        git(repo, &["add", "-A"]);
+        git(repo, &["commit", "-q", "-m", &format!("steps {steps}")]);
     };
     commit(3);
-    let agent = format!(
-        "[Service]\nType=notify\nExecStart={} run --config /run/agent.yaml --repo {} --path specs --hostname gpu-01 --interval 1\nRestart=always\nTimeoutStopSec=90\nEnvironment=SPECD_LOG=info\n",
-        e.specd,
-        repo.display()
-    );
-    e.b.write_file(&format!("/etc/systemd/system/{AGENT}"), agent).unwrap();
-    e.b.systemctl_check(&["daemon-reload"]).unwrap();
-    e.b.systemctl_check(&["start", AGENT]).unwrap();
+    f.run_agent(&repo.display().to_string(), "", "");
     let journal = || e.b.journal(AGENT).unwrap_or_default();
     wait_until("the agent to deploy steps 3", Duration::from_secs(60), || e.served_steps() == Some(3))
         .unwrap_or_else(|err| panic!("{err}\n{}", journal()));
@@ -480,7 +452,7 @@ fn a_running_agent_leaves_the_swept_unit_alone_and_manages_it_again_after() {
     let o = e.specd(&["sweep", "-f", &sweep, "--out", "/run/specs/out"]);
     let said = text(&o);
     assert!(o.status.success(), "{said}\n{}", journal());
-    let r = results(&e, "/run/specs/out");
+    let r = results(e, "/run/specs/out");
     assert!(r.iter().all(|p| p.outcome == specd::PointOutcome::Measured), "{r:?}");
     // Between the sweep's hold and its release, every apply is the sweep's: one per point, then
     // the restore of the agent's unit. None of the agent's own.
@@ -502,7 +474,7 @@ fn a_running_agent_leaves_the_swept_unit_alone_and_manages_it_again_after() {
     commit(2);
     wait_until("the agent to deploy steps 2", Duration::from_secs(60), || e.served_steps() == Some(2))
         .unwrap_or_else(|err| panic!("{err}\n{}", journal()));
-    e.b.shutdown().unwrap();
+    f.e.b.shutdown().unwrap();
 }
 
 /// The real llama-server (the GGUF as its own draft model) swept over `speculative.num_steps`
@@ -511,23 +483,7 @@ fn a_running_agent_leaves_the_swept_unit_alone_and_manages_it_again_after() {
 fn a_real_llama_server_sweep_over_the_draft_size_reports_real_accept_rates() {
     let l = real_llama();
     let e = Env::with_real_llama(&l);
-    let base = format!(
-        "apiVersion: specd/v1
-kind: InferenceService
-metadata: {{name: smol}}
-spec:
-  unit: {UNIT}
-  engine: llama-cpp
-  command: [{server}]
-  model: {gguf}
-  server: {{host: 127.0.0.1, port: {port}, context_length: 1024, max_running_requests: 1, extra_args: [--threads, \"1\"]}}
-  service: {{timeout_start_sec: 120, timeout_stop_sec: 30}}
-  speculative: {{draft_model: {gguf}, num_steps: 4}}
-",
-        server = l.server,
-        gguf = l.gguf,
-        port = e.port,
-    );
+    let base = l.spec(UNIT, e.port, &format!("  speculative: {{draft_model: {}, num_steps: 4}}\n", l.gguf), "");
     e.put("base.yaml", &base);
     let sweep = e.put(
         "sweep.yaml",
@@ -594,7 +550,7 @@ fn a_sweep_stopped_by_sigterm_restores_the_unit_and_lets_go() {
     e.b.shutdown().unwrap();
 }
 
-fn wait_for_exit(c: &mut Child, within: Duration) -> std::process::ExitStatus {
+fn wait_for_exit(c: &mut std::process::Child, within: Duration) -> std::process::ExitStatus {
     specd_e2e::wait_for("the sweep to exit", within, || c.try_wait().unwrap()).unwrap()
 }
 

@@ -4,6 +4,16 @@ use std::net::TcpListener;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+/// A child process of a test, killed and reaped when this is dropped, pass or fail.
+pub struct Reaped(pub std::process::Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// Polls `cond` until it returns `true` or `timeout` passes.
 ///
 /// This is for waiting on a real condition (a port open, a unit state, a

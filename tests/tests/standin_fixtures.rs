@@ -10,10 +10,10 @@
 use serde_json::{Value, json};
 use specd_e2e::shape::{self, Metric, ServerArgs};
 use specd_e2e::standin::args::{self, F, LLAMA_FLAGS, LLAMA_REMOVED, SGLANG_FLAGS, VLLM_FLAGS};
-use specd_e2e::{bin_path, free_port, http, wait_for};
+use specd_e2e::{Reaped, bin_path, free_port, http, wait_for};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 fn fixtures(engine: &str) -> PathBuf {
@@ -29,24 +29,15 @@ fn read_json(engine: &str, file: &str) -> Value {
     serde_json::from_str(&read_text(engine, file)).unwrap_or_else(|e| panic!("parse the fixture {engine}/{file}: {e}"))
 }
 
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// Starts the stand-in with a short load and fast tokens; returns it once
 /// `ready` answers 200.
-fn start(argv: &[&str], port: u16, ready: &str) -> Proc {
+fn start(argv: &[&str], port: u16, ready: &str) -> Reaped {
     let mut c = Command::new(bin_path("specd-standin"));
     c.args(argv).args(["--port", &port.to_string()]).stdout(Stdio::null()).stderr(Stdio::null());
     c.env("SPECD_STANDIN_LOAD_MS", "50")
         .env("SPECD_STANDIN_WARMUP_MS", "20")
         .env("SPECD_STANDIN_TOKENS_PER_SEC", "2000");
-    let p = Proc(c.spawn().expect("spawn specd-standin"));
+    let p = Reaped(c.spawn().expect("spawn specd-standin"));
     wait_for(&format!("{} {ready} 200", argv[0]), Duration::from_secs(20), || {
         http(port, "GET", ready, None, Duration::from_secs(5)).filter(|(c, _)| *c == 200)
     })

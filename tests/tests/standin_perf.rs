@@ -4,32 +4,23 @@
 //! than the memory limit dies of CUDA OOM while loading.
 
 use serde_json::Value;
-use specd_e2e::{bin_path, free_port, http, wait_for, wait_until};
+use specd_e2e::{Reaped, bin_path, free_port, http, wait_for, wait_until};
 use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn spawn(args: &[&str], port: u16, env: &[(&str, &str)]) -> Proc {
+fn spawn(args: &[&str], port: u16, env: &[(&str, &str)]) -> Reaped {
     let mut c = Command::new(bin_path("specd-standin"));
     c.args(args).args(["--port", &port.to_string()]).stdout(Stdio::null()).stderr(Stdio::piped());
     c.env("SPECD_STANDIN_LOAD_MS", "0").env("SPECD_STANDIN_WARMUP_MS", "0");
     for (k, v) in env {
         c.env(k, v);
     }
-    Proc(c.spawn().expect("spawn specd-standin"))
+    Reaped(c.spawn().expect("spawn specd-standin"))
 }
 
 /// A stand-in that answers `/health` 200.
-fn ready(args: &[&str], env: &[(&str, &str)]) -> (Proc, u16) {
+fn ready(args: &[&str], env: &[(&str, &str)]) -> (Reaped, u16) {
     let port = free_port();
     let p = spawn(args, port, env);
     wait_until("the stand-in to be ready", Duration::from_secs(20), || {

@@ -1,39 +1,30 @@
 //! The stand-in run as a process, as systemd runs it.
 
-use specd_e2e::{bin_path, free_port, http, http_get, wait_for, wait_until};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use specd_e2e::{Reaped, bin_path, free_port, http, http_get, wait_for, wait_until};
+use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn standin(args: &[&str], env: &[(&str, &str)]) -> Proc {
+fn standin(args: &[&str], env: &[(&str, &str)]) -> Reaped {
     let mut c = Command::new(bin_path("specd-standin"));
     c.args(args).stdout(Stdio::null()).stderr(Stdio::piped());
     for (k, v) in env {
         c.env(k, v);
     }
-    Proc(c.spawn().unwrap())
+    Reaped(c.spawn().unwrap())
 }
 
-fn wait_exit(p: &mut Proc, timeout: Duration) -> ExitStatus {
+fn wait_exit(p: &mut Reaped, timeout: Duration) -> ExitStatus {
     wait_for("the stand-in to exit", timeout, || p.0.try_wait().unwrap()).unwrap()
 }
 
-fn stderr_of(p: &mut Proc) -> String {
+fn stderr_of(p: &mut Reaped) -> String {
     let mut s = String::new();
     use std::io::Read;
     p.0.stderr.take().unwrap().read_to_string(&mut s).unwrap();
     s
 }
 
-fn sigterm(p: &Proc) {
+fn sigterm(p: &Reaped) {
     // SAFETY: kill(2) on our child.
     unsafe { libc::kill(p.0.id() as i32, libc::SIGTERM) };
 }

@@ -4,7 +4,7 @@
 use std::process::Output;
 use std::time::Duration;
 
-pub use specd_e2e::{SystemdBox, bin_path, free_port, git, http, http_get, sglang_spec, wait_until};
+pub use specd_e2e::{Reaped, SystemdBox, bin_path, free_port, git, http, http_get, sglang_spec, wait_until};
 
 pub struct Env {
     pub b: SystemdBox,
@@ -71,6 +71,46 @@ impl Fleet {
             SystemdBox::boot_with(cfg).expect("boot a private systemd (the end-to-end tests run as root)"),
         );
         Fleet { e, dir, repo, listen: free_port() }
+    }
+
+    /// Runs `specd run` as the box's unit [`AGENT`]: its config /run/agent.yaml (absent: the
+    /// defaults), following `repo` (a path or URL; empty: the config's), its specs in `specs/`,
+    /// hostname gpu-01, a remote polled every second, metrics on `listen`; `extra_args` added to
+    /// its command line, `unit_extra` to its `[Service]` section.
+    pub fn run_agent(&self, repo: &str, extra_args: &str, unit_extra: &str) {
+        let repo = if repo.is_empty() { String::new() } else { format!("--repo {repo}") };
+        let unit = format!(
+            "[Service]\nType=notify\nExecStart={} run --config /run/agent.yaml {repo} --path specs --hostname gpu-01 --interval 1 --listen 127.0.0.1:{} {extra_args}\nRestart=always\nRestartSec=1\nTimeoutStopSec=90\nEnvironment=SPECD_LOG=info\n{unit_extra}",
+            self.e.specd, self.listen
+        );
+        self.e.b.write_file(&format!("/etc/systemd/system/{AGENT}"), unit).unwrap();
+        self.e.b.systemctl_check(&["daemon-reload"]).unwrap();
+        self.e.b.systemctl_check(&["start", AGENT]).unwrap();
+    }
+}
+
+/// The unit the end-to-end tests run the agent as.
+pub const AGENT: &str = "specd-agent.service";
+
+impl RealLlama {
+    /// A spec of `unit` that runs this llama-server on the GGUF at 127.0.0.1:`port` (one thread,
+    /// one slot, metrics on); `speculative` and `tail` are lines added under `spec:`.
+    pub fn spec(&self, unit: &str, port: u16, speculative: &str, tail: &str) -> String {
+        format!(
+            "apiVersion: specd/v1
+kind: InferenceService
+metadata: {{name: smol}}
+spec:
+  unit: {unit}
+  engine: llama-cpp
+  command: [{server}]
+  model: {gguf}
+  server: {{host: 127.0.0.1, port: {port}, context_length: 1024, max_running_requests: 1, extra_args: [--threads, \"1\", --metrics]}}
+  service: {{timeout_start_sec: 120, timeout_stop_sec: 30}}
+{speculative}{tail}",
+            server = self.server,
+            gguf = self.gguf,
+        )
     }
 }
 

@@ -3,6 +3,9 @@
 //! `systemctl show` (which `specd diagnose` still runs: its gatherer collects text evidence).
 
 use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
@@ -113,6 +116,36 @@ impl UnitProps {
 #[derive(Clone, Debug)]
 pub struct Systemd {
     bus: Bus,
+    reloads: Arc<Reloads>,
+}
+
+/// Reloads asked for at once are shared: systemd runs reloads one after another (about 20 ms
+/// each, whatever changed), so 16 units written together would otherwise wait for 16 of them.
+/// A caller is served by any reload that systemd began after the caller asked, which is after
+/// it wrote its unit file.
+#[derive(Debug, Default)]
+struct Reloads {
+    /// Reloads asked for so far.
+    asked: AtomicU64,
+    /// One reload at a time; it holds how many of the asked ones the last reload served.
+    served: tokio::sync::Mutex<u64>,
+}
+
+impl Reloads {
+    /// Runs `reload`, unless a reload that began after this call has ended meanwhile.
+    async fn share<F: Future<Output = Result<()>>>(&self, reload: impl FnOnce() -> F) -> Result<()> {
+        let mine = self.asked.fetch_add(1, Ordering::SeqCst) + 1;
+        let mut served = self.served.lock().await;
+        if *served >= mine {
+            return Ok(());
+        }
+        // This reload begins after every request counted so far was made (a failed one serves
+        // nobody: each waiter then tries its own).
+        let upto = self.asked.load(Ordering::SeqCst);
+        reload().await?;
+        *served = upto;
+        Ok(())
+    }
 }
 
 const DEST: &str = "org.freedesktop.systemd1";
@@ -134,7 +167,7 @@ impl Default for Systemd {
 
 impl Systemd {
     pub fn new(addr: Address) -> Systemd {
-        Systemd { bus: Bus::new(addr) }
+        Systemd { bus: Bus::new(addr), reloads: Arc::default() }
     }
 
     async fn call(&self, path: &str, interface: &str, member: &str, body: Vec<Value>) -> Result<Message> {
@@ -178,9 +211,15 @@ impl Systemd {
     }
 
     /// `daemon-reload`: systemd answers once it has reloaded.
+    /// `systemctl daemon-reload`: returns once systemd has reloaded every unit file written
+    /// before the call. Concurrent callers share a reload (see [`Reloads`]).
     pub async fn daemon_reload(&self) -> Result<()> {
-        self.call(MANAGER_PATH, MANAGER, "Reload", vec![]).await.context("reloading systemd's units")?;
-        Ok(())
+        self.reloads
+            .share(|| async {
+                self.call(MANAGER_PATH, MANAGER, "Reload", vec![]).await.context("reloading systemd's units")?;
+                Ok(())
+            })
+            .await
     }
 
     /// Queues a job (mode `replace`, as `systemctl` does) and, with `wait`, waits for its
@@ -462,6 +501,35 @@ mod bus_tests {
         rt.block_on(sd.daemon_reload()).unwrap();
         assert!(!show("run.service").need_daemon_reload);
 
+        // Reloads asked together are shared, and each caller's file is loaded when its call
+        // returns, also when it wrote while another caller's reload ran.
+        for i in 0..8 {
+            write(&format!("{dir}/c{i}.service"), "[Service]\nExecStart=/bin/sleep 1000\n");
+        }
+        rt.block_on(sd.daemon_reload()).unwrap();
+        for i in 0..8 {
+            rt.block_on(sd.start(&format!("c{i}.service"))).unwrap();
+        }
+        let changed = rt.block_on(async {
+            let mut each = tokio::task::JoinSet::new();
+            for i in 0..8u64 {
+                let sd = sd.clone();
+                each.spawn(async move {
+                    // Some write while an earlier caller's reload runs (one takes ~20 ms).
+                    tokio::time::sleep(Duration::from_millis(4 * i)).await;
+                    let unit = format!("c{i}.service");
+                    write(&format!("{dir}/{unit}"), &format!("[Service]\nExecStart=/bin/sleep {}\n", 2000 + i));
+                    sd.daemon_reload().await.unwrap();
+                    let p = sd.show(&unit).await.unwrap();
+                    (unit, p)
+                });
+            }
+            each.join_all().await
+        });
+        for (unit, p) in changed {
+            assert!(!p.need_daemon_reload, "{unit} was not reloaded when its reload returned: {p:?}");
+        }
+
         // Stopped, waiting for the stop job (no process left when it returns).
         let pid = show("run.service").main_pid;
         rt.block_on(sd.stop("run.service", true)).unwrap();
@@ -469,6 +537,58 @@ mod bus_tests {
         let p = show("run.service");
         assert!(p.is_stopped(), "{p:?}");
         assert_eq!(p, by_systemctl("run.service"));
+    }
+
+    /// 16 callers, each asking after its own write, some while a reload runs: every caller
+    /// returns only after a reload that began after it asked, and they share 4 reloads, not 16.
+    #[tokio::test(start_paused = true)]
+    async fn reloads_asked_together_are_shared_and_none_is_served_by_an_earlier_one() {
+        use tokio::time::{Duration, Instant, sleep};
+        let reloads = Arc::new(Reloads::default());
+        let begun = Arc::new(std::sync::Mutex::new(Vec::<(Instant, Instant)>::new()));
+        let t0 = Instant::now();
+        let tasks: Vec<_> = (0..16u64)
+            .map(|i| {
+                let (reloads, begun) = (reloads.clone(), begun.clone());
+                tokio::spawn(async move {
+                    // Asks at 0, 3, 6 ... 45 ms; a reload takes 20 ms.
+                    sleep(Duration::from_millis(3 * i)).await;
+                    let asked = Instant::now();
+                    reloads
+                        .share(|| async {
+                            let b = Instant::now();
+                            sleep(Duration::from_millis(20)).await;
+                            begun.lock().unwrap().push((b, Instant::now()));
+                            Ok(())
+                        })
+                        .await
+                        .unwrap();
+                    (asked, Instant::now())
+                })
+            })
+            .collect();
+        for t in tasks {
+            let (asked, returned) = t.await.unwrap();
+            let served = begun.lock().unwrap().iter().any(|&(b, e)| b >= asked && e <= returned);
+            assert!(served, "asked at {:?}: no reload began after it and ended before it returned", asked - t0);
+        }
+        // At 0 (serves 0), at 20 (serves the asks at 3..18), at 40 (21..39), at 60 (42, 45).
+        assert_eq!(begun.lock().unwrap().len(), 4);
+    }
+
+    #[tokio::test]
+    async fn a_failed_reload_serves_nobody() {
+        let reloads = Reloads::default();
+        assert!(reloads.share(|| async { anyhow::bail!("no") }).await.is_err());
+        let ran = std::sync::atomic::AtomicBool::new(false);
+        reloads
+            .share(|| async {
+                ran.store(true, Ordering::SeqCst);
+                Ok(())
+            })
+            .await
+            .unwrap();
+        assert!(ran.load(Ordering::SeqCst));
     }
 
     #[test]

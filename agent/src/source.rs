@@ -1,12 +1,13 @@
 //! The git source: a local repository or a remote one (file://, git://, http(s)://, ssh) cloned
 //! into the state dir. Specs are read from a commit's tree, never from a working tree, so an
-//! uncommitted edit never deploys. libgit2 is blocking: callers run this on `spawn_blocking`.
+//! uncommitted edit never deploys. Objects are read with libgit2; a remote is fetched by the `git`
+//! command. Both block: callers run this on `spawn_blocking`.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use anyhow::{Context, Result, anyhow, bail};
-use git2::{Cred, CredentialType, FetchOptions, Oid, RemoteCallbacks, Repository};
+use git2::{Oid, Repository};
 use specd_spec::short;
 
 /// Which signatures a commit must carry to deploy.
@@ -48,19 +49,20 @@ pub struct SpecFile {
     pub text: String,
 }
 
-/// Trust the CA certificates of `file` for https remotes, besides the system's (libgit2 adds them
-/// to the verify locations of its one TLS context: process-wide, and the agent has one source).
-fn trust_ca_file(file: &Path) -> Result<()> {
-    // Read first: a missing or unreadable file is named, not a TLS library's message.
+/// A `ca_file` is read and looks like PEM certificates: a missing or unreadable file is named
+/// when the agent starts, not at its first fetch in a TLS library's words.
+fn check_ca_file(file: &Path) -> Result<()> {
     let pem = std::fs::read(file).with_context(|| format!("ca_file: reading {}", file.display()))?;
     if !pem.windows(27).any(|w| w == b"-----BEGIN CERTIFICATE-----") {
         bail!("ca_file: {} holds no PEM certificate (-----BEGIN CERTIFICATE-----)", file.display());
     }
-    // SAFETY: libgit2's global options are set before this source fetches; the agent opens its
-    // one source before any fetch, so no other thread is inside libgit2's TLS setup meanwhile.
-    unsafe { git2::opts::set_ssl_cert_file(file) }
-        .with_context(|| format!("ca_file: {} cannot be loaded as CA certificates", file.display()))
+    Ok(())
 }
+
+/// The credential helper git runs when a remote asks for a password: the token of
+/// `$SPECD_TOKEN_FILE`, read at that moment, as the password of the URL's user (or
+/// `x-access-token`). Only for `get`, so nothing is ever stored.
+const TOKEN_HELPER: &str = r#"!f() { test "$1" = get || return 0; u=x-access-token; while read -r l; do case "$l" in username=?*) u=${l#username=};; esac; done; echo "username=$u"; printf 'password=%s\n' "$(cat "$SPECD_TOKEN_FILE")"; }; f"#;
 
 pub fn is_remote(repo: &str) -> bool {
     repo.contains("://") || (repo.contains('@') && repo.contains(':') && !repo.starts_with('/'))
@@ -71,7 +73,7 @@ impl GitSource {
     pub fn open(cfg: SourceConfig, cache: &Path) -> Result<GitSource> {
         let remote = is_remote(&cfg.repo);
         if let Some(ca) = &cfg.ca_file {
-            trust_ca_file(ca)?;
+            check_ca_file(ca)?;
         }
         let repo = if remote {
             match Repository::open_bare(cache) {
@@ -106,49 +108,62 @@ impl GitSource {
         }
     }
 
-    /// Fetch the followed ref from the remote (no-op for a local repository).
+    /// Fetch the followed ref from the remote (no-op for a local repository), with the `git`
+    /// command: its transports use the system's TLS and SSH setup (the CA store, `known_hosts`,
+    /// `~/.ssh/config`), and specd links no TLS or SSH library of its own for git. Nothing asks a
+    /// person for anything; a stalled transfer ends (1 KB/s for 60 s, or 60 s of a silent ssh
+    /// server). The token and key are passed by file name through the environment, never on a
+    /// command line.
     pub fn fetch(&self) -> Result<()> {
         if !self.remote {
             return Ok(());
         }
-        let mut cb = RemoteCallbacks::new();
-        let token = match &self.cfg.token_file {
-            Some(p) => Some(
-                std::fs::read_to_string(p)
-                    .with_context(|| format!("reading the token file {}", p.display()))?
-                    .trim()
-                    .to_string(),
-            ),
-            None => None,
-        };
-        let key = self.cfg.ssh_key_file.clone();
-        let mut tries = 0;
-        cb.credentials(move |_url, username, allowed| {
-            tries += 1;
-            if tries > 3 {
-                return Err(git2::Error::from_str("authentication failed"));
-            }
-            if allowed.contains(CredentialType::SSH_KEY)
-                && let Some(k) = &key
-            {
-                return Cred::ssh_key(username.unwrap_or("git"), None, k, None);
-            }
-            if allowed.contains(CredentialType::USER_PASS_PLAINTEXT)
-                && let Some(t) = &token
-            {
-                return Cred::userpass_plaintext(username.unwrap_or("x-access-token"), t);
-            }
-            Err(git2::Error::from_str(
-                "the remote wants credentials and none are configured (token_file or ssh_key_file)",
-            ))
-        });
-        let mut fo = FetchOptions::new();
-        fo.remote_callbacks(cb);
-        let mut remote = self.repo.find_remote("origin")?;
         let (spec, _) = self.refspec();
-        remote
-            .fetch(&[spec.as_str()], Some(&mut fo), None)
-            .with_context(|| format!("fetching {} from {}", self.followed(), self.cfg.repo))?;
+        let mut cmd = Command::new("git");
+        let mut config: Vec<(&str, String)> =
+            vec![("http.lowSpeedLimit", "1000".into()), ("http.lowSpeedTime", "60".into())];
+        if let Some(ca) = &self.cfg.ca_file {
+            // Besides the system's CAs (curl reads both the file and the directory).
+            config.push(("http.sslCAInfo", ca.display().to_string()));
+            config.push(("http.sslCAPath", "/etc/ssl/certs".into()));
+        }
+        if let Some(t) = &self.cfg.token_file {
+            std::fs::File::open(t).with_context(|| format!("reading the token file {}", t.display()))?;
+            // An empty value first: no helper of the user's configuration is asked.
+            config.push(("credential.helper", String::new()));
+            config.push(("credential.helper", TOKEN_HELPER.into()));
+            cmd.env("SPECD_TOKEN_FILE", t);
+        }
+        let mut ssh = String::from(
+            "ssh -o BatchMode=yes -o ConnectTimeout=30 -o ServerAliveInterval=15 -o ServerAliveCountMax=4",
+        );
+        if let Some(k) = &self.cfg.ssh_key_file {
+            ssh.push_str(r#" -o IdentitiesOnly=yes -i "$SPECD_SSH_KEY""#);
+            cmd.env("SPECD_SSH_KEY", k);
+        }
+        cmd.env("GIT_SSH_COMMAND", ssh);
+        cmd.env("GIT_CONFIG_COUNT", config.len().to_string());
+        for (i, (k, v)) in config.iter().enumerate() {
+            cmd.env(format!("GIT_CONFIG_KEY_{i}"), k).env(format!("GIT_CONFIG_VALUE_{i}"), v);
+        }
+        let out = cmd
+            .env("GIT_TERMINAL_PROMPT", "0")
+            .env("LC_ALL", "C")
+            .env_remove("GIT_ASKPASS")
+            .env_remove("SSH_ASKPASS")
+            .env_remove("GIT_DIR")
+            .env_remove("GIT_WORK_TREE")
+            .arg("--git-dir")
+            .arg(self.repo.path())
+            .args(["fetch", "--quiet", "--no-tags", "--no-write-fetch-head", "--", &self.cfg.repo, &spec])
+            .stdin(Stdio::null())
+            .output()
+            .context("running git fetch (is git installed?)")?;
+        if !out.status.success() {
+            let why = String::from_utf8_lossy(&out.stderr);
+            let why = why.lines().map(str::trim).filter(|l| !l.is_empty()).collect::<Vec<_>>().join("; ");
+            bail!("fetching {} from {}: {why}", self.followed(), self.cfg.repo);
+        }
         Ok(())
     }
 
@@ -341,10 +356,10 @@ mod tests {
     fn a_ca_file_that_is_missing_or_not_pem_is_named() {
         let dir = tempfile::tempdir().unwrap();
         let missing = dir.path().join("ca.pem");
-        let e = format!("{:#}", trust_ca_file(&missing).unwrap_err());
+        let e = format!("{:#}", check_ca_file(&missing).unwrap_err());
         assert!(e.starts_with(&format!("ca_file: reading {}", missing.display())), "{e}");
         std::fs::write(&missing, "not a certificate\n").unwrap();
-        let e = format!("{:#}", trust_ca_file(&missing).unwrap_err());
+        let e = format!("{:#}", check_ca_file(&missing).unwrap_err());
         assert!(e.contains("holds no PEM certificate"), "{e}");
     }
 }

@@ -270,3 +270,25 @@ fn gpg_signatures_gate_deploys() {
     assert_eq!(e.error, None);
     assert_eq!(steps_of(&e), vec![8]);
 }
+
+/// Remotes are fetched by the `git` command, which never waits for a person: an ssh remote that
+/// cannot be reached, and a token file that is missing, are errors that name the remote or file.
+#[test]
+fn a_remote_that_cannot_be_fetched_is_an_error_naming_it() {
+    let d = tempfile::tempdir().unwrap();
+    let key = ssh_key(d.path(), "deploy");
+    let url = "ssh://git@127.0.0.1:1/config.git";
+    let s = GitSource::open(SourceConfig { ssh_key_file: Some(key), ..cfg(url) }, &d.path().join("cache")).unwrap();
+    let e = format!("{:#}", s.fetch().unwrap_err());
+    assert!(e.starts_with(&format!("fetching branch main from {url}: ")), "{e}");
+    assert!(e.contains("Connection refused"), "{e}");
+
+    let missing = d.path().join("token");
+    let s = GitSource::open(
+        SourceConfig { token_file: Some(missing.clone()), ..cfg("https://127.0.0.1:1/config.git") },
+        &d.path().join("cache2"),
+    )
+    .unwrap();
+    let e = format!("{:#}", s.fetch().unwrap_err());
+    assert!(e.starts_with(&format!("reading the token file {}", missing.display())), "{e}");
+}

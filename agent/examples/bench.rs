@@ -8,7 +8,8 @@
 //!    one unit and for 16 units changed at once (16 of each in parallel);
 //! 3. readiness lag: from the server turning ready to specd's readiness policy noticing;
 //! 4. the agent: local commit → reconcile start latency (from `git commit` returning to the
-//!    reconcile's first state write, seen by inotify), idle RSS and CPU with 4 units.
+//!    reconcile's first state write, seen by inotify), idle RSS and CPU with 4 units;
+//! 5. fan-out: the agent deploys one commit changing 16 units, and one changing a single unit.
 //!
 //! `SPECD_BENCH_SPECD=PATH` measures another build of specd (e.g. an older commit's) with the
 //! same bench.
@@ -64,30 +65,43 @@ fn row(what: &str, v: &mut [f64]) {
 /// and `/run/hand.sh UNIT STEPS`: the hand-written sequence.
 fn units_box(n: usize, load_ms: u32) -> anyhow::Result<(SystemdBox, Vec<String>)> {
     let specd = specd_bin();
-    let standin = bin_path("specd-standin").display().to_string();
     let b = SystemdBox::boot()?;
-    let mut units = Vec::new();
+    let units: Vec<String> = (0..n).map(|i| format!("bench{i}.service")).collect();
+    let ports: Vec<u16> = (0..n).map(|_| free_port()).collect();
+    hand_written(&b, &units, &ports, load_ms)?;
+    // Every unit's first apply must succeed (a unit left failed would fail `specd status`).
+    let script = (0..n)
+        .map(|i| {
+            format!("{specd} apply -f /run/specs/{i}-5.yaml >/run/first-{i}.log 2>&1 || cat /run/first-{i}.log &\n")
+        })
+        .collect::<String>();
+    let ok = b.sh(&format!("{script}wait"));
+    let out = String::from_utf8_lossy(&ok.stdout);
+    anyhow::ensure!(ok.status.success() && out.trim().is_empty(), "a first apply failed: {out}");
+    Ok((b, units))
+}
+
+/// For each unit, specs for 5 and 10 steps (`/run/specs/I-STEPS.yaml`) and their rendered units
+/// (`/run/units/I-STEPS.service`), and `/run/hand.sh UNIT STEPS [proof]`: the best hand-written
+/// sequence (stop; cp; daemon-reload; start; poll every 10 ms; with `proof`, the speculation
+/// proof's one generation).
+fn hand_written(b: &SystemdBox, units: &[String], ports: &[u16], load_ms: u32) -> anyhow::Result<()> {
+    let specd = specd_bin();
+    let standin = bin_path("specd-standin").display().to_string();
     let mut hand = String::from("case $1 in\n");
-    for i in 0..n {
-        let (unit, port) = (format!("bench{i}.service"), free_port());
+    for (i, (unit, port)) in units.iter().zip(ports).enumerate() {
         for steps in [5, 10] {
             let file = format!("/run/specs/{i}-{steps}.yaml");
-            b.write_file(&file, spec(&standin, &unit, port, steps, load_ms))?;
+            b.write_file(&file, spec(&standin, unit, *port, steps, load_ms))?;
             let out = b.exec(&[&specd, "render", &file]);
             b.write_file(&format!("/run/units/{i}-{steps}.service"), &out.stdout)?;
         }
         hand.push_str(&format!("{unit}) port={port} i={i};;\n"));
-        units.push(unit);
     }
     hand.push_str(
         &format!("esac\nsystemctl stop $1 && cp /run/units/$i-$2.service /etc/systemd/system/$1 && systemctl daemon-reload && systemctl start $1 && until curl -sf -o /dev/null http://127.0.0.1:$port/health_generate; do sleep 0.01; done || exit 1\nif [ \"$3\" = proof ]; then curl -sf -o /dev/null -d '{{\"text\": \"proof\", \"sampling_params\": {{\"max_new_tokens\": {}, \"temperature\": 0}}}}' http://127.0.0.1:$port/generate || exit 1; fi\n", specd::PROOF_TOKENS),
     );
-    b.write_file("/run/hand.sh", hand)?;
-    let script =
-        (0..n).map(|i| format!("{specd} apply -f /run/specs/{i}-5.yaml >/dev/null 2>&1 &")).collect::<String>();
-    let ok = b.sh(&format!("{script} wait"));
-    anyhow::ensure!(ok.status.success(), "{}", String::from_utf8_lossy(&ok.stderr));
-    Ok((b, units))
+    b.write_file("/run/hand.sh", hand)
 }
 
 /// `specd status`, `systemctl show` and daemon-reload, in a box with one unit and one with 16.
@@ -324,6 +338,134 @@ fn agent(commits: usize, idle_secs: u64) -> anyhow::Result<()> {
         rss as f64 / 1024.0,
         rss_max as f64 / 1024.0
     );
+    // Where the resident memory is: the binary's pages, each library's, anonymous memory.
+    let smaps = b.read_to_string(&format!("/proc/{pid}/smaps"))?;
+    let mut by: std::collections::BTreeMap<String, u64> = Default::default();
+    let mut current = String::new();
+    for l in smaps.lines() {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        if f.len() >= 5 && f[0].contains('-') && !f[0].ends_with(':') {
+            let name = f.get(5).map(|n| n.rsplit('/').next().unwrap_or(n)).unwrap_or("anonymous");
+            current = if name.starts_with('[') { format!("anonymous {name}") } else { name.to_string() };
+        } else if f.first() == Some(&"Rss:") {
+            *by.entry(current.clone()).or_default() += f[1].parse::<u64>().unwrap_or(0);
+        }
+    }
+    let mut by: Vec<(String, u64)> = by.into_iter().filter(|(_, kb)| *kb >= 64).collect();
+    by.sort_by_key(|e| std::cmp::Reverse(e.1));
+    println!("\n| resident | MiB |\n|---|---|");
+    for (what, kb) in by {
+        println!("| {what} | {:.1} |", kb as f64 / 1024.0);
+    }
+    b.shutdown()?;
+    Ok(())
+}
+
+/// A unit's state as the agent wrote it: (in progress, the hash specd last wrote, the last good hash).
+fn unit_state(path: &std::path::Path) -> Option<(bool, Option<String>, Option<String>)> {
+    let v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).ok()?).ok()?;
+    let s = |x: &serde_json::Value| x.as_str().map(str::to_string);
+    Some((!v["in_progress"].is_null(), s(&v["written_sha256"]), s(&v["last_good"]["sha256"])))
+}
+
+/// The agent deploys one commit that changes `n` units, and one that changes one of them: the
+/// wall time from `git commit` returning to the last of the changed units applied, verified and
+/// ready (each unit's state file, seen by inotify). Goal: the `n`-unit commit takes about as long
+/// as the one-unit commit (the slowest unit), not `n` times as long.
+fn agent_fanout(n: usize, runs: usize, load_ms: u32) -> anyhow::Result<()> {
+    let specd = specd_bin();
+    let standin = bin_path("specd-standin").display().to_string();
+    let dir = tempfile::tempdir()?;
+    let repo = dir.path().join("config");
+    std::fs::create_dir_all(repo.join("specs"))?;
+    specd_e2e::git(&repo, &["init", "-q"]);
+    let b = SystemdBox::boot_with(BoxConfig { binds: vec![dir.path().to_path_buf()], ..Default::default() })?;
+    let ports: Vec<u16> = (0..n).map(|_| free_port()).collect();
+    let write = |i: usize, steps: u32| {
+        std::fs::write(
+            repo.join(format!("specs/m{i}.yaml")),
+            spec(&standin, &format!("m{i}.service"), ports[i], steps, load_ms),
+        )
+    };
+    for i in 0..n {
+        write(i, 3)?;
+    }
+    specd_e2e::git(&repo, &["add", "-A"]);
+    specd_e2e::git(&repo, &["commit", "-q", "-m", "models"]);
+    let listen = free_port();
+    b.write_file(
+        "/etc/systemd/system/specd-agent.service",
+        format!("[Service]\nType=notify\nExecStart={specd} run --config /run/none.yaml --repo {} --path specs --listen 127.0.0.1:{listen}\n", repo.display()),
+    )?;
+    b.systemctl_check(&["daemon-reload"])?;
+    b.systemctl_check(&["start", "specd-agent.service"])?;
+    let state = |i: usize| b.host_path(&format!("/var/lib/specd/units/m{i}.service.json"));
+    let settled = |i: usize| unit_state(&state(i)).is_some_and(|(busy, w, g)| !busy && w.is_some() && w == g);
+    wait_until("the units applied", Duration::from_secs(300), || (0..n).all(settled))?;
+    let units_dir = state(0).parent().unwrap().to_path_buf();
+    // One commit changing `which`: seconds until each of them is settled on a new hash.
+    let mut round = 0u32;
+    let mut deploy = |which: &[usize]| -> anyhow::Result<f64> {
+        round += 1;
+        let steps = 4 + round % 5;
+        let before: Vec<Option<String>> = which.iter().map(|&i| unit_state(&state(i)).and_then(|s| s.1)).collect();
+        for &i in which {
+            write(i, steps)?;
+        }
+        specd_e2e::git(&repo, &["add", "-A"]);
+        let mut watch = inotify::Inotify::init()?;
+        watch.watches().add(&units_dir, inotify::WatchMask::MOVED_TO | inotify::WatchMask::CLOSE_WRITE)?;
+        let t = Instant::now();
+        specd_e2e::git(&repo, &["commit", "-q", "-m", "change"]);
+        let done = || {
+            which.iter().zip(&before).all(|(&i, old)| {
+                unit_state(&state(i)).is_some_and(|(busy, w, g)| !busy && w.is_some() && w != *old && w == g)
+            })
+        };
+        let mut buf = [0u8; 4096];
+        while !done() {
+            watch.read_events_blocking(&mut buf)?.for_each(drop);
+            anyhow::ensure!(t.elapsed() < Duration::from_secs(120), "the commit was not deployed within 120 s");
+        }
+        Ok(t.elapsed().as_secs_f64())
+    };
+    let all: Vec<usize> = (0..n).collect();
+    let (mut one, mut many) = (Vec::new(), Vec::new());
+    for _ in 0..runs {
+        one.push(deploy(&[0])?);
+        many.push(deploy(&all)?);
+    }
+    // The same machine's floor: the hand-written sequence (with the proof's generation) on the
+    // same units, one alone and all of them in parallel, with the agent stopped.
+    b.systemctl_check(&["stop", "specd-agent.service"])?;
+    let units: Vec<String> = (0..n).map(|i| format!("m{i}.service")).collect();
+    hand_written(&b, &units, &ports, load_ms)?;
+    let (mut h1, mut hn) = (Vec::new(), Vec::new());
+    let mut steps = 5;
+    for _ in 0..runs {
+        for (times, which) in [(&mut h1, &units[..1]), (&mut hn, &units[..])] {
+            steps = if steps == 5 { 10 } else { 5 };
+            let script =
+                which.iter().map(|u| format!("sh /run/hand.sh {u} {steps} proof || echo fail &\n")).collect::<String>();
+            let t = Instant::now();
+            let o = b.sh(&format!("{script}wait"));
+            times.push(t.elapsed().as_secs_f64());
+            anyhow::ensure!(!String::from_utf8_lossy(&o.stdout).contains("fail"), "the hand-written sequence failed");
+        }
+    }
+    let (m1, mn, mh1, mhn) = (median(&mut one), median(&mut many), median(&mut h1), median(&mut hn));
+    println!("\n## agent: one commit changing {n} units ({runs} runs each, stand-in load {load_ms} ms)\n");
+    println!(
+        "| commit changes | median s (commit → last unit verified and ready) | p90 s | hand-written with the proof's generation, same units, median s |\n|---|---|---|---|"
+    );
+    println!("| 1 unit | {m1:.3} | {:.3} | {mh1:.3} |", pct(&mut one, 0.9));
+    println!("| {n} units | {mn:.3} | {:.3} | {mhn:.3} (all {n} in parallel) |", pct(&mut many, 0.9));
+    println!(
+        "\n{n} units / 1 unit: specd **{:.2}**, hand-written in parallel {:.2} (goal ≈ 1: the slowest unit, not the sum; the sum would be {:.1} s)",
+        mn / m1,
+        mhn / mh1,
+        m1 * n as f64
+    );
     b.shutdown()?;
     Ok(())
 }
@@ -347,6 +489,9 @@ fn main() -> anyhow::Result<()> {
     }
     if want("agent") {
         agent(20, 60)?;
+    }
+    if want("fanout") {
+        agent_fanout(16, 5, 1000)?;
     }
     Ok(())
 }

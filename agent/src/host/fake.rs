@@ -18,7 +18,7 @@ use serde_json::Value;
 use specd_spec::{Engine, Spec};
 use tokio::time::Instant;
 
-use super::Host;
+use super::{Host, Watch};
 use crate::cgroup::Lingering;
 use crate::probe::Health;
 use crate::speculation::Speculation;
@@ -110,12 +110,55 @@ pub struct FakeHost {
     unit: String,
     unit_dir: PathBuf,
     world: Arc<Mutex<World>>,
+    /// Bumped when a call changes the unit's state (time-driven changes are computed).
+    changes: Arc<tokio::sync::watch::Sender<u64>>,
+}
+
+/// The fake's [`Watch`]: a call that changed the unit, or the next time-driven change (a
+/// stopped process exits, a failing load dies, systemd gives up on a lingering stop).
+pub struct FakeWatch {
+    host: FakeHost,
+    rx: tokio::sync::watch::Receiver<u64>,
+}
+
+impl Watch for FakeWatch {
+    async fn changed(&mut self) {
+        let next = {
+            let w = self.host.w();
+            let main = w.unit.main_pid;
+            w.procs
+                .iter()
+                .filter(|(_, p)| p.alive)
+                .flat_map(|(pid, p)| {
+                    let exits = p.exits_at.filter(|_| !p.lingers);
+                    let gives_up =
+                        p.exits_at.filter(|_| p.lingers && *pid == main).map(|t| t + Duration::from_secs(30));
+                    [exits, p.dies_at, gives_up]
+                })
+                .flatten()
+                .min()
+        };
+        tokio::select! {
+            _ = self.rx.changed() => {}
+            _ = async {
+                match next {
+                    Some(t) => tokio::time::sleep_until(t.max(Instant::now() + Duration::from_millis(1))).await,
+                    None => std::future::pending().await,
+                }
+            } => {}
+        }
+    }
 }
 
 impl FakeHost {
     pub fn new(unit: &str, unit_dir: &Path) -> FakeHost {
         let w = World { next_pid: 100, ..Default::default() };
-        let host = FakeHost { unit: unit.into(), unit_dir: unit_dir.into(), world: Arc::new(Mutex::new(w)) };
+        let host = FakeHost {
+            unit: unit.into(),
+            unit_dir: unit_dir.into(),
+            world: Arc::new(Mutex::new(w)),
+            changes: Arc::new(tokio::sync::watch::channel(0).0),
+        };
         host.w().unit.active = "inactive";
         host.w().unit.sub = "dead";
         host
@@ -161,6 +204,8 @@ impl FakeHost {
             }
         }
         Self::advance(&mut w);
+        drop(w);
+        self.changes.send_modify(|n| *n += 1);
     }
 
     pub fn calls(&self) -> usize {
@@ -286,6 +331,7 @@ impl FakeHost {
                 Fault::TimesOut => Go::Hang,
                 Fault::ProcessDies => {
                     Self::kill_main(&mut w);
+                    self.changes.send_modify(|n| *n += 1);
                     Go::On
                 }
                 Fault::ProcessLingers => {
@@ -418,6 +464,8 @@ impl Host for FakeHost {
         w.unit.result = "success";
         w.unit.exit_code = 0;
         w.unit.exit_status = 0;
+        drop(w);
+        self.changes.send_modify(|n| *n += 1);
         Ok(())
     }
 
@@ -447,11 +495,22 @@ impl Host for FakeHost {
                 }
             }
         };
+        self.changes.send_modify(|n| *n += 1);
         if wait && let Some(t) = exit {
             tokio::time::sleep_until(t).await;
             Self::advance(&mut self.w());
         }
         Ok(())
+    }
+
+    type Watch = FakeWatch;
+
+    async fn watch(&self, unit: &str) -> Result<FakeWatch> {
+        if let Some(e) = self.call("watch", SYSTEMCTL, |e| e).await {
+            bail!(e);
+        }
+        assert_eq!(unit, self.unit);
+        Ok(FakeWatch { host: self.clone(), rx: self.changes.subscribe() })
     }
 
     async fn daemon_reload(&self) -> Result<()> {

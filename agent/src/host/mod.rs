@@ -32,6 +32,10 @@ pub trait Host: Clone + Send + Sync + 'static {
     /// Ask for a stop; with `wait`, until the stop job finished, else only queued.
     fn stop(&self, unit: &str, wait: bool) -> impl Future<Output = Result<()>> + Send;
     fn daemon_reload(&self) -> impl Future<Output = Result<()>> + Send;
+    /// systemd's word that the unit's state changed, from this call on: a wait for a state
+    /// subscribes first, then looks, then looks again at each change (never on a timer).
+    fn watch(&self, unit: &str) -> impl Future<Output = Result<Self::Watch>> + Send;
+    type Watch: Watch;
     /// `systemctl enable`: the unit starts at boot (its `[Install]` section's `WantedBy=`).
     fn enable(&self, unit: &str) -> impl Future<Output = Result<()>> + Send;
     /// `systemctl disable`: it no longer starts at boot.
@@ -86,6 +90,33 @@ pub trait Host: Clone + Send + Sync + 'static {
     fn ending(&self, unit: &str, invocation: &str, within: Duration) -> impl Future<Output = Option<Ending>> + Send;
 }
 
+/// See [`Host::watch`].
+pub trait Watch: Send {
+    /// Until the unit's state changed since the watch began or since the last call. If the
+    /// connection to systemd is lost, every 20 ms.
+    fn changed(&mut self) -> impl Future<Output = ()> + Send;
+}
+
+/// A unit's changes, out of all of systemd's `PropertiesChanged` signals.
+pub struct UnitWatch {
+    unit: String,
+    changes: Option<crate::systemd::UnitChanges>,
+}
+
+impl Watch for UnitWatch {
+    async fn changed(&mut self) {
+        if let Some(c) = self.changes.as_mut() {
+            while let Some(u) = c.next().await {
+                if u == self.unit {
+                    return;
+                }
+            }
+            self.changes = None;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// The machine: systemd over D-Bus, `/proc` and the cgroup tree, the file system, HTTP to the
 /// server, journald.
 #[derive(Clone)]
@@ -116,6 +147,12 @@ impl Host for RealHost {
 
     async fn daemon_reload(&self) -> Result<()> {
         self.systemd.daemon_reload().await
+    }
+
+    type Watch = UnitWatch;
+
+    async fn watch(&self, unit: &str) -> Result<UnitWatch> {
+        Ok(UnitWatch { unit: unit.to_string(), changes: Some(self.systemd.state_changes().await?) })
     }
 
     async fn enable(&self, unit: &str) -> Result<()> {

@@ -27,9 +27,11 @@ pub struct AgentConfig {
     pub unit_dir: Option<PathBuf>,
     /// Hostname for host overlays (default: this machine's).
     pub hostname: Option<String>,
-    /// A file holding an HTTPS token.
+    /// A file holding an HTTPS token: the password `git fetch` is given when the remote asks
+    /// (read then, never copied), with the URL's user or `x-access-token`.
     pub token_file: Option<PathBuf>,
-    /// An SSH private key for ssh:// remotes.
+    /// An SSH private key for ssh:// remotes (the only key ssh offers; the remote's host key
+    /// must be in root's `known_hosts`, as for any `git fetch` that asks nobody).
     pub ssh_key_file: Option<PathBuf>,
     /// A PEM file of CA certificates trusted for an https:// remote besides the system's (a
     /// private CA, or the server's own self-signed certificate).

@@ -59,10 +59,39 @@ fn check_ca_file(file: &Path) -> Result<()> {
     Ok(())
 }
 
+/// The longest a fetch may take.
+pub const FETCH_WITHIN: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// The URL git fetches: an `ssh://` URL without a user logs in as `git` (as every git host
+/// expects, and as specd did with libgit2), not as the agent's own user.
+fn fetch_url(url: &str) -> String {
+    match url.strip_prefix("ssh://") {
+        Some(rest) if !rest.split('/').next().unwrap_or_default().contains('@') => format!("ssh://git@{rest}"),
+        _ => url.to_string(),
+    }
+}
+
+/// An `ssh_key_file` that ssh would refuse (readable by others) is named when the agent starts.
+fn check_ssh_key(file: &Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(file)
+        .with_context(|| format!("ssh_key_file: reading {}", file.display()))?
+        .permissions()
+        .mode();
+    if mode & 0o077 != 0 {
+        bail!(
+            "ssh_key_file: {} is readable by others (mode {:o}), and ssh refuses such a key: chmod 600 it",
+            file.display(),
+            mode & 0o777
+        );
+    }
+    Ok(())
+}
+
 /// The credential helper git runs when a remote asks for a password: the token of
-/// `$SPECD_TOKEN_FILE`, read at that moment, as the password of the URL's user (or
-/// `x-access-token`). Only for `get`, so nothing is ever stored.
-const TOKEN_HELPER: &str = r#"!f() { test "$1" = get || return 0; u=x-access-token; while read -r l; do case "$l" in username=?*) u=${l#username=};; esac; done; echo "username=$u"; printf 'password=%s\n' "$(cat "$SPECD_TOKEN_FILE")"; }; f"#;
+/// `$SPECD_TOKEN_FILE`, read at that moment (white space dropped, as a trailing newline), as the
+/// password of the URL's user (or `x-access-token`). Only for `get`, so nothing is ever stored.
+const TOKEN_HELPER: &str = r#"!f() { test "$1" = get || return 0; u=x-access-token; while read -r l; do case "$l" in username=?*) u=${l#username=};; esac; done; printf 'username=%s\n' "$u"; printf 'password=%s\n' "$(tr -d '[:space:]' <"$SPECD_TOKEN_FILE")"; }; f"#;
 
 pub fn is_remote(repo: &str) -> bool {
     repo.contains("://") || (repo.contains('@') && repo.contains(':') && !repo.starts_with('/'))
@@ -74,6 +103,9 @@ impl GitSource {
         let remote = is_remote(&cfg.repo);
         if let Some(ca) = &cfg.ca_file {
             check_ca_file(ca)?;
+        }
+        if let Some(k) = &cfg.ssh_key_file {
+            check_ssh_key(k)?;
         }
         let repo = if remote {
             match Repository::open_bare(cache) {
@@ -110,18 +142,33 @@ impl GitSource {
 
     /// Fetch the followed ref from the remote (no-op for a local repository), with the `git`
     /// command: its transports use the system's TLS and SSH setup (the CA store, `known_hosts`,
-    /// `~/.ssh/config`), and specd links no TLS or SSH library of its own for git. Nothing asks a
-    /// person for anything; a stalled transfer ends (1 KB/s for 60 s, or 60 s of a silent ssh
-    /// server). The token and key are passed by file name through the environment, never on a
-    /// command line.
+    /// `~/.ssh/config`), and specd links no TLS or SSH library of its own for git.
+    /// - Nothing asks a person for anything, and a fetch ends within [`FETCH_WITHIN`] (then it
+    ///   is killed, with its ssh or https helper); a stalled https transfer ends sooner (under
+    ///   1 KB/s for 60 s), as does an ssh server that stopped answering (60 s).
+    /// - The token and the key are given by file name through the environment, never on a
+    ///   command line; the environment's own `GIT_*` variables and the user's askpass are not
+    ///   passed on, and no gc or maintenance runs in the cache behind the fetch.
     pub fn fetch(&self) -> Result<()> {
         if !self.remote {
             return Ok(());
         }
         let (spec, _) = self.refspec();
-        let mut cmd = Command::new("git");
-        let mut config: Vec<(&str, String)> =
-            vec![("http.lowSpeedLimit", "1000".into()), ("http.lowSpeedTime", "60".into())];
+        let mut cmd = Command::new("timeout");
+        // The whole process group (git and its transport) is killed at the deadline.
+        cmd.args(["--kill-after=10s", &format!("{}s", FETCH_WITHIN.as_secs()), "git"]);
+        for (k, _) in std::env::vars_os() {
+            if k.to_string_lossy().starts_with("GIT_") {
+                cmd.env_remove(k);
+            }
+        }
+        let mut config: Vec<(&str, String)> = vec![
+            ("http.lowSpeedLimit", "1000".into()),
+            ("http.lowSpeedTime", "60".into()),
+            ("core.askPass", String::new()),
+            ("gc.auto", "0".into()),
+            ("maintenance.auto", "false".into()),
+        ];
         if let Some(ca) = &self.cfg.ca_file {
             // Besides the system's CAs (curl reads both the file and the directory).
             config.push(("http.sslCAInfo", ca.display().to_string()));
@@ -141,30 +188,35 @@ impl GitSource {
             ssh.push_str(r#" -o IdentitiesOnly=yes -i "$SPECD_SSH_KEY""#);
             cmd.env("SPECD_SSH_KEY", k);
         }
-        cmd.env("GIT_SSH_COMMAND", ssh);
-        cmd.env("GIT_CONFIG_COUNT", config.len().to_string());
-        for (i, (k, v)) in config.iter().enumerate() {
-            cmd.env(format!("GIT_CONFIG_KEY_{i}"), k).env(format!("GIT_CONFIG_VALUE_{i}"), v);
+        // None of these values is a secret (the helper names a variable, not the token).
+        for (k, v) in &config {
+            cmd.arg("-c").arg(format!("{k}={v}"));
         }
         let out = cmd
+            .env("GIT_SSH_COMMAND", ssh)
             .env("GIT_TERMINAL_PROMPT", "0")
             .env("LC_ALL", "C")
-            .env_remove("GIT_ASKPASS")
             .env_remove("SSH_ASKPASS")
-            .env_remove("GIT_DIR")
-            .env_remove("GIT_WORK_TREE")
             .arg("--git-dir")
             .arg(self.repo.path())
-            .args(["fetch", "--quiet", "--no-tags", "--no-write-fetch-head", "--", &self.cfg.repo, &spec])
+            .args(["fetch", "--quiet", "--no-tags", "--", &fetch_url(&self.cfg.repo), &spec])
             .stdin(Stdio::null())
             .output()
-            .context("running git fetch (is git installed?)")?;
-        if !out.status.success() {
-            let why = String::from_utf8_lossy(&out.stderr);
-            let why = why.lines().map(str::trim).filter(|l| !l.is_empty()).collect::<Vec<_>>().join("; ");
-            bail!("fetching {} from {}: {why}", self.followed(), self.cfg.repo);
+            .context("running git fetch (are git and timeout installed?)")?;
+        match out.status.code() {
+            Some(0) => Ok(()),
+            Some(124) | Some(137) | None => bail!(
+                "fetching {} from {}: not done within {} s (killed)",
+                self.followed(),
+                self.cfg.repo,
+                FETCH_WITHIN.as_secs()
+            ),
+            Some(_) => {
+                let why = String::from_utf8_lossy(&out.stderr);
+                let why = why.lines().map(str::trim).filter(|l| !l.is_empty()).collect::<Vec<_>>().join("; ");
+                bail!("fetching {} from {}: {why}", self.followed(), self.cfg.repo)
+            }
         }
-        Ok(())
     }
 
     /// What is followed, for messages: `branch main` / `tag v1`.
@@ -351,6 +403,27 @@ fn text_of(path: &str, bytes: &[u8]) -> Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_ssh_url_without_a_user_logs_in_as_git() {
+        assert_eq!(fetch_url("ssh://git.example.com/infra/c.git"), "ssh://git@git.example.com/infra/c.git");
+        assert_eq!(fetch_url("ssh://ops@git.example.com:2222/c.git"), "ssh://ops@git.example.com:2222/c.git");
+        assert_eq!(fetch_url("git@git.example.com:infra/c.git"), "git@git.example.com:infra/c.git");
+        assert_eq!(fetch_url("https://git.example.com/a@b.git"), "https://git.example.com/a@b.git");
+    }
+
+    #[test]
+    fn an_ssh_key_others_can_read_is_named() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let k = dir.path().join("id");
+        std::fs::write(&k, "key").unwrap();
+        std::fs::set_permissions(&k, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let e = format!("{:#}", check_ssh_key(&k).unwrap_err());
+        assert!(e.contains("is readable by others (mode 644)") && e.contains("chmod 600"), "{e}");
+        std::fs::set_permissions(&k, std::fs::Permissions::from_mode(0o600)).unwrap();
+        check_ssh_key(&k).unwrap();
+    }
 
     #[test]
     fn a_ca_file_that_is_missing_or_not_pem_is_named() {

@@ -1431,11 +1431,20 @@ where
 async fn wait_stopped_state<H: Host>(ctx: &Ctx<H>, unit: &str, deadline: Instant) -> Result<UnitProps, String> {
     let mut restops = 0;
     // Subscribed before the first look: a change between the look and the wait is not lost.
-    let mut changes = ctx.host.watch(unit).await.map_err(|e| format!("{e:#}"))?;
+    let mut changes = ctx.host.watch(unit).await;
     loop {
         let props = ctx.host.show(unit).await.map_err(|e| format!("{e:#}"))?;
-        if props.is_stopped() && !ctx.host.populated(&props.control_group) {
-            return Ok(props);
+        if props.is_stopped() {
+            if !ctx.host.populated(&props.control_group) {
+                return Ok(props);
+            }
+            // Stopped, and a process entered the cgroup after it emptied (a stop-post
+            // command...): until it is empty again, which is no change of the unit's state.
+            if let Err(left) = ctx.host.wait_empty(&props.control_group, deadline, || {}).await {
+                let pids: Vec<String> = left.iter().map(|l| l.pid.to_string()).collect();
+                return Err(format!("{unit} is stopped but pids {} stay in its cgroup", pids.join(", ")));
+            }
+            continue;
         }
         if matches!(props.active_state, ActiveState::Active | ActiveState::Activating)
             && props.sub_state != "stop-sigterm"
@@ -1514,7 +1523,7 @@ async fn wait_ready<H: Host>(ctx: &Ctx<H>, unit: &str, t: &Target<'_>, pid: u32)
             // The process is gone: let systemd settle the unit so its result can be told (its
             // next change, subscribed to before the look).
             let mut changes = match exited {
-                true => Some(ctx.host.watch(unit).await.map_err(|e| Wait::Fatal(format!("{e:#}")))?),
+                true => Some(ctx.host.watch(unit).await),
                 false => None,
             };
             let mut props = ctx.host.show(unit).await.map_err(|e| Wait::Fatal(format!("{e:#}")))?;

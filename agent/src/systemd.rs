@@ -121,29 +121,46 @@ pub struct Systemd {
 
 /// Reloads asked for at once are shared: systemd runs reloads one after another (about 20 ms
 /// each, whatever changed), so 16 units written together would otherwise wait for 16 of them.
-/// A caller is served by any reload that systemd began after the caller asked, which is after
-/// it wrote its unit file.
+/// A caller is answered by any reload that systemd began after the caller asked, which is after
+/// it wrote its unit file: with its success, or with its error (a wedged systemd costs the
+/// callers one timeout, not one each).
 #[derive(Debug, Default)]
 struct Reloads {
     /// Reloads asked for so far.
     asked: AtomicU64,
-    /// One reload at a time; it holds how many of the asked ones the last reload served.
-    served: tokio::sync::Mutex<u64>,
+    /// One reload at a time; it holds what the last reloads answered.
+    answered: tokio::sync::Mutex<Answered>,
+}
+
+#[derive(Debug, Default)]
+struct Answered {
+    /// The asks (by number) the last successful reload served.
+    ok: u64,
+    /// The asks the last failed reload began after, and its error.
+    failed: Option<(u64, String)>,
 }
 
 impl Reloads {
-    /// Runs `reload`, unless a reload that began after this call has ended meanwhile.
+    /// Runs `reload`, unless a reload that began after this call asked has ended meanwhile
+    /// (then its outcome is this call's).
     async fn share<F: Future<Output = Result<()>>>(&self, reload: impl FnOnce() -> F) -> Result<()> {
         let mine = self.asked.fetch_add(1, Ordering::SeqCst) + 1;
-        let mut served = self.served.lock().await;
-        if *served >= mine {
+        let mut answered = self.answered.lock().await;
+        if answered.ok >= mine {
             return Ok(());
         }
-        // This reload begins after every request counted so far was made (a failed one serves
-        // nobody: each waiter then tries its own).
+        if let Some((_, e)) = answered.failed.as_ref().filter(|(upto, _)| *upto >= mine) {
+            bail!("{e}");
+        }
+        // This reload begins after every ask counted so far was made.
         let upto = self.asked.load(Ordering::SeqCst);
-        reload().await?;
-        *served = upto;
+        match reload().await {
+            Ok(()) => answered.ok = upto,
+            Err(e) => {
+                answered.failed = Some((upto, format!("{e:#}")));
+                return Err(e);
+            }
+        }
         Ok(())
     }
 }
@@ -210,7 +227,6 @@ impl Systemd {
         self.job("StopUnit", unit, wait).await.with_context(|| format!("stopping {unit}"))
     }
 
-    /// `daemon-reload`: systemd answers once it has reloaded.
     /// `systemctl daemon-reload`: returns once systemd has reloaded every unit file written
     /// before the call. Concurrent callers share a reload (see [`Reloads`]).
     pub async fn daemon_reload(&self) -> Result<()> {
@@ -530,10 +546,14 @@ mod bus_tests {
             assert!(!p.need_daemon_reload, "{unit} was not reloaded when its reload returned: {p:?}");
         }
 
-        // Stopped, waiting for the stop job (no process left when it returns).
+        // Stopped, waiting for the stop job (no process left running when it returns; systemd
+        // may send JobRemoved before it reaps the exited process, a zombie for a moment).
         let pid = show("run.service").main_pid;
         rt.block_on(sd.stop("run.service", true)).unwrap();
-        assert!(!std::path::Path::new(&format!("/proc/{pid}")).exists());
+        let state = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .map(|s| s.rsplit_once(") ").map(|(_, r)| r[..1].to_string()).unwrap_or_default())
+            .unwrap_or_else(|_| "gone".into());
+        assert!(matches!(state.as_str(), "gone" | "Z" | "X"), "pid {pid} is still there, state {state}");
         let p = show("run.service");
         assert!(p.is_stopped(), "{p:?}");
         assert_eq!(p, by_systemctl("run.service"));
@@ -576,19 +596,37 @@ mod bus_tests {
         assert_eq!(begun.lock().unwrap().len(), 4);
     }
 
-    #[tokio::test]
-    async fn a_failed_reload_serves_nobody() {
-        let reloads = Reloads::default();
-        assert!(reloads.share(|| async { anyhow::bail!("no") }).await.is_err());
-        let ran = std::sync::atomic::AtomicBool::new(false);
-        reloads
-            .share(|| async {
-                ran.store(true, Ordering::SeqCst);
-                Ok(())
+    /// A failed reload answers the callers that asked before it began with its error (they do
+    /// not each wait for a reload of their own); a caller that asks after it gets a new reload.
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_reload_answers_the_callers_it_covered_and_later_ones_try_again() {
+        use std::sync::atomic::AtomicUsize;
+        use tokio::time::{Duration, sleep};
+        let reloads = Arc::new(Reloads::default());
+        let runs = Arc::new(AtomicUsize::new(0));
+        let ask = |delay: u64, fails: bool| {
+            let (reloads, runs) = (reloads.clone(), runs.clone());
+            tokio::spawn(async move {
+                sleep(Duration::from_millis(delay)).await;
+                reloads
+                    .share(|| async {
+                        runs.fetch_add(1, Ordering::SeqCst);
+                        sleep(Duration::from_millis(20)).await;
+                        if fails { anyhow::bail!("systemd did not answer") } else { Ok(()) }
+                    })
+                    .await
             })
-            .await
-            .unwrap();
-        assert!(ran.load(Ordering::SeqCst));
+        };
+        // 0 runs a reload that fails at 20; 5 and 10 asked before the next one began (at 20),
+        // which fails too and answers both; 50 asks later and runs its own, which succeeds.
+        let tasks = [ask(0, true), ask(5, true), ask(10, true)];
+        let mut errors = 0;
+        for t in tasks {
+            errors += t.await.unwrap().is_err() as usize;
+        }
+        assert_eq!((errors, runs.load(Ordering::SeqCst)), (3, 2));
+        ask(50, false).await.unwrap().unwrap();
+        assert_eq!(runs.load(Ordering::SeqCst), 3);
     }
 
     #[test]

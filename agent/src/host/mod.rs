@@ -33,8 +33,9 @@ pub trait Host: Clone + Send + Sync + 'static {
     fn stop(&self, unit: &str, wait: bool) -> impl Future<Output = Result<()>> + Send;
     fn daemon_reload(&self) -> impl Future<Output = Result<()>> + Send;
     /// systemd's word that the unit's state changed, from this call on: a wait for a state
-    /// subscribes first, then looks, then looks again at each change (never on a timer).
-    fn watch(&self, unit: &str) -> impl Future<Output = Result<Self::Watch>> + Send;
+    /// subscribes first, then looks, then looks again at each change. A watch that cannot be
+    /// had (no signals from systemd) is a timer of 20 ms, not an error.
+    fn watch(&self, unit: &str) -> impl Future<Output = Self::Watch> + Send;
     type Watch: Watch;
     /// `systemctl enable`: the unit starts at boot (its `[Install]` section's `WantedBy=`).
     fn enable(&self, unit: &str) -> impl Future<Output = Result<()>> + Send;
@@ -151,8 +152,15 @@ impl Host for RealHost {
 
     type Watch = UnitWatch;
 
-    async fn watch(&self, unit: &str) -> Result<UnitWatch> {
-        Ok(UnitWatch { unit: unit.to_string(), changes: Some(self.systemd.state_changes().await?) })
+    async fn watch(&self, unit: &str) -> UnitWatch {
+        let changes = match self.systemd.state_changes().await {
+            Ok(c) => Some(c),
+            Err(e) => {
+                tracing::warn!(unit, "no signals from systemd ({e:#}): its state is looked at every 20 ms");
+                None
+            }
+        };
+        UnitWatch { unit: unit.to_string(), changes }
     }
 
     async fn enable(&self, unit: &str) -> Result<()> {

@@ -69,8 +69,9 @@ pub enum Command {
     /// Reconcile one spec now: stop, wait for an empty cgroup, write, reload, start, verify,
     /// wait for readiness; roll back if it fails.
     Apply {
-        #[arg(long = "file", short = 'f')]
-        file: PathBuf,
+        /// A spec file; several (`-f a.yaml -f b.yaml`) are checked first, then applied at once.
+        #[arg(long = "file", short = 'f', required = true)]
+        file: Vec<PathBuf>,
         /// Print the plan and change nothing.
         #[arg(long)]
         dry_run: bool,

@@ -41,34 +41,88 @@ fn desired(file: &Path, host: Option<String>) -> Result<Option<DesiredState>> {
     }
 }
 
-pub async fn apply(dirs: &Dirs, file: &Path, host: Option<String>, dry_run: bool) -> Result<u8> {
-    let Some(d) = desired(file, host)? else {
+/// `specd apply -f FILE...`: every file is read and checked first (one bad file, two files for
+/// one unit, or a unit a live sweep holds: nothing is changed on the host), then every unit is
+/// reconciled at once, in this one process (their daemon-reloads are shared). Exit 0 when every
+/// unit runs its spec, 1 otherwise, 2 when specd itself failed for one.
+pub async fn apply(dirs: &Dirs, files: &[PathBuf], host: Option<String>, dry_run: bool) -> Result<u8> {
+    let mut all: Vec<DesiredState> = Vec::new();
+    let mut bad = false;
+    for f in files {
+        match desired(f, host.clone())? {
+            Some(d) => all.push(d),
+            None => bad = true,
+        }
+    }
+    if bad {
         eprintln!("specd: nothing was changed on this host");
         return Ok(1);
-    };
-    let ctx = context::host_ctx(dirs, context::events(Sink::Stderr), Shutdown::never());
+    }
+    for (i, d) in all.iter().enumerate() {
+        if let Some(j) = all[..i].iter().position(|e| e.spec.unit == d.spec.unit) {
+            eprintln!(
+                "specd: {} and {} both define {}; nothing was changed on this host",
+                files[j].display(),
+                files[i].display(),
+                d.spec.unit
+            );
+            return Ok(1);
+        }
+    }
+    let ctx = Arc::new(context::host_ctx(dirs, context::events(Sink::Stderr), Shutdown::never()));
     // A live sweep's hold refuses a hand apply (not the sweep's own).
-    if !dry_run
-        && let Some(why) = live_sweep(&ctx.store.peek(&d.spec.unit)?).filter(|_| !sweeps_own(&ctx.store, &d.spec.unit))
-    {
-        eprintln!("specd: refused: {}: {why}; nothing was changed on this host", d.spec.unit);
-        return Ok(1);
+    if !dry_run {
+        for d in &all {
+            let unit = &d.spec.unit;
+            if let Some(why) = live_sweep(&ctx.store.peek(unit)?).filter(|_| !sweeps_own(&ctx.store, unit)) {
+                eprintln!("specd: refused: {unit}: {why}; nothing was changed on this host");
+                return Ok(1);
+            }
+        }
     }
-    let t0 = std::time::Instant::now();
-    let report = reconcile::reconcile(&ctx, &d, dry_run).await?;
-    if let Some(v) = &report.stop_verdict {
-        println!("note: the previous instance was {v}");
+    let mut running = tokio::task::JoinSet::new();
+    for (i, d) in all.into_iter().enumerate() {
+        let ctx = ctx.clone();
+        running.spawn(async move {
+            let t0 = std::time::Instant::now();
+            let report = reconcile::reconcile(&ctx, &d, dry_run).await;
+            if let Ok(r) = &report {
+                crate::notify::after_reconcile(&ctx, &d, r, t0.elapsed()).await;
+            }
+            (i, d.spec.unit.clone(), report)
+        });
     }
-    println!("{}", report.verdict);
-    crate::notify::after_reconcile(&ctx, &d, &report, t0.elapsed()).await;
+    let mut done = running.join_all().await;
+    done.sort_by_key(|(i, ..)| *i);
     crate::notify::flush(std::time::Duration::from_secs(30)).await;
-    // 0: the unit runs the spec (or, dry run, would be made to); 1: anything else.
-    Ok(match (report.outcome, report.plan.sync) {
-        (Some(state::Outcome::Applied | state::Outcome::Started), _) => 0,
-        (None, SyncStatus::InSync) => 0,
-        (None, SyncStatus::OutOfSync | SyncStatus::Drifted) if dry_run => 0,
-        _ => 1,
-    })
+    let mut code = 0;
+    let many = done.len() > 1;
+    for (_, unit, report) in done {
+        let report = match report {
+            Ok(r) => r,
+            Err(e) if many => {
+                eprintln!("specd: error: {unit}: {e:#}");
+                code = 2;
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
+        if let Some(v) = &report.stop_verdict {
+            println!("note: {unit}: the previous instance was {v}");
+        }
+        println!("{}", report.verdict);
+        // 0: the unit runs the spec (or, dry run, would be made to); 1: anything else.
+        let ok = match (report.outcome, report.plan.sync) {
+            (Some(state::Outcome::Applied | state::Outcome::Started), _) => true,
+            (None, SyncStatus::InSync) => true,
+            (None, SyncStatus::OutOfSync | SyncStatus::Drifted) if dry_run => true,
+            _ => false,
+        };
+        if !ok {
+            code = code.max(1);
+        }
+    }
+    Ok(code)
 }
 
 #[derive(Debug, Serialize)]

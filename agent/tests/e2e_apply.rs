@@ -935,3 +935,61 @@ fn killed_at_random_moments_every_next_apply_converges() {
     assert!(failures.is_empty(), "{} of {kills} kills:\n{}", failures.len(), failures.join("\n"));
     e.b.shutdown().unwrap();
 }
+
+/// `specd apply -f a -f b -f c`: every file is checked first (a bad one, or two files for one
+/// unit, change nothing on the host), then the units are applied at once, each proven to serve
+/// its own spec; a later apply of two of them leaves the third alone.
+#[test]
+fn several_files_are_checked_first_then_applied_at_once() {
+    let e = Env::new();
+    let ports = [e.port, free_port(), free_port()];
+    let units = ["m0.service", "m1.service", "m2.service"];
+    let spec = |i: usize, steps: u32| {
+        sglang_spec(
+            &e.standin,
+            units[i],
+            ports[i],
+            steps,
+            "  service: {environment: {SPECD_STANDIN_LOAD_MS: \"300\"}}\n",
+        )
+    };
+    let steps_on = |port: u16| {
+        http_get(port, "/get_server_info")
+            .and_then(|(_, b)| serde_json::from_str::<serde_json::Value>(&b).ok())
+            .and_then(|v| v["speculative_num_steps"].as_u64())
+    };
+    let files: Vec<String> = (0..3).map(|i| e.put(&format!("m{i}-5.yaml"), &spec(i, 5))).collect();
+    let nothing_deployed = || units.iter().all(|u| e.b.read_file(&format!("/etc/systemd/system/{u}")).is_err());
+
+    let bad = e.put("bad.yaml", &spec(2, 5).replace("num_steps: 5", "num_steps: -1"));
+    let o = e.specd(&["apply", "-f", &files[0], "-f", &files[1], "-f", &bad]);
+    let out = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{out}");
+    assert!(out.contains("/run/specs/bad.yaml:") && out.contains("nothing was changed on this host"), "{out}");
+    assert!(nothing_deployed(), "a bad file among several changes nothing");
+
+    let again = e.put("m0-again.yaml", &spec(0, 6));
+    let o = e.specd(&["apply", "-f", &files[0], "-f", &files[1], "-f", &again]);
+    let out = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{out}");
+    assert!(
+        out.contains("/run/specs/m0-5.yaml and /run/specs/m0-again.yaml both define m0.service; nothing was changed"),
+        "{out}"
+    );
+    assert!(nothing_deployed());
+
+    let o = e.specd(&["apply", "-f", &files[0], "-f", &files[1], "-f", &files[2]]);
+    let out = text(&o);
+    assert!(o.status.success(), "{out}");
+    for (u, p) in units.iter().zip(ports) {
+        assert!(out.contains(&format!("Applied: {u} runs unit")), "{out}");
+        assert_eq!(steps_on(p), Some(5), "{u}");
+    }
+
+    let m2 = e.main_pid("m2.service");
+    let (f0, f1) = (e.put("m0-7.yaml", &spec(0, 7)), e.put("m1-8.yaml", &spec(1, 8)));
+    let o = e.specd(&["apply", "-f", &f0, "-f", &f1]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!((steps_on(ports[0]), steps_on(ports[1])), (Some(7), Some(8)));
+    assert_eq!(e.main_pid("m2.service"), m2, "the unit not named was not touched");
+}

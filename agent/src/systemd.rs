@@ -227,6 +227,23 @@ impl Systemd {
         self.job("StopUnit", unit, wait).await.with_context(|| format!("stopping {unit}"))
     }
 
+    /// `systemctl enable UNIT`: the links its `[Install]` section asks for (`WantedBy=`...), then
+    /// a reload, as `systemctl` does.
+    pub async fn enable(&self, unit: &str) -> Result<()> {
+        let args = vec![Value::strings(&[unit]), Value::Bool(false), Value::Bool(false)];
+        self.call(MANAGER_PATH, MANAGER, "EnableUnitFiles", args).await.with_context(|| format!("enabling {unit}"))?;
+        self.daemon_reload().await
+    }
+
+    /// `systemctl disable UNIT`: its links removed, then a reload.
+    pub async fn disable(&self, unit: &str) -> Result<()> {
+        let args = vec![Value::strings(&[unit]), Value::Bool(false)];
+        self.call(MANAGER_PATH, MANAGER, "DisableUnitFiles", args)
+            .await
+            .with_context(|| format!("disabling {unit}"))?;
+        self.daemon_reload().await
+    }
+
     /// `systemctl daemon-reload`: returns once systemd has reloaded every unit file written
     /// before the call. Concurrent callers share a reload (see [`Reloads`]).
     pub async fn daemon_reload(&self) -> Result<()> {
@@ -545,6 +562,21 @@ mod bus_tests {
         for (unit, p) in changed {
             assert!(!p.need_daemon_reload, "{unit} was not reloaded when its reload returned: {p:?}");
         }
+
+        // Enabled and disabled over D-Bus, as `systemctl is-enabled` sees it.
+        write(
+            &format!("{dir}/inst.service"),
+            "[Service]\nExecStart=/bin/sleep 1000\n[Install]\nWantedBy=multi-user.target\n",
+        );
+        rt.block_on(sd.daemon_reload()).unwrap();
+        rt.block_on(sd.enable("inst.service")).unwrap();
+        assert_eq!(systemctl(&["is-enabled", "inst.service"]).trim(), "enabled");
+        assert_eq!(show("inst.service").unit_file_state, "enabled");
+        rt.block_on(sd.disable("inst.service")).unwrap();
+        let o = std::process::Command::new("systemctl").args(["is-enabled", "inst.service"]).output().unwrap();
+        assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "disabled");
+        let e = rt.block_on(sd.enable("nofile.service")).unwrap_err();
+        assert!(format!("{e:#}").starts_with("enabling nofile.service: "), "{e:#}");
 
         // Stopped, waiting for the stop job (no process left running when it returns; systemd
         // may send JobRemoved before it reaps the exited process, a zombie for a moment).

@@ -164,11 +164,11 @@ impl Host for RealHost {
     }
 
     async fn enable(&self, unit: &str) -> Result<()> {
-        systemctl_unit_files("enable", unit).await
+        self.systemd.enable(unit).await
     }
 
     async fn disable(&self, unit: &str) -> Result<()> {
-        systemctl_unit_files("disable", unit).await
+        self.systemd.disable(unit).await
     }
 
     fn alive(&self, pid: u32) -> bool {
@@ -247,20 +247,6 @@ impl Host for RealHost {
         };
         d.map(|d| Ending { clean: d.verdict == crate::diagnose::Verdict::CleanStop, summary: d.summary })
     }
-}
-
-/// `systemctl enable|disable UNIT`: links in `/etc/systemd/system/*.wants/`, and a reload.
-async fn systemctl_unit_files(verb: &str, unit: &str) -> Result<()> {
-    use anyhow::Context;
-    let out = tokio::process::Command::new("systemctl")
-        .args([verb, "--quiet", unit])
-        .output()
-        .await
-        .context("running systemctl")?;
-    if !out.status.success() {
-        anyhow::bail!("systemctl {verb} {unit}: {}", String::from_utf8_lossy(&out.stderr).trim());
-    }
-    Ok(())
 }
 
 /// How an instance ended, as its diagnosis says it.

@@ -698,7 +698,7 @@ async fn hands_off(
         }
     };
     metrics.hold(unit, hold.as_ref().map(|h| h.kind));
-    let alive = hold.as_ref().and_then(|h| h.pid).is_some_and(crate::host::pid_alive);
+    let alive = hold.as_ref().is_some_and(crate::host::holder_alive);
     let now = state::now();
     match crate::hold::effective(hold.as_ref(), now, alive, desired_sha) {
         crate::hold::HoldEffect::Acts => None,

@@ -317,6 +317,7 @@ async fn a_hold_set_while_a_reconcile_waits_for_the_lock_stops_the_agent_not_an_
         until: None,
         reason: None,
         pid: None,
+        pid_start: None,
         pinned_sha256: None,
         desired_at_pin: None,
     };

@@ -43,6 +43,11 @@ pub struct Hold {
     /// Sweep: the sweep's process; once it is gone the hold ends.
     #[serde(default)]
     pub pid: Option<u32>,
+    /// Sweep: when that process started (clock ticks after boot, `/proc/PID/stat`): a later
+    /// process that got the same pid is not the sweep. Absent (an older specd's hold): the pid
+    /// alone decides.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pid_start: Option<u64>,
     /// Pin: the unit hash pinned.
     #[serde(default)]
     pub pinned_sha256: Option<String>,
@@ -137,6 +142,7 @@ mod tests {
             until: None,
             reason: None,
             pid: None,
+            pid_start: None,
             pinned_sha256: None,
             desired_at_pin: None,
         }

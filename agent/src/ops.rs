@@ -602,7 +602,7 @@ pub async fn diagnose(unit: Option<String>, json: bool, dirs: &Dirs) -> Result<u
 /// Why a hand apply (or a new hold) must wait: a sweep's process holds the unit.
 fn live_sweep(st: &state::UnitState) -> Option<String> {
     let h = st.hold.as_ref().filter(|h| h.kind == state::HoldKind::Sweep)?;
-    h.pid.is_none_or(crate::host::pid_alive).then(|| format!("{} (stop the sweep first)", h.describe()))
+    (h.pid.is_none() || crate::host::holder_alive(h)).then(|| format!("{} (stop the sweep first)", h.describe()))
 }
 
 /// This apply is the sweep's own: run by the process that holds the unit, or by its child.
@@ -689,6 +689,7 @@ pub async fn suspend(
         until: for_.map(|d| since + d.as_secs()),
         reason,
         pid: None,
+        pid_start: None,
         pinned_sha256: None,
         desired_at_pin: None,
     };
@@ -772,6 +773,7 @@ pub async fn rollback(
         until: None,
         reason,
         pid: None,
+        pid_start: None,
         pinned_sha256: Some(d.unit.sha256.clone()),
         desired_at_pin,
     };
@@ -861,6 +863,7 @@ mod tests {
             until: None,
             reason: None,
             pid,
+            pid_start: None,
             pinned_sha256: None,
             desired_at_pin: None,
         };
@@ -870,6 +873,12 @@ mod tests {
             why.contains("held by a sweep by specd sweep qwen-mtp-steps") && why.contains("stop the sweep"),
             "{why}"
         );
+        // The sweep's pid, now another process's (it started at another time): not live.
+        let me = std::process::id();
+        let started = crate::host::pid_start(me).unwrap();
+        let at = |start| state::Hold { pid_start: Some(start), ..hold(state::HoldKind::Sweep, Some(me)) };
+        assert!(live_sweep(&st(at(started))).is_some());
+        assert_eq!(live_sweep(&st(at(started + 1))), None);
         let mut gone = std::process::Command::new("true").spawn().unwrap();
         let pid = gone.id();
         gone.wait().unwrap();
@@ -890,6 +899,7 @@ mod tests {
             until: None,
             reason: None,
             pid: Some(pid),
+            pid_start: None,
             pinned_sha256: None,
             desired_at_pin: None,
         };

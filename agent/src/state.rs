@@ -547,6 +547,7 @@ mod tests {
             until: Some(3601),
             reason: Some("incident 42".into()),
             pid: None,
+            pid_start: None,
             pinned_sha256: None,
             desired_at_pin: None,
         };
@@ -582,6 +583,7 @@ mod tests {
             until: None,
             reason: None,
             pid: None,
+            pid_start: None,
             pinned_sha256: None,
             desired_at_pin: None,
         };

@@ -59,7 +59,7 @@ impl SweepHold {
     async fn take(store: &Store, unit: &str, name: &str) -> Result<SweepHold, String> {
         let st = store.peek(unit).map_err(|e| format!("{e:#}"))?;
         if let Some(h) = &st.hold {
-            let stale = h.kind == HoldKind::Sweep && h.pid.is_none_or(|p| !crate::host::pid_alive(p))
+            let stale = h.kind == HoldKind::Sweep && !crate::host::holder_alive(h)
                 || h.until.is_some_and(|u| u <= state::now());
             if !stale {
                 return Err(format!("{}: a sweep does not take a unit someone holds", h.describe()));
@@ -73,6 +73,7 @@ impl SweepHold {
             until: Some(now + HOLD_FOR),
             reason: None,
             pid: Some(std::process::id()),
+            pid_start: crate::host::pid_start(std::process::id()),
             pinned_sha256: None,
             desired_at_pin: None,
         };

@@ -277,9 +277,41 @@ pub fn pid_alive(pid: u32) -> bool {
     }
 }
 
+/// When process `pid` started, in clock ticks after boot (`/proc/PID/stat`'s 22nd field);
+/// `None` when it is gone.
+pub fn pid_start(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) is in parentheses and may hold spaces: count after its end.
+    stat.rsplit_once(')')?.1.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// Process `pid` exists, and is the one that started at `start` (when known): a pid the kernel
+/// gave to a later process is not it.
+pub fn same_process(pid: u32, start: Option<u64>) -> bool {
+    pid_alive(pid) && start.is_none_or(|s| pid_start(pid) == Some(s))
+}
+
+/// A hold's process (a sweep's) still runs: the same pid, started at the same time.
+pub fn holder_alive(h: &crate::hold::Hold) -> bool {
+    h.pid.is_some_and(|p| same_process(p, h.pid_start))
+}
+
 #[cfg(test)]
 mod pid_tests {
     use super::*;
+
+    #[test]
+    fn a_process_is_known_by_its_pid_and_start_time() {
+        let me = std::process::id();
+        let start = pid_start(me).expect("this process's start time");
+        assert!(same_process(me, Some(start)) && same_process(me, None));
+        assert!(!same_process(me, Some(start + 1)), "the same pid, started at another time: a later process");
+        let mut c = std::process::Command::new("true").spawn().unwrap();
+        let pid = c.id();
+        c.wait().unwrap();
+        assert_eq!(pid_start(pid), None);
+        assert!(!same_process(pid, None));
+    }
 
     #[test]
     fn this_process_is_alive_and_a_reaped_child_is_not() {

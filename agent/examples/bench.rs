@@ -253,28 +253,64 @@ fn readiness_lag(runs: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A box whose agent (`specd-agent.service`) follows a local repository of `n` specs
+/// (`specs/mI.yaml` for `mI.service`, stand-ins with `load_ms` of load), started once the first
+/// commit is made.
+struct AgentBox {
+    _dir: tempfile::TempDir,
+    repo: std::path::PathBuf,
+    b: SystemdBox,
+    ports: Vec<u16>,
+    standin: String,
+    load_ms: u32,
+}
+
+impl AgentBox {
+    fn start(n: usize, load_ms: u32) -> anyhow::Result<AgentBox> {
+        let dir = tempfile::tempdir()?;
+        let repo = dir.path().join("config");
+        std::fs::create_dir_all(repo.join("specs"))?;
+        specd_e2e::git(&repo, &["init", "-q"]);
+        let b = SystemdBox::boot_with(BoxConfig { binds: vec![dir.path().to_path_buf()], ..Default::default() })?;
+        let standin = bin_path("specd-standin").display().to_string();
+        let a = AgentBox { _dir: dir, repo, b, ports: (0..n).map(|_| free_port()).collect(), standin, load_ms };
+        for i in 0..n {
+            a.write(i, 3)?;
+        }
+        a.commit()?;
+        let listen = free_port();
+        a.b.write_file(
+            "/etc/systemd/system/specd-agent.service",
+            format!("[Service]\nType=notify\nExecStart={} run --config /run/none.yaml --repo {} --path specs --listen 127.0.0.1:{listen}\n", specd_bin(), a.repo.display()),
+        )?;
+        a.b.systemctl_check(&["daemon-reload"])?;
+        a.b.systemctl_check(&["start", "specd-agent.service"])?;
+        Ok(a)
+    }
+
+    /// Unit `i`'s spec at `steps` (not committed).
+    fn write(&self, i: usize, steps: u32) -> anyhow::Result<()> {
+        let text = spec(&self.standin, &format!("m{i}.service"), self.ports[i], steps, self.load_ms);
+        Ok(std::fs::write(self.repo.join(format!("specs/m{i}.yaml")), text)?)
+    }
+
+    fn commit(&self) -> anyhow::Result<()> {
+        specd_e2e::git(&self.repo, &["add", "-A"]);
+        specd_e2e::git(&self.repo, &["commit", "-q", "-m", "change"]);
+        Ok(())
+    }
+
+    /// Unit `i`'s state file, as seen from outside the box.
+    fn state(&self, i: usize) -> std::path::PathBuf {
+        self.b.host_path(&format!("/var/lib/specd/units/m{i}.service.json"))
+    }
+}
+
 fn agent(commits: usize, idle_secs: u64) -> anyhow::Result<()> {
     let specd = specd_bin();
-    let standin = bin_path("specd-standin").display().to_string();
-    let dir = tempfile::tempdir()?;
-    let repo = dir.path().join("config");
-    std::fs::create_dir_all(repo.join("specs"))?;
-    specd_e2e::git(&repo, &["init", "-q"]);
-    let b = SystemdBox::boot_with(BoxConfig { binds: vec![dir.path().to_path_buf()], ..Default::default() })?;
-    let ports: Vec<u16> = (0..4).map(|_| free_port()).collect();
-    for (i, p) in ports.iter().enumerate() {
-        std::fs::write(repo.join(format!("specs/m{i}.yaml")), spec(&standin, &format!("m{i}.service"), *p, 3, 100))?;
-    }
-    specd_e2e::git(&repo, &["add", "-A"]);
-    specd_e2e::git(&repo, &["commit", "-q", "-m", "four models"]);
-    let listen = free_port();
-    b.write_file(
-        "/etc/systemd/system/specd-agent.service",
-        format!("[Service]\nType=notify\nExecStart={specd} run --config /run/none.yaml --repo {} --path specs --listen 127.0.0.1:{listen}\n", repo.display()),
-    )?;
-    b.systemctl_check(&["daemon-reload"])?;
-    b.systemctl_check(&["start", "specd-agent.service"])?;
-    let state = |i: usize| b.host_path(&format!("/var/lib/specd/units/m{i}.service.json"));
+    let a = AgentBox::start(4, 100)?;
+    let (b, repo) = (&a.b, &a.repo);
+    let state = |i: usize| a.state(i);
     wait_until("four units applied", Duration::from_secs(120), || {
         (0..4).all(|i| {
             std::fs::read_to_string(state(i))
@@ -284,15 +320,15 @@ fn agent(commits: usize, idle_secs: u64) -> anyhow::Result<()> {
     let mut lat = Vec::new();
     for c in 0..commits {
         let steps = 4 + (c as u32 % 5);
-        std::fs::write(repo.join("specs/m0.yaml"), spec(&standin, "m0.service", ports[0], steps, 100))?;
-        specd_e2e::git(&repo, &["add", "-A"]);
+        a.write(0, steps)?;
+        specd_e2e::git(repo, &["add", "-A"]);
         // The stopwatch: inotify on the state directory (the reconcile's first write marks it in
         // progress), not a poller whose period would quantize the figure.
         let mut watch = inotify::Inotify::init()?;
         let units_dir = state(0).parent().unwrap().to_path_buf();
         watch.watches().add(&units_dir, inotify::WatchMask::MOVED_TO | inotify::WatchMask::CLOSE_WRITE)?;
         let t = Instant::now();
-        specd_e2e::git(&repo, &["commit", "-q", "-m", "change"]);
+        specd_e2e::git(repo, &["commit", "-q", "-m", "change"]);
         let committed = t.elapsed();
         let mut buf = [0u8; 4096];
         let started = loop {
@@ -374,7 +410,7 @@ fn agent(commits: usize, idle_secs: u64) -> anyhow::Result<()> {
     for (what, kb) in by {
         println!("| {what} | {:.1} |", kb as f64 / 1024.0);
     }
-    b.shutdown()?;
+    a.b.shutdown()?;
     Ok(())
 }
 
@@ -405,33 +441,10 @@ fn unit_state(path: &std::path::Path) -> Option<(bool, Option<String>, Option<St
 /// applied, verified and ready (each unit's state file, seen by inotify). Goal: the `n`-unit
 /// commit takes about as long as the one-unit commit (the slowest unit), not `n` times as long.
 fn agent_fanout(n: usize, runs: usize, load_ms: u32) -> anyhow::Result<()> {
-    let specd = specd_bin();
-    let standin = bin_path("specd-standin").display().to_string();
-    let dir = tempfile::tempdir()?;
-    let repo = dir.path().join("config");
-    std::fs::create_dir_all(repo.join("specs"))?;
-    specd_e2e::git(&repo, &["init", "-q"]);
-    let b = SystemdBox::boot_with(BoxConfig { binds: vec![dir.path().to_path_buf()], ..Default::default() })?;
-    let ports: Vec<u16> = (0..n).map(|_| free_port()).collect();
-    let write = |i: usize, steps: u32| {
-        std::fs::write(
-            repo.join(format!("specs/m{i}.yaml")),
-            spec(&standin, &format!("m{i}.service"), ports[i], steps, load_ms),
-        )
-    };
-    for i in 0..n {
-        write(i, 3)?;
-    }
-    specd_e2e::git(&repo, &["add", "-A"]);
-    specd_e2e::git(&repo, &["commit", "-q", "-m", "models"]);
-    let listen = free_port();
-    b.write_file(
-        "/etc/systemd/system/specd-agent.service",
-        format!("[Service]\nType=notify\nExecStart={specd} run --config /run/none.yaml --repo {} --path specs --listen 127.0.0.1:{listen}\n", repo.display()),
-    )?;
-    b.systemctl_check(&["daemon-reload"])?;
-    b.systemctl_check(&["start", "specd-agent.service"])?;
-    let state = |i: usize| b.host_path(&format!("/var/lib/specd/units/m{i}.service.json"));
+    let a = AgentBox::start(n, load_ms)?;
+    let (b, repo, ports) = (&a.b, &a.repo, &a.ports);
+    let write = |i: usize, steps: u32| a.write(i, steps);
+    let state = |i: usize| a.state(i);
     let settled = |i: usize| unit_state(&state(i)).is_some_and(|(busy, w, g)| !busy && w.is_some() && w == g);
     wait_until("the units applied", Duration::from_secs(300), || (0..n).all(settled))?;
     let units_dir = state(0).parent().unwrap().to_path_buf();
@@ -444,11 +457,11 @@ fn agent_fanout(n: usize, runs: usize, load_ms: u32) -> anyhow::Result<()> {
         for &i in which {
             write(i, steps)?;
         }
-        specd_e2e::git(&repo, &["add", "-A"]);
+        specd_e2e::git(repo, &["add", "-A"]);
         let mut watch = inotify::Inotify::init()?;
         watch.watches().add(&units_dir, inotify::WatchMask::MOVED_TO | inotify::WatchMask::CLOSE_WRITE)?;
         let t = Instant::now();
-        specd_e2e::git(&repo, &["commit", "-q", "-m", "change"]);
+        specd_e2e::git(repo, &["commit", "-q", "-m", "change"]);
         let done = || {
             which.iter().zip(&before).all(|(&i, old)| {
                 unit_state(&state(i)).is_some_and(|(busy, w, g)| !busy && w.is_some() && w != *old && w == g)
@@ -471,7 +484,7 @@ fn agent_fanout(n: usize, runs: usize, load_ms: u32) -> anyhow::Result<()> {
     // same units, one alone and all of them in parallel, with the agent stopped.
     b.systemctl_check(&["stop", "specd-agent.service"])?;
     let units: Vec<String> = (0..n).map(|i| format!("m{i}.service")).collect();
-    hand_written(&b, &units, &ports, load_ms)?;
+    hand_written(b, &units, ports, load_ms)?;
     let (mut h1, mut hn) = (Vec::new(), Vec::new());
     let mut steps = 5;
     for _ in 0..runs {
@@ -498,7 +511,7 @@ fn agent_fanout(n: usize, runs: usize, load_ms: u32) -> anyhow::Result<()> {
         mhn / mh1,
         m1 * n as f64
     );
-    b.shutdown()?;
+    a.b.shutdown()?;
     Ok(())
 }
 

@@ -257,12 +257,13 @@ fn readiness_lag(runs: usize) -> anyhow::Result<()> {
 /// (`specs/mI.yaml` for `mI.service`, stand-ins with `load_ms` of load), started once the first
 /// commit is made.
 struct AgentBox {
-    _dir: tempfile::TempDir,
     repo: std::path::PathBuf,
     b: SystemdBox,
     ports: Vec<u16>,
     standin: String,
     load_ms: u32,
+    /// Last: removed after the box is gone (it is bound into the box).
+    _dir: tempfile::TempDir,
 }
 
 impl AgentBox {

@@ -66,8 +66,9 @@ pub enum Command {
         #[arg(long, value_enum, default_value = "inference-service")]
         kind: SchemaKind,
     },
-    /// Reconcile one spec now: stop, wait for an empty cgroup, write, reload, start, verify,
-    /// wait for readiness; roll back if it fails.
+    /// Reconcile specs now: stop, wait for an empty cgroup, write, reload, start, verify, wait
+    /// for readiness; roll back if it fails. Several files are all checked first, then applied
+    /// at once.
     Apply {
         /// A spec file; several (`-f a.yaml -f b.yaml`) are checked first, then applied at once.
         #[arg(long = "file", short = 'f', required = true)]

@@ -80,24 +80,36 @@ pub async fn apply(dirs: &Dirs, files: &[PathBuf], host: Option<String>, dry_run
             }
         }
     }
-    let mut running = tokio::task::JoinSet::new();
-    for (i, d) in all.into_iter().enumerate() {
-        let ctx = ctx.clone();
-        running.spawn(async move {
-            let t0 = std::time::Instant::now();
-            let report = reconcile::reconcile(&ctx, &d, dry_run).await;
-            if let Ok(r) = &report {
-                crate::notify::after_reconcile(&ctx, &d, r, t0.elapsed()).await;
-            }
-            (i, d.spec.unit.clone(), report)
+    let all: Vec<Arc<DesiredState>> = all.into_iter().map(Arc::new).collect();
+    // What a reconcile would refuse (a unit file specd did not write, a unit specd never
+    // manages) is found for every unit before any is changed.
+    if !dry_run && all.len() > 1 {
+        let quiet = Arc::new(reconcile::Ctx {
+            events: Arc::new(|_: &str, _: &reconcile::Event| {}),
+            ..context::host_ctx(dirs, context::events(Sink::Stderr), Shutdown::never())
         });
+        let mut refusals = Vec::new();
+        for (d, r) in all.iter().zip(each_at_once(&quiet, &all, true).await) {
+            match r {
+                Ok(r) if r.refused() => refusals.push(r.verdict),
+                Ok(_) => {}
+                Err(e) => refusals.push(format!("{}: {e:#}", d.spec.unit)),
+            }
+        }
+        if !refusals.is_empty() {
+            for r in refusals {
+                eprintln!("specd: {r}");
+            }
+            eprintln!("specd: nothing was changed on this host");
+            return Ok(1);
+        }
     }
-    let mut done = running.join_all().await;
-    done.sort_by_key(|(i, ..)| *i);
+    let done = each_at_once(&ctx, &all, dry_run).await;
     crate::notify::flush(std::time::Duration::from_secs(30)).await;
     let mut code = 0;
     let many = done.len() > 1;
-    for (_, unit, report) in done {
+    for (d, report) in all.iter().zip(done) {
+        let unit = &d.spec.unit;
         let report = match report {
             Ok(r) => r,
             Err(e) if many => {
@@ -110,7 +122,10 @@ pub async fn apply(dirs: &Dirs, files: &[PathBuf], host: Option<String>, dry_run
         if let Some(v) = &report.stop_verdict {
             println!("note: {unit}: the previous instance was {v}");
         }
-        println!("{}", report.verdict);
+        match many && !report.verdict.contains(unit.as_str()) {
+            true => println!("{unit}: {}", report.verdict),
+            false => println!("{}", report.verdict),
+        }
         // 0: the unit runs the spec (or, dry run, would be made to); 1: anything else.
         let ok = match (report.outcome, report.plan.sync) {
             (Some(state::Outcome::Applied | state::Outcome::Started), _) => true,
@@ -123,6 +138,36 @@ pub async fn apply(dirs: &Dirs, files: &[PathBuf], host: Option<String>, dry_run
         }
     }
     Ok(code)
+}
+
+/// Reconcile every unit at once (each in a task of its own: a panic is that unit's error, and
+/// the others go on), and send each one's notice; the reports in the order of `all`.
+async fn each_at_once(
+    ctx: &Arc<reconcile::Ctx<crate::host::RealHost>>,
+    all: &[Arc<DesiredState>],
+    dry_run: bool,
+) -> Vec<Result<reconcile::Report, reconcile::ReconcileError>> {
+    let tasks: Vec<_> = all
+        .iter()
+        .map(|d| {
+            let (ctx, d) = (ctx.clone(), d.clone());
+            tokio::spawn(async move {
+                let t0 = std::time::Instant::now();
+                let report = reconcile::reconcile(&ctx, &d, dry_run).await;
+                if let Ok(r) = &report {
+                    crate::notify::after_reconcile(&ctx, &d, r, t0.elapsed()).await;
+                }
+                report
+            })
+        })
+        .collect();
+    let mut out = Vec::new();
+    for t in tasks {
+        out.push(t.await.unwrap_or_else(|e| {
+            Err(reconcile::ReconcileError::Io(anyhow::anyhow!("internal error while reconciling: {e}")))
+        }));
+    }
+    out
 }
 
 #[derive(Debug, Serialize)]

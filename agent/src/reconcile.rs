@@ -336,6 +336,16 @@ pub fn desired_of(ctx_unit_dir: &Path, d: &DesiredState) -> Desired {
     }
 }
 
+/// How a verdict that refuses to act on a unit begins (a unit file specd did not write).
+const REFUSED: &str = "Refused:";
+
+impl Report {
+    /// The reconcile refused to act on the unit (a dry run says so too).
+    pub fn refused(&self) -> bool {
+        self.outcome.is_none() && self.verdict.starts_with(REFUSED)
+    }
+}
+
 /// One reconcile of one unit. With `dry_run`, observes and plans only.
 pub async fn reconcile<H: Host>(ctx: &Ctx<H>, d: &DesiredState, dry_run: bool) -> Result<Report, ReconcileError> {
     let unit = d.spec.unit.clone();
@@ -355,7 +365,11 @@ pub async fn reconcile<H: Host>(ctx: &Ctx<H>, d: &DesiredState, dry_run: bool) -
     let mut st = ctx.store.load(&unit)?;
     let held = match ctx.holds {
         Holds::Obeyed => {
-            let alive = st.hold.as_ref().and_then(|h| h.pid).is_none_or(|p| ctx.host.alive(p));
+            let alive = st
+                .hold
+                .as_ref()
+                .and_then(|h| h.pid.map(|p| (p, h.pid_start)))
+                .is_none_or(|(p, s)| ctx.host.same_process(p, s));
             match crate::hold::effective(st.hold.as_ref(), state::now(), alive, &d.unit.sha256) {
                 crate::hold::HoldEffect::HandsOff(why) => Some(why),
                 _ => None,
@@ -378,7 +392,7 @@ pub async fn reconcile<H: Host>(ctx: &Ctx<H>, d: &DesiredState, dry_run: bool) -
         && let Some(whose) = crate::owner::foreign(&path, ctx.host.read(&path)?.as_deref(), &props.load_state, fragment)
     {
         let verdict = format!(
-            "Refused: {unit}: {whose}; specd takes over a unit it did not write only when the spec adopts it (policy: {{adopt: true}}); nothing changed"
+            "{REFUSED} {unit}: {whose}; specd takes over a unit it did not write only when the spec adopts it (policy: {{adopt: true}}); nothing changed"
         );
         return Ok(Report { plan, outcome: None, verdict, stop_verdict: None, action: Action::AwaitChange });
     }
@@ -478,11 +492,9 @@ pub async fn reconcile<H: Host>(ctx: &Ctx<H>, d: &DesiredState, dry_run: bool) -
                 Report { plan, outcome: None, verdict, stop_verdict, action: Action::Requeue(Duration::from_secs(60)) }
             } else {
                 let verdict = if d.spec.service.enabled {
-                    format!("Applied: {unit} starts at boot now (systemctl enable); its server was left as it runs")
+                    format!("Applied: {unit} starts at boot now (enabled); its server was left as it runs")
                 } else {
-                    format!(
-                        "Applied: {unit} no longer starts at boot (systemctl disable); its server was left as it runs"
-                    )
+                    format!("Applied: {unit} no longer starts at boot (disabled); its server was left as it runs")
                 };
                 st.record(history(d, Outcome::Applied, verdict.clone(), None, ms));
                 Report { plan, outcome: Some(Outcome::Applied), verdict, stop_verdict, action: Action::AwaitChange }
@@ -915,7 +927,10 @@ pub async fn prune<H: Host>(ctx: &Ctx<H>, unit: &str) {
         Ok(l) => l,
         Err(e) => return tracing::error!(unit, "pruning: cannot take the unit's lock: {e:#}"),
     };
-    tracing::warn!(unit, "pruning: its spec is gone; stopping it and moving its unit file to the state dir");
+    tracing::warn!(
+        unit,
+        "pruning: its spec is gone; stopping and disabling it, and moving its unit file to the state dir"
+    );
     let before = ctx.host.show(unit).await.unwrap_or_default();
     ctx.host.note(unit, "prune", &before.invocation_id, &format!("specd: stopping {unit}: its spec is gone (prune)"));
     if let Err(lingering) = stop_until_empty(ctx, unit, &before).await {
@@ -925,6 +940,10 @@ pub async fn prune<H: Host>(ctx: &Ctx<H>, unit: &str) {
             lingering.len(),
             before.control_group
         );
+    }
+    // It no longer starts at boot: no `.wants` link is left pointing at a file moved away.
+    if let Err(e) = ctx.host.disable(unit).await {
+        tracing::warn!(unit, "pruning: disabling it: {e:#}");
     }
     let path = unit_path(&ctx.unit_dir, unit);
     let keep = ctx.store.dir.join("pruned");

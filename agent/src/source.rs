@@ -91,7 +91,20 @@ fn check_ssh_key(file: &Path) -> Result<()> {
 /// The credential helper git runs when a remote asks for a password: the token of
 /// `$SPECD_TOKEN_FILE`, read at that moment (white space dropped, as a trailing newline), as the
 /// password of the URL's user (or `x-access-token`). Only for `get`, so nothing is ever stored.
-const TOKEN_HELPER: &str = r#"!f() { test "$1" = get || return 0; u=x-access-token; while read -r l; do case "$l" in username=?*) u=${l#username=};; esac; done; printf 'username=%s\n' "$u"; printf 'password=%s\n' "$(tr -d '[:space:]' <"$SPECD_TOKEN_FILE")"; }; f"#;
+/// It answers only for the remote's own host (`$SPECD_TOKEN_HOST`): a server that redirects
+/// elsewhere gets no token.
+const TOKEN_HELPER: &str = r#"!f() { test "$1" = get || return 0; u=x-access-token; h=; while read -r l; do case "$l" in username=?*) u=${l#username=};; host=*) h=${l#host=};; esac; done; test "$h" = "$SPECD_TOKEN_HOST" || return 0; printf 'username=%s\n' "$u"; printf 'password=%s\n' "$(tr -d '[:space:]' <"$SPECD_TOKEN_FILE")"; }; f"#;
+
+/// The `host=` git's credential protocol names for `url`: the host, and the port when the URL
+/// has one (`127.0.0.1:8443`).
+fn credential_host(url: &str) -> Option<String> {
+    let u = reqwest::Url::parse(url).ok()?;
+    let host = u.host_str()?;
+    Some(match u.port() {
+        Some(p) => format!("{host}:{p}"),
+        None => host.to_string(),
+    })
+}
 
 pub fn is_remote(repo: &str) -> bool {
     repo.contains("://") || (repo.contains('@') && repo.contains(':') && !repo.starts_with('/'))
@@ -179,7 +192,7 @@ impl GitSource {
             // An empty value first: no helper of the user's configuration is asked.
             config.push(("credential.helper", String::new()));
             config.push(("credential.helper", TOKEN_HELPER.into()));
-            cmd.env("SPECD_TOKEN_FILE", t);
+            cmd.env("SPECD_TOKEN_FILE", t).env("SPECD_TOKEN_HOST", credential_host(&self.cfg.repo).unwrap_or_default());
         }
         let mut ssh = String::from(
             "ssh -o BatchMode=yes -o ConnectTimeout=30 -o ServerAliveInterval=15 -o ServerAliveCountMax=4",
@@ -205,8 +218,14 @@ impl GitSource {
             .context("running git fetch (are git and timeout installed?)")?;
         match out.status.code() {
             Some(0) => Ok(()),
-            Some(124) | Some(137) | None => bail!(
-                "fetching {} from {}: not done within {} s (killed)",
+            Some(124) => bail!(
+                "fetching {} from {}: not done within {} s (stopped)",
+                self.followed(),
+                self.cfg.repo,
+                FETCH_WITHIN.as_secs()
+            ),
+            Some(137) | None => bail!(
+                "fetching {} from {}: git was killed (at the {} s deadline, or by a signal)",
                 self.followed(),
                 self.cfg.repo,
                 FETCH_WITHIN.as_secs()
@@ -403,6 +422,41 @@ fn text_of(path: &str, bytes: &[u8]) -> Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The helper as git runs it (`sh -c '<helper> get'`, the request on stdin).
+    fn ask_helper(token_file: &Path, remote_host: &str, request: &str) -> String {
+        let out = Command::new("sh")
+            .arg("-c")
+            .arg(format!("{} get", &TOKEN_HELPER[1..]))
+            .env("SPECD_TOKEN_FILE", token_file)
+            .env("SPECD_TOKEN_HOST", remote_host)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .and_then(|mut c| {
+                use std::io::Write;
+                c.stdin.take().unwrap().write_all(request.as_bytes())?;
+                c.wait_with_output()
+            })
+            .unwrap();
+        assert!(out.status.success());
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    #[test]
+    fn the_token_goes_to_the_remote_s_host_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = dir.path().join("token");
+        std::fs::write(&t, "s3cr3t \r\n").unwrap();
+        let host = credential_host("https://git.example.com:8443/infra/c.git").unwrap();
+        assert_eq!(host, "git.example.com:8443");
+        assert_eq!(credential_host("https://git.example.com/c.git").unwrap(), "git.example.com");
+        let asked = |h: &str, user: &str| ask_helper(&t, &host, &format!("protocol=https\nhost={h}\n{user}\n"));
+        assert_eq!(asked("git.example.com:8443", ""), "username=x-access-token\npassword=s3cr3t\n");
+        assert_eq!(asked("git.example.com:8443", "username=ops"), "username=ops\npassword=s3cr3t\n");
+        assert_eq!(asked("elsewhere.example.com", ""), "", "a redirect to another host gets nothing");
+        assert_eq!(asked("git.example.com", ""), "", "another port is another server");
+    }
 
     #[test]
     fn an_ssh_url_without_a_user_logs_in_as_git() {

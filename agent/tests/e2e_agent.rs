@@ -328,7 +328,8 @@ fn a_removed_spec_leaves_its_unit_running_as_orphaned_unless_prune_is_on() {
     assert_eq!(o.status.code(), Some(1));
     assert!(text(&o).contains("orphaned: model-b.service (its spec is gone; left running)"), "{}", text(&o));
 
-    // With prune on, the orphan is stopped and its unit file moved into the state dir.
+    assert!(f.e.b.read_file("/etc/systemd/system/multi-user.target.wants/model-b.service").is_ok(), "enabled");
+    // With prune on, the orphan is stopped, disabled, and its unit file moved into the state dir.
     f.e.b.systemctl_check(&["stop", AGENT]).unwrap();
     f.e.b.write_file("/run/agent.yaml", "prune: true\n").unwrap();
     f.e.b.systemctl_check(&["start", AGENT]).unwrap();
@@ -339,6 +340,8 @@ fn a_removed_spec_leaves_its_unit_running_as_orphaned_unless_prune_is_on() {
     .unwrap();
     let kept = f.e.b.check(&["ls", "/var/lib/specd/pruned"]).unwrap();
     assert!(kept.contains("model-b.service."), "{kept}");
+    let wants = f.e.b.check(&["ls", "/etc/systemd/system/multi-user.target.wants"]).unwrap_or_default();
+    assert!(!wants.contains("model-b.service"), "no link left to a pruned unit: {wants}");
     assert_eq!(f.steps(a), Some(5));
     f.e.b.shutdown().unwrap();
 }

@@ -978,6 +978,26 @@ fn several_files_are_checked_first_then_applied_at_once() {
     );
     assert!(nothing_deployed());
 
+    // A unit file specd did not write, among several: refused before any unit is changed.
+    e.b.write_file("/etc/systemd/system/m2.service", "[Service]\nExecStart=/bin/sleep 1000\n").unwrap();
+    let o = e.specd(&["apply", "-f", &files[0], "-f", &files[2]]);
+    let out = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{out}");
+    assert!(out.contains("specd: Refused: m2.service: ") && out.contains("nothing was changed on this host"), "{out}");
+    assert!(e.b.read_file("/etc/systemd/system/m0.service").is_err(), "m0 was not deployed: {out}");
+    e.b.sh_check("rm /etc/systemd/system/m2.service").unwrap();
+
+    // A dry run of several says which unit each verdict is about.
+    let o = e.specd(&["apply", "--dry-run", "-f", &files[0], "-f", &files[1]]);
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(
+        out.lines().map(|l| l.split(':').next().unwrap()).collect::<Vec<_>>(),
+        ["m0.service", "m1.service"],
+        "{out}"
+    );
+    assert!(nothing_deployed());
+
     let o = e.specd(&["apply", "-f", &files[0], "-f", &files[1], "-f", &files[2]]);
     let out = text(&o);
     assert!(o.status.success(), "{out}");

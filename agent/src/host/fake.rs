@@ -555,6 +555,11 @@ impl Host for FakeHost {
         pid == 0 || self.w().procs.get(&pid).is_some_and(|p| p.alive)
     }
 
+    fn same_process(&self, pid: u32, _start: Option<u64>) -> bool {
+        // The fake's pids are never reused.
+        self.alive(pid)
+    }
+
     fn cmdline(&self, pid: u32) -> Option<Vec<String>> {
         if !matches!(self.enter("cmdline"), Go::On) {
             return None;

@@ -46,6 +46,8 @@ pub trait Host: Clone + Send + Sync + 'static {
 
     /// The process exists and has not exited; pid 0 (not known) counts as alive.
     fn alive(&self, pid: u32) -> bool;
+    /// A hold's process (a sweep's) still runs: pid `pid`, started at `start` when known.
+    fn same_process(&self, pid: u32, start: Option<u64>) -> bool;
     /// A process's command line; `None` once it is gone.
     fn cmdline(&self, pid: u32) -> Option<Vec<String>>;
     /// A process is still in the cgroup.
@@ -177,6 +179,10 @@ impl Host for RealHost {
 
     fn cmdline(&self, pid: u32) -> Option<Vec<String>> {
         cgroup::cmdline(pid)
+    }
+
+    fn same_process(&self, pid: u32, start: Option<u64>) -> bool {
+        same_process(pid, start)
     }
 
     fn populated(&self, cg: &str) -> bool {

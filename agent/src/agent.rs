@@ -215,6 +215,8 @@ pub async fn run(opts: RunOptions) -> Result<()> {
     for u in join_within(handles, tokio::time::sleep(STOP_WITHIN)).await {
         tracing::warn!(unit = %u, "did not reach a safe point within {} s", STOP_WITHIN.as_secs());
     }
+    // Notices still queued (a receiver that did not answer yet) get a last chance.
+    crate::notify::flush(NOTICES_WITHIN).await;
     server.abort();
     control.abort();
     let _ = std::fs::remove_file(&socket);
@@ -226,6 +228,10 @@ pub async fn run(opts: RunOptions) -> Result<()> {
 /// them together, within the agent unit's `TimeoutStopSec=90` (examples/specd.service), with
 /// time left to close the endpoints before systemd kills what remains.
 const STOP_WITHIN: Duration = Duration::from_secs(75);
+
+/// How long the agent waits at its stop, after the workers, for webhook notices still queued:
+/// their retries (1 s, then 2 s) fit in it.
+const NOTICES_WITHIN: Duration = Duration::from_secs(5);
 
 /// Wait for every task until one shared `deadline`; the units whose task had not finished by
 /// then (they are left running, and end with the process).
@@ -919,7 +925,10 @@ mod tests {
             .trim()
             .parse()
             .unwrap();
-        assert!(STOP_WITHIN + Duration::from_secs(10) <= Duration::from_secs(secs), "{STOP_WITHIN:?} in {secs} s");
+        assert!(
+            STOP_WITHIN + NOTICES_WITHIN + Duration::from_secs(10) <= Duration::from_secs(secs),
+            "{STOP_WITHIN:?} and {NOTICES_WITHIN:?} in {secs} s"
+        );
     }
 
     #[tokio::test]

@@ -1075,17 +1075,18 @@ impl<H: Host> Run<'_, H> {
         Ok(())
     }
 
-    /// `systemctl enable`/`disable`. Its failure fails nothing: the server runs, verified; the
-    /// next reconcile plans it again (status says the unit would not start at boot meanwhile).
+    /// Enable or disable it (what `systemctl enable`/`disable` do). Its failure fails nothing:
+    /// the server runs, verified; the next reconcile plans it again (status says the unit would
+    /// not start at boot meanwhile).
     async fn boot(&mut self, enable: bool) {
         let (ctx, unit) = (self.ctx, self.unit);
-        let verb = if enable { "enable" } else { "disable" };
-        (ctx.events)(unit, &Event::Phase(format!("systemctl {verb} {unit}")));
+        let verb = if enable { "enabling" } else { "disabling" };
+        (ctx.events)(unit, &Event::Phase(format!("{verb} {unit} (at boot)")));
         let r = if enable { ctx.host.enable(unit).await } else { ctx.host.disable(unit).await };
         if let Err(e) = r {
             (ctx.events)(
                 unit,
-                &Event::Warning(format!("systemctl {verb} {unit} failed ({e:#}); the next reconcile tries again")),
+                &Event::Warning(format!("{verb} {unit} failed ({e:#}); the next reconcile tries again")),
             );
         }
     }
@@ -1282,7 +1283,7 @@ impl<H: Host> Run<'_, H> {
     async fn reload(&mut self) -> Result<(), StepFailure> {
         let (ctx, unit, step, path) = (self.ctx, self.unit, Step::Reload, &self.path);
         let emit = |e: Event| (ctx.events)(unit, &e);
-        emit(Event::Phase("systemctl daemon-reload".into()));
+        emit(Event::Phase("daemon-reload".into()));
         ctx.host.daemon_reload().await.map_err(|e| StepFailure::host(step, format!("{e:#}")))?;
         let props = ctx.host.show(unit).await.map_err(|e| StepFailure::host(step, format!("{e:#}")))?;
         if props.need_daemon_reload {

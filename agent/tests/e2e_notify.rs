@@ -209,3 +209,35 @@ fn specd_apply_delivers_its_notice_before_it_exits() {
     assert!(rx.try_recv().is_err());
     e.b.shutdown().unwrap();
 }
+
+/// A notice still queued when the agent is stopped (its receiver did not answer yet) is retried
+/// during the stop, not lost with the process.
+#[test]
+fn a_notice_queued_when_the_agent_stops_is_delivered_during_the_stop() {
+    let f = Fleet::new();
+    // Nothing listens here until the agent is stopping.
+    let port = free_port();
+    f.start_agent(&format!("notify:\n  webhooks:\n    - url: http://127.0.0.1:{port}/hook\n"));
+    let c1 = f.commit(&f.spec(5, ""), "steps 5");
+    // Applied and verified (its notice is queued as the reconcile ends), the first delivery
+    // refused.
+    wait_until("the apply", Duration::from_secs(60), || {
+        let st = f.e.state("qwen.service");
+        st["in_progress"].is_null() && st["last_good"]["sha256"].is_string()
+    })
+    .unwrap();
+    f.e.b.systemctl_check(&["stop", "--no-block", AGENT]).unwrap();
+    let rx = receiver(TcpListener::bind(("127.0.0.1", port)).unwrap());
+    let d = f.next(&rx, "the notice queued at the stop");
+    assert_eq!(
+        (d.body["outcome"].as_str(), d.body["commit"].as_str()),
+        (Some("applied"), Some(c1.as_str())),
+        "{}",
+        d.raw
+    );
+    wait_until("the agent to stop", Duration::from_secs(30), || {
+        f.e.b.prop(AGENT, "ActiveState").is_ok_and(|s| s == "inactive")
+    })
+    .unwrap();
+    f.e.b.shutdown().unwrap();
+}

@@ -609,7 +609,7 @@ async fn worker(
             Err(e) => Err(reconcile::ReconcileError::Io(anyhow::anyhow!("internal error while reconciling: {e}"))),
         };
         let wait = match (result, &held) {
-            (Ok(r), Some((why, recheck))) => {
+            (Ok(r), Some((why, recheck, _))) => {
                 failures = 0;
                 metrics.reconciled(&unit, r.plan.sync, "held", t0.elapsed().as_secs_f64(), false);
                 if let Ok(p) = ctx.host.show(&unit).await {
@@ -678,24 +678,32 @@ async fn worker(
                 None => std::future::pending().await,
             }
         };
+        // A sweep that holds the unit: its process's exit.
+        let sweep_ends = async {
+            match held.as_ref().and_then(|(_, _, exit)| *exit).and_then(|(pid, start)| crate::host::exited(pid, start))
+            {
+                Some(exited) => exited.await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             r = rx.changed() => if r.is_err() { return },
             _ = poke.notified() => {}
             _ = requeue => {}
+            _ = sweep_ends => {}
             _ = ctx.shutdown.wait() => return,
         }
     }
 }
 
-/// Whether a hold keeps the agent's hands off `unit` now: why, and when to look again (`None`:
-/// at the next change or request). A hold that ended (expired, its sweep gone, the source moved
-/// past a pin) is cleared here, recorded in the unit's history, and the agent acts again.
-async fn hands_off(
-    store: &Store,
-    unit: &str,
-    desired_sha: &str,
-    metrics: &Metrics,
-) -> Option<(String, Option<Duration>)> {
+/// A hold that keeps the agent's hands off: why, when to look again (`None`: at the next change
+/// or request), and the process whose exit ends it (a sweep's pid and start time).
+type HandsOff = (String, Option<Duration>, Option<(u32, Option<u64>)>);
+
+/// Whether a hold keeps the agent's hands off `unit` now (see [`HandsOff`]). A hold that ended
+/// (expired, its sweep gone, the source moved past a pin) is cleared here, recorded in the unit's
+/// history, and the agent acts again.
+async fn hands_off(store: &Store, unit: &str, desired_sha: &str, metrics: &Metrics) -> Option<HandsOff> {
     let hold = match store.peek(unit) {
         Ok(st) => st.hold,
         Err(e) => {
@@ -711,9 +719,11 @@ async fn hands_off(
         crate::hold::HoldEffect::HandsOff(why) => {
             let h = hold?;
             let until = h.until.map(|u| Duration::from_secs(u.saturating_sub(now).max(1)));
-            // A sweep's process is looked at every few seconds (it may end without a word).
-            let pid = h.pid.map(|_| SWEEP_RECHECK);
-            Some((why, until.into_iter().chain(pid).min()))
+            // A sweep's process may end without a word: its exit wakes the worker (a pidfd);
+            // where the kernel has none, it is looked at every few seconds.
+            let exit = h.pid.map(|p| (p, h.pid_start));
+            let timer = exit.filter(|&(p, _)| !crate::host::can_watch_exit(p)).map(|_| SWEEP_RECHECK);
+            Some((why, until.into_iter().chain(timer).min(), exit))
         }
         crate::hold::HoldEffect::Expired(why) => {
             let h = hold?;
@@ -729,7 +739,8 @@ async fn hands_off(
     }
 }
 
-/// How often the agent looks whether a sweep that holds a unit still runs.
+/// How often the agent looks whether a sweep that holds a unit still runs, where its exit
+/// cannot be watched (a kernel without pidfds).
 const SWEEP_RECHECK: Duration = Duration::from_secs(5);
 
 /// One inotify watch (one thread) for both: the local repository's refs (a moved ref is a

@@ -477,6 +477,43 @@ fn a_running_agent_leaves_the_swept_unit_alone_and_manages_it_again_after() {
     f.e.b.shutdown().unwrap();
 }
 
+/// A sweep killed (-9) while it holds the unit: the running agent is woken by the sweep's
+/// exit (no timer looks for it), ends the hold and puts the repository's spec back.
+#[test]
+fn a_running_agent_takes_the_unit_back_when_its_sweep_is_killed() {
+    let f = Fleet::new();
+    let (e, repo) = (&f.e, &f.repo);
+    let spec_file = repo.join("specs/qwen.yaml");
+    std::fs::write(&spec_file, base_spec_with(&e.standin, e.port, 3, "SPECD_STANDIN_TOKENS_PER_SEC: \"100\"")).unwrap();
+    git(repo, &["add", "-A"]);
+    git(repo, &["commit", "-q", "-m", "steps 3"]);
+    f.run_agent(&repo.display().to_string(), "", "");
+    let journal = || e.b.journal(AGENT).unwrap_or_default();
+    wait_until("the agent to deploy steps 3", Duration::from_secs(60), || e.served_steps() == Some(3))
+        .unwrap_or_else(|err| panic!("{err}\n{}", journal()));
+
+    // 40 requests of 16 tokens at 100 tokens/s: the first level measures for about 6 s.
+    let sweep = e.put("sweep.yaml", &sweep_doc_with(&spec_file.display().to_string(), "1, 2", "[1, 4]", 40, "restore"));
+    let out = "/run/specs/out";
+    let script = format!("exec {} sweep -f {sweep} --out {out} >/run/specs/sweep.log 2>&1", e.specd);
+    let mut child = e.b.command(&["/bin/sh", "-c", &script]).spawn().unwrap();
+    // Killed while it measures its first point: the point's apply is over (no change of the
+    // unit's state comes after it to wake the agent).
+    wait_until("the first point to be measured", Duration::from_secs(60), || {
+        e.served_steps() == Some(1) && e.state(UNIT)["in_progress"].is_null() && results(e, out).is_empty()
+    })
+    .unwrap();
+    let pid = e.state(UNIT)["hold"]["pid"].as_u64().expect("the sweep holds the unit");
+    assert!(e.b.sh(&format!("kill -9 {pid}")).status.success());
+    let _ = child.wait();
+    wait_until("the agent to put steps 3 back", Duration::from_secs(30), || {
+        e.served_steps() == Some(3) && e.state(UNIT)["hold"].is_null()
+    })
+    .unwrap_or_else(|err| panic!("{err}\n{}", journal()));
+    assert!(journal().contains(&format!("hold ended (its process {pid} is gone)")), "{}", journal());
+    f.e.b.shutdown().unwrap();
+}
+
 /// The real llama-server (the GGUF as its own draft model) swept over `speculative.num_steps`
 /// (`--spec-draft-n-max`): each point reports llama-server's own accept rate.
 #[test]

@@ -297,6 +297,40 @@ pub fn same_process(pid: u32, start: Option<u64>) -> bool {
     pid_alive(pid) && start.is_none_or(|s| pid_start(pid) == Some(s))
 }
 
+/// A pidfd of process `pid` (readable once it has exited); `None` without one (a kernel before
+/// 5.3, or no such process).
+fn pidfd(pid: u32) -> Option<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    let p = libc::pid_t::try_from(pid).ok().filter(|p| *p > 0)?;
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, p, 0) };
+    // SAFETY: a descriptor the kernel just returned, owned by nothing else.
+    (fd >= 0).then(|| unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) })
+}
+
+/// Whether [`exited`] can watch process `pid` (this kernel has pidfds).
+pub fn can_watch_exit(pid: u32) -> bool {
+    pidfd(pid).is_some() || !pid_alive(pid)
+}
+
+/// Until process `pid`, started at `start` (when known), exits: a pidfd, readable then. Resolves
+/// at once when that process is already gone (or the pid is another process's now); `None` when
+/// it cannot be watched.
+pub fn exited(pid: u32, start: Option<u64>) -> Option<std::pin::Pin<Box<dyn Future<Output = ()> + Send>>> {
+    let Some(fd) = pidfd(pid) else {
+        return (!pid_alive(pid)).then(|| Box::pin(std::future::ready(())) as _);
+    };
+    // The descriptor names whatever process has the pid now: is it still that one?
+    if !same_process(pid, start) {
+        return Some(Box::pin(std::future::ready(())));
+    }
+    // SAFETY: an OwnedFd, open and the same for as long as the AsyncFd owns it.
+    let fd = unsafe { tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }.ok()?;
+    Some(Box::pin(async move {
+        let _ = fd.readable().await;
+    }))
+}
+
 /// A hold's process (a sweep's) still runs: the same pid, started at the same time.
 pub fn holder_alive(h: &crate::hold::Hold) -> bool {
     h.pid.is_some_and(|p| same_process(p, h.pid_start))
@@ -305,6 +339,31 @@ pub fn holder_alive(h: &crate::hold::Hold) -> bool {
 #[cfg(test)]
 mod pid_tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_process_s_exit_is_seen_at_once_without_a_timer() {
+        let mut c = std::process::Command::new("sleep").arg("1000").spawn().unwrap();
+        let pid = c.id();
+        let start = pid_start(pid);
+        let exit = exited(pid, start).expect("this kernel has pidfds");
+        tokio::pin!(exit);
+        // Not before it exits.
+        assert!(futures_poll_once(&mut exit).await.is_pending());
+        c.kill().unwrap();
+        // Readable once it has exited (a zombie until reaped counts as exited).
+        tokio::time::timeout(std::time::Duration::from_secs(10), exit).await.expect("the exit was seen");
+        c.wait().unwrap();
+        // Gone already, or the pid is another process's: at once.
+        tokio::time::timeout(std::time::Duration::from_secs(1), exited(pid, start).unwrap()).await.unwrap();
+        let me = std::process::id();
+        let other = exited(me, pid_start(me).map(|s| s + 1)).unwrap();
+        tokio::time::timeout(std::time::Duration::from_secs(1), other).await.unwrap();
+    }
+
+    /// Polls a future once.
+    async fn futures_poll_once<F: Future + Unpin>(f: &mut F) -> std::task::Poll<F::Output> {
+        std::future::poll_fn(|cx| std::task::Poll::Ready(std::pin::Pin::new(&mut *f).poll(cx))).await
+    }
 
     #[test]
     fn a_process_is_known_by_its_pid_and_start_time() {

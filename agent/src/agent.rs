@@ -680,9 +680,11 @@ async fn worker(
         };
         // A sweep that holds the unit: its process's exit.
         let sweep_ends = async {
-            match held.as_ref().and_then(|(_, _, exit)| *exit).and_then(|(pid, start)| crate::host::exited(pid, start))
-            {
-                Some(exited) => exited.await,
+            match held.as_ref().and_then(|(_, _, exit)| *exit) {
+                Some((pid, start)) => match crate::host::exited(pid, start) {
+                    Some(exited) => exited.await,
+                    None => tokio::time::sleep(SWEEP_RECHECK).await,
+                },
                 None => std::future::pending().await,
             }
         };

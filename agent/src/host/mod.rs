@@ -283,18 +283,29 @@ pub fn pid_alive(pid: u32) -> bool {
     }
 }
 
-/// When process `pid` started, in clock ticks after boot (`/proc/PID/stat`'s 22nd field);
-/// `None` when it is gone.
-pub fn pid_start(pid: u32) -> Option<u64> {
+/// Process `pid`'s state letter and start time (clock ticks after boot), from `/proc/PID/stat`
+/// (fields 3 and 22); `None` when it is gone.
+fn stat_of(pid: u32) -> Option<(char, u64)> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name (field 2) is in parentheses and may hold spaces: count after its end.
-    stat.rsplit_once(')')?.1.split_whitespace().nth(19)?.parse().ok()
+    let mut f = stat.rsplit_once(')')?.1.split_whitespace();
+    let state = f.next()?.chars().next()?;
+    Some((state, f.nth(18)?.parse().ok()?))
 }
 
-/// Process `pid` exists, and is the one that started at `start` (when known): a pid the kernel
-/// gave to a later process is not it.
+/// When process `pid` started, in clock ticks after boot; `None` when it is gone.
+pub fn pid_start(pid: u32) -> Option<u64> {
+    stat_of(pid).map(|(_, start)| start)
+}
+
+/// Process `pid` runs (an exited one not yet reaped does not), and is the one that started at
+/// `start` (when known): a pid the kernel gave to a later process is not it.
 pub fn same_process(pid: u32, start: Option<u64>) -> bool {
-    pid_alive(pid) && start.is_none_or(|s| pid_start(pid) == Some(s))
+    match stat_of(pid) {
+        Some((state, started)) => !matches!(state, 'Z' | 'X') && start.is_none_or(|s| s == started),
+        // No /proc to read: the pid alone.
+        None => pid_alive(pid) && start.is_none() && !std::path::Path::new("/proc/self/stat").exists(),
+    }
 }
 
 /// A pidfd of process `pid` (readable once it has exited); `None` without one (a kernel before
@@ -349,9 +360,11 @@ mod pid_tests {
         tokio::pin!(exit);
         // Not before it exits.
         assert!(futures_poll_once(&mut exit).await.is_pending());
+        assert!(same_process(pid, start));
         c.kill().unwrap();
-        // Readable once it has exited (a zombie until reaped counts as exited).
+        // Readable once it has exited; not reaped yet, it does not run either.
         tokio::time::timeout(std::time::Duration::from_secs(10), exit).await.expect("the exit was seen");
+        assert!(!same_process(pid, start) && !same_process(pid, None), "an exited process not yet reaped");
         c.wait().unwrap();
         // Gone already, or the pid is another process's: at once.
         tokio::time::timeout(std::time::Duration::from_secs(1), exited(pid, start).unwrap()).await.unwrap();

@@ -229,8 +229,8 @@ pub async fn run(opts: RunOptions) -> Result<()> {
 /// time left to close the endpoints before systemd kills what remains.
 const STOP_WITHIN: Duration = Duration::from_secs(75);
 
-/// How long the agent waits at its stop, after the workers, for webhook notices still queued:
-/// their retries (1 s, then 2 s) fit in it.
+/// How long the agent waits at its stop, after the workers, for webhook notices still queued
+/// (a notice waiting on its backoff is tried again at once, then 1–2 s and 2–4 s later).
 const NOTICES_WITHIN: Duration = Duration::from_secs(5);
 
 /// Wait for every task until one shared `deadline`; the units whose task had not finished by

@@ -133,6 +133,8 @@ struct Target {
     /// Notices queued or being delivered.
     pending: tokio::sync::watch::Sender<usize>,
     wake: tokio::sync::Notify,
+    /// A flush ends the backoff sleep of a notice waiting to be tried again.
+    hurry: tokio::sync::Notify,
 }
 
 impl Notifier {
@@ -156,6 +158,7 @@ impl Notifier {
                     queue: std::sync::Mutex::new(VecDeque::new()),
                     pending: tokio::sync::watch::channel(0).0,
                     wake: tokio::sync::Notify::new(),
+                    hurry: tokio::sync::Notify::new(),
                 })
             })
             .collect();
@@ -183,8 +186,12 @@ impl Notifier {
     }
 
     /// Wait until every queued notice was delivered or given up, at most `within` (a one-shot
-    /// command waits for its notice before it exits). True when nothing is left.
+    /// command waits for its notice before it exits, the agent at its stop). A notice waiting to
+    /// be tried again is tried at once, then on its backoff. True when nothing is left.
     pub async fn flush(&self, within: Duration) -> bool {
+        for t in self.targets.iter() {
+            t.hurry.notify_one();
+        }
         let all = async {
             for t in self.targets.iter() {
                 let mut rx = t.pending.subscribe();
@@ -270,8 +277,19 @@ async fn deliver_loop(t: Arc<Target>, client: reqwest::Client, counters: Counter
             .with_max_delay(Duration::from_secs(60))
             .with_max_times(6)
             .with_jitter();
+        let hurried = t.clone();
+        let sleep = move |d: Duration| {
+            let t = hurried.clone();
+            async move {
+                tokio::select! {
+                    _ = tokio::time::sleep(d) => {}
+                    _ = t.hurry.notified() => {}
+                }
+            }
+        };
         let result = attempt
             .retry(backoff)
+            .sleep(sleep)
             .when(|e| matches!(e, Failure::Again(_)))
             .notify(|e, after| {
                 if let Failure::Again(why) = e {

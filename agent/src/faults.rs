@@ -310,17 +310,7 @@ async fn a_fault_while_only_enabling_never_touches_the_server_and_the_next_recon
 async fn a_hold_set_while_a_reconcile_waits_for_the_lock_stops_the_agent_not_an_operator() {
     let (old, new) = (desired(3), desired(5));
     let w = serving(&old, &new, false).await;
-    let hold = crate::hold::Hold {
-        kind: crate::hold::HoldKind::Suspend,
-        by: "root (specd suspend)".into(),
-        since: crate::state::now(),
-        until: None,
-        reason: None,
-        pid: None,
-        pid_start: None,
-        pinned_sha256: None,
-        desired_at_pin: None,
-    };
+    let hold = crate::hold::Hold::new(crate::hold::HoldKind::Suspend, "root (specd suspend)", crate::state::now());
     w.store().set_hold(UNIT, hold).await.unwrap();
     let r = w.reconcile(&new).await.unwrap().unwrap();
     assert_eq!(r.outcome, None, "{}", r.verdict);

@@ -57,6 +57,22 @@ pub struct Hold {
 }
 
 impl Hold {
+    /// A hold of `kind` put by `by` at `since`, with nothing else said (no end, reason, process
+    /// or pin): the fields a kind uses are set on top of it.
+    pub fn new(kind: HoldKind, by: impl Into<String>, since: u64) -> Hold {
+        Hold {
+            kind,
+            by: by.into(),
+            since,
+            until: None,
+            reason: None,
+            pid: None,
+            pid_start: None,
+            pinned_sha256: None,
+            desired_at_pin: None,
+        }
+    }
+
     /// One line for people: `suspended by root@h (specd suspend) since … until …: reason`.
     pub fn describe(&self) -> String {
         let mut s = format!("{} by {} since {}", self.kind, self.by, format_time(self.since));
@@ -135,17 +151,7 @@ mod tests {
     use super::*;
 
     fn hold(kind: HoldKind) -> Hold {
-        Hold {
-            kind,
-            by: "root@h (specd suspend)".into(),
-            since: 100,
-            until: None,
-            reason: None,
-            pid: None,
-            pid_start: None,
-            pinned_sha256: None,
-            desired_at_pin: None,
-        }
+        Hold::new(kind, "root@h (specd suspend)", 100)
     }
 
     #[test]

@@ -728,15 +728,9 @@ pub async fn suspend(
     }
     let since = state::now();
     let hold = state::Hold {
-        kind: state::HoldKind::Suspend,
-        by: operator("specd suspend"),
-        since,
         until: for_.map(|d| since + d.as_secs()),
         reason,
-        pid: None,
-        pid_start: None,
-        pinned_sha256: None,
-        desired_at_pin: None,
+        ..state::Hold::new(state::HoldKind::Suspend, operator("specd suspend"), since)
     };
     if let Some(old) = st.hold.as_ref().filter(|h| h.kind == state::HoldKind::Pin) {
         println!("{unit}: replaces the pin ({}); `specd resume` ends both", old.describe());
@@ -812,15 +806,10 @@ pub async fn rollback(
         _ => st.desired.as_ref().map(|r| r.sha256.clone()),
     };
     let hold = state::Hold {
-        kind: state::HoldKind::Pin,
-        by: operator("specd rollback"),
-        since: state::now(),
-        until: None,
         reason,
-        pid: None,
-        pid_start: None,
         pinned_sha256: Some(d.unit.sha256.clone()),
         desired_at_pin,
+        ..state::Hold::new(state::HoldKind::Pin, operator("specd rollback"), state::now())
     };
     // Pinned first: an agent that runs does not move it forward meanwhile.
     ctx.store.set_hold(&unit, hold.clone()).await?;
@@ -901,17 +890,7 @@ mod tests {
 
     #[test]
     fn only_a_live_sweep_stops_a_hand_apply() {
-        let hold = |kind, pid| state::Hold {
-            kind,
-            by: "specd sweep qwen-mtp-steps".into(),
-            since: 0,
-            until: None,
-            reason: None,
-            pid,
-            pid_start: None,
-            pinned_sha256: None,
-            desired_at_pin: None,
-        };
+        let hold = |kind, pid| state::Hold { pid, ..state::Hold::new(kind, "specd sweep qwen-mtp-steps", 0) };
         let st = |h| state::UnitState { unit: "a.service".into(), hold: Some(h), ..Default::default() };
         let why = live_sweep(&st(hold(state::HoldKind::Sweep, Some(std::process::id())))).unwrap();
         assert!(
@@ -937,17 +916,7 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let store = Store::new(d.path());
         assert!(!sweeps_own(&store, "a.service"), "no hold");
-        let hold = |pid| state::Hold {
-            kind: state::HoldKind::Sweep,
-            by: "specd sweep s".into(),
-            since: 0,
-            until: None,
-            reason: None,
-            pid: Some(pid),
-            pid_start: None,
-            pinned_sha256: None,
-            desired_at_pin: None,
-        };
+        let hold = |pid| state::Hold { pid: Some(pid), ..state::Hold::new(state::HoldKind::Sweep, "specd sweep s", 0) };
         store.set_hold("a.service", hold(std::process::id())).await.unwrap();
         assert!(sweeps_own(&store, "a.service"), "the holding process itself");
         store.set_hold("a.service", hold(nix::unistd::getppid().as_raw().unsigned_abs())).await.unwrap();

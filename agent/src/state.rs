@@ -541,15 +541,9 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let store = Store::new(d.path());
         let hold = Hold {
-            kind: HoldKind::Suspend,
-            by: "root@h (specd suspend)".into(),
-            since: 1,
             until: Some(3601),
             reason: Some("incident 42".into()),
-            pid: None,
-            pid_start: None,
-            pinned_sha256: None,
-            desired_at_pin: None,
+            ..Hold::new(HoldKind::Suspend, "root@h (specd suspend)", 1)
         };
         store.set_hold("a.service", hold.clone()).await.unwrap();
         let st = store.load("a.service").unwrap();
@@ -576,17 +570,7 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let store = Store::new(d.path());
         let lock = crate::lock::UnitLock::try_acquire(&store.locks_dir(), "a.service").unwrap().unwrap();
-        let hold = Hold {
-            kind: HoldKind::Suspend,
-            by: "x".into(),
-            since: 1,
-            until: None,
-            reason: None,
-            pid: None,
-            pid_start: None,
-            pinned_sha256: None,
-            desired_at_pin: None,
-        };
+        let hold = Hold::new(HoldKind::Suspend, "x", 1);
         let (s2, h2) = (store.clone(), hold.clone());
         let set = tokio::spawn(async move { s2.set_hold("a.service", h2).await });
         // While the lock is held (a reconcile saves its state at its end), nothing is written.

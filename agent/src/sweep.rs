@@ -67,15 +67,10 @@ impl SweepHold {
         }
         let now = state::now();
         let hold = Hold {
-            kind: HoldKind::Sweep,
-            by: format!("specd sweep {name}"),
-            since: now,
             until: Some(now + HOLD_FOR),
-            reason: None,
             pid: Some(std::process::id()),
             pid_start: crate::host::pid_start(std::process::id()),
-            pinned_sha256: None,
-            desired_at_pin: None,
+            ..Hold::new(HoldKind::Sweep, format!("specd sweep {name}"), now)
         };
         store.set_hold(unit, hold.clone()).await.map_err(|e| format!("{e:#}"))?;
         let refresher = {

@@ -721,11 +721,9 @@ async fn hands_off(store: &Store, unit: &str, desired_sha: &str, metrics: &Metri
         crate::hold::HoldEffect::HandsOff(why) => {
             let h = hold?;
             let until = h.until.map(|u| Duration::from_secs(u.saturating_sub(now).max(1)));
-            // A sweep's process may end without a word: its exit wakes the worker (a pidfd);
-            // where the kernel has none, it is looked at every few seconds.
-            let exit = h.pid.map(|p| (p, h.pid_start));
-            let timer = exit.filter(|&(p, _)| !crate::host::can_watch_exit(p)).map(|_| SWEEP_RECHECK);
-            Some((why, until.into_iter().chain(timer).min(), exit))
+            // A sweep's process may end without a word: its exit wakes the worker (a pidfd, or
+            // a look every few seconds where there is none).
+            Some((why, until, h.pid.map(|p| (p, h.pid_start))))
         }
         crate::hold::HoldEffect::Expired(why) => {
             let h = hold?;

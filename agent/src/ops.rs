@@ -84,10 +84,7 @@ pub async fn apply(dirs: &Dirs, files: &[PathBuf], host: Option<String>, dry_run
     // What a reconcile would refuse (a unit file specd did not write, a unit specd never
     // manages) is found for every unit before any is changed.
     if !dry_run && all.len() > 1 {
-        let quiet = Arc::new(reconcile::Ctx {
-            events: Arc::new(|_: &str, _: &reconcile::Event| {}),
-            ..context::host_ctx(dirs, context::events(Sink::Stderr), Shutdown::never())
-        });
+        let quiet = Arc::new(reconcile::Ctx { events: Arc::new(|_: &str, _: &reconcile::Event| {}), ..(*ctx).clone() });
         let mut refusals = Vec::new();
         for (d, r) in all.iter().zip(each_at_once(&quiet, &all, true).await) {
             match r {

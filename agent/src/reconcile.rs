@@ -49,7 +49,8 @@ pub enum Event {
 
 pub type Events = Arc<dyn Fn(&str, &Event) + Send + Sync>;
 
-/// Everything the reconciler acts through.
+/// Everything the reconciler acts through. A clone shares the host's connections.
+#[derive(Clone)]
 pub struct Ctx<H: Host> {
     pub host: H,
     pub unit_dir: PathBuf,
@@ -365,11 +366,7 @@ pub async fn reconcile<H: Host>(ctx: &Ctx<H>, d: &DesiredState, dry_run: bool) -
     let mut st = ctx.store.load(&unit)?;
     let held = match ctx.holds {
         Holds::Obeyed => {
-            let alive = st
-                .hold
-                .as_ref()
-                .and_then(|h| h.pid.map(|p| (p, h.pid_start)))
-                .is_none_or(|(p, s)| ctx.host.same_process(p, s));
+            let alive = st.hold.as_ref().is_none_or(|h| h.pid.is_none() || ctx.host.holder_alive(h));
             match crate::hold::effective(st.hold.as_ref(), state::now(), alive, &d.unit.sha256) {
                 crate::hold::HoldEffect::HandsOff(why) => Some(why),
                 _ => None,

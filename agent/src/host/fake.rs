@@ -555,9 +555,9 @@ impl Host for FakeHost {
         pid == 0 || self.w().procs.get(&pid).is_some_and(|p| p.alive)
     }
 
-    fn same_process(&self, pid: u32, _start: Option<u64>) -> bool {
+    fn holder_alive(&self, hold: &crate::hold::Hold) -> bool {
         // The fake's pids are never reused.
-        self.alive(pid)
+        hold.pid.is_some_and(|p| self.alive(p))
     }
 
     fn cmdline(&self, pid: u32) -> Option<Vec<String>> {

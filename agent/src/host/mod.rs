@@ -46,8 +46,8 @@ pub trait Host: Clone + Send + Sync + 'static {
 
     /// The process exists and has not exited; pid 0 (not known) counts as alive.
     fn alive(&self, pid: u32) -> bool;
-    /// A hold's process (a sweep's) still runs: pid `pid`, started at `start` when known.
-    fn same_process(&self, pid: u32, start: Option<u64>) -> bool;
+    /// A hold's process (a sweep's) still runs: its pid, started at its start time when known.
+    fn holder_alive(&self, hold: &crate::hold::Hold) -> bool;
     /// A process's command line; `None` once it is gone.
     fn cmdline(&self, pid: u32) -> Option<Vec<String>>;
     /// A process is still in the cgroup.
@@ -181,8 +181,8 @@ impl Host for RealHost {
         cgroup::cmdline(pid)
     }
 
-    fn same_process(&self, pid: u32, start: Option<u64>) -> bool {
-        same_process(pid, start)
+    fn holder_alive(&self, hold: &crate::hold::Hold) -> bool {
+        holder_alive(hold)
     }
 
     fn populated(&self, cg: &str) -> bool {
@@ -319,17 +319,12 @@ fn pidfd(pid: u32) -> Option<std::os::fd::OwnedFd> {
     (fd >= 0).then(|| unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) })
 }
 
-/// Whether [`exited`] can watch process `pid` (this kernel has pidfds).
-pub fn can_watch_exit(pid: u32) -> bool {
-    pidfd(pid).is_some() || !pid_alive(pid)
-}
-
 /// Until process `pid`, started at `start` (when known), exits: a pidfd, readable then. Resolves
 /// at once when that process is already gone (or the pid is another process's now); `None` when
-/// it cannot be watched.
+/// it cannot be watched (no pidfds: the caller looks on a timer).
 pub fn exited(pid: u32, start: Option<u64>) -> Option<std::pin::Pin<Box<dyn Future<Output = ()> + Send>>> {
     let Some(fd) = pidfd(pid) else {
-        return (!pid_alive(pid)).then(|| Box::pin(std::future::ready(())) as _);
+        return (!same_process(pid, start)).then(|| Box::pin(std::future::ready(())) as _);
     };
     // The descriptor names whatever process has the pid now: is it still that one?
     if !same_process(pid, start) {

@@ -1,4 +1,4 @@
-//! Prometheus metrics of the agent, served on a loopback port with the control endpoint.
+//! Prometheus metrics of the agent, served on its read-only endpoint (`listen.rs`).
 
 use std::sync::Mutex;
 use std::sync::atomic::AtomicU64;

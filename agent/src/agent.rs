@@ -46,6 +46,8 @@ struct Worker {
 
 /// Run the agent until SIGTERM/SIGINT.
 pub async fn run(opts: RunOptions) -> Result<()> {
+    // Raised before anything is opened; the endpoints' caps are sized under it.
+    let nofile = listen::raise_nofile();
     let cfg = opts.config.clone();
     let src_cfg = cfg.source()?;
     let hostname = context::hostname(cfg.hostname.clone());
@@ -111,9 +113,16 @@ pub async fn run(opts: RunOptions) -> Result<()> {
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
     // Metrics (TCP, read-only) and control actions (a Unix socket, root's or a group's), each
-    // under a cap of connections.
+    // under a cap of connections that leaves descriptors for the agent's own work.
+    let limits = listen::Limits { connections: listen::metrics_connections(nofile), ..listen::METRICS };
+    tracing::info!(
+        "open files: up to {nofile}; the metrics endpoint serves up to {} connections at once, the control socket {}, and {} are kept for the agent's own work",
+        limits.connections,
+        listen::CONTROL.connections,
+        listen::RESERVED_FDS
+    );
     let addr = cfg.listen.clone().unwrap_or_else(|| "127.0.0.1:9464".into());
-    let server = listen::serve_metrics(&addr, metrics.clone(), listen::METRICS).await?;
+    let server = listen::serve_metrics(&addr, metrics.clone(), limits).await?;
     crate::notify::install(&cfg.notify.webhooks, &hostname, Some(&metrics));
     let socket = cfg.control_socket();
     let control = {

@@ -11,7 +11,8 @@
 //! lives at most [`Limits::connection_within`] (then it ends after the answer in progress, or
 //! [`GRACE`] later whatever it does). An accept that fails for want of descriptors or memory is
 //! tried again after a pause that grows to 1 s: the loop neither spins nor ends. The agent's
-//! own work (unit locks, git, D-Bus, probes, inotify) never waits on any of this.
+//! own work (unit locks, git, D-Bus, probes, inotify) never waits on any of this: the caps fit in
+//! the limit of open files with [`RESERVED_FDS`] to spare ([`metrics_connections`]).
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -53,9 +54,45 @@ pub const CONTROL: Limits =
 /// How long a connection past its life may take to finish the answer in progress.
 pub const GRACE: Duration = Duration::from_secs(1);
 
+/// Descriptors kept for the agent's own work whatever its endpoints hold: a lock per unit being
+/// reconciled, git's pack files and the pipes of the processes it runs (git, ssh-keygen, gpg,
+/// journalctl), the D-Bus connection, probe and webhook connections, inotify, pidfds.
+pub const RESERVED_FDS: u64 = 512;
+
+/// The soft limit of open files the agent raises itself to, when the hard limit allows: the
+/// caps and [`RESERVED_FDS`] fit in 1024 already; the rest is headroom. Not the hard limit itself
+/// (systemd's default is 524288): a program the agent runs inherits the soft limit, and some
+/// close every possible descriptor one by one before they exec.
+pub const NOFILE_WANTED: u64 = 8192;
+
 /// The largest request header (and what is read with it): a GET from Prometheus or a health
 /// check is a few hundred bytes. hyper's read buffer never grows past it.
 const READ_BUFFER: usize = 16 * 1024;
+
+/// Raise the soft limit of open files to [`NOFILE_WANTED`], or the hard limit if lower; returns
+/// the soft limit in effect.
+pub fn raise_nofile() -> u64 {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else { return 1024 };
+    let want = NOFILE_WANTED.min(hard);
+    if soft >= want {
+        return soft;
+    }
+    match setrlimit(Resource::RLIMIT_NOFILE, want, hard) {
+        Ok(()) => want,
+        Err(e) => {
+            tracing::warn!("cannot raise the limit of open files from {soft} to {want}: {e}");
+            soft
+        }
+    }
+}
+
+/// The metrics endpoint's cap under a limit of `nofile` open files: [`METRICS`]'s, or less when
+/// the limit leaves less beside [`RESERVED_FDS`] and the control socket's cap (at least 16).
+pub fn metrics_connections(nofile: u64) -> usize {
+    let left = nofile.saturating_sub(RESERVED_FDS + CONTROL.connections as u64);
+    usize::try_from(left).unwrap_or(usize::MAX).clamp(16, METRICS.connections)
+}
 
 /// The read-only endpoint on `listen` (any address): `GET /metrics`, `GET /healthz`.
 /// Control actions are not served here: see [`serve_control`].
@@ -516,6 +553,36 @@ mod tests {
         assert_eq!(accept_backoff(&aborted, Some(Duration::from_secs(1))), None);
         let nfile = std::io::Error::from_raw_os_error(libc::ENFILE);
         assert_eq!(accept_backoff(&nfile, None), Some(Duration::from_millis(10)));
+    }
+
+    #[test]
+    fn the_caps_fit_in_the_limit_of_open_files_beside_the_agent_s_reserve() {
+        // Where the limit cannot be raised (1024, systemd's default soft limit), the caps fit.
+        assert!(METRICS.connections as u64 + CONTROL.connections as u64 + RESERVED_FDS <= 1024);
+        assert_eq!(metrics_connections(1024), METRICS.connections);
+        assert_eq!(metrics_connections(NOFILE_WANTED), METRICS.connections);
+        assert_eq!(metrics_connections(700), 700 - 512 - 32);
+        assert_eq!(metrics_connections(100), 16);
+        // The shipped unit's limit holds what the agent raises itself to.
+        for unit in [
+            include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/specd.service")),
+            include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../packaging/specd.service")),
+        ] {
+            let n: u64 = unit
+                .lines()
+                .find_map(|l| l.strip_prefix("LimitNOFILE="))
+                .expect("the agent unit sets LimitNOFILE")
+                .trim()
+                .parse()
+                .unwrap();
+            assert_eq!(n, NOFILE_WANTED);
+        }
+        // Raised to what is wanted, or to the hard limit (never lowered).
+        use nix::sys::resource::{Resource, getrlimit};
+        let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
+        let soft = raise_nofile();
+        assert_eq!(getrlimit(Resource::RLIMIT_NOFILE).unwrap().0, soft);
+        assert!(soft >= NOFILE_WANTED.min(hard), "{soft} (hard {hard})");
     }
 
     #[tokio::test]

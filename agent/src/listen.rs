@@ -94,8 +94,8 @@ pub fn metrics_connections(nofile: u64) -> usize {
     usize::try_from(left).unwrap_or(usize::MAX).clamp(16, METRICS.connections)
 }
 
-/// The read-only endpoint on `listen` (any address): `GET /metrics`, `GET /healthz`.
-/// Control actions are not served here: see [`serve_control`].
+/// The read-only endpoint on `listen` (any address): `GET /metrics` (OpenMetrics text),
+/// `GET /healthz`. Control actions are not served here: see [`serve_control`].
 pub async fn serve_metrics(listen: &str, metrics: Arc<Metrics>, limits: Limits) -> Result<JoinHandle<()>> {
     let addr: std::net::SocketAddr = listen.parse().with_context(|| format!("listen address {listen:?}"))?;
     let listener = bind(addr).with_context(|| format!("binding {listen}"))?;
@@ -117,9 +117,10 @@ fn bind(addr: std::net::SocketAddr) -> std::io::Result<tokio::net::TcpListener> 
 
 /// The read-only endpoint's routes.
 fn metrics_app(metrics: Arc<Metrics>) -> axum::Router {
+    use axum::http::header::CONTENT_TYPE;
     use axum::routing::get;
     axum::Router::new()
-        .route("/metrics", get(move || async move { metrics.render() }))
+        .route("/metrics", get(move || async move { ([(CONTENT_TYPE, Metrics::CONTENT_TYPE)], metrics.render()) }))
         .route("/healthz", get(|| async { "ok\n" }))
 }
 
@@ -380,6 +381,21 @@ mod tests {
 
     fn between(d: Duration, lo_ms: u64, hi_ms: u64) -> bool {
         d >= Duration::from_millis(lo_ms) && d <= Duration::from_millis(hi_ms)
+    }
+
+    #[tokio::test]
+    async fn metrics_are_served_as_openmetrics_text() {
+        let m = Arc::new(Metrics::default());
+        m.source_read();
+        let (port, h) = start(metrics_app(m), METRICS).await;
+        let a = get_once(port, "/metrics").await.unwrap();
+        let (head, body) = a.split_once("\r\n\r\n").unwrap();
+        assert!(head.starts_with("HTTP/1.0 200"), "{head}");
+        let ct = head.lines().find_map(|l| l.strip_prefix("content-type: ")).unwrap();
+        assert_eq!(ct, "application/openmetrics-text; version=1.0.0; charset=utf-8");
+        assert!(body.contains("specd_source_reads_total 1") && body.ends_with("# EOF\n"), "{body}");
+        assert!(get_once(port, "/healthz").await.unwrap().ends_with("\r\n\r\nok\n"));
+        h.abort();
     }
 
     #[tokio::test]

@@ -15,6 +15,7 @@ mod fsx;
 mod guard;
 mod hold;
 mod host;
+mod listen;
 mod loadgen;
 mod lock;
 mod metrics;

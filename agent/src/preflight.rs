@@ -236,6 +236,10 @@ pub const SEARCH_PATH: [&str; 6] = ["/usr/local/sbin", "/usr/local/bin", "/usr/s
 /// How long `systemd-analyze verify` may take (0.1 s on an idle host); killed after.
 const VERIFY_WITHIN: Duration = Duration::from_secs(10);
 
+/// How long the looks at files and `/proc` may take (milliseconds, unless a file system hangs:
+/// then the apply goes on without them, and their thread is left to the hung call).
+const LOOK_WITHIN: Duration = Duration::from_secs(30);
+
 // ---------------------------------------------------------------------------------------------
 // The pure part: what to check.
 
@@ -551,9 +555,13 @@ async fn run_on(checks: &[Check], own_cgroup: &str, m: &Machine) -> Outcome {
             verified.push(verify(unit, text, m).await);
         }
     }
-    let looked = match looks.await {
-        Ok(l) => l,
-        Err(e) => checks.iter().map(|_| vec![Found::Note(format!("not checked: the look failed: {e}"))]).collect(),
+    let looked = match tokio::time::timeout(LOOK_WITHIN, looks).await {
+        Ok(Ok(l)) => l,
+        Ok(Err(e)) => checks.iter().map(|_| vec![Found::Note(format!("not checked: the look failed: {e}"))]).collect(),
+        Err(_) => {
+            let why = format!("not checked: the file system did not answer within {} s", LOOK_WITHIN.as_secs());
+            checks.iter().map(|_| vec![Found::Note(why.clone())]).collect()
+        }
     };
     let mut verified = verified.into_iter();
     let mut out = Outcome::default();
@@ -964,15 +972,32 @@ fn look_environment_file(path: &str, optional: bool) -> Vec<Found> {
         Err(e) if e.kind() == ErrorKind::NotFound && optional => Vec::new(),
         Err(e) => vec![missing(what, Path::new(path), &e)],
         Ok(m) if m.is_dir() => vec![Found::Problem(format!("{what} {path} is a directory"))],
+        Ok(_) => manager_reads(what, Path::new(path)).into_iter().collect(),
+    }
+}
+
+/// A credential's path may also be a directory (each file in it a credential) or a socket.
+fn look_credential(id: &str, path: &str) -> Vec<Found> {
+    let what = format!("the credential {id}'s file");
+    match std::fs::metadata(path) {
+        Err(e) => vec![missing(&what, Path::new(path), &e)],
+        Ok(m) if m.is_file() => manager_reads(&what, Path::new(path)).into_iter().collect(),
         Ok(_) => Vec::new(),
     }
 }
 
-fn look_credential(id: &str, path: &str) -> Vec<Found> {
-    match std::fs::metadata(path) {
-        Err(e) => vec![missing(&format!("the credential {id}'s file"), Path::new(path), &e)],
-        Ok(_) => Vec::new(),
-    }
+/// systemd reads environment files and credentials as root: whether specd, root too, can open
+/// one is the same question (a file system may refuse root: NFS's root_squash). specd not root
+/// cannot tell. Opened without blocking, so that a FIFO does not hang the look.
+fn manager_reads(what: &str, path: &Path) -> Option<Found> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let e = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path).err()?;
+    let m = format!("{what} {} cannot be read: {e}", path.display());
+    Some(if nix::unistd::geteuid().is_root() {
+        Found::Problem(m)
+    } else {
+        Found::Note(format!("not checked: {m} (specd is not root; systemd reads it as root)"))
+    })
 }
 
 fn look_user(name: &str) -> Vec<Found> {
@@ -1916,6 +1941,17 @@ mod look_tests {
         let dir = p("");
         let dir = dir.trim_end_matches('/');
         assert_eq!(look_environment_file(dir, true), [problem(format!("the environment file {dir} is a directory"))]);
+        // Root reads a file whatever its mode; specd not root can only say it could not.
+        let shut = write(&d.path().join("shut"), b"A=1\n", 0o000);
+        let got = look_environment_file(&shut, false);
+        if nix::unistd::geteuid().is_root() {
+            assert_eq!(got, []);
+        } else {
+            assert!(
+                matches!(&got[..], [Found::Note(m)] if m.ends_with("(specd is not root; systemd reads it as root)")),
+                "{got:?}"
+            );
+        }
         assert_eq!(look_credential("hf_token", &secret), []);
         assert_eq!(look_credential("keys", dir), [], "a directory of credentials");
         assert_eq!(

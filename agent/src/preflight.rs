@@ -231,7 +231,7 @@ fn model_form(engine: Engine) -> ModelForm {
 /// /usr: `DEFAULT_PATH` in `src/basic/path-util.h`). Later systemd dropped `/sbin:/bin` (and, with
 /// a merged sbin, `/usr/local/sbin:` and `/usr/sbin`), which on the systems it is built for
 /// are links into the directories before them: the same files are found in the same order.
-pub const SEARCH_PATH: [&str; 6] = ["/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"];
+const SEARCH_PATH: [&str; 6] = ["/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"];
 
 /// How long `systemd-analyze verify` may take (0.1 s on an idle host); killed after.
 const VERIFY_WITHIN: Duration = Duration::from_secs(10);
@@ -493,7 +493,7 @@ fn gpus(value: &str) -> Vec<Check> {
 /// Whether a model argument reads as a Hugging Face repo id (`Qwen/Qwen3-8B`, `gpt2`): one or
 /// two names of letters, digits, `-`, `_` and `.`, none starting or ending with `-` or `.`, no
 /// `--` or `..`. A path (`/`, `./`, `~`, more than one `/`) never does.
-pub fn looks_like_repo_id(v: &str) -> bool {
+fn looks_like_repo_id(v: &str) -> bool {
     let parts: Vec<&str> = v.split('/').collect();
     parts.len() <= 2
         && parts.iter().all(|p| {

@@ -185,10 +185,24 @@ struct Lines {
     tty: bool,
     /// A waiting line is shown in place (the next line clears it first).
     in_place: bool,
-    /// Per unit: the phases held back, as one line so far.
-    held: std::collections::BTreeMap<String, String>,
+    /// Per unit: what is held back for its next line.
+    held: std::collections::BTreeMap<String, Held>,
     /// Per unit: when its last line was written.
     last: std::collections::BTreeMap<String, Instant>,
+}
+
+/// A unit's line so far: its time and unit (`[  1.234s] u: `), then what happened, `; `-joined.
+struct Held {
+    at: String,
+    parts: Vec<String>,
+    /// The last part is a waiting line (the next one replaces it: only the latest figure counts).
+    waiting: bool,
+}
+
+impl Held {
+    fn line(&self) -> String {
+        format!("{}{}", self.at, self.parts.join("; "))
+    }
 }
 
 impl Lines {
@@ -210,30 +224,37 @@ impl Lines {
         }
         let mut out: Vec<Out> = Vec::new();
         let due = self.last.get(unit).is_none_or(|l| now.duration_since(*l) >= WAITING_EVERY);
-        let held = self.held.remove(unit);
-        let joined = |m: &str| match &held {
-            Some(h) => format!("{h}; {m}"),
-            None => at(m),
-        };
         let line = match e {
-            Event::Phase(m) | Event::Progress(m) => {
-                self.held.insert(unit.to_string(), joined(m));
-                return out;
-            }
-            Event::Waiting(m) if due => joined(m),
-            Event::Waiting(_) => {
-                self.held.extend(held.map(|h| (unit.to_string(), h)));
-                return out;
+            Event::Phase(m) | Event::Progress(m) | Event::Waiting(m) => {
+                let h = self.held.entry(unit.to_string()).or_insert_with(|| Held {
+                    at: format!("[{t:7.3}s] {unit}: "),
+                    parts: Vec::new(),
+                    waiting: false,
+                });
+                let waiting = matches!(e, Event::Waiting(_));
+                if waiting && h.waiting {
+                    h.parts.pop();
+                    // A line that only says how long it waited says when.
+                    if h.parts.is_empty() {
+                        h.at = format!("[{t:7.3}s] {unit}: ");
+                    }
+                }
+                h.parts.push(m.clone());
+                h.waiting = waiting;
+                if !(waiting && due) {
+                    return out;
+                }
+                self.held.remove(unit).map(|h| h.line()).unwrap_or_default()
             }
             Event::Plan(p) => {
-                out.extend(held.map(Out::Line));
+                out.extend(self.held.remove(unit).map(|h| Out::Line(h.line())));
                 match p.steps.is_empty() {
                     true => at(&format!("{}{}", p.sync, reasons(p))),
                     false => at(&format!("{}{}; plan: {}", p.sync, reasons(p), steps(p))),
                 }
             }
             Event::Warning(m) => {
-                out.extend(held.map(Out::Line));
+                out.extend(self.held.remove(unit).map(|h| Out::Line(h.line())));
                 at(&format!("WARNING: {m}"))
             }
         };
@@ -244,7 +265,7 @@ impl Lines {
 
     /// Whatever is held back, now.
     fn flush(&mut self) -> Vec<Out> {
-        std::mem::take(&mut self.held).into_values().map(Out::Line).collect()
+        std::mem::take(&mut self.held).into_values().map(|h| Out::Line(h.line())).collect()
     }
 }
 
@@ -316,7 +337,7 @@ mod tests {
             "[ 61.000s] u: loading: 58s",
             "[ 91.000s] u: loading: 88s",
             "[121.000s] u: loading: 118s",
-            "[123.000s] u: ready after 120.0s; proving that the server speculates (32-token generation); the server speculates: accept rate 80%; the server reports the spec's args (4 checked)",
+            "[123.000s] u: loading: 120s; ready after 120.0s; proving that the server speculates (32-token generation); the server speculates: accept rate 80%; the server reports the spec's args (4 checked)",
         ] {
             assert!(text.iter().any(|l| l == said), "{said:?} is not in:\n{all}");
         }
@@ -342,10 +363,10 @@ mod tests {
             ]
         );
         assert!(l.on("u", 0.2, &Event::Phase("proving".into()), now).is_empty());
-        // A waiting line not due yet adds nothing; another unit's lines are its own.
+        // A waiting line not due yet waits with the rest; another unit's lines are its own.
         assert!(l.on("u", 0.3, &Event::Waiting("loading: 0s".into()), now).is_empty());
         assert!(l.on("v", 0.3, &Event::Progress("ready".into()), now).is_empty());
-        assert_eq!(l.flush(), [Out::Line("[  0.200s] u: proving".into()), Out::Line("[  0.300s] v: ready".into())]);
+        assert_eq!(l.flush(), [Out::Line("[  0.200s] u: proving; loading: 0s".into()), Out::Line("[  0.300s] v: ready".into())]);
         assert!(l.flush().is_empty());
     }
 

@@ -349,3 +349,57 @@ async fn a_hold_set_while_a_reconcile_waits_for_the_lock_stops_the_agent_not_an_
     assert_eq!(r.outcome, Some(Outcome::Applied), "{}", r.verdict);
     assert_eq!(w.host.serving().as_ref(), Some(&new.spec.argv));
 }
+
+/// A unit that cannot start on this host (its pre-flight finds a missing program, model or port)
+/// is refused before anything is stopped: the serving instance is not touched, nothing is
+/// quarantined, and the refusal is recorded once, not at every look.
+#[tokio::test(start_paused = true)]
+async fn a_unit_that_cannot_start_here_is_refused_before_the_serving_one_is_stopped() {
+    let (old, new) = (desired(5), desired(10));
+    let w = serving(&old, &new, false).await;
+    let missing = crate::preflight::Problem {
+        check: crate::preflight::CheckKind::DraftModel,
+        message: "the draft model /models/draft does not exist".into(),
+    };
+    w.host.lacks(&new.spec, missing);
+    let before = w.host.stops_and_starts();
+    let r = w.reconcile(&new).await.unwrap().unwrap();
+    assert_eq!(r.outcome, Some(Outcome::Refused), "{}", r.verdict);
+    assert!(r.refused());
+    assert!(
+        r.verdict.contains("cannot start on this host: the draft model /models/draft does not exist; nothing was stopped"),
+        "{}",
+        r.verdict
+    );
+    assert_eq!(r.action, Action::AwaitChange);
+    assert_eq!(w.host.stops_and_starts(), before, "the serving instance was touched\n{}", w.said());
+    assert_eq!(w.host.serving().as_ref(), Some(&old.spec.argv));
+    assert_eq!(w.host.unit_file().as_deref(), Some(old.unit.text.as_str()));
+    let st = w.store().peek(UNIT).unwrap();
+    assert!(st.quarantined(&new.unit.sha256).is_none());
+    assert!(st.in_progress.is_none());
+    assert_eq!(st.history.last().map(|h| (h.outcome, h.message.clone())), Some((Outcome::Refused, r.verdict.clone())));
+    // Looked at again (a resync): the same refusal, not recorded again.
+    let n = st.history.len();
+    let again = w.reconcile(&new).await.unwrap().unwrap();
+    assert_eq!((again.outcome, again.verdict.as_str()), (None, r.verdict.as_str()));
+    assert_eq!(w.store().peek(UNIT).unwrap().history.len(), n);
+    // A dry run says so too.
+    let dry = reconcile::reconcile(&w.ctx(), &new, true).await.unwrap();
+    assert!(dry.refused() && dry.outcome.is_none(), "{}", dry.verdict);
+}
+
+/// With nothing serving, there is nothing to protect: the start is tried, and its failure is
+/// rolled back and told as any other.
+#[tokio::test(start_paused = true)]
+async fn a_unit_that_does_not_run_is_started_whatever_its_pre_flight_says() {
+    let (old, new) = (desired(5), desired(10));
+    let w = serving(&old, &new, false).await;
+    w.host.lacks(&new.spec, crate::preflight::Problem {
+        check: crate::preflight::CheckKind::Port,
+        message: "port 30000 is held by pid 7".into(),
+    });
+    crate::host::Host::stop(&w.host, UNIT, true).await.unwrap();
+    let r = w.reconcile(&new).await.unwrap().unwrap();
+    assert_eq!(r.outcome, Some(Outcome::Applied), "{}", r.verdict);
+}

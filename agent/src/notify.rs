@@ -71,7 +71,7 @@ impl Notice {
         let mut events = match outcome {
             Outcome::Applied | Outcome::Started => vec![NotifyEvent::Applied],
             Outcome::RolledBack => vec![NotifyEvent::Rollback],
-            Outcome::Failed => vec![NotifyEvent::Failed],
+            Outcome::Failed | Outcome::Refused => vec![NotifyEvent::Failed],
             Outcome::Reported | Outcome::Unquarantined | Outcome::HoldSet | Outcome::HoldCleared => return None,
         };
         if quarantined && matches!(outcome, Outcome::RolledBack | Outcome::Failed) {
@@ -89,6 +89,7 @@ impl Notice {
             Outcome::Applied => "applied",
             Outcome::Started => "started again",
             Outcome::RolledBack => "ROLLED BACK",
+            Outcome::Refused => "REFUSED (nothing was stopped)",
             _ => "FAILED",
         };
         let from = commit.as_deref().map(|c| format!(" at {}", specd_spec::short(c))).unwrap_or_default();

@@ -393,7 +393,7 @@ const REFUSED: &str = "Refused:";
 impl Report {
     /// The reconcile refused to act on the unit (a dry run says so too).
     pub fn refused(&self) -> bool {
-        self.outcome.is_none() && self.verdict.starts_with(REFUSED)
+        self.outcome == Some(Outcome::Refused) || self.outcome.is_none() && self.verdict.starts_with(REFUSED)
     }
 }
 
@@ -443,6 +443,14 @@ pub async fn reconcile<H: Host>(ctx: &Ctx<H>, d: &DesiredState, dry_run: bool) -
         );
         return Ok(Report { plan, outcome: None, verdict, stop_verdict: None, action: Action::AwaitChange });
     }
+    // Before anything is stopped: whether the desired unit can start on this host at all.
+    let refusal = match held {
+        None => preflight_refusal(ctx, d, &plan, &props, dry_run).await,
+        Some(_) => None,
+    };
+    if dry_run && let Some(verdict) = refusal {
+        return Ok(Report { plan, outcome: None, verdict, stop_verdict: None, action: Action::AwaitChange });
+    }
     if dry_run || held.is_some() {
         let verdict = if plan.steps.is_empty() {
             format!("{}: nothing to do", plan.sync)
@@ -465,6 +473,9 @@ pub async fn reconcile<H: Host>(ctx: &Ctx<H>, d: &DesiredState, dry_run: bool) -
 
     if plan.steps.is_empty() {
         return settle(ctx, &mut st, d, plan);
+    }
+    if let Some(verdict) = refusal {
+        return refuse(ctx, &mut st, d, plan, verdict);
     }
 
     // The running unit is the rollback target if nothing better is known: it was serving.
@@ -591,6 +602,56 @@ pub async fn reconcile<H: Host>(ctx: &Ctx<H>, d: &DesiredState, dry_run: bool) -
         report.verdict.push_str(&format!(" (specd's state could not be saved: {e:#})"));
     }
     Ok(report)
+}
+
+/// The verdict refusing a plan that would stop a serving instance to start a unit that cannot
+/// start on this host (`preflight`: a missing program, model or draft, a port another process
+/// holds...), or `None`. A unit that does not run has nothing to protect: its start is tried, and
+/// its failure rolled back and quarantined as any other (`dry_run` says the problems either way).
+async fn preflight_refusal<H: Host>(
+    ctx: &Ctx<H>,
+    d: &DesiredState,
+    plan: &Plan,
+    props: &UnitProps,
+    dry_run: bool,
+) -> Option<String> {
+    let serving = plan.steps.contains(&Step::Stop) && props.is_running();
+    if !plan.steps.contains(&Step::Start) || !(serving || dry_run) {
+        return None;
+    }
+    let unit = &d.spec.unit;
+    let o = ctx.host.preflight(&d.spec, &d.unit.text, &props.control_group).await;
+    for n in &o.notes {
+        (ctx.events)(unit, &Event::Progress(format!("pre-flight: {}", n.message)));
+    }
+    if o.passed() {
+        return None;
+    }
+    let why: Vec<&str> = o.problems.iter().map(|p| p.message.as_str()).collect();
+    Some(format!(
+        "{REFUSED} {unit}: unit {} cannot start on this host: {}; nothing was stopped or changed",
+        short(&d.unit.sha256),
+        why.join("; ")
+    ))
+}
+
+/// A plan refused before anything was done: recorded once (a resync that finds the same refusal
+/// again says nothing new), not tried again until the unit or the host changes.
+fn refuse<H: Host>(
+    ctx: &Ctx<H>,
+    st: &mut UnitState,
+    d: &DesiredState,
+    plan: Plan,
+    verdict: String,
+) -> Result<Report, ReconcileError> {
+    (ctx.events)(&d.spec.unit, &Event::Warning(verdict.clone()));
+    let repeated = st.history.last().is_some_and(|h| h.outcome == Outcome::Refused && h.message == verdict);
+    if !repeated {
+        st.record(history(d, Outcome::Refused, verdict.clone(), None, 0));
+    }
+    ctx.store.save(st)?;
+    let outcome = (!repeated).then_some(Outcome::Refused);
+    Ok(Report { plan, outcome, verdict, stop_verdict: None, action: Action::AwaitChange })
 }
 
 /// Nothing to do on the host: record what the unit is (in sync, drifted and only reported,

@@ -60,6 +60,9 @@ pub enum Outcome {
     HoldSet,
     /// A hold ended (`specd resume`, it expired, its sweep ended, the source moved past a pin).
     HoldCleared,
+    /// The new unit cannot start on this host (its pre-flight failed): nothing was stopped or
+    /// changed, and the unit is not tried again until it, or the host, changes.
+    Refused,
 }
 
 /// How many specs of past good units are kept per unit (the targets of `specd rollback`).

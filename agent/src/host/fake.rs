@@ -101,6 +101,8 @@ struct World {
     starts: usize,
     /// Starts of a new instance while a process of the unit was still alive in its cgroup.
     started_over_live: usize,
+    /// What the pre-flight of a unit text finds (by its argv): the host lacks what it names.
+    preflight: Vec<(Vec<String>, crate::preflight::Problem)>,
 }
 
 /// What the fault plan says about this call.
@@ -201,6 +203,11 @@ impl FakeHost {
             w.bad.push(spec.argv.clone());
         }
         w.specs.push(spec.clone());
+    }
+
+    /// The host lacks what `spec` names: its pre-flight finds `problem`.
+    pub fn lacks(&self, spec: &Spec, problem: crate::preflight::Problem) {
+        self.w().preflight.push((spec.argv.clone(), problem));
     }
 
     /// Fault `f` at call number `n` (0-based) from now on counted.
@@ -752,6 +759,12 @@ impl Host for FakeHost {
 
     fn note(&self, _unit: &str, _action: &str, _invocation: &str, _message: &str) {
         let _ = self.enter("note");
+    }
+
+    async fn preflight(&self, _spec: &Spec, unit_text: &str, _cgroup: &str) -> crate::preflight::Outcome {
+        let argv = specd_spec::exec_start(unit_text).unwrap_or_default();
+        let problems = self.w().preflight.iter().filter(|(a, _)| *a == argv).map(|(_, p)| p.clone()).collect();
+        crate::preflight::Outcome { problems, notes: Vec::new() }
     }
 
     async fn ending(&self, _unit: &str, _invocation: &str, _within: Duration) -> Option<super::Ending> {

@@ -17,6 +17,7 @@ use tokio::time::Instant;
 
 use crate::cgroup::{self, Layout, Lingering};
 use crate::fsx;
+use crate::preflight;
 use crate::probe::{Health, Probe};
 use crate::speculation::Speculation;
 use crate::systemd::{Systemd, UnitProps};
@@ -83,6 +84,13 @@ pub trait Host: Clone + Send + Sync + 'static {
     fn running_requests(&self, base_url: &str, engine: Engine) -> impl Future<Output = Option<u64>> + Send;
     /// One short generation and the engine's evidence of drafting.
     fn speculation(&self, base_url: &str, spec: &Spec) -> impl Future<Output = Result<Speculation, String>> + Send;
+
+    // What can be known before a start.
+
+    /// Whether a unit text can start on this host, by looking at it without starting it (its
+    /// program, model paths, files, user, port...: `preflight`); `cgroup` is the unit's own
+    /// (a port its running instance holds is not in the way).
+    fn preflight(&self, spec: &Spec, unit_text: &str, cgroup: &str) -> impl Future<Output = preflight::Outcome> + Send;
 
     // The journal.
 
@@ -272,6 +280,10 @@ impl Host for RealHost {
 
     fn note(&self, unit: &str, action: &str, invocation: &str, message: &str) {
         let _ = crate::diagnose::journal_note(unit, action, Some(invocation), message);
+    }
+
+    async fn preflight(&self, spec: &Spec, unit_text: &str, cgroup: &str) -> preflight::Outcome {
+        preflight::run(&preflight::checks(spec, unit_text), cgroup).await
     }
 
     async fn ending(&self, unit: &str, invocation: &str, within: Duration) -> Option<Ending> {

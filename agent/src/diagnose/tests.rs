@@ -105,12 +105,18 @@ fn cuda_oom_with_sigkill_is_cuda_oom_not_a_crash() {
 }
 
 #[test]
-fn exit_3_is_a_crash_with_the_last_error() {
+fn exit_3_is_a_crash_with_the_server_s_own_exception() {
     let d = newest(&fixture("crash-exit3"));
     assert_eq!(d.verdict, Verdict::Crash, "{d:#?}");
-    assert_contains(&d.summary, "exit status 3");
-    assert_contains(&d.summary, "ValueError: Unknown speculative algorithm name: EAGLE4");
-    assert!(has_evidence(&d, "Traceback (most recent call last):"), "{d:#?}");
+    assert_contains(
+        &d.summary,
+        "exit status 3, the server's own error: \"ValueError: Unknown speculative algorithm name: EAGLE4\"",
+    );
+    assert_eq!(d.engine_error.as_deref(), Some("ValueError: Unknown speculative algorithm name: EAGLE4"));
+    // The exception is cited, not the traceback's header or frames.
+    assert!(has_evidence(&d, "sh[221]: ValueError: Unknown speculative algorithm name: EAGLE4"), "{d:#?}");
+    assert!(!has_evidence(&d, "Traceback (most recent call last):"), "{d:#?}");
+    assert!(!has_evidence(&d, "prepare_server_args"), "{d:#?}");
     assert!(has_evidence(&d, "Failed with result 'exit-code'."), "{d:#?}");
 }
 
@@ -285,7 +291,7 @@ fn note(t_ms: u64, action: &str, invocation: &str) -> Line {
 }
 
 #[test]
-fn a_failed_start_that_specd_stopped_quotes_the_server_s_first_and_last_errors() {
+fn a_failed_start_that_specd_stopped_quotes_the_server_s_own_error() {
     let lines = |n: Line| {
         vec![
             sys(0, "Started x.service."),
@@ -298,14 +304,12 @@ fn a_failed_start_that_specd_stopped_quotes_the_server_s_first_and_last_errors()
     };
     let d = classify(&ev(lines(note(9_900, "rollback", "i1"))));
     assert_eq!(d.verdict, Verdict::FailedStart, "{d:#?}");
-    assert_contains(
-        &d.summary,
-        "its first error: \"E gguf_init_from_file: failed to open GGUF file '/models/missing.gguf'\"",
+    let quoted = "gguf_init_from_file: failed to open GGUF file '/models/missing.gguf' … srv load_model: failed to load draft model, '/models/missing.gguf'";
+    assert_eq!(
+        d.summary,
+        format!("failed start: the server did not start (the server's own error: \"{quoted}\"); specd then stopped it")
     );
-    assert_contains(
-        &d.summary,
-        "its last: \"E srv    load_model: failed to load draft model, '/models/missing.gguf'\"",
-    );
+    assert_eq!(d.engine_error.as_deref(), Some(quoted));
     // A plain stop to apply a new unit is a clean stop, whatever the server logged before.
     assert_eq!(classify(&ev(lines(note(9_900, "stop", "i1")))).verdict, Verdict::CleanStop);
     // A rollback note about another instance does not make this one a failed start.

@@ -618,3 +618,152 @@ fn a_gather_fails_when_systemd_s_lines_cannot_be_read_or_the_unit_does_not_exist
 fn tokio_test_block_on<F: std::future::Future>(f: F) -> F::Output {
     tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(f)
 }
+
+/// A recorded engine log (`tests/fixtures/engines/<path>`) as the journal holds it: one line of
+/// the server's per line of output (journald splits on `\n` only: vLLM's `\r` stays), without
+/// the recorder's `# ` header lines.
+fn engine_output(path: &str) -> Vec<Line> {
+    let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/engines").join(path);
+    let text = std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+    text.split('\n').filter(|m| !m.is_empty() && !m.starts_with("# ")).map(|m| svc(1, m)).collect()
+}
+
+/// A recorded output as an instance that exited 1 on its own.
+fn crashed_with(path: &str) -> Diagnosis {
+    let mut lines = vec![sys(0, "Started x.service.")];
+    lines.extend(engine_output(path));
+    lines.push(sys(2, "x.service: Main process exited, code=exited, status=1/FAILURE"));
+    lines.push(sys(2, "x.service: Failed with result 'exit-code'."));
+    classify(&ev(lines))
+}
+
+/// A recorded output as a new instance that never became ready, stopped by specd to roll back.
+fn failed_start_with(path: &str) -> Diagnosis {
+    let mut lines = vec![sys(0, "Started x.service.")];
+    lines.extend(engine_output(path));
+    lines.extend([
+        note(9_900, "rollback", "i1"),
+        sys(10, "Stopping x.service..."),
+        sys(10, "x.service: Main process exited, code=killed, status=15/TERM"),
+        sys(10, "x.service: Deactivated successfully."),
+    ]);
+    classify(&ev(lines))
+}
+
+/// What specd quotes for a recorded failure, as a crash and as a failed start specd rolled
+/// back: the same words, in both summaries and in `engine_error`.
+#[track_caller]
+fn quotes_real(path: &str, want: &str) {
+    let d = crashed_with(path);
+    assert_eq!(d.verdict, Verdict::Crash, "{d:#?}");
+    assert_eq!(d.engine_error.as_deref(), Some(want), "{path}");
+    assert_eq!(
+        d.summary,
+        format!("crash: the server died on its own: exit status 1, the server's own error: \"{want}\"")
+    );
+    let d = failed_start_with(path);
+    assert_eq!(d.verdict, Verdict::FailedStart, "{d:#?}");
+    assert_eq!(d.engine_error.as_deref(), Some(want), "{path}");
+    assert_eq!(
+        d.summary,
+        format!("failed start: the server did not start (the server's own error: \"{want}\"); specd then stopped it")
+    );
+}
+
+/// The pydantic error vLLM 0.32 dies of when its draft model's directory is not there (or has
+/// no `config.json`), whole: the path, what it looked for.
+fn invalid_repository(path: &str) -> String {
+    format!(
+        "pydantic_core._pydantic_core.ValidationError: 1 validation error for SpeculativeConfig Value error, Invalid repository ID or local directory specified: '{path}'. Please verify the following requirements: 1. Provide a valid Hugging Face repository ID. 2. Specify a local directory that contains a recognized configuration file. - For Hugging Face models: ensure the presence of a 'config.json'. - For Mistral models: ensure the presence of a 'params.json'."
+    )
+}
+
+#[test]
+fn real_vllm_missing_draft_quotes_its_validation_error_not_its_ulimit_warning_or_pydantic_s_link() {
+    let path = "vllm/real/start-missing-draft.log";
+    quotes_real(path, &invalid_repository("/srv/models/missing-draft"));
+    let d = crashed_with(path);
+    // Cited: the exception and its message lines; not the frames, pydantic's tail, the ERROR
+    // lines of the hub lookup it retried before, or the warning.
+    let cited: Vec<&str> = d.evidence.iter().filter(|e| e.source == Origin::Service).map(|e| e.text.as_str()).collect();
+    assert_eq!(cited.len(), 7, "{cited:#?}");
+    assert!(
+        cited[0].ends_with("pydantic_core._pydantic_core.ValidationError: 1 validation error for SpeculativeConfig")
+    );
+    assert!(cited[6].ends_with("   - For Mistral models: ensure the presence of a 'params.json'."), "{cited:#?}");
+    for text in [&d.summary, d.engine_error.as_ref().unwrap()] {
+        for not in ["ulimit", "For further information", "errors.pydantic.dev", "input_value", "Traceback", "File \""] {
+            assert!(!text.contains(not), "{not:?} in {text}");
+        }
+    }
+}
+
+#[test]
+fn real_vllm_draft_without_config_quotes_its_validation_error() {
+    quotes_real("vllm/real/start-draft-no-config.log", &invalid_repository("/srv/models/draft-no-config"));
+}
+
+#[test]
+fn real_vllm_bad_num_speculative_tokens_quotes_the_field_and_the_rule() {
+    quotes_real(
+        "vllm/real/start-bad-num-speculative-tokens.log",
+        "pydantic_core._pydantic_core.ValidationError: 1 validation error for SpeculativeConfig num_speculative_tokens Input should be greater than 0",
+    );
+}
+
+#[test]
+fn real_vllm_unknown_method_quotes_the_methods_it_takes_cut_at_500_characters() {
+    let path = "vllm/real/start-unknown-method.log";
+    let d = crashed_with(path);
+    let e = d.engine_error.clone().unwrap();
+    assert!(
+        e.starts_with(
+            "pydantic_core._pydantic_core.ValidationError: 1 validation error for SpeculativeConfig method Input should be 'ngram', 'medusa', 'mlp_speculator', 'draft_model', 'suffix', 'custom_class', 'eagle', 'eagle3', "
+        ),
+        "{e}"
+    );
+    assert_eq!(e.chars().count(), 500, "{e}");
+    assert!(e.ends_with('…'), "{e}");
+    quotes_real(path, &e);
+}
+
+/// vLLM warns at every start that it "failed" to raise its ulimit: that line is never an error,
+/// in any recorded output, whatever the ending.
+#[test]
+fn real_vllm_ulimit_warning_is_never_chosen() {
+    for name in [
+        "start-missing-draft",
+        "start-draft-no-config",
+        "start-bad-num-speculative-tokens",
+        "start-unknown-method",
+        "start-ngram",
+        "stop-ngram",
+    ] {
+        let path = format!("vllm/real/{name}.log");
+        let warnings: Vec<Line> = engine_output(&path).into_iter().filter(|l| l.message.contains("WARNING")).collect();
+        assert!(warnings.iter().all(|l| !super::facts::looks_like_error(&l.message)), "{path}");
+        for d in [crashed_with(&path), failed_start_with(&path)] {
+            assert!(!d.summary.contains("ulimit"), "{path}: {}", d.summary);
+            assert!(!has_evidence(&d, "ulimit"), "{path}: {d:#?}");
+            assert!(d.engine_error.as_ref().is_none_or(|e| !e.contains("ulimit")), "{path}");
+        }
+    }
+    // The ngram server that started fine said nothing fatal: the old fallback (its last
+    // lines) stays, and a stop of it is a clean stop with no engine error.
+    let d = crashed_with("vllm/real/start-ngram.log");
+    assert_eq!(d.engine_error, None, "{d:#?}");
+    assert_contains(&d.summary, "exit status 1, last output: ");
+    let d = failed_start_with("vllm/real/start-ngram.log");
+    assert_eq!((d.verdict, d.engine_error), (Verdict::CleanStop, None));
+}
+
+#[test]
+fn real_llama_server_missing_draft_quotes_its_first_and_last_error_lines() {
+    quotes_real(
+        "llama-cpp/start-bad-draft.stderr.txt",
+        "gguf_init_from_file: failed to open GGUF file '/nonexistent.gguf' (No such file or directory) … srv llama_server: exiting due to model loading error",
+    );
+    // Its warning that it "failed to measure the memory of the extra model" is not quoted.
+    let d = crashed_with("llama-cpp/start-bad-draft.stderr.txt");
+    assert!(!has_evidence(&d, "failed to measure"), "{d:#?}");
+}

@@ -46,9 +46,10 @@ pub(super) struct Fatal<'a> {
     pub lines: Vec<&'a Line>,
 }
 
-/// The fatal error in `out`, a failed instance's own output in journal order: a Python
-/// exception if a traceback ends it, else the error lines of its log. `None` when it said
-/// nothing of the kind (a server that printed nothing, or only warnings).
+/// The fatal error in `out`, a failed instance's own output in journal order: the exception
+/// of its last traceback (a Python server dies of the last exception it printed), else the
+/// error lines of its log. `None` when it said nothing of the kind (a server that printed
+/// nothing, or only warnings and info).
 pub(super) fn fatal<'a>(out: &[&'a Line]) -> Option<Fatal<'a>> {
     let records: Vec<Record<'a>> = out.iter().map(|l| Record::of(l)).collect();
     python(&records).or_else(|| logged(&records))

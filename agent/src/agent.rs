@@ -16,6 +16,7 @@ use crate::config::AgentConfig;
 use crate::context::{self, Dirs, Sink};
 use crate::guard::{catch, lock};
 use crate::host::{Host, RealHost};
+use crate::listen;
 use crate::metrics::Metrics;
 use crate::reconcile::{self, Action, Ctx, DesiredState, Shutdown};
 use crate::source::GitSource;
@@ -45,6 +46,8 @@ struct Worker {
 
 /// Run the agent until SIGTERM/SIGINT.
 pub async fn run(opts: RunOptions) -> Result<()> {
+    // Raised before anything is opened; the endpoints' caps are sized under it.
+    let nofile = listen::raise_nofile();
     let cfg = opts.config.clone();
     let src_cfg = cfg.source()?;
     let hostname = context::hostname(cfg.hostname.clone());
@@ -109,12 +112,31 @@ pub async fn run(opts: RunOptions) -> Result<()> {
     }
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
-    // Metrics (TCP, read-only) and control actions (a Unix socket, root's or a group's).
-    let listen = cfg.listen.clone().unwrap_or_else(|| "127.0.0.1:9464".into());
-    let server = serve(&listen, metrics.clone()).await?;
+    // Metrics (TCP, read-only) and control actions (a Unix socket, root's or a group's), each
+    // under a cap of connections that leaves descriptors for the agent's own work.
+    let limits = listen::Limits { connections: listen::metrics_connections(nofile), ..listen::METRICS };
+    tracing::info!(
+        "open files: up to {nofile}; the metrics endpoint serves up to {} connections at once, the control socket {}, and {} are kept for the agent's own work",
+        limits.connections,
+        listen::CONTROL.connections,
+        listen::RESERVED_FDS
+    );
+    let addr = cfg.listen.clone().unwrap_or_else(|| "127.0.0.1:9464".into());
+    let server = listen::serve_metrics(&addr, metrics.clone(), limits).await?;
     crate::notify::install(&cfg.notify.webhooks, &hostname, Some(&metrics));
     let socket = cfg.control_socket();
-    let control = serve_control(&socket, cfg.control_group.as_deref(), trig_tx.clone())?;
+    let control = {
+        let t = trig_tx.clone();
+        listen::serve_control(&socket, cfg.control_group.as_deref(), move |unit| match unit {
+            Some(u) => {
+                let _ = t.send(Trigger::Unit(u));
+            }
+            None => {
+                let _ = t.send(Trigger::Source);
+                let _ = t.send(Trigger::All);
+            }
+        })?
+    };
 
     let mut units = Units {
         src: src.clone(),
@@ -800,106 +822,6 @@ fn watcher(src: &GitSource, unit_dir: &Path, tx: mpsc::UnboundedSender<Trigger>)
     Ok(w)
 }
 
-/// The read-only endpoint: `GET /metrics`, `GET /healthz`, on any address (control actions are
-/// not served here: see [`serve_control`]).
-async fn serve(listen: &str, metrics: Arc<Metrics>) -> Result<tokio::task::JoinHandle<()>> {
-    use axum::routing::get;
-    let addr: std::net::SocketAddr = listen.parse().with_context(|| format!("listen address {listen:?}"))?;
-    let m = metrics.clone();
-    let app = axum::Router::new()
-        .route("/metrics", get(move || async move { m.render() }))
-        .route("/healthz", get(|| async { "ok\n" }));
-    let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {listen}"))?;
-    Ok(tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    }))
-}
-
-/// Control actions on a Unix socket: `POST /reconcile[?unit=U]`. The socket's directory is
-/// root's only (0700, socket 0600), or also `group`'s (0750, socket 0660).
-fn serve_control(
-    path: &Path,
-    group: Option<&str>,
-    tx: mpsc::UnboundedSender<Trigger>,
-) -> Result<tokio::task::JoinHandle<()>> {
-    use axum::extract::Query;
-    use axum::routing::{get, post};
-    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
-    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).context("the control socket needs a directory")?;
-    // specd sets the directory's owner group and mode, so it must be specd's own: never /run
-    // or /tmp, whose modes other services depend on.
-    {
-        use std::os::unix::fs::MetadataExt;
-        if let Ok(m) = std::fs::metadata(dir)
-            && (m.mode() & 0o1002 != 0)
-        {
-            anyhow::bail!(
-                "control_socket {}: its directory {} is shared (sticky or world-writable), and specd sets that directory's mode; put the socket in a directory of its own, such as /run/specd/control.sock",
-                path.display(),
-                dir.display()
-            );
-        }
-    }
-    if let Some(other) = std::fs::read_dir(dir)
-        .ok()
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| e.file_name())
-        .find(|n| Some(n.as_os_str()) != path.file_name())
-    {
-        anyhow::bail!(
-            "control_socket {}: its directory {} holds other files ({}), and specd sets that directory's mode; put the socket in a directory of its own, such as /run/specd/control.sock",
-            path.display(),
-            dir.display(),
-            other.to_string_lossy()
-        );
-    }
-    crate::fsx::ensure_dir(dir)?;
-    let gid = match group {
-        Some(g) => Some(
-            nix::unistd::Group::from_name(g)
-                .with_context(|| format!("looking up group {g}"))?
-                .with_context(|| format!("control_group: there is no group {g}"))?
-                .gid,
-        ),
-        None => None,
-    };
-    let (dir_mode, sock_mode) = if gid.is_some() { (0o750, 0o660) } else { (0o700, 0o600) };
-    nix::unistd::chown(dir, None, gid).with_context(|| format!("chown {}", dir.display()))?;
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(dir_mode))
-        .with_context(|| format!("chmod {}", dir.display()))?;
-    // A socket left by an agent that died.
-    if std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_socket()) {
-        let _ = std::fs::remove_file(path);
-    }
-    let std_listener =
-        std::os::unix::net::UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(sock_mode))
-        .with_context(|| format!("chmod {}", path.display()))?;
-    nix::unistd::chown(path, None, gid).with_context(|| format!("chown {}", path.display()))?;
-    std_listener.set_nonblocking(true)?;
-    let listener = tokio::net::UnixListener::from_std(std_listener)?;
-    let app = axum::Router::new().route("/healthz", get(|| async { "ok\n" })).route(
-        "/reconcile",
-        post(move |Query(q): Query<BTreeMap<String, String>>| async move {
-            match q.get("unit") {
-                Some(u) => {
-                    let _ = tx.send(Trigger::Unit(u.clone()));
-                }
-                None => {
-                    let _ = tx.send(Trigger::Source);
-                    let _ = tx.send(Trigger::All);
-                }
-            }
-            "queued\n"
-        }),
-    );
-    Ok(tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    }))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -940,24 +862,5 @@ mod tests {
             STOP_WITHIN + NOTICES_WITHIN + Duration::from_secs(10) <= Duration::from_secs(secs),
             "{STOP_WITHIN:?} and {NOTICES_WITHIN:?} in {secs} s"
         );
-    }
-
-    #[tokio::test]
-    async fn the_control_socket_needs_a_directory_of_its_own() {
-        use std::os::unix::fs::PermissionsExt;
-        let d = tempfile::tempdir().unwrap();
-        std::fs::write(d.path().join("other"), "x").unwrap();
-        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
-        let before = mode(d.path());
-        let (tx, _rx) = mpsc::unbounded_channel();
-        let e = serve_control(&d.path().join("control.sock"), None, tx.clone()).unwrap_err();
-        assert!(format!("{e:#}").contains("holds other files (other)"), "{e:#}");
-        let e = serve_control(Path::new("/tmp/specd-control.sock"), None, tx.clone()).unwrap_err();
-        assert!(format!("{e:#}").contains("is shared (sticky or world-writable)"), "{e:#}");
-        let own = d.path().join("specd");
-        let h = serve_control(&own.join("control.sock"), None, tx).unwrap();
-        assert_eq!(mode(&own), 0o700);
-        assert_eq!(mode(d.path()), before, "the directory that holds other files is untouched");
-        h.abort();
     }
 }

@@ -10,7 +10,7 @@ use std::time::Instant;
 use crate::cgroup::Layout;
 use crate::host::RealHost;
 use crate::plan::Plan;
-use crate::reconcile::{Ctx, Event, Events, Shutdown};
+use crate::reconcile::{Ctx, Event, Events, Finish, Shutdown};
 use crate::state::Store;
 
 /// Where specd keeps its state and writes unit files.
@@ -38,6 +38,59 @@ pub fn host_ctx(dirs: &Dirs, events: Events, shutdown: Shutdown) -> Ctx<RealHost
     }
 }
 
+/// What a one-shot command that stops units (`apply`, `rollback`, `sweep`) does when it is asked
+/// to stop, by SIGINT (Ctrl-C), SIGTERM or SIGHUP (its terminal or ssh session gone): the first
+/// one sets the returned [`Shutdown`], so that what is in progress stops where it leaves no unit
+/// down that was serving (`finish`: how far it goes), and says `first`; a second one quits at
+/// once (exit 130), saying `second`, and leaves the unit as a running agent finds and heals it
+/// (the apply's in-progress record). After a SIGHUP, stdout and stderr go to `/dev/null`: what
+/// is printed after it would fail on a terminal that is gone.
+pub fn interruptible(finish: Finish, first: String, second: String) -> Shutdown {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (tx, shutdown) = Shutdown::finishing(finish);
+    let (Ok(mut int), Ok(mut term), Ok(mut hup)) =
+        (signal(SignalKind::interrupt()), signal(SignalKind::terminate()), signal(SignalKind::hangup()))
+    else {
+        // No signal handling (no runtime's signal driver): the default actions stay.
+        std::mem::forget(tx);
+        return shutdown;
+    };
+    tokio::spawn(async move {
+        for n in 0.. {
+            let hangup = tokio::select! {
+                _ = int.recv() => false,
+                _ = term.recv() => false,
+                _ = hup.recv() => true,
+            };
+            if hangup {
+                away_from_the_terminal();
+            }
+            if n > 0 {
+                say(&second);
+                std::process::exit(130);
+            }
+            say(&first);
+            let _ = tx.send(true);
+        }
+    });
+    shutdown
+}
+
+/// stdout and stderr to `/dev/null` (the terminal is gone).
+fn away_from_the_terminal() {
+    if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
+        let _ = nix::unistd::dup2_stdout(&null);
+        let _ = nix::unistd::dup2_stderr(&null);
+    }
+}
+
+/// A line on stderr that cannot fail the command: a terminal gone or a pipe closed (`specd
+/// apply 2>&1 | tee log`, whose `tee` a Ctrl-C ends first) must not end an apply half-way.
+pub fn say(line: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr().lock(), "{line}");
+}
+
 /// Where the events of reconciles go.
 #[derive(Clone, Copy, Debug)]
 pub enum Sink {
@@ -50,34 +103,149 @@ pub enum Sink {
 /// The one event sink: each event is described once, then written where `sink` says.
 pub fn events(sink: Sink) -> Events {
     let t0 = Instant::now();
-    Arc::new(move |unit: &str, e: &Event| match sink {
-        Sink::Stderr => {
-            let t = t0.elapsed().as_secs_f64();
-            let t = (t * 1000.0).round() / 1000.0;
-            match e {
+    match sink {
+        Sink::Stderr => Arc::new(move |unit: &str, e: &Event| {
+            let t = (t0.elapsed().as_secs_f64() * 1000.0).round() / 1000.0;
+            let mut lines = crate::guard::lock(&STDERR);
+            let out = lines.on(unit, t, e, Instant::now());
+            write(&mut lines, out);
+        }),
+        Sink::Log => {
+            let last = std::sync::Mutex::new(std::collections::HashMap::<String, Instant>::new());
+            Arc::new(move |unit: &str, e: &Event| match e {
+                Event::Plan(p) if p.steps.is_empty() => {
+                    tracing::debug!(unit, sync = %p.sync, reasons = ?p.reasons, "observed")
+                }
                 Event::Plan(p) => {
-                    eprintln!("[{t:7.1}s] {unit}: {}{}", p.sync, reasons(p));
-                    if !p.steps.is_empty() {
-                        eprintln!("[{t:7.3}s] {unit}: plan: {}", steps(p));
+                    tracing::info!(unit, sync = %p.sync, reasons = ?p.reasons, plan = %steps(p), "reconciling")
+                }
+                Event::Phase(m) => tracing::info!(unit, "{m}"),
+                Event::Progress(m) => tracing::info!(unit, "  {m}"),
+                Event::Waiting(m) => {
+                    let now = Instant::now();
+                    let mut last = crate::guard::lock(&last);
+                    if last.get(unit).is_none_or(|t| now.duration_since(*t) >= WAITING_EVERY) {
+                        last.insert(unit.to_string(), now);
+                        tracing::info!(unit, "  {m}");
                     }
                 }
-                Event::Phase(m) => eprintln!("[{t:7.3}s] {unit}: {m}"),
-                Event::Progress(m) => eprintln!("[{t:7.3}s] {unit}:   {m}"),
-                Event::Warning(m) => eprintln!("[{t:7.3}s] {unit}: WARNING: {m}"),
-            }
+                Event::Warning(m) => tracing::warn!(unit, "{m}"),
+            })
         }
-        Sink::Log => match e {
-            Event::Plan(p) if p.steps.is_empty() => {
-                tracing::debug!(unit, sync = %p.sync, reasons = ?p.reasons, "observed")
+    }
+}
+
+/// How often a waiting line (loading, stopping, draining) is written to a pipe, a file or the
+/// journal: a server that loads for minutes says so a few times, not every 2 s.
+pub const WAITING_EVERY: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The one stderr of this process, and what is pending on it.
+static STDERR: std::sync::LazyLock<std::sync::Mutex<Lines>> = std::sync::LazyLock::new(|| {
+    std::sync::Mutex::new(Lines::new(std::io::IsTerminal::is_terminal(&std::io::stderr())))
+});
+
+/// Writes what [`Lines`] says: whole lines, clearing a line shown in place first.
+fn write(lines: &mut Lines, out: Vec<Out>) {
+    use std::io::Write;
+    let mut err = std::io::stderr().lock();
+    for o in out {
+        let clear = if std::mem::take(&mut lines.in_place) { "\r\x1b[2K" } else { "" };
+        let _ = match o {
+            Out::Line(l) => writeln!(err, "{clear}{l}"),
+            Out::InPlace(l) => {
+                lines.in_place = true;
+                write!(err, "{clear}{l}").and_then(|()| err.flush())
+            }
+        };
+    }
+}
+
+/// Progress lines held back in a pipe are written before the command's own last words.
+pub fn flush_progress() {
+    let mut lines = crate::guard::lock(&STDERR);
+    let out = lines.flush();
+    write(&mut lines, out);
+}
+
+/// What to write.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum Out {
+    Line(String),
+    /// A line shown in place of the last one shown in place (a terminal only).
+    InPlace(String),
+}
+
+/// How progress reads on stderr. On a terminal, every event is a line of its own and a waiting
+/// line is rewritten in place. In a pipe or a file (a CI log, `2>file`), a unit's phases and
+/// results are joined on one line (`stopping x; stopped after 3.2s; cgroup empty; writing …`)
+/// that is written once a waiting line is due (at most every [`WAITING_EVERY`] after the last
+/// line), or before a plan, a warning or the command's own last words: a server that loads for
+/// 2 minutes takes a handful of lines, not sixty.
+struct Lines {
+    tty: bool,
+    /// A waiting line is shown in place (the next line clears it first).
+    in_place: bool,
+    /// Per unit: the phases held back, as one line so far.
+    held: std::collections::BTreeMap<String, String>,
+    /// Per unit: when its last line was written.
+    last: std::collections::BTreeMap<String, Instant>,
+}
+
+impl Lines {
+    fn new(tty: bool) -> Lines {
+        Lines { tty, in_place: false, held: Default::default(), last: Default::default() }
+    }
+
+    fn on(&mut self, unit: &str, t: f64, e: &Event, now: Instant) -> Vec<Out> {
+        let at = |m: &str| format!("[{t:7.3}s] {unit}: {m}");
+        if self.tty {
+            return vec![match e {
+                Event::Plan(p) if p.steps.is_empty() => Out::Line(at(&format!("{}{}", p.sync, reasons(p)))),
+                Event::Plan(p) => Out::Line(at(&format!("{}{}; plan: {}", p.sync, reasons(p), steps(p)))),
+                Event::Phase(m) => Out::Line(at(m)),
+                Event::Progress(m) => Out::Line(at(&format!("  {m}"))),
+                Event::Waiting(m) => Out::InPlace(at(&format!("  {m}"))),
+                Event::Warning(m) => Out::Line(at(&format!("WARNING: {m}"))),
+            }];
+        }
+        let mut out: Vec<Out> = Vec::new();
+        let due = self.last.get(unit).is_none_or(|l| now.duration_since(*l) >= WAITING_EVERY);
+        let held = self.held.remove(unit);
+        let joined = |m: &str| match &held {
+            Some(h) => format!("{h}; {m}"),
+            None => at(m),
+        };
+        let line = match e {
+            Event::Phase(m) | Event::Progress(m) => {
+                self.held.insert(unit.to_string(), joined(m));
+                return out;
+            }
+            Event::Waiting(m) if due => joined(m),
+            Event::Waiting(_) => {
+                self.held.extend(held.map(|h| (unit.to_string(), h)));
+                return out;
             }
             Event::Plan(p) => {
-                tracing::info!(unit, sync = %p.sync, reasons = ?p.reasons, plan = %steps(p), "reconciling")
+                out.extend(held.map(Out::Line));
+                match p.steps.is_empty() {
+                    true => at(&format!("{}{}", p.sync, reasons(p))),
+                    false => at(&format!("{}{}; plan: {}", p.sync, reasons(p), steps(p))),
+                }
             }
-            Event::Phase(m) => tracing::info!(unit, "{m}"),
-            Event::Progress(m) => tracing::info!(unit, "  {m}"),
-            Event::Warning(m) => tracing::warn!(unit, "{m}"),
-        },
-    })
+            Event::Warning(m) => {
+                out.extend(held.map(Out::Line));
+                at(&format!("WARNING: {m}"))
+            }
+        };
+        self.last.insert(unit.to_string(), now);
+        out.push(Out::Line(line));
+        out
+    }
+
+    /// Whatever is held back, now.
+    fn flush(&mut self) -> Vec<Out> {
+        std::mem::take(&mut self.held).into_values().map(Out::Line).collect()
+    }
 }
 
 /// A plan's steps as a person reads them: `Drain → Stop → …`.
@@ -94,6 +262,92 @@ fn reasons(p: &Plan) -> String {
 mod tests {
     use super::*;
     use crate::plan::{Step, SyncStatus};
+
+    /// The events of an apply whose server loads for `load` seconds (a waiting line every 2 s),
+    /// fed to `lines`: what it writes.
+    fn apply_loading(lines: &mut Lines, load: u64) -> Vec<Out> {
+        let t0 = Instant::now();
+        let plan = Plan {
+            sync: SyncStatus::OutOfSync,
+            reasons: vec!["the unit file differs".into()],
+            steps: vec![Step::Stop, Step::WaitStopped, Step::WriteUnit, Step::Reload, Step::Start, Step::WaitReady],
+        };
+        let mut events = vec![
+            (0, Event::Plan(plan)),
+            (0, Event::Phase("stopping u".into())),
+            (3, Event::Progress("stopped after 3.0s; cgroup empty".into())),
+            (3, Event::Phase("writing /etc/systemd/system/u (unit 1234)".into())),
+            (3, Event::Phase("daemon-reload".into())),
+            (3, Event::Phase("starting u".into())),
+            (3, Event::Progress("pid 42 runs the rendered ExecStart".into())),
+            (3, Event::Phase("waiting for http://127.0.0.1:8000/health (up to 600s)".into())),
+        ];
+        events.extend((1..=load / 2).map(|k| (3 + 2 * k, Event::Waiting(format!("loading: {}s", 2 * k)))));
+        events.extend([
+            (3 + load, Event::Progress(format!("ready after {load}.0s"))),
+            (3 + load, Event::Phase("proving that the server speculates (32-token generation)".into())),
+            (4 + load, Event::Progress("the server speculates: accept rate 80%".into())),
+            (4 + load, Event::Progress("the server reports the spec's args (4 checked)".into())),
+        ]);
+        let mut out = Vec::new();
+        for (at, e) in events {
+            let now = t0 + std::time::Duration::from_secs(at);
+            out.extend(lines.on("u", at as f64, &e, now));
+        }
+        out.extend(lines.flush());
+        out
+    }
+
+    #[test]
+    fn a_server_that_loads_for_two_minutes_takes_six_lines_in_a_pipe_and_one_in_place_on_a_terminal() {
+        let out = apply_loading(&mut Lines::new(false), 120);
+        let text: Vec<String> = out
+            .iter()
+            .map(|o| match o {
+                Out::Line(l) => l.clone(),
+                Out::InPlace(l) => panic!("in place in a pipe: {l}"),
+            })
+            .collect();
+        assert_eq!(text.len(), 6, "{text:#?}");
+        let all = text.join("\n");
+        for said in [
+            "[  0.000s] u: OutOfSync: the unit file differs; plan: Stop → WaitStopped → WriteUnit → Reload → Start → WaitReady",
+            "[  0.000s] u: stopping u; stopped after 3.0s; cgroup empty; writing /etc/systemd/system/u (unit 1234); daemon-reload; starting u; pid 42 runs the rendered ExecStart; waiting for http://127.0.0.1:8000/health (up to 600s); loading: 28s",
+            "[ 61.000s] u: loading: 58s",
+            "[ 91.000s] u: loading: 88s",
+            "[121.000s] u: loading: 118s",
+            "[123.000s] u: ready after 120.0s; proving that the server speculates (32-token generation); the server speculates: accept rate 80%; the server reports the spec's args (4 checked)",
+        ] {
+            assert!(text.iter().any(|l| l == said), "{said:?} is not in:\n{all}");
+        }
+
+        // On a terminal: every line as it comes, the loading line rewritten in place.
+        let out = apply_loading(&mut Lines::new(true), 120);
+        let in_place = out.iter().filter(|o| matches!(o, Out::InPlace(_))).count();
+        assert_eq!(in_place, 60);
+        assert_eq!(out.len() - in_place, 12, "{out:#?}");
+    }
+
+    #[test]
+    fn a_phase_held_back_in_a_pipe_is_written_before_a_warning_and_at_the_end() {
+        let mut l = Lines::new(false);
+        let now = Instant::now();
+        assert!(l.on("u", 0.0, &Event::Phase("enabling u (at boot)".into()), now).is_empty());
+        let out = l.on("u", 0.1, &Event::Warning("enabling u failed".into()), now);
+        assert_eq!(
+            out,
+            [
+                Out::Line("[  0.000s] u: enabling u (at boot)".into()),
+                Out::Line("[  0.100s] u: WARNING: enabling u failed".into())
+            ]
+        );
+        assert!(l.on("u", 0.2, &Event::Phase("proving".into()), now).is_empty());
+        // A waiting line not due yet adds nothing; another unit's lines are its own.
+        assert!(l.on("u", 0.3, &Event::Waiting("loading: 0s".into()), now).is_empty());
+        assert!(l.on("v", 0.3, &Event::Progress("ready".into()), now).is_empty());
+        assert_eq!(l.flush(), [Out::Line("[  0.200s] u: proving".into()), Out::Line("[  0.300s] v: ready".into())]);
+        assert!(l.flush().is_empty());
+    }
 
     #[test]
     fn a_plan_reads_as_its_steps_and_reasons() {

@@ -539,6 +539,20 @@ pub struct BusError {
     pub message: String,
 }
 
+/// The connection broke, or could not be opened on a socket that exists: what systemd's
+/// re-execution (`systemctl daemon-reexec`, which a systemd package upgrade runs) does to every
+/// client for a moment. Nothing was answered: the same call may be asked again on a new
+/// connection (see `host::reconnecting`). A missing socket, a refused authentication or an error
+/// reply is not this.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct Lost(pub String);
+
+/// Whether `e` (or what caused it) is a [`Lost`] connection.
+pub fn is_lost(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| c.downcast_ref::<Lost>().is_some())
+}
+
 type Pending = HashMap<u32, oneshot::Sender<Message>>;
 
 /// One open connection: the write half and what the reader task routes to.
@@ -640,7 +654,11 @@ impl Bus {
         }
         let c = match tokio::time::timeout(SETUP_TIMEOUT, open(&self.addr)).await {
             Ok(c) => c?,
-            Err(_) => bail!("D-Bus: no answer within {} s while connecting", SETUP_TIMEOUT.as_secs()),
+            Err(_) => {
+                return Err(
+                    Lost(format!("D-Bus: no answer within {} s while connecting", SETUP_TIMEOUT.as_secs())).into()
+                );
+            }
         };
         *slot = Some(c.clone());
         Ok(c)
@@ -706,15 +724,15 @@ async fn call_on(c: &Conn, m: Message) -> Result<Message> {
     // call's reply would never come.
     if !c.alive.load(Ordering::SeqCst) {
         c.pending.lock().unwrap_or_else(|e| e.into_inner()).remove(&serial);
-        bail!("D-Bus call {what}: the connection closed");
+        return Err(Lost(format!("D-Bus call {what}: the connection closed")).into());
     }
     let bytes = m.encode(serial);
     if let Err(e) = c.writer.lock().await.write_all(&bytes).await {
         c.pending.lock().unwrap_or_else(|e| e.into_inner()).remove(&serial);
         c.alive.store(false, Ordering::SeqCst);
-        return Err(e).with_context(|| format!("D-Bus call {what}: writing"));
+        return Err(anyhow::Error::new(Lost(format!("D-Bus call {what}: writing: {e}"))));
     }
-    let reply = rx.await.map_err(|_| anyhow!("D-Bus call {what}: the connection closed before the reply"))?;
+    let reply = rx.await.map_err(|_| Lost(format!("D-Bus call {what}: the connection closed before the reply")))?;
     if reply.kind == Some(Kind::Error) {
         let message = reply.body.first().and_then(Value::as_str).unwrap_or("").to_string();
         return Err(BusError { name: reply.error_name.clone().unwrap_or_default(), message })
@@ -726,17 +744,25 @@ async fn call_on(c: &Conn, m: Message) -> Result<Message> {
 /// Connects, authenticates, starts the reader task (and says `Hello` to a bus).
 async fn open(addr: &Address) -> Result<Arc<Conn>> {
     let (Address::Peer(path) | Address::Bus(path)) = addr;
+    // A socket that exists but refuses or hangs up is a server restarting (systemd re-executing
+    // itself keeps its socket): lost for a moment. A missing one is no server at all.
+    let lost = |what: String, e: std::io::Error| match e.kind() {
+        std::io::ErrorKind::NotFound | std::io::ErrorKind::PermissionDenied => anyhow!("{what}: {e}"),
+        _ => anyhow::Error::new(Lost(format!("{what}: {e}"))),
+    };
     let mut s =
-        UnixStream::connect(path).await.with_context(|| format!("connecting to D-Bus at {}", path.display()))?;
+        UnixStream::connect(path).await.map_err(|e| lost(format!("connecting to D-Bus at {}", path.display()), e))?;
     let uid = nix::unistd::geteuid().as_raw().to_string();
     let hex: String = uid.bytes().map(|b| format!("{b:02x}")).collect();
     // As sd-bus does: the whole exchange at once, then the server's answer. Read byte by byte:
     // after its `OK` line the server may send messages (systemd, signals), which are the
     // reader task's.
-    s.write_all(format!("\0AUTH EXTERNAL {hex}\r\nBEGIN\r\n").as_bytes()).await.context("D-Bus authentication")?;
+    s.write_all(format!("\0AUTH EXTERNAL {hex}\r\nBEGIN\r\n").as_bytes())
+        .await
+        .map_err(|e| lost("D-Bus authentication".into(), e))?;
     let mut line = Vec::new();
     while !line.ends_with(b"\r\n") {
-        let b = s.read_u8().await.with_context(|| format!("D-Bus authentication at {}", path.display()))?;
+        let b = s.read_u8().await.map_err(|e| lost(format!("D-Bus authentication at {}", path.display()), e))?;
         line.push(b);
         if line.len() > 4096 {
             bail!("D-Bus authentication: an overlong line");

@@ -85,8 +85,10 @@ impl Hold {
         if let Some(p) = &self.pinned_sha256 {
             s.push_str(&format!(", at unit {}", specd_spec::short(p)));
         }
-        if let Some(pid) = self.pid {
-            s.push_str(&format!(", sweep pid {pid}"));
+        match (self.pid, self.kind) {
+            (Some(pid), HoldKind::Sweep) => s.push_str(&format!(", sweep pid {pid}")),
+            (Some(pid), _) => s.push_str(&format!(", while its process {pid} runs")),
+            (None, _) => {}
         }
         if let Some(r) = &self.reason {
             s.push_str(&format!(": {r}"));

@@ -15,6 +15,7 @@ mod fsx;
 mod guard;
 mod hold;
 mod host;
+mod listen;
 mod loadgen;
 mod lock;
 mod metrics;
@@ -22,6 +23,7 @@ mod notify;
 mod ops;
 mod owner;
 mod plan;
+mod preflight;
 mod probe;
 mod reconcile;
 mod recovery;
@@ -51,6 +53,11 @@ pub use systemd::PROPS as UNIT_PROPERTIES;
 /// The sweep's load generator, for its tests against the stand-in and the real llama-server.
 pub use loadgen::{
     Api as LoadApi, BUILTIN_PROMPTS, Level as LoadLevel, LevelResult, prompts_from_jsonl, run as run_load,
+};
+/// The pre-flight: what is checked on the host before an apply stops anything.
+pub use preflight::{
+    Check as PreflightCheck, CheckKind as PreflightCheckKind, Note as PreflightNote, Outcome as PreflightOutcome,
+    Problem as PreflightProblem, checks as preflight_checks, run as run_preflight, summary as preflight_summary,
 };
 /// A sweep's records (`results.jsonl`), for the end-to-end tests of `specd sweep`.
 pub use report::{PointOutcome, PointResult};

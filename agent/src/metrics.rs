@@ -1,4 +1,5 @@
-//! Prometheus metrics of the agent, served on a loopback port with the control endpoint.
+//! Prometheus metrics of the agent, served as OpenMetrics text on its read-only endpoint
+//! (`listen.rs`).
 
 use std::sync::Mutex;
 use std::sync::atomic::AtomicU64;
@@ -137,6 +138,11 @@ impl Metrics {
         self.commit.get_or_create(&vec![("commit".into(), c.to_string())]).set(1);
         *cur = Some(c.to_string());
     }
+
+    /// What [`Metrics::render`] writes: prometheus-client's text encoder writes the OpenMetrics
+    /// text format (`# EOF` at its end, a counter's `_total` samples under a `# TYPE` line
+    /// without the suffix), which Prometheus parses as such only when this content type says so.
+    pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
     pub fn render(&self) -> String {
         let mut s = String::new();

@@ -69,7 +69,11 @@ pub async fn apply(dirs: &Dirs, files: &[PathBuf], host: Option<String>, dry_run
             return Ok(1);
         }
     }
-    let ctx = Arc::new(context::host_ctx(dirs, context::events(Sink::Stderr), Shutdown::never()));
+    let shutdown = match dry_run {
+        true => Shutdown::never(),
+        false => interruptible("specd apply", "the apply"),
+    };
+    let ctx = Arc::new(context::host_ctx(dirs, context::events(Sink::Stderr), shutdown));
     // A live sweep's hold refuses a hand apply (not the sweep's own).
     if !dry_run {
         for d in &all {
@@ -102,6 +106,7 @@ pub async fn apply(dirs: &Dirs, files: &[PathBuf], host: Option<String>, dry_run
         }
     }
     let done = each_at_once(&ctx, &all, dry_run).await;
+    context::flush_progress();
     crate::notify::flush(std::time::Duration::from_secs(30)).await;
     let mut code = 0;
     let many = done.len() > 1;
@@ -775,7 +780,7 @@ pub async fn rollback(
     reason: Option<String>,
     socket: PathBuf,
 ) -> Result<u8> {
-    let ctx = context::host_ctx(dirs, context::events(Sink::Stderr), Shutdown::never());
+    let ctx = context::host_ctx(dirs, context::events(Sink::Stderr), interruptible("specd rollback", "the rollback"));
     let Some(st) = known_unit(&ctx.store, &unit)? else { return Ok(1) };
     if let Some(why) = live_sweep(&st) {
         eprintln!("specd: refused: {unit}: {why}; nothing was changed");
@@ -808,8 +813,12 @@ pub async fn rollback(
         desired_at_pin,
         ..state::Hold::new(state::HoldKind::Pin, operator("specd rollback"), state::now())
     };
-    // Pinned first: an agent that runs does not move it forward meanwhile.
-    ctx.store.set_hold(&unit, hold.clone()).await?;
+    // Pinned first, so that an agent that runs does not move it forward meanwhile; but only
+    // while this process lives until the unit serves: killed half-way (or quit by a second
+    // signal), its pin ends with it, and the agent puts the source's unit back.
+    let me = std::process::id();
+    let pending = state::Hold { pid: Some(me), pid_start: crate::host::pid_start(me), ..hold.clone() };
+    ctx.store.set_hold(&unit, pending.clone()).await?;
     println!(
         "{unit}: rolling back to unit {} ({}, good at {})",
         short(&d.unit.sha256),
@@ -817,7 +826,9 @@ pub async fn rollback(
         state::format_time(target.time)
     );
     let t0 = std::time::Instant::now();
-    let report = reconcile::reconcile(&ctx, &d, false).await?;
+    let report = reconcile::reconcile(&ctx, &d, false).await;
+    context::flush_progress();
+    let report = report?;
     println!("{}", report.verdict);
     crate::notify::after_reconcile(&ctx, &d, &report, t0.elapsed()).await;
     crate::notify::flush(std::time::Duration::from_secs(30)).await;
@@ -826,15 +837,31 @@ pub async fn rollback(
         (Some(state::Outcome::Applied | state::Outcome::Started), _) | (None, SyncStatus::InSync)
     );
     if runs {
+        // It serves: the pin no longer ends with this process.
+        ctx.store.set_hold_if(&unit, hold.clone(), |h| *h == pending).await?;
         println!("{unit}: {}", hold.describe());
         notify_agent(&socket, &unit).await;
         Ok(0)
     } else {
-        ctx.store.clear_hold_if(&unit, "the rollback to it did not run", |h| *h == hold).await?;
+        ctx.store.clear_hold_if(&unit, "the rollback to it did not run", |h| *h == pending).await?;
         println!("{unit}: not pinned (the rollback did not run)");
         notify_agent(&socket, &unit).await;
         Ok(1)
     }
+}
+
+/// The shutdown of a one-shot command that applies (`specd apply`, `specd rollback`): see
+/// [`context::interruptible`]; what is in progress is finished ([`reconcile::Finish::Everything`]).
+fn interruptible(command: &str, what: &str) -> Shutdown {
+    context::interruptible(
+        reconcile::Finish::Everything,
+        format!(
+            "{command}: interrupted: {what} goes on until no unit is left down (one not stopped yet is left as it runs); again to quit at once"
+        ),
+        format!(
+            "{command}: interrupted again: quitting now; the unit is left as it is: a running agent finishes {what}, else run `{command}` again"
+        ),
+    )
 }
 
 /// The good unit `specd rollback` goes back to: the newest kept one that is not deployed, or

@@ -44,6 +44,9 @@ pub enum Event {
     Plan(Plan),
     Phase(String),
     Progress(String),
+    /// Still waiting (draining, stopping, loading): said again and again while it lasts; a
+    /// terminal shows the last one in place, a log one now and then (`context::events`).
+    Waiting(String),
     Warning(String),
 }
 
@@ -70,18 +73,39 @@ pub enum Holds {
     Overridden,
 }
 
-/// Set when the agent is asked to stop: an apply stops at the next safe point (between steps, or
-/// while waiting), leaving its in-progress record so that the next run finishes it.
+/// Set when specd is asked to stop (SIGTERM, SIGINT, SIGHUP). An apply never stops where it
+/// would leave a unit down that was serving: it stops at once only while nothing has been
+/// stopped yet; once it stopped the old instance, it goes on at least until the new one is
+/// started (see [`Finish`]). Its in-progress record lets the next run finish what is left.
 #[derive(Clone, Debug)]
-pub struct Shutdown(tokio::sync::watch::Receiver<bool>);
+pub struct Shutdown {
+    rx: tokio::sync::watch::Receiver<bool>,
+    finish: Finish,
+}
+
+/// How far an apply that was asked to stop goes before it stops.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Finish {
+    /// The agent: until the new instance (or the last good one, in a rollback) is started, then
+    /// at the next step or wait; the agent's next run verifies it (or rolls it back).
+    Started,
+    /// A one-shot command (`apply`, `rollback`): to the end, verified or rolled back, since no
+    /// agent may come after it.
+    Everything,
+}
 
 impl Shutdown {
+    /// The agent's: see [`Finish::Started`].
     pub fn new() -> (tokio::sync::watch::Sender<bool>, Shutdown) {
-        let (tx, rx) = tokio::sync::watch::channel(false);
-        (tx, Shutdown(rx))
+        Shutdown::finishing(Finish::Started)
     }
 
-    /// One that is never set (for one-shot commands).
+    pub fn finishing(finish: Finish) -> (tokio::sync::watch::Sender<bool>, Shutdown) {
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        (tx, Shutdown { rx, finish })
+    }
+
+    /// One that is never set.
     pub fn never() -> Shutdown {
         let (tx, s) = Shutdown::new();
         std::mem::forget(tx);
@@ -89,12 +113,26 @@ impl Shutdown {
     }
 
     pub fn is_set(&self) -> bool {
-        *self.0.borrow()
+        *self.rx.borrow()
     }
 
     pub async fn wait(&self) {
-        let mut r = self.0.clone();
+        let mut r = self.rx.clone();
         let _ = r.wait_for(|v| *v).await;
+    }
+
+    /// Whether an apply that was asked to stop stops here: `changed`, it already stopped,
+    /// wrote or started something; `started`, the instance it puts in place was started.
+    pub fn stops_here(&self, changed: bool, started: bool) -> bool {
+        self.is_set() && (!changed || (started && self.finish == Finish::Started))
+    }
+
+    /// Until [`Shutdown::stops_here`] would say yes (never, when it will not).
+    async fn stopping(&self, changed: bool, started: bool) {
+        if changed && (self.finish == Finish::Everything || !started) {
+            return std::future::pending().await;
+        }
+        self.wait().await
     }
 }
 
@@ -146,28 +184,37 @@ struct StepFailure {
     message: String,
     /// The spec is at fault (quarantine it), rather than the host.
     spec_fault: bool,
-    /// Not a failure: the agent is stopping and this is a safe point.
-    cancelled: bool,
+    /// Not a failure: specd is stopping and this is a safe point (see [`Shutdown::stops_here`]).
+    cancelled: Option<Cancelled>,
     /// The server had answered ready and then died: a crash, not a failed start.
     crashed_after_ready: bool,
 }
 
 impl StepFailure {
     fn host(step: Step, message: impl Into<String>) -> Self {
-        StepFailure { step, message: message.into(), spec_fault: false, cancelled: false, crashed_after_ready: false }
+        StepFailure { step, message: message.into(), spec_fault: false, cancelled: None, crashed_after_ready: false }
     }
     fn spec(step: Step, message: impl Into<String>) -> Self {
-        StepFailure { step, message: message.into(), spec_fault: true, cancelled: false, crashed_after_ready: false }
+        StepFailure { step, message: message.into(), spec_fault: true, cancelled: None, crashed_after_ready: false }
     }
-    fn cancelled(step: Step) -> Self {
+    fn cancelled(step: Step, at: Cancelled) -> Self {
         StepFailure {
             step,
             message: "the agent is stopping".into(),
             spec_fault: false,
-            cancelled: true,
+            cancelled: Some(at),
             crashed_after_ready: false,
         }
     }
+}
+
+/// Where an apply asked to stop stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Cancelled {
+    /// Before it changed anything on the host.
+    Unchanged,
+    /// After it started the instance it puts in place (which loads on).
+    Started,
 }
 
 /// A background task that ends with the reconcile that started it (also when that reconcile is
@@ -233,6 +280,9 @@ struct Target<'a> {
     spec: Option<&'a Spec>,
     /// Why a restore (spec `None`) stops the unit: said in the unit's journal for `diagnose`.
     restore: Restore,
+    /// The instance being replaced may not serve (a rollback replaces a failed one; an
+    /// interrupted apply may have stopped it): asked to stop, the run still starts the next one.
+    not_serving: bool,
 }
 
 /// Why the last good unit is put back.
@@ -469,6 +519,8 @@ pub async fn reconcile<H: Host>(ctx: &Ctx<H>, d: &DesiredState, dry_run: bool) -
         drain: Duration::from_secs(d.spec.service.drain_timeout_sec.into()),
         spec: Some(&d.spec),
         restore: Restore::Rollback,
+        // An apply this one finishes may have stopped the old instance already.
+        not_serving: resumed,
     };
     let mut stop = StopRecord::default();
     let result = run_steps(ctx, &mut st, &unit, &plan.steps, &target, &props, &mut stop).await;
@@ -514,10 +566,15 @@ pub async fn reconcile<H: Host>(ctx: &Ctx<H>, d: &DesiredState, dry_run: bool) -
             st.record(history(d, outcome, verdict.clone(), stop_verdict.clone(), ms));
             Report { plan, outcome: Some(outcome), verdict, stop_verdict, action: Action::AwaitChange }
         }
-        Err(f) if f.cancelled => {
+        Err(StepFailure { step, cancelled: Some(Cancelled::Unchanged), .. }) => {
+            st.in_progress = None;
+            let verdict = format!("Interrupted before {step:?}: specd is stopping; nothing was changed on the host");
+            emit(Event::Warning(verdict.clone()));
+            Report { plan, outcome: None, verdict, stop_verdict, action: Action::AwaitChange }
+        }
+        Err(StepFailure { step, cancelled: Some(Cancelled::Started), .. }) => {
             let verdict = format!(
-                "Interrupted: stopped at a safe point before {:?} finished, because the agent is stopping; the next run finishes this apply",
-                f.step
+                "Interrupted: stopped at a safe point before {step:?} finished, because specd is stopping; the instance it started loads on, and the next run finishes this apply"
             );
             emit(Event::Warning(verdict.clone()));
             Report { plan, outcome: None, verdict, stop_verdict, action: Action::AwaitChange }
@@ -776,7 +833,7 @@ async fn recover<H: Host>(
             let r = restore(ctx, st, d, &g, why, stop_verdict).await;
             if why == Restore::Rollback
                 && let Err(rf) = &r
-                && !rf.cancelled
+                && rf.cancelled.is_none()
             {
                 let note = format!("specd: stopping {unit}: the rollback to {} failed too", short(&g.sha256));
                 stop_quietly(ctx, unit, &note).await;
@@ -802,13 +859,13 @@ fn restored(why: Restore, r: Result<(), StepFailure>, what: &str, good: &str, fa
                 "Failed: {what}; started the last good unit {good} again and it serves; unit {failed} is tried again later"
             ),
         ),
-        (Restore::Rollback, Err(rf)) if rf.cancelled => (
+        (Restore::Rollback, Err(rf)) if rf.cancelled.is_some() => (
             Outcome::Failed,
             format!(
                 "Failed: {what}; the rollback to {good} stopped at a safe point because the agent is stopping; the next run finishes it"
             ),
         ),
-        (Restore::HostFault, Err(rf)) if rf.cancelled => (
+        (Restore::HostFault, Err(rf)) if rf.cancelled.is_some() => (
             Outcome::Failed,
             format!(
                 "Failed: {what}; starting the last good unit {good} again stopped at a safe point because the agent is stopping"
@@ -858,6 +915,8 @@ async fn restore<H: Host>(
         drain: Duration::ZERO,
         spec: None,
         restore: why,
+        // What it stops has failed already: asked to stop, it still puts the good unit back.
+        not_serving: true,
     };
     // The file on disk may still be the last good one (the write of the new one failed): it is
     // not written again, which would fail the same way on a full or read-only unit directory.
@@ -993,14 +1052,18 @@ async fn run_steps<H: Host>(
         after_start: None,
         ready_pid: None,
         started_invocation: String::new(),
+        changed: t.not_serving,
+        started: false,
     };
     let r = run.steps(st, steps, stop).await;
     stop.followed_by = std::mem::take(&mut run.started_invocation);
     match (r, run.ready_pid) {
-        (Err(f), Some(pid)) if !f.cancelled => {
-            // The server had answered ready: if it is gone now, it crashed after readiness.
+        (Err(f), Some(pid)) if f.cancelled.is_none() => {
+            // The server had answered ready: if it is gone now, it crashed after readiness. (A
+            // systemd that cannot be asked is no evidence either way: the process table is.)
             let props = ctx.host.show(unit).await.unwrap_or_default();
-            if !ctx.host.alive(pid) || props.main_pid != pid {
+            let replaced = props.main_pid != 0 && props.main_pid != pid;
+            if !ctx.host.alive(pid) || replaced {
                 return Err(StepFailure {
                     message: format!(
                         "the server crashed after it was ready (pid {pid} is gone; Result={}, status {}, {} restarts): {}",
@@ -1039,13 +1102,28 @@ struct Run<'a, H: Host> {
     ready_pid: Option<u32>,
     /// The invocation ID of the instance this run started.
     started_invocation: String,
+    /// This run (or the one it finishes) stopped, wrote or started something: asked to stop, it
+    /// goes on until [`Run::started`].
+    changed: bool,
+    /// The instance this run puts in place was started.
+    started: bool,
 }
 
 impl<H: Host> Run<'_, H> {
+    /// Asked to stop, whether this run stops here, and how its stop is told.
+    fn stops_here(&self, step: Step) -> Result<(), StepFailure> {
+        if !self.ctx.shutdown.stops_here(self.changed, self.started) {
+            return Ok(());
+        }
+        let at = if self.changed { Cancelled::Started } else { Cancelled::Unchanged };
+        Err(StepFailure::cancelled(step, at))
+    }
+
     async fn steps(&mut self, st: &mut UnitState, steps: &[Step], stop: &mut StopRecord) -> Result<(), StepFailure> {
         for &step in steps {
-            if self.ctx.shutdown.is_set() {
-                return Err(StepFailure::cancelled(step));
+            self.stops_here(step)?;
+            if matches!(step, Step::Stop | Step::RemoveDropIns | Step::WriteUnit | Step::Start) {
+                self.changed = true;
             }
             if let Some(p) = st.in_progress.as_mut() {
                 p.phase = format!("{step:?}");
@@ -1058,7 +1136,10 @@ impl<H: Host> Run<'_, H> {
                 Step::RemoveDropIns => self.remove_drop_ins().await?,
                 Step::WriteUnit => self.write_unit(st).await?,
                 Step::Reload => self.reload().await?,
-                Step::Start => self.start().await?,
+                Step::Start => {
+                    self.start().await?;
+                    self.started = true;
+                }
                 Step::VerifyCmdline => self.verify_cmdline().await?,
                 Step::WaitReady => self.wait_ready().await?,
                 Step::VerifySpeculation => self.verify_speculation(st).await?,
@@ -1098,9 +1179,7 @@ impl<H: Host> Run<'_, H> {
         emit(Event::Phase(format!("draining in-flight requests (up to {}s)", t.drain.as_secs())));
         let deadline = Instant::now() + t.drain;
         loop {
-            if ctx.shutdown.is_set() {
-                return Err(StepFailure::cancelled(step));
-            }
+            self.stops_here(step)?;
             match ctx.host.running_requests(&t.old_url, spec.engine).await {
                 Some(0) => break,
                 Some(n) => {
@@ -1111,7 +1190,7 @@ impl<H: Host> Run<'_, H> {
                         )));
                         break;
                     }
-                    emit(Event::Progress(format!("draining: {n} requests in flight")));
+                    emit(Event::Waiting(format!("draining: {n} requests in flight")));
                 }
                 None => {
                     emit(Event::Progress("the server does not report in-flight requests; not waiting".into()));
@@ -1184,16 +1263,17 @@ impl<H: Host> Run<'_, H> {
             }))
         });
         let counter = self.in_flight.clone();
-        let waited = tokio::select! {
-            w = ctx.host.wait_empty(cg, deadline, || {
+        // Not given up when specd is asked to stop: the instance is stopping, and what follows
+        // is the start of the next one (see `Shutdown::stops_here`).
+        let waited = ctx
+            .host
+            .wait_empty(cg, deadline, || {
                 let n = counter.load(Ordering::Relaxed);
                 let reqs = if n >= 0 { format!(", {n} requests in flight") } else { String::new() };
-                emit(Event::Progress(format!("stopping: {}s{reqs}", started.elapsed().as_secs())));
-            }) => Some(w),
-            _ = ctx.shutdown.wait() => None,
-        };
+                emit(Event::Waiting(format!("stopping: {}s{reqs}", started.elapsed().as_secs())));
+            })
+            .await;
         drop(poller);
-        let Some(waited) = waited else { return Err(StepFailure::cancelled(step)) };
         if let Err(lingering) = waited {
             let who: Vec<String> = lingering.iter().map(|l| format!("pid {} ({})", l.pid, l.cmdline)).collect();
             return Err(StepFailure::host(
@@ -1360,8 +1440,11 @@ impl<H: Host> Run<'_, H> {
     async fn wait_ready(&mut self) -> Result<(), StepFailure> {
         let (ctx, unit, t, step) = (self.ctx, self.unit, self.t, Step::WaitReady);
         tokio::select! {
-            r = wait_ready(ctx, unit, t, self.started_pid) => r.map_err(|m| StepFailure::spec(step, m))?,
-            _ = ctx.shutdown.wait() => return Err(StepFailure::cancelled(step)),
+            r = wait_ready(ctx, unit, t, self.started_pid) => r.map_err(|w| match w {
+                Waited::Spec(m) => StepFailure::spec(step, m),
+                Waited::Host(m) => StepFailure::host(step, m),
+            })?,
+            _ = ctx.shutdown.stopping(self.changed, self.started) => return Err(self.stops_here(step).unwrap_err()),
         }
         self.ready_pid = Some(self.started_pid);
         Ok(())
@@ -1506,9 +1589,16 @@ pub fn readiness_backoff() -> backon::ExponentialBuilder {
         .without_max_times()
 }
 
+/// Why a wait for readiness ended without it: the server's fault (it exited, answered a 4xx, or
+/// was not ready in time), or the host's (systemd could not be asked how the unit is).
+enum Waited {
+    Spec(String),
+    Host(String),
+}
+
 /// Poll the readiness endpoint until 200, with a short capped backoff, while checking that the
 /// process specd started is still the one running.
-async fn wait_ready<H: Host>(ctx: &Ctx<H>, unit: &str, t: &Target<'_>, pid: u32) -> Result<(), String> {
+async fn wait_ready<H: Host>(ctx: &Ctx<H>, unit: &str, t: &Target<'_>, pid: u32) -> Result<(), Waited> {
     use backon::Retryable;
     let emit = |e: Event| (ctx.events)(unit, &e);
     emit(Event::Phase(format!("waiting for {}{} (up to {}s)", t.base_url, t.endpoint, t.readiness.as_secs())));
@@ -1521,6 +1611,8 @@ async fn wait_ready<H: Host>(ctx: &Ctx<H>, unit: &str, t: &Target<'_>, pid: u32)
     enum Wait {
         Loading(String),
         Fatal(String),
+        /// systemd could not be asked (its connection lost past `host::RECONNECT_WITHIN`).
+        Host(String),
     }
     let attempt = || async {
         let why = match ctx.host.health(&url).await {
@@ -1543,14 +1635,14 @@ async fn wait_ready<H: Host>(ctx: &Ctx<H>, unit: &str, t: &Target<'_>, pid: u32)
                 true => Some(ctx.host.watch(unit).await),
                 false => None,
             };
-            let mut props = ctx.host.show(unit).await.map_err(|e| Wait::Fatal(format!("{e:#}")))?;
+            let mut props = ctx.host.show(unit).await.map_err(|e| Wait::Host(format!("{e:#}")))?;
             let settle = Instant::now() + Duration::from_secs(2);
             while let Some(c) = changes.as_mut().filter(|_| props.main_pid == pid) {
                 tokio::select! {
                     _ = c.changed() => {}
                     _ = tokio::time::sleep_until(settle) => break,
                 }
-                props = ctx.host.show(unit).await.map_err(|e| Wait::Fatal(format!("{e:#}")))?;
+                props = ctx.host.show(unit).await.map_err(|e| Wait::Host(format!("{e:#}")))?;
             }
             if exited
                 || props.main_pid != pid
@@ -1570,7 +1662,7 @@ async fn wait_ready<H: Host>(ctx: &Ctx<H>, unit: &str, t: &Target<'_>, pid: u32)
         let note_due = { now.duration_since(*last_note.lock().unwrap()) >= Duration::from_secs(2) };
         if note_due {
             *last_note.lock().unwrap() = now;
-            emit(Event::Progress(format!("loading: {}s", started.elapsed().as_secs())));
+            emit(Event::Waiting(format!("loading: {}s", started.elapsed().as_secs())));
         }
         Err(Wait::Loading(why))
     };
@@ -1580,7 +1672,8 @@ async fn wait_ready<H: Host>(ctx: &Ctx<H>, unit: &str, t: &Target<'_>, pid: u32)
             emit(Event::Progress(format!("ready after {:.1}s", started.elapsed().as_secs_f64())));
             Ok(())
         }
-        Err(Wait::Fatal(m)) | Err(Wait::Loading(m)) => Err(m),
+        Err(Wait::Fatal(m)) | Err(Wait::Loading(m)) => Err(Waited::Spec(m)),
+        Err(Wait::Host(m)) => Err(Waited::Host(m)),
     }
 }
 

@@ -333,6 +333,20 @@ impl Store {
         self.save(&st)
     }
 
+    /// Replace a unit's hold with `hold`, under its lock, if the hold it has is `which` (one set
+    /// since by someone else stays); no history entry: the same hold goes on (a sweep's pushed
+    /// on, a rollback's pin no longer tied to its process). Whether it was replaced.
+    pub async fn set_hold_if(&self, unit: &str, hold: Hold, which: impl Fn(&Hold) -> bool) -> Result<bool> {
+        let _lock = crate::lock::UnitLock::acquire(&self.locks_dir(), unit).await?;
+        let mut st = self.load(unit)?;
+        if !st.hold.as_ref().is_some_and(which) {
+            return Ok(false);
+        }
+        st.hold = Some(hold);
+        self.save(&st)?;
+        Ok(true)
+    }
+
     /// Record the desired state of a unit the agent leaves alone (a hold), under its lock, so
     /// that `status` compares the host with what the source wants now. Nothing else changes.
     pub async fn set_desired(&self, unit: &str, desired: DesiredRecord) -> Result<()> {

@@ -26,7 +26,7 @@ use crate::fsx;
 use crate::host::Host;
 use crate::loadgen::{self, Level};
 use crate::probe::Probe;
-use crate::reconcile::{self, Ctx, DesiredState, Event, Events, Shutdown};
+use crate::reconcile::{self, Ctx, DesiredState, Event, Events, Finish, Shutdown};
 use crate::report::{self, Goal, PointOutcome, PointResult};
 use crate::state::{self, Hold, HoldKind, Outcome, Source, Store};
 
@@ -79,13 +79,11 @@ impl SweepHold {
                 loop {
                     tokio::time::sleep(std::time::Duration::from_secs(HOLD_FOR / 4)).await;
                     // Only this sweep's hold (one set since by someone else stays as it is).
-                    let ours = store.peek(&unit).is_ok_and(|st| st.hold.as_ref().is_some_and(|h| *h == hold));
-                    if !ours {
-                        return;
-                    }
-                    hold.until = Some(state::now() + HOLD_FOR);
-                    if let Err(e) = store.set_hold(&unit, hold.clone()).await {
-                        eprintln!("specd: WARNING: refreshing the hold on {unit}: {e:#}");
+                    let pushed = Hold { until: Some(state::now() + HOLD_FOR), ..hold.clone() };
+                    match store.set_hold_if(&unit, pushed.clone(), |h| *h == hold).await {
+                        Ok(true) => hold = pushed,
+                        Ok(false) => return,
+                        Err(e) => eprintln!("specd: WARNING: refreshing the hold on {unit}: {e:#}"),
                     }
                 }
             })
@@ -193,7 +191,7 @@ fn events() -> Events {
     Arc::new(|_unit: &str, e: &Event| match e {
         Event::Phase(m) => eprintln!("      {m}"),
         Event::Warning(m) => eprintln!("      WARNING: {m}"),
-        Event::Plan(_) | Event::Progress(_) => {}
+        Event::Plan(_) | Event::Progress(_) | Event::Waiting(_) => {}
     })
 }
 
@@ -293,7 +291,19 @@ pub async fn run(dirs: &Dirs, o: Options) -> Result<u8> {
         );
     }
 
-    let (tx, shutdown) = Shutdown::new();
+    let after_word = match sw.spec.after {
+        After::Restore => "restore the unit as it was",
+        After::Best => "apply the best point",
+    };
+    // A second signal quits at once: the hold ends with this process, and the next apply (the
+    // agent's, or a hand one) finishes whatever was in progress.
+    let shutdown = context::interruptible(
+        Finish::Started,
+        format!(
+            "specd sweep: interrupted: the point in progress stops at its next safe point; then {after_word} (again to quit at once)"
+        ),
+        "specd sweep: interrupted again: quitting now; the unit is left as it is (a running agent takes it back; else `specd apply` it)".into(),
+    );
     let ctx = context::host_ctx(dirs, events(), shutdown.clone());
     let hold = match SweepHold::take(&ctx.store, &unit, &sw.metadata.name).await {
         Ok(h) => h,
@@ -310,32 +320,6 @@ pub async fn run(dirs: &Dirs, o: Options) -> Result<u8> {
             return Err(e);
         }
     };
-    let after_word = match sw.spec.after {
-        After::Restore => "restore the unit as it was",
-        After::Best => "apply the best point",
-    };
-    tokio::spawn(async move {
-        use tokio::signal::unix::{SignalKind, signal};
-        let Ok(mut term) = signal(SignalKind::terminate()) else { return };
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
-        }
-        eprintln!(
-            "specd sweep: interrupted: the point in progress stops at its next safe point; then {after_word} (again to quit at once)"
-        );
-        let _ = tx.send(true);
-        // A second one quits now: the hold ends with this process, and the next apply (the
-        // agent's, or a hand one) finishes whatever was in progress.
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
-        }
-        eprintln!(
-            "specd sweep: interrupted again: quitting now; the unit is left as it is (a running agent takes it back; else `specd apply` it)"
-        );
-        std::process::exit(130);
-    });
 
     let n = p.points.len();
     let levels = &sw.spec.load.concurrency;

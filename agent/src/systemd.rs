@@ -283,7 +283,9 @@ impl Systemd {
     async fn job_removed(signals: &mut crate::dbus::Signals, job: &str, unit: &str) -> Result<()> {
         loop {
             let Some(s) = signals.next().await else {
-                bail!("the connection to systemd closed while waiting for job {job}")
+                return Err(
+                    crate::dbus::Lost(format!("the connection to systemd closed while waiting for job {job}")).into()
+                );
             };
             if s.member.as_deref() != Some("JobRemoved") || s.interface.as_deref() != Some(MANAGER) {
                 continue;

@@ -521,3 +521,163 @@ fn a_unit_left_down_is_in_the_metrics_and_unquarantine_works_while_the_agent_run
         .unwrap();
     f.e.b.shutdown().unwrap();
 }
+
+/// Connections that hold the agent's metrics port open without finishing a request: idle ones
+/// that never send a byte, and slow ones that send a request's header a byte at a time and never
+/// end it. Dropped (or on a panic): the slow writer stops and every socket is closed.
+struct Flood {
+    idle: Vec<std::net::TcpStream>,
+    slow_opened: usize,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    writer: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Flood {
+    /// Opens `idle` + `slow` connections to 127.0.0.1:`port` (one slow one among every
+    /// (idle + slow) / slow), all of them within `within`: a connect that fails (the backlog was
+    /// full and the kernel dropped it) is tried again.
+    fn open(port: u16, idle: usize, slow: usize, within: Duration) -> Flood {
+        use std::io::Write;
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+        let every = (idle + slow) / slow.max(1);
+        let t0 = Instant::now();
+        let (mut idles, mut slows) = (Vec::new(), Vec::new());
+        let connect = || loop {
+            let left = within.saturating_sub(t0.elapsed());
+            if left.is_zero() {
+                return None;
+            }
+            if let Ok(s) = std::net::TcpStream::connect_timeout(&addr, left.min(Duration::from_secs(3))) {
+                return Some(s);
+            }
+        };
+        for i in 0..idle + slow {
+            let Some(s) = connect() else { break };
+            if i % every == every - 1 && slows.len() < slow {
+                s.set_nonblocking(true).unwrap();
+                let _ = (&s).write(b"G");
+                slows.push(s);
+            } else if idles.len() < idle {
+                idles.push(s);
+            }
+        }
+        let slow_opened = slows.len();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        // One byte of a header that never ends, to each slow connection every half second (the
+        // pace of the attack, not a wait for anything); at most 5 minutes.
+        let writer = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let header = b"ET /healthz HTTP/1.1\r\nHost: specd\r\nX-Slow: ";
+                let mut sent = 1;
+                let t0 = Instant::now();
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) && t0.elapsed() < Duration::from_secs(300) {
+                    let byte = header.get(sent - 1).copied().unwrap_or(b'a');
+                    // A connection the agent closed fails its write and is let go.
+                    slows.retain(|mut s| match s.write(&[byte]) {
+                        Ok(_) => true,
+                        Err(e) => e.kind() == std::io::ErrorKind::WouldBlock,
+                    });
+                    sent += 1;
+                    std::thread::sleep(Duration::from_millis(500));
+                }
+            })
+        };
+        Flood { idle: idles, slow_opened, stop, writer: Some(writer) }
+    }
+}
+
+impl Drop for Flood {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(w) = self.writer.take() {
+            let _ = w.join();
+        }
+        self.idle.clear();
+    }
+}
+
+/// The agent's resident memory (VmRSS, KiB) and open descriptors.
+fn agent_rss_and_fds(f: &Fleet) -> (u64, usize) {
+    let pid = f.e.main_pid(AGENT);
+    let status = f.e.b.read_to_string(&format!("/proc/{pid}/status")).unwrap();
+    let rss = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap();
+    let fds = f.e.b.sh_check(&format!("ls /proc/{pid}/fd | wc -l")).unwrap().trim().parse().unwrap();
+    (rss, fds)
+}
+
+/// Raise this process's limit of open files to hold `n` descriptors (root may raise the hard
+/// limit too).
+fn allow_open_files(n: u64) {
+    use nix::sys::resource::{Resource, getrlimit, setrlimit};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
+    if soft < n {
+        setrlimit(Resource::RLIMIT_NOFILE, n.max(soft), n.max(hard)).unwrap();
+    }
+}
+
+#[test]
+fn a_flood_of_idle_and_slow_connections_to_the_metrics_port_starves_nothing() {
+    const IDLE: usize = 3000;
+    const SLOW: usize = 500;
+    allow_open_files((IDLE + SLOW) as u64 + 1024);
+    let f = Fleet::new();
+    let a = f.e.port;
+    f.commit(&[("qwen.yaml", &f.spec("qwen.service", a, 5, 200, ""))], "steps 5");
+    // The limit of open files the campaign met (systemd's default soft limit), here also the hard
+    // one: the agent cannot raise it, and its budget has to hold within it.
+    f.run_agent(f.repo.to_str().unwrap(), "", "LimitNOFILE=1024\n");
+    f.wait_steps(a, 5, Duration::from_secs(30));
+    f.wait_applied("qwen.service", 1);
+    let agent = f.e.main_pid(AGENT);
+    let journal = || f.e.b.journal(AGENT).unwrap_or_default();
+
+    let t0 = Instant::now();
+    let flood = Flood::open(f.listen, IDLE, SLOW, Duration::from_secs(60));
+    let opened = t0.elapsed();
+    let (rss0, fds0) = agent_rss_and_fds(&f);
+
+    // While they are held: a unit stopped by hand is started again...
+    let before = f.e.main_pid("qwen.service");
+    f.e.b.systemctl_check(&["stop", "qwen.service"]).unwrap();
+    wait_until("the agent to start the unit again", Duration::from_secs(30), || {
+        f.e.b.prop("qwen.service", "ActiveState").is_ok_and(|s| s == "active")
+            && f.e.b.prop("qwen.service", "MainPID").is_ok_and(|p| p != "0" && p != before.to_string())
+    })
+    .unwrap_or_else(|err| panic!("{err}\nagent journal:\n{}", journal()));
+    let restarted = t0.elapsed();
+    let (rss1, fds1) = agent_rss_and_fds(&f);
+    // ...a new commit is deployed...
+    f.commit(&[("qwen.yaml", &f.spec("qwen.service", a, 10, 200, ""))], "steps 10");
+    f.wait_steps(a, 10, Duration::from_secs(30));
+    let deployed = t0.elapsed();
+    // ...and /healthz answers (at the latest once the header time closed the connections that
+    // fill the cap: a connection over it is closed at once).
+    wait_until("/healthz to answer", Duration::from_secs(15), || {
+        http_get(f.listen, "/healthz").is_some_and(|(c, b)| c == 200 && b == "ok\n")
+    })
+    .unwrap_or_else(|err| panic!("{err}\nagent journal:\n{}", journal()));
+    let healthy = t0.elapsed();
+    let (rss2, fds2) = agent_rss_and_fds(&f);
+    eprintln!(
+        "{} idle and {} slow connections opened in {opened:?}; unit restarted at {restarted:?}, commit deployed at {deployed:?}, /healthz at {healthy:?}; agent RSS {rss0}/{rss1}/{rss2} KiB, open descriptors {fds0}/{fds1}/{fds2}",
+        flood.idle.len(),
+        flood.slow_opened
+    );
+    for rss in [rss0, rss1, rss2] {
+        assert!(rss < 64 * 1024, "the agent's RSS is {rss} KiB");
+    }
+    // The endpoint's cap and the control socket's leave half of the 1024 to the agent's own work.
+    for fds in [fds0, fds1, fds2] {
+        assert!(fds < 512, "the agent has {fds} descriptors open");
+    }
+    assert_eq!(f.e.main_pid(AGENT), agent, "the agent was restarted\n{}", journal());
+    assert_eq!((flood.idle.len(), flood.slow_opened), (IDLE, SLOW), "the connections were not all opened");
+    drop(flood);
+    assert_eq!(http_get(f.listen, "/healthz").map(|(c, _)| c), Some(200));
+    f.e.b.shutdown().unwrap();
+}

@@ -15,8 +15,8 @@ const LAYERS: &[(&str, &[&str])] = &[
     (
         "adapters",
         &[
-            "cgroup", "config", "dbus", "diagnose", "fsx", "host", "lock", "metrics", "owner", "probe", "source",
-            "specs", "state", "systemd", "loadgen", "report",
+            "cgroup", "config", "dbus", "diagnose", "fsx", "host", "listen", "lock", "metrics", "owner", "preflight",
+            "probe", "source", "specs", "state", "systemd", "loadgen", "report",
         ],
     ),
     // Observe, plan, act, record: drives the adapters.

@@ -37,9 +37,15 @@ pub enum Fault {
     ProcessLingers,
     /// specd is killed at this call: the call never returns, and the test drops the reconcile.
     Crash,
+    /// systemd re-executes itself (`daemon-reexec`) during this call, if it is one to systemd:
+    /// the connection closes before the reply. A job or reload asked for was already taken
+    /// (systemd keeps its jobs and its units' state across the re-execution); a property read
+    /// answered nothing. Calls to anything but systemd go on.
+    Reexec,
 }
 
-pub const FAULTS: [Fault; 5] = [Fault::Fails, Fault::TimesOut, Fault::ProcessDies, Fault::ProcessLingers, Fault::Crash];
+pub const FAULTS: [Fault; 6] =
+    [Fault::Fails, Fault::TimesOut, Fault::ProcessDies, Fault::ProcessLingers, Fault::Crash, Fault::Reexec];
 
 /// How long after SIGTERM a server exits.
 const EXIT_AFTER_TERM: Duration = Duration::from_millis(300);
@@ -102,7 +108,12 @@ enum Go {
     On,
     Fail(String),
     Hang,
+    /// systemd re-executes: the connection is lost before the reply (after the call acted).
+    LoseReply,
 }
+
+/// The calls that go to systemd (a re-execution breaks only those).
+const SYSTEMD_CALLS: [&str; 7] = ["show", "start", "stop", "daemon_reload", "enable", "disable", "watch"];
 
 /// A handle on the in-memory host (clones share it).
 #[derive(Clone, Debug)]
@@ -348,6 +359,8 @@ impl FakeHost {
                     }
                     Go::On
                 }
+                Fault::Reexec if SYSTEMD_CALLS.contains(&name) => Go::LoseReply,
+                Fault::Reexec => Go::On,
                 Fault::Crash => {
                     w.crashed = true;
                     drop(w);
@@ -366,6 +379,7 @@ impl FakeHost {
         match self.enter(name) {
             Go::On => None,
             Go::Fail(e) => Some(failed(e)),
+            Go::LoseReply => Some(failed(format!("{name}: {}", lost(name)))),
             Go::Hang => {
                 tokio::time::sleep(timeout).await;
                 Some(failed(format!("{name}: timed out after {}s", timeout.as_secs())))
@@ -373,10 +387,24 @@ impl FakeHost {
         }
     }
 
+    /// A call to systemd under the fault plan: `Ok(true)` when the call is to act and then lose
+    /// its reply (systemd re-executing).
+    async fn systemd_call(&self, name: &'static str) -> Result<bool> {
+        match self.enter(name) {
+            Go::On => Ok(false),
+            Go::LoseReply => Ok(true),
+            Go::Fail(e) => Err(anyhow!(e)),
+            Go::Hang => {
+                tokio::time::sleep(SYSTEMCTL).await;
+                bail!("{name}: timed out after {}s", SYSTEMCTL.as_secs())
+            }
+        }
+    }
+
     /// A sync call under the fault plan (a hang is a failure: nothing sync here waits).
     fn sync_call(&self, name: &'static str) -> Result<()> {
         match self.enter(name) {
-            Go::On => Ok(()),
+            Go::On | Go::LoseReply => Ok(()),
             Go::Fail(e) => Err(anyhow!(e)),
             Go::Hang => Err(anyhow!("{name}: timed out")),
         }
@@ -400,10 +428,20 @@ pub struct Crashed;
 const SYSTEMCTL: Duration = Duration::from_secs(25);
 const HTTP: Duration = Duration::from_secs(5);
 
-impl Host for FakeHost {
-    async fn show(&self, unit: &str) -> Result<UnitProps> {
-        if let Some(e) = self.call("show", SYSTEMCTL, |e| e).await {
-            bail!(e);
+/// The error of a call whose connection systemd's re-execution closed.
+fn lost(name: &str) -> crate::dbus::Lost {
+    crate::dbus::Lost(format!("D-Bus call {name}: the connection closed before the reply"))
+}
+
+/// A call that acted and then lost its reply, or one that did not act at all: the error.
+fn reply(lose: bool, name: &str) -> Result<()> {
+    if lose { Err(lost(name).into()) } else { Ok(()) }
+}
+
+impl FakeHost {
+    async fn show_once(&self, unit: &str) -> Result<UnitProps> {
+        if self.systemd_call("show").await? {
+            return Err(lost("show").into());
         }
         assert_eq!(unit, self.unit);
         let on_disk = self.unit_file();
@@ -432,14 +470,12 @@ impl Host for FakeHost {
         })
     }
 
-    async fn start(&self, unit: &str) -> Result<()> {
-        if let Some(e) = self.call("start", SYSTEMCTL, |e| e).await {
-            bail!(e);
-        }
+    async fn start_once(&self, unit: &str) -> Result<()> {
+        let lose = self.systemd_call("start").await?;
         let mut w = self.w();
         w.starts += 1;
         if matches!(w.unit.active, "active" | "activating") {
-            return Ok(());
+            return reply(lose, "start");
         }
         let Some(text) = w.unit.loaded.clone() else { bail!("Unit {unit} not found.") };
         let cg = self.cgroup();
@@ -473,13 +509,11 @@ impl Host for FakeHost {
         w.unit.exit_status = 0;
         drop(w);
         self.changes.send_modify(|n| *n += 1);
-        Ok(())
+        reply(lose, "start")
     }
 
-    async fn stop(&self, unit: &str, wait: bool) -> Result<()> {
-        if let Some(e) = self.call("stop", SYSTEMCTL, |e| e).await {
-            bail!(e);
-        }
+    async fn stop_once(&self, unit: &str, wait: bool) -> Result<()> {
+        let lose = self.systemd_call("stop").await?;
         assert_eq!(unit, self.unit);
         let exit = {
             let mut w = self.w();
@@ -503,11 +537,66 @@ impl Host for FakeHost {
             }
         };
         self.changes.send_modify(|n| *n += 1);
+        if lose {
+            return Err(lost("stop").into());
+        }
         if wait && let Some(t) = exit {
             tokio::time::sleep_until(t).await;
             Self::advance(&mut self.w());
         }
         Ok(())
+    }
+
+    async fn daemon_reload_once(&self) -> Result<()> {
+        let lose = self.systemd_call("daemon_reload").await?;
+        let text = self.unit_file();
+        self.w().unit.loaded = text;
+        reply(lose, "daemon_reload")
+    }
+
+    async fn enable_once(&self, unit: &str) -> Result<()> {
+        let lose = self.systemd_call("enable").await?;
+        assert_eq!(unit, self.unit);
+        let mut w = self.w();
+        if w.unit.loaded.is_none() {
+            bail!("Unit file {unit} does not exist.");
+        }
+        w.unit.enabled = true;
+        reply(lose, "enable")
+    }
+
+    async fn disable_once(&self, unit: &str) -> Result<()> {
+        let lose = self.systemd_call("disable").await?;
+        assert_eq!(unit, self.unit);
+        self.w().unit.enabled = false;
+        reply(lose, "disable")
+    }
+}
+
+/// systemd's calls go through [`super::reconnecting`], as the real host's do.
+impl Host for FakeHost {
+    async fn show(&self, unit: &str) -> Result<UnitProps> {
+        super::reconnecting("show", || self.show_once(unit)).await
+    }
+
+    async fn start(&self, unit: &str) -> Result<()> {
+        super::reconnecting("start", || self.start_once(unit)).await
+    }
+
+    async fn stop(&self, unit: &str, wait: bool) -> Result<()> {
+        super::reconnecting("stop", || self.stop_once(unit, wait)).await
+    }
+
+    async fn daemon_reload(&self) -> Result<()> {
+        super::reconnecting("daemon_reload", || self.daemon_reload_once()).await
+    }
+
+    async fn enable(&self, unit: &str) -> Result<()> {
+        super::reconnecting("enable", || self.enable_once(unit)).await
+    }
+
+    async fn disable(&self, unit: &str) -> Result<()> {
+        super::reconnecting("disable", || self.disable_once(unit)).await
     }
 
     type Watch = FakeWatch;
@@ -517,37 +606,6 @@ impl Host for FakeHost {
         let timer = self.call("watch", SYSTEMCTL, |_| ()).await.is_some();
         assert_eq!(unit, self.unit);
         FakeWatch { host: self.clone(), rx: self.changes.subscribe(), timer }
-    }
-
-    async fn daemon_reload(&self) -> Result<()> {
-        if let Some(e) = self.call("daemon_reload", SYSTEMCTL, |e| e).await {
-            bail!(e);
-        }
-        let text = self.unit_file();
-        self.w().unit.loaded = text;
-        Ok(())
-    }
-
-    async fn enable(&self, unit: &str) -> Result<()> {
-        if let Some(e) = self.call("enable", SYSTEMCTL, |e| e).await {
-            bail!(e);
-        }
-        assert_eq!(unit, self.unit);
-        let mut w = self.w();
-        if w.unit.loaded.is_none() {
-            bail!("Unit file {unit} does not exist.");
-        }
-        w.unit.enabled = true;
-        Ok(())
-    }
-
-    async fn disable(&self, unit: &str) -> Result<()> {
-        if let Some(e) = self.call("disable", SYSTEMCTL, |e| e).await {
-            bail!(e);
-        }
-        assert_eq!(unit, self.unit);
-        self.w().unit.enabled = false;
-        Ok(())
     }
 
     fn alive(&self, pid: u32) -> bool {

@@ -135,21 +135,50 @@ impl RealHost {
     }
 }
 
+/// How long a call to systemd is asked again after its connection was lost, before the loss is
+/// an error (a host fault): systemd re-executing itself (`daemon-reexec`, run by its package's
+/// upgrade) closes every connection and serves a new one within a second or two on a busy host.
+pub const RECONNECT_WITHIN: Duration = Duration::from_secs(30);
+
+/// A call to systemd, asked again on a new connection while the old one was [lost]
+/// (`crate::dbus::Lost`), 20 ms doubling to 1 s apart, for up to [`RECONNECT_WITHIN`]. Every call
+/// specd asks again is one that may be repeated: a property read; `Reload` (reloading twice
+/// loads the same files); `StartUnit`/`StopUnit` in mode `replace` (systemd keeps its jobs
+/// across a re-execution, and asking again for a job that is queued returns that job, and for
+/// one already done returns one that ends at once); enabling or disabling (the same links).
+/// Both hosts go through it, so the reconciler's fault matrix exercises this very loop.
+///
+/// [lost]: crate::dbus::is_lost
+pub async fn reconnecting<T, F: Future<Output = Result<T>>>(what: &str, call: impl Fn() -> F) -> Result<T> {
+    let deadline = Instant::now() + RECONNECT_WITHIN;
+    let mut pause = Duration::from_millis(20);
+    loop {
+        match call().await {
+            Err(e) if crate::dbus::is_lost(&e) && Instant::now() < deadline => {
+                tracing::info!("{what}: the connection to systemd was lost ({e:#}); asking again");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(1));
+            }
+            r => return r,
+        }
+    }
+}
+
 impl Host for RealHost {
     async fn show(&self, unit: &str) -> Result<UnitProps> {
-        self.systemd.show(unit).await
+        reconnecting("reading a unit's properties", || self.systemd.show(unit)).await
     }
 
     async fn start(&self, unit: &str) -> Result<()> {
-        self.systemd.start(unit).await
+        reconnecting("starting a unit", || self.systemd.start(unit)).await
     }
 
     async fn stop(&self, unit: &str, wait: bool) -> Result<()> {
-        self.systemd.stop(unit, wait).await
+        reconnecting("stopping a unit", || self.systemd.stop(unit, wait)).await
     }
 
     async fn daemon_reload(&self) -> Result<()> {
-        self.systemd.daemon_reload().await
+        reconnecting("daemon-reload", || self.systemd.daemon_reload()).await
     }
 
     type Watch = UnitWatch;
@@ -166,11 +195,11 @@ impl Host for RealHost {
     }
 
     async fn enable(&self, unit: &str) -> Result<()> {
-        self.systemd.enable(unit).await
+        reconnecting("enabling a unit", || self.systemd.enable(unit)).await
     }
 
     async fn disable(&self, unit: &str) -> Result<()> {
-        self.systemd.disable(unit).await
+        reconnecting("disabling a unit", || self.systemd.disable(unit)).await
     }
 
     fn alive(&self, pid: u32) -> bool {

@@ -1,0 +1,2153 @@
+//! Pre-flight: what can be known about a spec without starting its server, checked before an
+//! apply drains and stops the instance that serves.
+//!
+//! A spec whose program or draft model is not on the disk fails at its start, and the rollback
+//! that follows loads the old model again: on a host serving a large model that is two model loads
+//! of downtime for a failure one look at the disk would have found. So before anything is stopped:
+//! the program (as systemd finds it, executable by the unit's user), the model and draft model,
+//! the environment files and credentials systemd reads, the user, group and working directory,
+//! the port (free, or held by the unit's own instance, which is about to stop), the GPUs named
+//! in `CUDA_VISIBLE_DEVICES`, and the unit as `systemd-analyze verify` reads it.
+//!
+//! Two parts: [`checks`] decides what to look at, from the resolved spec and the rendered unit
+//! text (the unit text for what systemd sees); it is pure. [`run`] looks, on this machine.
+//!
+//! A problem is a fact about this host that makes the start fail; anything specd cannot be sure
+//! of (a Hugging Face repo id, a GPU UUID, a file with an ACL, a socket whose process it cannot
+//! see) is a note, never a problem: a pre-flight that refuses a spec which would have started is
+//! worse than none, as the apply's own verification still catches what it lets through.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs::Metadata;
+use std::io::{ErrorKind, Read};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use nix::unistd::{Gid, Group, Uid, User};
+use serde::{Deserialize, Serialize};
+use specd_spec::{Engine, Spec};
+
+/// What a check is about: the label of a problem in state, status, metrics and notices.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CheckKind {
+    Program,
+    Model,
+    DraftModel,
+    EnvironmentFile,
+    Credential,
+    User,
+    Group,
+    WorkingDirectory,
+    Port,
+    Gpu,
+    UnitFile,
+}
+
+impl CheckKind {
+    /// The name in serialized form (a metric label).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CheckKind::Program => "program",
+            CheckKind::Model => "model",
+            CheckKind::DraftModel => "draft_model",
+            CheckKind::EnvironmentFile => "environment_file",
+            CheckKind::Credential => "credential",
+            CheckKind::User => "user",
+            CheckKind::Group => "group",
+            CheckKind::WorkingDirectory => "working_directory",
+            CheckKind::Port => "port",
+            CheckKind::Gpu => "gpu",
+            CheckKind::UnitFile => "unit_file",
+        }
+    }
+}
+
+/// Something that would make the start fail, said so that a person can act on it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Problem {
+    pub check: CheckKind,
+    pub message: String,
+}
+
+/// Something not checked, or worth knowing, that does not stop the apply.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Note {
+    pub check: CheckKind,
+    pub message: String,
+}
+
+/// What the pre-flight found. The apply goes on only when `problems` is empty.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Outcome {
+    pub problems: Vec<Problem>,
+    pub notes: Vec<Note>,
+}
+
+impl Outcome {
+    pub fn passed(&self) -> bool {
+        self.problems.is_empty()
+    }
+}
+
+/// One line for a verdict: why the apply was refused, and that nothing was touched.
+pub fn summary(problems: &[Problem]) -> String {
+    if problems.is_empty() {
+        return "pre-flight passed".to_string();
+    }
+    let what: Vec<&str> = problems.iter().map(|p| p.message.as_str()).collect();
+    format!("Refused before any stop: pre-flight failed: {}; nothing changed", what.join("; "))
+}
+
+/// One thing to look at on the host before the stop.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "check", rename_all = "snake_case")]
+pub enum Check {
+    /// `ExecStart=`'s program exists, is a regular file, and the process's user may execute it
+    /// (a script: read it, and its interpreter exists).
+    Program { program: Program, runs_as: RunAs },
+    /// A model or draft model the engine loads from the disk: there, of the engine's form, and
+    /// readable by the process's user. A relative value is looked for in the working directory,
+    /// as the engine does; one that is not there and reads as a Hugging Face repo id is a note.
+    Model { role: ModelRole, value: String, form: ModelForm, cwd: Cwd, runs_as: RunAs },
+    /// An `EnvironmentFile=`: systemd (root) reads it before the start; a missing one fails the
+    /// start unless it is optional (a leading `-`).
+    EnvironmentFile { path: String, optional: bool },
+    /// `LoadCredential=ID:PATH`: systemd (root) reads PATH (a file, a directory of files, or a
+    /// socket) at the start; a missing one fails the start.
+    Credential { id: String, path: String },
+    /// `User=` exists (by name, or a numeric id that has an entry): systemd fails the start
+    /// otherwise.
+    User { name: String },
+    /// `Group=` exists.
+    Group { name: String },
+    /// `WorkingDirectory=` exists and the process's user may enter it; a leading `-` makes
+    /// a failure to enter it harmless.
+    WorkingDirectory { dir: Cwd, optional: bool, runs_as: RunAs },
+    /// Nothing outside the unit listens on the server's port (the unit's own instance does not
+    /// count: it is stopped before the start).
+    Port { unit: String, host: String, port: u16 },
+    /// The GPUs `CUDA_VISIBLE_DEVICES` names by index exist, on a host that has NVIDIA devices.
+    Gpus { indices: Vec<u32> },
+    /// `systemd-analyze verify` accepts the unit text, written under the unit's own name.
+    UnitFile { unit: String, text: String },
+    /// Known without looking to be beyond a look: said as a note.
+    NotChecked { kind: CheckKind, why: String },
+}
+
+impl Check {
+    pub fn kind(&self) -> CheckKind {
+        match self {
+            Check::Program { .. } => CheckKind::Program,
+            Check::Model { role: ModelRole::Model, .. } => CheckKind::Model,
+            Check::Model { role: ModelRole::Draft, .. } => CheckKind::DraftModel,
+            Check::EnvironmentFile { .. } => CheckKind::EnvironmentFile,
+            Check::Credential { .. } => CheckKind::Credential,
+            Check::User { .. } => CheckKind::User,
+            Check::Group { .. } => CheckKind::Group,
+            Check::WorkingDirectory { .. } => CheckKind::WorkingDirectory,
+            Check::Port { .. } => CheckKind::Port,
+            Check::Gpus { .. } => CheckKind::Gpu,
+            Check::UnitFile { .. } => CheckKind::UnitFile,
+            Check::NotChecked { kind, .. } => *kind,
+        }
+    }
+}
+
+/// How systemd finds `ExecStart=`'s program.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Program {
+    /// As written (systemd refuses a relative path with a `/`: a problem).
+    Path(String),
+    /// A bare name, looked up in `dirs` in order: the first regular file with an execute bit.
+    Search { name: String, dirs: Vec<String> },
+}
+
+/// Who the server's process runs as, for the kernel's permission checks.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunAs {
+    Root,
+    /// `User=` (and `Group=`, else the user's own group; its supplementary groups apply too).
+    User {
+        user: String,
+        group: Option<String>,
+    },
+    /// `DynamicUser=yes`: an id allocated at the start, which owns nothing on the disk.
+    Dynamic,
+}
+
+/// A working directory as `WorkingDirectory=` gives it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Cwd {
+    Path(String),
+    /// `~`: the user's home directory.
+    Home,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ModelRole {
+    Model,
+    Draft,
+}
+
+impl ModelRole {
+    fn what(self) -> &'static str {
+        match self {
+            ModelRole::Model => "the model",
+            ModelRole::Draft => "the draft model",
+        }
+    }
+}
+
+/// What an engine's model argument names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ModelForm {
+    /// llama-server's `--model`: one GGUF file (it downloads by name only with other flags).
+    GgufFile,
+    /// SGLang's `--model-path`, vLLM's model: a Hugging Face model folder or a GGUF file; a
+    /// name that is neither is a repo id the engine downloads at its start.
+    FolderOrGguf,
+}
+
+/// The form of an engine's model argument. Not in the engine table (`specd_spec::engine_facts`),
+/// where it belongs once anything besides the pre-flight needs it.
+fn model_form(engine: Engine) -> ModelForm {
+    match engine {
+        Engine::LlamaCpp => ModelForm::GgufFile,
+        Engine::Sglang | Engine::Vllm => ModelForm::FolderOrGguf,
+    }
+}
+
+/// systemd's fixed search path for a bare `ExecStart=` name (systemd.service(5), "Command
+/// lines"; `systemd-path search-binaries-default`): systemd 252 as Debian 12 builds it (split
+/// /usr: `DEFAULT_PATH` in `src/basic/path-util.h`). Later systemd dropped `/sbin:/bin` (and, with
+/// a merged sbin, `/usr/local/sbin:` and `/usr/sbin`), which on the systems it is built for
+/// are links into the directories before them: the same files are found in the same order.
+const SEARCH_PATH: [&str; 6] = ["/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"];
+
+/// How long `systemd-analyze verify` may take (0.1 s on an idle host); killed after.
+const VERIFY_WITHIN: Duration = Duration::from_secs(10);
+
+/// How long the looks at files and `/proc` may take (milliseconds, unless a file system hangs:
+/// then the apply goes on without them, and their thread is left to the hung call).
+const LOOK_WITHIN: Duration = Duration::from_secs(30);
+
+// ---------------------------------------------------------------------------------------------
+// The pure part: what to check.
+
+/// What to check on the host before stopping anything for `spec`, whose rendered unit is
+/// `unit_text`. Paths, users and the environment are read from the unit text (what systemd
+/// sees), the model, draft model and port from the spec (what the engine's flags say).
+pub fn checks(spec: &Spec, unit_text: &str) -> Vec<Check> {
+    let svc = ServiceSection::read(unit_text);
+    let mut out = Vec::new();
+    let mut value = |kind: CheckKind, key: &str, raw: &str| match unspecify(raw) {
+        Ok(v) => Some(v),
+        Err(s) => {
+            out.push(Check::NotChecked {
+                kind,
+                why: format!("{key}={raw} uses the specifier {s}, which the pre-flight does not resolve"),
+            });
+            None
+        }
+    };
+    let user = svc.user.as_deref().and_then(|u| value(CheckKind::User, "User", u));
+    let group = svc.group.as_deref().and_then(|g| value(CheckKind::Group, "Group", g));
+    let wd = svc.working_directory.as_deref().and_then(|w| value(CheckKind::WorkingDirectory, "WorkingDirectory", w));
+    // A dynamic user is made at the start: there is nothing to look up before.
+    if !svc.dynamic_user {
+        out.extend(user.iter().map(|u| Check::User { name: u.clone() }));
+        out.extend(group.iter().map(|g| Check::Group { name: g.clone() }));
+    }
+    let runs_as = svc.runs_as(user, group);
+    let argv = specd_spec::exec_start(unit_text).unwrap_or_else(|| spec.argv.clone());
+    if let Some(p) = argv.first() {
+        out.push(Check::Program { program: program(p, &svc.exec_search_path), runs_as: runs_as.clone() });
+    }
+    let (cwd, optional) = match wd.as_deref().map(|w| w.strip_prefix('-').map_or((w, false), |w| (w, true))) {
+        Some(("~", optional)) => (Cwd::Home, Some(optional)),
+        Some((w, optional)) => (Cwd::Path(w.to_string()), Some(optional)),
+        None => (Cwd::Path("/".to_string()), None),
+    };
+    if let Some(optional) = optional {
+        out.push(Check::WorkingDirectory { dir: cwd.clone(), optional, runs_as: runs_as.clone() });
+    }
+    let form = model_form(spec.engine);
+    let model = |role, value: &str| Check::Model {
+        role,
+        value: value.to_string(),
+        form,
+        cwd: cwd.clone(),
+        runs_as: runs_as.clone(),
+    };
+    out.push(model(ModelRole::Model, &spec.model));
+    if let Some(d) = spec.speculative.as_ref().and_then(|s| s.draft_model.as_deref()) {
+        out.push(model(ModelRole::Draft, d));
+    }
+    out.extend(svc.environment_files.iter().map(|f| environment_file(f)));
+    out.extend(svc.credentials.iter().map(|c| credential(c)));
+    out.push(Check::Port { unit: spec.unit.clone(), host: spec.server.host.clone(), port: spec.server.port });
+    if let Some(v) = svc.environment("CUDA_VISIBLE_DEVICES") {
+        out.extend(gpus(&v));
+    }
+    out.push(Check::UnitFile { unit: spec.unit.clone(), text: unit_text.to_string() });
+    out
+}
+
+/// What the unit text's `[Service]` section says, as systemd reads it (later assignments win;
+/// an empty one resets a list).
+#[derive(Debug, Default)]
+struct ServiceSection {
+    /// The raw value of `ExecStart=`, with its prefixes.
+    exec_start: Option<String>,
+    user: Option<String>,
+    group: Option<String>,
+    dynamic_user: bool,
+    working_directory: Option<String>,
+    environment: Vec<String>,
+    environment_files: Vec<String>,
+    credentials: Vec<String>,
+    exec_search_path: Vec<String>,
+}
+
+impl ServiceSection {
+    fn read(text: &str) -> ServiceSection {
+        let mut s = ServiceSection::default();
+        let list = |l: &mut Vec<String>, v: &str| if v.is_empty() { l.clear() } else { l.push(v.to_string()) };
+        let one = |v: &str| (!v.is_empty()).then(|| v.to_string());
+        for (k, v) in service_assignments(text) {
+            match k.as_str() {
+                "ExecStart" => s.exec_start = one(&v),
+                "User" => s.user = one(&v),
+                "Group" => s.group = one(&v),
+                "DynamicUser" => s.dynamic_user = matches!(v.as_str(), "1" | "yes" | "y" | "true" | "t" | "on"),
+                "WorkingDirectory" => s.working_directory = one(&v),
+                "Environment" => list(&mut s.environment, &v),
+                "EnvironmentFile" => list(&mut s.environment_files, &v),
+                "LoadCredential" => list(&mut s.credentials, &v),
+                // systemd.exec(5): several assignments append, an empty one resets.
+                "ExecSearchPath" if v.is_empty() => s.exec_search_path.clear(),
+                "ExecSearchPath" => s.exec_search_path.extend(v.split(':').map(str::to_string)),
+                _ => {}
+            }
+        }
+        s
+    }
+
+    /// Who `ExecStart=`'s process is: `+` (full privileges) and `!` (no user or group change)
+    /// make it root; `!!` changes nothing where the kernel has ambient capabilities.
+    fn runs_as(&self, user: Option<String>, group: Option<String>) -> RunAs {
+        let prefix: String =
+            self.exec_start.as_deref().unwrap_or_default().chars().take_while(|c| "@-:+!".contains(*c)).collect();
+        if prefix.contains('+') || (prefix.contains('!') && !prefix.contains("!!")) {
+            return RunAs::Root;
+        }
+        if self.dynamic_user {
+            return RunAs::Dynamic;
+        }
+        match user {
+            Some(u) if u != "root" && u != "0" => RunAs::User { user: u, group },
+            _ => RunAs::Root,
+        }
+    }
+
+    /// The value of an `Environment=` variable (the last assignment wins, as in systemd); `None`
+    /// also when it holds a specifier.
+    fn environment(&self, name: &str) -> Option<String> {
+        let (_, v) =
+            self.environment.iter().rev().filter_map(|e| specd_spec::parse_environment(e)).find(|(k, _)| k == name)?;
+        unspecify(&v).ok()
+    }
+}
+
+/// The `[Service]` assignments of a unit text in order, continuation lines joined.
+fn service_assignments(text: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let mut section = "";
+    let mut pending = String::new();
+    for raw in text.lines() {
+        let l = raw.trim();
+        if pending.is_empty() && (l.starts_with('#') || l.starts_with(';')) {
+            continue;
+        }
+        if let Some(rest) = l.strip_suffix('\\') {
+            pending.push_str(rest);
+            pending.push(' ');
+            continue;
+        }
+        let line = std::mem::take(&mut pending) + l;
+        if line.starts_with('[') && line.ends_with(']') {
+            section = if line == "[Service]" { "service" } else { "other" };
+            continue;
+        }
+        if section == "service"
+            && let Some((k, v)) = line.split_once('=')
+        {
+            out.push((k.trim().to_string(), v.trim().to_string()));
+        }
+    }
+    out
+}
+
+/// A unit-file value with its specifiers resolved: `%%` is `%`; any other specifier (`%h`...)
+/// is the `Err`, as the pre-flight does not know what systemd would put there.
+fn unspecify(v: &str) -> Result<String, String> {
+    let mut out = String::with_capacity(v.len());
+    let mut chars = v.chars();
+    while let Some(c) = chars.next() {
+        match (c, c == '%') {
+            (_, false) => out.push(c),
+            (_, true) => match chars.next() {
+                Some('%') => out.push('%'),
+                Some(s) => return Err(format!("%{s}")),
+                None => return Err("%".to_string()),
+            },
+        }
+    }
+    Ok(out)
+}
+
+/// `ExecStart=`'s program: a bare name (no `/`) is looked up as systemd does, in
+/// `ExecSearchPath=` when the unit sets it, else in systemd's fixed search path.
+fn program(p: &str, exec_search_path: &[String]) -> Program {
+    if p.contains('/') {
+        return Program::Path(p.to_string());
+    }
+    let dirs = if exec_search_path.is_empty() {
+        SEARCH_PATH.iter().map(|d| d.to_string()).collect()
+    } else {
+        exec_search_path.to_vec()
+    };
+    Program::Search { name: p.to_string(), dirs }
+}
+
+fn environment_file(raw: &str) -> Check {
+    let (path, optional) = raw.strip_prefix('-').map_or((raw, false), |p| (p, true));
+    let not = |why: String| Check::NotChecked { kind: CheckKind::EnvironmentFile, why };
+    match unspecify(path) {
+        Err(s) => not(format!("EnvironmentFile={raw} uses the specifier {s}, which the pre-flight does not resolve")),
+        Ok(p) if p.contains(['*', '?', '[']) => {
+            not(format!("the environment files {p} are a wildcard: whether they match is not checked"))
+        }
+        Ok(p) if !p.starts_with('/') => not(format!("the environment file {p} is not an absolute path")),
+        Ok(p) => Check::EnvironmentFile { path: p, optional },
+    }
+}
+
+fn credential(raw: &str) -> Check {
+    let not = |why: String| Check::NotChecked { kind: CheckKind::Credential, why };
+    let (id, path) = raw.split_once(':').unwrap_or((raw, ""));
+    match (unspecify(id), unspecify(path)) {
+        (Ok(id), Ok(path)) if path.starts_with('/') => Check::Credential { id, path },
+        (Ok(id), Ok(_)) => not(format!(
+            "the credential {id} is passed on from the service manager or its credential store, not read from a path"
+        )),
+        (Err(s), _) | (_, Err(s)) => {
+            not(format!("LoadCredential={raw} uses the specifier {s}, which the pre-flight does not resolve"))
+        }
+    }
+}
+
+/// `CUDA_VISIBLE_DEVICES`'s GPUs as CUDA reads it: indices, UUIDs (`GPU-…`) and MIG ids
+/// (`MIG-…`), up to the first entry that is none of them (CUDA ignores it and all after it).
+fn gpus(value: &str) -> Vec<Check> {
+    let mut indices = Vec::new();
+    let mut ids = Vec::new();
+    let mut out = Vec::new();
+    for e in value.split(',').map(str::trim) {
+        if let Ok(i) = e.parse::<u32>() {
+            indices.push(i);
+        } else if e.starts_with("GPU-") || e.starts_with("MIG-") {
+            ids.push(e);
+        } else {
+            out.push(Check::NotChecked {
+                kind: CheckKind::Gpu,
+                why: format!("CUDA_VISIBLE_DEVICES={value}: CUDA ignores `{e}` and every GPU listed after it"),
+            });
+            break;
+        }
+    }
+    if !ids.is_empty() {
+        out.push(Check::NotChecked {
+            kind: CheckKind::Gpu,
+            why: format!(
+                "CUDA_VISIBLE_DEVICES names {}: GPU UUIDs and MIG ids need the driver's tools",
+                ids.join(", ")
+            ),
+        });
+    }
+    if !indices.is_empty() {
+        out.insert(0, Check::Gpus { indices });
+    }
+    out
+}
+
+/// Whether a model argument reads as a Hugging Face repo id (`Qwen/Qwen3-8B`, `gpt2`): one or
+/// two names of letters, digits, `-`, `_` and `.`, none starting or ending with `-` or `.`, no
+/// `--` or `..`. A path (`/`, `./`, `~`, more than one `/`) never does.
+fn looks_like_repo_id(v: &str) -> bool {
+    let parts: Vec<&str> = v.split('/').collect();
+    parts.len() <= 2
+        && parts.iter().all(|p| {
+            !p.is_empty()
+                && p.len() <= 96
+                && p.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+                && !p.starts_with(['-', '.'])
+                && !p.ends_with(['-', '.'])
+                && !p.contains("--")
+                && !p.contains("..")
+        })
+}
+
+// ---------------------------------------------------------------------------------------------
+// The executor: looking on this machine.
+
+/// Carry `checks` out on this machine. `own_cgroup` is the unit's control group (systemd's
+/// `ControlGroup`; empty when no instance runs): a process in it that holds the port is the
+/// instance about to be stopped, not a conflict.
+pub async fn run(checks: &[Check], own_cgroup: &str) -> Outcome {
+    run_on(checks, own_cgroup, &Machine::host()).await
+}
+
+/// Where the executor looks besides the checks' own paths and `/proc`: the device directory
+/// (NVIDIA's nodes), the `systemd-analyze` command and how long it may take.
+struct Machine {
+    dev: PathBuf,
+    analyze: Vec<String>,
+    verify_within: Duration,
+}
+
+impl Machine {
+    fn host() -> Machine {
+        Machine {
+            dev: PathBuf::from("/dev"),
+            analyze: vec!["systemd-analyze".to_string()],
+            verify_within: VERIFY_WITHIN,
+        }
+    }
+}
+
+/// What one look found, before it is labelled with its check's kind.
+#[derive(Debug, PartialEq)]
+enum Found {
+    Problem(String),
+    Note(String),
+}
+
+async fn run_on(checks: &[Check], own_cgroup: &str, m: &Machine) -> Outcome {
+    // Files and /proc can block (a model on a stalled network mount): off the runtime's thread,
+    // while systemd-analyze runs.
+    let looks = {
+        let (checks, own, dev) = (checks.to_vec(), own_cgroup.to_string(), m.dev.clone());
+        tokio::task::spawn_blocking(move || checks.iter().map(|c| look(c, &own, &dev)).collect::<Vec<_>>())
+    };
+    let mut verified = Vec::new();
+    for c in checks {
+        if let Check::UnitFile { unit, text } = c {
+            verified.push(verify(unit, text, m).await);
+        }
+    }
+    let looked = match tokio::time::timeout(LOOK_WITHIN, looks).await {
+        Ok(Ok(l)) => l,
+        Ok(Err(e)) => checks.iter().map(|_| vec![Found::Note(format!("not checked: the look failed: {e}"))]).collect(),
+        Err(_) => {
+            let why = format!("not checked: the file system did not answer within {} s", LOOK_WITHIN.as_secs());
+            checks.iter().map(|_| vec![Found::Note(why.clone())]).collect()
+        }
+    };
+    let mut verified = verified.into_iter();
+    let mut out = Outcome::default();
+    for (c, found) in checks.iter().zip(looked) {
+        let found = if matches!(c, Check::UnitFile { .. }) { verified.next().unwrap_or_default() } else { found };
+        for f in found {
+            match f {
+                Found::Problem(message) => out.problems.push(Problem { check: c.kind(), message }),
+                Found::Note(message) => out.notes.push(Note { check: c.kind(), message }),
+            }
+        }
+    }
+    out
+}
+
+/// One check, on the file system and `/proc` (blocking).
+fn look(c: &Check, own_cgroup: &str, dev: &Path) -> Vec<Found> {
+    match c {
+        Check::Program { program, runs_as } => look_program(program, runs_as),
+        Check::Model { role, value, form, cwd, runs_as } => look_model(*role, value, *form, cwd, runs_as),
+        Check::EnvironmentFile { path, optional } => look_environment_file(path, *optional),
+        Check::Credential { id, path } => look_credential(id, path),
+        Check::User { name } => look_user(name),
+        Check::Group { name } => look_group(name),
+        Check::WorkingDirectory { dir, optional, runs_as } => look_working_directory(dir, *optional, runs_as),
+        Check::Port { unit, host, port } => look_port(unit, host, *port, own_cgroup),
+        Check::Gpus { indices } => look_gpus(indices, dev),
+        Check::UnitFile { .. } => Vec::new(),
+        Check::NotChecked { why, .. } => vec![Found::Note(format!("not checked: {why}"))],
+    }
+}
+
+// Who may do what.
+
+/// The process's identity as the kernel's permission checks see it.
+#[derive(Debug)]
+enum Who {
+    /// Reads and enters everything; executes what has an execute bit.
+    Root,
+    Ids {
+        name: String,
+        uid: u32,
+        gids: Vec<u32>,
+    },
+    /// A dynamic user owns nothing and is in no file's group: the "other" bits.
+    Dynamic,
+}
+
+impl std::fmt::Display for Who {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Who::Root => f.write_str("root"),
+            Who::Ids { name, .. } => write!(f, "user {name}"),
+            Who::Dynamic => f.write_str("the unit's dynamic user"),
+        }
+    }
+}
+
+/// `None` when the user or group does not exist (their own checks say so) or cannot be looked
+/// up: then nothing is said about permissions.
+fn who(runs_as: &RunAs) -> Option<Who> {
+    let (user, group) = match runs_as {
+        RunAs::Root => return Some(Who::Root),
+        RunAs::Dynamic => return Some(Who::Dynamic),
+        RunAs::User { user, group } => (user, group),
+    };
+    let u = lookup_user(user).ok()??;
+    if u.uid.is_root() {
+        return Some(Who::Root);
+    }
+    let gid = match group {
+        Some(g) => lookup_group(g).ok()??.gid,
+        None => u.gid,
+    };
+    // systemd gives a `User=` its supplementary groups (initgroups) besides the primary one.
+    let name = std::ffi::CString::new(u.name.as_bytes()).ok()?;
+    let mut gids: Vec<u32> =
+        nix::unistd::getgrouplist(&name, gid).map(|g| g.into_iter().map(Gid::as_raw).collect()).unwrap_or_default();
+    gids.push(gid.as_raw());
+    Some(Who::Ids { name: user.clone(), uid: u.uid.as_raw(), gids })
+}
+
+/// A user by name, or by number as systemd reads an all-digits `User=` (which needs an entry).
+fn lookup_user(name: &str) -> nix::Result<Option<User>> {
+    match name.parse::<u32>() {
+        Ok(uid) => User::from_uid(Uid::from_raw(uid)),
+        Err(_) => User::from_name(name),
+    }
+}
+
+fn lookup_group(name: &str) -> nix::Result<Option<Group>> {
+    match name.parse::<u32>() {
+        Ok(gid) => Group::from_gid(Gid::from_raw(gid)),
+        Err(_) => Group::from_name(name),
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Want {
+    Read,
+    Execute,
+    /// Search a directory (its execute bit): to reach anything below it, or to `chdir` into it.
+    Enter,
+}
+
+/// The kernel's mode-bit check (ACLs aside: see [`denied`]).
+fn allowed(who: &Who, meta: &Metadata, want: Want) -> bool {
+    let mode = meta.mode();
+    let bit = if want == Want::Read { 4 } else { 1 };
+    match who {
+        Who::Root => want != Want::Execute || meta.is_dir() || mode & 0o111 != 0,
+        Who::Ids { uid, gids, .. } => {
+            // The owner's bits alone apply to the owner, the group's to its members.
+            let class = if meta.uid() == *uid {
+                mode >> 6
+            } else if gids.contains(&meta.gid()) {
+                mode >> 3
+            } else {
+                mode
+            };
+            class & bit != 0
+        }
+        Who::Dynamic => mode & bit != 0,
+    }
+}
+
+/// Whether `who` may reach `path` (enter each directory above it) and then `want` it; a refusal
+/// names the place and its mode and owner.
+fn access(who: &Who, path: &Path, want: Want, what: &str) -> Option<Found> {
+    for dir in ancestors(path) {
+        let Ok(meta) = std::fs::metadata(&dir) else { continue };
+        if !allowed(who, &meta, Want::Enter) {
+            let m = mode_owner(&meta);
+            return Some(denied(
+                &dir,
+                format!("{who} cannot enter {} ({m}), which holds {what} {}", dir.display(), path.display()),
+            ));
+        }
+    }
+    let meta = std::fs::metadata(path).ok()?;
+    if allowed(who, &meta, want) {
+        return None;
+    }
+    let verb = match want {
+        Want::Read => "read",
+        Want::Execute => "execute",
+        Want::Enter => "enter",
+    };
+    Some(denied(path, format!("{who} cannot {verb} {what} {} ({})", path.display(), mode_owner(&meta))))
+}
+
+/// A refusal by the mode bits is a problem, unless an ACL may grant what they do not: then the
+/// pre-flight cannot tell, and says so.
+fn denied(path: &Path, message: String) -> Found {
+    if has_acl(path) {
+        Found::Note(format!("not checked: {message}, but it has an ACL, which may allow it"))
+    } else {
+        Found::Problem(message)
+    }
+}
+
+fn has_acl(path: &Path) -> bool {
+    let Ok(p) = std::ffi::CString::new(path.as_os_str().as_bytes()) else { return false };
+    // SAFETY: two NUL-terminated strings; a null buffer of size 0 asks only for the value's size.
+    unsafe { libc::getxattr(p.as_ptr(), c"system.posix_acl_access".as_ptr(), std::ptr::null_mut(), 0) >= 0 }
+}
+
+/// The directories a lookup of `path` passes through, outermost first: those above it as
+/// written, then those above where its links lead.
+fn ancestors(path: &Path) -> Vec<PathBuf> {
+    let real = std::fs::canonicalize(path).ok();
+    let mut out: Vec<PathBuf> = Vec::new();
+    for p in std::iter::once(path).chain(real.as_deref()) {
+        let mut above: Vec<&Path> = p.ancestors().skip(1).filter(|a| !a.as_os_str().is_empty()).collect();
+        above.reverse();
+        for a in above {
+            if !out.iter().any(|o| o == a) {
+                out.push(a.to_path_buf());
+            }
+        }
+    }
+    out
+}
+
+/// `mode 0700, owner root:root`.
+fn mode_owner(meta: &Metadata) -> String {
+    let user = User::from_uid(Uid::from_raw(meta.uid())).ok().flatten().map_or(meta.uid().to_string(), |u| u.name);
+    let group = Group::from_gid(Gid::from_raw(meta.gid())).ok().flatten().map_or(meta.gid().to_string(), |g| g.name);
+    format!("mode {:04o}, owner {user}:{group}", meta.mode() & 0o7777)
+}
+
+/// Why `path` could not be looked at: absent (or a link to nothing) is a problem; anything else
+/// (specd itself not allowed to look) a note.
+fn missing(what: &str, path: &Path, e: &std::io::Error) -> Found {
+    let p = path.display();
+    match e.kind() {
+        ErrorKind::NotFound => match std::fs::read_link(path) {
+            Ok(to) => {
+                Found::Problem(format!("{what} {p} is a symbolic link to {}, which does not exist", to.display()))
+            }
+            Err(_) => Found::Problem(format!("{what} {p} does not exist")),
+        },
+        ErrorKind::NotADirectory => {
+            Found::Problem(format!("{what} {p} does not exist: a part of its path is not a directory"))
+        }
+        _ => Found::Note(format!("not checked: {what} {p}: {e}")),
+    }
+}
+
+fn first_bytes(path: &Path, n: usize) -> Vec<u8> {
+    let mut buf = Vec::with_capacity(n);
+    let _ = std::fs::File::open(path).and_then(|f| f.take(n as u64).read_to_end(&mut buf));
+    buf
+}
+
+// The looks, one per kind of check.
+
+fn look_program(program: &Program, runs_as: &RunAs) -> Vec<Found> {
+    let path = match program {
+        Program::Path(p) if !p.starts_with('/') => {
+            return vec![Found::Problem(format!(
+                "the program {p} is neither an absolute path nor a bare name: systemd refuses it"
+            ))];
+        }
+        Program::Path(p) => PathBuf::from(p),
+        Program::Search { name, dirs } => match search(name, dirs) {
+            Some(p) => p,
+            None => {
+                return vec![Found::Problem(format!(
+                    "the program {name} is not in systemd's search path ({}): give its absolute path",
+                    dirs.join(":")
+                ))];
+            }
+        },
+    };
+    let what = "the program";
+    let p = path.display();
+    let meta = match std::fs::metadata(&path) {
+        Ok(m) => m,
+        Err(e) => return vec![missing(what, &path, &e)],
+    };
+    if meta.is_dir() {
+        return vec![Found::Problem(format!("{what} {p} is a directory"))];
+    }
+    if !meta.is_file() {
+        return vec![Found::Problem(format!("{what} {p} is not a regular file"))];
+    }
+    // systemd itself (root) needs an execute bit to take it.
+    if meta.mode() & 0o111 == 0 {
+        return vec![Found::Problem(format!("{what} {p} is not executable ({})", mode_owner(&meta)))];
+    }
+    let who = who(runs_as);
+    let mut out: Vec<Found> = who.iter().filter_map(|w| access(w, &path, Want::Execute, what)).collect();
+    out.extend(interpreter(&path, who.as_ref()));
+    out
+}
+
+/// The file systemd runs for a bare name: the first in `dirs` that is a regular file with an
+/// execute bit (systemd looks as root, before it becomes the unit's user).
+fn search(name: &str, dirs: &[String]) -> Option<PathBuf> {
+    dirs.iter()
+        .map(|d| Path::new(d).join(name))
+        .find(|p| std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.mode() & 0o111 != 0))
+}
+
+/// A script runs through its `#!` interpreter: that must exist and be executable, and the
+/// script readable, by the process's user. An entry point of a moved virtualenv (`vllm`) fails
+/// here with the engine's "No such file or directory" at its start.
+fn interpreter(script: &Path, who: Option<&Who>) -> Vec<Found> {
+    let head = first_bytes(script, 256);
+    let Some(line) = head.strip_prefix(b"#!") else { return Vec::new() };
+    let line = line.split(|b| *b == b'\n').next().unwrap_or_default();
+    let Some(interp) = String::from_utf8_lossy(line).split_whitespace().next().map(PathBuf::from) else {
+        return Vec::new();
+    };
+    let mut out: Vec<Found> = who.iter().filter_map(|w| access(w, script, Want::Read, "the script")).collect();
+    if !interp.is_absolute() {
+        return out;
+    }
+    let (s, i) = (script.display(), interp.display());
+    match std::fs::metadata(&interp) {
+        Err(e) if e.kind() == ErrorKind::NotFound => {
+            out.push(Found::Problem(format!("the program {s} is a script whose interpreter {i} does not exist")))
+        }
+        Err(e) => out.push(Found::Note(format!("not checked: the interpreter {i} of {s}: {e}"))),
+        Ok(m) if !m.is_file() || m.mode() & 0o111 == 0 => out.push(Found::Problem(format!(
+            "the program {s} is a script whose interpreter {i} is not executable ({})",
+            mode_owner(&m)
+        ))),
+        Ok(_) => out.extend(who.and_then(|w| access(w, &interp, Want::Execute, "the interpreter"))),
+    }
+    out
+}
+
+fn look_model(role: ModelRole, value: &str, form: ModelForm, cwd: &Cwd, runs_as: &RunAs) -> Vec<Found> {
+    let what = role.what();
+    let relative = !value.starts_with('/');
+    let path = if relative {
+        // The engine opens a relative path from its working directory.
+        match cwd_path(cwd, runs_as) {
+            Some(d) => d.join(value),
+            None => return Vec::new(),
+        }
+    } else {
+        PathBuf::from(value)
+    };
+    let p = path.display();
+    let meta = match std::fs::metadata(&path) {
+        Ok(m) => m,
+        Err(e) if relative && e.kind() == ErrorKind::NotFound => {
+            return vec![if form == ModelForm::FolderOrGguf && looks_like_repo_id(value) {
+                Found::Note(format!(
+                    "not checked: {what} {value} is a Hugging Face repo id; the engine downloads it at start"
+                ))
+            } else {
+                let tilde = if value.starts_with('~') { "; systemd does not expand ~ in a command line" } else { "" };
+                Found::Problem(format!("{what} {value} does not exist (looked for at {p}{tilde})"))
+            }];
+        }
+        Err(e) => return vec![missing(what, &path, &e)],
+    };
+    if meta.is_dir() {
+        if form == ModelForm::GgufFile {
+            return vec![Found::Problem(format!("{what} {p} is a directory: llama-server loads one GGUF file"))];
+        }
+        if !path.join("config.json").is_file() {
+            return vec![if path.join("params.json").is_file() {
+                Found::Note(format!("not checked: {what} {p} has no config.json but a params.json (Mistral's format)"))
+            } else {
+                Found::Problem(format!("{what} {p} has no config.json: not a Hugging Face model folder"))
+            }];
+        }
+    } else if meta.is_file() {
+        let magic = first_bytes(&path, 4);
+        if magic != b"GGUF" {
+            let nor = if form == ModelForm::FolderOrGguf { " nor a Hugging Face model folder" } else { "" };
+            return vec![Found::Problem(format!("{what} {p} is not a GGUF file{nor} ({})", starts_with(&magic)))];
+        }
+    } else {
+        return vec![Found::Problem(format!("{what} {p} is neither a file nor a folder"))];
+    }
+    let Some(who) = who(runs_as) else { return Vec::new() };
+    if !meta.is_dir() {
+        return access(&who, &path, Want::Read, what).into_iter().collect();
+    }
+    // A folder is listed (r) and entered (x), and its files read.
+    if let Some(f) = access(&who, &path, Want::Read, what) {
+        return vec![f];
+    }
+    if !allowed(&who, &meta, Want::Enter) {
+        return vec![denied(&path, format!("{who} cannot enter {what} {p} ({})", mode_owner(&meta)))];
+    }
+    unreadable_files(&who, &path, what).into_iter().collect()
+}
+
+/// The files of a model folder its user cannot read (or links to nothing), as one finding.
+fn unreadable_files(who: &Who, dir: &Path, what: &str) -> Option<Found> {
+    let mut bad: Vec<(PathBuf, Option<Metadata>)> = Vec::new();
+    for e in std::fs::read_dir(dir).ok()?.flatten() {
+        match std::fs::metadata(e.path()) {
+            Ok(m) if m.is_file() && !allowed(who, &m, Want::Read) => bad.push((e.path(), Some(m))),
+            Err(_) if e.file_type().is_ok_and(|t| t.is_symlink()) => bad.push((e.path(), None)),
+            _ => {}
+        }
+    }
+    bad.sort_by(|a, b| a.0.cmp(&b.0));
+    let (first, meta) = bad.first()?;
+    let name = first.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let more = match bad.len() {
+        1 => String::new(),
+        n => format!(" and {} more", n - 1),
+    };
+    let d = dir.display();
+    Some(match meta {
+        Some(m) => denied(first, format!("{who} cannot read {name}{more} in {what} {d} ({})", mode_owner(m))),
+        None => Found::Problem(format!("{name}{more} in {what} {d} is a symbolic link to nothing")),
+    })
+}
+
+/// How the first bytes of a file that should be GGUF look.
+fn starts_with(magic: &[u8]) -> String {
+    if magic.is_empty() {
+        return "it is empty".to_string();
+    }
+    if magic.iter().all(|b| b.is_ascii_graphic()) {
+        return format!("it starts with {:?}", String::from_utf8_lossy(magic));
+    }
+    let hex: String = magic.iter().map(|b| format!("{b:02x}")).collect();
+    format!("it starts with 0x{hex}")
+}
+
+/// The directory a `Cwd` names (`~`: the user's home); `None` when its user does not exist.
+fn cwd_path(cwd: &Cwd, runs_as: &RunAs) -> Option<PathBuf> {
+    match (cwd, runs_as) {
+        (Cwd::Path(p), _) => Some(PathBuf::from(p)),
+        (Cwd::Home, RunAs::Root) => {
+            Some(User::from_uid(Uid::from_raw(0)).ok().flatten().map_or("/root".into(), |u| u.dir))
+        }
+        (Cwd::Home, RunAs::User { user, .. }) => lookup_user(user).ok().flatten().map(|u| u.dir),
+        // systemd gives a dynamic user the home directory `/`.
+        (Cwd::Home, RunAs::Dynamic) => Some(PathBuf::from("/")),
+    }
+}
+
+fn look_environment_file(path: &str, optional: bool) -> Vec<Found> {
+    let what = "the environment file";
+    match std::fs::metadata(path) {
+        Err(e) if e.kind() == ErrorKind::NotFound && optional => Vec::new(),
+        Err(e) => vec![missing(what, Path::new(path), &e)],
+        Ok(m) if m.is_dir() => vec![Found::Problem(format!("{what} {path} is a directory"))],
+        Ok(_) => manager_reads(what, Path::new(path)).into_iter().collect(),
+    }
+}
+
+/// A credential's path may also be a directory (each file in it a credential) or a socket.
+fn look_credential(id: &str, path: &str) -> Vec<Found> {
+    let what = format!("the credential {id}'s file");
+    match std::fs::metadata(path) {
+        Err(e) => vec![missing(&what, Path::new(path), &e)],
+        Ok(m) if m.is_file() => manager_reads(&what, Path::new(path)).into_iter().collect(),
+        Ok(_) => Vec::new(),
+    }
+}
+
+/// systemd reads environment files and credentials as root: whether specd, root too, can open
+/// one is the same question (a file system may refuse root: NFS's root_squash). specd not root
+/// cannot tell. Opened without blocking, so that a FIFO does not hang the look.
+fn manager_reads(what: &str, path: &Path) -> Option<Found> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let e = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path).err()?;
+    let m = format!("{what} {} cannot be read: {e}", path.display());
+    Some(if nix::unistd::geteuid().is_root() {
+        Found::Problem(m)
+    } else {
+        Found::Note(format!("not checked: {m} (specd is not root; systemd reads it as root)"))
+    })
+}
+
+fn look_user(name: &str) -> Vec<Found> {
+    match lookup_user(name) {
+        Ok(Some(_)) => Vec::new(),
+        Ok(None) => vec![Found::Problem(format!("the user {name} does not exist on this host (User={name})"))],
+        Err(e) => vec![Found::Note(format!("not checked: looking up the user {name}: {e}"))],
+    }
+}
+
+fn look_group(name: &str) -> Vec<Found> {
+    match lookup_group(name) {
+        Ok(Some(_)) => Vec::new(),
+        Ok(None) => vec![Found::Problem(format!("the group {name} does not exist on this host (Group={name})"))],
+        Err(e) => vec![Found::Note(format!("not checked: looking up the group {name}: {e}"))],
+    }
+}
+
+/// With a leading `-`, systemd starts the server wherever it cannot enter the directory: a note.
+fn look_working_directory(dir: &Cwd, optional: bool, runs_as: &RunAs) -> Vec<Found> {
+    let what = "the working directory";
+    // `~` of a user that does not exist: the user's own check says so.
+    let Some(path) = cwd_path(dir, runs_as) else { return Vec::new() };
+    let found = match std::fs::metadata(&path) {
+        Err(e) => Some(missing(what, &path, &e)),
+        Ok(m) if !m.is_dir() => Some(Found::Problem(format!("{what} {} is not a directory", path.display()))),
+        Ok(_) => who(runs_as).and_then(|w| access(&w, &path, Want::Enter, what)),
+    };
+    match found {
+        Some(Found::Problem(m)) if optional => {
+            vec![Found::Note(format!("{m} (optional: the server starts without it)"))]
+        }
+        f => f.into_iter().collect(),
+    }
+}
+
+fn look_gpus(indices: &[u32], dev: &Path) -> Vec<Found> {
+    let devices = nvidia_devices(dev);
+    let named: Vec<String> = indices.iter().map(u32::to_string).collect();
+    let d = dev.display();
+    if devices.is_empty() {
+        return vec![Found::Note(format!(
+            "not checked: CUDA_VISIBLE_DEVICES names GPU {}, and this host shows no NVIDIA device ({d}/nvidia0 …)",
+            named.join(",")
+        ))];
+    }
+    // CUDA numbers the GPUs it finds from 0, whatever their device nodes' numbers.
+    let n = devices.len();
+    let absent: Vec<String> = indices.iter().filter(|i| **i as usize >= n).map(u32::to_string).collect();
+    if absent.is_empty() {
+        return Vec::new();
+    }
+    let list: Vec<String> = devices.iter().map(|i| format!("{d}/nvidia{i}")).collect();
+    let s = if n == 1 { "" } else { "s" };
+    vec![Found::Problem(format!(
+        "CUDA_VISIBLE_DEVICES names GPU {}, but this host has {n} NVIDIA GPU{s} ({})",
+        absent.join(", "),
+        list.join(", ")
+    ))]
+}
+
+/// The numbers of the `nvidiaN` device nodes (not `nvidiactl`, `nvidia-uvm`...), sorted.
+fn nvidia_devices(dev: &Path) -> Vec<u32> {
+    let mut out: Vec<u32> = std::fs::read_dir(dev)
+        .map(|rd| {
+            rd.flatten().filter_map(|e| e.file_name().to_str()?.strip_prefix("nvidia")?.parse::<u32>().ok()).collect()
+        })
+        .unwrap_or_default();
+    out.sort_unstable();
+    out
+}
+
+// The port.
+
+/// A listening TCP socket, from `/proc/net/tcp` or `tcp6`.
+#[derive(Clone, Debug, PartialEq)]
+struct Listener {
+    addr: IpAddr,
+    uid: u32,
+    inode: u64,
+}
+
+fn look_port(unit: &str, host: &str, port: u16, own_cgroup: &str) -> Vec<Found> {
+    // A host name (not an address) may resolve to any address: every listener on the port counts.
+    let ours = host.trim_start_matches('[').trim_end_matches(']').parse::<IpAddr>().ok();
+    let mut listeners: Vec<Listener> = ["/proc/net/tcp", "/proc/net/tcp6"]
+        .iter()
+        .filter_map(|f| std::fs::read_to_string(f).ok())
+        .flat_map(|t| listening(&t, port))
+        .filter(|l| collides(ours, l.addr))
+        .collect();
+    if listeners.is_empty() {
+        return Vec::new();
+    }
+    listeners.sort_by_key(|l| l.inode);
+    let holders = socket_holders(&listeners.iter().map(|l| l.inode).collect());
+    // Each process outside the unit once, with the addresses it listens on.
+    let mut outside: BTreeMap<u32, Vec<String>> = BTreeMap::new();
+    let mut unseen = Vec::new();
+    for l in &listeners {
+        let pids = holders.get(&l.inode).map(Vec::as_slice).unwrap_or_default();
+        let at = std::net::SocketAddr::new(l.addr, port).to_string();
+        if pids.is_empty() {
+            unseen.push(format!(
+                "not checked: a socket of uid {} listens on {at}, and specd cannot see its process: whether it is {unit}'s is not known",
+                l.uid
+            ));
+        } else if !pids.iter().any(|p| cgroup_of(*p).is_some_and(|cg| in_cgroup(&cg, own_cgroup))) {
+            outside.entry(pids[0]).or_default().push(at);
+        }
+    }
+    let mut out: Vec<Found> = outside
+        .into_iter()
+        .map(|(pid, at)| {
+            let cmd =
+                crate::cgroup::cmdline(pid).map_or_else(|| "its command line is gone".to_string(), |c| c.join(" "));
+            Found::Problem(format!(
+                "port {port} is held by pid {pid} ({cmd}), which is not part of {unit} (it listens on {})",
+                at.join(", ")
+            ))
+        })
+        .collect();
+    out.extend(unseen.into_iter().map(Found::Note));
+    out
+}
+
+/// The LISTEN sockets on `port` in a `/proc/net/tcp` or `tcp6` text: `sl local_address
+/// rem_address st tx:rx tr:when retrnsmt uid timeout inode`, addresses in hex as the kernel
+/// stores them (32-bit words in the host's byte order), the port in hex, LISTEN is `0A`.
+fn listening(text: &str, port: u16) -> Vec<Listener> {
+    text.lines()
+        .skip(1)
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let (addr, p) = f.get(1)?.split_once(':')?;
+            if *f.get(3)? != "0A" || u16::from_str_radix(p, 16).ok()? != port {
+                return None;
+            }
+            Some(Listener { addr: hex_addr(addr)?, uid: f.get(7)?.parse().ok()?, inode: f.get(9)?.parse().ok()? })
+        })
+        .collect()
+}
+
+/// An address of `/proc/net/tcp` (8 hex digits) or `tcp6` (32); an IPv4-mapped one as IPv4.
+fn hex_addr(hex: &str) -> Option<IpAddr> {
+    let word = |i: usize| hex.get(i * 8..i * 8 + 8).and_then(|w| u32::from_str_radix(w, 16).ok()).map(u32::to_ne_bytes);
+    match hex.len() {
+        8 => Some(IpAddr::V4(Ipv4Addr::from(word(0)?))),
+        32 => {
+            let mut b = [0u8; 16];
+            for i in 0..4 {
+                b[i * 4..i * 4 + 4].copy_from_slice(&word(i)?);
+            }
+            let a = Ipv6Addr::from(b);
+            Some(a.to_ipv4_mapped().map_or(IpAddr::V6(a), IpAddr::V4))
+        }
+        _ => None,
+    }
+}
+
+/// Whether binding `ours` (`None`: any address) fails on a port where `theirs` listens: the same
+/// address, or a wildcard of the family. An IPv6 wildcard takes IPv4 too (Linux's default,
+/// `net.ipv6.bindv6only = 0`).
+fn collides(ours: Option<IpAddr>, theirs: IpAddr) -> bool {
+    let Some(ours) = ours else { return true };
+    let covers = |a: IpAddr, b: IpAddr| a == b || (a.is_unspecified() && (a.is_ipv6() || b.is_ipv4()));
+    covers(ours, theirs) || covers(theirs, ours)
+}
+
+/// The processes that have each socket inode open (`/proc/PID/fd/* -> socket:[INODE]`), by pid.
+fn socket_holders(inodes: &BTreeSet<u64>) -> BTreeMap<u64, Vec<u32>> {
+    let mut out: BTreeMap<u64, Vec<u32>> = BTreeMap::new();
+    let Ok(procs) = std::fs::read_dir("/proc") else { return out };
+    for p in procs.flatten() {
+        let Some(pid) = p.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
+        let Ok(fds) = std::fs::read_dir(p.path().join("fd")) else { continue };
+        for fd in fds.flatten() {
+            let inode = std::fs::read_link(fd.path())
+                .ok()
+                .and_then(|l| l.to_str()?.strip_prefix("socket:[")?.strip_suffix(']')?.parse::<u64>().ok());
+            if let Some(i) = inode.filter(|i| inodes.contains(i)) {
+                out.entry(i).or_default().push(pid);
+            }
+        }
+    }
+    for pids in out.values_mut() {
+        pids.sort_unstable();
+        pids.dedup();
+    }
+    out
+}
+
+fn cgroup_of(pid: u32) -> Option<String> {
+    unit_cgroup(&std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?)
+}
+
+/// A process's cgroup as systemd names it, from `/proc/PID/cgroup`: the unified hierarchy's line
+/// (`0::/system.slice/x.service`), else systemd's own v1 hierarchy (`N:name=systemd:/…`).
+fn unit_cgroup(text: &str) -> Option<String> {
+    let mut v1 = None;
+    for l in text.lines() {
+        let mut f = l.splitn(3, ':');
+        let (Some(id), Some(controllers), Some(path)) = (f.next(), f.next(), f.next()) else { continue };
+        if id == "0" && controllers.is_empty() {
+            return Some(path.to_string());
+        }
+        if controllers == "name=systemd" {
+            v1 = Some(path.to_string());
+        }
+    }
+    v1
+}
+
+/// `cg` is the unit's cgroup `own` or below it (a unit may make child cgroups).
+fn in_cgroup(cg: &str, own: &str) -> bool {
+    !own.is_empty() && (cg == own || cg.starts_with(&format!("{}/", own.trim_end_matches('/'))))
+}
+
+// The unit file.
+
+/// `systemd-analyze verify` of the unit text, written under the unit's own name in a private
+/// directory (the directory of a file given to `verify` comes first in its unit path).
+async fn verify(unit: &str, text: &str, m: &Machine) -> Vec<Found> {
+    let not = |why: String| vec![Found::Note(format!("not checked: {why}"))];
+    let Some((prog, pre)) = m.analyze.split_first() else { return Vec::new() };
+    let dir = match tempfile::Builder::new().prefix("specd-preflight.").tempdir() {
+        Ok(d) => d,
+        Err(e) => return not(format!("{prog} verify: no temporary directory: {e}")),
+    };
+    let file = dir.path().join(unit);
+    if let Err(e) = std::fs::write(&file, text) {
+        return not(format!("{prog} verify: writing {}: {e}", file.display()));
+    }
+    let mut cmd = tokio::process::Command::new(prog);
+    // `--recursive-errors=no`: the exit status is this unit's alone, not the host's other units'.
+    cmd.args(pre)
+        .args(["verify", "--recursive-errors=no", "--man=no"])
+        .arg(&file)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    let child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) if e.kind() == ErrorKind::NotFound => return not(format!("{prog} is not installed")),
+        Err(e) => return not(format!("running {prog}: {e}")),
+    };
+    // On the timeout the child is dropped, which kills it.
+    let out = match tokio::time::timeout(m.verify_within, child.wait_with_output()).await {
+        Ok(Ok(o)) => o,
+        Ok(Err(e)) => return not(format!("{prog} verify: {e}")),
+        Err(_) => return not(format!("{prog} verify did not finish within {} s", m.verify_within.as_secs_f64())),
+    };
+    let output = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    judge(unit, &file.to_string_lossy(), out.status.success(), &output)
+}
+
+/// `systemd-analyze verify`'s verdict on one unit, from its exit status and its lines about the
+/// unit (starting with the file's path or the unit's name; the private directory left out).
+/// With `--recursive-errors=no`, systemd 252 fails a unit for an unknown key, a value it cannot
+/// parse or a program that is not executable, not for a warning ("Special user nobody
+/// configured, this is not safe!"): a warning is a note.
+fn judge(unit: &str, file: &str, success: bool, output: &str) -> Vec<Found> {
+    let dir = Path::new(file).parent().map(|d| format!("{}/", d.display())).unwrap_or_default();
+    let ours: Vec<&str> = output
+        .lines()
+        .map(str::trim)
+        .filter(|l| l.starts_with(&format!("{file}:")) || l.starts_with(&format!("{unit}:")))
+        .map(|l| l.strip_prefix(dir.as_str()).unwrap_or(l))
+        .collect();
+    let said = format!("systemd-analyze verify: {}", ours.join("; "));
+    match (success, ours.is_empty()) {
+        (true, true) => Vec::new(),
+        (true, false) => vec![Found::Note(said)],
+        (false, false) => vec![Found::Problem(said)],
+        // Not about this unit (an option this systemd does not know): nothing is known.
+        (false, true) => {
+            let first = output.lines().map(str::trim).find(|l| !l.is_empty()).unwrap_or("no output");
+            vec![Found::Note(format!("not checked: systemd-analyze verify failed without naming {unit}: {first}"))]
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const UNIT: &str = "sglang-qwen.service";
+
+    fn resolve(body: &str) -> Spec {
+        let yaml = format!("apiVersion: specd/v1\nkind: InferenceService\nmetadata: {{name: qwen}}\nspec:\n{body}");
+        specd_spec::parse("t.yaml", &yaml).unwrap().resolve(None).unwrap()
+    }
+
+    fn full_spec() -> Spec {
+        resolve(&format!(
+            "  unit: {UNIT}\n  engine: sglang\n  command: [/opt/sglang/bin/python3, -m, sglang.launch_server]\n  model: /models/Qwen3.5-122B-A10B\n  server: {{port: 30000}}\n  speculative: {{algorithm: EAGLE, draft_model: /models/draft, num_steps: 3, eagle_topk: 1, num_draft_tokens: 4}}\n  service:\n    user: sglang\n    group: gpu\n    working_directory: /opt/sglang\n    environment: {{CUDA_VISIBLE_DEVICES: \"0,1\"}}\n    environment_files: [/etc/sglang/env, -/etc/sglang/optional.env]\n    credentials: {{hf_token: /run/secrets/hf-token}}\n"
+        ))
+    }
+
+    fn user(u: &str, g: Option<&str>) -> RunAs {
+        RunAs::User { user: u.to_string(), group: g.map(str::to_string) }
+    }
+
+    fn s(v: &str) -> String {
+        v.to_string()
+    }
+
+    // The pure part.
+
+    #[test]
+    fn a_spec_s_checks_come_from_its_unit_text_and_its_engine_s_flags() {
+        let spec = full_spec();
+        let text = specd_spec::render(&spec).text;
+        let as_ = user("sglang", Some("gpu"));
+        let cwd = Cwd::Path(s("/opt/sglang"));
+        let model = |role, value: &str| Check::Model {
+            role,
+            value: s(value),
+            form: ModelForm::FolderOrGguf,
+            cwd: cwd.clone(),
+            runs_as: as_.clone(),
+        };
+        assert_eq!(
+            checks(&spec, &text),
+            [
+                Check::User { name: s("sglang") },
+                Check::Group { name: s("gpu") },
+                Check::Program { program: Program::Path(s("/opt/sglang/bin/python3")), runs_as: as_.clone() },
+                Check::WorkingDirectory { dir: cwd.clone(), optional: false, runs_as: as_.clone() },
+                model(ModelRole::Model, "/models/Qwen3.5-122B-A10B"),
+                model(ModelRole::Draft, "/models/draft"),
+                Check::EnvironmentFile { path: s("/etc/sglang/env"), optional: false },
+                Check::EnvironmentFile { path: s("/etc/sglang/optional.env"), optional: true },
+                Check::Credential { id: s("hf_token"), path: s("/run/secrets/hf-token") },
+                Check::Port { unit: s(UNIT), host: s("127.0.0.1"), port: 30000 },
+                Check::Gpus { indices: vec![0, 1] },
+                Check::UnitFile { unit: s(UNIT), text: text.clone() },
+            ]
+        );
+    }
+
+    #[test]
+    fn a_bare_program_is_looked_up_in_systemd_s_search_path_and_llama_cpp_loads_gguf_files() {
+        let spec = resolve(
+            "  unit: llama.service\n  engine: llama-cpp\n  model: /models/m.gguf\n  speculative: {draft_model: /models/d.gguf}\n",
+        );
+        let text = specd_spec::render(&spec).text;
+        let model = |role, value: &str| Check::Model {
+            role,
+            value: s(value),
+            form: ModelForm::GgufFile,
+            cwd: Cwd::Path(s("/")),
+            runs_as: RunAs::Root,
+        };
+        let search = SEARCH_PATH.iter().map(|d| s(d)).collect();
+        assert_eq!(
+            checks(&spec, &text),
+            [
+                Check::Program {
+                    program: Program::Search { name: s("llama-server"), dirs: search },
+                    runs_as: RunAs::Root
+                },
+                model(ModelRole::Model, "/models/m.gguf"),
+                model(ModelRole::Draft, "/models/d.gguf"),
+                Check::Port { unit: s("llama.service"), host: s("127.0.0.1"), port: 8080 },
+                Check::UnitFile { unit: s("llama.service"), text: text.clone() },
+            ]
+        );
+    }
+
+    #[test]
+    fn the_unit_text_is_what_systemd_sees() {
+        let spec = full_spec();
+        // Another program, a search path of the unit's own, a dynamic user, `~`, specifiers,
+        // a wildcard, a credential without a path, a GPU UUID.
+        let text = "[Unit]\nUser=not-this-one\n[Service]\n# User=nor-this\nExecStart=/x\nExecStart=\nExecStart=-tool \\\n  --flag\nExecSearchPath=/opt/bin\nExecSearchPath=/opt/sbin\nUser=qwen\nDynamicUser=yes\nWorkingDirectory=-~\nEnvironment=\"CUDA_VISIBLE_DEVICES=GPU-8f2e,1\"\nEnvironmentFile=/etc/%h/env\nEnvironmentFile=-/etc/a*.env\nLoadCredential=tok\n";
+        let got = checks(&spec, text);
+        let program = Program::Search { name: s("tool"), dirs: vec![s("/opt/bin"), s("/opt/sbin")] };
+        assert_eq!(got[0], Check::Program { program, runs_as: RunAs::Dynamic }, "{got:#?}");
+        assert_eq!(got[1], Check::WorkingDirectory { dir: Cwd::Home, optional: true, runs_as: RunAs::Dynamic });
+        let kinds: Vec<(CheckKind, bool)> =
+            got.iter().map(|c| (c.kind(), matches!(c, Check::NotChecked { .. }))).collect();
+        assert_eq!(
+            kinds,
+            [
+                (CheckKind::Program, false),
+                (CheckKind::WorkingDirectory, false),
+                (CheckKind::Model, false),
+                (CheckKind::DraftModel, false),
+                (CheckKind::EnvironmentFile, true),
+                (CheckKind::EnvironmentFile, true),
+                (CheckKind::Credential, true),
+                (CheckKind::Port, false),
+                (CheckKind::Gpu, false),
+                (CheckKind::Gpu, true),
+                (CheckKind::UnitFile, false),
+            ]
+        );
+        let why = |i: usize| match &got[i] {
+            Check::NotChecked { why, .. } => why.clone(),
+            c => panic!("{c:?}"),
+        };
+        assert_eq!(why(4), "EnvironmentFile=/etc/%h/env uses the specifier %h, which the pre-flight does not resolve");
+        assert_eq!(why(5), "the environment files /etc/a*.env are a wildcard: whether they match is not checked");
+        assert_eq!(
+            why(6),
+            "the credential tok is passed on from the service manager or its credential store, not read from a path"
+        );
+        assert_eq!(got[8], Check::Gpus { indices: vec![1] });
+        assert_eq!(why(9), "CUDA_VISIBLE_DEVICES names GPU-8f2e: GPU UUIDs and MIG ids need the driver's tools");
+        // Without an `ExecStart=` specd's parser reads, the spec's argv.
+        let got = checks(&spec, "[Service]\nExecStart=/opt/%n serve\n");
+        assert_eq!(
+            got[0],
+            Check::Program { program: Program::Path(s("/opt/sglang/bin/python3")), runs_as: RunAs::Root }
+        );
+    }
+
+    #[test]
+    fn the_program_s_prefixes_and_the_user_settings_decide_who_runs_it() {
+        let exec_as = |lines: &str| {
+            let svc = ServiceSection::read(&format!("[Service]\n{lines}"));
+            svc.runs_as(svc.user.clone(), svc.group.clone())
+        };
+        let qwen = user("qwen", None);
+        for (lines, want) in [
+            ("ExecStart=/x\n", RunAs::Root),
+            ("ExecStart=/x\nUser=qwen\n", qwen.clone()),
+            ("ExecStart=/x\nUser=qwen\nGroup=gpu\n", user("qwen", Some("gpu"))),
+            ("ExecStart=/x\nGroup=gpu\n", RunAs::Root),
+            ("ExecStart=/x\nUser=root\n", RunAs::Root),
+            ("ExecStart=/x\nUser=0\n", RunAs::Root),
+            ("ExecStart=/x\nUser=qwen\nUser=\n", RunAs::Root),
+            // Full privileges; no user change; `!!` changes nothing with ambient capabilities.
+            ("ExecStart=+/x\nUser=qwen\n", RunAs::Root),
+            ("ExecStart=!/x\nUser=qwen\n", RunAs::Root),
+            ("ExecStart=!!/x\nUser=qwen\n", qwen.clone()),
+            ("ExecStart=-@:/x x\nUser=qwen\n", qwen.clone()),
+            ("ExecStart=-+/x\nUser=qwen\n", RunAs::Root),
+            ("ExecStart=/x\nUser=qwen\nDynamicUser=yes\n", RunAs::Dynamic),
+            ("ExecStart=/x\nDynamicUser=true\n", RunAs::Dynamic),
+            ("ExecStart=/x\nDynamicUser=no\nUser=qwen\n", qwen.clone()),
+            ("ExecStart=!/x\nDynamicUser=yes\n", RunAs::Root),
+        ] {
+            assert_eq!(exec_as(lines), want, "{lines}");
+        }
+    }
+
+    #[test]
+    fn users_groups_and_working_directories_are_checked_as_systemd_reads_them() {
+        let spec = full_spec();
+        let got = |lines: &str| checks(&spec, &format!("[Service]\nExecStart=/x\n{lines}"));
+        // A dynamic user is made at the start: nothing to look up.
+        assert!(!got("User=qwen\nDynamicUser=yes\n").iter().any(|c| matches!(c, Check::User { .. })));
+        assert_eq!(got("User=1000\n")[0], Check::User { name: s("1000") });
+        let c = got("User=%u\n");
+        assert_eq!(c[0].kind(), CheckKind::User);
+        assert!(matches!(&c[0], Check::NotChecked { why, .. } if why.contains("%u")), "{c:?}");
+        assert_eq!(c[1], Check::Program { program: Program::Path(s("/x")), runs_as: RunAs::Root });
+        for (lines, dir, optional) in [
+            ("WorkingDirectory=/srv/m\n", Cwd::Path(s("/srv/m")), false),
+            ("WorkingDirectory=-/srv/m\n", Cwd::Path(s("/srv/m")), true),
+            ("WorkingDirectory=~\n", Cwd::Home, false),
+            ("WorkingDirectory=/srv/100%%\n", Cwd::Path(s("/srv/100%")), false),
+        ] {
+            let c = got(lines);
+            assert_eq!(c[1], Check::WorkingDirectory { dir: dir.clone(), optional, runs_as: RunAs::Root }, "{lines}");
+            // A relative model would be looked for there.
+            assert!(matches!(&c[2], Check::Model { cwd, .. } if *cwd == dir), "{c:?}");
+        }
+    }
+
+    #[test]
+    fn environment_and_credentials_as_the_unit_lists_them() {
+        let svc = ServiceSection::read(
+            "[Service]\nEnvironment=\"A=1\"\nEnvironment=\nEnvironment=\"CUDA_VISIBLE_DEVICES=0\"\nEnvironment=\"CUDA_VISIBLE_DEVICES=2,3\"\nEnvironmentFile=/a\nEnvironmentFile=\nEnvironmentFile=-/b\nLoadCredential=x:/c\n",
+        );
+        assert_eq!(svc.environment, [r#""CUDA_VISIBLE_DEVICES=0""#, r#""CUDA_VISIBLE_DEVICES=2,3""#]);
+        assert_eq!(svc.environment("CUDA_VISIBLE_DEVICES").as_deref(), Some("2,3"));
+        assert_eq!(svc.environment("A"), None);
+        assert_eq!(svc.environment_files, ["-/b"]);
+        assert_eq!(environment_file("-/b"), Check::EnvironmentFile { path: s("/b"), optional: true });
+        assert_eq!(environment_file("/100%%.env"), Check::EnvironmentFile { path: s("/100%.env"), optional: false });
+        assert!(
+            matches!(environment_file("b.env"), Check::NotChecked { why, .. } if why.contains("not an absolute path"))
+        );
+        assert_eq!(credential("x:/c"), Check::Credential { id: s("x"), path: s("/c") });
+        assert!(matches!(credential("x:%d/c"), Check::NotChecked { why, .. } if why.contains("%d")));
+    }
+
+    #[test]
+    fn specifiers_other_than_a_percent_sign_are_not_resolved() {
+        assert_eq!(unspecify("/a/100%%/b"), Ok(s("/a/100%/b")));
+        assert_eq!(unspecify("plain"), Ok(s("plain")));
+        assert_eq!(unspecify("%h/x"), Err(s("%h")));
+        assert_eq!(unspecify("x%"), Err(s("%")));
+    }
+
+    #[test]
+    fn cuda_visible_devices_is_read_as_cuda_reads_it() {
+        let gpu = |v: &str| gpus(v);
+        assert_eq!(gpu("0,1, 2"), [Check::Gpus { indices: vec![0, 1, 2] }]);
+        assert_eq!(gpu("GPU-1,MIG-2").len(), 1);
+        assert!(
+            matches!(&gpu("GPU-1,MIG-2")[0], Check::NotChecked { kind: CheckKind::Gpu, why } if why.contains("GPU-1, MIG-2"))
+        );
+        let hidden = gpu("-1");
+        assert!(
+            matches!(&hidden[..], [Check::NotChecked { why, .. }] if why.contains("CUDA ignores `-1`")),
+            "{hidden:?}"
+        );
+        let cut = gpu("0,x,3");
+        assert_eq!(cut[0], Check::Gpus { indices: vec![0] }, "3 comes after an entry CUDA stops at");
+        assert_eq!(cut.len(), 2);
+        assert!(gpu("").iter().all(|c| matches!(c, Check::NotChecked { .. })));
+    }
+
+    #[test]
+    fn hugging_face_repo_ids_are_told_from_paths() {
+        for id in ["Qwen/Qwen3-8B", "gpt2", "meta-llama/Llama-3.1-8B-Instruct", "a_b/c.d"] {
+            assert!(looks_like_repo_id(id), "{id}");
+        }
+        for p in ["/models/x", "./x", "../x", "~/x", "a/b/c", "a//b", "-a/b", "a./b", "a--b/c", "a..b", "", "a b/c"] {
+            assert!(!looks_like_repo_id(p), "{p}");
+        }
+    }
+
+    #[test]
+    fn listening_sockets_are_read_from_proc_net_tcp() {
+        // Addresses as the kernel prints them: each 32-bit word in this host's byte order.
+        let v4 = |a: [u8; 4]| format!("{:08X}", u32::from_ne_bytes(a));
+        let v6 = |a: Ipv6Addr| a.octets().chunks(4).map(|w| v4([w[0], w[1], w[2], w[3]])).collect::<String>();
+        let header =
+            "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n";
+        let row = |addr: &str, port: u16, st: &str, inode: u64| {
+            format!(
+                "   0: {addr}:{port:04X} 00000000:0000 {st} 00000000:00000000 00:00000000 00000000  1000        0 {inode} 1 0000000000000000 100 0 0 10 0\n"
+            )
+        };
+        let text = header.to_string()
+            + &row(&v4([127, 0, 0, 1]), 30000, "0A", 11)
+            + &row(&v4([0, 0, 0, 0]), 30000, "01", 12)
+            + &row(&v4([10, 1, 2, 3]), 8080, "0A", 13);
+        let l = listening(&text, 30000);
+        assert_eq!(l, [Listener { addr: IpAddr::from([127, 0, 0, 1]), uid: 1000, inode: 11 }]);
+        let text6 = header.to_string()
+            + &row(&v6(Ipv6Addr::UNSPECIFIED), 8000, "0A", 21)
+            + &row(&v6(Ipv4Addr::new(127, 0, 0, 1).to_ipv6_mapped()), 8000, "0A", 22);
+        let addrs: Vec<IpAddr> = listening(&text6, 8000).iter().map(|l| l.addr).collect();
+        assert_eq!(addrs, [IpAddr::from(Ipv6Addr::UNSPECIFIED), IpAddr::from([127, 0, 0, 1])]);
+        assert_eq!(hex_addr("XYZ"), None);
+    }
+
+    #[test]
+    fn a_bind_collides_with_the_same_address_or_a_wildcard_of_its_family() {
+        let ip = |a: &str| a.parse::<IpAddr>().unwrap();
+        for (ours, theirs, want) in [
+            ("127.0.0.1", "127.0.0.1", true),
+            ("127.0.0.1", "0.0.0.0", true),
+            ("0.0.0.0", "127.0.0.1", true),
+            ("127.0.0.1", "10.0.0.1", false),
+            // A v6 wildcard takes IPv4 too; a v4 wildcard no IPv6.
+            ("127.0.0.1", "::", true),
+            ("::", "10.0.0.1", true),
+            ("::1", "0.0.0.0", false),
+            ("0.0.0.0", "::1", false),
+            ("::1", "::1", true),
+            ("::1", "::2", false),
+        ] {
+            assert_eq!(collides(Some(ip(ours)), ip(theirs)), want, "{ours} vs {theirs}");
+        }
+        assert!(collides(None, ip("10.0.0.1")), "a host name may be any address");
+    }
+
+    #[test]
+    fn a_process_s_cgroup_and_whether_it_is_the_unit_s() {
+        assert_eq!(unit_cgroup("0::/system.slice/a.service\n").as_deref(), Some("/system.slice/a.service"));
+        let hybrid =
+            "12:memory:/system.slice/a.service\n1:name=systemd:/system.slice/a.service\n0::/system.slice/a.service\n";
+        assert_eq!(unit_cgroup(hybrid).as_deref(), Some("/system.slice/a.service"));
+        assert_eq!(unit_cgroup("1:name=systemd:/system.slice/b.service\n").as_deref(), Some("/system.slice/b.service"));
+        assert_eq!(unit_cgroup("garbage\n"), None);
+        let own = "/system.slice/a.service";
+        assert!(in_cgroup("/system.slice/a.service", own));
+        assert!(in_cgroup("/system.slice/a.service/worker", own));
+        assert!(!in_cgroup("/system.slice/a.service2", own));
+        assert!(!in_cgroup("/system.slice/a.service", ""), "no instance: nothing is the unit's");
+    }
+
+    #[test]
+    fn systemd_analyze_verify_s_verdict_is_its_exit_status_and_its_lines_about_the_unit() {
+        let file = "/tmp/specd-preflight.x/a.service";
+        let nobody = "/tmp/specd-preflight.x/a.service:9: Special user nobody configured, this is not safe!";
+        assert_eq!(judge("a.service", file, true, ""), []);
+        assert_eq!(
+            judge("a.service", file, true, nobody),
+            [Found::Note(s("systemd-analyze verify: a.service:9: Special user nobody configured, this is not safe!"))]
+        );
+        // What systemd 252 printed for a unit whose program does not exist (exit status 1).
+        let missing = format!(
+            "{nobody}\na.service: Command /opt/nowhere/vllm is not executable: No such file or directory\nb.service: something else\n"
+        );
+        assert_eq!(
+            judge("a.service", file, false, &missing),
+            [Found::Problem(s(
+                "systemd-analyze verify: a.service:9: Special user nobody configured, this is not safe!; a.service: Command /opt/nowhere/vllm is not executable: No such file or directory"
+            ))]
+        );
+        let bad_key = "/tmp/specd-preflight.x/a.service:8: Unknown key 'BogusKey' in section [Service], ignoring.\n";
+        assert_eq!(
+            judge("a.service", file, false, bad_key),
+            [Found::Problem(s(
+                "systemd-analyze verify: a.service:8: Unknown key 'BogusKey' in section [Service], ignoring."
+            ))]
+        );
+        // An older systemd without the option: nothing known about the unit.
+        assert_eq!(
+            judge("a.service", file, false, "systemd-analyze: unrecognized option '--recursive-errors=no'\n"),
+            [Found::Note(s(
+                "not checked: systemd-analyze verify failed without naming a.service: systemd-analyze: unrecognized option '--recursive-errors=no'"
+            ))]
+        );
+    }
+
+    #[test]
+    fn a_refusal_says_all_its_problems_in_one_line() {
+        let p = |check, m: &str| Problem { check, message: s(m) };
+        assert_eq!(summary(&[]), "pre-flight passed");
+        assert_eq!(
+            summary(&[
+                p(CheckKind::Program, "the program /opt/nowhere/vllm does not exist"),
+                p(CheckKind::DraftModel, "the draft model /models/no-such-draft does not exist"),
+            ]),
+            "Refused before any stop: pre-flight failed: the program /opt/nowhere/vllm does not exist; the draft model /models/no-such-draft does not exist; nothing changed"
+        );
+    }
+
+    #[test]
+    fn checks_and_problems_serialize_for_state_and_notices() {
+        let c = Check::Model {
+            role: ModelRole::Draft,
+            value: s("/m"),
+            form: ModelForm::GgufFile,
+            cwd: Cwd::Home,
+            runs_as: user("qwen", None),
+        };
+        let j = serde_json::to_value(&c).unwrap();
+        assert_eq!(
+            j,
+            serde_json::json!({"check": "model", "role": "draft", "value": "/m", "form": "gguf_file", "cwd": "home", "runs_as": {"user": {"user": "qwen", "group": null}}})
+        );
+        assert_eq!(serde_json::from_value::<Check>(j).unwrap(), c);
+        let p = Problem { check: CheckKind::DraftModel, message: s("m") };
+        assert_eq!(serde_json::to_value(&p).unwrap(), serde_json::json!({"check": "draft_model", "message": "m"}));
+        assert_eq!(CheckKind::DraftModel.as_str(), "draft_model");
+    }
+
+    #[test]
+    fn the_search_path_is_this_host_s_systemd_s() {
+        let Ok(out) = std::process::Command::new("systemd-path").arg("search-binaries-default").output() else {
+            return;
+        };
+        // systemd 252 as Debian 12 builds it: the same; later ones: a part, in the same order.
+        let theirs = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        let mut ours = SEARCH_PATH.iter();
+        for d in theirs.split(':') {
+            assert!(ours.any(|o| *o == d), "{d} of {theirs} is not in {SEARCH_PATH:?} in this order");
+        }
+    }
+}
+
+/// The executor on real files, a real socket, real users and the real `systemd-analyze`.
+#[cfg(test)]
+mod look_tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::*;
+
+    fn s(v: &str) -> String {
+        v.to_string()
+    }
+
+    fn problem(m: impl Into<String>) -> Found {
+        Found::Problem(m.into())
+    }
+
+    fn nobody() -> RunAs {
+        RunAs::User { user: s("nobody"), group: None }
+    }
+
+    /// A temporary directory others may enter, as a model directory usually is.
+    fn open_dir() -> tempfile::TempDir {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(d.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        d
+    }
+
+    fn write(path: &Path, bytes: &[u8], mode: u32) -> String {
+        std::fs::write(path, bytes).unwrap();
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+        path.display().to_string()
+    }
+
+    fn mkdir(path: &Path, mode: u32) -> String {
+        std::fs::create_dir(path).unwrap();
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+        path.display().to_string()
+    }
+
+    /// The one problem found, which must start with `start`.
+    #[track_caller]
+    fn one_problem_starting(found: Vec<Found>, start: &str) -> String {
+        match &found[..] {
+            [Found::Problem(m)] if m.starts_with(start) => m.clone(),
+            _ => panic!("expected one problem starting with {start:?}, got {found:?}"),
+        }
+    }
+
+    fn resolve(body: &str) -> Spec {
+        let yaml = format!("apiVersion: specd/v1\nkind: InferenceService\nmetadata: {{name: t}}\nspec:\n{body}");
+        specd_spec::parse("t.yaml", &yaml).unwrap().resolve(None).unwrap()
+    }
+
+    #[test]
+    fn a_program_that_is_missing_or_cannot_run_is_named() {
+        let d = open_dir();
+        let p = |n: &str| d.path().join(n);
+        let tool = write(&p("tool"), b"\x7fELF", 0o755);
+        let plain = write(&p("plain"), b"x", 0o644);
+        let mine = write(&p("mine"), b"\x7fELF", 0o700);
+        let script = write(&p("script"), b"#!/no/such/interp -u\nprint()\n", 0o755);
+        let good_script = write(&p("good-script"), b"#!/bin/sh\nexit 0\n", 0o755);
+        let unreadable_script = write(&p("unreadable-script"), b"#!/bin/sh\nexit 0\n", 0o711);
+        std::os::unix::fs::symlink(p("nowhere"), p("dangling")).unwrap();
+        let path = |v: &str| Program::Path(s(v));
+        let look = |prog: Program, as_: &RunAs| look_program(&prog, as_);
+        assert_eq!(
+            look(path("/opt/nowhere/vllm"), &RunAs::Root),
+            [problem("the program /opt/nowhere/vllm does not exist")]
+        );
+        assert_eq!(look(path(&tool), &RunAs::Root), []);
+        assert_eq!(look(path(&tool), &nobody()), []);
+        assert_eq!(look(path(&good_script), &nobody()), []);
+        one_problem_starting(
+            look(path(&plain), &RunAs::Root),
+            &format!("the program {plain} is not executable (mode 0644, owner "),
+        );
+        assert_eq!(look(path(&mine), &RunAs::Root), []);
+        one_problem_starting(
+            look(path(&mine), &nobody()),
+            &format!("user nobody cannot execute the program {mine} (mode 0700, owner "),
+        );
+        one_problem_starting(
+            look(path(&unreadable_script), &nobody()),
+            &format!("user nobody cannot read the script {unreadable_script} (mode 0711, owner "),
+        );
+        assert_eq!(
+            look(path(&script), &RunAs::Root),
+            [problem(format!("the program {script} is a script whose interpreter /no/such/interp does not exist"))]
+        );
+        let dir = d.path().display().to_string();
+        assert_eq!(look(path(&dir), &RunAs::Root), [problem(format!("the program {dir} is a directory"))]);
+        assert_eq!(
+            look(path(&p("dangling").display().to_string()), &RunAs::Root),
+            [problem(format!(
+                "the program {} is a symbolic link to {}, which does not exist",
+                p("dangling").display(),
+                p("nowhere").display()
+            ))]
+        );
+        assert_eq!(
+            look(path("opt/vllm"), &RunAs::Root),
+            [problem("the program opt/vllm is neither an absolute path nor a bare name: systemd refuses it")]
+        );
+        // Bare names, in systemd's search path or the unit's own; a file without an execute
+        // bit is not found.
+        let search =
+            |name: &str, dirs: &[&str]| Program::Search { name: s(name), dirs: dirs.iter().map(|d| s(d)).collect() };
+        assert_eq!(look(search("sh", &SEARCH_PATH), &RunAs::Root), []);
+        assert_eq!(
+            look(search("no-such-program-x", &SEARCH_PATH), &RunAs::Root),
+            [problem(
+                "the program no-such-program-x is not in systemd's search path (/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin): give its absolute path"
+            )]
+        );
+        assert_eq!(look(search("tool", &[&dir]), &RunAs::Root), []);
+        one_problem_starting(
+            look(search("plain", &[&dir]), &RunAs::Root),
+            "the program plain is not in systemd's search path",
+        );
+    }
+
+    #[test]
+    fn models_are_checked_in_their_engine_s_form() {
+        let d = open_dir();
+        let p = |n: &str| d.path().join(n);
+        let hf = mkdir(&p("hf"), 0o755);
+        write(&p("hf/config.json"), b"{}", 0o644);
+        write(&p("hf/model.safetensors"), b"\x08\x00", 0o644);
+        let bare = mkdir(&p("bare"), 0o755);
+        let mistral = mkdir(&p("mistral"), 0o755);
+        write(&p("mistral/params.json"), b"{}", 0o644);
+        let gguf = write(&p("m.gguf"), b"GGUF\x03\x00\x00\x00", 0o644);
+        let elf = write(&p("elf.gguf"), b"\x7fELF\x02", 0o644);
+        let empty = write(&p("empty.gguf"), b"", 0o644);
+        let text = write(&p("notes.txt"), b"hello", 0o644);
+        let root = Cwd::Path(s("/"));
+        let look = |role, v: &str, form, cwd: &Cwd| look_model(role, v, form, cwd, &RunAs::Root);
+        use ModelForm::{FolderOrGguf, GgufFile};
+        use ModelRole::{Draft, Model};
+        assert_eq!(look(Model, &hf, FolderOrGguf, &root), []);
+        assert_eq!(look(Model, &gguf, FolderOrGguf, &root), []);
+        assert_eq!(look(Draft, &gguf, GgufFile, &root), []);
+        assert_eq!(
+            look(Draft, &bare, FolderOrGguf, &root),
+            [problem(format!("the draft model {bare} has no config.json: not a Hugging Face model folder"))]
+        );
+        assert_eq!(
+            look(Model, &mistral, FolderOrGguf, &root),
+            [Found::Note(format!(
+                "not checked: the model {mistral} has no config.json but a params.json (Mistral's format)"
+            ))]
+        );
+        assert_eq!(
+            look(Model, &hf, GgufFile, &root),
+            [problem(format!("the model {hf} is a directory: llama-server loads one GGUF file"))]
+        );
+        assert_eq!(
+            look(Model, &elf, GgufFile, &root),
+            [problem(format!("the model {elf} is not a GGUF file (it starts with 0x7f454c46)"))]
+        );
+        assert_eq!(
+            look(Model, &elf, FolderOrGguf, &root),
+            [problem(format!(
+                "the model {elf} is not a GGUF file nor a Hugging Face model folder (it starts with 0x7f454c46)"
+            ))]
+        );
+        assert_eq!(
+            look(Draft, &empty, GgufFile, &root),
+            [problem(format!("the draft model {empty} is not a GGUF file (it is empty)"))]
+        );
+        assert_eq!(
+            look(Model, &text, GgufFile, &root),
+            [problem(format!("the model {text} is not a GGUF file (it starts with \"hell\")"))]
+        );
+        let gone = p("no-such-draft").display().to_string();
+        assert_eq!(
+            look(Draft, &gone, FolderOrGguf, &root),
+            [problem(format!("the draft model {gone} does not exist"))]
+        );
+        // Not a path: a repo id the engine downloads, unless the working directory has it.
+        assert_eq!(
+            look(Model, "Qwen/Qwen3-8B", FolderOrGguf, &root),
+            [Found::Note(s(
+                "not checked: the model Qwen/Qwen3-8B is a Hugging Face repo id; the engine downloads it at start"
+            ))]
+        );
+        assert_eq!(
+            look(Model, "Qwen/Qwen3-8B", GgufFile, &root),
+            [problem("the model Qwen/Qwen3-8B does not exist (looked for at /Qwen/Qwen3-8B)")]
+        );
+        assert_eq!(
+            look(Model, "~/m.gguf", GgufFile, &root),
+            [problem(
+                "the model ~/m.gguf does not exist (looked for at /~/m.gguf; systemd does not expand ~ in a command line)"
+            )]
+        );
+        let here = Cwd::Path(d.path().display().to_string());
+        assert_eq!(look(Model, "hf", FolderOrGguf, &here), []);
+        assert_eq!(
+            look(Model, "bare", FolderOrGguf, &here),
+            [problem(format!("the model {bare} has no config.json: not a Hugging Face model folder"))]
+        );
+    }
+
+    #[test]
+    fn a_model_its_user_cannot_read_is_named() {
+        let d = open_dir();
+        let p = |n: &str| d.path().join(n);
+        let private = mkdir(&p("private"), 0o700);
+        write(&p("private/config.json"), b"{}", 0o644);
+        let locked = mkdir(&p("locked"), 0o755);
+        write(&p("locked/config.json"), b"{}", 0o644);
+        write(&p("locked/model-00001.safetensors"), b"x", 0o600);
+        write(&p("locked/model-00002.safetensors"), b"x", 0o600);
+        let no_entry = mkdir(&p("no-entry"), 0o744);
+        write(&p("no-entry/config.json"), b"{}", 0o644);
+        let gated = mkdir(&p("gated"), 0o700);
+        let inner = write(&p("gated/m.gguf"), b"GGUF", 0o644);
+        let links = mkdir(&p("links"), 0o755);
+        write(&p("links/config.json"), b"{}", 0o644);
+        std::os::unix::fs::symlink("../blobs/gone", p("links/model.safetensors")).unwrap();
+        let root = Cwd::Path(s("/"));
+        let look = |v: &str, form, as_: &RunAs| look_model(ModelRole::Model, v, form, &root, as_);
+        let folder = ModelForm::FolderOrGguf;
+        for as_ in [nobody(), RunAs::Dynamic] {
+            let who = if as_ == RunAs::Dynamic { "the unit's dynamic user" } else { "user nobody" };
+            one_problem_starting(
+                look(&private, folder, &as_),
+                &format!("{who} cannot read the model {private} (mode 0700, owner "),
+            );
+            one_problem_starting(
+                look(&locked, folder, &as_),
+                &format!(
+                    "{who} cannot read model-00001.safetensors and 1 more in the model {locked} (mode 0600, owner "
+                ),
+            );
+            one_problem_starting(
+                look(&no_entry, folder, &as_),
+                &format!("{who} cannot enter the model {no_entry} (mode 0744, owner "),
+            );
+            let m = one_problem_starting(
+                look(&inner, ModelForm::GgufFile, &as_),
+                &format!("{who} cannot enter {gated} (mode 0700, owner "),
+            );
+            assert!(m.ends_with(&format!("), which holds the model {inner}")), "{m}");
+        }
+        // Root reads everything.
+        for v in [&private, &locked, &no_entry] {
+            assert_eq!(look(v, folder, &RunAs::Root), [], "{v}");
+        }
+        assert_eq!(
+            look(&links, folder, &RunAs::Root),
+            [problem(format!("model.safetensors in the model {links} is a symbolic link to nothing"))]
+        );
+    }
+
+    #[test]
+    fn systemd_reads_environment_files_and_credentials_as_root() {
+        let d = open_dir();
+        let p = |n: &str| d.path().join(n).display().to_string();
+        let secret = write(&d.path().join("env"), b"HF_TOKEN=x\n", 0o600);
+        let gone = p("gone");
+        assert_eq!(look_environment_file(&secret, false), []);
+        assert_eq!(look_environment_file(&gone, true), []);
+        assert_eq!(
+            look_environment_file(&gone, false),
+            [problem(format!("the environment file {gone} does not exist"))]
+        );
+        let dir = p("");
+        let dir = dir.trim_end_matches('/');
+        assert_eq!(look_environment_file(dir, true), [problem(format!("the environment file {dir} is a directory"))]);
+        // Root reads a file whatever its mode; specd not root can only say it could not.
+        let shut = write(&d.path().join("shut"), b"A=1\n", 0o000);
+        let got = look_environment_file(&shut, false);
+        if nix::unistd::geteuid().is_root() {
+            assert_eq!(got, []);
+        } else {
+            assert!(
+                matches!(&got[..], [Found::Note(m)] if m.ends_with("(specd is not root; systemd reads it as root)")),
+                "{got:?}"
+            );
+        }
+        assert_eq!(look_credential("hf_token", &secret), []);
+        assert_eq!(look_credential("keys", dir), [], "a directory of credentials");
+        assert_eq!(
+            look_credential("hf_token", &gone),
+            [problem(format!("the credential hf_token's file {gone} does not exist"))]
+        );
+    }
+
+    #[test]
+    fn users_and_groups_must_exist() {
+        for u in ["root", "nobody", "0"] {
+            assert_eq!(look_user(u), [], "{u}");
+        }
+        assert_eq!(
+            look_user("no-such-user-x"),
+            [problem("the user no-such-user-x does not exist on this host (User=no-such-user-x)")]
+        );
+        assert_eq!(
+            look_user("3999999999"),
+            [problem("the user 3999999999 does not exist on this host (User=3999999999)")]
+        );
+        assert_eq!(look_group("root"), []);
+        assert_eq!(
+            look_group("no-such-group-x"),
+            [problem("the group no-such-group-x does not exist on this host (Group=no-such-group-x)")]
+        );
+        assert!(matches!(who(&nobody()), Some(Who::Ids { uid: 65534, .. })));
+        assert!(matches!(who(&RunAs::User { user: s("root"), group: None }), Some(Who::Root)));
+        assert!(who(&RunAs::User { user: s("no-such-user-x"), group: None }).is_none());
+        assert!(who(&RunAs::User { user: s("nobody"), group: Some(s("no-such-group-x")) }).is_none());
+    }
+
+    #[test]
+    fn a_working_directory_must_exist_and_be_entered() {
+        let d = open_dir();
+        let gone = d.path().join("gone").display().to_string();
+        let file = write(&d.path().join("file"), b"", 0o644);
+        let closed = mkdir(&d.path().join("closed"), 0o700);
+        let look = |dir: &str, optional, as_: &RunAs| look_working_directory(&Cwd::Path(s(dir)), optional, as_);
+        assert_eq!(look(&gone, false, &RunAs::Root), [problem(format!("the working directory {gone} does not exist"))]);
+        assert_eq!(
+            look(&gone, true, &RunAs::Root),
+            [Found::Note(format!(
+                "the working directory {gone} does not exist (optional: the server starts without it)"
+            ))]
+        );
+        assert_eq!(
+            look(&file, false, &RunAs::Root),
+            [problem(format!("the working directory {file} is not a directory"))]
+        );
+        assert_eq!(look(&closed, false, &RunAs::Root), []);
+        one_problem_starting(
+            look(&closed, false, &nobody()),
+            &format!("user nobody cannot enter the working directory {closed} (mode 0700, owner "),
+        );
+        assert_eq!(look_working_directory(&Cwd::Home, false, &RunAs::Root), []);
+        assert_eq!(
+            look_working_directory(&Cwd::Home, false, &RunAs::User { user: s("no-such-user-x"), group: None }),
+            []
+        );
+    }
+
+    #[test]
+    fn the_port_must_be_free_or_held_by_the_unit_s_own_instance() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let me = std::process::id();
+        let m = one_problem_starting(
+            look_port("x.service", "127.0.0.1", port, ""),
+            &format!("port {port} is held by pid {me} ("),
+        );
+        assert!(m.ends_with(&format!("), which is not part of x.service (it listens on 127.0.0.1:{port})")), "{m}");
+        let argv0 = std::env::args().next().unwrap();
+        assert!(m.contains(&argv0), "{m} names the command line");
+        assert_eq!(look_port("x.service", "0.0.0.0", port, "").len(), 1, "a wildcard takes the port too");
+        assert_eq!(look_port("x.service", "127.0.0.2", port, ""), [], "another address");
+        // The unit's own instance is about to be stopped.
+        let own = cgroup_of(me).unwrap();
+        assert_eq!(look_port("x.service", "127.0.0.1", port, &own), []);
+        drop(l);
+        assert_eq!(look_port("x.service", "127.0.0.1", port, ""), []);
+    }
+
+    #[test]
+    fn gpus_named_by_index_must_exist() {
+        let d = open_dir();
+        let dev = d.path().display().to_string();
+        assert_eq!(
+            look_gpus(&[0, 1], d.path()),
+            [Found::Note(format!(
+                "not checked: CUDA_VISIBLE_DEVICES names GPU 0,1, and this host shows no NVIDIA device ({dev}/nvidia0 …)"
+            ))]
+        );
+        for n in ["nvidia0", "nvidia1", "nvidiactl", "nvidia-uvm", "nvidia-caps"] {
+            write(&d.path().join(n), b"", 0o666);
+        }
+        assert_eq!(look_gpus(&[0, 1], d.path()), []);
+        assert_eq!(
+            look_gpus(&[1, 2, 3], d.path()),
+            [problem(format!(
+                "CUDA_VISIBLE_DEVICES names GPU 2, 3, but this host has 2 NVIDIA GPUs ({dev}/nvidia0, {dev}/nvidia1)"
+            ))]
+        );
+    }
+
+    #[tokio::test]
+    async fn systemd_analyze_verify_reads_the_unit_as_systemd_does() {
+        let host = Machine::host();
+        let unit = "verify-me.service";
+        let spec = resolve(&format!("  unit: {unit}\n  engine: vllm\n  command: [/bin/sh]\n  model: /models/m\n"));
+        let text = specd_spec::render(&spec).text;
+        assert_eq!(verify(unit, &text, &host).await, []);
+        let bad = text.replace("Type=exec\n", "Type=exec\nBogusKey=1\n");
+        let m = one_problem_starting(verify(unit, &bad, &host).await, &format!("systemd-analyze verify: {unit}:"));
+        assert!(m.contains("BogusKey"), "{m}");
+        let missing = text.replace("ExecStart=/bin/sh", "ExecStart=/opt/nowhere/vllm");
+        assert_eq!(
+            verify(unit, &missing, &host).await,
+            [problem(format!(
+                "systemd-analyze verify: {unit}: Command /opt/nowhere/vllm is not executable: No such file or directory"
+            ))]
+        );
+    }
+
+    #[tokio::test]
+    async fn without_systemd_analyze_or_when_it_hangs_the_unit_is_not_checked() {
+        let gone = Machine { analyze: vec![s("/no/such/systemd-analyze")], ..Machine::host() };
+        assert_eq!(
+            verify("a.service", "", &gone).await,
+            [Found::Note(s("not checked: /no/such/systemd-analyze is not installed"))]
+        );
+        let d = open_dir();
+        let pid_file = d.path().join("pid");
+        let hang = format!("echo $$ > {}; exec sleep 600", pid_file.display());
+        let hung = Machine {
+            analyze: vec![s("sh"), s("-c"), hang, s("sh")],
+            verify_within: Duration::from_millis(300),
+            ..Machine::host()
+        };
+        assert_eq!(
+            verify("a.service", "", &hung).await,
+            [Found::Note(s("not checked: sh verify did not finish within 0.3 s"))]
+        );
+        // It was killed, not left behind.
+        let pid: u32 = std::fs::read_to_string(&pid_file).unwrap().trim().parse().unwrap();
+        let exit = crate::host::exited(pid, None).expect("a pidfd");
+        tokio::time::timeout(Duration::from_secs(10), exit).await.expect("the hung verify was killed");
+    }
+
+    #[tokio::test]
+    async fn a_spec_that_cannot_start_is_refused_before_any_stop() {
+        let d = open_dir();
+        let model = mkdir(&d.path().join("model"), 0o755);
+        write(&d.path().join("model/config.json"), b"{}", 0o644);
+        let draft = d.path().join("no-such-draft").display().to_string();
+        // The port is held by the unit's old instance (this process, in the unit's cgroup).
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let own = cgroup_of(std::process::id()).unwrap();
+        let spec = resolve(&format!(
+            "  unit: vllm-llama.service\n  engine: vllm\n  command: [/opt/nowhere/vllm, serve]\n  model: {model}\n  server: {{port: {port}}}\n  speculative: {{algorithm: eagle, draft_model: {draft}, num_steps: 3}}\n"
+        ));
+        let out = run(&checks(&spec, &specd_spec::render(&spec).text), &own).await;
+        let p = |check, m: &str| Problem { check, message: s(m) };
+        assert_eq!(
+            out.problems,
+            [
+                p(CheckKind::Program, "the program /opt/nowhere/vllm does not exist"),
+                p(CheckKind::DraftModel, &format!("the draft model {draft} does not exist")),
+                p(
+                    CheckKind::UnitFile,
+                    "systemd-analyze verify: vllm-llama.service: Command /opt/nowhere/vllm is not executable: No such file or directory"
+                ),
+            ]
+        );
+        assert_eq!(out.notes, []);
+        assert!(!out.passed());
+        assert_eq!(
+            summary(&out.problems),
+            format!(
+                "Refused before any stop: pre-flight failed: the program /opt/nowhere/vllm does not exist; the draft model {draft} does not exist; systemd-analyze verify: vllm-llama.service: Command /opt/nowhere/vllm is not executable: No such file or directory; nothing changed"
+            )
+        );
+        // The same with the program and the draft there, run by nobody: it passes, with
+        // systemd's warning about that user as a note.
+        let draft = mkdir(&d.path().join("draft"), 0o755);
+        write(&d.path().join("draft/config.json"), b"{}", 0o644);
+        let spec = resolve(&format!(
+            "  unit: vllm-llama.service\n  engine: vllm\n  command: [/bin/sh, serve]\n  model: {model}\n  server: {{port: {port}}}\n  speculative: {{algorithm: eagle, draft_model: {draft}, num_steps: 3}}\n  service: {{user: nobody}}\n"
+        ));
+        let out = run(&checks(&spec, &specd_spec::render(&spec).text), &own).await;
+        assert!(out.passed(), "{out:?}");
+        assert!(
+            matches!(&out.notes[..], [Note { check: CheckKind::UnitFile, message }] if message.contains("Special user nobody configured")),
+            "{out:?}"
+        );
+        drop(l);
+    }
+}

@@ -738,6 +738,7 @@ fn real_vllm_ulimit_warning_is_never_chosen() {
         "start-unknown-method",
         "start-ngram",
         "stop-ngram",
+        "stop-ngram.engine-dead",
     ] {
         let path = format!("vllm/real/{name}.log");
         let warnings: Vec<Line> = engine_output(&path).into_iter().filter(|l| l.message.contains("WARNING")).collect();
@@ -757,13 +758,69 @@ fn real_vllm_ulimit_warning_is_never_chosen() {
     assert_eq!((d.verdict, d.engine_error), (Verdict::CleanStop, None));
 }
 
+/// A clean stop of vLLM that logs an EngineDeadError traceback on the way out (a race in about
+/// half of its stops) is a clean stop: no engine error, whatever it printed.
 #[test]
-fn real_llama_server_missing_draft_quotes_its_first_and_last_error_lines() {
+fn real_vllm_engine_dead_traceback_on_a_clean_stop_is_no_engine_error() {
+    let mut lines = vec![sys(0, "Started x.service."), sys(1, "Stopping x.service...")];
+    lines.extend(engine_output("vllm/real/stop-ngram.engine-dead.log"));
+    lines.push(sys(2, "x.service: Deactivated successfully."));
+    let d = classify(&ev(lines));
+    assert_eq!((d.verdict, d.engine_error.as_deref()), (Verdict::CleanStop, None), "{d:#?}");
+}
+
+/// The failure under the path llama-server was given: the loader's first error names it, the
+/// last says the server exits.
+fn llama_load_error(first: &str) -> String {
+    format!("{first} … srv llama_server: exiting due to model loading error")
+}
+
+#[test]
+fn real_llama_server_missing_model_quotes_the_gguf_it_could_not_open() {
     quotes_real(
-        "llama-cpp/start-bad-draft.stderr.txt",
-        "gguf_init_from_file: failed to open GGUF file '/nonexistent.gguf' (No such file or directory) … srv llama_server: exiting due to model loading error",
+        "llama-cpp/failures/start-missing-model.log",
+        &llama_load_error(
+            "gguf_init_from_file: failed to open GGUF file '/srv/models/missing.gguf' (No such file or directory)",
+        ),
     );
-    // Its warning that it "failed to measure the memory of the extra model" is not quoted.
-    let d = crashed_with("llama-cpp/start-bad-draft.stderr.txt");
-    assert!(!has_evidence(&d, "failed to measure"), "{d:#?}");
+}
+
+#[test]
+fn real_llama_server_not_a_gguf_quotes_the_magic_it_read() {
+    quotes_real(
+        "llama-cpp/failures/start-not-a-gguf.log",
+        &llama_load_error("gguf_init_from_reader: invalid magic characters: 'This', expected 'GGUF'"),
+    );
+}
+
+/// Its warning that it "failed to measure the memory of the extra model" (the draft) is never
+/// quoted or cited.
+#[test]
+fn real_llama_server_missing_draft_quotes_the_draft_s_gguf_not_its_warning() {
+    for path in ["llama-cpp/failures/start-missing-draft.log", "llama-cpp/start-bad-draft.stderr.txt"] {
+        let gguf = if path.contains("failures") { "/srv/models/missing-draft.gguf" } else { "/nonexistent.gguf" };
+        quotes_real(
+            path,
+            &llama_load_error(&format!(
+                "gguf_init_from_file: failed to open GGUF file '{gguf}' (No such file or directory)"
+            )),
+        );
+        for d in [crashed_with(path), failed_start_with(path)] {
+            assert!(!has_evidence(&d, "failed to measure"), "{d:#?}");
+            assert!(!d.summary.contains("failed to measure"), "{}", d.summary);
+        }
+    }
+}
+
+/// A value its argument parser refuses: one plain line, before the usage it prints.
+#[test]
+fn real_llama_server_bad_values_quote_the_argument_parser() {
+    quotes_real(
+        "llama-cpp/failures/start-bad-spec-type.log",
+        "error while handling argument \"--spec-type\": unknown speculative type: foo",
+    );
+    quotes_real(
+        "llama-cpp/failures/start-bad-draft-n-max.log",
+        "error while handling argument \"--spec-draft-n-max\": invalid value",
+    );
 }

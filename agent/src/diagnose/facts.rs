@@ -2,6 +2,7 @@
 //! kernel and the people around it said, as plain values. Pure. The rules read only these; the
 //! narration reads these and the lines they point to.
 
+use super::fatal::{Fatal, Level, fatal, level};
 use super::{Evidence, Line, Origin, REQUEST_WINDOW_US, UnitView};
 
 /// The engines' own out-of-GPU-memory messages.
@@ -82,6 +83,9 @@ pub(super) fn mentions(m: &str, unit: &str) -> bool {
     m.split(|c: char| c.is_whitespace() || "\"'`,;:()[]{}=".contains(c)).any(|w| w == unit || w == short)
 }
 
+/// A line of the server's that reports an error: at error level in the engine's log format;
+/// without a level, holding a word of failure. A warning or info line never is, whatever it
+/// says (vLLM warns at every start that it "failed" to raise its ulimit).
 pub(super) fn looks_like_error(m: &str) -> bool {
     const WORDS: &[&str] = &[
         "Error",
@@ -99,7 +103,10 @@ pub(super) fn looks_like_error(m: &str) -> bool {
         "Aborted",
         "Segmentation",
     ];
-    WORDS.iter().any(|w| m.contains(w))
+    match level(m) {
+        Some(l) => l == Level::Error,
+        None => WORDS.iter().any(|w| m.contains(w)),
+    }
 }
 
 /// Who asked for a stop, as far as the journal says.
@@ -210,6 +217,8 @@ pub(super) struct Facts<'a> {
     pub sys: Vec<&'a Line>,
     pub svc: Vec<&'a Line>,
     pub errors: Vec<&'a Line>,
+    /// The server's own fatal error in its output (its last exception, its error lines).
+    pub fatal: Option<Fatal<'a>>,
     /// systemd's properties, when they are this instance's.
     pub props: Option<&'a UnitView>,
     /// It runs now (systemd's properties say so).
@@ -284,6 +293,7 @@ impl<'a> Facts<'a> {
 
         Facts {
             errors: svc.iter().copied().filter(|l| looks_like_error(&l.message)).collect(),
+            fatal: fatal(&svc),
             cuda: svc.iter().filter_map(|l| cuda_signature(&l.message).map(|w| (*l, w))).collect(),
             sigkills: sys.iter().copied().filter(|l| l.message.contains("with signal SIGKILL")).collect(),
             stop_timeout: find(&|m| {

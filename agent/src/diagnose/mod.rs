@@ -16,6 +16,7 @@
 //! - `parse`: journal JSON, `systemctl show`, the kernel ring buffer, unit files (pure);
 //! - `assemble`: what the gatherer read ([`Raw`]) → one [`Evidence`] per instance (pure);
 //! - `facts`: one instance's evidence → its facts, derived once (pure);
+//! - `fatal`: the server's own fatal error in its output, by the engine's conventions (pure);
 //! - `rules`: the ordered rule table, facts → [`Verdict`], first match wins (pure);
 //! - `narrate`: one narration per verdict: the summary, the cited lines, notes (pure);
 //! - `gather`: the gatherer behind [`JournalSource`] (`systemctl`, `journalctl`, the kernel
@@ -26,6 +27,7 @@
 mod assemble;
 mod command;
 mod facts;
+mod fatal;
 mod gather;
 mod journal;
 mod narrate;
@@ -99,6 +101,11 @@ impl Verdict {
             Verdict::Running => "running",
             Verdict::Unknown => "unknown",
         }
+    }
+
+    /// The server itself failed: what it said before it ended is the cause.
+    pub fn is_server_failure(self) -> bool {
+        matches!(self, Verdict::Crash | Verdict::FailedStart | Verdict::StartLimitHit | Verdict::CudaOom)
     }
 
     /// The instance has ended (everything but `Running`, and `StaleConfigStart` of a live one).
@@ -260,6 +267,10 @@ pub struct Diagnosis {
     /// CUDA OOM, a child killed by the OOM killer).
     pub notes: Vec<String>,
     pub evidence: Vec<EvidenceLine>,
+    /// The server's own fatal error, one line in its words (a Python exception with its message,
+    /// llama.cpp's first and last error lines), when the server's failure ended the instance
+    /// (a crash, a failed start, the start limit, a CUDA OOM).
+    pub engine_error: Option<String>,
 }
 
 /// Classifies one instance: its facts are derived once, the first rule of [`rules::RULES`] that
@@ -292,6 +303,7 @@ pub fn classify(ev: &Evidence) -> Diagnosis {
         summary: story.summary,
         notes,
         evidence: story.evidence,
+        engine_error: f.fatal.filter(|_| verdict.is_server_failure()).map(|e| e.text),
     }
 }
 

@@ -299,11 +299,20 @@ fn watchdog(f: &Facts, c: &mut Cites) -> String {
 }
 
 /// What ended the (last) run, for the crash and start-limit summaries: a CUDA OOM, else the
-/// exit with the server's first and last errors (its last lines when none looks like one).
+/// exit with the server's own fatal error; without one, its first and last lines that look
+/// like errors (its last lines when none does).
 fn cause(f: &Facts, c: &mut Cites) -> String {
     if let Some((l, w)) = f.cuda.first() {
         c.line(l);
         return format!("CUDA OOM ({w})");
+    }
+    let ended = match f.exit {
+        Some(e) => e.describe(),
+        None => format!("Result={}", f.result.unwrap_or("?")),
+    };
+    if let Some(e) = &f.fatal {
+        c.lines(e.lines.iter().map(|l| Some(*l)));
+        return format!("{ended}, the server's own error: \"{}\"", e.text);
     }
     let pick = if f.errors.is_empty() { &f.svc } else { &f.errors };
     let last5 = &pick[pick.len().saturating_sub(5)..];
@@ -313,10 +322,7 @@ fn cause(f: &Facts, c: &mut Cites) -> String {
     c.lines([first]);
     let first = first.map(|l| format!(", first error: \"{}\"", l.message.trim())).unwrap_or_default();
     let last = last5.last().map(|l| format!(", last output: \"{}\"", l.message.trim())).unwrap_or_default();
-    match f.exit {
-        Some(e) => format!("{}{first}{last}", e.describe()),
-        None => format!("Result={}{first}{last}", f.result.unwrap_or("?")),
-    }
+    format!("{ended}{first}{last}")
 }
 
 fn start_limit(f: &Facts, c: &mut Cites) -> String {
@@ -340,9 +346,19 @@ fn start_limit(f: &Facts, c: &mut Cites) -> String {
 }
 
 /// specd stopped a new instance that had failed (to roll back, or to leave it stopped): what
-/// the server said before is the story.
+/// the server said before is the story: its own fatal error, else its first and last lines
+/// that look like errors.
 fn failed_start(f: &Facts, c: &mut Cites) -> String {
     c.lines([f.requester.as_ref().and_then(Requester::line)]);
+    if let Some(e) = &f.fatal {
+        c.lines(e.lines.iter().map(|l| Some(*l)));
+        c.lines([f.stop_job]);
+        c.props(f);
+        return format!(
+            "failed start: the server did not start (the server's own error: \"{}\"); specd then stopped it",
+            e.text
+        );
+    }
     c.lines(f.errors[f.errors.len().saturating_sub(5)..].iter().map(|l| Some(*l)));
     c.lines([f.stop_job]);
     c.props(f);

@@ -49,7 +49,7 @@ pub(super) const RULES: &[Rule] = &[
     Rule {
         name: "stopped by specd after start errors",
         verdict: Verdict::FailedStart,
-        holds: |f| f.stopped_on_request() && f.rolled_back && !f.errors.is_empty(),
+        holds: |f| f.stopped_on_request() && f.rolled_back && (f.fatal.is_some() || !f.errors.is_empty()),
     },
     Rule {
         name: "stopped on request, stale config",

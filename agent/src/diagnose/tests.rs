@@ -105,12 +105,18 @@ fn cuda_oom_with_sigkill_is_cuda_oom_not_a_crash() {
 }
 
 #[test]
-fn exit_3_is_a_crash_with_the_last_error() {
+fn exit_3_is_a_crash_with_the_server_s_own_exception() {
     let d = newest(&fixture("crash-exit3"));
     assert_eq!(d.verdict, Verdict::Crash, "{d:#?}");
-    assert_contains(&d.summary, "exit status 3");
-    assert_contains(&d.summary, "ValueError: Unknown speculative algorithm name: EAGLE4");
-    assert!(has_evidence(&d, "Traceback (most recent call last):"), "{d:#?}");
+    assert_contains(
+        &d.summary,
+        "exit status 3, the server's own error: \"ValueError: Unknown speculative algorithm name: EAGLE4\"",
+    );
+    assert_eq!(d.engine_error.as_deref(), Some("ValueError: Unknown speculative algorithm name: EAGLE4"));
+    // The exception is cited, not the traceback's header or frames.
+    assert!(has_evidence(&d, "sh[221]: ValueError: Unknown speculative algorithm name: EAGLE4"), "{d:#?}");
+    assert!(!has_evidence(&d, "Traceback (most recent call last):"), "{d:#?}");
+    assert!(!has_evidence(&d, "prepare_server_args"), "{d:#?}");
     assert!(has_evidence(&d, "Failed with result 'exit-code'."), "{d:#?}");
 }
 
@@ -285,7 +291,7 @@ fn note(t_ms: u64, action: &str, invocation: &str) -> Line {
 }
 
 #[test]
-fn a_failed_start_that_specd_stopped_quotes_the_server_s_first_and_last_errors() {
+fn a_failed_start_that_specd_stopped_quotes_the_server_s_own_error() {
     let lines = |n: Line| {
         vec![
             sys(0, "Started x.service."),
@@ -298,14 +304,12 @@ fn a_failed_start_that_specd_stopped_quotes_the_server_s_first_and_last_errors()
     };
     let d = classify(&ev(lines(note(9_900, "rollback", "i1"))));
     assert_eq!(d.verdict, Verdict::FailedStart, "{d:#?}");
-    assert_contains(
-        &d.summary,
-        "its first error: \"E gguf_init_from_file: failed to open GGUF file '/models/missing.gguf'\"",
+    let quoted = "gguf_init_from_file: failed to open GGUF file '/models/missing.gguf' … srv load_model: failed to load draft model, '/models/missing.gguf'";
+    assert_eq!(
+        d.summary,
+        format!("failed start: the server did not start (the server's own error: \"{quoted}\"); specd then stopped it")
     );
-    assert_contains(
-        &d.summary,
-        "its last: \"E srv    load_model: failed to load draft model, '/models/missing.gguf'\"",
-    );
+    assert_eq!(d.engine_error.as_deref(), Some(quoted));
     // A plain stop to apply a new unit is a clean stop, whatever the server logged before.
     assert_eq!(classify(&ev(lines(note(9_900, "stop", "i1")))).verdict, Verdict::CleanStop);
     // A rollback note about another instance does not make this one a failed start.
@@ -613,4 +617,210 @@ fn a_gather_fails_when_systemd_s_lines_cannot_be_read_or_the_unit_does_not_exist
 
 fn tokio_test_block_on<F: std::future::Future>(f: F) -> F::Output {
     tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(f)
+}
+
+/// A recorded engine log (`tests/fixtures/engines/<path>`) as the journal holds it: one line of
+/// the server's per line of output (journald splits on `\n` only: vLLM's `\r` stays), without
+/// the recorder's `# ` header lines.
+fn engine_output(path: &str) -> Vec<Line> {
+    let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/engines").join(path);
+    let text = std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+    text.split('\n').filter(|m| !m.is_empty() && !m.starts_with("# ")).map(|m| svc(1, m)).collect()
+}
+
+/// A recorded output as an instance that exited 1 on its own.
+fn crashed_with(path: &str) -> Diagnosis {
+    let mut lines = vec![sys(0, "Started x.service.")];
+    lines.extend(engine_output(path));
+    lines.push(sys(2, "x.service: Main process exited, code=exited, status=1/FAILURE"));
+    lines.push(sys(2, "x.service: Failed with result 'exit-code'."));
+    classify(&ev(lines))
+}
+
+/// A recorded output as a new instance that never became ready, stopped by specd to roll back.
+fn failed_start_with(path: &str) -> Diagnosis {
+    let mut lines = vec![sys(0, "Started x.service.")];
+    lines.extend(engine_output(path));
+    lines.extend([
+        note(9_900, "rollback", "i1"),
+        sys(10, "Stopping x.service..."),
+        sys(10, "x.service: Main process exited, code=killed, status=15/TERM"),
+        sys(10, "x.service: Deactivated successfully."),
+    ]);
+    classify(&ev(lines))
+}
+
+/// What specd quotes for a recorded failure, as a crash and as a failed start specd rolled
+/// back: the same words, in both summaries and in `engine_error`.
+#[track_caller]
+fn quotes_real(path: &str, want: &str) {
+    let d = crashed_with(path);
+    assert_eq!(d.verdict, Verdict::Crash, "{d:#?}");
+    assert_eq!(d.engine_error.as_deref(), Some(want), "{path}");
+    assert_eq!(
+        d.summary,
+        format!("crash: the server died on its own: exit status 1, the server's own error: \"{want}\"")
+    );
+    let d = failed_start_with(path);
+    assert_eq!(d.verdict, Verdict::FailedStart, "{d:#?}");
+    assert_eq!(d.engine_error.as_deref(), Some(want), "{path}");
+    assert_eq!(
+        d.summary,
+        format!("failed start: the server did not start (the server's own error: \"{want}\"); specd then stopped it")
+    );
+}
+
+/// The pydantic error vLLM 0.32 dies of when its draft model's directory is not there (or has
+/// no `config.json`), whole: the path, what it looked for.
+fn invalid_repository(path: &str) -> String {
+    format!(
+        "pydantic_core._pydantic_core.ValidationError: 1 validation error for SpeculativeConfig Value error, Invalid repository ID or local directory specified: '{path}'. Please verify the following requirements: 1. Provide a valid Hugging Face repository ID. 2. Specify a local directory that contains a recognized configuration file. - For Hugging Face models: ensure the presence of a 'config.json'. - For Mistral models: ensure the presence of a 'params.json'."
+    )
+}
+
+#[test]
+fn real_vllm_missing_draft_quotes_its_validation_error_not_its_ulimit_warning_or_pydantic_s_link() {
+    let path = "vllm/real/start-missing-draft.log";
+    quotes_real(path, &invalid_repository("/srv/models/missing-draft"));
+    let d = crashed_with(path);
+    // Cited: the exception and its message lines; not the frames, pydantic's tail, the ERROR
+    // lines of the hub lookup it retried before, or the warning.
+    let cited: Vec<&str> = d.evidence.iter().filter(|e| e.source == Origin::Service).map(|e| e.text.as_str()).collect();
+    assert_eq!(cited.len(), 7, "{cited:#?}");
+    assert!(
+        cited[0].ends_with("pydantic_core._pydantic_core.ValidationError: 1 validation error for SpeculativeConfig")
+    );
+    assert!(cited[6].ends_with("   - For Mistral models: ensure the presence of a 'params.json'."), "{cited:#?}");
+    for text in [&d.summary, d.engine_error.as_ref().unwrap()] {
+        for not in ["ulimit", "For further information", "errors.pydantic.dev", "input_value", "Traceback", "File \""] {
+            assert!(!text.contains(not), "{not:?} in {text}");
+        }
+    }
+}
+
+#[test]
+fn real_vllm_draft_without_config_quotes_its_validation_error() {
+    quotes_real("vllm/real/start-draft-no-config.log", &invalid_repository("/srv/models/draft-no-config"));
+}
+
+#[test]
+fn real_vllm_bad_num_speculative_tokens_quotes_the_field_and_the_rule() {
+    quotes_real(
+        "vllm/real/start-bad-num-speculative-tokens.log",
+        "pydantic_core._pydantic_core.ValidationError: 1 validation error for SpeculativeConfig num_speculative_tokens Input should be greater than 0",
+    );
+}
+
+#[test]
+fn real_vllm_unknown_method_quotes_the_methods_it_takes_cut_at_500_characters() {
+    let path = "vllm/real/start-unknown-method.log";
+    let d = crashed_with(path);
+    let e = d.engine_error.clone().unwrap();
+    assert!(
+        e.starts_with(
+            "pydantic_core._pydantic_core.ValidationError: 1 validation error for SpeculativeConfig method Input should be 'ngram', 'medusa', 'mlp_speculator', 'draft_model', 'suffix', 'custom_class', 'eagle', 'eagle3', "
+        ),
+        "{e}"
+    );
+    assert_eq!(e.chars().count(), 500, "{e}");
+    assert!(e.ends_with('…'), "{e}");
+    quotes_real(path, &e);
+}
+
+/// vLLM warns at every start that it "failed" to raise its ulimit: that line is never an error,
+/// in any recorded output, whatever the ending.
+#[test]
+fn real_vllm_ulimit_warning_is_never_chosen() {
+    for name in [
+        "start-missing-draft",
+        "start-draft-no-config",
+        "start-bad-num-speculative-tokens",
+        "start-unknown-method",
+        "start-ngram",
+        "stop-ngram",
+        "stop-ngram.engine-dead",
+    ] {
+        let path = format!("vllm/real/{name}.log");
+        let warnings: Vec<Line> = engine_output(&path).into_iter().filter(|l| l.message.contains("WARNING")).collect();
+        assert!(warnings.iter().all(|l| !super::facts::looks_like_error(&l.message)), "{path}");
+        for d in [crashed_with(&path), failed_start_with(&path)] {
+            assert!(!d.summary.contains("ulimit"), "{path}: {}", d.summary);
+            assert!(!has_evidence(&d, "ulimit"), "{path}: {d:#?}");
+            assert!(d.engine_error.as_ref().is_none_or(|e| !e.contains("ulimit")), "{path}");
+        }
+    }
+    // The ngram server that started fine said nothing fatal: the old fallback (its last
+    // lines) stays, and a stop of it is a clean stop with no engine error.
+    let d = crashed_with("vllm/real/start-ngram.log");
+    assert_eq!(d.engine_error, None, "{d:#?}");
+    assert_contains(&d.summary, "exit status 1, last output: ");
+    let d = failed_start_with("vllm/real/start-ngram.log");
+    assert_eq!((d.verdict, d.engine_error), (Verdict::CleanStop, None));
+}
+
+/// A clean stop of vLLM that logs an EngineDeadError traceback on the way out (a race in about
+/// half of its stops) is a clean stop: no engine error, whatever it printed.
+#[test]
+fn real_vllm_engine_dead_traceback_on_a_clean_stop_is_no_engine_error() {
+    let mut lines = vec![sys(0, "Started x.service."), sys(1, "Stopping x.service...")];
+    lines.extend(engine_output("vllm/real/stop-ngram.engine-dead.log"));
+    lines.push(sys(2, "x.service: Deactivated successfully."));
+    let d = classify(&ev(lines));
+    assert_eq!((d.verdict, d.engine_error.as_deref()), (Verdict::CleanStop, None), "{d:#?}");
+}
+
+/// The failure under the path llama-server was given: the loader's first error names it, the
+/// last says the server exits.
+fn llama_load_error(first: &str) -> String {
+    format!("{first} … srv llama_server: exiting due to model loading error")
+}
+
+#[test]
+fn real_llama_server_missing_model_quotes_the_gguf_it_could_not_open() {
+    quotes_real(
+        "llama-cpp/failures/start-missing-model.log",
+        &llama_load_error(
+            "gguf_init_from_file: failed to open GGUF file '/srv/models/missing.gguf' (No such file or directory)",
+        ),
+    );
+}
+
+#[test]
+fn real_llama_server_not_a_gguf_quotes_the_magic_it_read() {
+    quotes_real(
+        "llama-cpp/failures/start-not-a-gguf.log",
+        &llama_load_error("gguf_init_from_reader: invalid magic characters: 'This', expected 'GGUF'"),
+    );
+}
+
+/// Its warning that it "failed to measure the memory of the extra model" (the draft) is never
+/// quoted or cited.
+#[test]
+fn real_llama_server_missing_draft_quotes_the_draft_s_gguf_not_its_warning() {
+    for path in ["llama-cpp/failures/start-missing-draft.log", "llama-cpp/start-bad-draft.stderr.txt"] {
+        let gguf = if path.contains("failures") { "/srv/models/missing-draft.gguf" } else { "/nonexistent.gguf" };
+        quotes_real(
+            path,
+            &llama_load_error(&format!(
+                "gguf_init_from_file: failed to open GGUF file '{gguf}' (No such file or directory)"
+            )),
+        );
+        for d in [crashed_with(path), failed_start_with(path)] {
+            assert!(!has_evidence(&d, "failed to measure"), "{d:#?}");
+            assert!(!d.summary.contains("failed to measure"), "{}", d.summary);
+        }
+    }
+}
+
+/// A value its argument parser refuses: one plain line, before the usage it prints.
+#[test]
+fn real_llama_server_bad_values_quote_the_argument_parser() {
+    quotes_real(
+        "llama-cpp/failures/start-bad-spec-type.log",
+        "error while handling argument \"--spec-type\": unknown speculative type: foo",
+    );
+    quotes_real(
+        "llama-cpp/failures/start-bad-draft-n-max.log",
+        "error while handling argument \"--spec-draft-n-max\": invalid value",
+    );
 }

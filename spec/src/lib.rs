@@ -29,6 +29,7 @@ pub use render::{
 };
 pub use resolve::{ExpectedArg, Policy, Readiness, Server, Service, Spec, Speculative, base_url_of_argv};
 pub use units::reserved_unit;
+pub use validate::unit_name_problem;
 
 use diag::{Pos, SourceMap};
 

@@ -291,19 +291,27 @@ fn document(c: &mut Ctx, doc: &Document) {
     }
 }
 
-fn unit_name_ok(v: &str) -> bool {
-    // systemd: [A-Za-z0-9:_.@\-]+ with a type suffix, at most 255 characters. specd owns services.
-    let Some(stem) = v.strip_suffix(".service") else {
-        return false;
-    };
-    !stem.is_empty()
-        && v.len() <= 255
-        && stem.bytes().all(|b| b.is_ascii_alphanumeric() || b":_.@-".contains(&b))
-        && !stem.starts_with('.')
-        && !v.contains("..")
-        && !stem.starts_with('@')
-        && stem.matches('@').count() <= 1
-        && !stem.ends_with('@')
+/// Why `v` is not the name of a unit specd may own, or `None` when it is one: systemd's
+/// `[A-Za-z0-9:_.@-]` with the `.service` suffix, at most 255 characters, never `..` nor a `/`.
+/// Specs are held to it, and so is every unit named on the command line (`specd unquarantine
+/// UNIT`...), before specd builds a state, lock or unit file path from it.
+pub fn unit_name_problem(v: &str) -> Option<String> {
+    let ok = v.strip_suffix(".service").is_some_and(|stem| {
+        !stem.is_empty()
+            && v.len() <= 255
+            && stem.bytes().all(|b| b.is_ascii_alphanumeric() || b":_.@-".contains(&b))
+            && !stem.starts_with('.')
+            && !v.contains("..")
+            && !stem.starts_with('@')
+            && stem.matches('@').count() <= 1
+            && !stem.ends_with('@')
+    });
+    (!ok).then(|| {
+        format!(
+            "{} is not a valid service name: use at most 255 of [A-Za-z0-9:_.@-] ending in `.service`, no `/` and no `..`",
+            shown(v)
+        )
+    })
 }
 
 /// Why `v` is not a user or group systemd accepts in `User=`/`Group=` without complaint: a
@@ -428,14 +436,8 @@ fn build(c: &mut Ctx, doc: &Document, l: &SpecLayer, overlay: Option<String>) ->
             c.err("unit", "is required: the systemd unit specd owns, e.g. `sglang-qwen.service`");
             None
         }
-        Some(u) if !unit_name_ok(u) => {
-            c.err(
-                "unit",
-                format!(
-                    "{} is not a valid service name: use at most 255 of [A-Za-z0-9:_.@-] ending in `.service`, no `/` and no `..`",
-                    shown(u)
-                ),
-            );
+        Some(u) if unit_name_problem(u).is_some() => {
+            c.err("unit", unit_name_problem(u).unwrap_or_default());
             None
         }
         Some(u) if reserved_unit(u).is_some() => {

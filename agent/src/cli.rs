@@ -361,19 +361,16 @@ fn man_pages(out: &std::path::Path) -> anyhow::Result<()> {
 }
 
 fn validate(paths: &[PathBuf], json: bool) -> ExitCode {
-    let files = match specs::expand(paths) {
-        Ok(f) => f,
-        Err(d) => {
-            if json {
-                println!("{}", diagnostics_json(&d.0));
-            } else {
-                eprintln!("{d}");
-            }
-            return ExitCode::from(1);
+    // A directory that cannot be read, or a link in one: reported with the files' problems.
+    let (files, unread) = specs::expand(paths);
+    if !json {
+        for d in &unread {
+            eprintln!("{d}");
         }
-    };
-    let mut bad = 0;
-    let mut all = Vec::new();
+    }
+    let mut bad = unread.len();
+    let total = files.len() + unread.len();
+    let mut all = unread;
     for f in &files {
         let diags = match std::fs::read_to_string(f) {
             Ok(text) if specd_spec::sweep::is_sweep(&text) => validate_sweep(f, &text),
@@ -396,7 +393,7 @@ fn validate(paths: &[PathBuf], json: bool) -> ExitCode {
         println!("{}", diagnostics_json(&all));
     }
     if bad > 0 {
-        eprintln!("{bad} of {} file(s) invalid", files.len());
+        eprintln!("{bad} of {total} file(s) invalid");
         ExitCode::from(1)
     } else {
         ExitCode::SUCCESS

@@ -194,3 +194,34 @@ fn a_unit_argument_that_is_not_a_service_name_is_a_usage_error_and_creates_nothi
     }
     assert_eq!(tree(dir.path()), Vec::<PathBuf>::new());
 }
+
+/// A directory of specs is read as the agent reads the repository: a link in it (out of it, into
+/// it, or dangling) is refused as a link, with its target, and the other files are still checked.
+/// A file named on the command line is read wherever it points.
+#[test]
+fn validate_refuses_a_link_in_a_directory_of_specs_naming_it_and_its_target() {
+    let dir = tempfile::tempdir().unwrap();
+    let specs = dir.path().join("specs");
+    std::fs::create_dir(&specs).unwrap();
+    std::fs::copy(root().join("examples/qwen35-122b-mtp.yaml"), specs.join("qwen.yaml")).unwrap();
+    let outside = root().join("examples/vllm-llama-eagle3.yaml");
+    std::os::unix::fs::symlink(&outside, specs.join("out.yaml")).unwrap();
+    std::os::unix::fs::symlink("../nowhere/x.yaml", specs.join("dangling.yml")).unwrap();
+    let out = specd().arg("validate").arg(&specs).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8(out.stderr).unwrap();
+    for want in [
+        format!(
+            "{}: is a symbolic link (to {}); specd reads only regular files from the repository: put the spec itself here, not a link to it",
+            specs.join("out.yaml").display(),
+            outside.display()
+        ),
+        format!("{}: is a symbolic link (to ../nowhere/x.yaml);", specs.join("dangling.yml").display()),
+        "2 of 3 file(s) invalid".to_string(),
+    ] {
+        assert!(err.contains(&want), "missing {want:?} in:\n{err}");
+    }
+    assert!(String::from_utf8(out.stdout).unwrap().contains("qwen.yaml: ok"));
+    let out = specd().arg("validate").arg(specs.join("out.yaml")).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}

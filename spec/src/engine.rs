@@ -47,6 +47,10 @@ pub struct EngineFacts {
     pub default_algorithm_with_draft: Option<&'static str>,
     /// Where the engine shows that it really speculates.
     pub evidence: Evidence,
+    /// The least `MemoryMax=` (bytes) under which the engine cannot serve any model: validation
+    /// refuses a smaller one (systemd would kill the server while it loads, again at each
+    /// restart). A floor, not an estimate: the model's weights come on top.
+    pub min_memory_max: u64,
 }
 
 /// One spec field as the running engine reports it.
@@ -170,6 +174,9 @@ const SGLANG: EngineFacts = EngineFacts {
         server_info: "/get_server_info",
         avg_accept_length: "avg_spec_accept_length",
     },
+    // Three processes (tokenizer manager, scheduler, detokenizer) each import torch, and the
+    // scheduler makes a CUDA context: past 1 GiB of host memory before the first weight loads.
+    min_memory_max: 1 << 30,
 };
 
 const VLLM: EngineFacts = EngineFacts {
@@ -214,6 +221,9 @@ const VLLM: EngineFacts = EngineFacts {
         draft_tokens: "vllm:spec_decode_num_draft_tokens_total",
         accepted: "vllm:spec_decode_num_accepted_tokens_total",
     },
+    // The API server and the engine core are two processes that each import torch; the core
+    // makes a CUDA context: past 1 GiB of host memory before the first weight loads.
+    min_memory_max: 1 << 30,
 };
 
 const LLAMA_CPP: EngineFacts = EngineFacts {
@@ -284,6 +294,9 @@ const LLAMA_CPP: EngineFacts = EngineFacts {
         drafted: "draft_n",
         accepted: "draft_n_accepted",
     },
+    // The server and its ggml backends, a model's weights (the smallest GGUFs that answer at
+    // all are tens of MiB) and its KV cache and compute buffers: no model serves under 64 MiB.
+    min_memory_max: 64 << 20,
 };
 
 /// The facts of one engine.

@@ -287,7 +287,8 @@ pub struct ServiceLayer {
     #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "strict::u32")]
     pub drain_timeout_sec: Option<u32>,
     /// `MemoryMax=`: bytes with an optional K, M, G, T, P or E suffix (base 1024, e.g. `200G`),
-    /// a percentage of physical memory in (0, 100] (e.g. `80%`), or `infinity`. Not 0.
+    /// a percentage of physical memory in (0, 100] (e.g. `80%`), or `infinity`. Bytes at least
+    /// what the engine needs to start at all: 1G for sglang and vllm, 64M for llama-cpp.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_max: Option<String>,
     /// Start the server at boot (`systemctl enable`: the unit is wanted by

@@ -351,8 +351,10 @@ fn user_problem(v: &str) -> Option<String> {
 
 /// systemd's `MemoryMax=`: `infinity`, a percentage of physical memory in (0, 100] with at most
 /// two decimals, or bytes (decimals allowed) with an optional K, M, G, T, P or E (base 1024) or B
-/// suffix, more than 0 and less than 2^64 - 1.
-fn memory_max_problem(m: &str) -> Option<String> {
+/// suffix, more than 0 and less than 2^64 - 1. Bytes must also reach the engine's floor
+/// (`EngineFacts::min_memory_max`): systemd takes `MemoryMax=1`, and kills the server while it
+/// loads. A percentage is of the host's memory, which the spec does not know: systemd judges it.
+fn memory_max_problem(m: &str, engine: Engine) -> Option<String> {
     if m == "infinity" {
         return None;
     }
@@ -403,9 +405,45 @@ fn memory_max_problem(m: &str) -> Option<String> {
         if frac.is_empty() { 0 } else { frac.parse::<u128>().unwrap_or(0) * factor / 10u128.pow(frac.len() as u32) };
     match int.checked_mul(factor).and_then(|b| b.checked_add(frac_bytes)) {
         Some(0) => Some(format!("{} is zero: systemd refuses a zero memory limit", shown(m))),
+        Some(b) if b < u128::from(engine::facts(engine).min_memory_max) => {
+            let floor = engine::facts(engine).min_memory_max;
+            Some(format!(
+                "{} is {}: no {} server starts in less than {} (its runtime alone needs that much memory, before any weights), and systemd would kill it while it loads, at every restart; give at least `{}`, a percentage of the host's memory, or `infinity`",
+                shown(m),
+                bytes(b),
+                engine.as_str(),
+                bytes(u128::from(floor)),
+                systemd_size(floor)
+            ))
+        }
         Some(b) if b < u128::from(u64::MAX) => None,
         _ => Some(format!("{} is too large (systemd's limit is 16E)", shown(m))),
     }
+}
+
+/// A size as people read it: `1 byte`, `640 bytes`, `1.5 KiB`, `64 MiB`.
+fn bytes(b: u128) -> String {
+    const UNITS: [&str; 6] = ["KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+    if b < 1024 {
+        return format!("{b} byte{}", if b == 1 { "" } else { "s" });
+    }
+    let (mut v, mut unit) = (b as f64 / 1024.0, 0);
+    while v >= 1024.0 && unit + 1 < UNITS.len() {
+        v /= 1024.0;
+        unit += 1;
+    }
+    let v = format!("{v:.1}");
+    format!("{} {}", v.strip_suffix(".0").unwrap_or(&v), UNITS[unit])
+}
+
+/// Bytes in systemd's syntax, with the largest suffix that divides them: `64M`, `1G`.
+fn systemd_size(b: u64) -> String {
+    for (suffix, shift) in [("E", 60), ("P", 50), ("T", 40), ("G", 30), ("M", 20), ("K", 10)] {
+        if b != 0 && b.is_multiple_of(1 << shift) {
+            return format!("{}{suffix}", b >> shift);
+        }
+    }
+    b.to_string()
 }
 
 /// Environment variables whose names look like secrets: a `_`-separated word that ends in
@@ -971,7 +1009,7 @@ fn service(c: &mut Ctx, doc: &Document, engine: Engine, l: &SpecLayer) -> Option
         }
     }
     if let Some(m) = &s.memory_max
-        && let Some(why) = memory_max_problem(m)
+        && let Some(why) = memory_max_problem(m, engine)
     {
         c.err("service.memory_max", why);
     }

@@ -398,6 +398,43 @@ const CASES: &[(&str, &str, u64, &str, &str)] = &[
     ("memory_max 12.345%", "  service: {memory_max: 12.345%}\n", 9, "spec.service.memory_max", "at most two decimals"),
     ("memory_max too large", "  service: {memory_max: 16E}\n", 9, "spec.service.memory_max", "too large"),
     ("memory_max two suffixes", "  service: {memory_max: 1GG}\n", 9, "spec.service.memory_max", "not a memory size"),
+    // systemd takes these, and kills the server while it loads.
+    (
+        "memory_max one byte",
+        "  service: {memory_max: \"1\"}\n",
+        9,
+        "spec.service.memory_max",
+        "\"1\" is 1 byte: no sglang server starts in less than 1 GiB (its runtime alone needs that much memory, before any weights), and systemd would kill it while it loads, at every restart; give at least `1G`, a percentage of the host's memory, or `infinity`",
+    ),
+    (
+        "memory_max 512M",
+        "  service: {memory_max: 512M}\n",
+        9,
+        "spec.service.memory_max",
+        "\"512M\" is 512 MiB: no sglang",
+    ),
+    ("memory_max 1023.5M", "  service: {memory_max: 1023.5M}\n", 9, "spec.service.memory_max", "is 1023.5 MiB: no"),
+    (
+        "vllm memory_max 64K",
+        "  service: {memory_max: 64K}\n",
+        9,
+        "spec.service.memory_max",
+        "is 64 KiB: no vllm server",
+    ),
+    (
+        "llama memory_max 32M",
+        "  service: {memory_max: 32M}\n",
+        9,
+        "spec.service.memory_max",
+        "is 32 MiB: no llama-cpp server starts in less than 64 MiB",
+    ),
+    (
+        "memory_max in an overlay",
+        "hosts:\n  h1:\n    service: {memory_max: 100B}\n",
+        11,
+        "hosts.h1.service.memory_max",
+        "\"100B\" is 100 bytes",
+    ),
     ("huge model path", "#\n", 8, "spec.model", "is 1000001 bytes long; the limit is 4095 bytes"),
     ("long model path", "#\n", 8, "spec.model", "is 5001 bytes long; the limit is 4095 bytes"),
     ("long path component", "#\n", 8, "spec.model", "path component of 300 bytes; the limit is 255 bytes"),
@@ -645,6 +682,23 @@ fn secrets_may_be_named_by_where_they_are_or_kept_literal_on_purpose() {
     for extra in ok {
         let d = specd_spec::check("t.yaml", &(BASE.to_string() + extra));
         assert!(d.0.is_empty(), "{extra}\n{d}");
+    }
+}
+
+#[test]
+fn memory_limits_an_inference_server_can_start_under_pass() {
+    for (engine, m) in [
+        ("sglang", "1G"),
+        ("sglang", "1.5G"),
+        ("vllm", "200G"),
+        ("sglang", "80%"),
+        ("sglang", "infinity"),
+        ("llama-cpp", "64M"),
+    ] {
+        let text =
+            BASE.replace("engine: sglang", &format!("engine: {engine}")) + &format!("  service: {{memory_max: {m}}}\n");
+        let d = specd_spec::check("t.yaml", &text);
+        assert!(!d.has_errors(), "{engine} {m}\n{d}");
     }
 }
 

@@ -9,6 +9,7 @@ use crate::model::strict::shown;
 use crate::model::{Document, DriftPolicy, Engine, Merge, Restart, SpecLayer};
 use crate::render::command_line;
 use crate::resolve::{Policy, Readiness, Server, Service, Spec, Speculative};
+use crate::secrets::{self, looks_secret};
 use crate::units::reserved_unit;
 
 /// Longest path systemd accepts (`PATH_MAX`, with the terminating NUL).
@@ -446,18 +447,6 @@ fn systemd_size(b: u64) -> String {
     b.to_string()
 }
 
-/// Environment variables whose names look like secrets: a `_`-separated word that ends in
-/// TOKEN, SECRET, PASSWORD or PASSWD (`HF_TOKEN`, `GITHUB_TOKEN`, `CLIENTSECRET`, `DB_PASSWORD`), or
-/// a name ending in `_KEY` (`OPENAI_API_KEY`), in any case. Words that merely contain one are
-/// not (`TOKENIZERS_PARALLELISM`, `MAX_TOKENS`), nor is a name that says where the secret is
-/// (`HF_TOKEN_PATH`, `DB_PASSWORD_FILE`, `..._DIR`).
-fn looks_secret(name: &str) -> bool {
-    let n = name.to_ascii_uppercase();
-    let locator = ["_PATH", "_FILE", "_DIR"].iter().any(|s| n.ends_with(s));
-    let secret_word = n.split('_').any(|w| ["TOKEN", "SECRET", "PASSWORD", "PASSWD"].iter().any(|s| w.ends_with(s)));
-    !locator && (secret_word || n.ends_with("_KEY"))
-}
-
 /// systemd's credential names are file names; specd accepts a portable subset.
 fn credential_name_ok(n: &str) -> bool {
     !n.is_empty()
@@ -548,6 +537,9 @@ fn build(c: &mut Ctx, doc: &Document, l: &SpecLayer, overlay: Option<String>) ->
     let server = server(c, engine, l);
     let speculative = speculative(c, engine, l);
     let service = service(c, doc, engine, l);
+    if !l.service.as_ref().and_then(|s| s.allow_literal_secrets).unwrap_or(false) {
+        argv_secrets(c, engine, l);
+    }
     let readiness = readiness(c, engine, l, service.as_ref());
     let policy = l.policy.clone().unwrap_or_default();
 
@@ -587,6 +579,30 @@ fn build(c: &mut Ctx, doc: &Document, l: &SpecLayer, overlay: Option<String>) ->
             adopt: policy.adopt.unwrap_or(false),
         },
     })
+}
+
+/// Literal secrets in what lands on the server's command line: a flag that takes one, followed
+/// by a value, and any value in a well-known credential format (`secrets`).
+fn argv_secrets(c: &mut Ctx, engine: Engine, l: &SpecLayer) {
+    let unit = l.unit.as_deref().filter(|u| unit_name_problem(u).is_none()).unwrap_or("UNIT");
+    let server = l.server.clone().unwrap_or_default();
+    for (field, words) in [("command", &l.command), ("server.extra_args", &server.extra_args)] {
+        for (i, why) in secrets::in_argv(engine, unit, words.as_deref().unwrap_or_default()) {
+            c.err(&format!("{field}[{i}]"), why);
+        }
+    }
+    let spec = l.speculative.clone().unwrap_or_default();
+    for (field, v) in [
+        ("model", &l.model),
+        ("server.host", &server.host),
+        ("server.served_model_name", &server.served_model_name),
+        ("speculative.algorithm", &spec.algorithm),
+        ("speculative.draft_model", &spec.draft_model),
+    ] {
+        if let Some(what) = v.as_deref().and_then(secrets::credential_in) {
+            c.err(field, secrets::credential_on_argv(what));
+        }
+    }
 }
 
 fn server(c: &mut Ctx, engine: Engine, l: &SpecLayer) -> Option<Server> {
@@ -982,6 +998,16 @@ fn service(c: &mut Ctx, doc: &Document, engine: Engine, l: &SpecLayer) -> Option
                 &p,
                 format!(
                     "{k} looks like a secret: a literal value here is readable by every local user in the unit file and specd's state. Put `{k}=...` in a root-only file listed in service.environment_files, or pass the file as service.credentials (`$CREDENTIALS_DIRECTORY/NAME`); set service.allow_literal_secrets: true if it is not secret"
+                ),
+            );
+        } else if key_ok
+            && !literal_secrets_allowed
+            && let Some(what) = secrets::credential_in(v)
+        {
+            c.err(
+                &p,
+                format!(
+                    "the value looks like {what}: a literal one here is readable by every local user in the unit file and specd's state. Put `{k}=...` in a root-only file listed in service.environment_files, or pass the file as service.credentials (`$CREDENTIALS_DIRECTORY/NAME`); set service.allow_literal_secrets: true if it is not secret"
                 ),
             );
         }

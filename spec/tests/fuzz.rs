@@ -260,7 +260,14 @@ fn spec_layer(overlay: bool) -> BoxedStrategy<Y> {
                 prop_oneof![
                     pick(
                         &["--enable-metrics", "2", "-1", ";", "$X", "%n", "--x=a b"],
-                        &["--tp-size", "--port=9", "--draft-max", "--config"]
+                        &[
+                            "--tp-size",
+                            "--port=9",
+                            "--draft-max",
+                            "--config",
+                            "--api-key",
+                            "sk-Ab3dEf6hIj9kLm2nOp5qRs8t"
+                        ]
                     ),
                     free_text(),
                 ]

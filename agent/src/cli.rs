@@ -122,6 +122,7 @@ pub enum Command {
     },
     /// Ask the running agent to reconcile now (one unit, or all), over its control socket.
     Reconcile {
+        #[arg(value_parser = unit_arg)]
         unit: Option<String>,
         /// The agent's control socket [default: `control_socket` of the agent config, else
         /// /run/specd/control.sock].
@@ -134,6 +135,7 @@ pub enum Command {
     /// Clear the quarantine of a unit (its failed hashes are tried again), recorded in its
     /// history. Works while the agent runs.
     Unquarantine {
+        #[arg(value_parser = unit_arg)]
         unit: String,
         /// The control socket of the agent to notify, if one runs [default: `control_socket` of
         /// the agent config, else /run/specd/control.sock].
@@ -147,6 +149,7 @@ pub enum Command {
     /// nothing, until `specd resume` (or the end of --for). Shown in status, metrics and
     /// history. A hand `specd apply` still applies. Works while the agent runs.
     Suspend {
+        #[arg(value_parser = unit_arg)]
         unit: String,
         /// End the suspend by itself after this long (90s, 15m, 2h, 1d, 1h30m).
         #[arg(long = "for", value_parser = ops::parse_duration)]
@@ -164,6 +167,7 @@ pub enum Command {
     },
     /// End a unit's suspend or pin: the agent reconciles it again (to the source's desired unit).
     Resume {
+        #[arg(value_parser = unit_arg)]
         unit: String,
         #[arg(long)]
         socket: Option<PathBuf>,
@@ -174,6 +178,7 @@ pub enum Command {
     /// the normal apply, and pin it: the agent leaves it there until the source has a new
     /// desired unit or `specd resume`.
     Rollback {
+        #[arg(value_parser = unit_arg)]
         unit: String,
         /// The unit hash (a prefix of 4 hex digits or more; see `specd history`).
         #[arg(long)]
@@ -191,12 +196,14 @@ pub enum Command {
     },
     /// The applies of each unit: time, commit or file, unit hash, result.
     History {
+        #[arg(value_parser = unit_arg)]
         unit: Option<String>,
         #[arg(long)]
         json: bool,
     },
     /// Why did the last instance of a unit end: stop-timeout SIGKILL, OOM kill, CUDA OOM, crash...
     Diagnose {
+        #[arg(value_parser = unit_arg)]
         unit: Option<String>,
         #[arg(long)]
         json: bool,
@@ -235,6 +242,16 @@ pub enum Command {
         #[arg(long)]
         out: Option<PathBuf>,
     },
+}
+
+/// A UNIT argument: a name a spec could give (`specd_spec::unit_name_problem`), checked before
+/// any state, lock or unit file path is built from it. A bad one is a usage error (exit 2) and
+/// nothing is read or created.
+fn unit_arg(v: &str) -> Result<String, String> {
+    match specd_spec::unit_name_problem(v) {
+        Some(why) => Err(why),
+        None => Ok(v.to_string()),
+    }
 }
 
 /// The documents `specd schema` describes.
@@ -344,19 +361,16 @@ fn man_pages(out: &std::path::Path) -> anyhow::Result<()> {
 }
 
 fn validate(paths: &[PathBuf], json: bool) -> ExitCode {
-    let files = match specs::expand(paths) {
-        Ok(f) => f,
-        Err(d) => {
-            if json {
-                println!("{}", diagnostics_json(&d.0));
-            } else {
-                eprintln!("{d}");
-            }
-            return ExitCode::from(1);
+    // A directory that cannot be read, or a link in one: reported with the files' problems.
+    let (files, unread) = specs::expand(paths);
+    if !json {
+        for d in &unread {
+            eprintln!("{d}");
         }
-    };
-    let mut bad = 0;
-    let mut all = Vec::new();
+    }
+    let mut bad = unread.len();
+    let total = files.len() + unread.len();
+    let mut all = unread;
     for f in &files {
         let diags = match std::fs::read_to_string(f) {
             Ok(text) if specd_spec::sweep::is_sweep(&text) => validate_sweep(f, &text),
@@ -379,7 +393,7 @@ fn validate(paths: &[PathBuf], json: bool) -> ExitCode {
         println!("{}", diagnostics_json(&all));
     }
     if bad > 0 {
-        eprintln!("{bad} of {} file(s) invalid", files.len());
+        eprintln!("{bad} of {total} file(s) invalid");
         ExitCode::from(1)
     } else {
         ExitCode::SUCCESS

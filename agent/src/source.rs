@@ -270,16 +270,16 @@ impl GitSource {
         let commit = self.repo.find_commit(oid)?;
         let tree = commit.tree()?;
         let path = self.cfg.path.trim_matches('/');
-        let entry_obj = if path.is_empty() || path == "." {
-            tree.as_object().clone()
+        let commit = short(&oid.to_string()).to_string();
+        let (entry_obj, mode) = if path.is_empty() || path == "." {
+            (tree.as_object().clone(), None)
         } else {
-            let e = tree
-                .get_path(Path::new(path))
-                .map_err(|_| anyhow!("{path} does not exist in commit {}", short(&oid.to_string())))?;
-            e.to_object(&self.repo)?
+            let e = tree.get_path(Path::new(path)).map_err(|_| anyhow!("{path} does not exist in commit {commit}"))?;
+            (e.to_object(&self.repo)?, Some(e.filemode()))
         };
         let mut out = Vec::new();
         if let Some(blob) = entry_obj.as_blob() {
+            refuse_link(path, &commit, mode, blob.content())?;
             out.push(SpecFile { path: path.to_string(), text: text_of(path, blob.content())? });
         } else if let Some(dir) = entry_obj.as_tree() {
             for e in dir.iter() {
@@ -290,6 +290,7 @@ impl GitSource {
                 let obj = e.to_object(&self.repo)?;
                 if let Some(blob) = obj.as_blob() {
                     let p = if path.is_empty() || path == "." { name.clone() } else { format!("{path}/{name}") };
+                    refuse_link(&p, &commit, Some(e.filemode()), blob.content())?;
                     let text = text_of(&p, blob.content())?;
                     // A sweep kept beside the specs is an operator's campaign (`specd sweep`),
                     // not a unit to deploy.
@@ -301,7 +302,7 @@ impl GitSource {
             }
             out.sort_by(|a, b| a.path.cmp(&b.path));
         } else {
-            bail!("{path} is neither a file nor a directory in commit {}", short(&oid.to_string()));
+            bail!("{path} is neither a file nor a directory in commit {commit}");
         }
         Ok(out)
     }
@@ -413,6 +414,18 @@ impl GitSource {
         let git = self.repo.commondir().to_path_buf();
         vec![git.join("refs"), git.join("packed-refs"), git.clone()]
     }
+}
+
+/// git keeps a symbolic link as a blob whose content is the link's target (mode 120000): read as
+/// a spec, it would be a YAML scalar (`../../etc/x.yaml`), refused for a reason that is not the
+/// real one. specd reads only regular files from the repository.
+fn refuse_link(path: &str, commit: &str, mode: Option<i32>, content: &[u8]) -> Result<()> {
+    const LINK: i32 = 0o120000;
+    if mode == Some(LINK) {
+        let target = String::from_utf8_lossy(content).escape_debug().to_string();
+        bail!("{path}@{commit}: {}", crate::specs::link_refusal(&target));
+    }
+    Ok(())
 }
 
 fn text_of(path: &str, bytes: &[u8]) -> Result<String> {

@@ -5,17 +5,28 @@ use std::path::{Path, PathBuf};
 use specd_spec::{Diagnostic, Diagnostics, ParsedSpec, Severity};
 
 /// Expand arguments: a directory stands for the `*.yaml` / `*.yml` files directly in it, sorted.
-pub fn expand(paths: &[PathBuf]) -> Result<Vec<PathBuf>, Diagnostics> {
+/// A directory is read as the agent reads the repository: an entry that is a symbolic link is
+/// refused (its diagnostic is in the second list, beside an unreadable directory's), not
+/// followed out of it. A file named itself is read wherever it points.
+pub fn expand(paths: &[PathBuf]) -> (Vec<PathBuf>, Vec<Diagnostic>) {
     let mut out = Vec::new();
     let mut errs = Vec::new();
     for p in paths {
         if p.is_dir() {
             match std::fs::read_dir(p) {
                 Ok(rd) => {
-                    let mut files: Vec<PathBuf> = rd
-                        .filter_map(|e| e.ok().map(|e| e.path()))
-                        .filter(|f| f.is_file() && f.extension().is_some_and(|x| x == "yaml" || x == "yml"))
-                        .collect();
+                    let mut files = Vec::new();
+                    for e in rd.flatten() {
+                        let f = e.path();
+                        if !f.extension().is_some_and(|x| x == "yaml" || x == "yml") {
+                            continue;
+                        }
+                        match e.file_type() {
+                            Ok(t) if t.is_symlink() => errs.push(link_diag(&f)),
+                            Ok(t) if t.is_file() => files.push(f),
+                            _ => {}
+                        }
+                    }
                     files.sort();
                     out.extend(files);
                 }
@@ -25,19 +36,37 @@ pub fn expand(paths: &[PathBuf]) -> Result<Vec<PathBuf>, Diagnostics> {
             out.push(p.clone());
         }
     }
-    if errs.is_empty() { Ok(out) } else { Err(Diagnostics(errs)) }
+    errs.sort_by(|a, b| a.file.cmp(&b.file));
+    (out, errs)
 }
 
 pub fn io_diag(p: &Path, e: &std::io::Error) -> Diagnostic {
+    file_diag(p, format!("cannot read: {e}"))
+}
+
+fn file_diag(p: &Path, message: String) -> Diagnostic {
     Diagnostic {
         severity: Severity::Error,
         file: p.display().to_string(),
         line: 0,
         column: 0,
         path: String::new(),
-        message: format!("cannot read: {e}"),
+        message,
         source_line: None,
     }
+}
+
+fn link_diag(p: &Path) -> Diagnostic {
+    let target = std::fs::read_link(p).map(|t| t.display().to_string()).unwrap_or_else(|e| format!("unreadable: {e}"));
+    file_diag(p, link_refusal(&target))
+}
+
+/// Why a spec file that is a symbolic link is refused (in a directory of specs, or in a commit,
+/// where git keeps the link as a blob holding its target).
+pub fn link_refusal(target: &str) -> String {
+    format!(
+        "is a symbolic link (to {target}); specd reads only regular files from the repository: put the spec itself here, not a link to it"
+    )
 }
 
 /// Read and parse one spec file.

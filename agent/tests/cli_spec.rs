@@ -150,3 +150,78 @@ fn validate_checks_a_sweep_and_every_point_of_it() {
         "{stderr}"
     );
 }
+
+/// Every file and directory under `dir`, relative to it.
+fn tree(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        out.push(p.strip_prefix(dir).unwrap().to_path_buf());
+        if p.is_dir() {
+            out.extend(tree(&p).into_iter().map(|q| p.strip_prefix(dir).unwrap().join(q)));
+        }
+    }
+    out
+}
+
+/// A UNIT argument is held to the rules of a spec's unit name before any path is built from it:
+/// `../` cannot reach out of the state directory, and a bad name is a usage error (exit 2, as
+/// clap's own) that reads, creates and asks nothing.
+#[test]
+fn a_unit_argument_that_is_not_a_service_name_is_a_usage_error_and_creates_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("a/b/state");
+    let units = dir.path().join("a/b/units");
+    let socket = dir.path().join("control.sock");
+    let socket = socket.to_str().unwrap();
+    for unit in ["../../escape.service", "../../../../escape.service", "a/b.service", "x.socket", "..service", ""] {
+        for args in [
+            vec!["unquarantine", unit, "--socket", socket],
+            vec!["suspend", unit, "--socket", socket],
+            vec!["resume", unit, "--socket", socket],
+            vec!["rollback", unit, "--socket", socket],
+            vec!["reconcile", unit, "--socket", socket],
+            vec!["history", unit],
+            vec!["diagnose", unit],
+        ] {
+            let out =
+                specd().args(&args).env("SPECD_STATE_DIR", &state).env("SPECD_UNIT_DIR", &units).output().unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+            assert!(err.contains(&format!("{unit:?} is not a valid service name")), "{args:?}: {err}");
+            assert!(out.stdout.is_empty(), "{args:?}: {}", String::from_utf8_lossy(&out.stdout));
+        }
+    }
+    assert_eq!(tree(dir.path()), Vec::<PathBuf>::new());
+}
+
+/// A directory of specs is read as the agent reads the repository: a link in it (out of it, into
+/// it, or dangling) is refused as a link, with its target, and the other files are still checked.
+/// A file named on the command line is read wherever it points.
+#[test]
+fn validate_refuses_a_link_in_a_directory_of_specs_naming_it_and_its_target() {
+    let dir = tempfile::tempdir().unwrap();
+    let specs = dir.path().join("specs");
+    std::fs::create_dir(&specs).unwrap();
+    std::fs::copy(root().join("examples/qwen35-122b-mtp.yaml"), specs.join("qwen.yaml")).unwrap();
+    let outside = root().join("examples/vllm-llama-eagle3.yaml");
+    std::os::unix::fs::symlink(&outside, specs.join("out.yaml")).unwrap();
+    std::os::unix::fs::symlink("../nowhere/x.yaml", specs.join("dangling.yml")).unwrap();
+    let out = specd().arg("validate").arg(&specs).output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8(out.stderr).unwrap();
+    for want in [
+        format!(
+            "{}: is a symbolic link (to {}); specd reads only regular files from the repository: put the spec itself here, not a link to it",
+            specs.join("out.yaml").display(),
+            outside.display()
+        ),
+        format!("{}: is a symbolic link (to ../nowhere/x.yaml);", specs.join("dangling.yml").display()),
+        "2 of 3 file(s) invalid".to_string(),
+    ] {
+        assert!(err.contains(&want), "missing {want:?} in:\n{err}");
+    }
+    assert!(String::from_utf8(out.stdout).unwrap().contains("qwen.yaml: ok"));
+    let out = specd().arg("validate").arg(specs.join("out.yaml")).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+}

@@ -292,3 +292,51 @@ fn a_remote_that_cannot_be_fetched_is_an_error_naming_it() {
     let e = format!("{:#}", s.fetch().unwrap_err());
     assert!(e.starts_with(&format!("reading the token file {}", missing.display())), "{e}");
 }
+
+/// git keeps a symbolic link as a blob holding its target; read as a spec it was refused as YAML
+/// ("expected mapping start"). It is refused as what it is, with the file and the target named,
+/// in a directory of specs and as the configured path itself.
+#[test]
+fn a_spec_that_is_a_symbolic_link_is_refused_naming_it_and_its_target() {
+    let (_d, r) = repo();
+    commit(&r, 5, "good");
+    std::fs::create_dir_all(r.join("elsewhere")).unwrap();
+    std::fs::write(r.join("elsewhere/other.yaml"), spec(3).replace("qwen", "other")).unwrap();
+    std::os::unix::fs::symlink("../../../outside/x.yaml", r.join("specs/out.yaml")).unwrap();
+    git(&r, &["add", "-A"]);
+    git(&r, &["commit", "-q", "-m", "a link out of the repository"]);
+    let head = git(&r, &["rev-parse", "HEAD"]);
+    let want = |p: &str, to: &str| {
+        format!("{p}@{}: is a symbolic link (to {to}); specd reads only regular files from the repository", &head[..12])
+    };
+    let s = GitSource::open(cfg(r.to_str().unwrap()), Path::new("/nonexistent")).unwrap();
+    let e = evaluate(&s, None, false, "gpu-01");
+    let err = e.error.expect("refused");
+    assert!(e.desired.is_empty(), "the commit deploys nothing");
+    assert!(err.contains(&want("specs/out.yaml", "../../../outside/x.yaml")), "{err}");
+    assert!(!err.contains("mapping"), "{err}");
+
+    // A link inside the repository is refused too, and so is a configured path that is one.
+    std::fs::remove_file(r.join("specs/out.yaml")).unwrap();
+    std::os::unix::fs::symlink("../elsewhere/other.yaml", r.join("specs/in.yaml")).unwrap();
+    git(&r, &["add", "-A"]);
+    git(&r, &["commit", "-q", "-m", "a link inside it"]);
+    let head = git(&r, &["rev-parse", "HEAD"]);
+    let want = |p: &str, to: &str| format!("{p}@{}: is a symbolic link (to {to});", &head[..12]);
+    let e = evaluate(&s, None, false, "gpu-01");
+    assert!(
+        e.error.as_deref().unwrap_or_default().contains(&want("specs/in.yaml", "../elsewhere/other.yaml")),
+        "{:?}",
+        e.error
+    );
+    let mut c = cfg(r.to_str().unwrap());
+    c.path = "specs/in.yaml".into();
+    let s = GitSource::open(c, Path::new("/nonexistent")).unwrap();
+    let e = evaluate(&s, None, false, "gpu-01");
+    assert!(
+        e.error.as_deref().unwrap_or_default().contains(&want("specs/in.yaml", "../elsewhere/other.yaml")),
+        "{:?}",
+        e.error
+    );
+    assert!(e.desired.is_empty());
+}

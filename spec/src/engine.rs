@@ -47,6 +47,25 @@ pub struct EngineFacts {
     pub default_algorithm_with_draft: Option<&'static str>,
     /// Where the engine shows that it really speculates.
     pub evidence: Evidence,
+    /// The flags whose value is a secret, and where the engine takes it off the command line
+    /// instead. Validation refuses a literal value for them (see `allow_literal_secrets`).
+    pub secret_flags: &'static [SecretFlag],
+    /// The least `MemoryMax=` (bytes) under which the engine cannot serve any model: validation
+    /// refuses a smaller one (systemd would kill the server while it loads, again at each
+    /// restart). A floor, not an estimate: the model's weights come on top.
+    pub min_memory_max: u64,
+}
+
+/// A flag that takes a secret (an API key, a token, a password).
+#[derive(Debug)]
+pub struct SecretFlag {
+    /// The flag and its aliases.
+    pub flags: &'static [&'static str],
+    /// The environment variable the engine reads the secret from when the flag is not given
+    /// (`None`: the engine takes it only on its command line).
+    pub env: Option<&'static str>,
+    /// A flag that takes the path of a file holding the secret instead.
+    pub file_flag: Option<&'static str>,
 }
 
 /// One spec field as the running engine reports it.
@@ -170,6 +189,16 @@ const SGLANG: EngineFacts = EngineFacts {
         server_info: "/get_server_info",
         avg_accept_length: "avg_spec_accept_length",
     },
+    // `ServerArgs` fields (sglang/srt/arg_groups/fields/serving.py); SGLang reads none of them
+    // from its environment (only from argv or a `--config` file, which specd refuses).
+    secret_flags: &[
+        SecretFlag { flags: &["--api-key"], env: None, file_flag: None },
+        SecretFlag { flags: &["--admin-api-key"], env: None, file_flag: None },
+        SecretFlag { flags: &["--ssl-keyfile-password"], env: None, file_flag: None },
+    ],
+    // Three processes (tokenizer manager, scheduler, detokenizer) each import torch, and the
+    // scheduler makes a CUDA context: past 1 GiB of host memory before the first weight loads.
+    min_memory_max: 1 << 30,
 };
 
 const VLLM: EngineFacts = EngineFacts {
@@ -214,6 +243,15 @@ const VLLM: EngineFacts = EngineFacts {
         draft_tokens: "vllm:spec_decode_num_draft_tokens_total",
         accepted: "vllm:spec_decode_num_accepted_tokens_total",
     },
+    // vLLM's API server takes `args.api_key or envs.VLLM_API_KEY` (vllm/envs.py); the Hugging
+    // Face token is read by huggingface_hub from HF_TOKEN.
+    secret_flags: &[
+        SecretFlag { flags: &["--api-key"], env: Some("VLLM_API_KEY"), file_flag: None },
+        SecretFlag { flags: &["--hf-token"], env: Some("HF_TOKEN"), file_flag: None },
+    ],
+    // The API server and the engine core are two processes that each import torch; the core
+    // makes a CUDA context: past 1 GiB of host memory before the first weight loads.
+    min_memory_max: 1 << 30,
 };
 
 const LLAMA_CPP: EngineFacts = EngineFacts {
@@ -284,6 +322,15 @@ const LLAMA_CPP: EngineFacts = EngineFacts {
         drafted: "draft_n",
         accepted: "draft_n_accepted",
     },
+    // `--help`: `--api-key KEY (env: LLAMA_API_KEY)`, `--api-key-file FNAME`,
+    // `-hft, --hf-token TOKEN (env: HF_TOKEN)`.
+    secret_flags: &[
+        SecretFlag { flags: &["--api-key"], env: Some("LLAMA_API_KEY"), file_flag: Some("--api-key-file") },
+        SecretFlag { flags: &["-hft", "--hf-token"], env: Some("HF_TOKEN"), file_flag: None },
+    ],
+    // The server and its ggml backends, a model's weights (the smallest GGUFs that answer at
+    // all are tens of MiB) and its KV cache and compute buffers: no model serves under 64 MiB.
+    min_memory_max: 64 << 20,
 };
 
 /// The facts of one engine.
@@ -302,6 +349,11 @@ impl EngineFacts {
 
     pub fn algorithm_names(&self) -> Vec<&'static str> {
         self.algorithms.iter().map(|a| a.name).collect()
+    }
+
+    /// The secret flag `flag` is (one of its spellings), if it is one.
+    pub fn secret_flag(&self, flag: &str) -> Option<&'static SecretFlag> {
+        self.secret_flags.iter().find(|f| f.flags.contains(&flag))
     }
 }
 

@@ -16,12 +16,13 @@ mod engine;
 pub mod model;
 mod render;
 mod resolve;
+mod secrets;
 pub mod sweep;
 mod units;
 mod validate;
 
 pub use diag::{Diagnostic, Diagnostics, Severity};
-pub use engine::{Algorithm, EngineFacts, Evidence, Need, Reported, facts as engine_facts};
+pub use engine::{Algorithm, EngineFacts, Evidence, Need, Reported, SecretFlag, facts as engine_facts};
 pub use model::{Document, DriftPolicy, Engine, Restart};
 pub use render::{
     HEADER, RenderedUnit, command_line, exec_start, exec_start_value, parse_command_line, parse_environment, render,
@@ -29,6 +30,7 @@ pub use render::{
 };
 pub use resolve::{ExpectedArg, Policy, Readiness, Server, Service, Spec, Speculative, base_url_of_argv};
 pub use units::reserved_unit;
+pub use validate::unit_name_problem;
 
 use diag::{Pos, SourceMap};
 

@@ -262,12 +262,21 @@ pub struct ServiceLayer {
     /// by key in host overlays.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credentials: Option<BTreeMap<String, String>>,
-    /// Allow literal values in `environment` for variables whose names look like secrets: a
-    /// `_`-separated word ending in `TOKEN`, `SECRET`, `PASSWORD` or `PASSWD` (`HF_TOKEN`), or a
-    /// name ending in `_KEY` (`OPENAI_API_KEY`), in any case. Names ending in `_PATH`, `_FILE` or
-    /// `_DIR` locate a secret and are not refused; nor are `TOKENIZERS_PARALLELISM` or
-    /// `MAX_TOKENS`. Default false: such a value would be readable by every local user in the
-    /// unit file; put it in `environment_files` or `credentials` instead.
+    /// Allow literal secrets in the spec. Default false: a secret in the unit file (0644) or on
+    /// the server's command line (`ps`, `/proc/PID/cmdline`) is readable by every local user, so
+    /// validation refuses (1) literal values in `environment` for variables whose names look like
+    /// secrets: a `_`-separated word ending in `TOKEN`, `SECRET`, `PASSWORD` or `PASSWD`
+    /// (`HF_TOKEN`), or a name ending in `_KEY` (`OPENAI_API_KEY`), in any case (names ending in
+    /// `_PATH`, `_FILE` or `_DIR` locate a secret and are not refused; nor are
+    /// `TOKENIZERS_PARALLELISM` or `MAX_TOKENS`); (2) in `command` and `server.extra_args`, a
+    /// value after a flag that takes a secret: the engine's own (`--api-key`, vLLM's
+    /// `--hf-token`, llama-server's `-hft`...) or one whose last word says so (`--x-token`,
+    /// `--x-password`, `--x-key` followed by anything but numbers; not `--api-key-file`), and
+    /// `NAME=value` with such a NAME; (3) on the command line and in `environment`, a value in a
+    /// well-known credential format (`sk-…`, `hf_…`, `ghp_…`, `github_pat_…`, `glpat-…`,
+    /// `xoxb-…`, `AKIA…`). Put secrets in `environment_files` or `credentials` instead (vLLM
+    /// reads its API key from `VLLM_API_KEY`, llama-server from `LLAMA_API_KEY` or
+    /// `--api-key-file`).
     #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "strict::bool")]
     pub allow_literal_secrets: Option<bool>,
     /// `Restart=`. Default `on-failure`.
@@ -287,7 +296,8 @@ pub struct ServiceLayer {
     #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "strict::u32")]
     pub drain_timeout_sec: Option<u32>,
     /// `MemoryMax=`: bytes with an optional K, M, G, T, P or E suffix (base 1024, e.g. `200G`),
-    /// a percentage of physical memory in (0, 100] (e.g. `80%`), or `infinity`. Not 0.
+    /// a percentage of physical memory in (0, 100] (e.g. `80%`), or `infinity`. Bytes at least
+    /// what the engine needs to start at all: 1G for sglang and vllm, 64M for llama-cpp.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_max: Option<String>,
     /// Start the server at boot (`systemctl enable`: the unit is wanted by

@@ -9,6 +9,7 @@ use crate::model::strict::shown;
 use crate::model::{Document, DriftPolicy, Engine, Merge, Restart, SpecLayer};
 use crate::render::command_line;
 use crate::resolve::{Policy, Readiness, Server, Service, Spec, Speculative};
+use crate::secrets::{self, looks_secret};
 use crate::units::reserved_unit;
 
 /// Longest path systemd accepts (`PATH_MAX`, with the terminating NUL).
@@ -291,19 +292,27 @@ fn document(c: &mut Ctx, doc: &Document) {
     }
 }
 
-fn unit_name_ok(v: &str) -> bool {
-    // systemd: [A-Za-z0-9:_.@\-]+ with a type suffix, at most 255 characters. specd owns services.
-    let Some(stem) = v.strip_suffix(".service") else {
-        return false;
-    };
-    !stem.is_empty()
-        && v.len() <= 255
-        && stem.bytes().all(|b| b.is_ascii_alphanumeric() || b":_.@-".contains(&b))
-        && !stem.starts_with('.')
-        && !v.contains("..")
-        && !stem.starts_with('@')
-        && stem.matches('@').count() <= 1
-        && !stem.ends_with('@')
+/// Why `v` is not the name of a unit specd may own, or `None` when it is one: systemd's
+/// `[A-Za-z0-9:_.@-]` with the `.service` suffix, at most 255 characters, never `..` nor a `/`.
+/// Specs are held to it, and so is every unit named on the command line (`specd unquarantine
+/// UNIT`...), before specd builds a state, lock or unit file path from it.
+pub fn unit_name_problem(v: &str) -> Option<String> {
+    let ok = v.strip_suffix(".service").is_some_and(|stem| {
+        !stem.is_empty()
+            && v.len() <= 255
+            && stem.bytes().all(|b| b.is_ascii_alphanumeric() || b":_.@-".contains(&b))
+            && !stem.starts_with('.')
+            && !v.contains("..")
+            && !stem.starts_with('@')
+            && stem.matches('@').count() <= 1
+            && !stem.ends_with('@')
+    });
+    (!ok).then(|| {
+        format!(
+            "{} is not a valid service name: use at most 255 of [A-Za-z0-9:_.@-] ending in `.service`, no `/` and no `..`",
+            shown(v)
+        )
+    })
 }
 
 /// Why `v` is not a user or group systemd accepts in `User=`/`Group=` without complaint: a
@@ -343,8 +352,10 @@ fn user_problem(v: &str) -> Option<String> {
 
 /// systemd's `MemoryMax=`: `infinity`, a percentage of physical memory in (0, 100] with at most
 /// two decimals, or bytes (decimals allowed) with an optional K, M, G, T, P or E (base 1024) or B
-/// suffix, more than 0 and less than 2^64 - 1.
-fn memory_max_problem(m: &str) -> Option<String> {
+/// suffix, more than 0 and less than 2^64 - 1. Bytes must also reach the engine's floor
+/// (`EngineFacts::min_memory_max`): systemd takes `MemoryMax=1`, and kills the server while it
+/// loads. A percentage is of the host's memory, which the spec does not know: systemd judges it.
+fn memory_max_problem(m: &str, engine: Engine) -> Option<String> {
     if m == "infinity" {
         return None;
     }
@@ -395,21 +406,45 @@ fn memory_max_problem(m: &str) -> Option<String> {
         if frac.is_empty() { 0 } else { frac.parse::<u128>().unwrap_or(0) * factor / 10u128.pow(frac.len() as u32) };
     match int.checked_mul(factor).and_then(|b| b.checked_add(frac_bytes)) {
         Some(0) => Some(format!("{} is zero: systemd refuses a zero memory limit", shown(m))),
+        Some(b) if b < u128::from(engine::facts(engine).min_memory_max) => {
+            let floor = engine::facts(engine).min_memory_max;
+            Some(format!(
+                "{} is {}: no {} server starts in less than {} (its runtime alone needs that much memory, before any weights), and systemd would kill it while it loads, at every restart; give at least `{}`, a percentage of the host's memory, or `infinity`",
+                shown(m),
+                bytes(b),
+                engine.as_str(),
+                bytes(u128::from(floor)),
+                systemd_size(floor)
+            ))
+        }
         Some(b) if b < u128::from(u64::MAX) => None,
         _ => Some(format!("{} is too large (systemd's limit is 16E)", shown(m))),
     }
 }
 
-/// Environment variables whose names look like secrets: a `_`-separated word that ends in
-/// TOKEN, SECRET, PASSWORD or PASSWD (`HF_TOKEN`, `GITHUB_TOKEN`, `CLIENTSECRET`, `DB_PASSWORD`), or
-/// a name ending in `_KEY` (`OPENAI_API_KEY`), in any case. Words that merely contain one are
-/// not (`TOKENIZERS_PARALLELISM`, `MAX_TOKENS`), nor is a name that says where the secret is
-/// (`HF_TOKEN_PATH`, `DB_PASSWORD_FILE`, `..._DIR`).
-fn looks_secret(name: &str) -> bool {
-    let n = name.to_ascii_uppercase();
-    let locator = ["_PATH", "_FILE", "_DIR"].iter().any(|s| n.ends_with(s));
-    let secret_word = n.split('_').any(|w| ["TOKEN", "SECRET", "PASSWORD", "PASSWD"].iter().any(|s| w.ends_with(s)));
-    !locator && (secret_word || n.ends_with("_KEY"))
+/// A size as people read it: `1 byte`, `640 bytes`, `1.5 KiB`, `64 MiB`.
+fn bytes(b: u128) -> String {
+    const UNITS: [&str; 6] = ["KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+    if b < 1024 {
+        return format!("{b} byte{}", if b == 1 { "" } else { "s" });
+    }
+    let (mut v, mut unit) = (b as f64 / 1024.0, 0);
+    while v >= 1024.0 && unit + 1 < UNITS.len() {
+        v /= 1024.0;
+        unit += 1;
+    }
+    let v = format!("{v:.1}");
+    format!("{} {}", v.strip_suffix(".0").unwrap_or(&v), UNITS[unit])
+}
+
+/// Bytes in systemd's syntax, with the largest suffix that divides them: `64M`, `1G`.
+fn systemd_size(b: u64) -> String {
+    for (suffix, shift) in [("E", 60), ("P", 50), ("T", 40), ("G", 30), ("M", 20), ("K", 10)] {
+        if b != 0 && b.is_multiple_of(1 << shift) {
+            return format!("{}{suffix}", b >> shift);
+        }
+    }
+    b.to_string()
 }
 
 /// systemd's credential names are file names; specd accepts a portable subset.
@@ -428,14 +463,8 @@ fn build(c: &mut Ctx, doc: &Document, l: &SpecLayer, overlay: Option<String>) ->
             c.err("unit", "is required: the systemd unit specd owns, e.g. `sglang-qwen.service`");
             None
         }
-        Some(u) if !unit_name_ok(u) => {
-            c.err(
-                "unit",
-                format!(
-                    "{} is not a valid service name: use at most 255 of [A-Za-z0-9:_.@-] ending in `.service`, no `/` and no `..`",
-                    shown(u)
-                ),
-            );
+        Some(u) if unit_name_problem(u).is_some() => {
+            c.err("unit", unit_name_problem(u).unwrap_or_default());
             None
         }
         Some(u) if reserved_unit(u).is_some() => {
@@ -508,6 +537,9 @@ fn build(c: &mut Ctx, doc: &Document, l: &SpecLayer, overlay: Option<String>) ->
     let server = server(c, engine, l);
     let speculative = speculative(c, engine, l);
     let service = service(c, doc, engine, l);
+    if !l.service.as_ref().and_then(|s| s.allow_literal_secrets).unwrap_or(false) {
+        argv_secrets(c, engine, l);
+    }
     let readiness = readiness(c, engine, l, service.as_ref());
     let policy = l.policy.clone().unwrap_or_default();
 
@@ -547,6 +579,30 @@ fn build(c: &mut Ctx, doc: &Document, l: &SpecLayer, overlay: Option<String>) ->
             adopt: policy.adopt.unwrap_or(false),
         },
     })
+}
+
+/// Literal secrets in what lands on the server's command line: a flag that takes one, followed
+/// by a value, and any value in a well-known credential format (`secrets`).
+fn argv_secrets(c: &mut Ctx, engine: Engine, l: &SpecLayer) {
+    let unit = l.unit.as_deref().filter(|u| unit_name_problem(u).is_none()).unwrap_or("UNIT");
+    let server = l.server.clone().unwrap_or_default();
+    for (field, words) in [("command", &l.command), ("server.extra_args", &server.extra_args)] {
+        for (i, why) in secrets::in_argv(engine, unit, words.as_deref().unwrap_or_default()) {
+            c.err(&format!("{field}[{i}]"), why);
+        }
+    }
+    let spec = l.speculative.clone().unwrap_or_default();
+    for (field, v) in [
+        ("model", &l.model),
+        ("server.host", &server.host),
+        ("server.served_model_name", &server.served_model_name),
+        ("speculative.algorithm", &spec.algorithm),
+        ("speculative.draft_model", &spec.draft_model),
+    ] {
+        if let Some(what) = v.as_deref().and_then(secrets::credential_in) {
+            c.err(field, secrets::credential_on_argv(what));
+        }
+    }
 }
 
 fn server(c: &mut Ctx, engine: Engine, l: &SpecLayer) -> Option<Server> {
@@ -944,6 +1000,16 @@ fn service(c: &mut Ctx, doc: &Document, engine: Engine, l: &SpecLayer) -> Option
                     "{k} looks like a secret: a literal value here is readable by every local user in the unit file and specd's state. Put `{k}=...` in a root-only file listed in service.environment_files, or pass the file as service.credentials (`$CREDENTIALS_DIRECTORY/NAME`); set service.allow_literal_secrets: true if it is not secret"
                 ),
             );
+        } else if key_ok
+            && !literal_secrets_allowed
+            && let Some(what) = secrets::credential_in(v)
+        {
+            c.err(
+                &p,
+                format!(
+                    "the value looks like {what}: a literal one here is readable by every local user in the unit file and specd's state. Put `{k}=...` in a root-only file listed in service.environment_files, or pass the file as service.credentials (`$CREDENTIALS_DIRECTORY/NAME`); set service.allow_literal_secrets: true if it is not secret"
+                ),
+            );
         }
     }
     let environment_files = s.environment_files.clone().unwrap_or_default();
@@ -969,7 +1035,7 @@ fn service(c: &mut Ctx, doc: &Document, engine: Engine, l: &SpecLayer) -> Option
         }
     }
     if let Some(m) = &s.memory_max
-        && let Some(why) = memory_max_problem(m)
+        && let Some(why) = memory_max_problem(m, engine)
     {
         c.err("service.memory_max", why);
     }

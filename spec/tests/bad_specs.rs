@@ -398,6 +398,43 @@ const CASES: &[(&str, &str, u64, &str, &str)] = &[
     ("memory_max 12.345%", "  service: {memory_max: 12.345%}\n", 9, "spec.service.memory_max", "at most two decimals"),
     ("memory_max too large", "  service: {memory_max: 16E}\n", 9, "spec.service.memory_max", "too large"),
     ("memory_max two suffixes", "  service: {memory_max: 1GG}\n", 9, "spec.service.memory_max", "not a memory size"),
+    // systemd takes these, and kills the server while it loads.
+    (
+        "memory_max one byte",
+        "  service: {memory_max: \"1\"}\n",
+        9,
+        "spec.service.memory_max",
+        "\"1\" is 1 byte: no sglang server starts in less than 1 GiB (its runtime alone needs that much memory, before any weights), and systemd would kill it while it loads, at every restart; give at least `1G`, a percentage of the host's memory, or `infinity`",
+    ),
+    (
+        "memory_max 512M",
+        "  service: {memory_max: 512M}\n",
+        9,
+        "spec.service.memory_max",
+        "\"512M\" is 512 MiB: no sglang",
+    ),
+    ("memory_max 1023.5M", "  service: {memory_max: 1023.5M}\n", 9, "spec.service.memory_max", "is 1023.5 MiB: no"),
+    (
+        "vllm memory_max 64K",
+        "  service: {memory_max: 64K}\n",
+        9,
+        "spec.service.memory_max",
+        "is 64 KiB: no vllm server",
+    ),
+    (
+        "llama memory_max 32M",
+        "  service: {memory_max: 32M}\n",
+        9,
+        "spec.service.memory_max",
+        "is 32 MiB: no llama-cpp server starts in less than 64 MiB",
+    ),
+    (
+        "memory_max in an overlay",
+        "hosts:\n  h1:\n    service: {memory_max: 100B}\n",
+        11,
+        "hosts.h1.service.memory_max",
+        "\"100B\" is 100 bytes",
+    ),
     ("huge model path", "#\n", 8, "spec.model", "is 1000001 bytes long; the limit is 4095 bytes"),
     ("long model path", "#\n", 8, "spec.model", "is 5001 bytes long; the limit is 4095 bytes"),
     ("long path component", "#\n", 8, "spec.model", "path component of 300 bytes; the limit is 255 bytes"),
@@ -444,6 +481,77 @@ const CASES: &[(&str, &str, u64, &str, &str)] = &[
         11,
         "hosts.h1.service.environment.MY_SECRET",
         "looks like a secret",
+    ),
+    // Nor on the server's command line (the unit file and /proc/PID/cmdline).
+    (
+        "vllm api key in extra_args",
+        "  server:\n    extra_args: [--api-key, sk-proj-Ab3dEf6hIj9kLm2nOp5qRs8t]\n",
+        10,
+        "spec.server.extra_args[0]",
+        "`--api-key` takes a secret: a literal one here is readable by every local user, in the unit file (0644) and in the server's command line (`ps`, /proc/PID/cmdline). vLLM reads it from the environment variable VLLM_API_KEY: leave the flag out and put `VLLM_API_KEY=...` in a root-only file listed in service.environment_files; set service.allow_literal_secrets: true if it is not secret",
+    ),
+    (
+        "sglang api key in extra_args",
+        "  server:\n    extra_args: [--enable-metrics, \"--api-key=letmein\"]\n",
+        10,
+        "spec.server.extra_args[1]",
+        "`--api-key` takes a secret: a literal one here is readable by every local user, in the unit file (0644) and in the server's command line (`ps`, /proc/PID/cmdline). SGLang takes it only on its command line",
+    ),
+    (
+        "llama api key in extra_args",
+        "  server:\n    extra_args: [--api-key, letmein]\n",
+        10,
+        "spec.server.extra_args[0]",
+        "llama-server reads it from the environment variable LLAMA_API_KEY: leave the flag out and put `LLAMA_API_KEY=...` in a root-only file listed in service.environment_files, or pass the file as service.credentials (NAME: PATH) and give `--api-key-file /run/credentials/t.service/NAME`",
+    ),
+    (
+        "llama hf token short flag",
+        "  server:\n    extra_args: [-hft, abc]\n",
+        10,
+        "spec.server.extra_args[0]",
+        "`-hft` takes a secret",
+    ),
+    (
+        "a flag named for a secret",
+        "  server:\n    extra_args: [--enable-metrics, --custom-auth-token, abc]\n",
+        10,
+        "spec.server.extra_args[1]",
+        "`--custom-auth-token` takes a secret: a literal one here is readable by every local user, in the unit file (0644) and in the server's command line (`ps`, /proc/PID/cmdline). Give it to the server in a root-only file it reads (service.environment_files, service.credentials) instead",
+    ),
+    (
+        "a token in a JSON argument",
+        "  server:\n    extra_args: [--hf-overrides, '{\"token\": \"hf_AbCdEfGhIjKlMnOpQrStUvWxYzAbCdEfGh\"}']\n",
+        10,
+        "spec.server.extra_args[1]",
+        "looks like a Hugging Face token (`hf_…`): a literal one here is readable by every local user",
+    ),
+    (
+        "a secret set by env in the command",
+        "  command: [/usr/bin/env, HF_TOKEN=abc, python3, -m, sglang.launch_server]\n",
+        9,
+        "spec.command[1]",
+        "sets HF_TOKEN, which looks like a secret, on the command line",
+    ),
+    (
+        "a key as the served model name",
+        "  server: {served_model_name: sk-Ab3dEf6hIj9kLm2nOp5qRs8tUv}\n",
+        9,
+        "spec.server.served_model_name",
+        "looks like an API key (`sk-…`)",
+    ),
+    (
+        "an api key in an overlay's extra_args",
+        "hosts:\n  h1:\n    server: {extra_args: [--api-key, x]}\n",
+        11,
+        "hosts.h1.server.extra_args[0]",
+        "`--api-key` takes a secret",
+    ),
+    (
+        "a token-shaped value under a plain name",
+        "  service:\n    environment: {MY_CONF: hf_AbCdEfGhIjKlMnOpQrStUvWxYzAbCdEfGh}\n",
+        10,
+        "spec.service.environment.MY_CONF",
+        "the value looks like a Hugging Face token (`hf_…`)",
     ),
     (
         "relative environment file",
@@ -645,6 +753,39 @@ fn secrets_may_be_named_by_where_they_are_or_kept_literal_on_purpose() {
     for extra in ok {
         let d = specd_spec::check("t.yaml", &(BASE.to_string() + extra));
         assert!(d.0.is_empty(), "{extra}\n{d}");
+    }
+}
+
+#[test]
+fn secrets_on_the_command_line_may_be_kept_literal_on_purpose_and_files_and_tokens_of_text_pass() {
+    let ok = [
+        // The switch that allows literal secrets in the environment allows them on argv too.
+        "  server:\n    extra_args: [--api-key, letmein, --x, sk-proj-Ab3dEf6hIj9kLm2nOp5qRs8t]\n  service: {allow_literal_secrets: true}\n",
+        // Where the secret is, not what it is; flags about tokens of text.
+        "  server:\n    extra_args: [--ssl-keyfile, /etc/k.pem, --max-total-tokens, \"8192\", --speculative-token-map, /m/map.pt]\n",
+        "  server: {served_model_name: sk-llama-3-8b-instruct-finetuned}\n",
+        "  speculative: {algorithm: NEXTN, num_steps: 1, eagle_topk: 1, num_draft_tokens: 2, draft_model: /models/hf_cache/Qwen3-8B}\n",
+    ];
+    for extra in ok {
+        let d = specd_spec::check("t.yaml", &(BASE.to_string() + extra));
+        assert!(!d.has_errors(), "{extra}\n{d}");
+    }
+}
+
+#[test]
+fn memory_limits_an_inference_server_can_start_under_pass() {
+    for (engine, m) in [
+        ("sglang", "1G"),
+        ("sglang", "1.5G"),
+        ("vllm", "200G"),
+        ("sglang", "80%"),
+        ("sglang", "infinity"),
+        ("llama-cpp", "64M"),
+    ] {
+        let text =
+            BASE.replace("engine: sglang", &format!("engine: {engine}")) + &format!("  service: {{memory_max: {m}}}\n");
+        let d = specd_spec::check("t.yaml", &text);
+        assert!(!d.has_errors(), "{engine} {m}\n{d}");
     }
 }
 

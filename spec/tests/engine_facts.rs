@@ -230,3 +230,49 @@ fn a_spec_that_sets_every_reported_field_expects_every_one() {
         assert_eq!(got, want, "{:?}: a reported field the spec sets is not expected", spec.engine);
     }
 }
+
+/// The table's secret flags are the engine's own flags taking a value, with the environment
+/// variable the engine names for them (llama.cpp's `--help`), and every flag of the recording
+/// whose name says that it takes a secret as text is in the table, so that the advice given for
+/// it is the engine's own.
+#[test]
+fn secret_flags_are_the_engines_own_and_none_is_missing() {
+    for e in [Engine::Sglang, Engine::Vllm, Engine::LlamaCpp] {
+        let facts = engine_facts(e);
+        let args = json(dir(e), "args.json");
+        let entries = args.as_array().unwrap();
+        let spellings = |a: &Value| {
+            a["flags"].as_array().unwrap().iter().map(|f| f.as_str().unwrap().to_string()).collect::<Vec<_>>()
+        };
+        for sf in facts.secret_flags {
+            for f in sf.flags {
+                let entry = entries
+                    .iter()
+                    .find(|a| spellings(a).iter().any(|x| x == f))
+                    .unwrap_or_else(|| panic!("{e:?}: {f} is not a flag of the recorded engine"));
+                assert!(!entry["type"].is_null(), "{e:?}: {f} takes no value");
+                if e == Engine::LlamaCpp {
+                    assert_eq!(entry["env"].as_str(), sf.env, "{e:?}: {f}: the engine names another variable");
+                }
+            }
+            if let Some(ff) = sf.file_flag {
+                assert!(flags(e).iter().any(|f| f == ff), "{e:?}: {ff} is not a flag");
+            }
+        }
+        for entry in entries {
+            let ty = entry["type"].as_str().unwrap_or("");
+            // Switches, and flags that take numbers (`--bucket-time-to-first-token`).
+            if entry["type"].is_null() || ty.contains("int") || ty.contains("float") || ["N", "F"].contains(&ty) {
+                continue;
+            }
+            for f in spellings(entry) {
+                let words: Vec<String> =
+                    f.trim_start_matches('-').split(['-', '_']).map(str::to_ascii_uppercase).collect();
+                let last = words.last().unwrap();
+                let named = ["TOKEN", "SECRET", "PASSWORD", "PASSWD"].iter().any(|w| last.ends_with(w))
+                    || (last == "KEY" && words.len() > 1);
+                assert!(!named || facts.secret_flag(&f).is_some(), "{e:?}: {f} takes a secret and is not in the table");
+            }
+        }
+    }
+}

@@ -260,7 +260,14 @@ fn spec_layer(overlay: bool) -> BoxedStrategy<Y> {
                 prop_oneof![
                     pick(
                         &["--enable-metrics", "2", "-1", ";", "$X", "%n", "--x=a b"],
-                        &["--tp-size", "--port=9", "--draft-max", "--config"]
+                        &[
+                            "--tp-size",
+                            "--port=9",
+                            "--draft-max",
+                            "--config",
+                            "--api-key",
+                            "sk-Ab3dEf6hIj9kLm2nOp5qRs8t"
+                        ]
                     ),
                     free_text(),
                 ]
@@ -326,8 +333,8 @@ fn spec_layer(overlay: bool) -> BoxedStrategy<Y> {
         field(
             "memory_max",
             pick(
-                &["200G", "infinity", "80%", "12.5%", "100%", "1.5G", "1B", "1", "4294967296K", "15E"],
-                &["0", "0%", "101%", "16E", "1GG", "-1"],
+                &["200G", "infinity", "80%", "12.5%", "100%", "1.5G", "4294967296K", "15E"],
+                &["0", "0%", "101%", "16E", "1GG", "-1", "1B", "1", "64M"],
             ),
         ),
     ]);

@@ -29,7 +29,7 @@ spec:
   unit: sglang-qwen.service
   engine: sglang
   command: [{standin}, sglang]   # the stand-in speaks SGLang's flags and HTTP API
-  model: /models/Qwen3.5-122B-A10B
+  model: {model}
   server: {{host: 127.0.0.1, port: {port}, tp_size: 4, mem_fraction_static: 0.85, max_running_requests: 16, context_length: 32768, extra_args: [--enable-metrics]}}
   speculative: {{algorithm: NEXTN, num_steps: {steps}, eagle_topk: 1, num_draft_tokens: {}}}
   service:
@@ -38,7 +38,8 @@ spec:
     drain_timeout_sec: 2
     environment: {{SPECD_STANDIN_LOAD_MS: \"1500\", SPECD_STANDIN_TOKENS_PER_SEC: \"50\"}}
 ",
-            steps + 1
+            steps + 1,
+            model = specd_e2e::STANDIN_MODEL,
         )
     };
     let run = |args: &[&str]| -> anyhow::Result<i32> {

@@ -654,9 +654,8 @@ async fn worker(
                     Some(Outcome::Applied | Outcome::Started) => crate::plan::SyncStatus::InSync,
                     Some(Outcome::RolledBack | Outcome::Failed) => crate::plan::SyncStatus::Failed,
                     Some(Outcome::Reported) => crate::plan::SyncStatus::Drifted,
-                    Some(Outcome::Unquarantined | Outcome::HoldSet | Outcome::HoldCleared | Outcome::Refused) | None => {
-                        r.plan.sync
-                    }
+                    Some(Outcome::Unquarantined | Outcome::HoldSet | Outcome::HoldCleared | Outcome::Refused)
+                    | None => r.plan.sync,
                 };
                 metrics.reconciled(&unit, now, &result, t0.elapsed().as_secs_f64(), failed);
                 if let Ok(p) = ctx.host.show(&unit).await {

@@ -366,7 +366,10 @@ mod tests {
         // A waiting line not due yet waits with the rest; another unit's lines are its own.
         assert!(l.on("u", 0.3, &Event::Waiting("loading: 0s".into()), now).is_empty());
         assert!(l.on("v", 0.3, &Event::Progress("ready".into()), now).is_empty());
-        assert_eq!(l.flush(), [Out::Line("[  0.200s] u: proving; loading: 0s".into()), Out::Line("[  0.300s] v: ready".into())]);
+        assert_eq!(
+            l.flush(),
+            [Out::Line("[  0.200s] u: proving; loading: 0s".into()), Out::Line("[  0.300s] v: ready".into())]
+        );
         assert!(l.flush().is_empty());
     }
 

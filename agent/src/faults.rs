@@ -367,7 +367,8 @@ async fn a_unit_that_cannot_start_here_is_refused_before_the_serving_one_is_stop
     assert_eq!(r.outcome, Some(Outcome::Refused), "{}", r.verdict);
     assert!(r.refused());
     assert!(
-        r.verdict.contains("cannot start on this host: the draft model /models/draft does not exist; nothing was stopped"),
+        r.verdict
+            .contains("cannot start on this host: the draft model /models/draft does not exist; nothing was stopped"),
         "{}",
         r.verdict
     );
@@ -395,11 +396,28 @@ async fn a_unit_that_cannot_start_here_is_refused_before_the_serving_one_is_stop
 async fn a_unit_that_does_not_run_is_started_whatever_its_pre_flight_says() {
     let (old, new) = (desired(5), desired(10));
     let w = serving(&old, &new, false).await;
-    w.host.lacks(&new.spec, crate::preflight::Problem {
-        check: crate::preflight::CheckKind::Port,
-        message: "port 30000 is held by pid 7".into(),
-    });
+    w.host.lacks(
+        &new.spec,
+        crate::preflight::Problem {
+            check: crate::preflight::CheckKind::Port,
+            message: "port 30000 is held by pid 7".into(),
+        },
+    );
     crate::host::Host::stop(&w.host, UNIT, true).await.unwrap();
     let r = w.reconcile(&new).await.unwrap().unwrap();
     assert_eq!(r.outcome, Some(Outcome::Applied), "{}", r.verdict);
+}
+
+/// A unit whose server fails to load is rolled back, and the verdict and the quarantine quote
+/// what the server said last (read from the failed instance's journal).
+#[tokio::test(start_paused = true)]
+async fn a_failed_start_quotes_the_server_s_own_error_in_the_verdict_and_the_quarantine() {
+    let (old, new) = (desired(5), desired(10));
+    let w = serving(&old, &new, true).await;
+    let r = w.reconcile(&new).await.unwrap().unwrap();
+    assert_eq!(r.outcome, Some(Outcome::RolledBack), "{}", r.verdict);
+    let said = format!("the server said: {}", crate::host::fake::FAILED_LOAD);
+    assert!(r.verdict.ends_with(&said), "{}", r.verdict);
+    let st = w.store().peek(UNIT).unwrap();
+    assert!(st.quarantined(&new.unit.sha256).unwrap().reason.ends_with(&said));
 }

@@ -25,6 +25,7 @@ mod owner;
 mod plan;
 mod preflight;
 mod probe;
+mod process;
 mod reconcile;
 mod recovery;
 mod report;

@@ -278,7 +278,7 @@ async fn unit_status<H: Host>(
     }
     if let Some(last) = st.history.last()
         && last.sha256 == d.unit.sha256
-        && matches!(last.outcome, state::Outcome::Failed | state::Outcome::RolledBack)
+        && matches!(last.outcome, state::Outcome::Failed | state::Outcome::RolledBack | state::Outcome::Refused)
         && sync != SyncStatus::Progressing
     {
         sync = SyncStatus::Failed;

@@ -2097,7 +2097,7 @@ mod look_tests {
         );
         // It was killed, not left behind.
         let pid: u32 = std::fs::read_to_string(&pid_file).unwrap().trim().parse().unwrap();
-        let exit = crate::host::exited(pid, None).expect("a pidfd");
+        let exit = crate::process::exited(pid, None).expect("a pidfd");
         tokio::time::timeout(Duration::from_secs(10), exit).await.expect("the hung verify was killed");
     }
 

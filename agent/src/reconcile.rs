@@ -591,8 +591,19 @@ pub async fn reconcile<H: Host>(ctx: &Ctx<H>, d: &DesiredState, dry_run: bool) -
             Report { plan, outcome: None, verdict, stop_verdict, action: Action::AwaitChange }
         }
         Err(f) => {
-            let (outcome, verdict, action) =
-                failed(ctx, &mut st, d, f, &plan, (resumed, resumed_wrote), started, &mut stop_verdict).await;
+            let failed_instance = stop.followed_by.clone();
+            let (outcome, verdict, action) = failed(
+                ctx,
+                &mut st,
+                d,
+                f,
+                &plan,
+                (resumed, resumed_wrote),
+                started,
+                &mut stop_verdict,
+                &failed_instance,
+            )
+            .await;
             Report { plan, outcome: Some(outcome), verdict, stop_verdict, action }
         }
     };
@@ -769,6 +780,7 @@ async fn failed<H: Host>(
     (resumed, resumed_wrote): (bool, bool),
     started: Instant,
     stop_verdict: &mut Option<String>,
+    failed_instance: &str,
 ) -> (Outcome, String, Action) {
     let unit = &d.spec.unit;
     (ctx.events)(unit, &Event::Warning(format!("{:?} failed: {}", f.step, f.message)));
@@ -799,6 +811,18 @@ async fn failed<H: Host>(
         });
     }
     let (outcome, mut verdict) = recover(ctx, st, d, &f, &failure, &decision, stop_verdict).await;
+    // The server's own last word, quoted in the verdict and the quarantine (a missing draft
+    // folder, a value the engine refuses): read from the failed instance's journal.
+    if f.spec_fault
+        && !failed_instance.is_empty()
+        && let Some(said) =
+            ctx.host.ending(unit, failed_instance, Duration::from_secs(5)).await.and_then(|e| e.engine_error)
+    {
+        verdict.push_str(&format!("; the server said: {said}"));
+        if let Some(q) = st.quarantine.iter_mut().find(|q| q.sha256 == d.unit.sha256).filter(|_| decision.quarantine) {
+            q.reason.push_str(&format!("; the server said: {said}"));
+        }
+    }
     if let Some(down) = down_note(ctx, unit).await {
         verdict.push_str(&format!("; {down}"));
     }

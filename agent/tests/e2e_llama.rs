@@ -142,11 +142,13 @@ fn a_draft_model_that_is_loaded_but_unused_fails_the_apply_and_rolls_back() {
     e.b.shutdown().unwrap();
 }
 
-/// A draft model path that does not exist: llama-server fails to start. Every time: rollback to
-/// the last good unit, and a diagnosis that quotes llama-server's own error. The count of starts
-/// is `SPECD_FAILING_STARTS` (default 10; the campaign in the README ran 50).
+/// A draft model that is there, says it is a GGUF file, and is cut short: nothing but a start
+/// can tell, so llama-server fails to load it. Every time: rollback to the last good unit, and a
+/// diagnosis that quotes llama-server's own error. The count of starts is `SPECD_FAILING_STARTS`
+/// (default 10; the campaign in the README ran 50). (A draft path that does not exist is refused
+/// before any stop: `a_spec_that_cannot_start_here_is_refused_before_the_serving_instance_is_touched`.)
 #[test]
-fn a_bad_draft_path_rolls_back_and_the_diagnosis_quotes_the_server_every_time() {
+fn a_broken_draft_rolls_back_and_the_diagnosis_quotes_the_server_every_time() {
     let l = real_llama();
     let e = Env::with_real_llama(&l);
     let runs: usize = std::env::var("SPECD_FAILING_STARTS").ok().and_then(|v| v.parse().ok()).unwrap_or(10);
@@ -155,13 +157,15 @@ fn a_bad_draft_path_rolls_back_and_the_diagnosis_quotes_the_server_every_time() 
     let good_pid = e.main_pid(UNIT);
     let mut failures = Vec::new();
     for i in 0..runs {
-        // A new hash each time (quarantine would refuse a repeat): the draft path differs.
-        let bad =
-            spec(&l, e.port, &format!("  speculative: {{draft_model: /models/missing-{i}.gguf, num_steps: 4}}\n"), "");
+        // A new hash each time (quarantine would refuse a repeat): the draft path differs. The
+        // file is GGUF's magic and version, then nothing.
+        let broken = format!("/var/lib/models/broken-{i}.gguf");
+        e.b.write_file(&broken, b"GGUF\x03\x00\x00\x00").unwrap();
+        let bad = spec(&l, e.port, &format!("  speculative: {{draft_model: {broken}, num_steps: 4}}\n"), "");
         let (ok, out) = apply(&e, &format!("bad{i}.yaml"), &bad);
         let diag = text(&e.specd(&["diagnose", UNIT]));
         let status = text(&e.specd(&["status"]));
-        let quoted = |s: &str| s.contains(&format!("missing-{i}.gguf")) || s.contains("failed to load");
+        let quoted = |s: &str| s.contains(&format!("broken-{i}.gguf")) || s.contains("failed to ");
         if ok || !out.contains("RolledBack") || !quoted(&out) || !quoted(&status) || !quoted(&diag) {
             failures.push(format!("run {i}: ok={ok}\n--- apply\n{out}\n--- status\n{status}\n--- diagnose\n{diag}"));
         }
@@ -177,5 +181,65 @@ fn a_bad_draft_path_rolls_back_and_the_diagnosis_quotes_the_server_every_time() 
         failures.join("\n")
     );
     assert_ne!(e.main_pid(UNIT), good_pid);
+    e.b.shutdown().unwrap();
+}
+
+/// What a look at the host finds before anything is stopped: a program that does not exist, a
+/// model or a draft model that is not there, a port another process holds. Each is refused with
+/// its reason, and the serving instance is not touched (the same MainPID and InvocationID).
+#[test]
+fn a_spec_that_cannot_start_here_is_refused_before_the_serving_instance_is_touched() {
+    let l = real_llama();
+    let e = Env::with_real_llama(&l);
+    let (ok, out) = apply(&e, "good.yaml", &spec(&l, e.port, &drafting(&l, 4), ""));
+    assert!(ok, "{out}");
+    let serving = || (e.main_pid(UNIT), e.b.prop(UNIT, "InvocationID").unwrap());
+    let before = serving();
+    // Another process holds a port the next spec moves to.
+    let held = free_port();
+    let holder = Reaped(
+        e.b.command(&["python3", "-m", "http.server", &held.to_string(), "--bind", "127.0.0.1"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    wait_until("the other process to listen", std::time::Duration::from_secs(30), || {
+        std::net::TcpStream::connect(("127.0.0.1", held)).is_ok()
+    })
+    .unwrap();
+    let good = spec(&l, e.port, &drafting(&l, 4), "");
+    let cases = [
+        (
+            "a missing program",
+            good.replace(&format!("command: [{}]", l.server), "command: [/opt/nowhere/llama-server]"),
+            "the program /opt/nowhere/llama-server does not exist",
+        ),
+        (
+            "a missing model",
+            good.replace(&format!("model: {}", l.gguf), "model: /var/lib/models/missing.gguf"),
+            "the model /var/lib/models/missing.gguf does not exist",
+        ),
+        (
+            "a missing draft",
+            spec(&l, e.port, "  speculative: {draft_model: /var/lib/models/no-draft.gguf, num_steps: 4}\n", ""),
+            "the draft model /var/lib/models/no-draft.gguf does not exist",
+        ),
+        ("a held port", spec(&l, held, &drafting(&l, 4), ""), &format!("port {held} is held by pid")),
+    ];
+    for (i, (what, yaml, why)) in cases.iter().enumerate() {
+        let t0 = std::time::Instant::now();
+        let (ok, out) = apply(&e, &format!("cannot{i}.yaml"), yaml);
+        let took = t0.elapsed();
+        assert!(!ok, "{what}: {out}");
+        assert!(out.contains("Refused: smol.service: unit") && out.contains(why), "{what}: {out}");
+        assert!(out.contains("nothing was stopped or changed"), "{what}: {out}");
+        assert_eq!(serving(), before, "{what}: the serving instance was touched\n{out}");
+        assert!(http_get(e.port, "/health").is_some_and(|(c, _)| c == 200), "{what}: the old unit does not serve");
+        eprintln!("{what}: refused in {took:.2?}");
+    }
+    let status = text(&e.specd(&["status"]));
+    assert!(status.contains("is held by pid"), "{status}");
+    drop(holder);
     e.b.shutdown().unwrap();
 }

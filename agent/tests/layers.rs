@@ -26,6 +26,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "metrics",
             "owner",
             "preflight",
+            "process",
             "probe",
             "source",
             "specs",

@@ -109,4 +109,6 @@ pub mod util;
 
 pub use cgroups::CgroupLayout;
 pub use systemd_box::{BoxConfig, BoxTrace, SystemdBox, Teardown};
-pub use util::{Reaped, bin_path, free_port, git, http, http_get, sglang_spec, target_dir, wait_for, wait_until};
+pub use util::{
+    Reaped, STANDIN_MODEL, bin_path, free_port, git, http, http_get, sglang_spec, target_dir, wait_for, wait_until,
+};

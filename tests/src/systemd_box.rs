@@ -56,6 +56,10 @@ for d in $SPECD_BOX_PRIVATE_DIRS; do
 done
 chmod 1777 /tmp /var/tmp /dev/shm
 mkdir -p /var/lib/specd /var/lib/systemd
+# The model folder the stand-in's specs name (STANDIN_MODEL), there as a GPU host has its model:
+# specd's pre-flight looks for it before it stops a serving instance.
+mkdir -p /var/lib/models/Qwen3.5-122B-A10B
+echo '{"architectures": ["Qwen3NextForCausalLM"]}' > /var/lib/models/Qwen3.5-122B-A10B/config.json
 i=0
 for p in $SPECD_BOX_BINDS; do i=$((i+1)); mkdir -p "$p"; mount --move /run/specd-box/binds/$i "$p"; done
 if [ -n "$SPECD_BOX_PERSIST" ]; then

@@ -115,6 +115,10 @@ pub fn git(dir: &std::path::Path, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
+/// The model folder every box has (a `config.json`, as a Hugging Face folder): what the stand-in's
+/// specs name, so that specd's pre-flight finds it.
+pub const STANDIN_MODEL: &str = "/var/lib/models/Qwen3.5-122B-A10B";
+
 /// A specd spec of the seed's SGLang service (NEXTN, topk 1, draft tokens = steps + 1) run by
 /// the stand-in at `standin` on `port`, with metrics on. `tail` is appended under `spec:` (lines
 /// indented by two spaces), e.g. a `service:` section.
@@ -127,7 +131,7 @@ spec:
   unit: {unit}
   engine: sglang
   command: [{standin}, sglang]
-  model: /models/Qwen3.5-122B-A10B
+  model: {STANDIN_MODEL}
   server: {{host: 127.0.0.1, port: {port}, tp_size: 4, mem_fraction_static: 0.85, max_running_requests: 16, extra_args: [--enable-metrics]}}
   speculative: {{algorithm: NEXTN, num_steps: {steps}, eagle_topk: 1, num_draft_tokens: {draft}}}
 {tail}",

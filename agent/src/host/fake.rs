@@ -49,6 +49,9 @@ pub const FAULTS: [Fault; 6] =
 
 /// How long after SIGTERM a server exits.
 const EXIT_AFTER_TERM: Duration = Duration::from_millis(300);
+/// What a server that fails to load says last (its engine's own error).
+pub const FAILED_LOAD: &str = "RuntimeError: the model could not be loaded";
+
 /// How long a server loads before it answers 200.
 pub const LOAD: Duration = Duration::from_millis(60);
 
@@ -101,6 +104,8 @@ struct World {
     starts: usize,
     /// Starts of a new instance while a process of the unit was still alive in its cgroup.
     started_over_live: usize,
+    /// How each instance ended (by invocation): its `Result=`.
+    endings: BTreeMap<u32, &'static str>,
     /// What the pre-flight of a unit text finds (by its argv): the host lacks what it names.
     preflight: Vec<(Vec<String>, crate::preflight::Problem)>,
 }
@@ -334,6 +339,8 @@ impl FakeHost {
         w.unit.main_pid = 0;
         w.unit.exit_code = code;
         w.unit.exit_status = status;
+        let invocation = w.unit.invocation;
+        w.endings.insert(invocation, result);
     }
 
     fn kill_main(w: &mut World) {
@@ -767,13 +774,19 @@ impl Host for FakeHost {
         crate::preflight::Outcome { problems, notes: Vec::new() }
     }
 
-    async fn ending(&self, _unit: &str, _invocation: &str, _within: Duration) -> Option<super::Ending> {
+    async fn ending(&self, _unit: &str, invocation: &str, _within: Duration) -> Option<super::Ending> {
         self.call("ending", Duration::from_secs(5), |_| ()).await.map_or(Some(()), |_| None)?;
         let w = self.w();
-        Some(if w.unit.result == "exit-code" {
-            super::Ending { clean: false, summary: "crash: the server died on its own: exit status 1".into() }
+        let n = u32::from_str_radix(invocation, 16).ok();
+        let result = n.and_then(|n| w.endings.get(&n).copied()).unwrap_or(w.unit.result);
+        Some(if result == "exit-code" {
+            super::Ending {
+                clean: false,
+                summary: "crash: the server died on its own: exit status 1".into(),
+                engine_error: Some(FAILED_LOAD.into()),
+            }
         } else {
-            super::Ending { clean: true, summary: "clean stop: stopped on request".into() }
+            super::Ending { clean: true, summary: "clean stop: stopped on request".into(), engine_error: None }
         })
     }
 }

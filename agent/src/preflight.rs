@@ -323,7 +323,7 @@ impl ServiceSection {
         let mut s = ServiceSection::default();
         let list = |l: &mut Vec<String>, v: &str| if v.is_empty() { l.clear() } else { l.push(v.to_string()) };
         let one = |v: &str| (!v.is_empty()).then(|| v.to_string());
-        for (k, v) in service_assignments(text) {
+        for (k, v) in specd_spec::service_assignments(text) {
             match k.as_str() {
                 "ExecStart" => s.exec_start = one(&v),
                 "User" => s.user = one(&v),
@@ -366,35 +366,6 @@ impl ServiceSection {
             self.environment.iter().rev().filter_map(|e| specd_spec::parse_environment(e)).find(|(k, _)| k == name)?;
         unspecify(&v).ok()
     }
-}
-
-/// The `[Service]` assignments of a unit text in order, continuation lines joined.
-fn service_assignments(text: &str) -> Vec<(String, String)> {
-    let mut out = Vec::new();
-    let mut section = "";
-    let mut pending = String::new();
-    for raw in text.lines() {
-        let l = raw.trim();
-        if pending.is_empty() && (l.starts_with('#') || l.starts_with(';')) {
-            continue;
-        }
-        if let Some(rest) = l.strip_suffix('\\') {
-            pending.push_str(rest);
-            pending.push(' ');
-            continue;
-        }
-        let line = std::mem::take(&mut pending) + l;
-        if line.starts_with('[') && line.ends_with(']') {
-            section = if line == "[Service]" { "service" } else { "other" };
-            continue;
-        }
-        if section == "service"
-            && let Some((k, v)) = line.split_once('=')
-        {
-            out.push((k.trim().to_string(), v.trim().to_string()));
-        }
-    }
-    out
 }
 
 /// A unit-file value with its specifiers resolved: `%%` is `%`; any other specifier (`%h`...)

@@ -26,7 +26,7 @@ pub use engine::{Algorithm, EngineFacts, Evidence, Need, Reported, SecretFlag, f
 pub use model::{Document, DriftPolicy, Engine, Restart};
 pub use render::{
     HEADER, RenderedUnit, command_line, exec_start, exec_start_value, parse_command_line, parse_environment, render,
-    sha256_hex,
+    service_assignments, sha256_hex,
 };
 pub use resolve::{ExpectedArg, Policy, Readiness, Server, Service, Spec, Speculative, base_url_of_argv};
 pub use units::reserved_unit;

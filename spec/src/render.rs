@@ -137,35 +137,41 @@ pub fn exec_start(text: &str) -> Option<Vec<String>> {
 pub fn exec_start_value(files: &[&str]) -> Option<String> {
     let mut exec: Option<String> = None;
     for text in files {
-        let mut section = String::new();
-        let mut pending = String::new();
-        for raw in text.lines() {
-            let l = raw.trim();
-            if pending.is_empty() && (l.starts_with('#') || l.starts_with(';')) {
-                continue;
-            }
-            if let Some(rest) = l.strip_suffix('\\') {
-                pending.push_str(rest);
-                pending.push(' ');
-                continue;
-            }
-            let line = std::mem::take(&mut pending) + l;
-            if line.starts_with('[') && line.ends_with(']') {
-                section = line;
-                continue;
-            }
-            if section != "[Service]" {
-                continue;
-            }
-            if let Some((k, v)) = line.split_once('=')
-                && k.trim() == "ExecStart"
-            {
-                let v = v.trim();
-                exec = if v.is_empty() { None } else { Some(v.to_string()) };
+        for (k, v) in service_assignments(text) {
+            if k == "ExecStart" {
+                exec = if v.is_empty() { None } else { Some(v) };
             }
         }
     }
     Some(exec?.trim_start_matches(['@', '-', ':', '+', '!']).to_string())
+}
+
+/// The `[Service]` assignments of a unit text in order (keys and values trimmed), continuation
+/// lines joined, comments skipped: what systemd reads of the section.
+pub fn service_assignments(text: &str) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let mut service = false;
+    let mut pending = String::new();
+    for raw in text.lines() {
+        let l = raw.trim();
+        if pending.is_empty() && (l.starts_with('#') || l.starts_with(';')) {
+            continue;
+        }
+        if let Some(rest) = l.strip_suffix('\\') {
+            pending.push_str(rest);
+            pending.push(' ');
+            continue;
+        }
+        let line = std::mem::take(&mut pending) + l;
+        if line.starts_with('[') && line.ends_with(']') {
+            service = line == "[Service]";
+            continue;
+        }
+        if service && let Some((k, v)) = line.split_once('=') {
+            out.push((k.trim().to_string(), v.trim().to_string()));
+        }
+    }
+    out
 }
 
 /// Split an `ExecStart=` value into argv as systemd does for the subset of the syntax specd

@@ -250,6 +250,7 @@ async fn matrix(new_fails: bool, enabled: bool) {
             cases += 1;
         }
     }
+    eprintln!("{} calls × {} fault kinds = {cases} cases", calls.len(), FAULTS.len());
     assert_eq!(cases, calls.len() * FAULTS.len());
 }
 
@@ -420,4 +421,32 @@ async fn a_failed_start_quotes_the_server_s_own_error_in_the_verdict_and_the_qua
     assert!(r.verdict.ends_with(&said), "{}", r.verdict);
     let st = w.store().peek(UNIT).unwrap();
     assert!(st.quarantined(&new.unit.sha256).unwrap().reason.ends_with(&said));
+}
+
+/// A server killed (SIGKILL) at any moment of an apply of a unit that passed verification before
+/// (while it loads: it may have answered ready to someone else a moment before) does not
+/// quarantine that unit: one death is not a verdict on a unit known to work.
+#[tokio::test(start_paused = true)]
+async fn a_unit_verified_before_is_never_quarantined_by_its_server_being_killed() {
+    quiet_crashes();
+    let (old, new) = (desired(5), desired(10));
+    // new verified once, then old again: new is the next apply.
+    let probe = serving(&old, &new, false).await;
+    assert_eq!(probe.reconcile(&new).await.unwrap().unwrap().outcome, Some(Outcome::Applied));
+    assert_eq!(probe.reconcile(&old).await.unwrap().unwrap().outcome, Some(Outcome::Applied));
+    let n0 = probe.host.calls();
+    let r = probe.reconcile(&new).await.unwrap().unwrap();
+    assert_eq!(r.outcome, Some(Outcome::Applied), "{}", r.verdict);
+    let calls = probe.host.call_names()[n0..].to_vec();
+    let start = calls.iter().position(|c| *c == "start").unwrap();
+    for i in start + 1..calls.len() {
+        let w = serving(&old, &new, false).await;
+        assert_eq!(w.reconcile(&new).await.unwrap().unwrap().outcome, Some(Outcome::Applied));
+        assert_eq!(w.reconcile(&old).await.unwrap().unwrap().outcome, Some(Outcome::Applied));
+        w.host.plan(i, Fault::ProcessDies);
+        let r = w.reconcile(&new).await.unwrap().unwrap();
+        let case = format!("the server killed at call {i} ({})", calls[i]);
+        let st = w.store().peek(UNIT).unwrap();
+        assert!(st.quarantined(&new.unit.sha256).is_none(), "{case}: {}\n{}", r.verdict, w.said());
+    }
 }

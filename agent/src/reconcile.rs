@@ -1164,6 +1164,24 @@ async fn run_steps<H: Host>(
             }
             Err(f)
         }
+        // Killed from outside while it started or loaded (it may have answered ready to someone
+        // else a moment before specd asked): like a crash after readiness, no verdict on a unit
+        // that passed verification before.
+        (Err(f), None) if f.spec_fault && matches!(f.step, Step::VerifyCmdline | Step::WaitReady) => {
+            let props = ctx.host.show(unit).await.unwrap_or_default();
+            if !killed_from_outside(&props) {
+                return Err(f);
+            }
+            Err(StepFailure {
+                message: format!(
+                    "{}: killed by signal {} from outside (a person, a script, an OOM killer), not by its own error",
+                    f.message,
+                    props.exit_status()
+                ),
+                crashed_after_ready: true,
+                ..f
+            })
+        }
         (r, _) => r,
     }
 }
@@ -1679,6 +1697,12 @@ pub fn readiness_backoff() -> backon::ExponentialBuilder {
 enum Waited {
     Spec(String),
     Host(String),
+}
+
+/// The server's end was a SIGKILL or SIGTERM that did not come from its own error (a person, a
+/// script, an OOM killer systemd did not see; the engines exit with a status when they fail).
+fn killed_from_outside(p: &UnitProps) -> bool {
+    p.result == "signal" && p.exec_main_code == 2 && matches!(p.exec_main_status, 9 | 15)
 }
 
 /// Poll the readiness endpoint until 200, with a short capped backoff, while checking that the

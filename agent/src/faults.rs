@@ -439,13 +439,13 @@ async fn a_unit_verified_before_is_never_quarantined_by_its_server_being_killed(
     assert_eq!(r.outcome, Some(Outcome::Applied), "{}", r.verdict);
     let calls = probe.host.call_names()[n0..].to_vec();
     let start = calls.iter().position(|c| *c == "start").unwrap();
-    for i in start + 1..calls.len() {
+    for (i, name) in calls.iter().enumerate().skip(start + 1) {
         let w = serving(&old, &new, false).await;
         assert_eq!(w.reconcile(&new).await.unwrap().unwrap().outcome, Some(Outcome::Applied));
         assert_eq!(w.reconcile(&old).await.unwrap().unwrap().outcome, Some(Outcome::Applied));
         w.host.plan(i, Fault::ProcessDies);
         let r = w.reconcile(&new).await.unwrap().unwrap();
-        let case = format!("the server killed at call {i} ({})", calls[i]);
+        let case = format!("the server killed at call {i} ({name})");
         let st = w.store().peek(UNIT).unwrap();
         assert!(st.quarantined(&new.unit.sha256).is_none(), "{case}: {}\n{}", r.verdict, w.said());
     }

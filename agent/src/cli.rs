@@ -49,6 +49,14 @@ pub enum Command {
         /// on stdout instead of text.
         #[arg(long)]
         json: bool,
+        /// Also check, on this host, that each spec's unit could start here (its program, model
+        /// and draft, files, user, port, GPUs; what an apply checks before it stops anything).
+        /// Exit 1 if one could not.
+        #[arg(long)]
+        on_host: bool,
+        /// With --on-host: merge this host's overlay (default: this machine's hostname).
+        #[arg(long, requires = "on_host")]
+        host: Option<String>,
     },
     /// Print the unit file a spec renders to.
     Render {
@@ -317,7 +325,10 @@ pub fn main() -> ExitCode {
         }),
         Command::History { unit, json } => run_async(ops::history(&dirs, unit, json)),
         Command::Diagnose { unit, json } => run_async(ops::diagnose(unit, json, &dirs)),
-        Command::Validate { files, json } => validate(&files, json),
+        Command::Validate { files, json, on_host, host } => match validate(&files, json) {
+            ok if ok == ExitCode::SUCCESS && on_host => run_async(ops::preflight(&files, host)),
+            other => other,
+        },
         Command::Render { file, host, hash } => render(&file, host.as_deref(), hash),
         Command::Schema { kind } => {
             match kind {

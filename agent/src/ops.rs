@@ -142,6 +142,33 @@ pub async fn apply(dirs: &Dirs, files: &[PathBuf], host: Option<String>, dry_run
     Ok(code)
 }
 
+/// `specd validate --on-host`: whether each spec's unit could start on this host, as an apply
+/// looks before it stops anything (`preflight`). Exit 0 when every one could, 1 otherwise.
+pub async fn preflight(paths: &[PathBuf], host: Option<String>) -> Result<u8> {
+    let (files, _) = specs::expand(paths);
+    let systemd = crate::systemd::Systemd::default();
+    let mut code = 0;
+    for f in &files {
+        let Some(d) = desired(f, host.clone())? else { continue };
+        // The unit's own running instance may hold its port.
+        let cgroup = systemd.show(&d.spec.unit).await.map(|p| p.control_group).unwrap_or_default();
+        let checks = crate::preflight::checks(&d.spec, &d.unit.text);
+        let o = crate::preflight::run(&checks, &cgroup).await;
+        for n in &o.notes {
+            println!("{}: note: {}", f.display(), n.message);
+        }
+        for p in &o.problems {
+            println!("{}: {}: {}", f.display(), d.spec.unit, p.message);
+        }
+        if o.passed() {
+            println!("{}: {} could start on this host ({} checks)", f.display(), d.spec.unit, checks.len());
+        } else {
+            code = 1;
+        }
+    }
+    Ok(code)
+}
+
 /// Reconcile every unit at once (each in a task of its own: a panic is that unit's error, and
 /// the others go on), and send each one's notice; the reports in the order of `all`.
 async fn each_at_once(

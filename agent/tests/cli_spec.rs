@@ -225,3 +225,33 @@ fn validate_refuses_a_link_in_a_directory_of_specs_naming_it_and_its_target() {
     let out = specd().arg("validate").arg(specs.join("out.yaml")).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
 }
+
+/// `validate --on-host` looks at this host as an apply does before it stops anything: a spec
+/// whose program or draft model is not here is named with its reason (exit 1); one whose every
+/// path is here passes.
+#[test]
+fn validate_on_host_says_what_this_host_lacks() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("model");
+    std::fs::create_dir(&model).unwrap();
+    std::fs::write(model.join("config.json"), "{}").unwrap();
+    let spec = |command: &str, draft: &str| {
+        format!(
+            "apiVersion: specd/v1\nkind: InferenceService\nmetadata: {{name: a}}\nspec:\n  unit: a.service\n  engine: vllm\n  command: [{command}, serve]\n  model: {}\n  server: {{host: 127.0.0.1, port: 1}}\n  speculative: {{algorithm: draft_model, draft_model: {draft}, num_steps: 3}}\n",
+            model.display()
+        )
+    };
+    let bad = dir.path().join("bad.yaml");
+    std::fs::write(&bad, spec("/opt/nowhere/vllm", "/opt/nowhere/draft")).unwrap();
+    let out = specd().args(["validate", "--on-host"]).arg(&bad).output().unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(said.contains("the program /opt/nowhere/vllm does not exist"), "{said}");
+    assert!(said.contains("the draft model /opt/nowhere/draft does not exist"), "{said}");
+    let good = dir.path().join("good.yaml");
+    std::fs::write(&good, spec("/bin/true", &model.display().to_string())).unwrap();
+    let out = specd().args(["validate", "--on-host"]).arg(&good).output().unwrap();
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{said}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(said.contains("a.service could start on this host"), "{said}");
+}

@@ -162,7 +162,11 @@ fn a_broken_draft_rolls_back_and_the_diagnosis_quotes_the_server_every_time() {
         let broken = format!("/var/lib/models/broken-{i}.gguf");
         e.b.write_file(&broken, b"GGUF\x03\x00\x00\x00").unwrap();
         let bad = spec(&l, e.port, &format!("  speculative: {{draft_model: {broken}, num_steps: 4}}\n"), "");
+        let t0 = std::time::Instant::now();
         let (ok, out) = apply(&e, &format!("bad{i}.yaml"), &bad);
+        // What a failure that only a start can find costs: the stop, the failed start, the
+        // rollback's start and load.
+        eprintln!("run {i}: rolled back in {:.2?}", t0.elapsed());
         let diag = text(&e.specd(&["diagnose", UNIT]));
         let status = text(&e.specd(&["status"]));
         let quoted = |s: &str| s.contains(&format!("broken-{i}.gguf")) || s.contains("failed to ");

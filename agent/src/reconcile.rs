@@ -1543,7 +1543,7 @@ impl<H: Host> Run<'_, H> {
     async fn wait_ready(&mut self) -> Result<(), StepFailure> {
         let (ctx, unit, t, step) = (self.ctx, self.unit, self.t, Step::WaitReady);
         tokio::select! {
-            r = wait_ready(ctx, unit, t, self.started_pid) => r.map_err(|w| match w {
+            r = wait_ready(ctx, unit, t, self.started_pid, &self.started_invocation) => r.map_err(|w| match w {
                 Waited::Spec(m) => StepFailure::spec(step, m),
                 Waited::Host(m) => StepFailure::host(step, m),
             })?,
@@ -1707,7 +1707,13 @@ fn killed_from_outside(p: &UnitProps) -> bool {
 
 /// Poll the readiness endpoint until 200, with a short capped backoff, while checking that the
 /// process specd started is still the one running.
-async fn wait_ready<H: Host>(ctx: &Ctx<H>, unit: &str, t: &Target<'_>, pid: u32) -> Result<(), Waited> {
+async fn wait_ready<H: Host>(
+    ctx: &Ctx<H>,
+    unit: &str,
+    t: &Target<'_>,
+    pid: u32,
+    invocation: &str,
+) -> Result<(), Waited> {
     use backon::Retryable;
     let emit = |e: Event| (ctx.events)(unit, &e);
     emit(Event::Phase(format!("waiting for {}{} (up to {}s)", t.base_url, t.endpoint, t.readiness.as_secs())));
@@ -1771,7 +1777,9 @@ async fn wait_ready<H: Host>(ctx: &Ctx<H>, unit: &str, t: &Target<'_>, pid: u32)
         let note_due = { now.duration_since(*last_note.lock().unwrap()) >= Duration::from_secs(2) };
         if note_due {
             *last_note.lock().unwrap() = now;
-            emit(Event::Waiting(format!("loading: {}s", started.elapsed().as_secs())));
+            // With what the server says it is doing, when it says anything.
+            let said = ctx.host.last_said(invocation).await.map(|l| format!(" ({l})")).unwrap_or_default();
+            emit(Event::Waiting(format!("loading: {}s{said}", started.elapsed().as_secs())));
         }
         Err(Wait::Loading(why))
     };

@@ -1013,3 +1013,17 @@ fn several_files_are_checked_first_then_applied_at_once() {
     assert_eq!((steps_on(ports[0]), steps_on(ports[1])), (Some(7), Some(8)));
     assert_eq!(e.main_pid("m2.service"), m2, "the unit not named was not touched");
 }
+
+/// A server that loads for a while: `specd apply` into a pipe says what it waits for in a few
+/// lines (not one every 2 s), with what the server itself said it was doing.
+#[test]
+fn a_loading_server_takes_a_few_lines_in_a_pipe_with_what_it_says() {
+    let e = Env::new();
+    let (ok, out) = apply(&e, "s5.yaml", &e.spec(UNIT, 5, &seed_extra(300)));
+    assert!(ok, "{out}");
+    let (ok, out) = apply(&e, "s6.yaml", &e.spec(UNIT, 6, &seed_extra(5000)));
+    assert!(ok, "{out}");
+    assert!(out.lines().count() <= 10, "{} lines:\n{out}", out.lines().count());
+    assert!(out.contains("loading: 4s ([") && out.contains("Load weight begin"), "{out}");
+    e.b.shutdown().unwrap();
+}

@@ -320,6 +320,20 @@ pub async fn last_verdict(unit: &str) -> Option<Diagnosis> {
     ev.iter().rev().map(classify).find(|d| d.verdict.is_ending() && d.ended.is_some())
 }
 
+/// The last line an instance wrote to its output (what a loading server says it is doing), from
+/// the journal, within a second; `None` when it said nothing (or the journal did not answer).
+pub async fn last_said(invocation: &str) -> Option<String> {
+    if invocation.is_empty() || !invocation.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    let args = [format!("_SYSTEMD_INVOCATION_ID={invocation}"), "-n1".into(), "-ocat".into(), "--no-pager".into()];
+    let run = tokio::process::Command::new("journalctl").args(&args).kill_on_drop(true).output();
+    let out = tokio::time::timeout(std::time::Duration::from_secs(1), run).await.ok()?.ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text.lines().map(str::trim).rfind(|l| !l.is_empty())?;
+    Some(line.chars().take(160).collect())
+}
+
 /// The verdict on one instance (by invocation ID) once the journal shows it ended, waiting up to
 /// `within` for the journal to catch up: journald takes the server's output and systemd's own
 /// lines on different sockets, so right after a stop the instance's end may not be written yet.

@@ -768,6 +768,12 @@ impl Host for FakeHost {
         let _ = self.enter("note");
     }
 
+    async fn last_said(&self, invocation: &str) -> Option<String> {
+        // A loading server says so.
+        let n = u32::from_str_radix(invocation, 16).ok()?;
+        (self.w().unit.invocation == n).then(|| format!("loading the model (instance {n})"))
+    }
+
     async fn preflight(&self, _spec: &Spec, unit_text: &str, _cgroup: &str) -> crate::preflight::Outcome {
         let argv = specd_spec::exec_start(unit_text).unwrap_or_default();
         let problems = self.w().preflight.iter().filter(|(a, _)| *a == argv).map(|(_, p)| p.clone()).collect();

@@ -99,6 +99,8 @@ pub trait Host: Clone + Send + Sync + 'static {
     /// How an instance ended, once the journal shows it (up to `within`); `None` when the
     /// journal does not tell.
     fn ending(&self, unit: &str, invocation: &str, within: Duration) -> impl Future<Output = Option<Ending>> + Send;
+    /// The last line an instance wrote (what a loading server says it is doing), if any.
+    fn last_said(&self, invocation: &str) -> impl Future<Output = Option<String>> + Send;
 }
 
 /// See [`Host::watch`].
@@ -284,6 +286,10 @@ impl Host for RealHost {
 
     async fn preflight(&self, spec: &Spec, unit_text: &str, cgroup: &str) -> preflight::Outcome {
         preflight::run(&preflight::checks(spec, unit_text), cgroup).await
+    }
+
+    async fn last_said(&self, invocation: &str) -> Option<String> {
+        crate::diagnose::last_said(invocation).await
     }
 
     async fn ending(&self, unit: &str, invocation: &str, within: Duration) -> Option<Ending> {

@@ -285,6 +285,28 @@ struct Target<'a> {
     not_serving: bool,
 }
 
+impl<'a> Target<'a> {
+    /// The desired unit, replacing the instance at `old_url`; `resumed`: this apply finishes an
+    /// interrupted one, which may have stopped the old instance already.
+    fn desired(d: &'a DesiredState, old_url: String, resumed: bool) -> Target<'a> {
+        Target {
+            sha256: &d.unit.sha256,
+            text: &d.unit.text,
+            argv: d.spec.argv.clone(),
+            base_url: d.spec.base_url(),
+            old_url,
+            endpoint: d.spec.readiness.endpoint.clone(),
+            readiness: Duration::from_secs(d.spec.readiness.timeout_sec.into()),
+            stop_budget: stop_budget(d.spec.service.timeout_stop_sec),
+            timeout_stop: Duration::from_secs(d.spec.service.timeout_stop_sec.into()),
+            drain: Duration::from_secs(d.spec.service.drain_timeout_sec.into()),
+            spec: Some(&d.spec),
+            restore: Restore::Rollback,
+            not_serving: resumed,
+        }
+    }
+}
+
 /// Why the last good unit is put back.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Restore {
@@ -448,20 +470,8 @@ pub async fn reconcile<H: Host>(ctx: &Ctx<H>, d: &DesiredState, dry_run: bool) -
         None => preflight_refusal(ctx, d, &plan, &props, dry_run).await,
         Some(_) => None,
     };
-    if dry_run && let Some(verdict) = refusal {
-        return Ok(Report { plan, outcome: None, verdict, stop_verdict: None, action: Action::AwaitChange });
-    }
     if dry_run || held.is_some() {
-        let verdict = if plan.steps.is_empty() {
-            format!("{}: nothing to do", plan.sync)
-        } else {
-            format!("{}: would run {} steps", plan.sync, plan.steps.len())
-        };
-        let verdict = match held {
-            Some(why) => format!("{verdict} (held: {why})"),
-            None => verdict,
-        };
-        return Ok(Report { plan, outcome: None, verdict, stop_verdict: None, action: Action::AwaitChange });
+        return Ok(observed_only(plan, held, refusal));
     }
     ctx.host.clean_temps(&ctx.unit_dir, &unit);
     st.desired = Some(state::DesiredRecord {
@@ -517,22 +527,7 @@ pub async fn reconcile<H: Host>(ctx: &Ctx<H>, d: &DesiredState, dry_run: bool) -
     }
 
     let started = Instant::now();
-    let target = Target {
-        sha256: &d.unit.sha256,
-        text: &d.unit.text,
-        argv: d.spec.argv.clone(),
-        base_url: d.spec.base_url(),
-        old_url,
-        endpoint: d.spec.readiness.endpoint.clone(),
-        readiness: Duration::from_secs(d.spec.readiness.timeout_sec.into()),
-        stop_budget: stop_budget(d.spec.service.timeout_stop_sec),
-        timeout_stop: Duration::from_secs(d.spec.service.timeout_stop_sec.into()),
-        drain: Duration::from_secs(d.spec.service.drain_timeout_sec.into()),
-        spec: Some(&d.spec),
-        restore: Restore::Rollback,
-        // An apply this one finishes may have stopped the old instance already.
-        not_serving: resumed,
-    };
+    let target = Target::desired(d, old_url, resumed);
     let mut stop = StopRecord::default();
     let result = run_steps(ctx, &mut st, &unit, &plan.steps, &target, &props, &mut stop).await;
     let mut stop_verdict = stop.finish().await;
@@ -542,53 +537,9 @@ pub async fn reconcile<H: Host>(ctx: &Ctx<H>, d: &DesiredState, dry_run: bool) -
     let ms = started.elapsed().as_millis() as u64;
 
     let report = match result {
-        Ok(()) if plan.steps.iter().all(|s| matches!(s, Step::Enable | Step::Disable)) => {
-            // Only whether it starts at boot was to be set; the server was not touched.
-            st.in_progress = None;
-            let now = ctx.host.show(&unit).await.ok().and_then(|p| plan::enabled_of(&p.unit_file_state));
-            if now != Some(d.spec.service.enabled) {
-                // The warning said why; the next look tries again.
-                let verdict = format!("{}: {}; not changed yet", plan.sync, plan.reasons.join("; "));
-                Report { plan, outcome: None, verdict, stop_verdict, action: Action::Requeue(Duration::from_secs(60)) }
-            } else {
-                let verdict = if d.spec.service.enabled {
-                    format!("Applied: {unit} starts at boot now (enabled); its server was left as it runs")
-                } else {
-                    format!("Applied: {unit} no longer starts at boot (disabled); its server was left as it runs")
-                };
-                st.record(history(d, Outcome::Applied, verdict.clone(), None, ms));
-                Report { plan, outcome: Some(Outcome::Applied), verdict, stop_verdict, action: Action::AwaitChange }
-            }
-        }
-        Ok(()) => {
-            st.last_good = Some(good_unit(d));
-            st.in_progress = None;
-            let verdict = format!(
-                "Applied: {unit} runs unit {} ({}), verified and ready in {:.1}s",
-                short(&d.unit.sha256),
-                d.source.as_ref().map_or("no source".to_string(), |s| s.to_string()),
-                ms as f64 / 1000.0
-            );
-            let outcome = if plan.steps.contains(&Step::WriteUnit) || plan.steps.contains(&Step::Stop) {
-                Outcome::Applied
-            } else {
-                Outcome::Started
-            };
-            st.record(history(d, outcome, verdict.clone(), stop_verdict.clone(), ms));
-            Report { plan, outcome: Some(outcome), verdict, stop_verdict, action: Action::AwaitChange }
-        }
-        Err(StepFailure { step, cancelled: Some(Cancelled::Unchanged), .. }) => {
-            st.in_progress = None;
-            let verdict = format!("Interrupted before {step:?}: specd is stopping; nothing was changed on the host");
-            emit(Event::Warning(verdict.clone()));
-            Report { plan, outcome: None, verdict, stop_verdict, action: Action::AwaitChange }
-        }
-        Err(StepFailure { step, cancelled: Some(Cancelled::Started), .. }) => {
-            let verdict = format!(
-                "Interrupted: stopped at a safe point before {step:?} finished, because specd is stopping; the instance it started loads on, and the next run finishes this apply"
-            );
-            emit(Event::Warning(verdict.clone()));
-            Report { plan, outcome: None, verdict, stop_verdict, action: Action::AwaitChange }
+        Ok(()) => succeeded(ctx, &mut st, d, plan, stop_verdict, ms).await,
+        Err(StepFailure { step, cancelled: Some(at), .. }) => {
+            interrupted(ctx, &mut st, d, plan, step, at, stop_verdict)
         }
         Err(f) => {
             let failed_instance = stop.followed_by.clone();
@@ -613,6 +564,97 @@ pub async fn reconcile<H: Host>(ctx: &Ctx<H>, d: &DesiredState, dry_run: bool) -
         report.verdict.push_str(&format!(" (specd's state could not be saved: {e:#})"));
     }
     Ok(report)
+}
+
+/// A dry run, or the agent's look at a unit a hold keeps its hands off: what would be done (or
+/// refused), nothing done.
+fn observed_only(plan: Plan, held: Option<String>, refusal: Option<String>) -> Report {
+    let verdict = match (refusal, held) {
+        (Some(refused), _) => refused,
+        (None, held) => {
+            let would = match plan.steps.len() {
+                0 => format!("{}: nothing to do", plan.sync),
+                n => format!("{}: would run {n} steps", plan.sync),
+            };
+            match held {
+                Some(why) => format!("{would} (held: {why})"),
+                None => would,
+            }
+        }
+    };
+    Report { plan, outcome: None, verdict, stop_verdict: None, action: Action::AwaitChange }
+}
+
+/// The steps ran: the unit runs its verified spec (or, when only whether it starts at boot was to
+/// be set, that is set, its server untouched).
+async fn succeeded<H: Host>(
+    ctx: &Ctx<H>,
+    st: &mut UnitState,
+    d: &DesiredState,
+    plan: Plan,
+    stop_verdict: Option<String>,
+    ms: u64,
+) -> Report {
+    let unit = &d.spec.unit;
+    st.in_progress = None;
+    if plan.steps.iter().all(|s| matches!(s, Step::Enable | Step::Disable)) {
+        let now = ctx.host.show(unit).await.ok().and_then(|p| plan::enabled_of(&p.unit_file_state));
+        if now != Some(d.spec.service.enabled) {
+            // The warning said why; the next look tries again.
+            let verdict = format!("{}: {}; not changed yet", plan.sync, plan.reasons.join("; "));
+            return Report {
+                plan,
+                outcome: None,
+                verdict,
+                stop_verdict,
+                action: Action::Requeue(Duration::from_secs(60)),
+            };
+        }
+        let verdict = if d.spec.service.enabled {
+            format!("Applied: {unit} starts at boot now (enabled); its server was left as it runs")
+        } else {
+            format!("Applied: {unit} no longer starts at boot (disabled); its server was left as it runs")
+        };
+        st.record(history(d, Outcome::Applied, verdict.clone(), None, ms));
+        return Report { plan, outcome: Some(Outcome::Applied), verdict, stop_verdict, action: Action::AwaitChange };
+    }
+    st.last_good = Some(good_unit(d));
+    let verdict = format!(
+        "Applied: {unit} runs unit {} ({}), verified and ready in {:.1}s",
+        short(&d.unit.sha256),
+        d.source.as_ref().map_or("no source".to_string(), |s| s.to_string()),
+        ms as f64 / 1000.0
+    );
+    let outcome = if plan.steps.contains(&Step::WriteUnit) || plan.steps.contains(&Step::Stop) {
+        Outcome::Applied
+    } else {
+        Outcome::Started
+    };
+    st.record(history(d, outcome, verdict.clone(), stop_verdict.clone(), ms));
+    Report { plan, outcome: Some(outcome), verdict, stop_verdict, action: Action::AwaitChange }
+}
+
+/// The apply stopped where specd was asked to stop (see [`Shutdown::stops_here`]).
+fn interrupted<H: Host>(
+    ctx: &Ctx<H>,
+    st: &mut UnitState,
+    d: &DesiredState,
+    plan: Plan,
+    step: Step,
+    at: Cancelled,
+    stop_verdict: Option<String>,
+) -> Report {
+    let verdict = match at {
+        Cancelled::Unchanged => {
+            st.in_progress = None;
+            format!("Interrupted before {step:?}: specd is stopping; nothing was changed on the host")
+        }
+        Cancelled::Started => format!(
+            "Interrupted: stopped at a safe point before {step:?} finished, because specd is stopping; the instance it started loads on, and the next run finishes this apply"
+        ),
+    };
+    (ctx.events)(&d.spec.unit, &Event::Warning(verdict.clone()));
+    Report { plan, outcome: None, verdict, stop_verdict, action: Action::AwaitChange }
 }
 
 /// The verdict refusing a plan that would stop a serving instance to start a unit that cannot

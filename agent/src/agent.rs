@@ -652,10 +652,10 @@ async fn worker(
                 // The status after this reconcile, not the one it started from.
                 let now = match r.outcome {
                     Some(Outcome::Applied | Outcome::Started) => crate::plan::SyncStatus::InSync,
-                    Some(Outcome::RolledBack | Outcome::Failed) => crate::plan::SyncStatus::Failed,
+                    // A refusal: the desired unit does not run (looked at again now and then).
+                    Some(Outcome::RolledBack | Outcome::Failed | Outcome::Refused) => crate::plan::SyncStatus::Failed,
                     Some(Outcome::Reported) => crate::plan::SyncStatus::Drifted,
-                    Some(Outcome::Unquarantined | Outcome::HoldSet | Outcome::HoldCleared | Outcome::Refused)
-                    | None => r.plan.sync,
+                    Some(Outcome::Unquarantined | Outcome::HoldSet | Outcome::HoldCleared) | None => r.plan.sync,
                 };
                 metrics.reconciled(&unit, now, &result, t0.elapsed().as_secs_f64(), failed);
                 if let Ok(p) = ctx.host.show(&unit).await {

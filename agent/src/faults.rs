@@ -373,7 +373,7 @@ async fn a_unit_that_cannot_start_here_is_refused_before_the_serving_one_is_stop
         "{}",
         r.verdict
     );
-    assert_eq!(r.action, Action::AwaitChange);
+    assert_eq!(r.action, Action::Requeue(reconcile::PREFLIGHT_AGAIN));
     assert_eq!(w.host.stops_and_starts(), before, "the serving instance was touched\n{}", w.said());
     assert_eq!(w.host.serving().as_ref(), Some(&old.spec.argv));
     assert_eq!(w.host.unit_file().as_deref(), Some(old.unit.text.as_str()));
@@ -448,5 +448,10 @@ async fn a_unit_verified_before_is_never_quarantined_by_its_server_being_killed(
         let case = format!("the server killed at call {i} ({name})");
         let st = w.store().peek(UNIT).unwrap();
         assert!(st.quarantined(&new.unit.sha256).is_none(), "{case}: {}\n{}", r.verdict, w.said());
+        // And it serves again: the next reconcile starts it (the fake has no Restart=).
+        w.host.heal();
+        let again = w.reconcile(&new).await.unwrap().unwrap();
+        tokio::time::sleep(LOAD).await;
+        assert_eq!(w.host.serving().as_ref(), Some(&new.spec.argv), "{case}: {}\n{}", again.verdict, w.said());
     }
 }

@@ -132,7 +132,7 @@ pub async fn apply(dirs: &Dirs, files: &[PathBuf], host: Option<String>, dry_run
         let ok = match (report.outcome, report.plan.sync) {
             (Some(state::Outcome::Applied | state::Outcome::Started), _) => true,
             (None, SyncStatus::InSync) => true,
-            (None, SyncStatus::OutOfSync | SyncStatus::Drifted) if dry_run => true,
+            (None, SyncStatus::OutOfSync | SyncStatus::Drifted) if dry_run => !report.refused(),
             _ => false,
         };
         if !ok {
@@ -149,6 +149,10 @@ pub async fn preflight(paths: &[PathBuf], host: Option<String>) -> Result<u8> {
     let systemd = crate::systemd::Systemd::default();
     let mut code = 0;
     for f in &files {
+        // A sweep is no unit (its points are applied one by one, each looked at then).
+        if std::fs::read_to_string(f).is_ok_and(|t| specd_spec::sweep::is_sweep(&t)) {
+            continue;
+        }
         let Some(d) = desired(f, host.clone())? else { continue };
         // The unit's own running instance may hold its port.
         let cgroup = systemd.show(&d.spec.unit).await.map(|p| p.control_group).unwrap_or_default();

@@ -688,8 +688,11 @@ async fn preflight_refusal<H: Host>(
     ))
 }
 
-/// A plan refused before anything was done: recorded once (a resync that finds the same refusal
-/// again says nothing new), not tried again until the unit or the host changes.
+/// How often a refused unit's pre-flight is looked at again.
+pub const PREFLIGHT_AGAIN: Duration = Duration::from_secs(60);
+
+/// A plan refused before anything was done: recorded once (a later look that finds the same
+/// refusal again says nothing new), looked at again every [`PREFLIGHT_AGAIN`].
 fn refuse<H: Host>(
     ctx: &Ctx<H>,
     st: &mut UnitState,
@@ -704,7 +707,9 @@ fn refuse<H: Host>(
     }
     ctx.store.save(st)?;
     let outcome = (!repeated).then_some(Outcome::Refused);
-    Ok(Report { plan, outcome, verdict, stop_verdict: None, action: Action::AwaitChange })
+    // The host may be fixed (a model copied, a port freed) with no event specd sees: a cheap
+    // look again now and then, recorded only when it says something new.
+    Ok(Report { plan, outcome, verdict, stop_verdict: None, action: Action::Requeue(PREFLIGHT_AGAIN) })
 }
 
 /// Nothing to do on the host: record what the unit is (in sync, drifted and only reported,
@@ -1180,7 +1185,8 @@ async fn run_steps<H: Host>(
         ready_pid: None,
         started_invocation: String::new(),
         changed: t.not_serving,
-        started: false,
+        // A run that starts nothing finishes an apply whose instance was started already.
+        started: t.not_serving && !steps.contains(&Step::Start),
     };
     let r = run.steps(st, steps, stop).await;
     stop.followed_by = std::mem::take(&mut run.started_invocation);
@@ -1208,10 +1214,15 @@ async fn run_steps<H: Host>(
         }
         // Killed from outside while it started or loaded (it may have answered ready to someone
         // else a moment before specd asked): like a crash after readiness, no verdict on a unit
-        // that passed verification before.
+        // that passed verification before. Not when the server said why it failed: SGLang kills
+        // its own process tree with SIGKILL when a child fails to load.
         (Err(f), None) if f.spec_fault && matches!(f.step, Step::VerifyCmdline | Step::WaitReady) => {
             let props = ctx.host.show(unit).await.unwrap_or_default();
             if !killed_from_outside(&props) {
+                return Err(f);
+            }
+            let said = ctx.host.ending(unit, &stop.followed_by, Duration::from_secs(5)).await;
+            if said.is_some_and(|e| e.engine_error.is_some()) {
                 return Err(f);
             }
             Err(StepFailure {
@@ -1764,6 +1775,21 @@ async fn wait_ready<H: Host>(
     let deadline = started + t.readiness;
     let last_check = std::sync::Mutex::new(Instant::now());
     let last_note = std::sync::Mutex::new(Instant::now());
+    // What the server last wrote, read off the poll's path (a journal read may take a moment),
+    // once per waiting line.
+    let said = Arc::new(std::sync::Mutex::new(String::new()));
+    let _reader = {
+        let (host, invocation, said) = (ctx.host.clone(), invocation.to_string(), said.clone());
+        Background(tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            loop {
+                if let Some(l) = host.last_said(&invocation).await {
+                    *crate::guard::lock(&said) = format!(" ({l})");
+                }
+                tokio::time::sleep(Duration::from_secs(2)).await;
+            }
+        }))
+    };
     #[derive(Debug)]
     enum Wait {
         Loading(String),
@@ -1820,7 +1846,7 @@ async fn wait_ready<H: Host>(
         if note_due {
             *last_note.lock().unwrap() = now;
             // With what the server says it is doing, when it says anything.
-            let said = ctx.host.last_said(invocation).await.map(|l| format!(" ({l})")).unwrap_or_default();
+            let said = crate::guard::lock(&said).clone();
             emit(Event::Waiting(format!("loading: {}s{said}", started.elapsed().as_secs())));
         }
         Err(Wait::Loading(why))

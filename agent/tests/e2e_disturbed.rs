@@ -146,6 +146,12 @@ fn interrupted(e: &Env, command: &str, at: &str, signal: &str, i: usize) {
         matches!(e.served_steps(), Some(5 | 6))
     })
     .unwrap_or_else(|err| panic!("{case}: {err}\n{said}"));
+    // Before the stop it ends at once, nothing changed; after it, it finishes first.
+    let (want_code, want_steps) = if at == "Drain" { (1, 5) } else { (0, 6) };
+    assert_eq!((code, e.served_steps()), (Some(want_code), Some(want_steps)), "{case}:\n{said}");
+    if at == "Drain" && signal != "HUP" {
+        assert!(said.contains("nothing was changed on the host"), "{case}:\n{said}");
+    }
     assert!(quarantined(e).is_empty(), "{case}: {:?}\n{said}", quarantined(e));
     // A pin stays only on a rollback that finished, and no longer ends with its process.
     let hold = e.state(UNIT)["hold"].clone();

@@ -427,13 +427,9 @@ pub async fn reconcile<H: Host>(ctx: &Ctx<H>, d: &DesiredState, dry_run: bool) -
     if let Some(why) = crate::owner::reserved(&unit, crate::owner::own_unit().as_deref()) {
         return Err(ReconcileError::Io(anyhow::anyhow!("refused: specd never manages {unit}: {why}; nothing changed")));
     }
-    let locks = ctx.store.locks_dir();
-    let _lock = match UnitLock::try_acquire(&locks, &unit)? {
-        Some(l) => l,
-        None => {
-            emit(Event::Phase(format!("waiting: another specd is reconciling {unit}")));
-            UnitLock::acquire(&locks, &unit).await?
-        }
+    let _lock = match lock_unit(ctx, &unit).await? {
+        Ok(l) => l,
+        Err(interrupted) => return Ok(interrupted),
     };
     let mut st = ctx.store.load(&unit)?;
     let held = match ctx.holds {
@@ -564,6 +560,25 @@ pub async fn reconcile<H: Host>(ctx: &Ctx<H>, d: &DesiredState, dry_run: bool) -
         report.verdict.push_str(&format!(" (specd's state could not be saved: {e:#})"));
     }
     Ok(report)
+}
+
+/// The unit's lock (one reconcile per unit across processes), waited for while another holds
+/// it; asked to stop meanwhile, the report that nothing was done.
+async fn lock_unit<H: Host>(ctx: &Ctx<H>, unit: &str) -> Result<Result<UnitLock, Report>> {
+    let locks = ctx.store.locks_dir();
+    if let Some(l) = UnitLock::try_acquire(&locks, unit)? {
+        return Ok(Ok(l));
+    }
+    (ctx.events)(unit, &Event::Phase(format!("waiting: another specd is reconciling {unit}")));
+    tokio::select! {
+        l = UnitLock::acquire(&locks, unit) => Ok(Ok(l?)),
+        _ = ctx.shutdown.wait() => {
+            let why = format!("another specd is reconciling {unit}");
+            let plan = Plan { sync: SyncStatus::Progressing, reasons: vec![why], steps: vec![] };
+            let verdict = "Interrupted before it began: specd is stopping; nothing was changed on the host".to_string();
+            Ok(Err(Report { plan, outcome: None, verdict, stop_verdict: None, action: Action::AwaitChange }))
+        }
+    }
 }
 
 /// A dry run, or the agent's look at a unit a hold keeps its hands off: what would be done (or

@@ -93,13 +93,10 @@ impl Outcome {
     }
 }
 
-/// One line for a verdict: why the apply was refused, and that nothing was touched.
+/// Why a unit cannot start, in one line for a verdict: every problem, in the order found.
 pub fn summary(problems: &[Problem]) -> String {
-    if problems.is_empty() {
-        return "pre-flight passed".to_string();
-    }
     let what: Vec<&str> = problems.iter().map(|p| p.message.as_str()).collect();
-    format!("Refused before any stop: pre-flight failed: {}; nothing changed", what.join("; "))
+    what.join("; ")
 }
 
 /// One thing to look at on the host before the stop.
@@ -1597,13 +1594,13 @@ mod tests {
     #[test]
     fn a_refusal_says_all_its_problems_in_one_line() {
         let p = |check, m: &str| Problem { check, message: s(m) };
-        assert_eq!(summary(&[]), "pre-flight passed");
+        assert_eq!(summary(&[]), "");
         assert_eq!(
             summary(&[
                 p(CheckKind::Program, "the program /opt/nowhere/vllm does not exist"),
                 p(CheckKind::DraftModel, "the draft model /models/no-such-draft does not exist"),
             ]),
-            "Refused before any stop: pre-flight failed: the program /opt/nowhere/vllm does not exist; the draft model /models/no-such-draft does not exist; nothing changed"
+            "the program /opt/nowhere/vllm does not exist; the draft model /models/no-such-draft does not exist"
         );
     }
 

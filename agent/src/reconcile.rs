@@ -695,11 +695,10 @@ async fn preflight_refusal<H: Host>(
     if o.passed() {
         return None;
     }
-    let why: Vec<&str> = o.problems.iter().map(|p| p.message.as_str()).collect();
     Some(format!(
         "{REFUSED} {unit}: unit {} cannot start on this host: {}; nothing was stopped or changed",
         short(&d.unit.sha256),
-        why.join("; ")
+        crate::preflight::summary(&o.problems)
     ))
 }
 

@@ -2100,7 +2100,7 @@ mod look_tests {
         assert_eq!(
             summary(&out.problems),
             format!(
-                "Refused before any stop: pre-flight failed: the program /opt/nowhere/vllm does not exist; the draft model {draft} does not exist; systemd-analyze verify: vllm-llama.service: Command /opt/nowhere/vllm is not executable: No such file or directory; nothing changed"
+                "the program /opt/nowhere/vllm does not exist; the draft model {draft} does not exist; systemd-analyze verify: vllm-llama.service: Command /opt/nowhere/vllm is not executable: No such file or directory"
             )
         );
         // The same with the program and the draft there, run by nobody: it passes, with

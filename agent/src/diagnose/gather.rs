@@ -30,10 +30,13 @@ impl JournalQuery {
         JournalQuery { matches: matches.iter().map(|m| m.to_string()).collect(), ..JournalQuery::default() }
     }
 
-    /// `journalctl`'s arguments.
+    /// `journalctl`'s arguments. `--all`: without it, `-o json` gives a field over 4096 bytes as
+    /// `null`, and a server's fatal error can be one line that long (vLLM's for a model whose
+    /// architecture it does not know lists every one it does: 10.7 KB).
     pub fn args(&self) -> Vec<String> {
-        let mut args: Vec<String> =
-            ["--no-pager", "-o", "json", &format!("--output-fields={JOURNAL_FIELDS}")].map(String::from).into();
+        let mut args: Vec<String> = ["--no-pager", "--all", "-o", "json", &format!("--output-fields={JOURNAL_FIELDS}")]
+            .map(String::from)
+            .into();
         if self.kernel {
             args.push("-k".into());
         }

@@ -461,6 +461,39 @@ fn text_output_puts_the_verdict_first_then_timestamped_evidence() {
     assert!(lines.any(|l| l.trim_start().starts_with("2026-12-03T") && l.contains("status=3/NOTIMPLEMENTED")), "{t}");
 }
 
+/// vLLM's error for a draft model whose architecture it does not know is one line of 10.7 KB
+/// (every architecture it knows): quoted cut at 500 characters, shown cut at 1000, kept whole in
+/// the evidence (`--json`).
+#[test]
+fn a_line_kilobytes_long_is_quoted_and_shown_cut_and_kept_whole() {
+    let known: Vec<String> = (0..400).map(|i| format!("'Arch{i}ForCausalLM'")).collect();
+    let long = format!(
+        "  Value error, Model architectures ['NoSuchForCausalLM'] are not supported for now. Supported architectures: dict_keys([{}])",
+        known.join(", ")
+    );
+    let d = classify(&ev(vec![
+        sys(0, "Started x.service."),
+        svc(1, "Traceback (most recent call last):"),
+        svc(1, "  File \"/opt/vllm/bin/vllm\", line 8, in <module>"),
+        svc(1, "pydantic_core._pydantic_core.ValidationError: 1 validation error for SpeculativeConfig"),
+        svc(1, &long),
+        svc(1, "    For further information visit https://errors.pydantic.dev/2.14/v/value_error"),
+        sys(2, "x.service: Main process exited, code=exited, status=1/FAILURE"),
+        sys(2, "x.service: Failed with result 'exit-code'."),
+    ]));
+    let quote = d.engine_error.clone().unwrap_or_default();
+    assert!(
+        quote.starts_with("pydantic_core._pydantic_core.ValidationError: 1 validation error for SpeculativeConfig Value error, Model architectures ['NoSuchForCausalLM'] are not supported"),
+        "{quote}"
+    );
+    assert_eq!(quote.chars().count(), 500, "{quote}");
+    assert!(d.evidence.iter().any(|e| e.text.contains(long.trim())), "{d:#?}");
+    let t = render_text(&d);
+    let cut = t.lines().find(|l| l.contains("python3[77]:   Value error")).unwrap_or_default();
+    assert!(cut.ends_with('…') && cut.chars().count() < 1100, "{t}");
+    assert!(t.contains("Value error, Model architectures ['NoSuchForCausalLM']"), "{t}");
+}
+
 #[test]
 fn parses_the_pieces() {
     assert_eq!(parse_timespan_us("5min"), Some(300_000_000));
@@ -596,6 +629,8 @@ fn the_gatherer_asks_for_systemd_s_lines_each_instance_s_output_and_who_stopped_
     assert!(context.contains("--since=@"), "{context}");
     assert!(context.contains("SYSLOG_IDENTIFIER=polkitd + _PID=1 UNIT=db.service +"), "{context}");
     assert!(args.iter().all(|a| a.contains(&format!("--output-fields={JOURNAL_FIELDS}"))), "{args:#?}");
+    // Long lines in full: `-o json` alone gives a field over 4096 bytes as null.
+    assert!(args.iter().all(|a| a.contains(" --all ")), "{args:#?}");
     // What it read, assembled, is the recorded case's diagnosis, with the unit file it read.
     assert_eq!(raw.unit_files, src.raw.unit_files);
     assert_eq!(raw.oom_kill_count, Some(2));

@@ -639,6 +639,53 @@ fn the_gatherer_asks_for_systemd_s_lines_each_instance_s_output_and_who_stopped_
     assert_contains(&d.summary, "a dependency: db.service was being stopped (BindsTo=db.service)");
 }
 
+/// The gatherer's queries overlap (the unit's output, each instance's output), and journald
+/// stamps every line of one write with one time: each entry is read once, by its cursor, in its
+/// place, and lines the server really repeated are kept.
+#[test]
+fn overlapping_queries_give_each_journal_entry_once_even_lines_of_one_time() {
+    let mut src = recorded("crash-exit3");
+    let id = "e28616baf4ed434c8055000fd3a0fd4c";
+    let systemd: Vec<&str> = src.raw.journal.lines().filter(|l| l.contains("\"_PID\":\"1\"")).collect();
+    let said = [
+        (1, "Traceback (most recent call last):"),
+        (1, "  File \"/opt/x.py\", line 1, in <module>"),
+        (1, "    return await anext(self.gen)"),
+        (1, "  File \"/opt/y.py\", line 2, in __aenter__"),
+        (1, "    return await anext(self.gen)"),
+        (2, "ValueError: Unknown speculative algorithm name: EAGLE4"),
+        (2, "  (use one of EAGLE, EAGLE3, NEXTN)"),
+    ];
+    let mut journal: Vec<String> = systemd
+        .iter()
+        .enumerate()
+        .map(|(i, l)| l.replacen('{', &format!("{{\"__CURSOR\":\"s=1;i={i}\","), 1))
+        .collect();
+    for (i, (t, m)) in said.iter().enumerate() {
+        journal.push(
+            serde_json::json!({
+                "__CURSOR": format!("s=1;i={}", 100 + i),
+                "__REALTIME_TIMESTAMP": (1796282086665562u64 + t).to_string(),
+                "MESSAGE": m, "SYSLOG_IDENTIFIER": "sh", "_PID": "221", "_TRANSPORT": "stdout",
+                "_SYSTEMD_UNIT": "crash.service", "_SYSTEMD_INVOCATION_ID": id,
+            })
+            .to_string(),
+        );
+    }
+    // Every query answers the whole journal: three copies of each entry.
+    src.raw.journal = journal.join("\n") + "\n";
+    let raw = tokio_test_block_on(gather_raw_from(&src, "crash.service", MAX_INSTANCES)).unwrap();
+    let ev = assemble(&raw).pop().unwrap();
+    let out: Vec<&str> = ev.lines.iter().filter(|l| l.origin == Origin::Service).map(|l| l.message.as_str()).collect();
+    assert_eq!(out, said.iter().map(|(_, m)| *m).collect::<Vec<_>>());
+    let d = classify(&ev);
+    assert_eq!(
+        d.engine_error.as_deref(),
+        Some("ValueError: Unknown speculative algorithm name: EAGLE4 (use one of EAGLE, EAGLE3, NEXTN)"),
+        "{d:#?}"
+    );
+}
+
 #[test]
 fn a_gather_fails_when_systemd_s_lines_cannot_be_read_or_the_unit_does_not_exist() {
     let mut src = recorded("crash-exit3");

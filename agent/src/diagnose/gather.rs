@@ -30,10 +30,13 @@ impl JournalQuery {
         JournalQuery { matches: matches.iter().map(|m| m.to_string()).collect(), ..JournalQuery::default() }
     }
 
-    /// `journalctl`'s arguments.
+    /// `journalctl`'s arguments. `--all`: without it, `-o json` gives a field over 4096 bytes as
+    /// `null`, and a server's fatal error can be one line that long (vLLM's for a model whose
+    /// architecture it does not know lists every one it does: 10.7 KB).
     pub fn args(&self) -> Vec<String> {
-        let mut args: Vec<String> =
-            ["--no-pager", "-o", "json", &format!("--output-fields={JOURNAL_FIELDS}")].map(String::from).into();
+        let mut args: Vec<String> = ["--no-pager", "--all", "-o", "json", &format!("--output-fields={JOURNAL_FIELDS}")]
+            .map(String::from)
+            .into();
         if self.kernel {
             args.push("-k".into());
         }
@@ -208,14 +211,16 @@ pub async fn gather_raw_from<S: JournalSource>(src: &S, unit: &str, max_instance
     let ids = &ids[ids.len().saturating_sub(max_instances)..];
     // The unit's latest output, also the lines journald could not tag with an invocation ID (a
     // process that dies right after writing is gone before journald looks up its cgroup).
-    let mut journal = sys.clone();
+    let mut journal = Entries::default();
+    journal.add(&sys);
     let tail = JournalQuery { last: Some(SERVICE_TAIL * 4), ..JournalQuery::of(&[&format!("_SYSTEMD_UNIT={unit}")]) };
-    journal.push_str(&src.journal(&tail).await.unwrap_or_default());
+    journal.add(&src.journal(&tail).await.unwrap_or_default());
     for id in ids {
         let q =
             JournalQuery { last: Some(SERVICE_TAIL), ..JournalQuery::of(&[&format!("_SYSTEMD_INVOCATION_ID={id}")]) };
-        journal.push_str(&src.journal(&q).await.unwrap_or_default());
+        journal.add(&src.journal(&q).await.unwrap_or_default());
     }
+    let journal = journal.text;
     let since_us = sys_lines
         .iter()
         .filter(|l| l.invocation.as_deref().is_some_and(|i| ids.contains(&i)))
@@ -242,6 +247,36 @@ pub async fn gather_raw_from<S: JournalSource>(src: &S, unit: &str, max_instance
         unit_files,
         unit_mtime_us,
     })
+}
+
+/// The outputs of overlapping journal queries as one, each entry once: by its `__CURSOR`, which
+/// `journalctl -o json` always prints (an entry without one is kept). Time and text cannot tell
+/// the copies apart: journald stamps every line of one write with one time (a traceback), and a
+/// server repeats lines (a traceback's `^^^^` markers); sorted by time, a second query's copies
+/// would follow the first's, and the server's last exception would be read twice over.
+#[derive(Default)]
+struct Entries {
+    text: String,
+    seen: std::collections::HashSet<String>,
+}
+
+impl Entries {
+    fn add(&mut self, out: &str) {
+        for entry in out.lines() {
+            if cursor(entry).is_some_and(|c| !self.seen.insert(c.to_string())) {
+                continue;
+            }
+            self.text.push_str(entry);
+            self.text.push('\n');
+        }
+    }
+}
+
+/// The `__CURSOR` of one `journalctl -o json` line (a cursor holds no quote or backslash).
+fn cursor(entry: &str) -> Option<&str> {
+    const KEY: &str = "\"__CURSOR\":\"";
+    let at = entry.find(KEY)? + KEY.len();
+    entry[at..].find('"').map(|end| &entry[at..at + end])
 }
 
 /// [`gather_raw_from`] this host.

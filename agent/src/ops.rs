@@ -522,7 +522,14 @@ pub async fn diff(dirs: &Dirs, file: &Path, host: Option<String>) -> Result<u8> 
     }
     let base = d.spec.base_url();
     let quick = Probe::new(Duration::from_millis(1500));
-    match quick.server_info(&base, &d.spec).await {
+    // The running instance, for an engine that logs its args (none: the log is not read).
+    let invocation = match d.spec.args_report() {
+        specd_spec::ArgsReport::LogLine(_) => {
+            crate::systemd::Systemd::default().show(&d.spec.unit).await.map(|p| p.invocation_id).unwrap_or_default()
+        }
+        _ => String::new(),
+    };
+    match crate::host::reported_args(&quick, &base, &d.spec, &invocation).await {
         Some(Ok(info)) => {
             let m = probe::compare_args(&d.spec.expected_server_args(), &info);
             for x in &m {

@@ -71,12 +71,6 @@ impl Probe {
         r.json::<Value>().await.map_err(|e| format!("{url}: not JSON: {e}"))
     }
 
-    /// The server's own report of its args, if the engine has one.
-    pub async fn server_info(&self, base_url: &str, spec: &Spec) -> Option<Result<Value, String>> {
-        let path = spec.server_info_path()?;
-        Some(self.json(&format!("{base_url}{path}")).await)
-    }
-
     async fn text(&self, url: &str) -> Result<String, String> {
         let r = self.client.get(url).send().await.map_err(|e| format!("{url}: {e}"))?;
         if !r.status().is_success() {
@@ -194,7 +188,7 @@ pub fn compare_args(expected: &[ExpectedArg], info: &Value) -> Vec<ArgMismatch> 
     expected
         .iter()
         .filter_map(|e| {
-            let actual = info.pointer(e.key).cloned().unwrap_or(Value::Null);
+            let actual = info.pointer(e.key).cloned().unwrap_or_else(|| e.absent.clone());
             (!same(&e.value, &actual)).then(|| ArgMismatch {
                 key: e.key.to_string(),
                 expected: e.value.clone(),
@@ -268,9 +262,9 @@ mod tests {
     #[test]
     fn compares_args_with_float_tolerance_and_nulls() {
         let exp = vec![
-            ExpectedArg { key: "/mem_fraction_static", value: json!(0.85) },
-            ExpectedArg { key: "/speculative_num_steps", value: json!(10) },
-            ExpectedArg { key: "/speculative_algorithm", value: Value::Null },
+            ExpectedArg { key: "/mem_fraction_static", value: json!(0.85), absent: Value::Null },
+            ExpectedArg { key: "/speculative_num_steps", value: json!(10), absent: Value::Null },
+            ExpectedArg { key: "/speculative_algorithm", value: Value::Null, absent: Value::Null },
         ];
         let info = json!({"mem_fraction_static": 0.8500000000000001, "speculative_num_steps": 5});
         let m = compare_args(&exp, &info);

@@ -338,7 +338,8 @@ pub async fn observe<H: Host>(
         ready = Some(h == Health::Ready);
         if h == Health::Ready
             && d.spec.readiness.verify_args
-            && let Ok(Some(Ok(info))) = tokio::time::timeout(quick, ctx.host.server_info(&base, &d.spec)).await
+            && let Ok(Some(Ok(info))) =
+                tokio::time::timeout(quick, ctx.host.reported_args(&base, &d.spec, &props.invocation_id)).await
         {
             arg_mismatches =
                 probe::compare_args(&d.spec.expected_server_args(), &info).iter().map(|m| m.to_string()).collect();
@@ -403,7 +404,7 @@ pub fn desired_of(ctx_unit_dir: &Path, d: &DesiredState) -> Desired {
         argv: d.spec.argv.clone(),
         fragment_path: unit_path(ctx_unit_dir, &d.spec.unit).display().to_string(),
         drift: d.spec.policy.drift,
-        verify_args: d.spec.readiness.verify_args && d.spec.server_info_path().is_some(),
+        verify_args: d.spec.readiness.verify_args && d.spec.args_report() != specd_spec::ArgsReport::None,
         verify_speculation: d.spec.readiness.verify_speculation && d.spec.speculates(),
         enabled: d.spec.service.enabled,
     }
@@ -1587,6 +1588,7 @@ impl<H: Host> Run<'_, H> {
         }
         if self.started_pid == 0 {
             self.started_pid = pid;
+            self.started_invocation = props.invocation_id.clone();
         }
         match ctx.host.cmdline(pid) {
             Some(c) if crate::plan::runs_argv(&c, &t.argv) => {
@@ -1645,9 +1647,12 @@ impl<H: Host> Run<'_, H> {
         let emit = |e: Event| (ctx.events)(unit, &e);
         let Some(spec) = t.spec else { return Ok(()) };
         let pid = self.started_pid;
-        let info =
-            answered(|| async { ctx.host.server_info(&t.base_url, spec).await.transpose() }, || ctx.host.alive(pid))
-                .await;
+        let invocation = self.started_invocation.clone();
+        let info = answered(
+            || async { ctx.host.reported_args(&t.base_url, spec, &invocation).await.transpose() },
+            || ctx.host.alive(pid),
+        )
+        .await;
         match info.transpose() {
             None => {}
             Some(Err(e)) => {

@@ -153,11 +153,17 @@ pub fn missing(spec: &Spec, s: &Speculation) -> Option<String> {
     if s.drafts() {
         return None;
     }
-    let hint = match specd_spec::engine_facts(spec.engine).default_algorithm_with_draft {
-        Some(a) => format!(
+    let facts = specd_spec::engine_facts(spec.engine);
+    let hint = match (facts.default_algorithm_with_draft, &facts.evidence) {
+        (Some(a), _) => format!(
             "; llama-server only drafts with a --spec-type (specd renders it from speculative.algorithm, {a} with a draft model)"
         ),
-        None => String::new(),
+        // vLLM registers its spec_decode counters only when it speculates, and exports none
+        // of its counters under --disable-log-stats.
+        (None, Evidence::Vllm { drafts, .. }) if s.drafted.is_none() => format!(
+            "; vLLM has no {drafts} counter: it exports the spec_decode counters only when it speculates and logs stats (not under --disable-log-stats), so nothing proves that it speculates"
+        ),
+        _ => String::new(),
     };
     Some(format!(
         "the spec asks for speculative decoding, but the server drafted nothing in a {TOKENS}-token generation ({}){hint}",
@@ -237,5 +243,18 @@ mod tests {
         assert_eq!(s.accept_length, Some(1.0 + 18.0 / 8.0));
         assert!(s.drafts());
         assert!(!from_vllm(ev, before, before).drafts());
+        // Configured, and the counters absent: the apply fails, saying why.
+        let spec = specd_spec::parse(
+            "t.yaml",
+            "apiVersion: specd/v1\nkind: InferenceService\nmetadata: {name: t}\nspec:\n  unit: t.service\n  engine: vllm\n  model: /m\n  speculative: {algorithm: ngram, num_steps: 4}\n",
+        )
+        .unwrap()
+        .resolve(None)
+        .unwrap();
+        let absent = from_vllm(ev, "vllm:num_requests_running 0\n", "vllm:num_requests_running 0\n");
+        let why = missing(&spec, &absent).expect("no drafting");
+        assert!(why.contains("vllm:spec_decode_num_drafts_total absent"), "{why}");
+        assert!(why.contains("--disable-log-stats"), "{why}");
+        assert!(missing(&spec, &from_vllm(ev, before, after)).is_none());
     }
 }

@@ -238,10 +238,10 @@ fn level_line(l: &loadgen::LevelResult) -> String {
 }
 
 /// `max_running_requests` as the server reports it (the engine facts' `Reported` row).
-async fn reported_max_running(probe: &Probe, spec: &Spec) -> Option<Value> {
+async fn reported_max_running(probe: &Probe, spec: &Spec, invocation: &str) -> Option<Value> {
     let facts = specd_spec::engine_facts(spec.engine);
     let row = facts.reported.iter().find(|r| r.field == "server.max_running_requests")?;
-    let info = probe.server_info(&spec.base_url(), spec).await?.ok()?;
+    let info = crate::host::reported_args(probe, &spec.base_url(), spec, invocation).await?.ok()?;
     info.pointer(row.pointer).cloned().filter(|v| !v.is_null())
 }
 
@@ -560,7 +560,7 @@ async fn point<H: Host>(
     }
     r.apply_s = Some(t0.elapsed().as_secs_f64());
     let props = ctx.host.show(unit).await?;
-    r.max_running_requests = reported_max_running(probe, &pt.spec).await;
+    r.max_running_requests = reported_max_running(probe, &pt.spec, &props.invocation_id).await;
     r.proof = ctx.store.peek(unit)?.speculation.filter(|s| s.sha256 == pt.unit.sha256).map(|s| s.measured.figure());
     eprintln!(
         "[{i}/{n}] {}: verified and ready in {:.1} s{}",

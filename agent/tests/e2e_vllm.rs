@@ -4,9 +4,10 @@
 //!
 //! A vLLM start takes about a minute on 2 cores, so this is one test that walks through its checks
 //! in order, each step on the server the step before left: n-gram speculation, a change of its
-//! draft size, a draft model (the same folder as its own draft), a start only vLLM can refuse
-//! (rolled back), drift (reported, then healed), and a sweep over the draft size. Each step prints
-//! how long it took.
+//! draft size, a draft model (the same folder as its own draft), a speculation nothing proves
+//! (its counters turned off: rolled back), a start only vLLM can refuse (rolled back; as many
+//! times as `SPECD_VLLM_FAILING_STARTS` says, once by default), drift (reported, then healed), and
+//! a sweep over the draft size. Each step prints how long it took.
 
 mod common;
 
@@ -133,6 +134,15 @@ impl Clock {
     }
 }
 
+/// How many starts vLLM refuses in step 5, each rolled back: `SPECD_VLLM_FAILING_STARTS`, 1 unless
+/// set (each costs a minute or so: the last good unit loads again).
+fn failing_starts() -> u32 {
+    match std::env::var("SPECD_VLLM_FAILING_STARTS") {
+        Ok(n) => n.parse().unwrap_or_else(|_| panic!("SPECD_VLLM_FAILING_STARTS={n}: not a count")),
+        Err(_) => 1,
+    }
+}
+
 #[test]
 fn the_real_vllm_speculates_changes_settings_rolls_back_heals_drift_and_sweeps() {
     let v = real_vllm();
@@ -149,14 +159,20 @@ fn the_real_vllm_speculates_changes_settings_rolls_back_heals_drift_and_sweeps()
     step3_a_draft_model_speculates(&e, &v);
     clock.lap("3 draft model (the same folder) applied");
 
-    step4_a_draft_vllm_cannot_load_rolls_back_and_is_quoted(&e, &v);
-    clock.lap("4 a draft vLLM refuses: rolled back, quoted");
+    step4_a_speculation_nothing_proves_is_rolled_back(&e, &v);
+    clock.lap("4 counters absent (--disable-log-stats): rolled back");
 
-    step5_drift_is_reported_then_healed(&e, &v);
-    clock.lap("5 drift reported, then healed");
+    let n = failing_starts();
+    for i in 1..=n {
+        step5_a_draft_vllm_cannot_load_rolls_back_and_is_quoted(&e, &v, i);
+        clock.lap(&format!("5 a draft vLLM refuses: rolled back, quoted ({i}/{n})"));
+    }
 
-    step6_a_sweep_over_the_draft_size_reads_vllms_counters(&e, &v);
-    clock.lap("6 sweep over num_speculative_tokens");
+    step6_drift_is_reported_then_healed(&e, &v);
+    clock.lap("6 drift reported, then healed");
+
+    step7_a_sweep_over_the_draft_size_reads_vllms_counters(&e, &v);
+    clock.lap("7 sweep over num_speculative_tokens");
 
     e.b.shutdown().unwrap();
     clock.lap("shut the box down");
@@ -170,6 +186,12 @@ fn step1_ngram_is_applied_and_proven_by_vllms_counters(e: &Env, v: &RealVllm) {
     assert!(ok, "step 1: the n-gram spec was not applied:\n{out}");
     assert!(out.contains(&format!("Applied: {UNIT} runs unit")), "step 1: no Applied verdict:\n{out}");
     assert!(out.contains("the server speculates: accept rate"), "step 1: no accept rate in the apply:\n{out}");
+    // The running config, as vLLM logged it (`non-default args: {…}`), is the spec's.
+    let checked = format!(
+        "the server reports the spec's args ({} checked)",
+        specd_spec::engine_facts(specd_spec::Engine::Vllm).reported.len()
+    );
+    assert!(out.contains(&checked), "step 1: vLLM's logged args were not checked:\n{out}");
     assert!(cmdline(e).contains(&config_arg("ngram", None, 4, true)), "step 1: the running argv: {}", cmdline(e));
     let (drafted, accepted, evidence) = measured(e);
     assert!(drafted > 0 && accepted <= drafted, "step 1: the measured figure: {drafted}/{accepted} ({evidence})");
@@ -224,85 +246,107 @@ fn step3_a_draft_model_speculates(e: &Env, v: &RealVllm) {
     assert!(st.contains(&format!("({accepted}/{drafted} draft tokens)")), "step 3: status:\n{st}");
 }
 
-/// Step 4: a draft folder that specd's pre-flight accepts (a folder with a `config.json`) and only
-/// vLLM can judge: its architecture is none vLLM knows. The start fails, the last good unit (the
-/// draft model of step 3) serves again, and the apply, `status` and `specd diagnose` quote vLLM.
-fn step4_a_draft_vllm_cannot_load_rolls_back_and_is_quoted(e: &Env, v: &RealVllm) {
+/// Step 4: the draft-model spec with `--disable-log-stats`: vLLM serves, logs the spec's args, and
+/// may well speculate, but exports none of its counters, so nothing proves that it does. The apply
+/// fails saying so, and the last good unit (step 3's) serves again.
+fn step4_a_speculation_nothing_proves_is_rolled_back(e: &Env, v: &RealVllm) {
     let good = cmdline(e);
-    let folder = "/var/lib/models/not-a-model";
+    let spec = v.spec(UNIT, e.port, &draft_model(&v.model, 3), "");
+    let quiet = spec.replace("extra_args: [--enforce-eager]", "extra_args: [--enforce-eager, --disable-log-stats]");
+    assert_ne!(quiet, spec);
+    let (ok, out) = apply(e, "no-stats.yaml", &quiet);
+    assert!(!ok, "step 4: a speculation nothing proves was applied:\n{out}");
+    assert!(out.contains("RolledBack"), "step 4: not rolled back:\n{out}");
+    assert!(
+        out.contains(&format!("{DRAFTS} absent")) && out.contains("--disable-log-stats"),
+        "step 4: the verdict does not say that vLLM's counters are absent:\n{out}"
+    );
+    assert_eq!(cmdline(e), good, "step 4: the running argv is not the last good unit's");
+    let (code, st) = status(e);
+    assert_eq!(code, Some(1), "step 4: status of a quarantined spec:\n{st}");
+}
+
+/// Step 5 (`i`-th time): a draft folder that specd's pre-flight accepts (a folder with a
+/// `config.json`) and only vLLM can judge: its architecture is none vLLM knows. The start fails,
+/// the last good unit (the draft model of step 3) serves again, and the apply, `status` and
+/// `specd diagnose` quote vLLM.
+fn step5_a_draft_vllm_cannot_load_rolls_back_and_is_quoted(e: &Env, v: &RealVllm, i: u32) {
+    let good = cmdline(e);
+    // A new folder each time: a new spec, not the quarantined one again.
+    let folder = format!("/var/lib/models/not-a-model-{i}");
     e.b.write_file(
         &format!("{folder}/config.json"),
         "{\"architectures\": [\"NoSuchForCausalLM\"], \"model_type\": \"llama\"}\n",
     )
     .unwrap();
-    let (ok, out) = apply(e, "bad-draft.yaml", &v.spec(UNIT, e.port, &draft_model(folder, 3), ""));
-    assert!(!ok, "step 4: a draft vLLM cannot load was applied:\n{out}");
-    assert!(!out.contains("Refused"), "step 4: the pre-flight refused what only vLLM can judge:\n{out}");
-    assert!(out.contains("RolledBack"), "step 4: not rolled back:\n{out}");
+    let (ok, out) = apply(e, "bad-draft.yaml", &v.spec(UNIT, e.port, &draft_model(&folder, 3), ""));
+    assert!(!ok, "step 5 ({i}): a draft vLLM cannot load was applied:\n{out}");
+    assert!(!out.contains("Refused"), "step 5 ({i}): the pre-flight refused what only vLLM can judge:\n{out}");
+    assert!(out.contains("RolledBack"), "step 5 ({i}): not rolled back:\n{out}");
     let quote = "Model architectures ['NoSuchForCausalLM'] are not supported";
     let said = out.lines().find(|l| l.contains("the server said:")).unwrap_or_default();
-    assert!(said.contains(quote), "step 4: the verdict does not quote vLLM:\n{out}");
-    assert!(!said.contains("ulimit"), "step 4: the verdict quotes a warning:\n{out}");
+    assert!(said.contains(quote), "step 5 ({i}): the verdict does not quote vLLM:\n{out}");
+    assert!(!said.contains("ulimit"), "step 5 ({i}): the verdict quotes a warning:\n{out}");
     // The last good unit serves again, and drafts.
-    assert_eq!(cmdline(e), good, "step 4: the running argv is not the last good unit's");
-    assert!(complete(e, &v.model, 8) > 0.0, "step 4: the restored server does not draft");
+    assert_eq!(cmdline(e), good, "step 5 ({i}): the running argv is not the last good unit's");
+    assert!(complete(e, &v.model, 8) > 0.0, "step 5 ({i}): the restored server does not draft");
     let (code, st) = status(e);
-    assert_eq!(code, Some(1), "step 4: status of a quarantined spec:\n{st}");
-    assert!(st.contains(quote), "step 4: status does not quote vLLM:\n{st}");
+    assert_eq!(code, Some(1), "step 5 ({i}): status of a quarantined spec:\n{st}");
+    assert!(st.contains(quote), "step 5 ({i}): status does not quote vLLM:\n{st}");
     let o = e.specd(&["diagnose", UNIT]);
     let diag = text(&o);
-    assert!(diag.contains(quote), "step 4: diagnose does not quote vLLM:\n{diag}");
-    assert!(!diag.contains("Found ulimit"), "step 4: diagnose quotes the ulimit warning:\n{diag}");
+    assert!(diag.contains(quote), "step 5 ({i}): diagnose does not quote vLLM:\n{diag}");
+    assert!(!diag.contains("Found ulimit"), "step 5 ({i}): diagnose quotes the ulimit warning:\n{diag}");
 }
 
-/// Step 5: the unit edited by hand (the draft size in its `--speculative-config`) and a runtime
+/// Step 6: the unit edited by hand (the draft size in its `--speculative-config`) and a runtime
 /// property set (`systemctl set-property --runtime`: a drop-in): under `policy: {drift: report}`
 /// `status` and `apply` report both and touch nothing; under the default policy `apply` heals.
-fn step5_drift_is_reported_then_healed(e: &Env, v: &RealVllm) {
+fn step6_drift_is_reported_then_healed(e: &Env, v: &RealVllm) {
     let good = v.spec(UNIT, e.port, &draft_model(&v.model, 3), "");
     let report = v.spec(UNIT, e.port, &draft_model(&v.model, 3), "  policy: {drift: report}\n");
     let pid = e.main_pid(UNIT);
     let (ok, out) = apply(e, "report.yaml", &report);
-    assert!(ok, "step 5: the report policy (the same unit):\n{out}");
-    assert_eq!(e.main_pid(UNIT), pid, "step 5: a policy change restarted the server:\n{out}");
+    assert!(ok, "step 6: the report policy (the same unit):\n{out}");
+    assert_eq!(e.main_pid(UNIT), pid, "step 6: a policy change restarted the server:\n{out}");
 
     let path = format!("/etc/systemd/system/{UNIT}");
     let unit = e.b.read_to_string(&path).unwrap();
     // In `ExecStart=` the JSON's quotes are escaped: `\"num_speculative_tokens\":3`.
     let edited = unit.replace("num_speculative_tokens\\\":3", "num_speculative_tokens\\\":5");
-    assert_ne!(edited, unit, "step 5: no draft size in the unit:\n{unit}");
+    assert_ne!(edited, unit, "step 6: no draft size in the unit:\n{unit}");
     e.b.write_file(&path, &edited).unwrap();
     e.b.systemctl_check(&["daemon-reload"]).unwrap();
     e.b.systemctl_check(&["set-property", "--runtime", UNIT, "CPUWeight=50"]).unwrap();
     let (code, st) = status(e);
-    assert_eq!(code, Some(1), "step 5: status of a drifted unit:\n{st}");
-    assert!(st.contains(&format!("{UNIT}: Drifted")), "step 5: status:\n{st}");
-    assert!(st.contains("the unit file was edited by hand"), "step 5: status:\n{st}");
-    assert!(st.contains("drop-ins change the unit"), "step 5: status:\n{st}");
+    assert_eq!(code, Some(1), "step 6: status of a drifted unit:\n{st}");
+    assert!(st.contains(&format!("{UNIT}: Drifted")), "step 6: status:\n{st}");
+    assert!(st.contains("the unit file was edited by hand"), "step 6: status:\n{st}");
+    assert!(st.contains("drop-ins change the unit"), "step 6: status:\n{st}");
     let (ok, out) = apply(e, "report.yaml", &report);
     assert!(
         !ok && out.starts_with("Drifted: the unit file was edited by hand"),
-        "step 5: the report policy's apply:\n{out}"
+        "step 6: the report policy's apply:\n{out}"
     );
-    assert!(out.contains("50-CPUWeight.conf"), "step 5: the report policy's apply names no drop-in:\n{out}");
-    assert_eq!(e.main_pid(UNIT), pid, "step 5: the report policy restarted the server:\n{out}");
-    assert_eq!(e.b.read_to_string(&path).unwrap(), edited, "step 5: the report policy rewrote the unit");
+    assert!(out.contains("50-CPUWeight.conf"), "step 6: the report policy's apply names no drop-in:\n{out}");
+    assert_eq!(e.main_pid(UNIT), pid, "step 6: the report policy restarted the server:\n{out}");
+    assert_eq!(e.b.read_to_string(&path).unwrap(), edited, "step 6: the report policy rewrote the unit");
 
     let (ok, out) = apply(e, "heal.yaml", &good);
-    assert!(ok, "step 5: not healed:\n{out}");
-    assert_ne!(e.main_pid(UNIT), pid, "step 5: the healed unit runs in the old process:\n{out}");
-    assert_eq!(e.b.read_to_string(&path).unwrap(), unit, "step 5: the unit file is not specd's again");
-    assert_eq!(e.b.prop(UNIT, "DropInPaths").unwrap(), "", "step 5: the drop-in is still there");
-    assert!(cmdline(e).contains(&config_arg("draft_model", Some(&v.model), 3, false)), "step 5: {}", cmdline(e));
-    assert_eq!(draft_positions(e.port), 3, "step 5: vLLM's per-position counters");
+    assert!(ok, "step 6: not healed:\n{out}");
+    assert_ne!(e.main_pid(UNIT), pid, "step 6: the healed unit runs in the old process:\n{out}");
+    assert_eq!(e.b.read_to_string(&path).unwrap(), unit, "step 6: the unit file is not specd's again");
+    assert_eq!(e.b.prop(UNIT, "DropInPaths").unwrap(), "", "step 6: the drop-in is still there");
+    assert!(cmdline(e).contains(&config_arg("draft_model", Some(&v.model), 3, false)), "step 6: {}", cmdline(e));
+    assert_eq!(draft_positions(e.port), 3, "step 6: vLLM's per-position counters");
     let (code, st) = status(e);
-    assert_eq!(code, Some(0), "step 5: status after the heal:\n{st}");
+    assert_eq!(code, Some(0), "step 6: status after the heal:\n{st}");
 }
 
-/// Step 6: `specd sweep` over `speculative.num_steps` of the draft-model spec, [2, 3]: each point
+/// Step 7: `specd sweep` over `speculative.num_steps` of the draft-model spec, [2, 3]: each point
 /// applied through the apply path, measured, its accept figures vLLM's counters; the last point
 /// is the unit as it was, so restoring it restarts nothing.
-fn step6_a_sweep_over_the_draft_size_reads_vllms_counters(e: &Env, v: &RealVllm) {
+fn step7_a_sweep_over_the_draft_size_reads_vllms_counters(e: &Env, v: &RealVllm) {
     e.put("base.yaml", &v.spec(UNIT, e.port, &draft_model(&v.model, 3), ""));
     let before = e.state(UNIT)["last_good"]["sha256"].as_str().unwrap().to_string();
     let sweep = e.put(
@@ -320,24 +364,24 @@ spec:
     );
     let o = e.specd(&["sweep", "-f", &sweep, "--out", "/run/specs/out"]);
     let said = text(&o);
-    assert!(o.status.success(), "step 6: the sweep failed:\n{said}");
+    assert!(o.status.success(), "step 7: the sweep failed:\n{said}");
     let records = e.b.read_to_string("/run/specs/out/results.jsonl").unwrap_or_default();
     let points: Vec<specd::PointResult> =
         records.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|err| panic!("{err}: {l}"))).collect();
-    assert_eq!(points.len(), 2, "step 6: {said}");
+    assert_eq!(points.len(), 2, "step 7: {said}");
     for (p, k) in points.iter().zip([2u64, 3]) {
-        assert_eq!(p.outcome, specd::PointOutcome::Measured, "step 6: {p:?}\n{said}");
+        assert_eq!(p.outcome, specd::PointOutcome::Measured, "step 7: {p:?}\n{said}");
         let lv = &p.levels[0];
-        assert_eq!((lv.requests, lv.errors), (2, 0), "step 6: {p:?}");
-        let rate = lv.accept_rate.unwrap_or_else(|| panic!("step 6: no accept rate: {p:?}"));
-        assert!(rate > 0.0 && rate <= 1.0, "step 6: {p:?}");
-        assert!(lv.accept_length.is_some_and(|l| l > 1.0 && l <= 1.0 + k as f64), "step 6: {p:?}");
+        assert_eq!((lv.requests, lv.errors), (2, 0), "step 7: {p:?}");
+        let rate = lv.accept_rate.unwrap_or_else(|| panic!("step 7: no accept rate: {p:?}"));
+        assert!(rate > 0.0 && rate <= 1.0, "step 7: {p:?}");
+        assert!(lv.accept_length.is_some_and(|l| l > 1.0 && l <= 1.0 + k as f64), "step 7: {p:?}");
         let evidence = lv.evidence.join(", ");
         let (drafts, tokens) = (moved(&evidence, DRAFTS), moved(&evidence, DRAFT_TOKENS));
-        assert_eq!(drafts.map(|d| d * k), tokens, "step 6: {k} tokens a draft, by vLLM's counters: {p:?}");
-        assert!(p.proof.as_deref().is_some_and(|f| f.contains("accept rate")), "step 6: the apply's proof: {p:?}");
+        assert_eq!(drafts.map(|d| d * k), tokens, "step 7: {k} tokens a draft, by vLLM's counters: {p:?}");
+        assert!(p.proof.as_deref().is_some_and(|f| f.contains("accept rate")), "step 7: the apply's proof: {p:?}");
     }
-    assert!(said.contains(&format!("after: InSync: {UNIT}")), "step 6: the restore restarted the server:\n{said}");
-    assert_eq!(e.state(UNIT)["last_good"]["sha256"].as_str(), Some(before.as_str()), "step 6: not restored:\n{said}");
-    assert_eq!(draft_positions(e.port), 3, "step 6: the restored server's per-position counters");
+    assert!(said.contains(&format!("after: InSync: {UNIT}")), "step 7: the restore restarted the server:\n{said}");
+    assert_eq!(e.state(UNIT)["last_good"]["sha256"].as_str(), Some(before.as_str()), "step 7: not restored:\n{said}");
+    assert_eq!(draft_positions(e.port), 3, "step 7: the restored server's per-position counters");
 }

@@ -33,8 +33,8 @@ pub struct EngineFacts {
     pub abbreviations: bool,
     /// The values of `speculative.algorithm`.
     pub algorithms: &'static [Algorithm],
-    /// Where the running engine reports its own args (`None`: it does not).
-    pub server_info_path: Option<&'static str>,
+    /// Where the running engine reports the args it runs with.
+    pub args_report: ArgsReport,
     /// The spec fields the running engine reports there, and where (a JSON pointer into the
     /// report), after its own rewrites (`Algorithm::reported_as`).
     pub reported: &'static [Reported],
@@ -68,6 +68,19 @@ pub struct SecretFlag {
     pub file_flag: Option<&'static str>,
 }
 
+/// Where a running engine reports the args it runs with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ArgsReport {
+    /// Nowhere: what it runs is checked on its command line only.
+    None,
+    /// `GET {0}` answers a JSON object of every arg (SGLang's `/get_server_info`).
+    Endpoint(&'static str),
+    /// One line of the instance's own log, written at start: after the marker, a Python dict
+    /// literal of the args that differ from the engine's parser defaults (vLLM's
+    /// `non-default args: {…}`). An arg absent from it runs at its default (`Reported::default`).
+    LogLine(&'static str),
+}
+
 /// One spec field as the running engine reports it.
 #[derive(Debug)]
 pub struct Reported {
@@ -75,13 +88,19 @@ pub struct Reported {
     pub field: &'static str,
     /// A JSON pointer into the engine's report of its args.
     pub pointer: &'static str,
-    /// What the engine reports when the spec leaves the field unset (a JSON literal), if
-    /// that is pinned: SGLang's `tp_size` is 1, its `speculative_algorithm` null.
-    pub when_unset: Option<&'static str>,
+    /// The engine's own default for it (a JSON literal), where that is pinned: what it runs
+    /// with when the spec leaves the field unset (SGLang's `tp_size` is 1, its
+    /// `speculative_algorithm` null), and what an arg absent from an `ArgsReport::LogLine`
+    /// means.
+    pub default: Option<&'static str>,
 }
 
 const fn rep(field: &'static str, pointer: &'static str) -> Reported {
-    Reported { field, pointer, when_unset: None }
+    Reported { field, pointer, default: None }
+}
+
+const fn rep_or(field: &'static str, pointer: &'static str, default: &'static str) -> Reported {
+    Reported { field, pointer, default: Some(default) }
 }
 
 /// One speculative-decoding algorithm as the engine names it.
@@ -127,6 +146,10 @@ pub enum Evidence {
     Vllm { generate: &'static str, drafts: &'static str, draft_tokens: &'static str, accepted: &'static str },
 }
 
+const fn vllm(name: &'static str, draft_model: Need) -> Algorithm {
+    Algorithm { name, reported_as: name, draft_model }
+}
+
 const SGLANG: EngineFacts = EngineFacts {
     engine: Engine::Sglang,
     checked_against: "SGLang (sglang/srt/server_args.py, see tests/fixtures/engines/sglang)",
@@ -164,16 +187,16 @@ const SGLANG: EngineFacts = EngineFacts {
         Algorithm { name: "STANDALONE", reported_as: "STANDALONE", draft_model: Need::Required },
         Algorithm { name: "NGRAM", reported_as: "NGRAM", draft_model: Need::Forbidden },
     ],
-    server_info_path: Some("/get_server_info"),
+    args_report: ArgsReport::Endpoint("/get_server_info"),
     // `build_server_info` returns every ServerArgs field after resolution.
     reported: &[
         rep("model", "/model_path"),
         rep("server.port", "/port"),
-        Reported { field: "server.tp_size", pointer: "/tp_size", when_unset: Some("1") },
+        rep_or("server.tp_size", "/tp_size", "1"),
         rep("server.mem_fraction_static", "/mem_fraction_static"),
         rep("server.max_running_requests", "/max_running_requests"),
         rep("server.context_length", "/context_length"),
-        Reported { field: "speculative.algorithm", pointer: "/speculative_algorithm", when_unset: Some("null") },
+        rep_or("speculative.algorithm", "/speculative_algorithm", "null"),
         rep("speculative.num_steps", "/speculative_num_steps"),
         rep("speculative.eagle_topk", "/speculative_eagle_topk"),
         rep("speculative.num_draft_tokens", "/speculative_num_draft_tokens"),
@@ -224,16 +247,69 @@ const VLLM: EngineFacts = EngineFacts {
     model_positional: true,
     removed_flags: &[],
     abbreviations: true,
+    // vLLM 0.32's `SpeculativeMethod` (vllm/config/speculative.py): its pydantic error for an
+    // unknown method lists them (tests/fixtures/engines/vllm/real/start-unknown-method.log).
+    // The model's own MTP layers need no draft; the `*_mtp` names are deprecated spellings
+    // of `mtp`. n-gram and suffix decoding have no draft model: vLLM ignores one. Two are
+    // left out: `custom_class` (its `model` is a Python class path, not a draft)
+    // and `extract_hidden_states` (it does not draft).
     algorithms: &[
-        Algorithm { name: "eagle", reported_as: "eagle", draft_model: Need::Required },
-        Algorithm { name: "eagle3", reported_as: "eagle3", draft_model: Need::Required },
-        Algorithm { name: "mtp", reported_as: "mtp", draft_model: Need::Optional },
-        Algorithm { name: "ngram", reported_as: "ngram", draft_model: Need::Forbidden },
-        Algorithm { name: "draft_model", reported_as: "draft_model", draft_model: Need::Required },
-        Algorithm { name: "suffix", reported_as: "suffix", draft_model: Need::Forbidden },
+        vllm("ngram", Need::Forbidden),
+        vllm("ngram_gpu", Need::Forbidden),
+        vllm("suffix", Need::Forbidden),
+        vllm("draft_model", Need::Required),
+        vllm("eagle", Need::Required),
+        vllm("eagle3", Need::Required),
+        vllm("medusa", Need::Required),
+        vllm("mlp_speculator", Need::Required),
+        vllm("dflash", Need::Required),
+        vllm("dspark", Need::Optional),
+        vllm("mtp", Need::Optional),
+        vllm("deepseek_mtp", Need::Optional),
+        vllm("dots3_note_mtp", Need::Optional),
+        vllm("mimo_mtp", Need::Optional),
+        vllm("mimo_v2_mtp", Need::Optional),
+        vllm("glm4_moe_mtp", Need::Optional),
+        vllm("glm4_moe_lite_mtp", Need::Optional),
+        vllm("glm_ocr_mtp", Need::Optional),
+        vllm("ernie_mtp", Need::Optional),
+        vllm("nemotron_h_mtp", Need::Optional),
+        vllm("exaone_moe_mtp", Need::Optional),
+        vllm("exaone4_5_mtp", Need::Optional),
+        vllm("qwen3_next_mtp", Need::Optional),
+        vllm("qwen4_exp_mtp", Need::Optional),
+        vllm("qwen3_5_mtp", Need::Optional),
+        vllm("longcat_flash_mtp", Need::Optional),
+        vllm("bailing_hybrid_v3_mtp", Need::Optional),
+        vllm("minimax_m3_mtp", Need::Optional),
+        vllm("bailing_hybrid_mtp", Need::Optional),
+        vllm("kimi_k3_mtp", Need::Optional),
+        vllm("pangu_ultra_moe_mtp", Need::Optional),
+        vllm("step3p5_mtp", Need::Optional),
+        vllm("hy_v3_mtp", Need::Optional),
+        vllm("hy_v4_mtp", Need::Optional),
+        vllm("gemma4_mtp", Need::Optional),
+        vllm("inkling_mtp", Need::Optional),
+        vllm("glm5_next_mtp", Need::Optional),
     ],
-    server_info_path: None,
-    reported: &[],
+    // `vllm serve` logs `non-default args: {…}` (vllm/entrypoints/serve/utils/api_utils.py):
+    // the parsed args that differ from `parser.parse_args([])`, with `--speculative-config`
+    // as the dict it was given (a method's name as written). Defaults from vLLM 0.32's
+    // parser: port 8000, tensor_parallel_size 1, gpu_memory_utilization 0.92, the others None.
+    args_report: ArgsReport::LogLine("non-default args: "),
+    reported: &[
+        rep("model", "/model"),
+        rep_or("server.port", "/port", "8000"),
+        rep_or("server.tp_size", "/tensor_parallel_size", "1"),
+        rep_or("server.mem_fraction_static", "/gpu_memory_utilization", "0.92"),
+        rep_or("server.max_running_requests", "/max_num_seqs", "null"),
+        rep_or("server.context_length", "/max_model_len", "null"),
+        rep_or("speculative.algorithm", "/speculative_config/method", "null"),
+        rep_or("speculative.draft_model", "/speculative_config/model", "null"),
+        rep_or("speculative.num_steps", "/speculative_config/num_speculative_tokens", "null"),
+        rep_or("speculative.prompt_lookup_max", "/speculative_config/prompt_lookup_max", "null"),
+        rep_or("speculative.prompt_lookup_min", "/speculative_config/prompt_lookup_min", "null"),
+    ],
     metrics_path: "/metrics",
     running_requests_metric: "vllm:num_requests_running",
     default_algorithm_with_draft: None,
@@ -308,7 +384,7 @@ const LLAMA_CPP: EngineFacts = EngineFacts {
         Algorithm { name: "ngram-mod", reported_as: "ngram-mod", draft_model: Need::Forbidden },
         Algorithm { name: "ngram-cache", reported_as: "ngram-cache", draft_model: Need::Forbidden },
     ],
-    server_info_path: Some("/props"),
+    args_report: ArgsReport::Endpoint("/props"),
     // Not the spec type: `/props` reports `speculative.types: "none"` whatever `--spec-type`
     // is (a fresh request's defaults); the speculation proof reads `/slots` and a completion.
     reported: &[rep("model", "/model_path"), rep("server.max_running_requests", "/total_slots")],
@@ -471,6 +547,8 @@ pub(crate) fn field_value(
         "speculative.draft_model" => spec?.draft_model.as_ref().map(|v| json!(v)),
         "speculative.draft_min" => n(spec?.draft_min),
         "speculative.draft_p_min" => spec?.draft_p_min.map(|v| json!(v)),
+        "speculative.prompt_lookup_min" => n(spec?.prompt_lookup_min),
+        "speculative.prompt_lookup_max" => n(spec?.prompt_lookup_max),
         _ => None,
     }
 }
@@ -548,9 +626,11 @@ mod tests {
     fn every_reported_field_is_a_field_specd_renders() {
         for e in [Engine::Sglang, Engine::Vllm, Engine::LlamaCpp] {
             for r in facts(e).reported {
-                assert!(facts(e).owned_flags.iter().any(|(_, f)| *f == r.field), "{e:?}: {}", r.field);
+                // vLLM's speculative fields are keys of its one `--speculative-config`.
+                let owner = |f: &str| f == r.field || (f == "speculative" && r.field.starts_with("speculative."));
+                assert!(facts(e).owned_flags.iter().any(|(_, f)| owner(f)), "{e:?}: {}", r.field);
                 assert!(
-                    r.when_unset.is_none_or(|l| serde_json::from_str::<serde_json::Value>(l).is_ok()),
+                    r.default.is_none_or(|l| serde_json::from_str::<serde_json::Value>(l).is_ok()),
                     "{e:?}: {}",
                     r.field
                 );

@@ -14,6 +14,7 @@
 mod diag;
 mod engine;
 pub mod model;
+pub mod pyrepr;
 mod render;
 mod resolve;
 mod secrets;
@@ -22,7 +23,7 @@ mod units;
 mod validate;
 
 pub use diag::{Diagnostic, Diagnostics, Severity};
-pub use engine::{Algorithm, EngineFacts, Evidence, Need, Reported, SecretFlag, facts as engine_facts};
+pub use engine::{Algorithm, ArgsReport, EngineFacts, Evidence, Need, Reported, SecretFlag, facts as engine_facts};
 pub use model::{Document, DriftPolicy, Engine, Restart};
 pub use render::{
     HEADER, RenderedUnit, command_line, exec_start, exec_start_value, parse_command_line, parse_environment, render,

@@ -171,7 +171,8 @@ pub struct ServerLayer {
 #[serde(deny_unknown_fields)]
 pub struct SpeculativeLayer {
     /// sglang `--speculative-algorithm` (EAGLE, EAGLE3, NEXTN, STANDALONE, NGRAM);
-    /// vllm `speculative-config.method` (eagle, eagle3, mtp, ngram, draft_model, suffix).
+    /// vllm `speculative-config.method` (ngram, ngram_gpu, suffix, draft_model, eagle, eagle3, medusa,
+    /// mlp_speculator, dflash, dspark, mtp and its model-named spellings such as qwen3_5_mtp).
     /// Not used by llama-cpp (a draft model selects draft decoding).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub algorithm: Option<String>,

@@ -100,10 +100,13 @@ pub struct Policy {
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct ExpectedArg {
     /// JSON pointer into the engine's report (`/get_server_info` for SGLang, `/props` for
-    /// llama.cpp), e.g. `/model_path`.
+    /// llama.cpp, vLLM's `non-default args` line), e.g. `/model_path`.
     pub key: &'static str,
     /// The value the engine must report; `null` means "must be unset".
     pub value: serde_json::Value,
+    /// What the report means when it has no such key: `null`, or the engine's default where
+    /// the report lists only the args that differ from their defaults (vLLM).
+    pub absent: serde_json::Value,
 }
 
 /// The base URL specd reaches a server at from the same host, given what it listens on (a
@@ -135,9 +138,9 @@ impl Spec {
         base_url(&self.server.host, &self.server.port.to_string())
     }
 
-    /// Where the engine reports its own args, if it does.
-    pub fn server_info_path(&self) -> Option<&'static str> {
-        crate::engine::facts(self.engine).server_info_path
+    /// Where the engine reports the args it runs with.
+    pub fn args_report(&self) -> crate::engine::ArgsReport {
+        crate::engine::facts(self.engine).args_report
     }
 
     /// Whether the spec asks the engine to speculate.
@@ -163,8 +166,12 @@ impl Spec {
                     }
                     (_, v) => v,
                 };
-                let v = v.or_else(|| r.when_unset.map(|l| serde_json::from_str::<Value>(l).unwrap_or(Value::Null)))?;
-                Some(ExpectedArg { key: r.pointer, value: v })
+                let default = r.default.map(|l| serde_json::from_str::<Value>(l).unwrap_or(Value::Null));
+                let absent = match facts.args_report {
+                    crate::engine::ArgsReport::LogLine(_) => default.clone().unwrap_or(Value::Null),
+                    _ => Value::Null,
+                };
+                Some(ExpectedArg { key: r.pointer, value: v.or(default)?, absent })
             })
             .collect()
     }

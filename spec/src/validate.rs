@@ -726,7 +726,13 @@ fn speculative(c: &mut Ctx, engine: Engine, l: &SpecLayer) -> Option<Speculative
             c.err(&format!("speculative.{field}"), why.to_string());
         }
     };
-    for (f, v) in [("num_steps", s.num_steps), ("eagle_topk", s.eagle_topk), ("num_draft_tokens", s.num_draft_tokens)] {
+    for (f, v) in [
+        ("num_steps", s.num_steps),
+        ("eagle_topk", s.eagle_topk),
+        ("num_draft_tokens", s.num_draft_tokens),
+        ("prompt_lookup_min", s.prompt_lookup_min),
+        ("prompt_lookup_max", s.prompt_lookup_max),
+    ] {
         if v == Some(0) {
             c.err(&format!("speculative.{f}"), "must be at least 1");
         }

@@ -93,10 +93,27 @@ const CASES: &[(&str, &str, u64, &str, &str)] = &[
     ),
     (
         "vllm unknown method",
-        "  speculative: {algorithm: medusa, num_steps: 2}\n",
+        // As a real vLLM 0.32 was given it (tests/fixtures/engines/vllm/real/start-unknown-method.log).
+        "  speculative: {algorithm: foo, num_steps: 4}\n",
         9,
         "spec.speculative.algorithm",
         "not a vLLM speculative method",
+    ),
+    (
+        // vLLM: `Input should be greater than 0 [type=greater_than, input_value=-1 …]`.
+        "vllm negative num_speculative_tokens",
+        "  speculative: {algorithm: ngram, num_steps: -1}\n",
+        9,
+        "spec.speculative.num_steps",
+        "",
+    ),
+    (
+        // vLLM: prompt_lookup_min and _max are `Field(ge=1)`.
+        "vllm prompt_lookup_min 0",
+        "  speculative: {algorithm: ngram, num_steps: 4, prompt_lookup_min: 0}\n",
+        9,
+        "spec.speculative.prompt_lookup_min",
+        "must be at least 1",
     ),
     (
         "vllm topk",

@@ -115,18 +115,7 @@ fn help_entry(help: &str, flag: &str) -> String {
 
 #[test]
 fn algorithms_are_the_engines_own() {
-    // vLLM: the literal values of SpeculativeConfig.method.
-    let fields = json("vllm", "speculative_config.fields.json");
-    let methods: Vec<&str> =
-        fields.as_array().unwrap().iter().find(|f| f["key"] == "method").unwrap()["literal_values"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_str().unwrap())
-            .collect();
-    for a in engine_facts(Engine::Vllm).algorithms {
-        assert!(methods.contains(&a.name), "vLLM method {} is not in {methods:?}", a.name);
-    }
+    // vLLM: `vllm_methods_are_those_the_real_vllm_accepts`.
     // llama.cpp: the --spec-type values listed by the real --help.
     let help = help_entry(&read("llama-cpp", "help.txt"), "--spec-type");
     for a in engine_facts(Engine::LlamaCpp).algorithms {
@@ -274,5 +263,68 @@ fn secret_flags_are_the_engines_own_and_none_is_missing() {
                 assert!(!named || facts.secret_flag(&f).is_some(), "{e:?}: {f} takes a secret and is not in the table");
             }
         }
+    }
+}
+
+/// The methods vLLM 0.32 itself lists when it refuses an unknown one (a real start's pydantic
+/// error): the table has each of its methods but two that do not draft from a model specd can
+/// check (`custom_class` names a Python class, `extract_hidden_states` does not draft), and none
+/// other.
+#[test]
+fn vllm_methods_are_those_the_real_vllm_accepts() {
+    let log = read("vllm", "real/start-unknown-method.log");
+    let line = log.lines().find(|l| l.trim_start().starts_with("Input should be '")).expect("the pydantic error");
+    let list = line.trim_start().trim_start_matches("Input should be ").split(" [type=").next().unwrap();
+    let accepted: Vec<&str> = list
+        .split(", ")
+        .flat_map(|x| x.split(" or "))
+        .map(|x| x.trim_matches('\''))
+        .filter(|x| !x.is_empty())
+        .collect();
+    assert!(accepted.len() > 30, "{accepted:?}");
+    let table = engine_facts(Engine::Vllm).algorithm_names();
+    for a in &table {
+        assert!(accepted.contains(a), "vLLM 0.32 refuses method {a}");
+    }
+    let left: Vec<&&str> = accepted.iter().filter(|a| !table.contains(a)).collect();
+    assert_eq!(left, [&"custom_class", &"extract_hidden_states"]);
+}
+
+/// What specd expects a vLLM to log of its args (`non-default args: {…}`), against the line a
+/// real vLLM logged for the same command line: all match, a default-valued arg (port 8000)
+/// absent from the line included; a spec that differs in one field differs there only.
+#[test]
+fn vllm_logs_the_args_specd_expects() {
+    let log = read("vllm", "real/start-ngram.log");
+    let marker = match engine_facts(Engine::Vllm).args_report {
+        specd_spec::ArgsReport::LogLine(m) => m,
+        other => panic!("{other:?}"),
+    };
+    let said = log.lines().find_map(|l| l.split_once(marker)).expect("the args line").1;
+    let report = specd_spec::pyrepr::parse(said).unwrap();
+    assert!(report.get("port").is_none(), "the default port is not logged: {report}");
+    let spec = |steps: u32| {
+        let text = format!(
+            "apiVersion: specd/v1\nkind: InferenceService\nmetadata: {{name: t}}\nspec:\n  unit: t.service\n  engine: vllm\n  model: /srv/models/smollm2-135m-hf-0.1.2\n  server: {{host: 127.0.0.1, port: 8000, context_length: 2048}}\n  speculative: {{algorithm: ngram, num_steps: {steps}, prompt_lookup_max: 3, prompt_lookup_min: 1}}\n"
+        );
+        specd_spec::parse("t.yaml", &text).unwrap().resolve(None).unwrap()
+    };
+    let differ = |s: &specd_spec::Spec| -> Vec<&str> {
+        s.expected_server_args()
+            .iter()
+            .filter(|e| report.pointer(e.key).unwrap_or(&e.absent) != &e.value)
+            .map(|e| e.key)
+            .collect()
+    };
+    let same = spec(4);
+    assert_eq!(same.expected_server_args().len(), engine_facts(Engine::Vllm).reported.len());
+    assert_eq!(differ(&same), Vec::<&str>::new());
+    assert_eq!(differ(&spec(3)), ["/speculative_config/num_speculative_tokens"]);
+    // Every args line of the real failing starts reads too.
+    for f in ["start-missing-draft.log", "start-draft-no-config.log", "start-bad-num-speculative-tokens.log"] {
+        let log = read("vllm", &format!("real/{f}"));
+        let said = log.lines().find_map(|l| l.split_once(marker)).expect("the args line").1;
+        let r = specd_spec::pyrepr::parse(said).unwrap();
+        assert!(r.pointer("/speculative_config/method").is_some(), "{f}: {r}");
     }
 }

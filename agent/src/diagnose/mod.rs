@@ -334,6 +334,36 @@ pub async fn last_said(invocation: &str) -> Option<String> {
     Some(line.chars().take(160).collect())
 }
 
+/// What follows `marker` on the first line of an instance's output that has it (an engine's
+/// log of the args it runs with), from the journal; `Err` when the journal has no such line
+/// or did not answer within 5 seconds. Reads from the instance's first line and stops at the
+/// line: a server that ran for weeks has written much since.
+pub async fn first_said(invocation: &str, marker: &str) -> Result<String, String> {
+    use tokio::io::AsyncBufReadExt;
+    if invocation.is_empty() || !invocation.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err("no running instance".into());
+    }
+    let read = async {
+        let mut child = tokio::process::Command::new("journalctl")
+            .args([&format!("_SYSTEMD_INVOCATION_ID={invocation}"), "-ocat", "--no-pager"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| format!("journalctl: {e}"))?;
+        let mut lines = tokio::io::BufReader::new(child.stdout.take().expect("piped")).lines();
+        while let Some(line) = lines.next_line().await.map_err(|e| format!("reading the journal: {e}"))? {
+            if let Some((_, after)) = line.split_once(marker) {
+                return Ok(after.to_string());
+            }
+        }
+        Err(format!("the instance's journal has no line with {:?} (yet)", marker.trim()))
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(5), read)
+        .await
+        .unwrap_or_else(|_| Err("the journal did not answer within 5 s".into()))
+}
+
 /// The verdict on one instance (by invocation ID) once the journal shows it ended, waiting up to
 /// `within` for the journal to catch up: journald takes the server's output and systemd's own
 /// lines on different sockets, so right after a stop the instance's end may not be written yet.

@@ -723,9 +723,11 @@ impl Host for FakeHost {
         }
     }
 
-    async fn server_info(&self, base_url: &str, spec: &Spec) -> Option<Result<Value, String>> {
-        spec.server_info_path()?;
-        if let Some(e) = self.call("server_info", HTTP, |e| e).await {
+    async fn reported_args(&self, base_url: &str, spec: &Spec, _invocation: &str) -> Option<Result<Value, String>> {
+        if spec.args_report() == specd_spec::ArgsReport::None {
+            return None;
+        }
+        if let Some(e) = self.call("reported_args", HTTP, |e| e).await {
             return Some(Err(e));
         }
         let Some(argv) = self.ready_server(base_url) else {

@@ -78,8 +78,14 @@ pub trait Host: Clone + Send + Sync + 'static {
     // The server.
 
     fn health(&self, url: &str) -> impl Future<Output = Health> + Send;
-    /// The server's own report of its args (`None`: the engine has none).
-    fn server_info(&self, base_url: &str, spec: &Spec) -> impl Future<Output = Option<Result<Value, String>>> + Send;
+    /// The server's own report of the args it runs with (`None`: the engine has none): its
+    /// endpoint's answer, or the line of the instance's log that lists them (`invocation`).
+    fn reported_args(
+        &self,
+        base_url: &str,
+        spec: &Spec,
+        invocation: &str,
+    ) -> impl Future<Output = Option<Result<Value, String>>> + Send;
     /// Requests in flight (`None`: not told).
     fn running_requests(&self, base_url: &str, engine: Engine) -> impl Future<Output = Option<u64>> + Send;
     /// One short generation and the engine's evidence of drafting.
@@ -268,8 +274,8 @@ impl Host for RealHost {
         self.probe.health(url).await
     }
 
-    async fn server_info(&self, base_url: &str, spec: &Spec) -> Option<Result<Value, String>> {
-        self.probe.server_info(base_url, spec).await
+    async fn reported_args(&self, base_url: &str, spec: &Spec, invocation: &str) -> Option<Result<Value, String>> {
+        reported_args(&self.probe, base_url, spec, invocation).await
     }
 
     async fn running_requests(&self, base_url: &str, engine: Engine) -> Option<u64> {
@@ -304,6 +310,24 @@ impl Host for RealHost {
             engine_error: d.engine_error,
         })
     }
+}
+
+/// The server's own report of the args it runs with (`None`: the engine has none): the JSON its
+/// endpoint answers, or the Python dict its instance logged at start (`invocation`).
+pub async fn reported_args(
+    probe: &crate::probe::Probe,
+    base_url: &str,
+    spec: &Spec,
+    invocation: &str,
+) -> Option<Result<Value, String>> {
+    use specd_spec::ArgsReport;
+    Some(match spec.args_report() {
+        ArgsReport::None => return None,
+        ArgsReport::Endpoint(path) => probe.json(&format!("{base_url}{path}")).await,
+        ArgsReport::LogLine(marker) => crate::diagnose::first_said(invocation, marker).await.and_then(|said| {
+            specd_spec::pyrepr::parse(&said).map_err(|e| format!("the logged args ({marker}…) do not read: {e}"))
+        }),
+    })
 }
 
 /// How an instance ended, as its diagnosis says it.

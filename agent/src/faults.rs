@@ -373,7 +373,7 @@ async fn a_unit_that_cannot_start_here_is_refused_before_the_serving_one_is_stop
         "{}",
         r.verdict
     );
-    assert_eq!(r.action, Action::Requeue(reconcile::PREFLIGHT_AGAIN));
+    assert_eq!(r.action, Action::Requeue(crate::timing::PREFLIGHT_AGAIN));
     assert_eq!(w.host.stops_and_starts(), before, "the serving instance was touched\n{}", w.said());
     assert_eq!(w.host.serving().as_ref(), Some(&old.spec.argv));
     assert_eq!(w.host.unit_file().as_deref(), Some(old.unit.text.as_str()));

@@ -36,6 +36,7 @@ mod speculation;
 mod state;
 mod sweep;
 mod systemd;
+mod timing;
 
 /// The `specd` command line (the binary is only this).
 pub use cli::main;
@@ -46,10 +47,10 @@ pub use source::{GitSource, SourceConfig, Verify};
 
 /// What the benchmarks measure specd's readiness policy with.
 pub use probe::{Health, Probe};
-pub use reconcile::readiness_backoff;
 /// The unit properties specd reads (the benchmarks time one `systemctl show` of them).
 pub use speculation::TOKENS as PROOF_TOKENS;
 pub use systemd::PROPS as UNIT_PROPERTIES;
+pub use timing::readiness_backoff;
 
 /// The sweep's load generator, for its tests against the stand-in and the real llama-server.
 pub use loadgen::{

@@ -22,12 +22,8 @@ use crate::recovery::{self, Recovery};
 use crate::state::{self, GoodUnit, HistoryEntry, InProgress, Outcome, Quarantined, Source, Store, UnitState};
 use crate::systemd::{ActiveState, UnitProps};
 
-/// How long specd waits for a stop: systemd's `TimeoutStopSec`, plus a margin for its SIGKILL and
-/// the kernel's reaping (5 s, or a tenth of the timeout when that is longer).
-pub fn stop_budget(timeout_stop_sec: u32) -> Duration {
-    let t = Duration::from_secs(timeout_stop_sec.into());
-    t + (t / 10).max(Duration::from_secs(5))
-}
+use crate::timing::{self, SpecWaits};
+use crate::timing::{PREFLIGHT_AGAIN, readiness_backoff};
 
 /// What happens next for a unit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -164,17 +160,17 @@ pub struct Report {
     pub action: Action,
 }
 
+/// kube-rs' error policy: what follows a reconcile that failed (an error, or an apply that did
+/// not reach its unit), by the number of failures in a row before it (`timing::error_backoff`).
+/// The worker jitters it, and a failed apply's own requeue is the earliest.
+pub fn error_policy(attempt: u32) -> Action {
+    Action::Requeue(timing::error_backoff(attempt))
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ReconcileError {
     #[error("{0:#}")]
     Io(#[from] anyhow::Error),
-}
-
-/// kube-rs' error policy: what follows a reconcile that failed (an error, or an apply that did
-/// not reach its unit), by the number of failures in a row before it: 2 s, doubling, at most 5
-/// minutes. The worker jitters it, and a failed apply's own requeue is the earliest.
-pub fn error_policy(attempt: u32) -> Action {
-    Action::Requeue(Duration::from_secs(2u64 << attempt.min(8)).min(Duration::from_secs(300)))
 }
 
 /// Why a step failed.
@@ -289,6 +285,7 @@ impl<'a> Target<'a> {
     /// The desired unit, replacing the instance at `old_url`; `resumed`: this apply finishes an
     /// interrupted one, which may have stopped the old instance already.
     fn desired(d: &'a DesiredState, old_url: String, resumed: bool) -> Target<'a> {
+        let waits = SpecWaits::of(&d.spec);
         Target {
             sha256: &d.unit.sha256,
             text: &d.unit.text,
@@ -296,10 +293,10 @@ impl<'a> Target<'a> {
             base_url: d.spec.base_url(),
             old_url,
             endpoint: d.spec.readiness.endpoint.clone(),
-            readiness: Duration::from_secs(d.spec.readiness.timeout_sec.into()),
-            stop_budget: stop_budget(d.spec.service.timeout_stop_sec),
-            timeout_stop: Duration::from_secs(d.spec.service.timeout_stop_sec.into()),
-            drain: Duration::from_secs(d.spec.service.drain_timeout_sec.into()),
+            readiness: waits.readiness,
+            stop_budget: waits.stop_budget,
+            timeout_stop: waits.timeout_stop,
+            drain: waits.drain,
             spec: Some(&d.spec),
             restore: Restore::Rollback,
             not_serving: resumed,
@@ -331,7 +328,7 @@ pub async fn observe<H: Host>(
     let mut arg_mismatches = Vec::new();
     if probe_server && props.active_state == ActiveState::Active {
         // A quick look: a hung server does not hold the reconcile.
-        let quick = Duration::from_millis(1500);
+        let quick = timing::QUICK_LOOK;
         let base = d.spec.base_url();
         let url = format!("{base}{}", d.spec.readiness.endpoint);
         let h = tokio::time::timeout(quick, ctx.host.health(&url)).await.unwrap_or(Health::Loading("timed out".into()));
@@ -623,7 +620,7 @@ async fn succeeded<H: Host>(
                 outcome: None,
                 verdict,
                 stop_verdict,
-                action: Action::Requeue(Duration::from_secs(60)),
+                action: Action::Requeue(timing::ENABLEMENT_AGAIN),
             };
         }
         let verdict = if d.spec.service.enabled {
@@ -703,9 +700,6 @@ async fn preflight_refusal<H: Host>(
     ))
 }
 
-/// How often a refused unit's pre-flight is looked at again.
-pub const PREFLIGHT_AGAIN: Duration = Duration::from_secs(60);
-
 /// A plan refused before anything was done: recorded once (a later look that finds the same
 /// refusal again says nothing new), looked at again every [`PREFLIGHT_AGAIN`].
 fn refuse<H: Host>(
@@ -762,7 +756,7 @@ fn settle<H: Host>(ctx: &Ctx<H>, st: &mut UnitState, d: &DesiredState, plan: Pla
         ctx.store.save(st)?;
     }
     let action = match plan.sync {
-        SyncStatus::Progressing => Action::Requeue(Duration::from_secs(5)),
+        SyncStatus::Progressing => Action::Requeue(timing::PROGRESSING_AGAIN),
         _ => Action::AwaitChange,
     };
     Ok(Report { plan, outcome, verdict, stop_verdict: None, action })
@@ -878,7 +872,7 @@ async fn failed<H: Host>(
     if f.spec_fault
         && !failed_instance.is_empty()
         && let Some(said) =
-            ctx.host.ending(unit, failed_instance, Duration::from_secs(5)).await.and_then(|e| e.engine_error)
+            ctx.host.ending(unit, failed_instance, timing::ENDING_WITHIN).await.and_then(|e| e.engine_error)
     {
         verdict.push_str(&format!("; the server said: {said}"));
         if let Some(q) = st.quarantine.iter_mut().find(|q| q.sha256 == d.unit.sha256).filter(|_| decision.quarantine) {
@@ -892,7 +886,7 @@ async fn failed<H: Host>(
         st.in_progress = None;
     }
     st.record(history(d, outcome, verdict.clone(), stop_verdict.clone(), started.elapsed().as_millis() as u64));
-    let action = if decision.requeue { Action::Requeue(Duration::from_secs(30)) } else { Action::AwaitChange };
+    let action = if decision.requeue { Action::Requeue(timing::FAILED_AGAIN) } else { Action::AwaitChange };
     (outcome, verdict, action)
 }
 
@@ -1048,6 +1042,7 @@ async fn restore<H: Host>(
     (ctx.events)(unit, &Event::Phase(format!("rolling back to the last good unit {}", short(&g.sha256))));
     let argv = exec_start(&g.text).unwrap_or_default();
     let base_url = g.base_url.clone().unwrap_or_else(|| base_url_of_argv(&argv).unwrap_or_else(|| d.spec.base_url()));
+    let waits = SpecWaits::of(&d.spec);
     let t = Target {
         sha256: &g.sha256,
         text: &g.text,
@@ -1056,10 +1051,10 @@ async fn restore<H: Host>(
         old_url: d.spec.base_url(),
         base_url,
         endpoint: g.endpoint.clone().unwrap_or_else(|| d.spec.readiness.endpoint.clone()),
-        readiness: Duration::from_secs(d.spec.readiness.timeout_sec.into()),
-        stop_budget: stop_budget(d.spec.service.timeout_stop_sec),
-        timeout_stop: Duration::from_secs(d.spec.service.timeout_stop_sec.into()),
-        drain: Duration::ZERO,
+        readiness: waits.readiness,
+        stop_budget: waits.stop_budget,
+        timeout_stop: waits.timeout_stop,
+        drain: timing::RESTORE_DRAIN,
         spec: None,
         restore: why,
         // What it stops has failed already: asked to stop, it still puts the good unit back.
@@ -1120,7 +1115,7 @@ async fn stop_until_empty<H: Host>(ctx: &Ctx<H>, unit: &str, before: &UnitProps)
     if before.control_group.is_empty() {
         return Ok(());
     }
-    ctx.host.wait_empty(&before.control_group, Instant::now() + Duration::from_secs(10), || {}).await
+    ctx.host.wait_empty(&before.control_group, Instant::now() + timing::EMPTY_AFTER_STOP, || {}).await
 }
 
 /// A unit whose spec is gone, with `prune: true`: stop it, wait until its processes are gone,
@@ -1236,7 +1231,7 @@ async fn run_steps<H: Host>(
             if !killed_from_outside(&props) {
                 return Err(f);
             }
-            let said = ctx.host.ending(unit, &stop.followed_by, Duration::from_secs(5)).await;
+            let said = ctx.host.ending(unit, &stop.followed_by, timing::ENDING_WITHIN).await;
             if said.is_some_and(|e| e.engine_error.is_some()) {
                 return Err(f);
             }
@@ -1368,7 +1363,7 @@ impl<H: Host> Run<'_, H> {
                     break;
                 }
             }
-            tokio::time::sleep(Duration::from_millis(500)).await;
+            tokio::time::sleep(timing::DRAIN_POLL).await;
         }
         Ok(())
     }
@@ -1379,8 +1374,7 @@ impl<H: Host> Run<'_, H> {
         emit(Event::Phase(format!("stopping {unit}")));
         if let Some(spec) = t.spec
             && let Ok(Some(n)) =
-                tokio::time::timeout(Duration::from_millis(500), ctx.host.running_requests(&t.old_url, spec.engine))
-                    .await
+                tokio::time::timeout(timing::DRAIN_POLL, ctx.host.running_requests(&t.old_url, spec.engine)).await
         {
             self.in_flight.store(n as i64, Ordering::Relaxed);
         }
@@ -1426,10 +1420,10 @@ impl<H: Host> Run<'_, H> {
             Background(tokio::spawn(async move {
                 loop {
                     let ask = host.running_requests(&url, engine);
-                    if let Ok(Some(n)) = tokio::time::timeout(Duration::from_millis(800), ask).await {
+                    if let Ok(Some(n)) = tokio::time::timeout(timing::STOPPING_ASK, ask).await {
                         counter.store(n as i64, Ordering::Relaxed);
                     }
-                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    tokio::time::sleep(timing::STOPPING_POLL).await;
                 }
             }))
         });
@@ -1476,7 +1470,7 @@ impl<H: Host> Run<'_, H> {
         stop.first = invocation.is_empty();
         let (host, u) = (ctx.host.clone(), unit.to_string());
         stop.pending =
-            Some(Background(tokio::spawn(async move { host.ending(&u, &invocation, Duration::from_secs(5)).await })));
+            Some(Background(tokio::spawn(async move { host.ending(&u, &invocation, timing::ENDING_WITHIN).await })));
         emit(Event::Progress(format!("stopped after {:.1}s; cgroup empty", started.elapsed().as_secs_f64())));
         Ok(())
     }
@@ -1686,12 +1680,12 @@ where
     Fut: std::future::Future<Output = Result<T, String>>,
 {
     let mut last = String::new();
-    for attempt in 0..3 {
+    for attempt in 0..timing::ASK_ATTEMPTS {
         if attempt > 0 {
             if !runs() {
                 break;
             }
-            tokio::time::sleep(Duration::from_secs(1)).await;
+            tokio::time::sleep(timing::ASK_PAUSE).await;
         }
         match ask().await {
             Ok(v) => return Ok(v),
@@ -1725,7 +1719,7 @@ async fn wait_stopped_state<H: Host>(ctx: &Ctx<H>, unit: &str, deadline: Instant
             && props.sub_state != "stop-sigterm"
         {
             // Restarted behind specd's back (Restart= timer, a dependency, a person).
-            if restops >= 3 {
+            if restops >= timing::RESTOPS {
                 return Err(format!(
                     "{unit} keeps being started again while specd stops it ({}/{})",
                     props.active_state, props.sub_state
@@ -1751,17 +1745,6 @@ async fn wait_stopped_state<H: Host>(ctx: &Ctx<H>, unit: &str, deadline: Instant
             _ = tokio::time::sleep_until(deadline) => {}
         }
     }
-}
-
-/// How often readiness is polled: 5 ms, then every 10 ms, so a server that turns ready is
-/// noticed within 10 ms (as soon as a hand-written 10 ms poller would), and one that loads for
-/// minutes sees 100 cheap requests a second (a refused connection on loopback, or a 503).
-pub fn readiness_backoff() -> backon::ExponentialBuilder {
-    backon::ExponentialBuilder::default()
-        .with_min_delay(Duration::from_millis(5))
-        .with_max_delay(Duration::from_millis(10))
-        .with_factor(2.0)
-        .without_max_times()
 }
 
 /// Why a wait for readiness ended without it: the server's fault (it exited, answered a 4xx, or
@@ -1800,12 +1783,12 @@ async fn wait_ready<H: Host>(
     let _reader = {
         let (host, invocation, said) = (ctx.host.clone(), invocation.to_string(), said.clone());
         Background(tokio::spawn(async move {
-            tokio::time::sleep(Duration::from_millis(1500)).await;
+            tokio::time::sleep(timing::SAID_FIRST).await;
             loop {
                 if let Some(l) = host.last_said(&invocation).await {
                     *crate::guard::lock(&said) = format!(" ({l})");
                 }
-                tokio::time::sleep(Duration::from_secs(2)).await;
+                tokio::time::sleep(timing::WAITING_NOTE).await;
             }
         }))
     };
@@ -1828,7 +1811,7 @@ async fn wait_ready<H: Host>(
         };
         let now = Instant::now();
         let exited = !ctx.host.alive(pid);
-        let due = exited || { now.duration_since(*last_check.lock().unwrap()) >= Duration::from_millis(500) };
+        let due = exited || { now.duration_since(*last_check.lock().unwrap()) >= timing::ALIVE_EVERY };
         if due {
             *last_check.lock().unwrap() = now;
             // The process is gone: let systemd settle the unit so its result can be told (its
@@ -1838,7 +1821,7 @@ async fn wait_ready<H: Host>(
                 false => None,
             };
             let mut props = ctx.host.show(unit).await.map_err(|e| Wait::Host(format!("{e:#}")))?;
-            let settle = Instant::now() + Duration::from_secs(2);
+            let settle = Instant::now() + timing::EXIT_SETTLE;
             while let Some(c) = changes.as_mut().filter(|_| props.main_pid == pid) {
                 tokio::select! {
                     _ = c.changed() => {}
@@ -1861,7 +1844,7 @@ async fn wait_ready<H: Host>(
         if now >= deadline {
             return Err(Wait::Fatal(format!("not ready after {}s ({why})", t.readiness.as_secs())));
         }
-        let note_due = { now.duration_since(*last_note.lock().unwrap()) >= Duration::from_secs(2) };
+        let note_due = { now.duration_since(*last_note.lock().unwrap()) >= timing::WAITING_NOTE };
         if note_due {
             *last_note.lock().unwrap() = now;
             // With what the server says it is doing, when it says anything.
@@ -1908,12 +1891,6 @@ mod tests {
             .collect();
         assert_eq!(secs, [2, 4, 8, 16, 32, 64, 128, 256, 300, 300]);
         assert_eq!(error_policy(u32::MAX), Action::Requeue(Duration::from_secs(300)));
-    }
-
-    #[test]
-    fn stop_budget_adds_a_margin() {
-        assert_eq!(stop_budget(2), Duration::from_secs(7));
-        assert_eq!(stop_budget(300), Duration::from_secs(330));
     }
 
     #[test]

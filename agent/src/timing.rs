@@ -1,0 +1,119 @@
+//! The reconciler's timing policy: every duration and limit it waits, asks or requeues by, in one
+//! place. ARCHITECTURE.md's timing table names each of them (a test checks that it does, with its
+//! value).
+
+use std::time::Duration;
+
+use specd_spec::Spec;
+
+/// A unit that is Progressing (an apply elsewhere, a unit still starting) is looked at again.
+pub const PROGRESSING_AGAIN: Duration = Duration::from_secs(5);
+/// A unit refused by the pre-flight is looked at again (the host may be fixed: a model copied,
+/// a port freed, with no event specd sees).
+pub const PREFLIGHT_AGAIN: Duration = Duration::from_secs(60);
+/// A unit whose enablement could not be set (its server untouched) is tried again.
+pub const ENABLEMENT_AGAIN: Duration = Duration::from_secs(60);
+/// A failed apply that is not quarantined is not reconciled again before this.
+pub const FAILED_AGAIN: Duration = Duration::from_secs(30);
+/// `error_policy`: the first retry after an error…
+pub const ERROR_FIRST: Duration = Duration::from_secs(2);
+/// …doubling up to this.
+pub const ERROR_MOST: Duration = Duration::from_secs(300);
+
+/// A look at the server in `observe`: one request, at most this long.
+pub const QUICK_LOOK: Duration = Duration::from_millis(1500);
+/// The stop budget's margin over `TimeoutStopSec`: this, or a tenth of it when longer.
+pub const STOP_MARGIN: Duration = Duration::from_secs(5);
+/// A stop outside an apply: the cgroup empties within this after the stop job.
+pub const EMPTY_AFTER_STOP: Duration = Duration::from_secs(10);
+/// A restore drains nothing: what it stops has failed already.
+pub const RESTORE_DRAIN: Duration = Duration::ZERO;
+/// The drain reads the in-flight requests this often…
+pub const DRAIN_POLL: Duration = Duration::from_millis(500);
+/// …and the stop's progress line every second, each read at most this long.
+pub const STOPPING_POLL: Duration = Duration::from_secs(1);
+pub const STOPPING_ASK: Duration = Duration::from_millis(800);
+/// How long journald is waited for to tell how an instance ended.
+pub const ENDING_WITHIN: Duration = Duration::from_secs(5);
+/// A question to the started server (its args, its speculation evidence) is asked this many
+/// times, this far apart, while its process runs.
+pub const ASK_ATTEMPTS: u32 = 3;
+pub const ASK_PAUSE: Duration = Duration::from_secs(1);
+/// A unit restarted (by `Restart=`, a dependency, a person) after specd stopped it is stopped
+/// again at most this many times in one apply.
+pub const RESTOPS: u32 = 3;
+
+/// Readiness: asked first after this, then every…
+pub const READY_FIRST: Duration = Duration::from_millis(5);
+/// …this long.
+pub const READY_EVERY: Duration = Duration::from_millis(10);
+/// While it loads, systemd is asked this often whether the started process still runs.
+pub const ALIVE_EVERY: Duration = Duration::from_millis(500);
+/// A server gone while loading: systemd is given this long to settle the unit.
+pub const EXIT_SETTLE: Duration = Duration::from_secs(2);
+/// The readiness wait's line (with the last thing the server said) is refreshed this often.
+pub const WAITING_NOTE: Duration = Duration::from_secs(2);
+/// The last line a loading server wrote is first read after this (most load in less).
+pub const SAID_FIRST: Duration = Duration::from_millis(1500);
+
+/// How long specd waits for a stop: systemd's `TimeoutStopSec`, plus a margin for its SIGKILL and
+/// the kernel's reaping ([`STOP_MARGIN`], or a tenth of the timeout when that is longer).
+pub fn stop_budget(timeout_stop_sec: u32) -> Duration {
+    let t = Duration::from_secs(timeout_stop_sec.into());
+    t + (t / 10).max(STOP_MARGIN)
+}
+
+/// The error policy's wait after `attempt` failures in a row: [`ERROR_FIRST`], doubling, at most
+/// [`ERROR_MOST`].
+pub fn error_backoff(attempt: u32) -> Duration {
+    (ERROR_FIRST * (1u32 << attempt.min(8))).min(ERROR_MOST)
+}
+
+/// The readiness poll: [`READY_FIRST`], then every [`READY_EVERY`], so a server that turns ready
+/// is noticed within 10 ms (as soon as a hand-written 10 ms poller would), and one that loads for
+/// minutes sees 100 cheap requests a second (a refused connection on loopback, or a 503).
+pub fn readiness_backoff() -> backon::ExponentialBuilder {
+    backon::ExponentialBuilder::default()
+        .with_min_delay(READY_FIRST)
+        .with_max_delay(READY_EVERY)
+        .with_factor(2.0)
+        .without_max_times()
+}
+
+/// The spec's own waits.
+pub struct SpecWaits {
+    pub readiness: Duration,
+    pub timeout_stop: Duration,
+    pub stop_budget: Duration,
+    pub drain: Duration,
+}
+
+impl SpecWaits {
+    pub fn of(spec: &Spec) -> SpecWaits {
+        SpecWaits {
+            readiness: Duration::from_secs(spec.readiness.timeout_sec.into()),
+            timeout_stop: Duration::from_secs(spec.service.timeout_stop_sec.into()),
+            stop_budget: stop_budget(spec.service.timeout_stop_sec),
+            drain: Duration::from_secs(spec.service.drain_timeout_sec.into()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_error_backoff_doubles_from_2_s_to_5_min() {
+        let secs: Vec<u64> = (0..10).map(|a| error_backoff(a).as_secs()).collect();
+        assert_eq!(secs, [2, 4, 8, 16, 32, 64, 128, 256, 300, 300]);
+        assert_eq!(error_backoff(u32::MAX), ERROR_MOST);
+    }
+
+    #[test]
+    fn the_stop_budget_is_the_timeout_and_a_margin() {
+        assert_eq!(stop_budget(0), Duration::from_secs(5));
+        assert_eq!(stop_budget(30), Duration::from_secs(35));
+        assert_eq!(stop_budget(90), Duration::from_secs(99));
+    }
+}

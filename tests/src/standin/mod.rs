@@ -38,6 +38,7 @@ pub mod args;
 pub mod faults;
 pub mod logs;
 pub mod perf;
+pub mod py;
 pub mod server;
 
 use std::collections::BTreeMap;

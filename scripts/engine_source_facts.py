@@ -12,7 +12,7 @@ engine's requirements.
 It writes into OUTDIR:
   args.json            the server's command-line flags (sorted by first flag)
   metrics.txt          Prometheus metric names, type and labels
-  *.shape.json         reply shapes: real key names, a type tag per leaf
+  *.shape.json         (sglang) reply shapes: real key names, a type tag per leaf
   (sglang) server_args.fields.json, (vllm) speculative_config.fields.json
 
 Shapes that can be derived from a declared model (pydantic classes) are
@@ -1015,16 +1015,6 @@ def vllm_spec_config_fields(idx: Index):
     return out
 
 
-VLLM_TEMPLATES = {
-    "health.shape.json": {
-        "_source": "vllm/entrypoints/serve/instrumentator/health.py health",
-        "_notes": "Empty body; 200 when engine_client.check_health() passes, 503 on EngineDeadError. While the engine is still loading, the HTTP server is not listening yet (connection refused).",
-        "GET /health": {"status": "200|503", "body": "empty"},
-        "_check": [("vllm.entrypoints.serve.instrumentator.health", "health", ["/health"])],
-    },
-}
-
-
 # --------------------------------------------------------------------------
 # Metrics
 # --------------------------------------------------------------------------
@@ -1251,16 +1241,7 @@ def main_vllm(root, outdir, version):
     dump_json(os.path.join(outdir, "args.json"), vllm_args(idx))
     dump_json(os.path.join(outdir, "speculative_config.fields.json"), vllm_spec_config_fields(idx))
 
-    proto = "vllm.entrypoints.openai.completion.protocol"
-    m, cls = idx.find_class(proto, "CompletionResponse")
-    shape = {"_source": f"{idx.rel(proto)} CompletionResponse (POST /v1/completions, non-stream); metrics = PerRequestMetrics "
-                        "(vllm/entrypoints/generate/base/protocol.py), metrics.speculative_decoding = SpeculativeDecodingMetrics "
-                        "filled by vllm/v1/metrics/stats.py RequestSpecDecodeMetrics.to_dict when the server runs with "
-                        "--per-request-spec-decode-metrics summary|detailed and n == 1",
-             **model_shape(idx, m, cls)}
-    dump_json(os.path.join(outdir, "v1_completions.shape.json"), shape)
-
-    write_templates(idx, outdir, VLLM_TEMPLATES)
+    # vLLM's replies are recorded from a real vLLM (vllm/real/, scripts/record-engine-failures).
 
     metrics = scan_metrics(idx, package_modules_mentioning(idx, '"vllm:', "vllm"), "vllm:")
     write_metrics(os.path.join(outdir, "metrics.txt"), metrics, [

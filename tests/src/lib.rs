@@ -110,5 +110,6 @@ pub mod util;
 pub use cgroups::CgroupLayout;
 pub use systemd_box::{BoxConfig, BoxTrace, SystemdBox, Teardown};
 pub use util::{
-    Reaped, STANDIN_MODEL, bin_path, free_port, git, http, http_get, sglang_spec, target_dir, wait_for, wait_until,
+    Reaped, STANDIN_MODEL, bin_path, free_port, git, http, http_get, http_with_headers, sglang_spec, target_dir,
+    wait_for, wait_until,
 };

@@ -355,6 +355,42 @@ pub fn exposition_families(body: &str) -> Result<BTreeMap<String, Metric>, Strin
     Ok(out)
 }
 
+/// The label names of each sample of an exposition (`name{a="x",b="y"} 1.0` gives `name` ->
+/// `[a, b]`), every set a sample name is seen with.
+pub fn exposition_label_sets(body: &str) -> Result<BTreeMap<String, BTreeSet<Vec<String>>>, String> {
+    let mut out: BTreeMap<String, BTreeSet<Vec<String>>> = BTreeMap::new();
+    for line in body.lines().filter(|l| !l.starts_with('#') && !l.trim().is_empty()) {
+        let (name, rest) = match line.find(['{', ' ']) {
+            Some(i) => (&line[..i], &line[i..]),
+            None => return Err(format!("unreadable sample {line:?}")),
+        };
+        let mut names = Vec::new();
+        if let Some(mut r) = rest.strip_prefix('{') {
+            while !r.starts_with('}') {
+                let (k, v) = r.split_once("=\"").ok_or_else(|| format!("unreadable labels in {line:?}"))?;
+                names.push(k.trim_start_matches(',').to_string());
+                // The value ends at the first quote not escaped by a backslash.
+                let mut end = None;
+                let mut escaped = false;
+                for (i, c) in v.char_indices() {
+                    match c {
+                        '\\' if !escaped => escaped = true,
+                        '"' if !escaped => {
+                            end = Some(i);
+                            break;
+                        }
+                        _ => escaped = false,
+                    }
+                }
+                let end = end.ok_or_else(|| format!("unterminated label value in {line:?}"))?;
+                r = v[end + 1..].trim_start_matches(',');
+            }
+        }
+        out.entry(name.to_string()).or_default().insert(names);
+    }
+    Ok(out)
+}
+
 /// Checks a stand-in's `/metrics` body against the real engine's metrics:
 /// each family it declares exists with the same type, each sample name is one
 /// the real family exposes.
@@ -435,6 +471,9 @@ mod tests {
             "# c\nvllm:spec_decode_num_drafts\tcounter\tx\tvllm:spec_decode_num_drafts_total\tf\nvllm:g\tgauge\tx\tvllm:g\tf\n",
         );
         let ok = "# TYPE vllm:spec_decode_num_drafts counter\nvllm:spec_decode_num_drafts_total{a=\"b\"} 1.0\n# TYPE vllm:g gauge\nvllm:g 0\n";
+        let sets = exposition_label_sets("x{a=\"1,\\\"2\",b=\"\"} 1\nx 2\ny{c=\"3\"} 1.0\n").unwrap();
+        assert_eq!(sets["x"], [vec!["a".to_string(), "b".to_string()], vec![]].into_iter().collect());
+        assert_eq!(sets["y"], [vec!["c".to_string()]].into_iter().collect());
         assert!(check_metrics(ok, &real).is_empty());
         let bad = "# TYPE vllm:g counter\nvllm:g_total 1\n# TYPE vllm:h gauge\nvllm:h 1\n";
         assert_eq!(check_metrics(bad, &real).len(), 2);

@@ -79,6 +79,14 @@ pub fn bin_path(name: &str) -> PathBuf {
 /// status code and body, or `None` if the port is closed or the answer is
 /// cut. Streams (SSE) are read until the server closes them.
 pub fn http(port: u16, method: &str, path: &str, body: Option<&str>, timeout: Duration) -> Option<(u16, String)> {
+    http_with_headers(port, method, path, body, timeout).map(|(code, _, body)| (code, body))
+}
+
+/// A reply: status code, headers (names in lower case), body.
+pub type Reply = (u16, Vec<(String, String)>, String);
+
+/// [`http`] with the reply's headers.
+pub fn http_with_headers(port: u16, method: &str, path: &str, body: Option<&str>, timeout: Duration) -> Option<Reply> {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
     s.set_read_timeout(Some(timeout)).ok()?;
@@ -93,7 +101,13 @@ pub fn http(port: u16, method: &str, path: &str, body: Option<&str>, timeout: Du
     let text = String::from_utf8_lossy(&out).into_owned();
     let (head, body) = text.split_once("\r\n\r\n")?;
     let code = head.split_whitespace().nth(1)?.parse().ok()?;
-    Some((code, body.to_string()))
+    let headers = head
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
+    Some((code, headers, body.to_string()))
 }
 
 /// `GET path` with a 5 s timeout.

@@ -1,15 +1,18 @@
 //! The stand-in against the real engines: every field it reports exists in the
 //! real engine's reply (same name, type, nesting), every metric it exports is
 //! one of the engine's (same type), every flag it accepts is a real flag, and
-//! the defaults it fills in are the real defaults. The real side is
-//! `tests/fixtures/engines/<engine>/` (see `FACTS.md` there).
+//! the defaults it fills in are the real defaults, and (vLLM) the log lines specd reads are the
+//! real ones. The real side is `tests/fixtures/engines/<engine>/` (see `FACTS.md` there); vLLM's
+//! is `vllm/real/`, recorded from a real vLLM.
 //!
 //! A test that passes against the stand-in must not fail against the real
 //! engine because the stand-in invented a field, a metric or a flag.
 
 use serde_json::{Value, json};
 use specd_e2e::shape::{self, Metric, ServerArgs};
-use specd_e2e::standin::args::{self, F, LLAMA_FLAGS, LLAMA_REMOVED, SGLANG_FLAGS, VLLM_FLAGS};
+use specd_e2e::standin::args::{self, F, LLAMA_FLAGS, LLAMA_REMOVED, SGLANG_FLAGS};
+use specd_e2e::standin::py::Py;
+use specd_e2e::standin::vllm;
 use specd_e2e::{Reaped, bin_path, free_port, http, wait_for};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -243,34 +246,120 @@ fn sglang_replies_have_the_real_shapes() {
     f.assert_none();
 }
 
+/// vLLM's side is real: `vllm/real/`, recorded from a real vLLM 0.32 (see its README).
+fn real_vllm(file: &str) -> Value {
+    read_json("vllm", &format!("real/{file}"))
+}
+
+fn real_vllm_text(file: &str) -> String {
+    read_text("vllm", &format!("real/{file}"))
+}
+
+/// The shape of the real replies recorded in `files`, merged.
+fn real_vllm_shape(files: &[&str]) -> Value {
+    let mut shapes = files.iter().map(|f| shape::shape_of(&real_vllm(f)));
+    let first = shapes.next().expect("a file");
+    shapes.fold(first, |a, b| shape::merge_shapes(&a, &b))
+}
+
+fn header<'a>(headers: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    headers.iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+}
+
+/// `vllm:spec_decode_*` families of an exposition.
+fn spec_decode_families(body: &str) -> BTreeSet<String> {
+    shape::exposition_families(body)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .into_keys()
+        .filter(|k| k.starts_with("vllm:spec_decode_"))
+        .collect()
+}
+
 #[test]
 fn vllm_replies_have_the_real_shapes() {
-    let v1_shape = read_json("vllm", "v1_completions.shape.json");
-    let health = read_json("vllm", "health.shape.json");
-    let metrics = real_metrics("vllm");
+    let health = real_vllm("health.json");
+    let types = real_vllm("content-types.json");
+    let models_shape = real_vllm_shape(&["v1_models.json", "v1_models.plain.json"]);
+    let completion_shape = real_vllm_shape(&["v1_completions.json", "v1_completions.plain.json"]);
+    let (real_chunks, done) = sse_chunks("the real stream", &real_vllm_text("v1_completions.stream.txt"));
+    assert!(done && real_chunks.len() > 1, "the real stream's chunks and [DONE]");
+    let chunk_shape = shape::shape_of(&real_chunks[0]);
+    let last_chunk_shape = shape::shape_of(real_chunks.last().expect("chunks"));
     let mut f = Findings::default();
     for spec in [false, true] {
+        let real_metrics_text = real_vllm_text(if spec { "metrics.ngram.txt" } else { "metrics.plain.txt" });
+        let metrics = shape::exposition_families(&real_metrics_text).unwrap();
+        let real_labels = shape::exposition_label_sets(&real_metrics_text).unwrap();
         let port = free_port();
-        let mut argv = vec!["vllm", "serve", "/models/q"];
+        let mut argv = vec!["vllm", "serve", "/models/q", "--served-model-name", "q", "q2"];
         if spec {
             argv.extend(["--speculative-config", r#"{"method":"ngram","num_speculative_tokens":3}"#]);
         }
         let _p = start(&argv, port, "/health");
         let tag = if spec { "vllm (speculative)" } else { "vllm" };
-        let got = http(port, "GET", "/health", None, Duration::from_secs(5)).expect("an answer");
-        f.status_only(&format!("{tag} GET /health"), got, &health["GET /health"]);
+        let get = |method: &str, path: &str, body: Option<&Value>| {
+            let body = body.map(Value::to_string);
+            specd_e2e::http_with_headers(port, method, path, body.as_deref(), Duration::from_secs(20))
+                .unwrap_or_else(|| panic!("{method} {path}: no answer"))
+        };
+        let content_type = |f: &mut Findings, what: &str, headers: &[(String, String)]| {
+            let real = types[what]["content-type"].as_str();
+            if header(headers, "content-type") != real {
+                f.0.push(format!(
+                    "{tag} {what}: Content-Type {:?}, the real one {real:?}",
+                    header(headers, "content-type")
+                ));
+            }
+        };
 
-        let v1 = json!({"model": "/models/q", "prompt": "The capital of France is", "max_tokens": 8});
-        let c = json_of("/v1/completions", &call(port, "POST", "/v1/completions", Some(&v1)));
-        f.shape(&format!("{tag} POST /v1/completions"), &c, &v1_shape, None);
+        let (code, headers, body) = get("GET", "/health", None);
+        if json!(code) != health["_status"] || json!(body) != health["_body"] {
+            f.0.push(format!(
+                "{tag} GET /health: {code} {body:?}, the real one {} {}",
+                health["_status"], health["_body"]
+            ));
+        }
+        content_type(&mut f, "GET /health", &headers);
 
-        let body = call(port, "GET", "/metrics", None);
+        let (_, headers, body) = get("GET", "/version", None);
+        assert_eq!(json_of("/version", &body), real_vllm("version.json"), "{tag}: the version is the real one's");
+        content_type(&mut f, "GET /version", &headers);
+
+        let (_, headers, body) = get("GET", "/v1/models", None);
+        let models = json_of("/v1/models", &body);
+        f.shape(&format!("{tag} GET /v1/models"), &models, &models_shape, None);
+        let ids: Vec<&str> = models["data"].as_array().into_iter().flatten().filter_map(|m| m["id"].as_str()).collect();
+        assert_eq!(ids, ["q", "q2"], "{tag}: one model per served name, as the real one answers");
+        content_type(&mut f, "GET /v1/models", &headers);
+
+        let v1 = json!({"model": "q", "prompt": "The capital of France is", "max_tokens": 8});
+        let (_, headers, body) = get("POST", "/v1/completions", Some(&v1));
+        f.shape(&format!("{tag} POST /v1/completions"), &json_of("/v1/completions", &body), &completion_shape, None);
+        content_type(&mut f, "POST /v1/completions", &headers);
+        let mut sv1 = v1.clone();
+        sv1["stream"] = json!(true);
+        let (_, headers, body) = get("POST", "/v1/completions", Some(&sv1));
+        let (chunks, done) = sse_chunks("/v1/completions chunk", &body);
+        assert!(done && !chunks.is_empty(), "{tag}: a stream of chunks ending in [DONE]");
+        for (i, c) in chunks.iter().enumerate() {
+            let s = if i == chunks.len() - 1 { &last_chunk_shape } else { &chunk_shape };
+            f.shape(&format!("{tag} POST /v1/completions stream chunk {i}"), c, s, None);
+        }
+        content_type(&mut f, "POST /v1/completions (stream)", &headers);
+
+        let (_, headers, body) = get("GET", "/metrics", None);
         f.add(&format!("{tag} GET /metrics"), shape::check_metrics(&body, &metrics));
-        assert_eq!(
-            body.contains("vllm:spec_decode_num_drafts_total"),
-            spec,
-            "{tag}: the spec_decode counters exist exactly when speculating:\n{body}"
-        );
+        for (sample, sets) in shape::exposition_label_sets(&body).unwrap() {
+            for set in sets.iter().filter(|s| !real_labels.get(&sample).is_some_and(|r| r.contains(*s))) {
+                f.0.push(format!(
+                    "{tag} GET /metrics: {sample} with labels {set:?}, the real one has {:?}",
+                    real_labels.get(&sample)
+                ));
+            }
+        }
+        content_type(&mut f, "GET /metrics", &headers);
+        // The spec_decode counters, the per-position one included, exactly when speculating.
+        assert_eq!(spec_decode_families(&body), spec_decode_families(&real_metrics_text), "{tag}:\n{body}");
     }
     f.assert_none();
 }
@@ -291,15 +380,62 @@ fn sglang_cli_is_the_real_cli() {
     f.assert_none();
 }
 
+/// The real parser's `type` (`args.json`) of each kind of value the stand-in converts.
+fn vllm_type(k: vllm::Kind) -> (Option<&'static str>, Value) {
+    match k {
+        vllm::Kind::Str => (Some("str"), Value::Null),
+        vllm::Kind::OptStr => (Some("optional_type(str)"), Value::Null),
+        vllm::Kind::OptStrList => (Some("optional_type(str)"), json!("+")),
+        vllm::Kind::Int => (Some("int"), Value::Null),
+        vllm::Kind::Float => (Some("float"), Value::Null),
+        vllm::Kind::HumanInt => (Some("human_readable_int"), Value::Null),
+        vllm::Kind::HumanIntOrAuto => (Some("human_readable_int_or_auto"), Value::Null),
+        vllm::Kind::Json => (Some("optional_type(json.loads)"), Value::Null),
+        vllm::Kind::BoolOpt => (None, json!(0)),
+    }
+}
+
+/// Every option the stand-in's vLLM accepts is the real parser's, with the real dest, spellings,
+/// value type, default and choices, and its dests come in the real namespace's order (the order
+/// of the `non-default args` line).
 #[test]
 fn vllm_cli_is_the_real_cli() {
+    let real = real_vllm("args.json");
+    let real = real.as_array().expect("args.json is a list");
     let mut f = Findings::default();
-    // What the stand-in fills in for a bare `vllm serve MODEL`, but the
-    // positional model.
-    let l = args::parse(&["vllm".into(), "serve".into(), "/m".into()], &BTreeMap::new()).expect("a valid command line");
-    let mut defaults = l.args.clone();
-    defaults.remove("model");
-    check_cli(&mut f, "vllm", VLLM_FLAGS, &defaults, &BTreeMap::new());
+    assert_eq!(real[0]["dest"], vllm::MODEL_TAG, "the positional model comes first");
+    let mut last = 0;
+    for flag in vllm::FLAGS {
+        let Some((at, e)) = real.iter().enumerate().find(|(_, e)| e["dest"] == flag.dest) else {
+            f.0.push(format!("vllm: dest {} is not the real parser's", flag.dest));
+            continue;
+        };
+        if at <= last {
+            f.0.push(format!("vllm: {} is at {at} in the real namespace, after {last}", flag.dest));
+        }
+        last = at;
+        let flags: Vec<&str> = e["flags"].as_array().unwrap().iter().filter_map(Value::as_str).collect();
+        if flags != flag.names {
+            f.0.push(format!("vllm {}: spellings {:?}, the real ones {flags:?}", flag.dest, flag.names));
+        }
+        let (ty, nargs) = vllm_type(flag.kind);
+        let real_ty = e["type"].as_str();
+        let action_ok = (flag.kind == vllm::Kind::BoolOpt) == (e["action"] == "BooleanOptionalAction");
+        if real_ty != ty || e["nargs"] != nargs || !action_ok {
+            f.0.push(format!(
+                "vllm {}: converted as {:?}, the real type {real_ty:?} nargs {} action {}",
+                flag.dest, flag.kind, e["nargs"], e["action"]
+            ));
+        }
+        let default = Py::from_json(&e["default"].to_string()).unwrap();
+        if e["default"].get("repr").is_some() || !flag.default.py().py_eq(&default) {
+            f.0.push(format!("vllm {}: default {:?}, the real {}", flag.dest, flag.default, e["default_repr"]));
+        }
+        let choices: Vec<&str> = e["choices"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
+        if choices != flag.choices {
+            f.0.push(format!("vllm {}: choices {:?}, the real {choices:?}", flag.dest, flag.choices));
+        }
+    }
     f.assert_none();
 }
 
@@ -384,4 +520,273 @@ fn llama_cpp_replies_and_cli_are_the_real_ones() {
     let mut seen = BTreeSet::new();
     f.0.retain(|e| seen.insert(e.clone()));
     f.assert_none();
+}
+
+/// The message of the first line of `log` logged at `at` (`api_utils.py:286`), after its header;
+/// the header checked to be vLLM's: `(PROCESS pid=N) LEVEL MM-DD HH:MM:SS [file.py:line] `.
+fn logged(log: &str, at: &str) -> Option<String> {
+    let mark = format!(" [{at}] ");
+    let line = log.lines().find(|l| l.contains(&mark))?;
+    let (head, msg) = line.split_once(&mark)?;
+    let (who, rest) = head.split_once(") ")?;
+    let (process, pid) = who.strip_prefix('(')?.split_once(" pid=")?;
+    let mut w = rest.split(' ');
+    let (level, date, time) = (w.next()?, w.next()?, w.next()?);
+    let digits = |s: &str, seps: &[usize]| {
+        s.char_indices().all(|(i, c)| if seps.contains(&i) { !c.is_ascii_digit() } else { c.is_ascii_digit() })
+    };
+    let well_formed = ["APIServer", "EngineCore"].contains(&process)
+        && pid.parse::<u32>().is_ok()
+        && ["INFO", "WARNING", "ERROR"].contains(&level)
+        && date.len() == 5
+        && digits(date, &[2])
+        && time.len() == 8
+        && digits(time, &[2, 5])
+        && w.next().is_none();
+    assert!(well_formed, "not vLLM's log header: {line:?}");
+    Some(msg.to_string())
+}
+
+/// The top-level `key=value` fields of the engine-config line (a comma inside brackets or quotes
+/// is the value's).
+fn config_fields(msg: &str) -> Vec<(String, String)> {
+    let body = msg.split_once(" with config: ").map(|x| x.1).unwrap_or(msg);
+    let (mut depth, mut quote, mut start) = (0i32, None, 0);
+    let mut parts = Vec::new();
+    let b = body.as_bytes();
+    for i in 0..b.len() {
+        match (quote, b[i]) {
+            (Some(q), c) if c == q => quote = None,
+            (Some(_), _) => {}
+            (None, c @ (b'\'' | b'"')) => quote = Some(c),
+            (None, b'(' | b'[' | b'{') => depth += 1,
+            (None, b')' | b']' | b'}') => depth -= 1,
+            (None, b',') if depth == 0 && b.get(i + 1) == Some(&b' ') => {
+                parts.push(&body[start..i]);
+                start = i + 2;
+            }
+            _ => {}
+        }
+    }
+    parts.push(&body[start..]);
+    parts.iter().map(|p| p.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())).unwrap_or_default()).collect()
+}
+
+/// A recorded argv for the stand-in: `vllm` for the real program, another port.
+fn standin_argv(real: &Value, port: u16) -> Vec<String> {
+    let mut argv: Vec<String> = real.as_array().unwrap().iter().map(|a| a.as_str().unwrap().to_string()).collect();
+    argv[0] = "vllm".into();
+    let i = argv.iter().position(|a| a == "--port").expect("--port") + 1;
+    argv[i] = port.to_string();
+    argv
+}
+
+/// The real `non-default args` message for the recorded `argv` had it used `port`: vLLM names the
+/// port only when it is not 8000, right after the host.
+fn with_port(real_msg: &str, argv: &Value, port: u16) -> String {
+    let a: Vec<&str> = argv.as_array().unwrap().iter().filter_map(Value::as_str).collect();
+    let recorded = a[a.iter().position(|x| *x == "--port").unwrap() + 1];
+    let host = "'host': '127.0.0.1', ";
+    assert!(real_msg.contains(host), "{real_msg}");
+    if recorded == "8000" {
+        real_msg.replacen(host, &format!("{host}'port': {port}, "), 1)
+    } else {
+        real_msg.replacen(&format!("'port': {recorded}"), &format!("'port': {port}"), 1)
+    }
+}
+
+/// Runs the stand-in until it has logged `until` or exited; its stderr.
+fn run_standin(argv: &[String], env: &[(&str, &str)], until: &str) -> (Reaped, std::path::PathBuf, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("stderr");
+    let mut c = Command::new(bin_path("specd-standin"));
+    c.args(argv).stdout(Stdio::null()).stderr(std::fs::File::create(&log).unwrap());
+    c.env("SPECD_STANDIN_LOAD_MS", "50");
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    let mut p = Reaped(c.spawn().expect("spawn specd-standin"));
+    wait_for(&format!("the stand-in to log {until:?} or exit"), Duration::from_secs(20), || {
+        let said = std::fs::read_to_string(&log).unwrap_or_default();
+        (said.contains(until) || p.0.try_wait().unwrap().is_some()).then_some(())
+    })
+    .unwrap();
+    (p, log, dir)
+}
+
+/// The stand-in started as vLLM with the command lines of the real starts (with and without a
+/// speculative config; a non-default --max-model-len, --port and --host; a default-valued
+/// --tensor-parallel-size) logs the real `non-default args` line (the same keys and values in the
+/// same order; a default-valued flag absent) and the real engine-config line (the real fields, in
+/// the real order and format, with the same values for what specd checks).
+#[test]
+fn vllm_logs_the_real_config_lines() {
+    let platform = ["device_config", "disable_custom_all_reduce"]; // the stand-in plays a CUDA host
+    for run in ["ngram", "plain"] {
+        let real_log = real_vllm_text(&format!("start-{run}.log"));
+        let real_argv = &real_vllm(&format!("{run}.json"))["argv"];
+        let port = free_port();
+        let argv = standin_argv(real_argv, port);
+        let (_p, log, _dir) = run_standin(&argv, &[], "Application startup complete.");
+        let said = std::fs::read_to_string(&log).unwrap();
+
+        let real_args = logged(&real_log, "api_utils.py:286").expect("the real non-default args line");
+        let mine =
+            logged(&said, "api_utils.py:286").unwrap_or_else(|| panic!("{run}: no non-default args line:\n{said}"));
+        assert_eq!(mine, with_port(&real_args, real_argv, port), "{run}: {argv:?}");
+        assert!(!mine.contains("tensor_parallel_size"), "a default-valued flag is not named: {mine}");
+
+        let real_config = config_fields(&logged(&real_log, "core.py:133").expect("the real engine-config line"));
+        let mine = logged(&said, "core.py:133").unwrap_or_else(|| panic!("{run}: no engine-config line:\n{said}"));
+        assert!(mine.starts_with("Initializing a V1 LLM engine (v0.32.0) with config: model='"), "{mine}");
+        let mine = config_fields(&mine);
+        let keys: Vec<&str> = mine.iter().map(|(k, _)| k.as_str()).collect();
+        let real_keys: Vec<&str> = real_config.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(keys, real_keys[..keys.len()], "{run}: the real fields in the real order");
+        for key in
+            ["model", "speculative_config", "max_seq_len", "tensor_parallel_size", "served_model_name", "enforce_eager"]
+        {
+            assert!(keys.contains(&key), "{run}: {key} is in the line");
+        }
+        for ((k, v), (_, real)) in mine.iter().zip(&real_config) {
+            if !platform.contains(&k.as_str()) {
+                assert_eq!(v, real, "{run}: {k}");
+            }
+        }
+    }
+    // Without a served name, a speculative config or a --max-model-len: what the model says.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("config.json"), r#"{"max_position_embeddings": 8192}"#).unwrap();
+    let m = dir.path().display().to_string();
+    let argv: Vec<String> =
+        ["vllm", "serve", &m, "--port", &free_port().to_string()].iter().map(|s| s.to_string()).collect();
+    let (_p, log, _d) = run_standin(&argv, &[], "Application startup complete.");
+    let said = std::fs::read_to_string(&log).unwrap();
+    let config = config_fields(&logged(&said, "core.py:133").unwrap());
+    let get = |k: &str| config.iter().find(|(x, _)| x == k).map(|(_, v)| v.clone()).unwrap();
+    assert_eq!(
+        (get("speculative_config"), get("max_seq_len"), get("served_model_name")),
+        ("None".into(), "8192".into(), m)
+    );
+}
+
+/// The start failures the stand-in simulates end as the real ones did: the exit status, the
+/// `non-default args` line, and the refusal or traceback word for word. The stand-in loads no
+/// model, so a draft folder that is missing or has no config.json is not among them.
+#[test]
+fn vllm_start_failures_are_the_real_ones() {
+    let not_simulated = ["missing-draft", "draft-no-config"];
+    let failures = real_vllm("failures.json");
+    let mut checked = Vec::new();
+    let address = |s: &str| match s.find("<function loads at 0x") {
+        Some(i) => format!("{}<function loads at 0x…>{}", &s[..i], &s[i..].split_once('>').map(|x| x.1).unwrap_or("")),
+        None => s.to_string(),
+    };
+    for (name, case) in failures.as_object().unwrap() {
+        if not_simulated.contains(&name.as_str()) {
+            continue;
+        }
+        let real_log = real_vllm_text(&format!("start-{name}.log"));
+        let held = (name == "port-in-use").then(|| std::net::TcpListener::bind("127.0.0.1:0").unwrap());
+        let port = held.as_ref().map(|l| l.local_addr().unwrap().port()).unwrap_or_else(free_port);
+        let argv = standin_argv(&case["argv"], port);
+        let (mut p, log, _d) = run_standin(&argv, &[], "\u{0}never");
+        let status = p.0.wait().unwrap();
+        let said = std::fs::read_to_string(&log).unwrap();
+        assert_eq!(json!(status.code()), case["exit_status"], "{name}: the exit status\n{said}");
+        if let Some(real) = logged(&real_log, "api_utils.py:286") {
+            assert_eq!(logged(&said, "api_utils.py:286"), Some(with_port(&real, &case["argv"], port)), "{name}");
+        }
+        let tail = |log: &str| {
+            let lines: Vec<&str> = log.lines().collect();
+            let at =
+                lines.iter().position(|l| l.starts_with("Traceback") || l.starts_with("usage:")).unwrap_or(lines.len());
+            address(&lines[at..].join("\n"))
+        };
+        assert_eq!(tail(&said), tail(&real_log), "{name}: what the start ends with");
+        assert!(!tail(&said).is_empty(), "{name}: a refusal or traceback");
+        checked.push(name.clone());
+    }
+    assert!(checked.len() >= 10, "{checked:?}");
+}
+
+/// The real stats line's form: every number a `9`.
+fn form(line: &str) -> String {
+    let mut out = String::new();
+    for c in line.chars() {
+        if c.is_ascii_digit() {
+            if !out.ends_with('9') {
+                out.push('9');
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// The stand-in's `SpecDecoding metrics:` lines are the real line's form and tell the truth: over
+/// the lines, the accepted and drafted tokens are those of its spec_decode counters, and each
+/// line's mean acceptance length is 1 + accepted / drafts. Its `Engine 000:` lines are the real
+/// form (a CUDA host's, "GPU KV cache usage").
+#[test]
+fn vllm_stats_lines_are_the_real_ones_and_add_up() {
+    let real_log = real_vllm_text("start-ngram.log");
+    let real_spec = logged(&real_log, "metrics.py:120").expect("the real SpecDecoding line");
+    let real_engine = logged(&real_log, "loggers.py:335").expect("the real stats line").replace("CPU KV", "GPU KV");
+    let port = free_port();
+    let argv: Vec<String> = [
+        "vllm",
+        "serve",
+        "/m",
+        "--port",
+        &port.to_string(),
+        "--speculative-config",
+        r#"{"method":"ngram","num_speculative_tokens":4}"#,
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    let env = [("VLLM_LOG_STATS_INTERVAL", "0.2"), ("SPECD_STANDIN_TOKENS_PER_SEC", "400")];
+    let (_p, log, _d) = run_standin(&argv, &env, "Application startup complete.");
+    for _ in 0..2 {
+        let (c, b) =
+            http(port, "POST", "/v1/completions", Some(r#"{"prompt":"a b","max_tokens":40}"#), Duration::from_secs(20))
+                .expect("an answer");
+        assert_eq!(c, 200, "{b}");
+    }
+    let counter = |m: &str, name: &str| -> u64 {
+        let l = m.lines().find(|l| l.starts_with(&format!("{name}{{"))).unwrap_or_else(|| panic!("{name}:\n{m}"));
+        l.rsplit(' ').next().unwrap().parse::<f64>().unwrap() as u64
+    };
+    let metrics = http(port, "GET", "/metrics", None, Duration::from_secs(5)).unwrap().1;
+    let (accepted, drafted) = (
+        counter(&metrics, "vllm:spec_decode_num_accepted_tokens_total"),
+        counter(&metrics, "vllm:spec_decode_num_draft_tokens_total"),
+    );
+    assert!(drafted > 0, "{metrics}");
+    let number = |line: &str, after: &str| -> f64 {
+        let rest = &line[line.find(after).unwrap_or_else(|| panic!("{after} in {line}")) + after.len()..];
+        rest.split([' ', ',', '%']).next().unwrap().parse().unwrap()
+    };
+    let lines = wait_for("SpecDecoding lines adding up to the counters", Duration::from_secs(20), || {
+        let said = std::fs::read_to_string(&log).unwrap();
+        let lines: Vec<String> = said
+            .lines()
+            .filter(|l| l.contains(" [metrics.py:120] "))
+            .map(|l| logged(l, "metrics.py:120").unwrap())
+            .collect();
+        let sum = |what: &str| lines.iter().map(|l| number(l, what) as u64).sum::<u64>();
+        (sum("Accepted: ") == accepted && sum("Drafted: ") == drafted).then_some((lines, said))
+    })
+    .unwrap();
+    let (spec_lines, said) = lines;
+    for l in &spec_lines {
+        assert_eq!(form(l), form(&real_spec), "{l}");
+        let drafts = number(l, "Drafted: ") / 4.0;
+        let mean = 1.0 + number(l, "Accepted: ") / drafts;
+        assert!((number(l, "Mean acceptance length: ") - mean).abs() < 0.006, "{l}");
+    }
+    let engine = logged(&said, "loggers.py:335").expect("an Engine 000 line");
+    assert_eq!(form(&engine), form(&real_engine), "{engine}");
 }

@@ -172,7 +172,9 @@ fn bad_command_lines_fail_like_the_engines() {
     let mut p =
         standin(&["vllm", "serve", "/m", "--speculative-config", "{\"method\":\"eagle\",\"model\":\"/d\"}"], &[]);
     assert_eq!(wait_exit(&mut p, Duration::from_secs(5)).code(), Some(1));
-    assert!(stderr_of(&mut p).contains("num_speculative_tokens must be provided"));
+    assert!(
+        stderr_of(&mut p).contains("A speculative model was provided, but `num_speculative_tokens` was not provided")
+    );
 }
 
 #[test]
@@ -293,4 +295,64 @@ fn vllm_port_closed_while_loading_then_models() {
     assert!(m.contains("\"id\":\"q\""), "{m}");
     let (_, metrics) = http_get(port, "/metrics").unwrap();
     assert!(metrics.contains("vllm:num_requests_running"), "{metrics}");
+}
+
+/// A real vLLM 0.32 on SIGTERM stops its engine at once (`--shutdown-timeout` 0): a request in
+/// flight never gets an answer, and the process waits for its connection to close
+/// (`vllm/real/stop-plain.log`).
+#[test]
+fn vllm_sigterm_abandons_requests_in_flight_and_waits_for_their_clients() {
+    use std::io::{Read, Write};
+    let port = free_port();
+    let mut p = standin(
+        &["vllm", "serve", "/m", "--port", &port.to_string()],
+        &[("SPECD_STANDIN_LOAD_MS", "0"), ("SPECD_STANDIN_TOKENS_PER_SEC", "50")],
+    );
+    wait_until("ready", Duration::from_secs(10), || http_get(port, "/health").is_some_and(|(c, _)| c == 200)).unwrap();
+    let mut client = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let body = r#"{"prompt":"a","max_tokens":1000}"#;
+    let req = format!("POST /v1/completions HTTP/1.0\r\nContent-Length: {}\r\n\r\n{body}", body.len());
+    client.write_all(req.as_bytes()).unwrap();
+    wait_until("the request running", Duration::from_secs(10), || {
+        http_get(port, "/metrics")
+            .is_some_and(|(_, m)| m.lines().any(|l| l.starts_with("vllm:num_requests_running{") && l.ends_with(" 1.0")))
+    })
+    .unwrap();
+    sigterm(&p);
+    // No answer comes, and the server is still there while the client waits.
+    client.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    let mut got = Vec::new();
+    let e = client.read_to_end(&mut got).expect_err("the read times out");
+    assert!(matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut), "{e}");
+    assert!(got.is_empty(), "{}", String::from_utf8_lossy(&got));
+    assert!(p.0.try_wait().unwrap().is_none(), "the server waits for the open connection");
+    drop(client);
+    assert_eq!(wait_exit(&mut p, Duration::from_secs(10)).code(), Some(0));
+    let log = stderr_of(&mut p);
+    assert!(log.contains("stopping engine client mode=abort timeout=0s"), "{log}");
+    assert!(log.contains("INFO:     Waiting for connections to close. (CTRL+C to force quit)"), "{log}");
+}
+
+/// With `--shutdown-timeout N` vLLM drains: a request in flight finishes, then the server exits.
+#[test]
+fn vllm_shutdown_timeout_lets_requests_finish() {
+    let port = free_port();
+    let mut p = standin(
+        &["vllm", "serve", "/m", "--port", &port.to_string(), "--shutdown-timeout", "30"],
+        &[("SPECD_STANDIN_LOAD_MS", "0"), ("SPECD_STANDIN_TOKENS_PER_SEC", "50")],
+    );
+    wait_until("ready", Duration::from_secs(10), || http_get(port, "/health").is_some_and(|(c, _)| c == 200)).unwrap();
+    let client = std::thread::spawn(move || {
+        http(port, "POST", "/v1/completions", Some(r#"{"prompt":"a","max_tokens":50}"#), Duration::from_secs(30))
+    });
+    wait_until("the request running", Duration::from_secs(10), || {
+        http_get(port, "/metrics")
+            .is_some_and(|(_, m)| m.lines().any(|l| l.starts_with("vllm:num_requests_running{") && l.ends_with(" 1.0")))
+    })
+    .unwrap();
+    sigterm(&p);
+    let (code, body) = client.join().unwrap().expect("an answer");
+    assert_eq!(code, 200, "{body}");
+    assert_eq!(wait_exit(&mut p, Duration::from_secs(10)).code(), Some(0));
+    assert!(stderr_of(&mut p).contains("stopping engine client mode=drain timeout=30s"));
 }

@@ -2,9 +2,8 @@
 //! do, and the stand-in's own knobs.
 //!
 //! Sources (engine facts): SGLang 0.5.23 `arg_groups/fields/*.py` and
-//! `arg_groups/speculative_hook.py`; vLLM 0.34 `engine/arg_utils.py` and
-//! `config/speculative.py`; llama.cpp `common/arg.cpp` and
-//! `tools/server/README.md`.
+//! `arg_groups/speculative_hook.py`; llama.cpp `common/arg.cpp` and
+//! `tools/server/README.md`. vLLM's command line is in `vllm.rs`.
 
 use serde_json::{Map, Value, json};
 use std::collections::BTreeMap;
@@ -188,6 +187,8 @@ pub struct Launch {
     pub host: String,
     pub port: u16,
     pub knobs: Knobs,
+    /// vLLM: its parsed command line (the namespace its logs print).
+    pub vllm: Option<Box<super::vllm::Vllm>>,
 }
 
 /// A refused command line: what the engine prints and its exit code.
@@ -223,6 +224,24 @@ enum ParseErr {
     MissingValue(String),
     BadValue(String, K, String),
     BoolWithValue(String),
+}
+
+/// The `--standin-*` knob at `argv[*i]` (`--standin-x=v`, `--standin-x v`, or a bare switch);
+/// moves `i` past it.
+pub(super) fn take_knob(argv: &[String], i: &mut usize, knobs: &mut Knobs) -> Result<(), String> {
+    let a = &argv[*i];
+    let rest = a.strip_prefix("--standin-").unwrap_or(a);
+    *i += 1;
+    let (name, v) = match rest.split_once('=') {
+        Some((n, v)) => (n.to_string(), v.to_string()),
+        None if matches!(rest, "cuda-oom" | "memory-hog" | "linger-child") => (rest.to_string(), "1".into()),
+        None => {
+            let v = argv.get(*i).cloned().ok_or_else(|| format!("specd-standin: {a} needs a value"))?;
+            *i += 1;
+            (rest.to_string(), v)
+        }
+    };
+    knobs.set(&name, &v)
 }
 
 /// Splits engine flags from `--standin-*` knobs and parses the former with
@@ -307,7 +326,7 @@ pub fn parse(argv: &[String], env: &BTreeMap<String, String>) -> Result<Launch, 
     let rest = &argv[1..];
     match flavour.as_str() {
         "sglang" => sglang(rest, &mut knobs),
-        "vllm" => vllm(rest, &mut knobs),
+        "vllm" => super::vllm::parse(rest, env, &mut knobs),
         "llama-cpp" | "llama-server" => llama_cpp(rest, &mut knobs),
         other => Err(Refusal {
             code: 2,
@@ -646,7 +665,7 @@ fn sglang(argv: &[String], knobs: &mut Knobs) -> Result<Launch, Refusal> {
     }
     let host = a["host"].as_str().unwrap_or("127.0.0.1").to_string();
     let port = port_of(&a["port"])?;
-    Ok(Launch { flavour: Flavour::Sglang, args: a, warnings, host, port, knobs: Knobs::default() })
+    Ok(Launch { flavour: Flavour::Sglang, args: a, warnings, host, port, knobs: Knobs::default(), vllm: None })
 }
 
 fn port_of(v: &Value) -> Result<u16, Refusal> {
@@ -656,234 +675,7 @@ fn port_of(v: &Value) -> Result<u16, Refusal> {
         .ok_or_else(|| Refusal { code: 1, stderr: format!("OverflowError: bind(): port must be 0-65535 (got {v})\n") })
 }
 
-// ---------------------------------------------------------------- vLLM
-
-pub const VLLM_FLAGS: &[F] = &[
-    f(&["--model"], "model", K::Str),
-    f(&["--host"], "host", K::Str),
-    f(&["--port"], "port", K::Int),
-    f(&["--tensor-parallel-size", "-tp"], "tensor_parallel_size", K::Int),
-    f(&["--pipeline-parallel-size", "-pp"], "pipeline_parallel_size", K::Int),
-    f(&["--data-parallel-size", "-dp"], "data_parallel_size", K::Int),
-    f(&["--gpu-memory-utilization", "--device-memory-utilization"], "gpu_memory_utilization", K::Float),
-    f(&["--max-num-seqs"], "max_num_seqs", K::Int),
-    f(&["--max-model-len"], "max_model_len", K::Str),
-    f(&["--max-num-batched-tokens"], "max_num_batched_tokens", K::Int),
-    f(&["--served-model-name"], "served_model_name", K::Str),
-    f(&["--trust-remote-code"], "trust_remote_code", K::Bool),
-    f(&["--speculative-config", "-sc"], "speculative_config", K::Str),
-    f(&["--dtype"], "dtype", K::Str),
-    f(&["--kv-cache-dtype"], "kv_cache_dtype", K::Str),
-    f(&["--quantization", "-q"], "quantization", K::Str),
-    f(&["--enforce-eager"], "enforce_eager", K::Bool),
-    f(&["--enable-prefix-caching"], "enable_prefix_caching", K::Bool),
-    f(&["--no-enable-prefix-caching"], "no_enable_prefix_caching", K::Bool),
-    f(&["--api-key"], "api_key", K::Str),
-    f(&["--download-dir"], "download_dir", K::Str),
-    f(&["--seed"], "seed", K::Int),
-    f(&["--uvicorn-log-level"], "uvicorn_log_level", K::Str),
-    f(&["--enable-auto-tool-choice"], "enable_auto_tool_choice", K::Bool),
-    f(&["--tool-call-parser"], "tool_call_parser", K::Str),
-    f(&["--reasoning-parser"], "reasoning_parser", K::Str),
-    f(&["--generation-config"], "generation_config", K::Str),
-];
-
-const VLLM_USAGE: &str = "usage: vllm serve [model_tag] [options]";
-
-/// vLLM 0.34 `SpeculativeMethod` values.
-const VLLM_METHODS: &[&str] = &[
-    "ngram",
-    "draft_model",
-    "suffix",
-    "eagle",
-    "eagle3",
-    "extract_hidden_states",
-    "dflash",
-    "dspark",
-    "ngram_gpu",
-    "mtp",
-    "deepseek_mtp",
-    "qwen3_next_mtp",
-    "glm4_moe_mtp",
-    "mimo_mtp",
-    "ernie_mtp",
-    "longcat_flash_mtp",
-    "gemma4_mtp",
-];
-
-const VLLM_SPEC_KEYS: &[&str] = &[
-    "method",
-    "num_speculative_tokens",
-    "model",
-    "draft_tensor_parallel_size",
-    "prompt_lookup_max",
-    "prompt_lookup_min",
-    "quantization",
-    "max_model_len",
-    "revision",
-    "code_revision",
-    "disable_by_batch_size",
-    "speculative_token_tree",
-    "parallel_drafting",
-    "enforce_eager",
-];
-
-fn vllm_error(msg: &str) -> Refusal {
-    Refusal {
-        code: 1,
-        stderr: format!(
-            "Traceback (most recent call last):\n  File \"/usr/local/bin/vllm\", line 10, in <module>\n    sys.exit(main())\n  File \"/usr/local/lib/python3.12/dist-packages/vllm/engine/arg_utils.py\", line 1580, in create_speculative_config\n    return SpeculativeConfig(**self.speculative_config)\n{msg}\n"
-        ),
-    }
-}
-
-fn vllm_speculative(raw: &str) -> Result<Value, Refusal> {
-    let v: Value = serde_json::from_str(raw).map_err(|_| {
-        argparse_error(
-            VLLM_USAGE,
-            "vllm serve",
-            &format!("argument --speculative-config/-sc: Value {raw} cannot be converted to <function loads at 0x7f3a2c1d0e00>."),
-        )
-    })?;
-    let Value::Object(mut m) = v else {
-        return Err(argparse_error(
-            VLLM_USAGE,
-            "vllm serve",
-            &format!(
-                "argument --speculative-config/-sc: Value {raw} cannot be converted to <function loads at 0x7f3a2c1d0e00>."
-            ),
-        ));
-    };
-    if m.contains_key("tensor_parallel_size") {
-        return Err(vllm_error(
-            "ValueError: tensor_parallel_size is not a valid argument in the speculative config; use draft_tensor_parallel_size instead.",
-        ));
-    }
-    for k in m.keys() {
-        if !VLLM_SPEC_KEYS.contains(&k.as_str()) {
-            return Err(vllm_error(&format!(
-                "pydantic_core._pydantic_core.ValidationError: 1 validation error for SpeculativeConfig\n{k}\n  Unexpected keyword argument [type=unexpected_keyword_argument, input_value={}, input_type={}]",
-                m[k],
-                py_type(&m[k])
-            )));
-        }
-    }
-    let model_ngram = matches!(m.get("model").and_then(Value::as_str), Some("ngram" | "[ngram]"));
-    let method = match m.get("method") {
-        Some(Value::String(s)) => s.clone(),
-        Some(Value::Null) | None if model_ngram => "ngram".into(),
-        Some(Value::Null) | None if m.get("model").is_none_or(Value::is_null) => "draft_model".into(),
-        Some(Value::Null) | None => "draft_model".into(),
-        Some(other) => {
-            return Err(vllm_error(&format!(
-                "pydantic_core._pydantic_core.ValidationError: 1 validation error for SpeculativeConfig\nmethod\n  Input should be a valid string [type=string_type, input_value={other}, input_type={}]",
-                py_type(other)
-            )));
-        }
-    };
-    if !VLLM_METHODS.contains(&method.as_str()) {
-        let allowed = VLLM_METHODS.iter().map(|m| format!("'{m}'")).collect::<Vec<_>>().join(", ");
-        return Err(vllm_error(&format!(
-            "pydantic_core._pydantic_core.ValidationError: 1 validation error for SpeculativeConfig\nmethod\n  Input should be {allowed} [type=literal_error, input_value='{method}', input_type=str]"
-        )));
-    }
-    let method = if method.ends_with("_mtp") { "mtp".to_string() } else { method };
-    m.insert("method".into(), json!(method));
-    match m.get("num_speculative_tokens") {
-        None | Some(Value::Null) => {
-            if method != "ngram" && method != "suffix" {
-                return Err(vllm_error(
-                    "ValueError: num_speculative_tokens must be provided with speculative model unless the draft model config contains an n_predict parameter.",
-                ));
-            }
-        }
-        Some(n) => {
-            if n.as_i64().is_none_or(|n| n <= 0) {
-                return Err(vllm_error(&format!(
-                    "pydantic_core._pydantic_core.ValidationError: 1 validation error for SpeculativeConfig\nnum_speculative_tokens\n  Input should be greater than 0 [type=greater_than, input_value={n}, input_type={}]",
-                    py_type(n)
-                )));
-            }
-        }
-    }
-    if method == "ngram" {
-        let get = |k: &str| m.get(k).and_then(Value::as_i64);
-        let (min, max) = match (get("prompt_lookup_min"), get("prompt_lookup_max")) {
-            (None, None) => (5, 5),
-            (Some(a), None) => (a, a),
-            (None, Some(b)) => (b, b),
-            (Some(a), Some(b)) => (a, b),
-        };
-        if min > max {
-            return Err(vllm_error(&format!("ValueError: prompt_lookup_min={min} must be <= prompt_lookup_max={max}")));
-        }
-        m.insert("prompt_lookup_min".into(), json!(min));
-        m.insert("prompt_lookup_max".into(), json!(max));
-    }
-    Ok(Value::Object(m))
-}
-
-fn py_type(v: &Value) -> &'static str {
-    match v {
-        Value::String(_) => "str",
-        Value::Number(n) if n.is_i64() || n.is_u64() => "int",
-        Value::Number(_) => "float",
-        Value::Bool(_) => "bool",
-        Value::Null => "NoneType",
-        Value::Array(_) => "list",
-        Value::Object(_) => "dict",
-    }
-}
-
-fn vllm(argv: &[String], knobs: &mut Knobs) -> Result<Launch, Refusal> {
-    let argv = match argv.first() {
-        Some(s) if s == "serve" => &argv[1..],
-        _ => argv,
-    };
-    let (given, pos) = parse_flags(argv, VLLM_FLAGS, knobs, true)
-        .map_err(|e| argparse_error(VLLM_USAGE, "vllm serve", &argparse_msg(e, VLLM_FLAGS)))?;
-    if pos.len() > 1 {
-        return Err(argparse_error(
-            VLLM_USAGE,
-            "vllm serve",
-            &format!("unrecognized arguments: {}", pos[1..].join(" ")),
-        ));
-    }
-    let mut a = Map::new();
-    let model = pos
-        .first()
-        .cloned()
-        .or_else(|| given.get("model").and_then(Value::as_str).map(str::to_string))
-        .unwrap_or_else(|| "Qwen/Qwen3-0.6B".to_string());
-    a.insert("model".into(), json!(model));
-    a.insert("host".into(), Value::Null);
-    a.insert("port".into(), json!(8000));
-    a.insert("tensor_parallel_size".into(), json!(1));
-    a.insert("gpu_memory_utilization".into(), Value::Null);
-    a.insert("max_num_seqs".into(), Value::Null);
-    a.insert("max_model_len".into(), Value::Null);
-    a.insert("served_model_name".into(), Value::Null);
-    a.insert("speculative_config".into(), Value::Null);
-    for (k, v) in given {
-        if k != "model" {
-            a.insert(k, v);
-        }
-    }
-    if let Some(g) = a["gpu_memory_utilization"].as_f64()
-        && !(g > 0.0 && g <= 1.0)
-    {
-        return Err(vllm_error(&format!(
-            "pydantic_core._pydantic_core.ValidationError: 1 validation error for CacheConfig\ngpu_memory_utilization\n  Input should be less than or equal to 1 [type=less_than_equal, input_value={g}, input_type=float]"
-        )));
-    }
-    if let Some(raw) = a["speculative_config"].as_str().map(str::to_string) {
-        let sc = vllm_speculative(&raw)?;
-        a.insert("speculative_config".into(), sc);
-    }
-    let host = a["host"].as_str().unwrap_or("0.0.0.0").to_string();
-    let port = port_of(&a["port"])?;
-    Ok(Launch { flavour: Flavour::Vllm, args: a, warnings: Vec::new(), host, port, knobs: Knobs::default() })
-}
+// ---------------------------------------------------------------- vLLM: see vllm.rs
 
 // ---------------------------------------------------------------- llama.cpp
 
@@ -1007,7 +799,15 @@ fn llama_cpp(argv: &[String], knobs: &mut Knobs) -> Result<Launch, Refusal> {
     }
     let host = a["host"].as_str().unwrap_or("127.0.0.1").to_string();
     let port = port_of(&a["port"])?;
-    Ok(Launch { flavour: Flavour::LlamaCpp, args: a, warnings: Vec::new(), host, port, knobs: Knobs::default() })
+    Ok(Launch {
+        flavour: Flavour::LlamaCpp,
+        args: a,
+        warnings: Vec::new(),
+        host,
+        port,
+        knobs: Knobs::default(),
+        vllm: None,
+    })
 }
 
 #[cfg(test)]
@@ -1144,56 +944,6 @@ mod tests {
         assert_eq!(l.knobs.exit_code, Some(3));
         assert_eq!(l.knobs.tokens_per_sec, 50.0);
         assert_eq!(Knobs::default().tokens_per_sec, 200.0);
-    }
-
-    #[test]
-    fn vllm_with_and_without_serve() {
-        let l = p("vllm serve /models/q --host 127.0.0.1 --port 8001 --tensor-parallel-size 2 --gpu-memory-utilization 0.8 --max-num-seqs 16 --max-model-len 8192").unwrap();
-        assert_eq!(l.port, 8001);
-        assert_eq!(l.args["model"], json!("/models/q"));
-        assert_eq!(l.args["tensor_parallel_size"], json!(2));
-        let l = p("vllm /models/q --port 8002").unwrap();
-        assert_eq!(l.port, 8002);
-        let e = p("vllm serve /m --bogus 1").unwrap_err();
-        assert_eq!(e.code, 2);
-        assert!(e.stderr.contains("vllm serve: error: unrecognized arguments: --bogus"), "{}", e.stderr);
-    }
-
-    #[test]
-    fn vllm_speculative_config_is_validated() {
-        let ok =
-            |j: &str| parse(&["vllm".into(), "/m".into(), "--speculative-config".into(), j.into()], &BTreeMap::new());
-        let l = ok(r#"{"method":"ngram","num_speculative_tokens":4}"#).unwrap();
-        assert_eq!(l.args["speculative_config"]["prompt_lookup_max"], json!(5));
-        let l = ok(r#"{"method":"deepseek_mtp","num_speculative_tokens":1}"#).unwrap();
-        assert_eq!(l.args["speculative_config"]["method"], json!("mtp"));
-        assert!(ok("{not json").unwrap_err().stderr.contains("cannot be converted"));
-        assert!(ok(r#"{"method":"medusa","num_speculative_tokens":2}"#).unwrap_err().stderr.contains("literal_error"));
-        assert!(
-            ok(r#"{"method":"eagle","model":"/d"}"#)
-                .unwrap_err()
-                .stderr
-                .contains("num_speculative_tokens must be provided")
-        );
-        assert!(
-            ok(r#"{"method":"eagle","model":"/d","num_speculative_tokens":0}"#)
-                .unwrap_err()
-                .stderr
-                .contains("greater than 0")
-        );
-        assert!(
-            ok(r#"{"method":"eagle","model":"/d","num_speculative_tokens":2,"tensor_parallel_size":2}"#)
-                .unwrap_err()
-                .stderr
-                .contains("draft_tensor_parallel_size")
-        );
-        assert!(
-            ok(r#"{"method":"ngram","num_speculative_tokens":2,"prompt_lookup_min":6,"prompt_lookup_max":3}"#)
-                .unwrap_err()
-                .stderr
-                .contains("prompt_lookup_min")
-        );
-        assert!(ok(r#"{"method":"ngram","num_speculative_tokens":2,"bogus":1}"#).unwrap_err().stderr.contains("bogus"));
     }
 
     #[test]

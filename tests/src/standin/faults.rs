@@ -9,6 +9,8 @@ use super::logs::line;
 const TORCH_OOM: &str = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.50 GiB. GPU 0 has a total capacity of 79.19 GiB of which 1.02 GiB is free. Including non-PyTorch memory, this process has 78.16 GiB memory in use. Of the allocated memory 76.80 GiB is allocated by PyTorch, and 412.33 MiB is reserved by PyTorch but unallocated. If reserved but unallocated memory is large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See documentation for Memory Management  (https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)";
 
 const PY: &str = "/usr/local/lib/python3.12/dist-packages";
+/// vLLM's site-packages, as in the real recordings.
+const VLLM_PY: &str = "/opt/vllm/lib/python3.11/site-packages";
 
 /// Dies of a CUDA OOM during model load, the way the engine does. Returns
 /// the exit code where the engine exits (vLLM, llama.cpp); SGLang kills its
@@ -33,12 +35,15 @@ pub fn cuda_oom(l: &Launch) -> i32 {
             137
         }
         Flavour::Vllm => {
-            eprintln!("(EngineCore_DP0 pid={}) ERROR EngineCore failed to start.", std::process::id());
-            eprintln!(
-                "Traceback (most recent call last):\n  File \"{PY}/vllm/v1/engine/core.py\", line 712, in run_engine_core\n    engine_core = EngineCoreProc(*args, **kwargs)\n  File \"{PY}/vllm/v1/worker/gpu_model_runner.py\", line 2890, in load_model\n    self.model = model_loader.load_model(\n{TORCH_OOM}"
+            // The engine core logs its traceback (each line under its header); the API server
+            // then raises its own, unlogged.
+            let core = format!(
+                "EngineCore failed to start.\nTraceback (most recent call last):\n  File \"{VLLM_PY}/vllm/v1/engine/core.py\", line 1482, in run_engine_core\n    engine_core = EngineCoreProc(*args, engine_index=dp_rank, **kwargs)\n                  ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^\n  File \"{VLLM_PY}/vllm/v1/worker/gpu_model_runner.py\", line 5057, in load_model\n    self.model = model or model_loader.load_model(\n                          ^^^^^^^^^^^^^^^^^^^^^^^^^\n{TORCH_OOM}"
             );
+            super::logs::vllm_log("EngineCore", "error", "core.py:1510", &core);
             eprintln!(
-                "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {{}}"
+                "{}  File \"{VLLM_PY}/vllm/v1/engine/utils.py\", line 1351, in launch_core_engines\n    wait_for_engine_startup(\n  File \"{VLLM_PY}/vllm/v1/engine/utils.py\", line 1432, in wait_for_engine_startup\n    raise RuntimeError(\nRuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {{'EngineCore': 1}}",
+                super::vllm::TB_HEAD
             );
             1
         }

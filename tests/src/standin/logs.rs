@@ -2,6 +2,7 @@
 //! specd's diagnosis reads them).
 
 use super::args::{Flavour, Launch};
+use super::vllm;
 use serde_json::Value;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -16,13 +17,32 @@ pub fn line(f: Flavour, level: &str, msg: &str) {
     match f {
         // SGLang: "[%(asctime)s] %(message)s" (no level)
         Flavour::Sglang => eprintln!("[{y:04}-{mo:02}-{d:02} {h:02}:{mi:02}:{s:02}] {msg}"),
-        Flavour::Vllm => eprintln!(
-            "(APIServer pid={}) {} {mo:02}-{d:02} {h:02}:{mi:02}:{s:02} [api_server.py:1915] {msg}",
-            std::process::id(),
-            level.to_uppercase()
-        ),
+        // The stand-in's own load-time lines (the memory hog): the worker loads the weights.
+        Flavour::Vllm => vllm_log("Worker", level, "default_loader.py:501", msg),
         Flavour::LlamaCpp => eprintln!("{msg}"),
     }
+}
+
+/// One vLLM log record as its `NewLineFormatter` writes it: every line of `msg` after
+/// `(PROCESS pid=N) LEVEL MM-DD HH:MM:SS [file.py:line] `.
+pub fn vllm_record(process: &str, level: &str, at: &str, msg: &str) -> String {
+    let (_, mo, d, h, mi, s) = now_parts();
+    let head = format!(
+        "({process} pid={}) {} {mo:02}-{d:02} {h:02}:{mi:02}:{s:02} [{at}] ",
+        std::process::id(),
+        level.to_uppercase()
+    );
+    msg.split('\n').map(|l| format!("{head}{l}\n")).collect()
+}
+
+/// [`vllm_record`] on stderr.
+pub fn vllm_log(process: &str, level: &str, at: &str, msg: &str) {
+    eprint!("{}", vllm_record(process, level, at, msg));
+}
+
+/// A line of uvicorn's own logger (vLLM's HTTP server).
+pub fn uvicorn(msg: &str) {
+    eprintln!("INFO:     {msg}");
 }
 
 fn py(v: &Value) -> String {
@@ -47,10 +67,9 @@ pub fn loading(l: &Launch) {
             line(l.flavour, "info", "Load weight begin. avail mem=78.50 GB");
         }
         Flavour::Vllm => {
-            line(l.flavour, "info", "vLLM API server version 0.34.0");
-            let args: Vec<String> =
-                l.args.iter().filter(|(_, v)| !v.is_null()).map(|(k, v)| format!("'{k}': {}", py(v))).collect();
-            line(l.flavour, "info", &format!("non-default args: {{{}}}", args.join(", ")));
+            let Some(v) = &l.vllm else { return };
+            vllm_log("APIServer", "info", "api_utils.py:347", &vllm::logo(&v.model()));
+            vllm_log("APIServer", "info", "api_utils.py:286", &vllm::non_default_args(v));
         }
         Flavour::LlamaCpp => {
             line(l.flavour, "info", "build: 6700 (standin) with cc (Debian 12.2.0-14) 12.2.0 for x86_64-linux-gnu");
@@ -74,8 +93,22 @@ pub fn ready(l: &Launch, addr: &str) {
     match l.flavour {
         Flavour::Sglang => line(l.flavour, "info", "The server is fired up and ready to roll!"),
         Flavour::Vllm => {
-            line(l.flavour, "info", &format!("Starting vLLM API server 0 on http://{addr}"));
-            line(l.flavour, "info", "Application startup complete.");
+            vllm_log("APIServer", "info", "entry.py:136", "Supported tasks: ['generate']");
+            vllm_log("APIServer", "info", "entry.py:140", &format!("Starting vLLM server on http://{addr}"));
+            vllm_log("APIServer", "info", "launcher.py:186", "Available routes are:");
+            // The routes the stand-in serves, in the real list's order.
+            for (path, methods) in [
+                ("/version", "GET"),
+                ("/health", "GET"),
+                ("/metrics", "GET"),
+                ("/v1/models", "GET"),
+                ("/v1/completions", "POST"),
+            ] {
+                vllm_log("APIServer", "info", "launcher.py:195", &format!("Route: {path}, Methods: {methods}"));
+            }
+            uvicorn(&format!("Started server process [{}]", std::process::id()));
+            uvicorn("Waiting for application startup.");
+            uvicorn("Application startup complete.");
         }
         Flavour::LlamaCpp => {
             line(l.flavour, "info", "main: model loaded");

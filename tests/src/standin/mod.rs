@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! specd-standin sglang --model-path M [--host H] [--port P] [--tp-size N] ...
-//! specd-standin vllm [serve] MODEL [--port P] [--speculative-config JSON] ...
+//! specd-standin vllm [serve] MODEL [--port P] [--speculative-config JSON] ...   (vLLM 0.32)
 //! specd-standin llama-cpp -m M [--port P] [-c N] [-np N] [-ngl N] [--spec-draft-model D] ...
 //! ```
 //!
@@ -29,7 +29,8 @@
 //! Endpoints: SGLang `/health`, `/health_generate`, `/get_server_info`,
 //! `/server_info`, `/get_model_info`, `/generate`, `/metrics` (only with
 //! `--enable-metrics`), `/v1/models`, `/v1/completions`; vLLM `/health`, `/v1/models`,
-//! `/metrics`, `/v1/completions`, `/version`; llama.cpp `/health`, `/props`,
+//! `/metrics`, `/v1/completions`, `/version` (and its stats lines every `VLLM_LOG_STATS_INTERVAL`
+//! seconds, 10); llama.cpp `/health`, `/props`,
 //! `/slots`, `/metrics` (only with `--metrics`), `/v1/models`, `/completion`,
 //! `/v1/completions`. What they report is checked against replies recorded
 //! from the real engines (`tests/tests/standin_fixtures.rs`).
@@ -38,7 +39,9 @@ pub mod args;
 pub mod faults;
 pub mod logs;
 pub mod perf;
+pub mod py;
 pub mod server;
+pub mod vllm;
 
 use std::collections::BTreeMap;
 

@@ -3,6 +3,8 @@
 use super::args::{Flavour, Launch};
 use super::logs;
 use super::perf::Perf;
+use super::py::prometheus_float;
+use super::vllm;
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
@@ -11,7 +13,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::{Value, json};
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::Semaphore;
@@ -37,6 +40,14 @@ pub struct Shared {
     /// evidence the server reports (accept length = tokens / steps).
     verify_steps: AtomicU64,
     spec_tokens: AtomicU64,
+    /// Accepted draft tokens by draft position, over all verify steps.
+    accepted_per_pos: Mutex<Vec<u64>>,
+    /// Prompt tokens of the requests taken.
+    prompt_tokens: AtomicU64,
+    /// vLLM stopped its engine on SIGTERM: no request makes progress any more.
+    aborted: AtomicBool,
+    /// When the server started (Unix seconds): its counters' `_created`, its replies' `created`.
+    started: f64,
 }
 
 type St = Arc<Shared>;
@@ -48,6 +59,14 @@ impl Shared {
 
     fn spec_on(&self) -> bool {
         spec_on(&self.launch)
+    }
+
+    /// Verify steps, accepted draft tokens, and those by draft position, so far.
+    fn spec_counts(&self) -> (u64, u64, Vec<u64>) {
+        let steps = self.verify_steps.load(Ordering::SeqCst);
+        let tokens = self.spec_tokens.load(Ordering::SeqCst);
+        let per_pos = self.accepted_per_pos.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        (steps, tokens.saturating_sub(steps), per_pos)
     }
 
     fn in_flight(&self) -> usize {
@@ -101,9 +120,16 @@ pub async fn serve(launch: Launch) -> i32 {
         generated: AtomicU64::new(0),
         next_rid: AtomicU64::new(1),
         rids: Mutex::new(BTreeSet::new()),
+        accepted_per_pos: Mutex::new(vec![0; perf.k as usize]),
         perf,
         verify_steps: AtomicU64::new(0),
         spec_tokens: AtomicU64::new(0),
+        prompt_tokens: AtomicU64::new(0),
+        aborted: AtomicBool::new(false),
+        started: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs_f64())
+            .unwrap_or(0.0),
     });
     let l = &st.launch;
     let addr = format!("{}:{}", if l.host.contains(':') { format!("[{}]", l.host) } else { l.host.clone() }, l.port);
@@ -134,10 +160,34 @@ pub async fn serve(launch: Launch) -> i32 {
         None
     };
     let app = router(st.clone());
-    let server_task = listener.map(|ls| tokio::spawn(axum::serve(ls, app.clone()).into_future()));
+    let server_task = listener.map(|ls| spawn_http(ls, app.clone()));
 
     // The load: port closed (SGLang, vLLM) for load_ms; faults fire here.
     logs::loading(&st.launch);
+    // vLLM binds its port before it loads (a held port fails the start at once) but listens only
+    // once it serves; its speculative config is checked after the bind.
+    let mut vllm_socket = None;
+    if let Some(v) = st.launch.vllm.as_deref() {
+        match bind_unlistened(&addr) {
+            Ok(s) => vllm_socket = Some(s),
+            Err(e) => {
+                eprintln!("{}", vllm::bind_failed(&e));
+                return 1;
+            }
+        }
+        match &v.spec {
+            Err(f) => {
+                eprintln!("{}", f.traceback);
+                return 1;
+            }
+            Ok(spec) => {
+                for w in spec.iter().flat_map(|s| &s.warnings) {
+                    logs::vllm_log("APIServer", "warning", "speculative.py:1142", w);
+                }
+            }
+        }
+        logs::vllm_log("EngineCore", "info", "core.py:133", &vllm::engine_config(v));
+    }
     tokio::select! {
         _ = tokio::time::sleep(Duration::from_millis(st.launch.knobs.load_ms)) => {}
         _ = sigterm.recv() => {
@@ -160,17 +210,31 @@ pub async fn serve(launch: Launch) -> i32 {
         super::faults::memory_hog(&st.launch);
     }
 
-    let server_task = match server_task {
-        Some(t) => t,
-        None => match bind(addr.clone()).await {
-            Ok(ls) => tokio::spawn(axum::serve(ls, app).into_future()),
+    let server_task = match (server_task, vllm_socket) {
+        (Some(t), _) => t,
+        (None, Some(sock)) => {
+            // vLLM logs its routes and uvicorn's startup, then listens.
+            st.phase.store(READY, Ordering::SeqCst);
+            logs::ready(&st.launch, &addr);
+            match listen(sock) {
+                Ok(ls) => spawn_http(ls, app),
+                Err(e) => {
+                    eprintln!("{}", vllm::bind_failed(&e));
+                    return 1;
+                }
+            }
+        }
+        (None, None) => match bind(addr.clone()).await {
+            Ok(ls) => spawn_http(ls, app),
             Err(e) => {
                 logs::line(st.launch.flavour, "error", &e);
                 return 1;
             }
         },
     };
-    if st.launch.flavour == Flavour::Sglang {
+    if st.launch.flavour == Flavour::Vllm {
+        tokio::spawn(vllm_stats(st.clone()));
+    } else if st.launch.flavour == Flavour::Sglang {
         // Up but warming up: /health 503 until the warmup request is done.
         // SIGTERM meanwhile drains like any other time.
         st.phase.store(WARMUP, Ordering::SeqCst);
@@ -182,7 +246,7 @@ pub async fn serve(launch: Launch) -> i32 {
                 logs::ready(&st2.launch, &addr2);
             }
         });
-    } else {
+    } else if st.launch.flavour == Flavour::LlamaCpp {
         st.phase.store(READY, Ordering::SeqCst);
         logs::ready(&st.launch, &addr);
     }
@@ -219,20 +283,112 @@ pub async fn serve(launch: Launch) -> i32 {
             0
         }
         Flavour::Vllm => {
-            // uvicorn: stop listening, wait for open requests (no timeout).
-            server_task.abort();
-            logs::line(Flavour::Vllm, "info", "Shutting down");
-            logs::line(Flavour::Vllm, "info", "Waiting for application shutdown.");
-            while st.in_flight() > 0 {
+            let timeout = st.launch.vllm.as_deref().map(vllm::Vllm::shutdown_timeout).unwrap_or(0);
+            let api = |at: &str, msg: &str| logs::vllm_log("APIServer", "info", at, msg);
+            api("launcher.py:254", "[shutdown] API server: shutdown triggered");
+            let mode = if timeout == 0 { "abort" } else { "drain" };
+            api(
+                "launcher.py:270",
+                &format!("[shutdown] API server: stopping engine client mode={mode} timeout={timeout}s"),
+            );
+            // --shutdown-timeout N lets requests finish for up to N s; then, or at once (the
+            // default 0), the engine stops and the requests left never complete.
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(timeout);
+            while st.in_flight() > 0 && tokio::time::Instant::now() < deadline {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
-            logs::line(Flavour::Vllm, "info", "Application shutdown complete.");
+            st.aborted.store(true, Ordering::SeqCst);
+            api("launcher.py:279", "[shutdown] API server: engine client stopped");
+            api("launcher.py:282", "[shutdown] API server: signalling HTTP server shutdown");
+            api("launcher.py:304", "[shutdown] API server: shutting down FastAPI HTTP server");
+            server_task.abort();
+            logs::uvicorn("Shutting down");
+            // uvicorn waits for the connections of those requests: until their clients go.
+            if st.in_flight() > 0 {
+                logs::uvicorn("Waiting for connections to close. (CTRL+C to force quit)");
+                while st.in_flight() > 0 {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+            logs::uvicorn("Waiting for application shutdown.");
+            logs::uvicorn("Application shutdown complete.");
             0
         }
         Flavour::LlamaCpp => {
             // llama-server terminates its task queue at once.
             logs::line(Flavour::LlamaCpp, "info", "srv    operator(): operator(): cleaning up before exit...");
             0
+        }
+    }
+}
+
+/// Serves `app` on `ls`, with each request's peer address (vLLM's access log).
+fn spawn_http(ls: tokio::net::TcpListener, app: Router) -> tokio::task::JoinHandle<std::io::Result<()>> {
+    tokio::spawn(axum::serve(ls, app.into_make_service_with_connect_info::<SocketAddr>()).into_future())
+}
+
+/// A TCP socket bound to `addr` (`SO_REUSEADDR`, as vLLM's) that does not listen yet.
+fn bind_unlistened(addr: &str) -> std::io::Result<socket2::Socket> {
+    use std::net::ToSocketAddrs;
+    let a = addr
+        .to_socket_addrs()?
+        .next()
+        .ok_or_else(|| std::io::Error::new(std::io::ErrorKind::AddrNotAvailable, "no address"))?;
+    let s = socket2::Socket::new(socket2::Domain::for_address(a), socket2::Type::STREAM, None)?;
+    s.set_reuse_address(true)?;
+    s.bind(&a.into())?;
+    Ok(s)
+}
+
+fn listen(s: socket2::Socket) -> std::io::Result<tokio::net::TcpListener> {
+    s.listen(2048)?;
+    s.set_nonblocking(true)?;
+    tokio::net::TcpListener::from_std(s.into())
+}
+
+/// vLLM's stats lines every `VLLM_LOG_STATS_INTERVAL`: the engine's throughput and load, and
+/// the interval's speculative decoding. An idle engine's lines are debug-level (not shown).
+async fn vllm_stats(st: St) {
+    let Some(v) = st.launch.vllm.as_deref() else { return };
+    let prefix_caching = !v.get("enable_prefix_caching").py_eq(&super::py::Py::Bool(false));
+    let mut last = tokio::time::Instant::now();
+    let (mut prompt0, mut gen0) = (0u64, 0u64);
+    let mut spec0 = st.spec_counts();
+    let mut busy_before = false;
+    loop {
+        tokio::time::sleep(v.log_stats_interval).await;
+        let now = tokio::time::Instant::now();
+        let secs = (now - last).as_secs_f64();
+        last = now;
+        let (prompt, generated) = (st.prompt_tokens.load(Ordering::SeqCst), st.generated.load(Ordering::SeqCst));
+        let (pt, gt) = ((prompt - prompt0) as f64 / secs, (generated - gen0) as f64 / secs);
+        (prompt0, gen0) = (prompt, generated);
+        let spec = st.spec_counts();
+        let busy = pt > 0.0 || gt > 0.0;
+        let idle = !busy && !busy_before;
+        busy_before = busy;
+        let interval = vllm::SpecInterval {
+            drafts: spec.0 - spec0.0,
+            draft_tokens: (spec.0 - spec0.0) * u64::from(st.perf.k),
+            accepted: spec.1 - spec0.1,
+            per_pos: spec.2.iter().zip(spec0.2.iter().chain(std::iter::repeat(&0))).map(|(a, b)| a - b).collect(),
+            seconds: secs,
+        };
+        spec0 = spec;
+        if idle {
+            continue;
+        }
+        let mut line = format!(
+            "Engine 000: Avg prompt throughput: {pt:.1} tokens/s, Avg generation throughput: {gt:.1} tokens/s, Running: {} reqs, Waiting: {} reqs, GPU KV cache usage: 0.0%",
+            st.running.load(Ordering::SeqCst),
+            st.queued.load(Ordering::SeqCst)
+        );
+        if prefix_caching && prompt > 0 {
+            line.push_str(", Prefix cache hit rate: 0.0%");
+        }
+        logs::vllm_log("APIServer", "info", "loggers.py:335", &line);
+        if interval.drafts > 0 {
+            logs::vllm_log("APIServer", "info", "metrics.py:120", &vllm::spec_decoding_line(&interval));
         }
     }
 }
@@ -255,7 +411,7 @@ fn router(st: St) -> Router {
         Flavour::Vllm => r
             .route("/health", get(vllm_health))
             .route("/v1/models", get(openai_models))
-            .route("/version", get(|| async { axum::Json(json!({"version": "0.34.0"})) }))
+            .route("/version", get(|| async { axum::Json(json!({"version": vllm::VERSION})) }))
             .route("/metrics", get(metrics))
             .route("/v1/completions", post(openai_completions)),
         Flavour::LlamaCpp => r
@@ -270,7 +426,31 @@ fn router(st: St) -> Router {
             .route("/v1/completions", post(openai_completions)),
     };
     let gate = axum::middleware::from_fn_with_state(st.clone(), crash_gate);
-    r.layer(gate).with_state(st)
+    let access = axum::middleware::from_fn_with_state(st.clone(), access_log);
+    r.layer(gate).layer(access).with_state(st)
+}
+
+/// uvicorn's access log (vLLM), written when the response starts.
+async fn access_log(State(st): State<St>, req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let on = st
+        .launch
+        .vllm
+        .as_deref()
+        .is_some_and(|v| !v.get("disable_uvicorn_access_log").py_eq(&super::py::Py::Bool(true)));
+    let peer = req.extensions().get::<axum::extract::ConnectInfo<SocketAddr>>().map(|c| c.0);
+    let version = match req.version() {
+        axum::http::Version::HTTP_10 => "1.0",
+        axum::http::Version::HTTP_2 => "2",
+        _ => "1.1",
+    };
+    let path = req.uri().path_and_query().map(|p| p.as_str()).unwrap_or("/");
+    let line = format!("\"{} {path} HTTP/{version}\"", req.method());
+    let r = next.run(req).await;
+    if on && let Some(peer) = peer {
+        let s = r.status();
+        logs::uvicorn(&format!("{peer} - {line} {} {}", s.as_u16(), s.canonical_reason().unwrap_or("")));
+    }
+    r
 }
 
 /// The `crash-after-ready` fault: see [`super::faults::answered_ready`].
@@ -405,26 +585,101 @@ async fn llama_props(State(st): State<St>) -> Response {
 
 async fn openai_models(State(st): State<St>) -> Response {
     let a = &st.launch.args;
+    if let Some(v) = st.launch.vllm.as_deref() {
+        // One entry per served name, as vLLM 0.32 answers.
+        let created = st.started as u64;
+        let data: Vec<Value> = v
+            .served_names()
+            .iter()
+            .enumerate()
+            .map(|(i, name)| {
+                json!({
+                    "id": name, "object": "model", "created": created, "owned_by": "vllm", "root": v.model(),
+                    "parent": null, "max_model_len": v.max_model_len() as i64,
+                    "permission": [{
+                        "id": format!("modelperm-{}", hex16(i as u64)), "object": "model_permission",
+                        "created": created, "allow_create_engine": false, "allow_sampling": true,
+                        "allow_logprobs": true, "allow_search_indices": false, "allow_view": true,
+                        "allow_fine_tuning": false, "organization": "*", "group": null, "is_blocking": false,
+                    }],
+                })
+            })
+            .collect();
+        return axum::Json(json!({"object": "list", "data": data})).into_response();
+    }
     let (id, root) = match st.launch.flavour {
         Flavour::Sglang => (a["served_model_name"].clone(), a["model_path"].clone()),
-        Flavour::Vllm => (
-            a["served_model_name"].as_str().map(|s| json!(s)).unwrap_or_else(|| a["model"].clone()),
-            a["model"].clone(),
-        ),
+        Flavour::Vllm => unreachable!("vLLM answered above"),
         Flavour::LlamaCpp => {
             (a.get("alias").cloned().unwrap_or_else(|| a["model_path"].clone()), a["model_path"].clone())
         }
     };
-    let owned = match st.launch.flavour {
-        Flavour::Sglang => "sglang",
-        Flavour::Vllm => "vllm",
-        Flavour::LlamaCpp => "llamacpp",
-    };
+    let owned = if st.launch.flavour == Flavour::Sglang { "sglang" } else { "llamacpp" };
     axum::Json(json!({
         "object": "list",
         "data": [{"id": id, "object": "model", "created": 0, "owned_by": owned, "root": root}],
     }))
     .into_response()
+}
+
+/// 16 hex digits, different for each `n` and process (vLLM's ids).
+fn hex16(n: u64) -> String {
+    format!("{:016x}", (u64::from(std::process::id()) << 32 ^ n).wrapping_mul(0x9e37_79b9_7f4a_7c15))
+}
+
+/// vLLM's `/metrics`: prometheus_client's exposition as vLLM 0.32 serves it (counters named
+/// `…_total` on their TYPE lines, each with a `…_created` gauge); the spec_decode counters only
+/// with a speculative config.
+fn vllm_metrics(st: &Shared, v: &vllm::Vllm) -> String {
+    let labels = format!("engine=\"0\",model_name=\"{}\"", v.served_names()[0]);
+    let created = prometheus_float(st.started);
+    let mut out = String::new();
+    let mut counter = |name: &str, help: &str, samples: &[(String, f64)]| {
+        out.push_str(&format!("# HELP {name}_total {help}\n# TYPE {name}_total counter\n"));
+        for (l, x) in samples {
+            out.push_str(&format!("{name}_total{{{l}}} {}\n", prometheus_float(*x)));
+        }
+        out.push_str(&format!("# HELP {name}_created {help}\n# TYPE {name}_created gauge\n"));
+        for (l, _) in samples {
+            out.push_str(&format!("{name}_created{{{l}}} {created}\n"));
+        }
+    };
+    if st.spec_on() {
+        let (drafts, accepted, per_pos) = st.spec_counts();
+        let one = |x: u64| [(labels.clone(), x as f64)];
+        counter("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", &one(drafts));
+        counter("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", &one(drafts * u64::from(st.perf.k)));
+        counter("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.", &one(accepted));
+        let per: Vec<(String, f64)> =
+            per_pos.iter().enumerate().map(|(i, n)| (format!("{labels},position=\"{i}\""), *n as f64)).collect();
+        counter("vllm:spec_decode_num_accepted_tokens_per_pos", "Accepted tokens per draft position.", &per);
+    }
+    let mut gauge = |name: &str, help: &str, x: f64| {
+        out.push_str(&format!(
+            "# HELP {name} {help}\n# TYPE {name} gauge\n{name}{{{labels}}} {}\n",
+            prometheus_float(x)
+        ));
+    };
+    gauge(
+        "vllm:num_requests_running",
+        "Number of requests in model execution batches.",
+        st.running.load(Ordering::SeqCst) as f64,
+    );
+    gauge(
+        "vllm:num_requests_waiting",
+        "Number of requests waiting to be processed.",
+        st.queued.load(Ordering::SeqCst) as f64,
+    );
+    gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", 0.0);
+    let mut counter = |name: &str, help: &str, x: u64| {
+        out.push_str(&format!(
+            "# HELP {name}_total {help}\n# TYPE {name}_total counter\n{name}_total{{{labels}}} {}\n# HELP {name}_created {help}\n# TYPE {name}_created gauge\n{name}_created{{{labels}}} {created}\n",
+            prometheus_float(x as f64)
+        ));
+    };
+    counter("vllm:prompt_tokens", "Number of prefill tokens processed.", st.prompt_tokens.load(Ordering::SeqCst));
+    counter("vllm:generation_tokens", "Number of generation tokens processed.", st.generated.load(Ordering::SeqCst));
+    out
 }
 
 async fn metrics(State(st): State<St>) -> Response {
@@ -463,30 +718,9 @@ async fn metrics(State(st): State<St>) -> Response {
             gauge("sglang:spec_accept_rate", "The average acceptance rate of speculative decoding.", &labels, rate);
         }
         Flavour::Vllm => {
-            let model = a["served_model_name"].as_str().or(a["model"].as_str()).unwrap_or_default().to_string();
-            let labels = format!("engine=\"0\",model_name=\"{model}\"");
-            gauge(
-                "vllm:num_requests_running",
-                "Number of requests in model execution batches.",
-                &labels,
-                running as f64,
-            );
-            gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", &labels, queued as f64);
-            gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", &labels, 0.0);
-            if st.spec_on() {
-                // Every verify step drafts k tokens; it yields the accepted ones plus one.
-                let drafts = st.verify_steps.load(Ordering::SeqCst) as f64;
-                let accepted = st.spec_tokens.load(Ordering::SeqCst) as f64 - drafts;
-                for (name, v) in [
-                    ("vllm:spec_decode_num_drafts", drafts),
-                    ("vllm:spec_decode_num_draft_tokens", drafts * f64::from(st.perf.k)),
-                    ("vllm:spec_decode_num_accepted_tokens", accepted),
-                ] {
-                    out.push_str(&format!(
-                        "# HELP {name} Speculative decoding.\n# TYPE {name} counter\n{name}_total{{{labels}}} {v:?}\n"
-                    ));
-                }
-            }
+            let v = st.launch.vllm.as_deref().expect("vLLM's command line");
+            return ([(header::CONTENT_TYPE, "text/plain; version=1.0.0; charset=utf-8")], vllm_metrics(&st, v))
+                .into_response();
         }
         Flavour::LlamaCpp => {
             if a.get("endpoint_metrics") != Some(&json!(true)) {
@@ -557,9 +791,13 @@ fn gen_params(body: &Value, key_max: &[&str], default_max: u64) -> (String, u64,
 }
 
 fn sse(chunks: impl futures_util::Stream<Item = String> + Send + 'static) -> Response {
+    sse_as("text/event-stream", chunks)
+}
+
+fn sse_as(content_type: &'static str, chunks: impl futures_util::Stream<Item = String> + Send + 'static) -> Response {
     use futures_util::StreamExt;
     let body = Body::from_stream(chunks.map(|s| Ok::<Bytes, std::convert::Infallible>(Bytes::from(s))));
-    ([(header::CONTENT_TYPE, "text/event-stream"), (header::CACHE_CONTROL, "no-cache")], body).into_response()
+    ([(header::CONTENT_TYPE, content_type), (header::CACHE_CONTROL, "no-cache")], body).into_response()
 }
 
 type Chunk = dyn Fn(&Req, u64, &str, &str, bool) -> Option<String> + Send + Sync;
@@ -604,11 +842,21 @@ fn token_stream(
             let st = g.req.st.clone();
             let perf = &st.perf;
             if g.left == 0 {
-                // A new verify step.
-                let j = g.req.verify.fetch_add(1, Ordering::SeqCst);
-                g.left = perf.burst(j).min(max - g.i);
-                if perf.k > 0 {
-                    st.verify_steps.fetch_add(1, Ordering::SeqCst);
+                if perf.k > 0 && g.i == 0 && st.launch.flavour == Flavour::Vllm {
+                    // vLLM's first token comes from the prefill: no draft, no verify step.
+                    g.left = 1;
+                } else {
+                    // A new verify step: its evidence counted as the engine counts it, per step.
+                    let j = g.req.verify.fetch_add(1, Ordering::SeqCst);
+                    g.left = perf.burst(j).min(max - g.i);
+                    if perf.k > 0 {
+                        st.verify_steps.fetch_add(1, Ordering::SeqCst);
+                        st.spec_tokens.fetch_add(g.left, Ordering::SeqCst);
+                        let mut per_pos = st.accepted_per_pos.lock().unwrap_or_else(|e| e.into_inner());
+                        for n in per_pos.iter_mut().take(g.left as usize - 1) {
+                            *n += 1;
+                        }
+                    }
                 }
                 if perf.timed {
                     let now = tokio::time::Instant::now();
@@ -625,12 +873,14 @@ fn token_stream(
             let w = WORDS[(g.i as usize) % WORDS.len()];
             g.text.push_str(w);
             g.i += 1;
-            if perf.k > 0 {
-                st.spec_tokens.fetch_add(1, Ordering::SeqCst);
-            }
             Some(chunk(&g.req, g.i, &g.text, w, g.i == max).unwrap_or_default())
         };
+        // vLLM after SIGTERM: its engine is gone, the request never goes on.
+        let stalled = g.req.st.aborted.load(Ordering::SeqCst);
         async move {
+            if stalled {
+                std::future::pending::<()>().await;
+            }
             if let Some(at) = wait_until {
                 tokio::time::sleep_until(at).await;
             }
@@ -715,10 +965,13 @@ async fn openai_completions(State(st): State<St>, body: Bytes) -> Response {
     let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
     let (prompt, max, stream) = gen_params(&body, &["/max_tokens"], 16);
     let prompt_tokens = prompt.split_whitespace().count().max(1) as u64;
+    if let Some(v) = st.launch.vllm.as_deref() {
+        return vllm_completions(&st, v, &body, max, stream, prompt_tokens).await;
+    }
     let a = &st.launch.args;
     let served = match st.launch.flavour {
         Flavour::Sglang => a["served_model_name"].clone(),
-        Flavour::Vllm => a["served_model_name"].as_str().map(|s| json!(s)).unwrap_or_else(|| a["model"].clone()),
+        Flavour::Vllm => unreachable!("vLLM answered above"),
         Flavour::LlamaCpp => a.get("alias").cloned().unwrap_or_else(|| a["model_path"].clone()),
     };
     let model = if body["model"].is_string() { body["model"].clone() } else { served };
@@ -744,6 +997,56 @@ async fn openai_completions(State(st): State<St>, body: Bytes) -> Response {
     axum::Json(json!({"id": id, "object": "text_completion", "model": model,
         "choices": [{"index": 0, "text": text, "finish_reason": "length"}],
         "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": max, "total_tokens": prompt_tokens + max}}))
+    .into_response()
+}
+
+/// vLLM 0.32's `/v1/completions`: its reply's fields, its stream's chunks (the last with the
+/// system fingerprint), `text/event-stream; charset=utf-8`.
+async fn vllm_completions(
+    st: &St,
+    v: &vllm::Vllm,
+    body: &Value,
+    max: u64,
+    stream: bool,
+    prompt_tokens: u64,
+) -> Response {
+    let model = body["model"].as_str().map(str::to_string).unwrap_or_else(|| v.served_names()[0].clone());
+    st.prompt_tokens.fetch_add(prompt_tokens, Ordering::SeqCst);
+    let req = Req::start(st).await;
+    let id = format!("cmpl-{}", &req.rid[req.rid.len() - 16..]);
+    let created = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+    let fingerprint = format!("vllm-{}-{}", vllm::VERSION, &hex16(0)[..8]);
+    if stream {
+        let s = token_stream(
+            req,
+            max,
+            prompt_tokens,
+            Box::new(move |_, _, _, w, last| {
+                let mut c = json!({"id": id, "object": "text_completion", "created": created, "model": model,
+                    "choices": [{"index": 0, "text": w, "logprobs": null,
+                        "finish_reason": if last { json!("length") } else { Value::Null },
+                        "stop_reason": null, "prompt_token_ids": null, "token_ids": null}]});
+                if last {
+                    c["system_fingerprint"] = json!(fingerprint);
+                }
+                Some(format!("data: {c}\n\n"))
+            }),
+            Some("data: [DONE]\n\n".to_string()),
+        );
+        return sse_as("text/event-stream; charset=utf-8", s);
+    }
+    let s = token_stream(req, max, prompt_tokens, Box::new(|_, _, text, _, last| last.then(|| text.to_string())), None);
+    use futures_util::StreamExt;
+    let text: String = s.collect::<Vec<_>>().await.concat();
+    axum::Json(json!({
+        "id": id, "object": "text_completion", "created": created, "model": model,
+        "choices": [{"index": 0, "text": text, "logprobs": null, "finish_reason": "length", "stop_reason": null,
+            "token_ids": null, "prompt_logprobs": null, "prompt_token_ids": null, "routed_experts": null}],
+        "service_tier": null, "system_fingerprint": fingerprint,
+        "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + max, "completion_tokens": max,
+            "prompt_tokens_details": null, "completion_tokens_details": null},
+        "kv_transfer_params": null, "ec_transfer_params": null, "metrics": null,
+    }))
     .into_response()
 }
 

@@ -21,6 +21,7 @@ use crate::metrics::Metrics;
 use crate::reconcile::{self, Action, Ctx, DesiredState, Shutdown};
 use crate::source::GitSource;
 use crate::state::{self, Outcome, Source, SourceState, Store};
+use crate::systemd::Systemd;
 
 /// Why something asked for a reconcile.
 #[derive(Debug, Clone)]
@@ -44,7 +45,9 @@ struct Worker {
     handle: tokio::task::JoinHandle<()>,
 }
 
-/// Run the agent until SIGTERM/SIGINT.
+/// Run the agent until SIGTERM/SIGINT: open the source, listen to systemd, signals and the
+/// endpoints, hand each unit of the head its worker, follow the triggers, then stop at safe
+/// points.
 pub async fn run(opts: RunOptions) -> Result<()> {
     // Raised before anything is opened; the endpoints' caps are sized under it.
     let nofile = listen::raise_nofile();
@@ -61,7 +64,7 @@ pub async fn run(opts: RunOptions) -> Result<()> {
         ..context::host_ctx(&opts.dirs, context::events(Sink::Log), shutdown)
     });
     let metrics = Arc::new(Metrics::default());
-    let (trig_tx, mut trig_rx) = mpsc::unbounded_channel::<Trigger>();
+    let (trig_tx, trig_rx) = mpsc::unbounded_channel::<Trigger>();
 
     let cache = opts.dirs.state_dir.join("repo");
     let src = {
@@ -73,70 +76,12 @@ pub async fn run(opts: RunOptions) -> Result<()> {
 
     // Watch the local repository's refs, and the unit directory.
     let _watcher = watcher(&lock(&src), &opts.dirs.unit_dir, trig_tx.clone())?;
-    // systemd's word that a unit started, stopped or failed: that unit is looked at (a unit at
-    // rest is not looked at on a timer when the source is local).
-    {
-        let t = trig_tx.clone();
-        let systemd = ctx.host.systemd.clone();
-        let stop = ctx.shutdown.clone();
-        tokio::spawn(async move {
-            loop {
-                match systemd.state_changes().await {
-                    Ok(mut changes) => {
-                        while let Some(unit) = changes.next().await {
-                            let _ = t.send(Trigger::Unit(unit));
-                        }
-                        tracing::info!("the connection to systemd closed; listening again");
-                    }
-                    Err(e) => tracing::warn!("cannot listen to systemd's unit changes: {e:#}; trying again"),
-                }
-                // Again once systemd is back (after a daemon-reexec, say); not in a loop.
-                tokio::select! {
-                    _ = tokio::time::sleep(Duration::from_secs(1)) => {}
-                    _ = stop.wait() => return,
-                }
-            }
-        });
-    }
-    // Signals.
-    {
-        let t = trig_tx.clone();
-        let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
-        tokio::spawn(async move {
-            while hup.recv().await.is_some() {
-                tracing::info!("SIGHUP: reconciling every unit");
-                let _ = t.send(Trigger::Source);
-                let _ = t.send(Trigger::All);
-            }
-        });
-    }
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
-    // Metrics (TCP, read-only) and control actions (a Unix socket, root's or a group's), each
-    // under a cap of connections that leaves descriptors for the agent's own work.
-    let limits = listen::Limits { connections: listen::metrics_connections(nofile), ..listen::METRICS };
-    tracing::info!(
-        "open files: up to {nofile}; the metrics endpoint serves up to {} connections at once, the control socket {}, and {} are kept for the agent's own work",
-        limits.connections,
-        listen::CONTROL.connections,
-        listen::RESERVED_FDS
-    );
-    let addr = cfg.listen.clone().unwrap_or_else(|| "127.0.0.1:9464".into());
-    let server = listen::serve_metrics(&addr, metrics.clone(), limits).await?;
+    forward_unit_changes(trig_tx.clone(), ctx.host.systemd.clone(), ctx.shutdown.clone());
+    forward_sighup(trig_tx.clone())?;
+    let term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
+    let endpoints = Endpoints::serve(&cfg, nofile, &metrics, trig_tx.clone()).await?;
     crate::notify::install(&cfg.notify.webhooks, &hostname, Some(&metrics));
-    let socket = cfg.control_socket();
-    let control = {
-        let t = trig_tx.clone();
-        listen::serve_control(&socket, cfg.control_group.as_deref(), move |unit| match unit {
-            Some(u) => {
-                let _ = t.send(Trigger::Unit(u));
-            }
-            None => {
-                let _ = t.send(Trigger::Source);
-                let _ = t.send(Trigger::All);
-            }
-        })?
-    };
 
     let mut units = Units {
         src: src.clone(),
@@ -152,21 +97,102 @@ pub async fn run(opts: RunOptions) -> Result<()> {
     let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]);
     tracing::info!(units = units.workers.len(), "ready");
 
-    let interval = Duration::from_secs(cfg.interval.unwrap_or(60).max(1));
-    // A full look at every unit: every `resync` s; by default only for a remote source (a
-    // local one's refs, the unit files and systemd's unit changes are all events).
-    let resync = cfg.resync.or(if lock(&src).is_remote() { Some(300) } else { None });
-    let resync = resync.map(|s| Duration::from_secs(s.max(1)));
-    let remote = lock(&src).is_remote();
-    let mut poll_at = tokio::time::Instant::now() + jitter(interval);
-    let mut resync_at = resync.map(|r| tokio::time::Instant::now() + r);
-    // Forced source re-reads (SIGHUP, `specd reconcile`) at most once a second: a burst of
-    // requests is one read now and one at the end of the second.
-    let mut last_forced: Option<tokio::time::Instant> = None;
-    let mut forced_due: Option<tokio::time::Instant> = None;
+    let mut schedule = Schedule::new(&cfg, lock(&src).is_remote());
+    spawn_watchdog();
+    follow(&mut units, &mut schedule, trig_rx, term, int).await;
+    stop(units, stop_tx, endpoints).await;
+    Ok(())
+}
+
+/// systemd's word that a unit started, stopped or failed: that unit is looked at (a unit at
+/// rest is not looked at on a timer when the source is local). Listened to again when the
+/// connection closes, until the agent stops.
+fn forward_unit_changes(t: mpsc::UnboundedSender<Trigger>, systemd: Systemd, stop: Shutdown) {
+    tokio::spawn(async move {
+        loop {
+            match systemd.state_changes().await {
+                Ok(mut changes) => {
+                    while let Some(unit) = changes.next().await {
+                        let _ = t.send(Trigger::Unit(unit));
+                    }
+                    tracing::info!("the connection to systemd closed; listening again");
+                }
+                Err(e) => tracing::warn!("cannot listen to systemd's unit changes: {e:#}; trying again"),
+            }
+            // Again once systemd is back (after a daemon-reexec, say); not in a loop.
+            tokio::select! {
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+                _ = stop.wait() => return,
+            }
+        }
+    });
+}
+
+/// SIGHUP: the source read again and every unit looked at.
+fn forward_sighup(t: mpsc::UnboundedSender<Trigger>) -> Result<()> {
+    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
+    tokio::spawn(async move {
+        while hup.recv().await.is_some() {
+            tracing::info!("SIGHUP: reconciling every unit");
+            let _ = t.send(Trigger::Source);
+            let _ = t.send(Trigger::All);
+        }
+    });
+    Ok(())
+}
+
+/// The agent's endpoints: metrics (TCP, read-only) and control actions (a Unix socket, root's
+/// or a group's).
+struct Endpoints {
+    metrics: tokio::task::JoinHandle<()>,
+    control: tokio::task::JoinHandle<()>,
+    socket: PathBuf,
+}
+
+impl Endpoints {
+    /// Serve both, each under a cap of connections that leaves descriptors (of `nofile`) for the
+    /// agent's own work; a control action becomes a trigger.
+    async fn serve(
+        cfg: &AgentConfig,
+        nofile: u64,
+        metrics: &Arc<Metrics>,
+        t: mpsc::UnboundedSender<Trigger>,
+    ) -> Result<Endpoints> {
+        let limits = listen::Limits { connections: listen::metrics_connections(nofile), ..listen::METRICS };
+        tracing::info!(
+            "open files: up to {nofile}; the metrics endpoint serves up to {} connections at once, the control socket {}, and {} are kept for the agent's own work",
+            limits.connections,
+            listen::CONTROL.connections,
+            listen::RESERVED_FDS
+        );
+        let addr = cfg.listen.clone().unwrap_or_else(|| "127.0.0.1:9464".into());
+        let server = listen::serve_metrics(&addr, metrics.clone(), limits).await?;
+        let socket = cfg.control_socket();
+        let control = listen::serve_control(&socket, cfg.control_group.as_deref(), move |unit| match unit {
+            Some(u) => {
+                let _ = t.send(Trigger::Unit(u));
+            }
+            None => {
+                let _ = t.send(Trigger::Source);
+                let _ = t.send(Trigger::All);
+            }
+        })?;
+        Ok(Endpoints { metrics: server, control, socket })
+    }
+
+    /// Stop serving and remove the control socket.
+    fn close(self) {
+        self.metrics.abort();
+        self.control.abort();
+        let _ = std::fs::remove_file(&self.socket);
+    }
+}
+
+/// The watchdog's ping, every half of `WatchdogSec=` when the agent's unit sets it. Its own
+/// task: a slow source read in the main loop must not starve it.
+fn spawn_watchdog() {
     let mut wd_usec = 0u64;
     if sd_notify::watchdog_enabled(false, &mut wd_usec) {
-        // Its own task: a slow source read in the main loop must not starve it.
         let every = Duration::from_micros(wd_usec / 2);
         tokio::spawn(async move {
             loop {
@@ -175,7 +201,69 @@ pub async fn run(opts: RunOptions) -> Result<()> {
             }
         });
     }
+}
 
+/// When the agent reads the source without being asked by an event: a remote's poll, the
+/// periodic resync, a forced read put off to the end of its second.
+struct Schedule {
+    /// A remote is polled every `interval` (jittered); a local one is watched instead.
+    remote: bool,
+    interval: Duration,
+    poll_at: tokio::time::Instant,
+    /// A full look at every unit: every `resync`; by default only for a remote source (a local
+    /// one's refs, the unit files and systemd's unit changes are all events).
+    resync: Option<Duration>,
+    resync_at: Option<tokio::time::Instant>,
+    forced: ForcedReads,
+}
+
+impl Schedule {
+    fn new(cfg: &AgentConfig, remote: bool) -> Schedule {
+        let interval = Duration::from_secs(cfg.interval.unwrap_or(60).max(1));
+        let resync = cfg.resync.or(if remote { Some(300) } else { None });
+        let resync = resync.map(|s| Duration::from_secs(s.max(1)));
+        Schedule {
+            remote,
+            interval,
+            poll_at: tokio::time::Instant::now() + jitter(interval),
+            resync,
+            resync_at: resync.map(|r| tokio::time::Instant::now() + r),
+            forced: ForcedReads::default(),
+        }
+    }
+}
+
+/// Forced source re-reads (SIGHUP, `specd reconcile`) at most once a second: a burst of
+/// requests is one read now and one at the end of the second.
+#[derive(Debug, Default)]
+struct ForcedReads {
+    last: Option<tokio::time::Instant>,
+    /// The read put off, and when it is due.
+    due: Option<tokio::time::Instant>,
+}
+
+impl ForcedReads {
+    /// Whether a forced read asked at `now` happens now; if one happened less than a second ago,
+    /// not: it is due at the end of that second instead.
+    fn ask(&mut self, now: tokio::time::Instant) -> bool {
+        if let Some(next) = self.last.map(|t| t + FORCED_READ_EVERY).filter(|n| *n > now) {
+            self.due = Some(next);
+            false
+        } else {
+            self.last = Some(now);
+            true
+        }
+    }
+}
+
+/// Follow the triggers and the schedule until SIGTERM or SIGINT.
+async fn follow(
+    units: &mut Units,
+    s: &mut Schedule,
+    mut trig_rx: mpsc::UnboundedReceiver<Trigger>,
+    mut term: tokio::signal::unix::Signal,
+    mut int: tokio::signal::unix::Signal,
+) {
     loop {
         tokio::select! {
             Some(t) = trig_rx.recv() => {
@@ -186,42 +274,20 @@ pub async fn run(opts: RunOptions) -> Result<()> {
                 while let Ok(t) = trig_rx.try_recv() {
                     ts.push(t);
                 }
-                let source = ts.iter().any(|t| matches!(t, Trigger::Source));
-                // An explicit request (SIGHUP, `specd reconcile`) re-reads the source even if the
-                // head did not move.
-                let mut force = ts.iter().any(|t| matches!(t, Trigger::All));
-                if force {
-                    let now = tokio::time::Instant::now();
-                    if let Some(next) = last_forced.map(|t| t + FORCED_READ_EVERY).filter(|n| *n > now) {
-                        forced_due = Some(next);
-                        force = false;
-                    } else {
-                        last_forced = Some(now);
-                    }
-                }
-                if source && (force || forced_due.is_none()) {
-                    units.sync_source(if force { Read::Always } else { Read::IfHeadMoved }).await;
-                }
-                for t in ts {
-                    match t {
-                        Trigger::Unit(u) => units.poke(&u),
-                        Trigger::All => units.poke_all(),
-                        Trigger::Source => {}
-                    }
-                }
+                on_triggers(units, &mut s.forced, ts).await;
             }
-            _ = tokio::time::sleep_until(poll_at), if remote => {
-                poll_at = tokio::time::Instant::now() + jitter(interval);
+            _ = tokio::time::sleep_until(s.poll_at), if s.remote => {
+                s.poll_at = tokio::time::Instant::now() + jitter(s.interval);
                 units.sync_source(Read::IfHeadMoved).await;
             }
-            _ = tokio::time::sleep_until(forced_due.unwrap_or_else(tokio::time::Instant::now)), if forced_due.is_some() => {
-                forced_due = None;
-                last_forced = Some(tokio::time::Instant::now());
+            _ = tokio::time::sleep_until(s.forced.due.unwrap_or_else(tokio::time::Instant::now)), if s.forced.due.is_some() => {
+                s.forced.due = None;
+                s.forced.last = Some(tokio::time::Instant::now());
                 units.sync_source(Read::Always).await;
                 units.poke_all();
             }
-            _ = tokio::time::sleep_until(resync_at.unwrap_or_else(tokio::time::Instant::now)), if resync_at.is_some() => {
-                resync_at = resync.map(|r| tokio::time::Instant::now() + r);
+            _ = tokio::time::sleep_until(s.resync_at.unwrap_or_else(tokio::time::Instant::now)), if s.resync_at.is_some() => {
+                s.resync_at = s.resync.map(|r| tokio::time::Instant::now() + r);
                 units.sync_source(Read::Always).await;
                 units.poke_all();
             }
@@ -229,7 +295,29 @@ pub async fn run(opts: RunOptions) -> Result<()> {
             _ = int.recv() => break,
         }
     }
+}
 
+/// A batch of triggers: the source read if one asks (an explicit request, SIGHUP or `specd
+/// reconcile`, re-reads it even if the head did not move, at most once a second), then each
+/// unit named poked.
+async fn on_triggers(units: &mut Units, forced: &mut ForcedReads, ts: Vec<Trigger>) {
+    let source = ts.iter().any(|t| matches!(t, Trigger::Source));
+    let force = ts.iter().any(|t| matches!(t, Trigger::All)) && forced.ask(tokio::time::Instant::now());
+    if source && (force || forced.due.is_none()) {
+        units.sync_source(if force { Read::Always } else { Read::IfHeadMoved }).await;
+    }
+    for t in ts {
+        match t {
+            Trigger::Unit(u) => units.poke(&u),
+            Trigger::All => units.poke_all(),
+            Trigger::Source => {}
+        }
+    }
+}
+
+/// The agent's stop: applies in progress stop at their next safe point, every worker is joined
+/// under one deadline, notices still queued get a last chance, the endpoints close.
+async fn stop(units: Units, stop_tx: watch::Sender<bool>, endpoints: Endpoints) {
     let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Stopping]);
     tracing::info!("stopping: applies in progress stop at their next safe point");
     let _ = stop_tx.send(true);
@@ -239,11 +327,8 @@ pub async fn run(opts: RunOptions) -> Result<()> {
     }
     // Notices still queued (a receiver that did not answer yet) get a last chance.
     crate::notify::flush(NOTICES_WITHIN).await;
-    server.abort();
-    control.abort();
-    let _ = std::fs::remove_file(&socket);
+    endpoints.close();
     tracing::info!("stopped");
-    Ok(())
 }
 
 /// How long the agent waits at its stop for the units' workers to reach a safe point: all of
@@ -847,6 +932,24 @@ mod tests {
         // Before the deadline, every worker is waited for.
         let handles = vec![("f".to_string(), tokio::spawn(async {})), ("g".to_string(), tokio::spawn(async {}))];
         assert!(join_within(handles, std::future::pending()).await.is_empty());
+    }
+
+    #[test]
+    fn a_burst_of_forced_reads_is_one_read_now_and_one_at_the_end_of_the_second() {
+        let t0 = tokio::time::Instant::now();
+        let mut f = ForcedReads::default();
+        assert!(f.ask(t0));
+        assert_eq!(f.due, None);
+        // Within the second: put off to its end, however many ask.
+        assert!(!f.ask(t0 + Duration::from_millis(100)));
+        assert!(!f.ask(t0 + Duration::from_millis(900)));
+        assert_eq!(f.due, Some(t0 + FORCED_READ_EVERY));
+        assert_eq!(f.last, Some(t0));
+        // A second later, a read at once.
+        let mut f = ForcedReads::default();
+        assert!(f.ask(t0));
+        assert!(f.ask(t0 + FORCED_READ_EVERY));
+        assert_eq!((f.last, f.due), (Some(t0 + FORCED_READ_EVERY), None));
     }
 
     #[test]

@@ -257,6 +257,9 @@ async fn verdict_of(unit: &str, invocation: Option<&str>) -> (Option<String>, Op
     }
 }
 
+/// `specd sweep`: read and check everything, hold the unit, apply and load each point, leave the
+/// host on a verified unit, then write the reports and show the best point. The exit code: 0,
+/// 1 (refused before anything changed, or the unit left on a failed apply), 130 (interrupted).
 pub async fn run(dirs: &Dirs, o: Options) -> Result<u8> {
     let p = match plan(&o) {
         Ok(p) => p,
@@ -269,41 +272,11 @@ pub async fn run(dirs: &Dirs, o: Options) -> Result<u8> {
     let sw = &p.parsed.sweep;
     let unit = p.points[0].spec.unit.clone();
     let results_path = p.out.join("results.jsonl");
-    let (prior, whole) = read_results(&results_path)?;
-    if !o.resume && !prior.is_empty() {
-        eprintln!(
-            "specd: {} holds the results of {} point(s) already: --resume to go on with them, or --out another directory",
-            results_path.display(),
-            prior.len()
-        );
+    let Some(prior) = open_results(&p.out, &results_path, o.resume)? else {
         eprintln!("specd: nothing was changed on this host");
         return Ok(1);
-    }
-    fsx::ensure_dir(&p.out)?;
-    // A record cut short by a kill is dropped before anything is appended after it.
-    let on_disk = fsx::read_opt(&results_path)?.map_or(0, |b| b.len());
-    if on_disk > whole {
-        let bytes = fsx::read_opt(&results_path)?.unwrap_or_default();
-        fsx::atomic_write(&results_path, &bytes[..whole], 0o644)?;
-        eprintln!(
-            "specd: dropped a result line cut short in {} (the point it was is measured again)",
-            results_path.display()
-        );
-    }
-
-    let after_word = match sw.spec.after {
-        After::Restore => "restore the unit as it was",
-        After::Best => "apply the best point",
     };
-    // A second signal quits at once: the hold ends with this process, and the next apply (the
-    // agent's, or a hand one) finishes whatever was in progress.
-    let shutdown = context::interruptible(
-        Finish::Started,
-        format!(
-            "specd sweep: interrupted: the point in progress stops at its next safe point; then {after_word} (again to quit at once)"
-        ),
-        "specd sweep: interrupted again: quitting now; the unit is left as it is (a running agent takes it back; else `specd apply` it)".into(),
-    );
+    let shutdown = interrupts(sw.spec.after);
     let ctx = context::host_ctx(dirs, events(), shutdown.clone());
     let hold = match SweepHold::take(&ctx.store, &unit, &sw.metadata.name).await {
         Ok(h) => h,
@@ -321,16 +294,109 @@ pub async fn run(dirs: &Dirs, o: Options) -> Result<u8> {
         }
     };
 
+    let ran = run_points(&ctx, &p, &prior, &results_path, &shutdown).await;
+
+    // Leave the host on a verified unit: the one before the sweep, or the winner.
+    let final_ctx = context::host_ctx(dirs, events(), Shutdown::never());
+    if let Some(e) = ran.aborted {
+        restore(&final_ctx, &unit, &before).await;
+        hold.release(&final_ctx.store).await;
+        return Err(e);
+    }
+    let results = this_sweeps_results(&p, &results_path)?;
+    let at = p.parsed.objective_concurrency();
+    let limits = sw.spec.objective.constraints.limits();
+    let winner = report::best(&results, goal(sw.spec.objective.maximize), at, &limits);
+    let target = after_target(&p, &unit, &before, winner, ran.interrupted);
+    let mut code = if ran.interrupted { 130 } else { 0 };
+    if !apply_after(&final_ctx, target, &unit).await? {
+        code = 1;
+    }
+    hold.release(&final_ctx.store).await;
+
+    // What a person reads.
+    write_reports(&p, &results, winner, at, &limits)?;
+    let goal_name = goal(sw.spec.objective.maximize).name();
+    let Some(w) = winner else {
+        println!("no point met the objective ({goal_name} at concurrency {at}{})", limits_text(&limits));
+        return Ok(code);
+    };
+    let wp = p.points.iter().find(|pt| pt.index == w.index).expect("the winner is a point");
+    println!("best: {} ({goal_name} at concurrency {at}{})", wp.label, limits_text(&limits));
+    offer_best(&p, wp, o.write)?;
+    Ok(code)
+}
+
+/// The records of an earlier run of the sweep in `out`, to go on with. `None` (said why) when
+/// there are some and `--resume` was not given: nothing may change then. A record cut short by
+/// a kill is cut off the file before anything is appended after it.
+fn open_results(out: &Path, results_path: &Path, resume: bool) -> Result<Option<Vec<PointResult>>> {
+    let (prior, whole) = read_results(results_path)?;
+    if !resume && !prior.is_empty() {
+        eprintln!(
+            "specd: {} holds the results of {} point(s) already: --resume to go on with them, or --out another directory",
+            results_path.display(),
+            prior.len()
+        );
+        return Ok(None);
+    }
+    fsx::ensure_dir(out)?;
+    let on_disk = fsx::read_opt(results_path)?.map_or(0, |b| b.len());
+    if on_disk > whole {
+        let bytes = fsx::read_opt(results_path)?.unwrap_or_default();
+        fsx::atomic_write(results_path, &bytes[..whole], 0o644)?;
+        eprintln!(
+            "specd: dropped a result line cut short in {} (the point it was is measured again)",
+            results_path.display()
+        );
+    }
+    Ok(Some(prior))
+}
+
+/// The sweep's answer to SIGINT/SIGTERM: the point in progress stops at its next safe point, then
+/// the `after` step runs. A second signal quits at once: the hold ends with this process, and
+/// the next apply (the agent's, or a hand one) finishes whatever was in progress.
+fn interrupts(after: After) -> Shutdown {
+    let after_word = match after {
+        After::Restore => "restore the unit as it was",
+        After::Best => "apply the best point",
+    };
+    context::interruptible(
+        Finish::Started,
+        format!(
+            "specd sweep: interrupted: the point in progress stops at its next safe point; then {after_word} (again to quit at once)"
+        ),
+        "specd sweep: interrupted again: quitting now; the unit is left as it is (a running agent takes it back; else `specd apply` it)".into(),
+    )
+}
+
+/// How the points' loop ended.
+struct Ran {
+    /// A signal stopped it: the point in progress is not recorded.
+    interrupted: bool,
+    /// specd's own state or the results file failed: the sweep stops with this error.
+    aborted: Option<anyhow::Error>,
+}
+
+/// Apply and load each point in order, appending its record; a point recorded by an earlier run
+/// (`prior`, by its unit's hash) is skipped.
+async fn run_points<H: Host>(
+    ctx: &Ctx<H>,
+    p: &Plan,
+    prior: &[PointResult],
+    results_path: &Path,
+    shutdown: &Shutdown,
+) -> Ran {
+    let sw = &p.parsed.sweep;
     let n = p.points.len();
     let levels = &sw.spec.load.concurrency;
     eprintln!(
-        "specd sweep {}: {n} point(s) of {unit}, load at concurrency {levels:?}; results in {}",
+        "specd sweep {}: {n} point(s) of {}, load at concurrency {levels:?}; results in {}",
         sw.metadata.name,
+        p.points[0].spec.unit,
         p.out.display()
     );
     let probe = Probe::default();
-    let mut interrupted = false;
-    let mut aborted: Option<anyhow::Error> = None;
     for pt in &p.points {
         let i = pt.index + 1;
         if let Some(r) = prior.iter().rev().find(|r| r.unit_sha256 == pt.unit.sha256) {
@@ -343,11 +409,10 @@ pub async fn run(dirs: &Dirs, o: Options) -> Result<u8> {
             continue;
         }
         if shutdown.is_set() {
-            interrupted = true;
-            break;
+            return Ran { interrupted: true, aborted: None };
         }
-        let done = match point(&ctx, &p, pt, &probe, &shutdown).await {
-            Ok(Some(r)) => append(&results_path, &r).map(|()| Some(r)),
+        let done = match point(ctx, p, pt, &probe, shutdown).await {
+            Ok(Some(r)) => append(results_path, &r).map(|()| Some(r)),
             other => other,
         };
         match done {
@@ -355,45 +420,42 @@ pub async fn run(dirs: &Dirs, o: Options) -> Result<u8> {
                 let verdict = r.verdict.as_deref().map_or(String::new(), |v| format!(": {v}"));
                 eprintln!("[{i}/{n}] {}: {}{verdict}", pt.label, r.outcome.as_str());
             }
-            Ok(None) => {
-                interrupted = true;
-                break;
-            }
+            Ok(None) => return Ran { interrupted: true, aborted: None },
             // specd's own state or the results file failed: stop here, but leave the host on a
             // verified unit and let go of it first.
             Err(e) => {
                 eprintln!("[{i}/{n}] {}: the sweep stops: {e:#}", pt.label);
-                aborted = Some(e);
-                break;
+                return Ran { interrupted: false, aborted: Some(e) };
             }
         }
     }
+    Ran { interrupted: false, aborted: None }
+}
 
-    // Leave the host on a verified unit: the one before the sweep, or the winner.
-    let final_ctx = context::host_ctx(dirs, events(), Shutdown::never());
-    if let Some(e) = aborted {
-        restore(&final_ctx, &unit, &before).await;
-        hold.release(&final_ctx.store).await;
-        return Err(e);
-    }
-
-    // The results of this sweep's points, in its order (a record of an older run of the sweep
-    // file whose point is gone is left out).
-    let (all, _) = read_results(&results_path)?;
-    let results: Vec<PointResult> = p
-        .points
+/// The results of this sweep's points, in its order (a record of an older run of the sweep
+/// file whose point is gone is left out).
+fn this_sweeps_results(p: &Plan, results_path: &Path) -> Result<Vec<PointResult>> {
+    let (all, _) = read_results(results_path)?;
+    Ok(p.points
         .iter()
         .filter_map(|pt| {
             let mut r = all.iter().rev().find(|r| r.unit_sha256 == pt.unit.sha256)?.clone();
             r.index = pt.index;
             Some(r)
         })
-        .collect();
-    let at = p.parsed.objective_concurrency();
-    let limits = sw.spec.objective.constraints.limits();
-    let winner = report::best(&results, goal(sw.spec.objective.maximize), at, &limits);
+        .collect())
+}
 
-    let target = match (sw.spec.after, winner) {
+/// What the host is left on: the best point with `after: best` when there is one and the sweep
+/// was not interrupted; else the unit as it was before, if specd had deployed it.
+fn after_target(
+    p: &Plan,
+    unit: &str,
+    before: &Before,
+    winner: Option<&PointResult>,
+    interrupted: bool,
+) -> Option<DesiredState> {
+    match (p.parsed.sweep.spec.after, winner) {
         (After::Best, Some(w)) if !interrupted => p.points.iter().find(|pt| pt.index == w.index).map(|pt| {
             eprintln!("after: applying the best point, {}", pt.label);
             DesiredState::new(pt.spec.clone(), Some(Source::File { path: p.base_path.display().to_string() }))
@@ -402,51 +464,63 @@ pub async fn run(dirs: &Dirs, o: Options) -> Result<u8> {
             eprintln!("after: restoring {unit} as it was before the sweep");
             DesiredState::new(spec, before.source.clone())
         }),
-    };
-    let mut code = if interrupted { 130 } else { 0 };
+    }
+}
+
+/// Apply what the host is left on. False when that apply did not end on a verified unit.
+async fn apply_after<H: Host>(ctx: &Ctx<H>, target: Option<DesiredState>, unit: &str) -> Result<bool> {
     match target {
         Some(d) => {
-            let r = reconcile::reconcile(&final_ctx, &d, false).await?;
+            let r = reconcile::reconcile(ctx, &d, false).await?;
             eprintln!("after: {}", r.verdict);
-            if !matches!(r.outcome, Some(Outcome::Applied | Outcome::Started) | None) {
-                code = 1;
-            }
+            Ok(matches!(r.outcome, Some(Outcome::Applied | Outcome::Started) | None))
         }
-        None => eprintln!(
-            "after: specd had not deployed {unit} before the sweep: it is left on the last point applied (`specd apply` another spec, or stop it)"
-        ),
+        None => {
+            eprintln!(
+                "after: specd had not deployed {unit} before the sweep: it is left on the last point applied (`specd apply` another spec, or stop it)"
+            );
+            Ok(true)
+        }
     }
-    hold.release(&final_ctx.store).await;
+}
 
-    // What a person reads.
+/// The reports in the output directory (table.md, results.csv, plot.svg), and the table on
+/// stdout.
+fn write_reports(
+    p: &Plan,
+    results: &[PointResult],
+    winner: Option<&PointResult>,
+    at: u32,
+    limits: &[(&str, f64)],
+) -> Result<()> {
+    let sw = &p.parsed.sweep;
     let title = format!(
         "{}: {}",
         sw.metadata.name,
         sw.spec.matrix.0.iter().map(|a| a.field.as_str()).collect::<Vec<_>>().join(" × ")
     );
     let win = winner.map(|w| w.index);
-    let table = report::table(&results, win, at, &limits);
+    let table = report::table(results, win, at, limits);
     fsx::atomic_write(&p.out.join("table.md"), table.as_bytes(), 0o644)?;
-    fsx::atomic_write(&p.out.join("results.csv"), report::csv(&results).as_bytes(), 0o644)?;
-    match report::svg(&results, &title, win) {
+    fsx::atomic_write(&p.out.join("results.csv"), report::csv(results).as_bytes(), 0o644)?;
+    match report::svg(results, &title, win) {
         Ok(svg) => fsx::atomic_write(&p.out.join("plot.svg"), svg.as_bytes(), 0o644)?,
         Err(e) => eprintln!("specd: {e}"),
     }
     println!("{table}");
     println!("table.md, results.csv, plot.svg in {}", p.out.display());
-    let goal_name = goal(sw.spec.objective.maximize).name();
-    let Some(w) = winner else {
-        println!("no point met the objective ({goal_name} at concurrency {at}{})", limits_text(&limits));
-        return Ok(code);
-    };
-    let wp = p.points.iter().find(|pt| pt.index == w.index).expect("the winner is a point");
-    println!("best: {} ({goal_name} at concurrency {at}{})", wp.label, limits_text(&limits));
-    match edit_spec(&p.base, &p.base_text, wp, sw.spec.host.as_deref()) {
+    Ok(())
+}
+
+/// The best point as a diff of the base spec file; with `--write`, the file edited in place
+/// (its mode and owner kept).
+fn offer_best(p: &Plan, wp: &Point, write: bool) -> Result<()> {
+    match edit_spec(&p.base, &p.base_text, wp, p.parsed.sweep.spec.host.as_deref()) {
         Ok(new) if new == p.base_text => println!("{} already has the best point's values", p.base_path.display()),
         Ok(new) => {
             let name = p.base_path.display().to_string();
             print!("{}", similar::TextDiff::from_lines(&p.base_text, &new).unified_diff().header(&name, &name));
-            if o.write {
+            if write {
                 use std::os::unix::fs::{MetadataExt, PermissionsExt};
                 let was = std::fs::metadata(&p.base_path).ok();
                 let mode = was.as_ref().map_or(0o644, |m| m.permissions().mode() & 0o7777);
@@ -463,7 +537,7 @@ pub async fn run(dirs: &Dirs, o: Options) -> Result<u8> {
         }
         Err(e) => println!("the best point cannot be written into {} by itself: {e}", p.base_path.display()),
     }
-    Ok(code)
+    Ok(())
 }
 
 /// After a sweep that stopped on an error: the unit as it was, if specd had deployed it.

@@ -343,8 +343,20 @@ fn is_name(v: &str) -> bool {
         && !v.ends_with('-')
 }
 
+/// Every problem of a sweep document, in the order of the file.
 fn validate(s: &Sweep, map: &SourceMap) -> Vec<Diagnostic> {
     let mut out = Vec::new();
+    header_problems(s, map, &mut out);
+    base_problems(&s.spec, map, &mut out);
+    matrix_problems(&s.spec.matrix, map, &mut out);
+    load_problems(&s.spec.load, map, &mut out);
+    objective_problems(&s.spec.objective, &s.spec.load.concurrency, map, &mut out);
+    out.sort_by_key(|d| (d.line, d.column));
+    out
+}
+
+/// `apiVersion`, `kind` and `metadata.name`: present and what a sweep's must be.
+fn header_problems(s: &Sweep, map: &SourceMap, out: &mut Vec<Diagnostic>) {
     let mut err = |path: &str, msg: String| out.push(map.at_field(Severity::Error, path, msg));
     if s.api_version.is_empty() {
         err("apiVersion", format!("is required: `apiVersion: {API_VERSION}`"));
@@ -367,7 +379,11 @@ fn validate(s: &Sweep, map: &SourceMap) -> Vec<Diagnostic> {
             ),
         );
     }
-    let sp = &s.spec;
+}
+
+/// `spec.base` is a file path and `spec.host`, when given, a hostname.
+fn base_problems(sp: &SweepSpec, map: &SourceMap, out: &mut Vec<Diagnostic>) {
+    let mut err = |path: &str, msg: String| out.push(map.at_field(Severity::Error, path, msg));
     if sp.base.is_empty() {
         err("spec.base", "is required: the InferenceService spec file to sweep, relative to this file".into());
     } else if sp.base.chars().any(char::is_control) || sp.base.len() > 4095 {
@@ -381,60 +397,23 @@ fn validate(s: &Sweep, map: &SourceMap) -> Vec<Diagnostic> {
             err("spec.host", format!("{} is not a hostname (at most 253 letters, digits, `-`, `_` or `.`)", shown(h)));
         }
     }
-    // matrix
-    if sp.matrix.0.is_empty() {
-        err(
+}
+
+/// `spec.matrix`: at least one axis, each valid ([`axis_problems`]), and not more than
+/// [`MAX_POINTS`] points in all.
+fn matrix_problems(matrix: &Matrix, map: &SourceMap, out: &mut Vec<Diagnostic>) {
+    if matrix.0.is_empty() {
+        out.push(map.at_field(
+            Severity::Error,
             "spec.matrix",
             "may not be empty: give at least one spec field and its values, e.g. `speculative.num_steps: [1, 2, 4]`"
                 .into(),
-        );
+        ));
     }
     let mut total: usize = 1;
-    for axis in &sp.matrix.0 {
-        let key = format!("spec.matrix.{}", axis.field);
-        let at_key = |out: &mut Vec<Diagnostic>, msg: String| {
-            out.push(map.diag(Severity::Error, map.key_pos(&key).or(map.value_pos("spec.matrix")), &key, msg))
-        };
+    for axis in &matrix.0 {
         total = total.saturating_mul(axis.values.len().max(1));
-        if let Some(why) = field_problem(&axis.field) {
-            at_key(&mut out, why);
-            continue;
-        }
-        if axis.values.is_empty() {
-            out.push(map.at_field(Severity::Error, &key, "needs at least one value".into()));
-            continue;
-        }
-        let mut path_ok = true;
-        for (i, v) in axis.values.iter().enumerate() {
-            let at = format!("{key}[{i}]");
-            if v.is_null() || v.is_object() {
-                let what = if v.is_null() { "null (or a non-finite number)" } else { "a map" };
-                out.push(map.at_field(
-                    Severity::Error,
-                    &at,
-                    format!("a matrix value is a number, a string, a boolean or a list, got {what}"),
-                ));
-                continue;
-            }
-            if let Some(j) = axis.values[..i].iter().position(|w| w == v) {
-                out.push(map.at_field(
-                    Severity::Error,
-                    &at,
-                    format!("repeats the value {} of item {j}", show_value(v)),
-                ));
-                continue;
-            }
-            match set_field(&SpecLayer::default(), &axis.field, v) {
-                Ok(_) => {}
-                Err(SetError::NoSuchField(m)) => {
-                    if path_ok {
-                        at_key(&mut out, m);
-                    }
-                    path_ok = false;
-                }
-                Err(SetError::Value(m)) => out.push(map.at_field(Severity::Error, &at, m)),
-            }
-        }
+        axis_problems(axis, map, out);
     }
     if total > MAX_POINTS {
         out.push(map.at_field(
@@ -443,8 +422,56 @@ fn validate(s: &Sweep, map: &SourceMap) -> Vec<Diagnostic> {
             format!("gives {total} points; a sweep may have at most {MAX_POINTS} (each point restarts the server)"),
         ));
     }
-    // load
-    let l = &sp.load;
+}
+
+/// One axis of the matrix: its key names a spec field that may be swept (an error at the key,
+/// once), and its values are there, each a scalar or a list, none repeated, each one the field
+/// takes (an error at the value).
+fn axis_problems(axis: &Axis, map: &SourceMap, out: &mut Vec<Diagnostic>) {
+    let key = format!("spec.matrix.{}", axis.field);
+    let at_key = |out: &mut Vec<Diagnostic>, msg: String| {
+        out.push(map.diag(Severity::Error, map.key_pos(&key).or(map.value_pos("spec.matrix")), &key, msg))
+    };
+    if let Some(why) = field_problem(&axis.field) {
+        at_key(out, why);
+        return;
+    }
+    if axis.values.is_empty() {
+        out.push(map.at_field(Severity::Error, &key, "needs at least one value".into()));
+        return;
+    }
+    let mut path_ok = true;
+    for (i, v) in axis.values.iter().enumerate() {
+        let at = format!("{key}[{i}]");
+        if v.is_null() || v.is_object() {
+            let what = if v.is_null() { "null (or a non-finite number)" } else { "a map" };
+            out.push(map.at_field(
+                Severity::Error,
+                &at,
+                format!("a matrix value is a number, a string, a boolean or a list, got {what}"),
+            ));
+            continue;
+        }
+        if let Some(j) = axis.values[..i].iter().position(|w| w == v) {
+            out.push(map.at_field(Severity::Error, &at, format!("repeats the value {} of item {j}", show_value(v))));
+            continue;
+        }
+        match set_field(&SpecLayer::default(), &axis.field, v) {
+            Ok(_) => {}
+            Err(SetError::NoSuchField(m)) => {
+                if path_ok {
+                    at_key(out, m);
+                }
+                path_ok = false;
+            }
+            Err(SetError::Value(m)) => out.push(map.at_field(Severity::Error, &at, m)),
+        }
+    }
+}
+
+/// `spec.load`: concurrency levels (1 to 4096, none repeated), requests or a duration (one of
+/// them, not zero), max_tokens, and the prompts' file path.
+fn load_problems(l: &Load, map: &SourceMap, out: &mut Vec<Diagnostic>) {
     let mut err = |path: &str, msg: String| out.push(map.at_field(Severity::Error, path, msg));
     if l.concurrency.is_empty() {
         err("spec.load.concurrency", "is required: the concurrency levels to measure, e.g. `[1, 16]`".into());
@@ -481,16 +508,20 @@ fn validate(s: &Sweep, map: &SourceMap) -> Vec<Diagnostic> {
     {
         err("spec.load.prompts", format!("{} is neither `builtin` nor a file path", shown(f)));
     }
-    // objective
-    let o = &sp.objective;
+}
+
+/// `spec.objective`: the concurrency it is judged at is one of the load's (required when there
+/// are several), and each latency limit is a number of milliseconds above 0.
+fn objective_problems(o: &Objective, levels: &[u32], map: &SourceMap, out: &mut Vec<Diagnostic>) {
+    let mut err = |path: &str, msg: String| out.push(map.at_field(Severity::Error, path, msg));
     match o.at_concurrency {
-        Some(c) if !l.concurrency.is_empty() && !l.concurrency.contains(&c) => err(
+        Some(c) if !levels.is_empty() && !levels.contains(&c) => err(
             "spec.objective.at_concurrency",
-            format!("is {c}, which is not one of the load's concurrency levels {:?}", l.concurrency),
+            format!("is {c}, which is not one of the load's concurrency levels {levels:?}"),
         ),
-        None if l.concurrency.len() > 1 => err(
+        None if levels.len() > 1 => err(
             "spec.objective.at_concurrency",
-            format!("is required with several concurrency levels: one of {:?}", l.concurrency),
+            format!("is required with several concurrency levels: one of {levels:?}"),
         ),
         _ => {}
     }
@@ -502,8 +533,6 @@ fn validate(s: &Sweep, map: &SourceMap) -> Vec<Diagnostic> {
             );
         }
     }
-    out.sort_by_key(|d| (d.line, d.column));
-    out
 }
 
 /// Why a matrix key can never name a spec field, if it cannot.

@@ -1,0 +1,444 @@
+//! The shape of the production code, checked on its source: no function of either crate
+//! (`agent/src`, `spec/src`) is longer than [`MAX_LINES`], from its `fn` line to its closing brace.
+//! A long function is split into pieces that each make one decision or do one stage.
+//!
+//! Test code is exempt: `#[cfg(test)]` items (a module inline, or a file declared `#[cfg(test)] mod x;`)
+//! and files named `tests.rs`.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+/// The most lines a production function may have, its `fn` line and closing brace included.
+const MAX_LINES: usize = 150;
+
+/// Functions over [`MAX_LINES`] today (file, name), each with what stands in the way. An entry
+/// that is no longer needed fails the test too, so this list only shrinks.
+const KNOWN: &[(&str, &str, &str)] =
+    &[("agent/src/plan.rs", "plan", "being restructured with reconcile.rs; split it there")];
+
+/// A function found in a file: its name (with the `impl`, `trait`, `mod` and `fn` it is inside,
+/// `Type::method`, `outer::inner`), the line of its `fn` and the line of its closing brace.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Function {
+    name: String,
+    first: usize,
+    last: usize,
+}
+
+impl Function {
+    fn lines(&self) -> usize {
+        self.last - self.first + 1
+    }
+}
+
+/// The text with comments, string and character literals blanked to spaces (newlines kept, so
+/// lines still count), so that no brace or word inside them is read as code. Lifetimes (`'a`)
+/// stay.
+fn code_only(text: &str) -> String {
+    let c: Vec<char> = text.chars().collect();
+    let mut out = String::with_capacity(text.len());
+    // Blank c[from..to] into `out`, keeping its newlines.
+    let blank = |out: &mut String, from: usize, to: usize| {
+        out.extend(c[from..to].iter().map(|&ch| if ch == '\n' { '\n' } else { ' ' }));
+    };
+    let ident = |ch: char| ch.is_alphanumeric() || ch == '_';
+    let mut i = 0;
+    while i < c.len() {
+        let prev_ident = i > 0 && ident(c[i - 1]);
+        let end = if c[i] == '/' && c.get(i + 1) == Some(&'/') {
+            // A line comment, to the end of its line.
+            (i..c.len()).find(|&j| c[j] == '\n').unwrap_or(c.len())
+        } else if c[i] == '/' && c.get(i + 1) == Some(&'*') {
+            // A block comment; they nest.
+            let (mut j, mut depth) = (i + 2, 1);
+            while j < c.len() && depth > 0 {
+                if c[j] == '/' && c.get(j + 1) == Some(&'*') {
+                    depth += 1;
+                    j += 2;
+                } else if c[j] == '*' && c.get(j + 1) == Some(&'/') {
+                    depth -= 1;
+                    j += 2;
+                } else {
+                    j += 1;
+                }
+            }
+            j
+        } else if let Some(end) = (!prev_ident).then(|| raw_string(&c, i)).flatten() {
+            end
+        } else if c[i] == '"' {
+            // A string (also the rest of `b"…"` and `c"…"`), with its escapes.
+            let mut j = i + 1;
+            while j < c.len() && c[j] != '"' {
+                j += if c[j] == '\\' { 2 } else { 1 };
+            }
+            j + 1
+        } else if c[i] == '\'' && c.get(i + 1) == Some(&'\\') {
+            // An escaped character: '\n', '\'', '\u{7f}'.
+            let mut j = i + 2;
+            while j < c.len() && c[j] != '\'' {
+                j += 1;
+            }
+            j + 1
+        } else if c[i] == '\'' && c.get(i + 2) == Some(&'\'') {
+            // A plain character: 'x', '{', '"'. Otherwise a lifetime or a label.
+            i + 3
+        } else {
+            out.push(c[i]);
+            i += 1;
+            continue;
+        };
+        let end = end.min(c.len());
+        blank(&mut out, i, end);
+        i = end;
+    }
+    out
+}
+
+/// Where the raw string starting at `c[i]` (`r"…"`, `r#"…"#`, `br#"…"#`) ends, if one does.
+fn raw_string(c: &[char], i: usize) -> Option<usize> {
+    let mut j = i;
+    if c[j] == 'b' || c[j] == 'c' {
+        j += 1;
+    }
+    if c.get(j) != Some(&'r') {
+        return None;
+    }
+    j += 1;
+    let hashes = c[j..].iter().take_while(|&&ch| ch == '#').count();
+    j += hashes;
+    if c.get(j) != Some(&'"') {
+        return None;
+    }
+    j += 1;
+    while j < c.len() {
+        if c[j] == '"' && c[j + 1..].iter().take(hashes).filter(|&&ch| ch == '#').count() == hashes {
+            return Some(j + 1 + hashes);
+        }
+        j += 1;
+    }
+    Some(c.len())
+}
+
+/// A token of code: a word (identifier or keyword) or one other character, with its line.
+fn tokens(code: &str) -> Vec<(String, usize)> {
+    let mut out = Vec::new();
+    let mut line = 1;
+    let mut chars = code.char_indices().peekable();
+    while let Some((at, ch)) = chars.next() {
+        if ch == '\n' {
+            line += 1;
+        } else if ch.is_alphanumeric() || ch == '_' {
+            let mut end = at + ch.len_utf8();
+            while let Some(&(j, next)) = chars.peek() {
+                if !(next.is_alphanumeric() || next == '_') {
+                    break;
+                }
+                end = j + next.len_utf8();
+                chars.next();
+            }
+            out.push((code[at..end].to_string(), line));
+        } else if !ch.is_whitespace() {
+            out.push((ch.to_string(), line));
+        }
+    }
+    out
+}
+
+/// What a `{` opens.
+#[derive(Debug)]
+enum Scope {
+    /// A function's body: its name and the line of its `fn`.
+    Fn(String, usize),
+    /// An `impl`, `trait` or inline `mod`: the name its functions are qualified by.
+    Named(String),
+    /// Any other block: a closure's, a `match`, a `struct`'s fields.
+    Block,
+}
+
+/// An item whose `{` is still to come.
+enum Pending {
+    Fn(String, usize),
+    Named(String),
+}
+
+/// The functions of a file, each with where it starts and ends, but those in `#[cfg(test)]`
+/// items; and the modules it declares `#[cfg(test)] mod x;` (test code in their own file).
+fn functions(text: &str) -> (Vec<Function>, Vec<String>) {
+    let toks = tokens(&code_only(text));
+    let word = |k: usize| toks.get(k).map(|(t, _)| t.as_str()).unwrap_or("");
+    let is_ident = |t: &str| t.chars().next().is_some_and(|ch| ch.is_alphabetic() || ch == '_');
+    let mut found = Vec::new();
+    let mut test_files = Vec::new();
+    // Each open `{`: what it opened, and whether it is test code.
+    let mut stack: Vec<(Scope, bool)> = Vec::new();
+    let mut pending: Option<Pending> = None;
+    // Parentheses, brackets and angle brackets open in a pending item's header.
+    let mut depth = 0i32;
+    // A `#[cfg(test)]` seen, for the next item.
+    let mut cfg_test = false;
+    let mut k = 0;
+    while k < toks.len() {
+        let (t, line) = (&toks[k].0, toks[k].1);
+        let in_test = stack.last().is_some_and(|(_, test)| *test);
+        match t.as_str() {
+            "#" if word(k + 1) == "["
+                && word(k + 2) == "cfg"
+                && word(k + 3) == "("
+                && word(k + 4) == "test"
+                && word(k + 5) == ")" =>
+            {
+                cfg_test = true;
+                k += 6;
+                continue;
+            }
+            // `fn name`; `fn(…)` is a pointer type.
+            "fn" if is_ident(word(k + 1)) && !matches!(pending, Some(Pending::Fn(..))) => {
+                pending = Some(Pending::Fn(word(k + 1).to_string(), line));
+                depth = 0;
+                k += 2;
+                continue;
+            }
+            // `impl` in a function's header is a type (`-> impl Trait`).
+            "impl" | "trait" | "mod" if pending.is_none() => {
+                let name = if t == "impl" { impl_name(&toks[k + 1..]) } else { word(k + 1).to_string() };
+                if t == "mod" && word(k + 2) == ";" && cfg_test {
+                    test_files.push(name.clone());
+                }
+                pending = Some(Pending::Named(name));
+                depth = 0;
+            }
+            "(" | "[" | "<" if pending.is_some() => depth += 1,
+            ")" | "]" if pending.is_some() => depth -= 1,
+            // `->` is no angle bracket.
+            ">" if pending.is_some() && !(k > 0 && toks[k - 1].0 == "-") => depth -= 1,
+            ";" if depth <= 0 || pending.is_none() => {
+                // An item without a body: a trait's `fn f();`, `mod x;`, `use …;`.
+                pending = None;
+                cfg_test = false;
+            }
+            "{" => {
+                let scope = match pending.take() {
+                    Some(Pending::Fn(name, first)) => Scope::Fn(name, first),
+                    Some(Pending::Named(name)) => Scope::Named(name),
+                    None => Scope::Block,
+                };
+                stack.push((scope, in_test || std::mem::take(&mut cfg_test)));
+            }
+            "}" => {
+                cfg_test = false;
+                if let Some((Scope::Fn(name, first), false)) = stack.pop() {
+                    let outer: Vec<&str> = stack
+                        .iter()
+                        .filter_map(|(s, _)| match s {
+                            Scope::Fn(n, _) | Scope::Named(n) => Some(n.as_str()),
+                            Scope::Block => None,
+                        })
+                        .collect();
+                    let name = outer.into_iter().chain([name.as_str()]).collect::<Vec<_>>().join("::");
+                    found.push(Function { name, first, last: line });
+                }
+            }
+            _ => {}
+        }
+        k += 1;
+    }
+    found.sort_by_key(|f| f.first);
+    (found, test_files)
+}
+
+/// The type an `impl` header is for: the last name outside angle brackets before its `{` or
+/// `where` (`impl<T> Trait for a::Type<T>` is `Type`).
+fn impl_name(header: &[(String, usize)]) -> String {
+    let mut depth = 0;
+    let mut name = String::new();
+    for (k, (t, _)) in header.iter().enumerate() {
+        match t.as_str() {
+            "{" | "where" | ";" => break,
+            "<" => depth += 1,
+            ">" if !(k > 0 && header[k - 1].0 == "-") => depth -= 1,
+            "for" | "dyn" | "mut" => {}
+            w if depth == 0 && w.chars().next().is_some_and(|ch| ch.is_alphabetic() || ch == '_') => {
+                name = w.to_string()
+            }
+            _ => {}
+        }
+    }
+    name
+}
+
+/// Check the files (`(path, text)`, paths from the repository root): every function over
+/// `max` lines that is not in `known`, and every entry of `known` no longer needed.
+fn check(files: &[(String, String)], max: usize, known: &[(&str, &str, &str)]) -> Vec<String> {
+    let mut test_files = BTreeSet::new();
+    let mut found = Vec::new();
+    for (path, text) in files {
+        let (fns, tests) = functions(text);
+        // `mod x;` in `a/mod.rs`, `lib.rs` or `main.rs` is `a/x.rs`; in `a/b.rs`, `a/b/x.rs`.
+        let dir = match path.rsplit_once('/') {
+            Some((dir, "mod.rs" | "lib.rs" | "main.rs")) => dir.to_string(),
+            _ => path.trim_end_matches(".rs").to_string(),
+        };
+        for m in tests {
+            test_files.insert(format!("{dir}/{m}.rs"));
+            test_files.insert(format!("{dir}/{m}/mod.rs"));
+        }
+        found.extend(fns.into_iter().map(|f| (path.as_str(), f)));
+    }
+    let long: Vec<(&str, Function)> = found
+        .into_iter()
+        .filter(|(path, f)| {
+            !path.ends_with("/tests.rs") && *path != "tests.rs" && !test_files.contains(*path) && f.lines() > max
+        })
+        .collect();
+    let mut errors = Vec::new();
+    for (file, name, why) in known {
+        if !long.iter().any(|(p, f)| p == file && f.name == *name) {
+            errors.push(format!("{file}: {name} is no longer over {max} lines: remove it from KNOWN ({why})"));
+        }
+    }
+    for (path, f) in &long {
+        if !known.iter().any(|(file, name, _)| file == path && *name == f.name) {
+            errors.push(format!(
+                "{path}:{}: fn {} has {} lines, over {max}: split it into functions that each decide one thing",
+                f.first,
+                f.name,
+                f.lines()
+            ));
+        }
+    }
+    errors
+}
+
+fn read_dir_rs(dir: &Path, root: &Path, out: &mut Vec<(String, String)>) {
+    let mut entries: Vec<_> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).collect();
+    entries.sort();
+    for p in entries {
+        if p.is_dir() {
+            read_dir_rs(&p, root, out);
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            let rel = p.strip_prefix(root).unwrap().to_string_lossy().into_owned();
+            out.push((rel, std::fs::read_to_string(&p).unwrap()));
+        }
+    }
+}
+
+#[test]
+fn no_production_function_is_over_150_lines() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let mut files = Vec::new();
+    for src in ["agent/src", "spec/src"] {
+        let mut crate_files = Vec::new();
+        read_dir_rs(&root.join(src), &root.join(src), &mut crate_files);
+        assert!(crate_files.len() > 10, "read {} files from {src}", crate_files.len());
+        files.extend(crate_files.into_iter().map(|(p, t)| (format!("{src}/{p}"), t)));
+    }
+    let errors = check(&files, MAX_LINES, KNOWN);
+    assert!(errors.is_empty(), "functions too long:\n{}", errors.join("\n"));
+}
+
+// The checker itself, on small files made up here.
+
+fn files(list: &[(&str, &str)]) -> Vec<(String, String)> {
+    list.iter().map(|(p, t)| (p.to_string(), t.to_string())).collect()
+}
+
+/// A function `name` of `body` lines of statements (so `body + 2` lines in all).
+fn long_fn(name: &str, body: usize) -> String {
+    format!("fn {name}() {{\n{}}}\n", "    let _ = 1;\n".repeat(body))
+}
+
+#[test]
+fn a_long_function_fails_naming_file_function_and_length() {
+    let text = format!("use std::fmt;\n\n{}{}", long_fn("short", 3), long_fn("long", 4));
+    let f = files(&[("spec/src/a.rs", &text)]);
+    assert_eq!(
+        check(&f, 5, &[]),
+        ["spec/src/a.rs:8: fn long has 6 lines, over 5: split it into functions that each decide one thing"]
+    );
+    assert_eq!(check(&f, 6, &[]), Vec::<String>::new());
+}
+
+#[test]
+fn test_modules_and_test_files_are_exempt() {
+    let text =
+        format!("{}\n#[cfg(test)]\nmod tests {{\n    use super::*;\n{}}}\n", long_fn("short", 1), long_fn("t", 9));
+    assert_eq!(check(&files(&[("agent/src/a.rs", &text)]), 5, &[]), Vec::<String>::new());
+    // The same module without `#[cfg(test)]` is production code.
+    let prod = text.replace("#[cfg(test)]", "");
+    assert_eq!(check(&files(&[("agent/src/a.rs", &prod)]), 5, &[]).len(), 1);
+    // A file named tests.rs, and one declared `#[cfg(test)] mod x;`, are test code.
+    let f = files(&[
+        ("agent/src/d/tests.rs", &long_fn("t", 9)),
+        ("agent/src/lib.rs", "mod d;\n#[cfg(test)]\nmod faults;\n"),
+        ("agent/src/faults.rs", &long_fn("t", 9)),
+        ("agent/src/h/mod.rs", "#[cfg(test)]\npub mod fake;\n"),
+        ("agent/src/h/fake.rs", &long_fn("t", 9)),
+        ("agent/src/h/real.rs", &long_fn("t", 9)),
+    ]);
+    assert_eq!(
+        check(&f, 5, &[]),
+        ["agent/src/h/real.rs:1: fn t has 11 lines, over 5: split it into functions that each decide one thing"]
+    );
+}
+
+#[test]
+fn impl_blocks_nested_functions_and_closures_are_read() {
+    let text = "\
+impl<'a, T: Fn() -> u8> Trait for path::Thing<'a, T> where T: Copy {
+    fn method(&self) -> impl Iterator<Item = u8> {
+        let f = |x: u8| {
+            x + 1
+        };
+        fn inner(g: fn(u8) -> u8) -> u8 {
+            g(1)
+        }
+        std::iter::once(f(inner(|x| x)))
+    }
+}
+trait T {
+    fn declared(&self) -> [u8; 2];
+    fn provided(&self) {}
+}
+mod m {
+    pub(crate) async fn f() {}
+}
+";
+    let (fns, _) = functions(text);
+    let got: Vec<(&str, usize, usize)> = fns.iter().map(|f| (f.name.as_str(), f.first, f.last)).collect();
+    assert_eq!(
+        got,
+        [("Thing::method", 2, 10), ("Thing::method::inner", 6, 8), ("T::provided", 14, 14), ("m::f", 17, 17)]
+    );
+}
+
+#[test]
+fn braces_in_strings_chars_and_comments_are_not_code() {
+    let text = r####"fn f<'a>(x: &'a str) -> char {
+    let _ = "}{ \" }";
+    let _ = r#"}"# ;
+    let _ = br##"}"#}"##;
+    let _ = b'}';
+    let _ = '\'';
+    // }
+    /* } /* nested } */ } */
+    let _ = format!("{x}}}");
+    'outer: loop { break 'outer; }
+    '{'
+}
+fn g() {}
+"####;
+    let (fns, _) = functions(text);
+    let got: Vec<(&str, usize, usize)> = fns.iter().map(|f| (f.name.as_str(), f.first, f.last)).collect();
+    assert_eq!(got, [("f", 1, 12), ("g", 13, 13)]);
+}
+
+#[test]
+fn a_known_long_function_passes_and_a_stale_entry_fails() {
+    let f = files(&[("agent/src/p.rs", &long_fn("plan", 9))]);
+    assert_eq!(check(&f, 5, &[("agent/src/p.rs", "plan", "why")]), Vec::<String>::new());
+    let f = files(&[("agent/src/p.rs", &long_fn("plan", 1))]);
+    assert_eq!(
+        check(&f, 5, &[("agent/src/p.rs", "plan", "why")]),
+        ["agent/src/p.rs: plan is no longer over 5 lines: remove it from KNOWN (why)"]
+    );
+}

@@ -2,9 +2,10 @@
 """Read facts about an inference engine from its released source, without importing it.
 
     engine_source_facts.py sglang PKGROOT OUTDIR VERSION
-    engine_source_facts.py vllm   PKGROOT OUTDIR VERSION
 
-PKGROOT is a directory holding the unpacked package (`sglang/` or `vllm/`).
+PKGROOT is a directory holding the unpacked package (`sglang/`). vLLM runs here
+on CPU, so its facts are recorded from the real server instead
+(scripts/record-engine-failures, tests/fixtures/engines/vllm/real/).
 Everything is read with the `ast` module: the engine and its dependencies are
 never imported, so this runs on a machine without a GPU, torch or the
 engine's requirements.
@@ -13,7 +14,7 @@ It writes into OUTDIR:
   args.json            the server's command-line flags (sorted by first flag)
   metrics.txt          Prometheus metric names, type and labels
   *.shape.json         (sglang) reply shapes: real key names, a type tag per leaf
-  (sglang) server_args.fields.json, (vllm) speculative_config.fields.json
+  server_args.fields.json
 
 Shapes that can be derived from a declared model (pydantic classes) are
 derived; the rest are written from a template whose every key is checked to
@@ -789,233 +790,6 @@ SGLANG_TEMPLATES = {
 
 
 # --------------------------------------------------------------------------
-# vLLM
-# --------------------------------------------------------------------------
-
-_HUMAN_READABLE_INT = {"max_num_batched_tokens", "max_num_scheduled_tokens", "kv_cache_memory_bytes",
-                       "safetensors_prefetch_block_size", "max_num_queued_tokens"}
-
-
-def vllm_human_readable_args(idx):
-    """The set literal in _compute_kwargs, read from source."""
-    m = "vllm.engine.arg_utils"
-    fn = find_function(idx.tree(m), "_compute_kwargs")
-    for n in ast.walk(fn):
-        if isinstance(n, ast.Assign) and isinstance(n.targets[0], ast.Name) and n.targets[0].id == "human_readable_int_args":
-            return set(literal(idx, m, n.value))
-    return _HUMAN_READABLE_INT
-
-
-def vllm_compute_kwargs(idx: Index, module: str, cls: ast.ClassDef, hr_args: set):
-    out = {}
-    for name, m, ann, value in class_fields(idx, module, cls):
-        hints = flatten_hint(idx, m, ann)
-        kinds = {h.kind for h in hints}
-        kw: dict[str, Any] = {"default": field_default(idx, m, value)}
-        dc = next((h for h in hints if h.kind == "dataclass"), None)
-        non_builtin = any(h.kind in ("class", "any", "model") for h in hints)
-        if dc is not None:
-            kw["type"] = f"parse_dataclass({dc.name})"
-        elif kinds == {"bool", "str", "None"}:
-            kw.update(type="str", nargs="?", const=True)
-        elif "bool" in kinds:
-            kw["action"] = "BooleanOptionalAction"
-        elif "Literal" in kinds:
-            lit = next(h for h in hints if h.kind == "Literal")
-            opts = lit.args
-            kw["type"] = type(opts[0]).__name__
-            if "str" in kinds:
-                kw["metavar"] = sorted(opts)
-            else:
-                kw["choices"] = sorted(opts)
-        elif kinds & {"tuple", "list", "set"}:
-            h = next(h for h in hints if h.kind in ("tuple", "list", "set"))
-            elem = "str"
-            if h.args:
-                eh = flatten_hint(idx, h.module or m, h.args[0])
-                ek = [x.kind for x in eh]
-                elem = ek[0] if len(ek) == 1 and ek[0] in ("int", "float", "str") else ("str" if "str" in ek or len(ek) > 1 else ek[0])
-                if elem not in ("int", "float", "str"):
-                    elem = callable_name(h.args[0])
-            kw.update(type=elem, nargs="+")
-        elif "int" in kinds:
-            if name == "max_model_len":
-                kw["type"] = "human_readable_int_or_auto"
-            elif name in hr_args:
-                kw["type"] = "human_readable_int"
-            else:
-                kw["type"] = "int"
-        elif "float" in kinds:
-            kw["type"] = "float"
-        elif "dict" in kinds and ("str" in kinds or non_builtin):
-            kw["type"] = "union_dict_and_str"
-        elif "dict" in kinds:
-            kw["type"] = "parse_type(json.loads)"
-        elif "str" in kinds or non_builtin:
-            kw["type"] = "str"
-        else:
-            kw["type"] = "unsupported"
-        if "None" in kinds and "bool" not in kinds:
-            kw["type"] = f"optional_type({kw.get('type')})"
-            if kw.get("choices"):
-                kw["choices"] = list(kw["choices"]) + [None]
-        out[name] = kw
-    return out
-
-
-class VllmParserWalk:
-    def __init__(self, idx: Index):
-        self.idx = idx
-        self.entries = []
-        self.hr = vllm_human_readable_args(idx)
-        self._kwcache = {}
-
-    def kwargs_of(self, module, cls_expr):
-        m, cls = self.idx.resolve_expr(module, cls_expr)
-        key = (m, cls.name)
-        if key not in self._kwcache:
-            self._kwcache[key] = vllm_compute_kwargs(self.idx, m, cls, self.hr)
-        return json.loads(json.dumps(self._kwcache[key]))  # deep copy, like get_kwargs
-
-    def eval_ref(self, module, node, env):
-        """Resolve expressions naming a kwargs table or one entry of it."""
-        if isinstance(node, ast.Name) and node.id in env:
-            return env[node.id]
-        if isinstance(node, ast.Call) and ast.unparse(node.func).split(".")[-1] == "get_kwargs":
-            return self.kwargs_of(module, node.args[0])
-        if isinstance(node, ast.Dict):
-            # {**table["x"], "default": None}
-            out = {}
-            for k, v in zip(node.keys, node.values):
-                if k is None:
-                    ref = self.eval_ref(module, v, env)
-                    if not isinstance(ref, dict):
-                        return None
-                    out.update(ref)
-                elif isinstance(k, ast.Constant):
-                    out[k.value] = ("ast", v)
-            return out
-        if isinstance(node, ast.Subscript):
-            base = self.eval_ref(module, node.value, env)
-            key = node.slice.value if isinstance(node.slice, ast.Constant) else None
-            if isinstance(base, dict) and key in base:
-                return base[key]
-        return None
-
-    def describe(self, module, node, key):
-        if key == "type":
-            return callable_name(node)
-        if key == "action":
-            return action_name(node)
-        return try_literal(self.idx, module, node)
-
-    def run(self, module, stmts, env):
-        for stmt in stmts:
-            if isinstance(stmt, ast.If):
-                self.run(module, stmt.body, env)
-                self.run(module, stmt.orelse, env)
-                continue
-            if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
-                tgt = stmt.targets[0]
-                if isinstance(tgt, ast.Name):
-                    ref = self.eval_ref(module, stmt.value, env)
-                    if isinstance(ref, dict):
-                        env[tgt.id] = ref
-                    continue
-                if isinstance(tgt, ast.Subscript) and isinstance(tgt.slice, ast.Constant):
-                    holder = self.eval_ref(module, tgt.value, env)
-                    if isinstance(holder, dict):
-                        holder[tgt.slice.value] = self.describe(module, stmt.value, tgt.slice.value)
-                continue
-            if isinstance(stmt, ast.Delete):
-                for tgt in stmt.targets:
-                    if isinstance(tgt, ast.Subscript) and isinstance(tgt.slice, ast.Constant):
-                        holder = self.eval_ref(module, tgt.value, env)
-                        if isinstance(holder, dict):
-                            holder.pop(tgt.slice.value, None)
-                continue
-            if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call):
-                call = stmt.value
-                f = call.func
-                if isinstance(f, ast.Attribute) and f.attr == "remove" and isinstance(f.value, ast.Subscript):
-                    holder = self.eval_ref(module, f.value.value, env)
-                    key = f.value.slice.value if isinstance(f.value.slice, ast.Constant) else None
-                    if isinstance(holder, dict) and isinstance(holder.get(key), list):
-                        try:
-                            v = literal(self.idx, module, call.args[0])
-                            holder[key] = [x for x in holder[key] if x != v]
-                        except Unresolved:
-                            pass
-                    continue
-                if isinstance(f, ast.Attribute) and f.attr == "add_argument":
-                    merged = {}
-                    for k in call.keywords:
-                        if k.arg is None:
-                            ref = self.eval_ref(module, k.value, env)
-                            if isinstance(ref, dict):
-                                merged.update(ref)
-                    merged.pop("help", None)
-                    self.entries.append(parse_add_argument(self.idx, module, call, {}, merged))
-                continue
-
-    def frontend(self, module, cls_name):
-        idx = self.idx
-        m, cls = idx.find_class(module, cls_name)
-        kw = vllm_compute_kwargs(idx, m, cls, self.hr)
-        env = {"frontend_kwargs": kw}
-        for bm, bc in _class_bases(idx, m, cls):
-            try:
-                fn = find_function(bc, "_customize_cli_kwargs")
-            except Unresolved:
-                continue
-            self.run(bm, fn.body, env)
-        for key, value in kw.items():
-            value = dict(value)
-            value.pop("help", None)
-            extra = value.pop("flags", [])
-            flags = list(extra) + ["--" + key.replace("_", "-")]
-            self.entries.append(arg_entry(flags, key, value.get("type"), value.get("default"),
-                                          value.get("choices"), value.get("action"), value.get("nargs")))
-
-
-def vllm_args(idx: Index):
-    w = VllmParserWalk(idx)
-    cli_mod = "vllm.entrypoints.common.cli_args"
-    fn = find_function(idx.tree(cli_mod), "make_arg_parser")
-    for stmt in fn.body:
-        if isinstance(stmt, ast.Assign) and isinstance(stmt.value, ast.Call):
-            callee = ast.unparse(stmt.value.func)
-            if callee.endswith(".add_cli_args"):
-                cls_name = callee.split(".")[0]
-                if cls_name == "AsyncEngineArgs":
-                    am, acls = idx.find_class(cli_mod, "AsyncEngineArgs")
-                    em, ecls = idx.find_class(am, "EngineArgs")
-                    w.run(em, find_function(ecls, "add_cli_args").body, {})
-                    w.run(am, find_function(acls, "add_cli_args").body, {})
-                else:
-                    w.frontend(cli_mod, cls_name)
-                continue
-        w.run(cli_mod, [stmt], {})
-    return sort_args(w.entries)
-
-
-def vllm_spec_config_fields(idx: Index):
-    m, cls = idx.find_class("vllm.config.speculative", "SpeculativeConfig")
-    out = []
-    for name, fm, ann, value in class_fields(idx, m, cls):
-        init = True
-        if isinstance(value, ast.Call):
-            for k in value.keywords:
-                if k.arg == "init" and isinstance(k.value, ast.Constant) and k.value.value is False:
-                    init = False
-        hints = flatten_hint(idx, fm, ann)
-        lit = [v for h in hints if h.kind == "Literal" for v in h.args]
-        out.append({"key": name, "type": ast.unparse(ann), "default": field_default(idx, fm, value),
-                    "literal_values": lit or None, "settable": init})
-    return out
-
-
-# --------------------------------------------------------------------------
 # Metrics
 # --------------------------------------------------------------------------
 
@@ -1236,28 +1010,13 @@ def main_sglang(root, outdir, version):
     ])
 
 
-def main_vllm(root, outdir, version):
-    idx = Index(root, "vllm")
-    dump_json(os.path.join(outdir, "args.json"), vllm_args(idx))
-    dump_json(os.path.join(outdir, "speculative_config.fields.json"), vllm_spec_config_fields(idx))
-
-    # vLLM's replies are recorded from a real vLLM (vllm/real/, scripts/record-engine-failures).
-
-    metrics = scan_metrics(idx, package_modules_mentioning(idx, '"vllm:', "vllm"), "vllm:")
-    write_metrics(os.path.join(outdir, "metrics.txt"), metrics, [
-        f"vllm {version}: Prometheus metrics (served at GET /metrics unless --disable-log-stats)",
-        "{labelnames} in SpecDecodingProm = the PrometheusStatLogger labelnames: model_name, engine",
-        "spec_decode_* counters exist only when --speculative-config is given",
-    ])
-
-
 def main(argv):
-    if len(argv) != 5 or argv[1] not in ("sglang", "vllm"):
+    if len(argv) != 5 or argv[1] != "sglang":
         print(__doc__, file=sys.stderr)
         return 2
     engine, root, outdir, version = argv[1:]
     os.makedirs(outdir, exist_ok=True)
-    (main_sglang if engine == "sglang" else main_vllm)(root, outdir, version)
+    main_sglang(root, outdir, version)
     return 0
 
 

@@ -26,9 +26,15 @@ fn dir(e: Engine) -> &'static str {
     e.as_str()
 }
 
+/// The engine's argument parser: vLLM's recorded from the real `vllm serve` (`real/args.json`),
+/// the others' read from their sources or `--help`.
+fn args_file(engine: Engine) -> &'static str {
+    if engine == Engine::Vllm { "real/args.json" } else { "args.json" }
+}
+
 /// Every flag (with aliases) the engine's argument parser accepts.
 fn flags(engine: Engine) -> Vec<String> {
-    json(dir(engine), "args.json")
+    json(dir(engine), args_file(engine))
         .as_array()
         .unwrap()
         .iter()
@@ -38,10 +44,12 @@ fn flags(engine: Engine) -> Vec<String> {
 
 /// Exposition names of the metrics the engine exports (`metrics.txt`: name, type, labels,
 /// exposition name, source; tab-separated; `#` comments).
-/// llama.cpp's file is a real `/metrics` body: its names are on the `# TYPE` lines.
+/// llama.cpp's file and vLLM's (a speculating server's, `real/metrics.ngram.txt`) are real
+/// `/metrics` bodies: their names are on the `# TYPE` lines.
 fn metric_names(engine: Engine) -> Vec<String> {
-    let text = read(dir(engine), "metrics.txt");
-    if engine == Engine::LlamaCpp {
+    let file = if engine == Engine::Vllm { "real/metrics.ngram.txt" } else { "metrics.txt" };
+    let text = read(dir(engine), file);
+    if engine != Engine::Sglang {
         return text
             .lines()
             .filter_map(|l| l.strip_prefix("# TYPE "))
@@ -228,7 +236,7 @@ fn a_spec_that_sets_every_reported_field_expects_every_one() {
 fn secret_flags_are_the_engines_own_and_none_is_missing() {
     for e in [Engine::Sglang, Engine::Vllm, Engine::LlamaCpp] {
         let facts = engine_facts(e);
-        let args = json(dir(e), "args.json");
+        let args = json(dir(e), args_file(e));
         let entries = args.as_array().unwrap();
         let spellings = |a: &Value| {
             a["flags"].as_array().unwrap().iter().map(|f| f.as_str().unwrap().to_string()).collect::<Vec<_>>()

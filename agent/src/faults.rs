@@ -366,7 +366,7 @@ async fn a_unit_that_cannot_start_here_is_refused_before_the_serving_one_is_stop
     let before = w.host.stops_and_starts();
     let r = w.reconcile(&new).await.unwrap().unwrap();
     assert_eq!(r.outcome, Some(Outcome::Refused), "{}", r.verdict);
-    assert!(r.refused());
+    assert!(r.refused);
     assert!(
         r.verdict
             .contains("cannot start on this host: the draft model /models/draft does not exist; nothing was stopped"),
@@ -388,7 +388,7 @@ async fn a_unit_that_cannot_start_here_is_refused_before_the_serving_one_is_stop
     assert_eq!(w.store().peek(UNIT).unwrap().history.len(), n);
     // A dry run says so too.
     let dry = reconcile::reconcile(&w.ctx(), &new, true).await.unwrap();
-    assert!(dry.refused() && dry.outcome.is_none(), "{}", dry.verdict);
+    assert!(dry.refused && dry.outcome.is_none(), "{}", dry.verdict);
 }
 
 /// With nothing serving, there is nothing to protect: the start is tried, and its failure is

@@ -6,6 +6,7 @@
 mod agent;
 mod cgroup;
 mod cli;
+mod conclude;
 mod config;
 mod context;
 mod dbus;
@@ -27,6 +28,7 @@ mod preflight;
 mod probe;
 mod process;
 mod reconcile;
+mod record;
 mod recovery;
 mod report;
 mod service;

@@ -356,6 +356,7 @@ mod tests {
             verdict: "RolledBack: q.service: restored the last good unit".into(),
             stop_verdict: None,
             action: Action::AwaitChange,
+            refused: false,
         }
     }
 

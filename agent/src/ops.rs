@@ -92,7 +92,7 @@ pub async fn apply(dirs: &Dirs, files: &[PathBuf], host: Option<String>, dry_run
         let mut refusals = Vec::new();
         for (d, r) in all.iter().zip(each_at_once(&quiet, &all, true).await) {
             match r {
-                Ok(r) if r.refused() => refusals.push(r.verdict),
+                Ok(r) if r.refused => refusals.push(r.verdict),
                 Ok(_) => {}
                 Err(e) => refusals.push(format!("{}: {e:#}", d.spec.unit)),
             }
@@ -132,7 +132,7 @@ pub async fn apply(dirs: &Dirs, files: &[PathBuf], host: Option<String>, dry_run
         let ok = match (report.outcome, report.plan.sync) {
             (Some(state::Outcome::Applied | state::Outcome::Started), _) => true,
             (None, SyncStatus::InSync) => true,
-            (None, SyncStatus::OutOfSync | SyncStatus::Drifted) if dry_run => !report.refused(),
+            (None, SyncStatus::OutOfSync | SyncStatus::Drifted) if dry_run => !report.refused,
             _ => false,
         };
         if !ok {

@@ -369,6 +369,17 @@ fn verify_after_ready(d: &Desired) -> Vec<Step> {
     s
 }
 
+/// The steps that put a last good unit back (a rollback, or a start after a host fault): the
+/// same race-free sequence as an apply, without the drain (what it stops has failed) and with
+/// the write only when the file on disk is not that unit already (`write`): a write that failed
+/// would fail the same way again on a full or read-only unit directory.
+pub fn restore_steps(write: bool) -> Vec<Step> {
+    [Step::Stop, Step::WaitStopped, Step::WriteUnit, Step::Reload, Step::Start, Step::VerifyCmdline, Step::WaitReady]
+        .into_iter()
+        .filter(|s| write || *s != Step::WriteUnit)
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -842,5 +853,11 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_restore_stops_until_empty_before_it_writes_and_proves_what_it_started() {
+        assert_eq!(restore_steps(true), [Stop, WaitStopped, WriteUnit, Reload, Start, VerifyCmdline, WaitReady]);
+        assert_eq!(restore_steps(false), [Stop, WaitStopped, Reload, Start, VerifyCmdline, WaitReady]);
     }
 }

@@ -13,26 +13,19 @@ use anyhow::Result;
 use specd_spec::{RenderedUnit, Spec, base_url_of_argv, exec_start, short};
 
 use crate::cgroup::Lingering;
+use crate::conclude::{self, Cancelled, Conclusion, Recovered, Restore, Restored, Subject};
+pub use crate::conclude::{Action, Report};
 use crate::fsx;
 use crate::host::{Host, Watch, unit_path};
 use crate::lock::UnitLock;
-use crate::plan::{self, Desired, Observed, Plan, Step, SyncStatus};
+use crate::plan::{self, Desired, Observed, Plan, Step};
 use crate::probe::{self, Health};
 use crate::recovery::{self, Recovery};
-use crate::state::{self, GoodUnit, HistoryEntry, InProgress, Outcome, Quarantined, Source, Store, UnitState};
+use crate::state::{self, GoodUnit, InProgress, Quarantined, Source, Store, UnitState};
 use crate::systemd::{ActiveState, UnitProps};
 
+use crate::timing::readiness_backoff;
 use crate::timing::{self, SpecWaits};
-use crate::timing::{PREFLIGHT_AGAIN, readiness_backoff};
-
-/// What happens next for a unit.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Action {
-    /// Reconcile again after this long.
-    Requeue(Duration),
-    /// Nothing to do until something changes.
-    AwaitChange,
-}
 
 /// Something a person watching an apply wants to see.
 #[derive(Clone, Debug)]
@@ -147,19 +140,6 @@ impl DesiredState {
     }
 }
 
-/// What one reconcile did.
-#[derive(Clone, Debug)]
-pub struct Report {
-    pub plan: Plan,
-    /// `None` when nothing was done.
-    pub outcome: Option<Outcome>,
-    /// One line for a person.
-    pub verdict: String,
-    /// How the stopped instance ended, when it was not a clean stop.
-    pub stop_verdict: Option<String>,
-    pub action: Action,
-}
-
 /// kube-rs' error policy: what follows a reconcile that failed (an error, or an apply that did
 /// not reach its unit), by the number of failures in a row before it (`timing::error_backoff`).
 /// The worker jitters it, and a failed apply's own requeue is the earliest.
@@ -202,15 +182,6 @@ impl StepFailure {
             crashed_after_ready: false,
         }
     }
-}
-
-/// Where an apply asked to stop stopped.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Cancelled {
-    /// Before it changed anything on the host.
-    Unchanged,
-    /// After it started the instance it puts in place (which loads on).
-    Started,
 }
 
 /// A background task that ends with the reconcile that started it (also when that reconcile is
@@ -302,15 +273,6 @@ impl<'a> Target<'a> {
             not_serving: resumed,
         }
     }
-}
-
-/// Why the last good unit is put back.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Restore {
-    /// The new unit failed: the instance stopped is the failed one (journal action `rollback`).
-    Rollback,
-    /// The host failed after the stop: nothing of the new unit ran (journal action `restore`).
-    HostFault,
 }
 
 /// Observe a unit: the deployed file, systemd's view, the main process, and (cheaply) the server.
@@ -407,16 +369,6 @@ pub fn desired_of(ctx_unit_dir: &Path, d: &DesiredState) -> Desired {
     }
 }
 
-/// How a verdict that refuses to act on a unit begins (a unit file specd did not write).
-const REFUSED: &str = "Refused:";
-
-impl Report {
-    /// The reconcile refused to act on the unit (a dry run says so too).
-    pub fn refused(&self) -> bool {
-        self.outcome == Some(Outcome::Refused) || self.outcome.is_none() && self.verdict.starts_with(REFUSED)
-    }
-}
-
 /// One reconcile of one unit. With `dry_run`, observes and plans only.
 pub async fn reconcile<H: Host>(ctx: &Ctx<H>, d: &DesiredState, dry_run: bool) -> Result<Report, ReconcileError> {
     let unit = d.spec.unit.clone();
@@ -425,39 +377,16 @@ pub async fn reconcile<H: Host>(ctx: &Ctx<H>, d: &DesiredState, dry_run: bool) -
     if let Some(why) = crate::owner::reserved(&unit, crate::owner::own_unit().as_deref()) {
         return Err(ReconcileError::Io(anyhow::anyhow!("refused: specd never manages {unit}: {why}; nothing changed")));
     }
-    let _lock = match lock_unit(ctx, &unit).await? {
-        Ok(l) => l,
-        Err(interrupted) => return Ok(interrupted),
+    let Some(_lock) = lock_unit(ctx, &unit).await? else {
+        return Ok(conclude::lock_interrupted(&unit));
     };
     let mut st = ctx.store.load(&unit)?;
-    let held = match ctx.holds {
-        Holds::Obeyed => {
-            let alive = st.hold.as_ref().is_none_or(|h| h.pid.is_none() || ctx.host.holder_alive(h));
-            match crate::hold::effective(st.hold.as_ref(), state::now(), alive, &d.unit.sha256) {
-                crate::hold::HoldEffect::HandsOff(why) => Some(why),
-                _ => None,
-            }
-        }
-        Holds::Overridden => None,
-    };
+    let held = held(ctx, &st, d);
     let (o, props) = observe(ctx, d, &st, true).await?;
-    let desired = desired_of(&ctx.unit_dir, d);
-    let plan = plan::plan(&o, &desired);
+    let plan = plan::plan(&o, &desired_of(&ctx.unit_dir, d));
     emit(Event::Plan(plan.clone()));
-    // A unit file specd did not write (no header, never recorded as written) is someone else's:
-    // replaced only when the spec adopts it.
-    let path = unit_path(&ctx.unit_dir, &unit);
-    // A file systemd loaded and that is gone since is nobody's.
-    let fragment = if ctx.host.exists(Path::new(&props.fragment_path)) { props.fragment_path.as_str() } else { "" };
-    if plan.steps.contains(&Step::WriteUnit)
-        && !d.spec.policy.adopt
-        && st.written_sha256.is_none()
-        && let Some(whose) = crate::owner::foreign(&path, ctx.host.read(&path)?.as_deref(), &props.load_state, fragment)
-    {
-        let verdict = format!(
-            "{REFUSED} {unit}: {whose}; specd takes over a unit it did not write only when the spec adopts it (policy: {{adopt: true}}); nothing changed"
-        );
-        return Ok(Report { plan, outcome: None, verdict, stop_verdict: None, action: Action::AwaitChange });
+    if let Some(whose) = foreign(ctx, d, &st, &plan, &props)? {
+        return Ok(conclude::foreign(plan, &unit, &whose));
     }
     // Before anything is stopped: whether the desired unit can start on this host at all.
     let refusal = match held {
@@ -465,7 +394,7 @@ pub async fn reconcile<H: Host>(ctx: &Ctx<H>, d: &DesiredState, dry_run: bool) -
         Some(_) => None,
     };
     if dry_run || held.is_some() {
-        return Ok(observed_only(plan, held, refusal));
+        return Ok(conclude::observed_only(plan, held, refusal));
     }
     ctx.host.clean_temps(&ctx.unit_dir, &unit);
     st.desired = Some(state::DesiredRecord {
@@ -474,23 +403,92 @@ pub async fn reconcile<H: Host>(ctx: &Ctx<H>, d: &DesiredState, dry_run: bool) -
         time: state::now(),
         spec: d.spec.clone(),
     });
-
-    if plan.steps.is_empty() {
-        return settle(ctx, &mut st, d, plan);
+    let s = subject(d);
+    let (mut c, stop_verdict, ms) = if plan.steps.is_empty() {
+        (conclude::settled(&st, &plan, &s), None, 0)
+    } else if let Some(verdict) = refusal {
+        emit(Event::Warning(verdict.clone()));
+        (conclude::refused(&st, verdict), None, 0)
+    } else {
+        act(ctx, &mut st, d, (&o, &props), &plan).await?
+    };
+    // The record, changed as concluded and saved once (an apply also wrote ahead as it went).
+    c.apply(&mut st, &s, stop_verdict.clone(), ms, state::now());
+    if let Err(e) = ctx.store.save(&st) {
+        if !c.acted {
+            return Err(e.into());
+        }
+        // What was done on the host is done; say it, and that it is not recorded.
+        c.unsaved(&e);
     }
-    if let Some(verdict) = refusal {
-        return refuse(ctx, &mut st, d, plan, verdict);
-    }
+    Ok(c.report(plan, stop_verdict))
+}
 
+/// The desired state as the ending is concluded on.
+fn subject(d: &DesiredState) -> Subject<'_> {
+    Subject {
+        unit: &d.spec.unit,
+        sha256: &d.unit.sha256,
+        text: &d.unit.text,
+        source: d.source.as_ref(),
+        endpoint: &d.spec.readiness.endpoint,
+        base_url: d.spec.base_url(),
+    }
+}
+
+/// Why a hold keeps this reconcile's hands off the unit, if one does (the agent obeys holds; an
+/// operator's command or a sweep overrides them). Read under the unit's lock, so a hold set while
+/// this reconcile waited for the lock is seen.
+fn held<H: Host>(ctx: &Ctx<H>, st: &UnitState, d: &DesiredState) -> Option<String> {
+    match ctx.holds {
+        Holds::Obeyed => {
+            let alive = st.hold.as_ref().is_none_or(|h| h.pid.is_none() || ctx.host.holder_alive(h));
+            match crate::hold::effective(st.hold.as_ref(), state::now(), alive, &d.unit.sha256) {
+                crate::hold::HoldEffect::HandsOff(why) => Some(why),
+                _ => None,
+            }
+        }
+        Holds::Overridden => None,
+    }
+}
+
+/// Whose the unit file is, when the plan would replace a file specd did not write (no header,
+/// never recorded as written) and the spec does not adopt it: someone else's is left alone.
+fn foreign<H: Host>(
+    ctx: &Ctx<H>,
+    d: &DesiredState,
+    st: &UnitState,
+    plan: &Plan,
+    props: &UnitProps,
+) -> Result<Option<String>> {
+    if !plan.steps.contains(&Step::WriteUnit) || d.spec.policy.adopt || st.written_sha256.is_some() {
+        return Ok(None);
+    }
+    let path = unit_path(&ctx.unit_dir, &d.spec.unit);
+    // A file systemd loaded and that is gone since is nobody's.
+    let fragment = if ctx.host.exists(Path::new(&props.fragment_path)) { props.fragment_path.as_str() } else { "" };
+    Ok(crate::owner::foreign(&path, ctx.host.read(&path)?.as_deref(), &props.load_state, fragment))
+}
+
+/// The plan's steps, carried out, and what they returned, concluded: with the stopped instance's
+/// ending and how long it took.
+async fn act<H: Host>(
+    ctx: &Ctx<H>,
+    st: &mut UnitState,
+    d: &DesiredState,
+    (o, props): (&Observed, &UnitProps),
+    plan: &Plan,
+) -> Result<(Conclusion, Option<String>, u64), ReconcileError> {
+    let unit = &d.spec.unit;
     // The running unit is the rollback target if nothing better is known: it was serving.
-    let deployed_text = ctx.host.read(&unit_path(&ctx.unit_dir, &unit))?;
+    let deployed_text = ctx.host.read(&unit_path(&ctx.unit_dir, unit))?;
     // The instance being stopped listens where the deployed unit says (the spec may move it).
     let old_url = deployed_text
         .as_deref()
         .and_then(|t| exec_start(&String::from_utf8_lossy(t)))
         .and_then(|argv| base_url_of_argv(&argv))
         .unwrap_or_else(|| d.spec.base_url());
-    if let Some(g) = deployed_text.as_deref().and_then(|text| running_as_good(&o, &st, d, text)) {
+    if let Some(g) = deployed_text.as_deref().and_then(|text| running_as_good(o, st, d, text)) {
         st.last_good = Some(g);
     }
 
@@ -506,168 +504,69 @@ pub async fn reconcile<H: Host>(ctx: &Ctx<H>, d: &DesiredState, dry_run: bool) -
         started: state::now(),
         wrote: resumed_wrote,
     });
-    if let Err(e) = ctx.store.save(&st) {
+    if let Err(e) = ctx.store.save(st) {
         // Finishing a rollback puts a server back: that matters more than recording it.
         if plan.steps != [Step::Rollback] {
             return Err(e.into());
         }
-        emit(Event::Warning(format!("could not record the rollback in specd's state ({e:#}); rolling back anyway")));
-    }
-
-    if plan.steps == [Step::Rollback]
-        && let Some(g) = st.last_good.clone()
-    {
-        return finish_rollback(ctx, &mut st, d, g, plan).await;
+        (ctx.events)(
+            unit,
+            &Event::Warning(format!("could not record the rollback in specd's state ({e:#}); rolling back anyway")),
+        );
     }
 
     let started = Instant::now();
+    if plan.steps == [Step::Rollback]
+        && let Some(g) = st.last_good.clone()
+    {
+        // A rollback that did not finish (the agent stopped or died in it): finish it.
+        let mut sv = None;
+        let r = restore(ctx, st, d, &g, Restore::Rollback, &mut sv).await;
+        let down = down_note(ctx, unit).await;
+        let c = conclude::rollback_finished(&subject(d), &g.sha256, &restored_of(r), down);
+        return Ok((c, sv, started.elapsed().as_millis() as u64));
+    }
+
     let target = Target::desired(d, old_url, resumed);
     let mut stop = StopRecord::default();
-    let result = run_steps(ctx, &mut st, &unit, &plan.steps, &target, &props, &mut stop).await;
+    let result = run_steps(ctx, st, unit, &plan.steps, &target, props, &mut stop).await;
     let mut stop_verdict = stop.finish().await;
     if let Some(l) = stop.last_ended() {
         st.last_ended = Some(l);
     }
     let ms = started.elapsed().as_millis() as u64;
-
-    let report = match result {
-        Ok(()) => succeeded(ctx, &mut st, d, plan, stop_verdict, ms).await,
+    let c = match result {
+        Ok(()) if conclude::enablement_only(plan) => {
+            let now = ctx.host.show(unit).await.ok().and_then(|p| plan::enabled_of(&p.unit_file_state));
+            conclude::enablement(plan, unit, d.spec.service.enabled, now)
+        }
+        Ok(()) => conclude::applied(plan, &subject(d), ms),
         Err(StepFailure { step, cancelled: Some(at), .. }) => {
-            interrupted(ctx, &mut st, d, plan, step, at, stop_verdict)
+            let c = conclude::interrupted(step, at);
+            (ctx.events)(unit, &Event::Warning(c.verdict.clone()));
+            c
         }
         Err(f) => {
             let failed_instance = stop.followed_by.clone();
-            let (outcome, verdict, action) = failed(
-                ctx,
-                &mut st,
-                d,
-                f,
-                &plan,
-                (resumed, resumed_wrote),
-                started,
-                &mut stop_verdict,
-                &failed_instance,
-            )
-            .await;
-            Report { plan, outcome: Some(outcome), verdict, stop_verdict, action }
+            let c = failed(ctx, st, d, f, plan, (resumed, resumed_wrote), &mut stop_verdict, &failed_instance).await;
+            return Ok((c, stop_verdict, started.elapsed().as_millis() as u64));
         }
     };
-    let mut report = report;
-    if let Err(e) = ctx.store.save(&st) {
-        // What was done on the host is done; say it, and that it is not recorded.
-        report.verdict.push_str(&format!(" (specd's state could not be saved: {e:#})"));
-    }
-    Ok(report)
+    Ok((c, stop_verdict, ms))
 }
 
 /// The unit's lock (one reconcile per unit across processes), waited for while another holds
-/// it; asked to stop meanwhile, the report that nothing was done.
-async fn lock_unit<H: Host>(ctx: &Ctx<H>, unit: &str) -> Result<Result<UnitLock, Report>> {
+/// it; `None` when asked to stop meanwhile.
+async fn lock_unit<H: Host>(ctx: &Ctx<H>, unit: &str) -> Result<Option<UnitLock>> {
     let locks = ctx.store.locks_dir();
     if let Some(l) = UnitLock::try_acquire(&locks, unit)? {
-        return Ok(Ok(l));
+        return Ok(Some(l));
     }
     (ctx.events)(unit, &Event::Phase(format!("waiting: another specd is reconciling {unit}")));
     tokio::select! {
-        l = UnitLock::acquire(&locks, unit) => Ok(Ok(l?)),
-        _ = ctx.shutdown.wait() => {
-            let why = format!("another specd is reconciling {unit}");
-            let plan = Plan { sync: SyncStatus::Progressing, reasons: vec![why], steps: vec![] };
-            let verdict = "Interrupted before it began: specd is stopping; nothing was changed on the host".to_string();
-            Ok(Err(Report { plan, outcome: None, verdict, stop_verdict: None, action: Action::AwaitChange }))
-        }
+        l = UnitLock::acquire(&locks, unit) => Ok(Some(l?)),
+        _ = ctx.shutdown.wait() => Ok(None),
     }
-}
-
-/// A dry run, or the agent's look at a unit a hold keeps its hands off: what would be done (or
-/// refused), nothing done.
-fn observed_only(plan: Plan, held: Option<String>, refusal: Option<String>) -> Report {
-    let verdict = match (refusal, held) {
-        (Some(refused), _) => refused,
-        (None, held) => {
-            let would = match plan.steps.len() {
-                0 => format!("{}: nothing to do", plan.sync),
-                n => format!("{}: would run {n} steps", plan.sync),
-            };
-            match held {
-                Some(why) => format!("{would} (held: {why})"),
-                None => would,
-            }
-        }
-    };
-    Report { plan, outcome: None, verdict, stop_verdict: None, action: Action::AwaitChange }
-}
-
-/// The steps ran: the unit runs its verified spec (or, when only whether it starts at boot was to
-/// be set, that is set, its server untouched).
-async fn succeeded<H: Host>(
-    ctx: &Ctx<H>,
-    st: &mut UnitState,
-    d: &DesiredState,
-    plan: Plan,
-    stop_verdict: Option<String>,
-    ms: u64,
-) -> Report {
-    let unit = &d.spec.unit;
-    st.in_progress = None;
-    if plan.steps.iter().all(|s| matches!(s, Step::Enable | Step::Disable)) {
-        let now = ctx.host.show(unit).await.ok().and_then(|p| plan::enabled_of(&p.unit_file_state));
-        if now != Some(d.spec.service.enabled) {
-            // The warning said why; the next look tries again.
-            let verdict = format!("{}: {}; not changed yet", plan.sync, plan.reasons.join("; "));
-            return Report {
-                plan,
-                outcome: None,
-                verdict,
-                stop_verdict,
-                action: Action::Requeue(timing::ENABLEMENT_AGAIN),
-            };
-        }
-        let verdict = if d.spec.service.enabled {
-            format!("Applied: {unit} starts at boot now (enabled); its server was left as it runs")
-        } else {
-            format!("Applied: {unit} no longer starts at boot (disabled); its server was left as it runs")
-        };
-        st.record(history(d, Outcome::Applied, verdict.clone(), None, ms));
-        return Report { plan, outcome: Some(Outcome::Applied), verdict, stop_verdict, action: Action::AwaitChange };
-    }
-    st.last_good = Some(good_unit(d));
-    let verdict = format!(
-        "Applied: {unit} runs unit {} ({}), verified and ready in {:.1}s",
-        short(&d.unit.sha256),
-        d.source.as_ref().map_or("no source".to_string(), |s| s.to_string()),
-        ms as f64 / 1000.0
-    );
-    let outcome = if plan.steps.contains(&Step::WriteUnit) || plan.steps.contains(&Step::Stop) {
-        Outcome::Applied
-    } else {
-        Outcome::Started
-    };
-    st.record(history(d, outcome, verdict.clone(), stop_verdict.clone(), ms));
-    Report { plan, outcome: Some(outcome), verdict, stop_verdict, action: Action::AwaitChange }
-}
-
-/// The apply stopped where specd was asked to stop (see [`Shutdown::stops_here`]).
-fn interrupted<H: Host>(
-    ctx: &Ctx<H>,
-    st: &mut UnitState,
-    d: &DesiredState,
-    plan: Plan,
-    step: Step,
-    at: Cancelled,
-    stop_verdict: Option<String>,
-) -> Report {
-    let verdict = match at {
-        Cancelled::Unchanged => {
-            st.in_progress = None;
-            format!("Interrupted before {step:?}: specd is stopping; nothing was changed on the host")
-        }
-        Cancelled::Started => format!(
-            "Interrupted: stopped at a safe point before {step:?} finished, because specd is stopping; the instance it started loads on, and the next run finishes this apply"
-        ),
-    };
-    (ctx.events)(&d.spec.unit, &Event::Warning(verdict.clone()));
-    Report { plan, outcome: None, verdict, stop_verdict, action: Action::AwaitChange }
 }
 
 /// The verdict refusing a plan that would stop a serving instance to start a unit that cannot
@@ -693,73 +592,7 @@ async fn preflight_refusal<H: Host>(
     if o.passed() {
         return None;
     }
-    Some(format!(
-        "{REFUSED} {unit}: unit {} cannot start on this host: {}; nothing was stopped or changed",
-        short(&d.unit.sha256),
-        crate::preflight::summary(&o.problems)
-    ))
-}
-
-/// A plan refused before anything was done: recorded once (a later look that finds the same
-/// refusal again says nothing new), looked at again every [`PREFLIGHT_AGAIN`].
-fn refuse<H: Host>(
-    ctx: &Ctx<H>,
-    st: &mut UnitState,
-    d: &DesiredState,
-    plan: Plan,
-    verdict: String,
-) -> Result<Report, ReconcileError> {
-    (ctx.events)(&d.spec.unit, &Event::Warning(verdict.clone()));
-    let repeated = st.history.last().is_some_and(|h| h.outcome == Outcome::Refused && h.message == verdict);
-    if !repeated {
-        st.record(history(d, Outcome::Refused, verdict.clone(), None, 0));
-    }
-    ctx.store.save(st)?;
-    let outcome = (!repeated).then_some(Outcome::Refused);
-    // The host may be fixed (a model copied, a port freed) with no event specd sees: a cheap
-    // look again now and then, recorded only when it says something new.
-    Ok(Report { plan, outcome, verdict, stop_verdict: None, action: Action::Requeue(PREFLIGHT_AGAIN) })
-}
-
-/// Nothing to do on the host: record what the unit is (in sync, drifted and only reported,
-/// progressing) and when to look again.
-fn settle<H: Host>(ctx: &Ctx<H>, st: &mut UnitState, d: &DesiredState, plan: Plan) -> Result<Report, ReconcileError> {
-    let unit = &d.spec.unit;
-    // An interrupted apply or rollback with nothing left to do (the last good unit runs). Under a
-    // mask it stays recorded: once unmasked, the next reconcile finishes it.
-    if plan.sync != SyncStatus::Masked && st.in_progress.as_ref().is_some_and(|p| p.sha256 == d.unit.sha256) {
-        st.in_progress = None;
-    }
-    // In sync and nothing recorded as good yet (state lost, or adopted): it is good now.
-    if plan.sync == SyncStatus::InSync && st.last_good.as_ref().is_none_or(|g| g.sha256 != d.unit.sha256) {
-        st.last_good = Some(good_unit(d));
-        st.written_sha256.get_or_insert_with(|| d.unit.sha256.clone());
-    }
-    ctx.store.save(st)?;
-    let verdict = match plan.sync {
-        SyncStatus::InSync => format!("InSync: {unit} runs unit {} and is ready", short(&d.unit.sha256)),
-        s => format!("{s}: {}", plan.reasons.join("; ")),
-    };
-    // In sync again after a failure of this unit (systemd restarted it after a crash): the
-    // history says it runs, so that status no longer reports the failure.
-    let recovered = plan.sync == SyncStatus::InSync
-        && st.history.last().is_some_and(|h| h.sha256 == d.unit.sha256 && h.outcome == Outcome::Failed);
-    let outcome = match plan.sync {
-        SyncStatus::Drifted => Some(Outcome::Reported),
-        SyncStatus::InSync if recovered => Some(Outcome::Started),
-        _ => None,
-    };
-    // A drift that is only reported is recorded once, not at every resync.
-    let repeated = st.history.last().is_some_and(|h| h.outcome == Outcome::Reported && h.message == verdict);
-    if let Some(outcome) = outcome.filter(|_| !repeated) {
-        st.record(history(d, outcome, verdict.clone(), None, 0));
-        ctx.store.save(st)?;
-    }
-    let action = match plan.sync {
-        SyncStatus::Progressing => Action::Requeue(timing::PROGRESSING_AGAIN),
-        _ => Action::AwaitChange,
-    };
-    Ok(Report { plan, outcome, verdict, stop_verdict: None, action })
+    Some(conclude::cannot_start(unit, &d.unit.sha256, &crate::preflight::summary(&o.problems)))
 }
 
 /// The unit that runs is the rollback target when nothing better is known: it was serving,
@@ -783,49 +616,8 @@ fn running_as_good(o: &Observed, st: &UnitState, d: &DesiredState, deployed: &[u
     })
 }
 
-/// A rollback that did not finish (specd stopped or died in it): finish it.
-async fn finish_rollback<H: Host>(
-    ctx: &Ctx<H>,
-    st: &mut UnitState,
-    d: &DesiredState,
-    g: GoodUnit,
-    plan: Plan,
-) -> Result<Report, ReconcileError> {
-    let unit = &d.spec.unit;
-    // A rollback that did not finish (the agent stopped or died in it): finish it.
-    let t0 = Instant::now();
-    let mut sv = None;
-    let (outcome, verdict) = match restore(ctx, st, d, &g, Restore::Rollback, &mut sv).await {
-        Ok(()) => (
-            Outcome::RolledBack,
-            format!(
-                "RolledBack: {unit}: restored the last good unit {}; spec {} stays quarantined",
-                short(&g.sha256),
-                short(&d.unit.sha256)
-            ),
-        ),
-        Err(f) => (
-            Outcome::Failed,
-            format!(
-                "Failed: {unit}: restoring the last good unit {}: {:?} failed: {}",
-                short(&g.sha256),
-                f.step,
-                f.message
-            ),
-        ),
-    };
-    let mut verdict = verdict;
-    if let Some(down) = down_note(ctx, unit).await {
-        verdict.push_str(&format!("; {down}"));
-    }
-    st.in_progress = None;
-    st.record(history(d, outcome, verdict.clone(), sv.clone(), t0.elapsed().as_millis() as u64));
-    ctx.store.save(st)?;
-    Ok(Report { plan, outcome: Some(outcome), verdict, stop_verdict: sv, action: Action::AwaitChange })
-}
-
 /// A step of the apply failed: decide what follows (`recovery::after`), quarantine, carry out
-/// the recovery, and record it.
+/// the recovery, gather what the failed server said, and conclude.
 #[allow(clippy::too_many_arguments)]
 async fn failed<H: Host>(
     ctx: &Ctx<H>,
@@ -834,12 +626,12 @@ async fn failed<H: Host>(
     f: StepFailure,
     plan: &Plan,
     (resumed, resumed_wrote): (bool, bool),
-    started: Instant,
     stop_verdict: &mut Option<String>,
     failed_instance: &str,
-) -> (Outcome, String, Action) {
+) -> Conclusion {
     let unit = &d.spec.unit;
-    (ctx.events)(unit, &Event::Warning(format!("{:?} failed: {}", f.step, f.message)));
+    let what = format!("{:?} failed: {}", f.step, f.message);
+    (ctx.events)(unit, &Event::Warning(what.clone()));
     // Quarantine only a unit this apply wrote (or the interrupted apply it finishes): a
     // unit that ran before and failed to start again (a GPU not ready after a reboot) is
     // retried with backoff, not condemned.
@@ -858,6 +650,8 @@ async fn failed<H: Host>(
     };
     let decision = recovery::after(&failure);
     if decision.quarantine {
+        // Recorded before the rollback (saved as it goes): a rollback cut short is finished by
+        // the next reconcile, which plans it from the quarantine.
         st.quarantine.retain(|q| q.sha256 != d.unit.sha256);
         st.quarantine.push(Quarantined {
             sha256: d.unit.sha256.clone(),
@@ -866,63 +660,22 @@ async fn failed<H: Host>(
             time: state::now(),
         });
     }
-    let (outcome, mut verdict) = recover(ctx, st, d, &f, &failure, &decision, stop_verdict).await;
-    // The server's own last word, quoted in the verdict and the quarantine (a missing draft
-    // folder, a value the engine refuses): read from the failed instance's journal.
-    if f.spec_fault
-        && !failed_instance.is_empty()
-        && let Some(said) =
-            ctx.host.ending(unit, failed_instance, timing::ENDING_WITHIN).await.and_then(|e| e.engine_error)
-    {
-        verdict.push_str(&format!("; the server said: {said}"));
-        if let Some(q) = st.quarantine.iter_mut().find(|q| q.sha256 == d.unit.sha256).filter(|_| decision.quarantine) {
-            q.reason.push_str(&format!("; the server said: {said}"));
-        }
-    }
-    if let Some(down) = down_note(ctx, unit).await {
-        verdict.push_str(&format!("; {down}"));
-    }
-    if decision.finished {
-        st.in_progress = None;
-    }
-    st.record(history(d, outcome, verdict.clone(), stop_verdict.clone(), started.elapsed().as_millis() as u64));
-    let action = if decision.requeue { Action::Requeue(timing::FAILED_AGAIN) } else { Action::AwaitChange };
-    (outcome, verdict, action)
+    let recovered = recover(ctx, st, d, &f, &failure, &decision, stop_verdict).await;
+    // The server's own last word (a missing draft folder, a value the engine refuses): read from
+    // the failed instance's journal.
+    let said = if f.spec_fault && !failed_instance.is_empty() {
+        ctx.host.ending(unit, failed_instance, timing::ENDING_WITHIN).await.and_then(|e| e.engine_error)
+    } else {
+        None
+    };
+    let down = down_note(ctx, unit).await;
+    conclude::failed(conclude::recovered(&subject(d), &what, &recovered), said, down, &decision)
 }
 
 /// Plain words when a unit's service is not running after an apply.
 async fn down_note<H: Host>(ctx: &Ctx<H>, unit: &str) -> Option<String> {
     let p = ctx.host.show(unit).await.ok()?;
     (!p.active_state.is_up()).then(|| format!("{unit} is DOWN ({}/{})", p.active_state, p.sub_state))
-}
-
-fn good_unit(d: &DesiredState) -> GoodUnit {
-    GoodUnit {
-        sha256: d.unit.sha256.clone(),
-        text: d.unit.text.clone(),
-        source: d.source.clone(),
-        time: state::now(),
-        endpoint: Some(d.spec.readiness.endpoint.clone()),
-        base_url: Some(d.spec.base_url()),
-    }
-}
-
-fn history(
-    d: &DesiredState,
-    outcome: Outcome,
-    message: String,
-    stop_verdict: Option<String>,
-    duration_ms: u64,
-) -> HistoryEntry {
-    HistoryEntry {
-        time: state::now(),
-        sha256: d.unit.sha256.clone(),
-        source: d.source.clone(),
-        outcome,
-        message,
-        stop_verdict,
-        duration_ms,
-    }
 }
 
 /// After a failed step: roll back to the last good unit, start it again after a host fault, or
@@ -935,41 +688,23 @@ async fn recover<H: Host>(
     failure: &recovery::Failure,
     decision: &recovery::Decision,
     stop_verdict: &mut Option<String>,
-) -> (Outcome, String) {
+) -> Recovered {
     let unit = &d.spec.unit;
-    let what = format!("{:?} failed: {}", f.step, f.message);
-    let quarantined = decision.quarantine;
     match decision.recovery.clone() {
-        Recovery::Retry => {
-            let why = if f.crashed_after_ready && failure.verified_before {
-                format!(
-                    "; unit {} passed verification before, so one crash does not quarantine it: it is retried with backoff",
-                    short(&d.unit.sha256)
-                )
-            } else {
-                String::new()
-            };
-            (Outcome::Failed, format!("Failed: {unit}: {what}{why}"))
-        }
+        Recovery::Retry => Recovered::Retried { known_good: f.crashed_after_ready && failure.verified_before },
         Recovery::LeaveStopped(why) => {
-            let mut q = String::new();
-            if quarantined {
-                stop_quietly(
-                    ctx,
-                    unit,
-                    &format!("specd: stopping {unit}: unit {} failed; {why}", short(&d.unit.sha256)),
-                )
-                .await;
-                q = format!("; spec {} is quarantined", short(&d.unit.sha256));
+            if decision.quarantine {
+                let note = format!("specd: stopping {unit}: unit {} failed; {why}", short(&d.unit.sha256));
+                stop_quietly(ctx, unit, &note).await;
             }
-            (Outcome::Failed, format!("Failed: {unit}: {what}; {why}, so the service is left stopped{q}"))
+            Recovered::LeftStopped { why, quarantined: decision.quarantine }
         }
         Recovery::StartLastGood | Recovery::Rollback => {
             let why = if decision.recovery == Recovery::Rollback { Restore::Rollback } else { Restore::HostFault };
             // A rollback goes to another unit; after a host fault the last good one may be this.
             let Some(g) = st.last_good.clone().filter(|g| why == Restore::HostFault || g.sha256 != d.unit.sha256)
             else {
-                return (Outcome::Failed, format!("Failed: {unit}: {what}"));
+                return Recovered::NoGoodUnit;
             };
             let r = restore(ctx, st, d, &g, why, stop_verdict).await;
             if why == Restore::Rollback
@@ -979,53 +714,17 @@ async fn recover<H: Host>(
                 let note = format!("specd: stopping {unit}: the rollback to {} failed too", short(&g.sha256));
                 stop_quietly(ctx, unit, &note).await;
             }
-            restored(why, r, &format!("{unit}: {what}"), short(&g.sha256), short(&d.unit.sha256))
+            Recovered::Restored { why, good: g.sha256.clone(), end: restored_of(r) }
         }
     }
 }
 
-/// The outcome and verdict of putting the last good unit `good` back after `failed`'s failure
-/// (`what`: the unit and what failed).
-fn restored(why: Restore, r: Result<(), StepFailure>, what: &str, good: &str, failed: &str) -> (Outcome, String) {
-    match (why, r) {
-        (Restore::Rollback, Ok(())) => (
-            Outcome::RolledBack,
-            format!(
-                "RolledBack: {what}; restored the last good unit {good} and it serves again; spec {failed} is quarantined"
-            ),
-        ),
-        (Restore::HostFault, Ok(())) => (
-            Outcome::Failed,
-            format!(
-                "Failed: {what}; started the last good unit {good} again and it serves; unit {failed} is tried again later"
-            ),
-        ),
-        (Restore::Rollback, Err(rf)) if rf.cancelled.is_some() => (
-            Outcome::Failed,
-            format!(
-                "Failed: {what}; the rollback to {good} stopped at a safe point because the agent is stopping; the next run finishes it"
-            ),
-        ),
-        (Restore::HostFault, Err(rf)) if rf.cancelled.is_some() => (
-            Outcome::Failed,
-            format!(
-                "Failed: {what}; starting the last good unit {good} again stopped at a safe point because the agent is stopping"
-            ),
-        ),
-        (Restore::Rollback, Err(rf)) => (
-            Outcome::Failed,
-            format!(
-                "Failed: {what}; the rollback to {good} failed too ({:?}: {}); the service is stopped",
-                rf.step, rf.message
-            ),
-        ),
-        (Restore::HostFault, Err(rf)) => (
-            Outcome::Failed,
-            format!(
-                "Failed: {what}; starting the last good unit {good} again failed too ({:?}: {})",
-                rf.step, rf.message
-            ),
-        ),
+/// How putting a last good unit back ended, from what its steps returned.
+fn restored_of(r: Result<(), StepFailure>) -> Restored {
+    match r {
+        Ok(()) => Restored::Serving,
+        Err(f) if f.cancelled.is_some() => Restored::Cancelled(f.step),
+        Err(f) => Restored::Failed(f.step, f.message),
     }
 }
 
@@ -1064,18 +763,7 @@ async fn restore<H: Host>(
     // not written again, which would fail the same way on a full or read-only unit directory.
     let on_disk = ctx.host.read(&unit_path(&ctx.unit_dir, unit)).ok().flatten().map(|b| specd_spec::sha256_hex(&b));
     let write = on_disk.as_deref() != Some(g.sha256.as_str());
-    let steps: Vec<Step> = [
-        Step::Stop,
-        Step::WaitStopped,
-        Step::WriteUnit,
-        Step::Reload,
-        Step::Start,
-        Step::VerifyCmdline,
-        Step::WaitReady,
-    ]
-    .into_iter()
-    .filter(|s| write || *s != Step::WriteUnit)
-    .collect();
+    let steps = plan::restore_steps(write);
     let props = ctx.host.show(unit).await.unwrap_or_default();
     let mut sv = StopRecord::default();
     let r = run_steps(ctx, st, unit, &steps, &t, &props, &mut sv).await;

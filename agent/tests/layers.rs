@@ -10,7 +10,7 @@ use std::path::Path;
 /// From the lowest layer to the highest. Below all of them: the `specd-spec` crate.
 const LAYERS: &[(&str, &[&str])] = &[
     // Pure decisions and the model they decide on; no I/O.
-    ("core", &["plan", "recovery", "service", "speculation", "guard", "hold", "timing"]),
+    ("core", &["plan", "recovery", "service", "speculation", "guard", "hold", "timing", "record", "conclude"]),
     // The host and the world, each behind its own module.
     (
         "adapters",

@@ -442,3 +442,77 @@ fn a_known_long_function_passes_and_a_stale_entry_fails() {
         ["agent/src/p.rs: plan is no longer over 5 lines: remove it from KNOWN (why)"]
     );
 }
+
+/// How a reconcile ends is concluded in `conclude.rs` and its waits are `timing.rs`'s: the
+/// reconciler's production code builds no `Report` and writes no duration of its own.
+#[test]
+fn the_reconciler_concludes_nothing_and_times_nothing_itself() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let text = std::fs::read_to_string(root.join("src/reconcile.rs")).unwrap();
+    let code = code_only(&text);
+    let code = code.split("#[cfg(test)]").next().unwrap();
+    let words: Vec<&str> = code.split(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':' || c == '{')).collect();
+    let mut found = Vec::new();
+    for (i, line) in code.lines().enumerate() {
+        let squeezed: String = line.split_whitespace().collect::<Vec<_>>().join(" ");
+        for bad in ["Report {", "Duration::from_", "Duration::ZERO", "Duration::MAX", "Duration::new"] {
+            if squeezed.contains(bad) {
+                found.push(format!("src/reconcile.rs:{}: {bad}", i + 1));
+            }
+        }
+    }
+    assert!(words.len() > 1000, "read the reconciler ({} words)", words.len());
+    assert!(found.is_empty(), "decide these in conclude.rs or timing.rs:\n{}", found.join("\n"));
+}
+
+/// The ways a value of `timing.rs` may be written in ARCHITECTURE.md's table.
+fn spellings(value: &str) -> Vec<String> {
+    let number = |s: &str| s.trim().replace('_', "").parse::<u64>().ok();
+    if value == "Duration::ZERO" {
+        return vec!["0 s".into(), "nothing".into()];
+    }
+    if let Some(n) = value.strip_prefix("Duration::from_secs(").and_then(|v| number(v.trim_end_matches(')'))) {
+        let mut out = vec![format!("{n} s")];
+        if n % 60 == 0 {
+            out.push(format!("{} min", n / 60));
+        }
+        return out;
+    }
+    if let Some(n) = value.strip_prefix("Duration::from_millis(").and_then(|v| number(v.trim_end_matches(')'))) {
+        let mut out = vec![format!("{n} ms")];
+        if n >= 1000 {
+            out.push(format!("{} s", n as f64 / 1000.0));
+        }
+        return out;
+    }
+    let n = number(value).unwrap_or_else(|| panic!("timing.rs: a value the table check cannot read: {value}"));
+    vec![format!("{n} times"), format!("{n} re-"), format!("up to {n}"), format!("most {n}")]
+}
+
+#[test]
+fn the_timing_table_names_every_constant_of_timing_rs_with_its_value() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let timing = std::fs::read_to_string(root.join("src/timing.rs")).unwrap();
+    let arch = std::fs::read_to_string(root.join("../ARCHITECTURE.md")).unwrap();
+    let table: Vec<&str> =
+        arch.split("## Timing policies").nth(1).unwrap().lines().filter(|l| l.starts_with('|')).collect();
+    let mut consts = 0;
+    let mut errors = Vec::new();
+    for line in timing.lines() {
+        let Some(rest) = line.strip_prefix("pub const ") else { continue };
+        let (name, value) = rest.split_once(':').unwrap();
+        let value = value.split_once('=').unwrap().1.trim().trim_end_matches(';');
+        consts += 1;
+        let named = format!("`timing::{name}`");
+        let Some(row) = table.iter().find(|r| r.contains(&named)) else {
+            errors.push(format!("{name} ({value}) is in no row of the timing table"));
+            continue;
+        };
+        let want = spellings(value);
+        if !want.iter().any(|w| row.contains(w.as_str())) {
+            errors.push(format!("{name}'s row does not say its value ({}): {row}", want.join(" or ")));
+        }
+    }
+    assert!(consts >= 20, "read {consts} constants of timing.rs");
+    assert!(errors.is_empty(), "ARCHITECTURE.md's timing table:\n{}", errors.join("\n"));
+}

@@ -20,7 +20,7 @@ use crate::host::{Host, Watch, unit_path};
 use crate::lock::UnitLock;
 use crate::plan::{self, Desired, Observed, Plan, Step};
 use crate::probe::{self, Health};
-use crate::recovery::{self, Recovery};
+use crate::recovery::{self, FaultKind, LastGood, Recovery};
 use crate::state::{self, GoodUnit, InProgress, Quarantined, Source, Store, UnitState};
 use crate::systemd::{ActiveState, UnitProps};
 
@@ -153,33 +153,43 @@ pub enum ReconcileError {
     Io(#[from] anyhow::Error),
 }
 
-/// Why a step failed.
+/// Why a step did not finish.
 #[derive(Debug)]
 struct StepFailure {
     step: Step,
     message: String,
-    /// The spec is at fault (quarantine it), rather than the host.
-    spec_fault: bool,
+    cause: Cause,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Cause {
+    /// It failed, by this fault.
+    Fault(FaultKind),
     /// Not a failure: specd is stopping and this is a safe point (see [`Shutdown::stops_here`]).
-    cancelled: Option<Cancelled>,
-    /// The server had answered ready and then died: a crash, not a failed start.
-    crashed_after_ready: bool,
+    Cancelled(Cancelled),
 }
 
 impl StepFailure {
     fn host(step: Step, message: impl Into<String>) -> Self {
-        StepFailure { step, message: message.into(), spec_fault: false, cancelled: None, crashed_after_ready: false }
+        StepFailure { step, message: message.into(), cause: Cause::Fault(FaultKind::Host) }
     }
     fn spec(step: Step, message: impl Into<String>) -> Self {
-        StepFailure { step, message: message.into(), spec_fault: true, cancelled: None, crashed_after_ready: false }
+        StepFailure { step, message: message.into(), cause: Cause::Fault(FaultKind::Spec) }
     }
     fn cancelled(step: Step, at: Cancelled) -> Self {
-        StepFailure {
-            step,
-            message: "the agent is stopping".into(),
-            spec_fault: false,
-            cancelled: Some(at),
-            crashed_after_ready: false,
+        StepFailure { step, message: "the agent is stopping".into(), cause: Cause::Cancelled(at) }
+    }
+    fn cancelled_at(&self) -> Option<Cancelled> {
+        match self.cause {
+            Cause::Cancelled(at) => Some(at),
+            Cause::Fault(_) => None,
+        }
+    }
+    /// Whose fault it is (a cancelled step is nobody's: the host's, for what follows).
+    fn fault(&self) -> FaultKind {
+        match self.cause {
+            Cause::Fault(k) => k,
+            Cause::Cancelled(_) => FaultKind::Host,
         }
     }
 }
@@ -541,7 +551,7 @@ async fn act<H: Host>(
             conclude::enablement(plan, unit, d.spec.service.enabled, now)
         }
         Ok(()) => conclude::applied(plan, &subject(d), ms),
-        Err(StepFailure { step, cancelled: Some(at), .. }) => {
+        Err(StepFailure { step, cause: Cause::Cancelled(at), .. }) => {
             let c = conclude::interrupted(step, at);
             (ctx.events)(unit, &Event::Warning(c.verdict.clone()));
             c
@@ -639,13 +649,11 @@ async fn failed<H: Host>(
         && st.written_sha256.as_deref() == Some(d.unit.sha256.as_str());
     let failure = recovery::Failure {
         step: f.step,
-        spec_fault: f.spec_fault,
-        crashed_after_ready: f.crashed_after_ready,
+        fault: f.fault(),
         wrote,
         stopped: plan.steps.contains(&Step::Stop) || resumed,
         verified_before: st.verified_before(&d.unit.sha256),
-        good_other: st.last_good.as_ref().is_some_and(|g| g.sha256 != d.unit.sha256),
-        good_any: st.last_good.is_some(),
+        last_good: LastGood::of(st.last_good.as_ref().map(|g| g.sha256.as_str()), &d.unit.sha256),
         rollback: d.spec.policy.rollback,
     };
     let decision = recovery::after(&failure);
@@ -663,7 +671,7 @@ async fn failed<H: Host>(
     let recovered = recover(ctx, st, d, &f, &failure, &decision, stop_verdict).await;
     // The server's own last word (a missing draft folder, a value the engine refuses): read from
     // the failed instance's journal.
-    let said = if f.spec_fault && !failed_instance.is_empty() {
+    let said = if f.fault().of_spec() && !failed_instance.is_empty() {
         ctx.host.ending(unit, failed_instance, timing::ENDING_WITHIN).await.and_then(|e| e.engine_error)
     } else {
         None
@@ -691,7 +699,9 @@ async fn recover<H: Host>(
 ) -> Recovered {
     let unit = &d.spec.unit;
     match decision.recovery.clone() {
-        Recovery::Retry => Recovered::Retried { known_good: f.crashed_after_ready && failure.verified_before },
+        Recovery::Retry => {
+            Recovered::Retried { known_good: f.fault() == FaultKind::Crashed && failure.verified_before }
+        }
         Recovery::LeaveStopped(why) => {
             if decision.quarantine {
                 let note = format!("specd: stopping {unit}: unit {} failed; {why}", short(&d.unit.sha256));
@@ -709,7 +719,7 @@ async fn recover<H: Host>(
             let r = restore(ctx, st, d, &g, why, stop_verdict).await;
             if why == Restore::Rollback
                 && let Err(rf) = &r
-                && rf.cancelled.is_none()
+                && rf.cancelled_at().is_none()
             {
                 let note = format!("specd: stopping {unit}: the rollback to {} failed too", short(&g.sha256));
                 stop_quietly(ctx, unit, &note).await;
@@ -723,7 +733,7 @@ async fn recover<H: Host>(
 fn restored_of(r: Result<(), StepFailure>) -> Restored {
     match r {
         Ok(()) => Restored::Serving,
-        Err(f) if f.cancelled.is_some() => Restored::Cancelled(f.step),
+        Err(f) if f.cancelled_at().is_some() => Restored::Cancelled(f.step),
         Err(f) => Restored::Failed(f.step, f.message),
     }
 }
@@ -889,7 +899,7 @@ async fn run_steps<H: Host>(
     let r = run.steps(st, steps, stop).await;
     stop.followed_by = std::mem::take(&mut run.started_invocation);
     match (r, run.ready_pid) {
-        (Err(f), Some(pid)) if f.cancelled.is_none() => {
+        (Err(f), Some(pid)) if f.cancelled_at().is_none() => {
             // The server had answered ready: if it is gone now, it crashed after readiness. (A
             // systemd that cannot be asked is no evidence either way: the process table is.)
             let props = ctx.host.show(unit).await.unwrap_or_default();
@@ -903,8 +913,7 @@ async fn run_steps<H: Host>(
                         props.n_restarts,
                         f.message
                     ),
-                    spec_fault: true,
-                    crashed_after_ready: true,
+                    cause: Cause::Fault(FaultKind::Crashed),
                     ..f
                 });
             }
@@ -914,7 +923,7 @@ async fn run_steps<H: Host>(
         // else a moment before specd asked): like a crash after readiness, no verdict on a unit
         // that passed verification before. Not when the server said why it failed: SGLang kills
         // its own process tree with SIGKILL when a child fails to load.
-        (Err(f), None) if f.spec_fault && matches!(f.step, Step::VerifyCmdline | Step::WaitReady) => {
+        (Err(f), None) if f.fault().of_spec() && matches!(f.step, Step::VerifyCmdline | Step::WaitReady) => {
             let props = ctx.host.show(unit).await.unwrap_or_default();
             if !killed_from_outside(&props) {
                 return Err(f);
@@ -929,7 +938,7 @@ async fn run_steps<H: Host>(
                     f.message,
                     props.exit_status()
                 ),
-                crashed_after_ready: true,
+                cause: Cause::Fault(FaultKind::Crashed),
                 ..f
             })
         }

@@ -5,15 +5,52 @@
 use crate::plan::Step;
 use crate::service::ActiveState;
 
+/// Whose fault a failed step is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FaultKind {
+    /// The host's (systemd, the unit directory, specd's own state): nothing says the spec is bad.
+    Host,
+    /// The spec's: its server did not start, verify, or answer ready.
+    Spec,
+    /// The spec's server died after it had answered ready (a first 200 from its readiness
+    /// endpoint), or was killed from outside while it loaded, saying nothing of its own: a crash,
+    /// which does not condemn a unit that passed verification before.
+    Crashed,
+}
+
+impl FaultKind {
+    /// The spec is at fault (its server failed), not the host.
+    pub fn of_spec(self) -> bool {
+        self != FaultKind::Host
+    }
+}
+
+/// Which last good unit there is, against the desired one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LastGood {
+    None,
+    /// The desired unit itself is the last good one.
+    Desired,
+    /// Another unit: a rollback target.
+    Other,
+}
+
+impl LastGood {
+    pub fn of(last_good: Option<&str>, desired: &str) -> LastGood {
+        match last_good {
+            None => LastGood::None,
+            Some(g) if g == desired => LastGood::Desired,
+            Some(_) => LastGood::Other,
+        }
+    }
+}
+
 /// What is known about a failed apply.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Failure {
     /// The step that failed.
     pub step: Step,
-    /// The spec is at fault (its server did not start, verify or stay up), not the host.
-    pub spec_fault: bool,
-    /// The server had answered ready (a first 200 from its readiness endpoint) and then died.
-    pub crashed_after_ready: bool,
+    pub fault: FaultKind,
     /// This apply wrote the desired unit.
     pub wrote: bool,
     /// This apply stopped the instance that ran before (its plan stops, and the failure came
@@ -21,10 +58,7 @@ pub struct Failure {
     pub stopped: bool,
     /// The desired unit ran, verified and ready, before (in the history or as the last good).
     pub verified_before: bool,
-    /// There is a last good unit other than the desired one.
-    pub good_other: bool,
-    /// There is a last good unit (it may be the desired one).
-    pub good_any: bool,
+    pub last_good: LastGood,
     /// The spec's `policy.rollback`.
     pub rollback: bool,
 }
@@ -61,7 +95,7 @@ pub struct Decision {
 /// What follows a failed step: the whole decision, pure.
 pub fn after(f: &Failure) -> Decision {
     let quarantine = quarantine(f);
-    Decision { recovery: decide(f), quarantine, finished: f.spec_fault || !f.stopped, requeue: !quarantine }
+    Decision { recovery: decide(f), quarantine, finished: f.fault.of_spec() || !f.stopped, requeue: !quarantine }
 }
 
 /// A start request that returned an error, by what systemd says of the unit after it.
@@ -95,7 +129,7 @@ fn after_stop(step: Step) -> bool {
 /// Only a unit this run wrote and whose server failed is; a unit that passed verification before
 /// is not condemned by one crash after readiness.
 pub fn quarantine(f: &Failure) -> bool {
-    f.spec_fault && f.wrote && !(f.crashed_after_ready && f.verified_before)
+    f.fault.of_spec() && f.wrote && !(f.fault == FaultKind::Crashed && f.verified_before)
 }
 
 pub fn decide(f: &Failure) -> Recovery {
@@ -108,19 +142,19 @@ pub fn decide(f: &Failure) -> Recovery {
         return Recovery::LeaveStopped("the old instance did not stop cleanly, so nothing is started over it");
     }
     if quarantine(f) {
-        return match (f.rollback, f.good_other) {
+        return match (f.rollback, f.last_good == LastGood::Other) {
             (true, true) => Recovery::Rollback,
             (true, false) => Recovery::LeaveStopped("there is no last good unit to roll back to"),
             (false, _) => Recovery::LeaveStopped("rollback is off"),
         };
     }
-    if f.spec_fault {
+    if f.fault.of_spec() {
         // The desired unit ran before (it is not quarantined): systemd's Restart= and the next
         // reconcile retry it, with backoff.
         return Recovery::Retry;
     }
     // The host failed between the stop and the new instance: fail safe, the old one serves again.
-    if f.good_any {
+    if f.last_good != LastGood::None {
         Recovery::StartLastGood
     } else {
         Recovery::LeaveStopped("there is no last good unit to start again")
@@ -134,24 +168,22 @@ mod tests {
     fn f(step: Step) -> Failure {
         Failure {
             step,
-            spec_fault: false,
-            crashed_after_ready: false,
+            fault: FaultKind::Host,
             wrote: true,
             stopped: true,
             verified_before: false,
-            good_other: true,
-            good_any: true,
+            last_good: LastGood::Other,
             rollback: true,
         }
     }
 
     #[test]
     fn a_spec_that_fails_is_quarantined_and_rolled_back() {
-        let x = Failure { spec_fault: true, ..f(Step::WaitReady) };
+        let x = Failure { fault: FaultKind::Spec, ..f(Step::WaitReady) };
         assert!(quarantine(&x));
         assert_eq!(decide(&x), Recovery::Rollback);
         assert_eq!(
-            decide(&Failure { good_other: false, ..x }),
+            decide(&Failure { last_good: LastGood::Desired, ..x }),
             Recovery::LeaveStopped("there is no last good unit to roll back to")
         );
         assert_eq!(decide(&Failure { rollback: false, ..x }), Recovery::LeaveStopped("rollback is off"));
@@ -159,7 +191,7 @@ mod tests {
 
     #[test]
     fn a_known_good_unit_that_crashes_after_readiness_is_retried_not_quarantined() {
-        let x = Failure { spec_fault: true, crashed_after_ready: true, verified_before: true, ..f(Step::VerifyArgs) };
+        let x = Failure { fault: FaultKind::Crashed, verified_before: true, ..f(Step::VerifyArgs) };
         assert!(!quarantine(&x));
         assert_eq!(decide(&x), Recovery::Retry);
         // Never verified: one crash after readiness is its failure.
@@ -167,7 +199,7 @@ mod tests {
         assert!(quarantine(&new));
         assert_eq!(decide(&new), Recovery::Rollback);
         // Verified before but failing before readiness: quarantined as any failing unit.
-        assert!(quarantine(&Failure { crashed_after_ready: false, ..x }));
+        assert!(quarantine(&Failure { fault: FaultKind::Spec, ..x }));
     }
 
     #[test]
@@ -177,9 +209,12 @@ mod tests {
             assert!(!quarantine(&x));
             assert_eq!(decide(&x), Recovery::StartLastGood, "{step:?}");
             // Whatever the rollback policy, and even when the last good unit is the desired one.
-            assert_eq!(decide(&Failure { rollback: false, good_other: false, ..x }), Recovery::StartLastGood);
             assert_eq!(
-                decide(&Failure { good_any: false, good_other: false, ..x }),
+                decide(&Failure { rollback: false, last_good: LastGood::Desired, ..x }),
+                Recovery::StartLastGood
+            );
+            assert_eq!(
+                decide(&Failure { last_good: LastGood::None, ..x }),
                 Recovery::LeaveStopped("there is no last good unit to start again")
             );
         }
@@ -187,7 +222,7 @@ mod tests {
 
     #[test]
     fn a_quarantined_hash_waits_for_a_change_and_a_host_fault_leaves_the_apply_to_finish() {
-        let spec = after(&Failure { spec_fault: true, ..f(Step::WaitReady) });
+        let spec = after(&Failure { fault: FaultKind::Spec, ..f(Step::WaitReady) });
         assert_eq!((spec.quarantine, spec.finished, spec.requeue), (true, true, false));
         let host = after(&f(Step::WriteUnit));
         assert_eq!(
@@ -217,7 +252,15 @@ mod tests {
         assert_eq!(decide(&f(Step::Drain)), Recovery::Retry);
         // A plan that only starts a stopped service stops nothing.
         assert_eq!(decide(&Failure { stopped: false, ..f(Step::Start) }), Recovery::Retry);
-        let spec = Failure { stopped: false, spec_fault: true, wrote: false, ..f(Step::WaitReady) };
+        let spec = Failure { stopped: false, fault: FaultKind::Spec, wrote: false, ..f(Step::WaitReady) };
         assert_eq!(decide(&spec), Recovery::Retry);
+    }
+
+    #[test]
+    fn the_last_good_unit_is_told_apart_from_the_desired_one() {
+        assert_eq!(LastGood::of(None, "a"), LastGood::None);
+        assert_eq!(LastGood::of(Some("a"), "a"), LastGood::Desired);
+        assert_eq!(LastGood::of(Some("b"), "a"), LastGood::Other);
+        assert!(FaultKind::Spec.of_spec() && FaultKind::Crashed.of_spec() && !FaultKind::Host.of_spec());
     }
 }

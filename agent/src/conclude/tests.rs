@@ -39,13 +39,11 @@ fn entry(outcome: Outcome, message: &str) -> HistoryEntry {
 fn decision(spec_fault: bool, stopped: bool, good: bool) -> Decision {
     recovery::after(&Failure {
         step: Step::WaitReady,
-        spec_fault,
-        crashed_after_ready: false,
+        fault: if spec_fault { recovery::FaultKind::Spec } else { recovery::FaultKind::Host },
         wrote: true,
         stopped,
         verified_before: false,
-        good_other: good,
-        good_any: good,
+        last_good: if good { recovery::LastGood::Other } else { recovery::LastGood::None },
         rollback: true,
     })
 }

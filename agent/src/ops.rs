@@ -304,7 +304,7 @@ async fn unit_status<H: Host>(
         sync = SyncStatus::Progressing;
         reasons.insert(
             0,
-            format!("an apply is running ({})", st.in_progress.as_ref().map_or("?".into(), |p| p.phase.clone())),
+            format!("an apply is running ({})", st.in_progress.as_ref().map_or("?".into(), |p| p.phase.to_string())),
         );
     }
     if let Some(last) = st.history.last()

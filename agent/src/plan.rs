@@ -116,6 +116,25 @@ pub enum Step {
     Disable,
 }
 
+impl Step {
+    pub const ALL: [Step; 14] = [
+        Step::Drain,
+        Step::Stop,
+        Step::WaitStopped,
+        Step::RemoveDropIns,
+        Step::WriteUnit,
+        Step::Reload,
+        Step::Start,
+        Step::VerifyCmdline,
+        Step::WaitReady,
+        Step::VerifyArgs,
+        Step::VerifySpeculation,
+        Step::Rollback,
+        Step::Enable,
+        Step::Disable,
+    ];
+}
+
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Plan {
     pub sync: SyncStatus,

@@ -21,7 +21,7 @@ use crate::lock::UnitLock;
 use crate::plan::{self, Desired, Observed, Plan, Step};
 use crate::probe::{self, Health};
 use crate::recovery::{self, FaultKind, LastGood, Recovery};
-use crate::state::{self, GoodUnit, InProgress, Quarantined, Source, Store, UnitState};
+use crate::state::{self, GoodUnit, InProgress, Phase, Quarantined, Source, Store, UnitState};
 use crate::systemd::{ActiveState, UnitProps};
 
 use crate::timing::readiness_backoff;
@@ -510,7 +510,7 @@ async fn act<H: Host>(
     st.in_progress = Some(InProgress {
         sha256: d.unit.sha256.clone(),
         pid: std::process::id(),
-        phase: "starting".into(),
+        phase: Phase::Starting,
         started: state::now(),
         wrote: resumed_wrote,
     });
@@ -989,7 +989,7 @@ impl<H: Host> Run<'_, H> {
                 self.changed = true;
             }
             if let Some(p) = st.in_progress.as_mut() {
-                p.phase = format!("{step:?}");
+                p.phase = Phase::At(step);
                 let _ = self.ctx.store.save(st);
             }
             match step {

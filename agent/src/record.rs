@@ -4,6 +4,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::plan::Step;
+
 /// How many history entries are kept per unit.
 pub const HISTORY_MAX: usize = 200;
 
@@ -100,11 +102,41 @@ pub struct HistoryEntry {
 pub struct InProgress {
     pub sha256: String,
     pub pid: u32,
-    pub phase: String,
+    pub phase: Phase,
     pub started: u64,
     /// This apply wrote the desired unit file (its WriteUnit step finished).
     #[serde(default)]
     pub wrote: bool,
+}
+
+/// Where an apply in progress is: starting, or at a step (written as `starting` or the step's
+/// name, as `status` shows it; a name this version does not know reads as `starting`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "String", into = "String")]
+pub enum Phase {
+    Starting,
+    At(Step),
+}
+
+impl From<String> for Phase {
+    fn from(s: String) -> Phase {
+        Step::ALL.into_iter().find(|step| format!("{step:?}") == s).map_or(Phase::Starting, Phase::At)
+    }
+}
+
+impl From<Phase> for String {
+    fn from(p: Phase) -> String {
+        p.to_string()
+    }
+}
+
+impl std::fmt::Display for Phase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Phase::Starting => f.write_str("starting"),
+            Phase::At(step) => write!(f, "{step:?}"),
+        }
+    }
 }
 
 /// Everything specd remembers about one unit.
@@ -198,5 +230,27 @@ impl UnitState {
             let extra = self.history.len() - HISTORY_MAX;
             self.history.drain(..extra);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_apply_s_phase_is_written_as_status_shows_it_and_read_back() {
+        for step in Step::ALL {
+            let p = Phase::At(step);
+            let json = serde_json::to_string(&p).unwrap();
+            assert_eq!(json, format!("\"{step:?}\""));
+            assert_eq!(serde_json::from_str::<Phase>(&json).unwrap(), p);
+        }
+        assert_eq!(serde_json::to_string(&Phase::Starting).unwrap(), "\"starting\"");
+        assert_eq!(serde_json::from_str::<Phase>("\"starting\"").unwrap(), Phase::Starting);
+        // A phase of another version: an apply was under way; where is not known.
+        assert_eq!(serde_json::from_str::<Phase>("\"Defragment\"").unwrap(), Phase::Starting);
+        // Every step is in Step::ALL (a new one must be added there to be read back).
+        let names: std::collections::BTreeSet<String> = Step::ALL.iter().map(|s| format!("{s:?}")).collect();
+        assert_eq!(names.len(), Step::ALL.len());
     }
 }

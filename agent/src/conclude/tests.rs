@@ -21,7 +21,7 @@ fn plan(sync: SyncStatus, steps: &[Step]) -> Plan {
 }
 
 fn in_progress(sha: &str) -> InProgress {
-    InProgress { sha256: sha.into(), pid: 1, phase: "Start".into(), started: 1, wrote: true }
+    InProgress { sha256: sha.into(), pid: 1, phase: crate::record::Phase::At(Step::Start), started: 1, wrote: true }
 }
 
 fn entry(outcome: Outcome, message: &str) -> HistoryEntry {

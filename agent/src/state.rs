@@ -21,15 +21,49 @@ fn fresh(unit: &str) -> UnitState {
     UnitState { unit: unit.to_string(), ..Default::default() }
 }
 
+/// Where the store reads and writes a unit's state file: the state directory on disk, or a host
+/// that stands for the machine (the fault matrix's, which can fail or kill specd at any of them).
+pub trait StateFiles: Send + Sync {
+    /// The file's bytes, `None` when there is none.
+    fn read_state(&self, path: &Path) -> Result<Option<Vec<u8>>>;
+    /// Replace the file atomically (write a temporary file, fsync, rename), mode 0600.
+    fn write_state(&self, path: &Path, bytes: &[u8]) -> Result<()>;
+}
+
+/// The state directory on disk.
+pub struct Disk;
+
+impl StateFiles for Disk {
+    fn read_state(&self, path: &Path) -> Result<Option<Vec<u8>>> {
+        fsx::read_opt(path)
+    }
+
+    fn write_state(&self, path: &Path, bytes: &[u8]) -> Result<()> {
+        fsx::atomic_write(path, bytes, 0o600)
+    }
+}
+
 /// The state directory.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct Store {
     pub dir: PathBuf,
+    files: std::sync::Arc<dyn StateFiles>,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store").field("dir", &self.dir).finish()
+    }
 }
 
 impl Store {
     pub fn new(dir: impl Into<PathBuf>) -> Store {
-        Store { dir: dir.into() }
+        Store::on(dir, std::sync::Arc::new(Disk))
+    }
+
+    /// A store whose unit state files are read and written through `files`.
+    pub fn on(dir: impl Into<PathBuf>, files: std::sync::Arc<dyn StateFiles>) -> Store {
+        Store { dir: dir.into(), files }
     }
 
     fn units_dir(&self) -> PathBuf {
@@ -84,7 +118,7 @@ impl Store {
     /// A unit's state file, parsed: fresh state when there is none, the parse error when it is
     /// corrupt.
     fn read(&self, unit: &str) -> Result<Result<UnitState, serde_json::Error>> {
-        Ok(match fsx::read_opt(&self.path(unit))? {
+        Ok(match self.files.read_state(&self.path(unit))? {
             None => Ok(fresh(unit)),
             Some(bytes) => serde_json::from_slice(&bytes),
         })
@@ -100,7 +134,7 @@ impl Store {
         }
         let mut bytes = serde_json::to_vec_pretty(st)?;
         bytes.push(b'\n');
-        fsx::atomic_write(&self.path(&st.unit), &bytes, 0o600)
+        self.files.write_state(&self.path(&st.unit), &bytes)
     }
 
     /// Make the state dir private: the directory and its subdirectories 0700, their files 0600

@@ -242,6 +242,12 @@ impl FakeHost {
         self.w().calls.len()
     }
 
+    /// The planned fault hit the last call made so far (nothing after it could see it).
+    pub fn faulted_last(&self) -> bool {
+        let w = self.w();
+        w.plan.is_some_and(|(at, _)| at + 1 == w.calls.len())
+    }
+
     pub fn call_names(&self) -> Vec<&'static str> {
         self.w().calls.clone()
     }
@@ -809,5 +815,20 @@ fn set_pointer(v: &mut Value, pointer: &str, value: Value) {
             return;
         }
         cur = obj.entry(p.to_string()).or_insert_with(|| serde_json::json!({}));
+    }
+}
+
+/// specd's own state files on the fake host: real files (the store's atomic write), each read
+/// and save a call under the fault plan like any other, so a save can fail, hang or be where
+/// specd is killed.
+impl crate::state::StateFiles for FakeHost {
+    fn read_state(&self, path: &Path) -> Result<Option<Vec<u8>>> {
+        self.sync_call("state_read")?;
+        crate::state::Disk.read_state(path)
+    }
+
+    fn write_state(&self, path: &Path, bytes: &[u8]) -> Result<()> {
+        self.sync_call("state_save")?;
+        crate::state::Disk.write_state(path, bytes)
     }
 }

@@ -824,7 +824,7 @@ fn sync_after(r: &reconcile::Report) -> crate::plan::SyncStatus {
 const DEATH_IN_JOURNAL_WITHIN: Duration = Duration::from_secs(5);
 
 /// What a worker keeps between its looks for the metrics: the deaths counted, and the instance
-/// that ran at the last look whose deaths were settled.
+/// that ran at the last look.
 #[derive(Default)]
 struct Looks {
     deaths: crate::metrics::Deaths,
@@ -844,13 +844,15 @@ impl Looks {
         if self.deaths.started() && self.ran.as_deref() == Some(current.as_str()) {
             return;
         }
-        let (found, settled) = crate::metrics::instances(unit, &current, DEATH_IN_JOURNAL_WITHIN).await;
+        // An end the journal has not shown within the wait is counted at the next change (its
+        // instance is not taken as seen until it shows its end).
+        let found = crate::metrics::instances(unit, &current, DEATH_IN_JOURNAL_WITHIN).await;
         let died = self.deaths.take(&found);
         if !died.is_empty() {
             tracing::debug!(unit = %unit, ?died, "deaths counted");
         }
         metrics.died(unit, &died);
-        self.ran = settled.then_some(current);
+        self.ran = Some(current);
     }
 }
 

@@ -445,8 +445,7 @@ pub const DEATHS_WINDOW: usize = 16;
 /// The newest instances of `unit` by the diagnosis of its journal, oldest first; waits up to
 /// `within` for the newest instance other than `current` (the one systemd runs now) to show its
 /// end.
-/// Also says whether that instance's end was found (false: the look may be done again later).
-pub async fn instances(unit: &str, current: &str, within: std::time::Duration) -> (Vec<Instance>, bool) {
+pub async fn instances(unit: &str, current: &str, within: std::time::Duration) -> Vec<Instance> {
     let t0 = tokio::time::Instant::now();
     let mut pause = std::time::Duration::from_millis(25);
     loop {
@@ -470,7 +469,7 @@ pub async fn instances(unit: &str, current: &str, within: std::time::Duration) -
         let newest_ended = found.iter().rev().find(|(id, _)| id != current);
         let settled = newest_ended.is_none_or(|(_, v)| v.is_some());
         if settled || t0.elapsed() >= within {
-            return (found, settled);
+            return found;
         }
         tokio::time::sleep(pause).await;
         pause = (pause * 2).min(std::time::Duration::from_millis(400));

@@ -98,6 +98,7 @@ pub async fn run(opts: RunOptions) -> Result<()> {
     tracing::info!(units = units.workers.len(), "ready");
 
     let mut schedule = Schedule::new(&cfg, lock(&src).is_remote());
+    units.metrics.schedule(schedule.remote.then_some(schedule.interval), schedule.resync);
     spawn_watchdog();
     follow(&mut units, &mut schedule, trig_rx, term, int).await;
     stop(units, stop_tx, endpoints).await;
@@ -440,6 +441,12 @@ impl Units {
             time: state::now(),
             orphans: prev.orphans.clone(),
         };
+        if eval.head.is_some() {
+            metrics.source_reached(st.time);
+        }
+        if let Some(accepted) = &prev.accepted_commit {
+            metrics.source_revision(accepted);
+        }
         if read == Read::IfHeadMoved && eval.head == *last_head && eval.error.is_none() {
             return;
         }
@@ -488,7 +495,7 @@ impl Units {
         }
         let commit = eval.head.clone().unwrap_or_default();
         st.accepted_commit = Some(commit.clone());
-        metrics.commit(&commit);
+        metrics.source_revision(&commit);
         let mut seen = Vec::new();
         for d in eval.desired {
             seen.push(d.spec.unit.clone());
@@ -502,6 +509,7 @@ impl Units {
             if let Some(w) = workers.remove(u) {
                 // Its worker ends after the reconcile it may be in (it sees its sender gone).
                 drop(w.desired);
+                metrics.forget(u);
             }
             if cfg.prune {
                 // In the background, under the unit's lock: a stop may take TimeoutStopSec.
@@ -683,6 +691,8 @@ async fn worker(
     let mut failures = 0u32;
     // What the agent last said of a hold on this unit (to say it once).
     let mut last_held: Option<String> = None;
+    // The unit's instances whose deaths were counted, and the one that ran at the last look.
+    let mut looks = Looks::default();
     loop {
         if ctx.shutdown.is_set() {
             return;
@@ -719,9 +729,7 @@ async fn worker(
             (Ok(r), Some((why, recheck, _))) => {
                 failures = 0;
                 metrics.reconciled(&unit, r.plan.sync, "held", t0.elapsed().as_secs_f64(), false);
-                if let Ok(p) = ctx.host.show(&unit).await {
-                    metrics.down(&unit, !p.active_state.is_up());
-                }
+                looks.after(&ctx, &metrics, &d, r.plan.sync).await;
                 // Said once per hold and sync status, not at every look.
                 let said = format!("{why}: {}", r.verdict);
                 if last_held.as_ref() != Some(&said) {
@@ -735,17 +743,9 @@ async fn worker(
                 let failed = matches!(r.outcome, Some(Outcome::Failed | Outcome::RolledBack));
                 let result = r.outcome.map_or("none".to_string(), |o| format!("{o:?}").to_lowercase());
                 // The status after this reconcile, not the one it started from.
-                let now = match r.outcome {
-                    Some(Outcome::Applied | Outcome::Started) => crate::plan::SyncStatus::InSync,
-                    // A refusal: the desired unit does not run (looked at again now and then).
-                    Some(Outcome::RolledBack | Outcome::Failed | Outcome::Refused) => crate::plan::SyncStatus::Failed,
-                    Some(Outcome::Reported) => crate::plan::SyncStatus::Drifted,
-                    Some(Outcome::Unquarantined | Outcome::HoldSet | Outcome::HoldCleared) | None => r.plan.sync,
-                };
+                let now = sync_after(&r);
                 metrics.reconciled(&unit, now, &result, t0.elapsed().as_secs_f64(), failed);
-                if let Ok(p) = ctx.host.show(&unit).await {
-                    metrics.down(&unit, !p.active_state.is_up());
-                }
+                looks.after(&ctx, &metrics, &d, now).await;
                 if r.outcome.is_some() {
                     tracing::info!(unit = %unit, "{}", r.verdict);
                 }
@@ -771,6 +771,7 @@ async fn worker(
             (Err(e), _) => {
                 tracing::error!(unit = %unit, "reconcile failed: {e}");
                 metrics.reconciled(&unit, crate::plan::SyncStatus::Failed, "error", t0.elapsed().as_secs_f64(), true);
+                looks.after(&ctx, &metrics, &d, crate::plan::SyncStatus::Failed).await;
                 let action = reconcile::error_policy(failures);
                 failures = failures.saturating_add(1);
                 match action {
@@ -803,6 +804,74 @@ async fn worker(
             _ = sweep_ends => {}
             _ = ctx.shutdown.wait() => return,
         }
+    }
+}
+
+/// The sync status after a reconcile, not the one it started from.
+fn sync_after(r: &reconcile::Report) -> crate::plan::SyncStatus {
+    use crate::plan::SyncStatus;
+    match r.outcome {
+        Some(Outcome::Applied | Outcome::Started) => SyncStatus::InSync,
+        // A refusal: the desired unit does not run (looked at again now and then).
+        Some(Outcome::RolledBack | Outcome::Failed | Outcome::Refused) => SyncStatus::Failed,
+        Some(Outcome::Reported) => SyncStatus::Drifted,
+        Some(Outcome::Unquarantined | Outcome::HoldSet | Outcome::HoldCleared) | None => r.plan.sync,
+    }
+}
+
+/// How long a look at a unit's deaths waits for the journal to show how the instance that just
+/// ended ended (journald writes a server's output and systemd's lines from different sockets).
+const DEATH_IN_JOURNAL_WITHIN: Duration = Duration::from_secs(5);
+
+/// What a worker keeps between its looks for the metrics: the deaths counted, and the instance
+/// that ran at the last look.
+#[derive(Default)]
+struct Looks {
+    deaths: crate::metrics::Deaths,
+    ran: Option<String>,
+}
+
+impl Looks {
+    /// After a reconcile of `d` that left the unit `sync`: whether it runs, its figures from its
+    /// state ([`crate::metrics::UnitFigures::of`]), and the deaths of its instances since the
+    /// last look (the journal is read only when the instance that runs changed).
+    async fn after(&mut self, ctx: &Ctx<RealHost>, metrics: &Metrics, d: &DesiredState, sync: crate::plan::SyncStatus) {
+        let unit = &d.spec.unit;
+        record_figures(ctx, metrics, d, sync);
+        let Ok(p) = ctx.host.show(unit).await else { return };
+        metrics.down(unit, !p.active_state.is_up());
+        let current = if p.active_state.may_run() { p.invocation_id.clone() } else { String::new() };
+        if self.deaths.started() && self.ran.as_deref() == Some(current.as_str()) {
+            return;
+        }
+        // An end the journal has not shown within the wait is counted at the next change (its
+        // instance is not taken as seen until it shows its end).
+        let found = crate::metrics::instances(unit, &current, DEATH_IN_JOURNAL_WITHIN).await;
+        let died = self.deaths.take(&found);
+        if !died.is_empty() {
+            tracing::debug!(unit = %unit, ?died, "deaths counted");
+        }
+        metrics.died(unit, &died);
+        self.ran = Some(current);
+    }
+}
+
+/// A unit's figures (deployed revision and hash, args verified, the speculation proof,
+/// quarantine) from its state after a reconcile that left it `sync`.
+fn record_figures<H: crate::host::Host>(
+    ctx: &Ctx<H>,
+    metrics: &Metrics,
+    d: &DesiredState,
+    sync: crate::plan::SyncStatus,
+) {
+    let unit = &d.spec.unit;
+    match ctx.store.peek(unit) {
+        Ok(st) => {
+            let checks_args = reconcile::desired_of(&ctx.unit_dir, d).verify_args;
+            let in_sync = sync == crate::plan::SyncStatus::InSync;
+            metrics.unit(unit, &crate::metrics::UnitFigures::of(&st, &d.unit.sha256, checks_args, in_sync));
+        }
+        Err(e) => tracing::warn!(unit = %unit, "reading its state for the metrics: {e:#}"),
     }
 }
 
@@ -950,6 +1019,92 @@ mod tests {
         assert!(f.ask(t0));
         assert!(f.ask(t0 + FORCED_READ_EVERY));
         assert_eq!((f.last, f.due), (Some(t0 + FORCED_READ_EVERY), None));
+    }
+
+    /// The value of the one sample `name{labels}` in `text`, if there is one.
+    fn sample(text: &str, name: &str, labels: &str) -> Option<f64> {
+        let key = format!("{name}{{{labels}}} ");
+        text.lines().find_map(|l| l.strip_prefix(key.as_str())).and_then(|v| v.trim().parse().ok())
+    }
+
+    /// What the worker records after each reconcile (`sync_after`, `record_figures`), from the
+    /// real reconciler's outcomes on the fake host: an apply, a failed apply rolled back and
+    /// quarantined, the look after it, and a spec whose args are not checked.
+    #[tokio::test(start_paused = true)]
+    async fn each_unit_metric_follows_the_reconcile_outcomes() {
+        use crate::host::fake::FakeHost;
+        const UNIT: &str = "sglang-qwen.service";
+        let dir = tempfile::tempdir().unwrap();
+        let host = FakeHost::new(UNIT, &dir.path().join("units"));
+        let ctx = Ctx {
+            host: host.clone(),
+            unit_dir: dir.path().join("units"),
+            store: Store::new(dir.path().join("state")),
+            events: Arc::new(|_: &str, _: &reconcile::Event| {}),
+            shutdown: Shutdown::never(),
+            holds: reconcile::Holds::Obeyed,
+        };
+        let spec = |steps: u32, tail: &str| {
+            let yaml = format!(
+                "apiVersion: specd/v1\nkind: InferenceService\nmetadata: {{name: qwen}}\nspec:\n  unit: {UNIT}\n  engine: sglang\n  command: [/opt/sglang/bin/python3, -m, sglang.launch_server]\n  model: /models/qwen\n  server: {{port: 30000}}\n  speculative: {{algorithm: EAGLE, draft_model: /models/draft, num_steps: {steps}, eagle_topk: 1, num_draft_tokens: {}}}\n{tail}",
+                steps + 1
+            );
+            specd_spec::parse("qwen.yaml", &yaml).unwrap().resolve(None).unwrap()
+        };
+        let from = |c: &str| {
+            Some(Source::Commit { repo: "/srv/config".into(), commit: c.into(), path: "specs/qwen.yaml".into() })
+        };
+        let old = DesiredState::new(spec(3, ""), from("c1"));
+        let new = DesiredState::new(spec(5, ""), from("c2"));
+        host.serves(&old.spec, false);
+        host.serves(&new.spec, true);
+        let m = Metrics::default();
+        let look = |d: &DesiredState, r: &reconcile::Report| {
+            let sync = sync_after(r);
+            m.reconciled(UNIT, sync, "x", 0.1, false);
+            record_figures(&ctx, &m, d, sync);
+            m.render()
+        };
+        let u = format!("unit=\"{UNIT}\"");
+        let info = |t: &str, rev: &str, hash: &str| {
+            sample(t, "specd_unit_info", &format!("{u},revision=\"{rev}\",unit_hash=\"{hash}\""))
+        };
+
+        // Applied: its commit and hash, args proven, the proof's figures (the fake measures a
+        // rate, no length), nothing quarantined.
+        let r = reconcile::reconcile(&ctx, &old, false).await.unwrap();
+        assert_eq!(r.outcome, Some(Outcome::Applied), "{}", r.verdict);
+        let t = look(&old, &r);
+        assert_eq!(info(&t, "c1", &old.unit.sha256), Some(1.0), "{t}");
+        assert_eq!(sample(&t, "specd_unit_args_verified", &u), Some(1.0), "{t}");
+        assert_eq!(sample(&t, "specd_unit_accept_rate", &u), Some(0.75), "{t}");
+        assert_eq!(sample(&t, "specd_unit_accept_length", &u), None, "{t}");
+        assert_eq!(sample(&t, "specd_unit_quarantined", &u), Some(0.0), "{t}");
+        assert_eq!(sample(&t, "specd_unit_sync", &format!("{u},status=\"InSync\"")), Some(1.0), "{t}");
+
+        // c2's unit fails to start: rolled back, quarantined; c1's unit runs, and is the one
+        // info series; the desired unit is not the one proven.
+        for _ in 0..2 {
+            let r = reconcile::reconcile(&ctx, &new, false).await.unwrap();
+            let t = look(&new, &r);
+            assert_eq!(t.matches("specd_unit_info{").count(), 1, "{t}");
+            assert_eq!(info(&t, "c1", &old.unit.sha256), Some(1.0), "{}\n{t}", r.verdict);
+            assert_eq!(sample(&t, "specd_unit_args_verified", &u), Some(0.0), "{t}");
+            assert_eq!(sample(&t, "specd_unit_quarantined", &u), Some(1.0), "{t}");
+            assert_eq!(sample(&t, "specd_unit_accept_rate", &u), Some(0.75), "{t}");
+            assert_eq!(sample(&t, "specd_unit_sync", &format!("{u},status=\"Failed\"")), Some(1.0), "{t}");
+        }
+
+        // A spec whose args are not checked (c3) applies: no args series, the new info only.
+        let unchecked = DesiredState::new(spec(4, "  readiness: {verify_args: false}\n"), from("c3"));
+        host.serves(&unchecked.spec, false);
+        let r = reconcile::reconcile(&ctx, &unchecked, false).await.unwrap();
+        assert_eq!(r.outcome, Some(Outcome::Applied), "{}", r.verdict);
+        let t = look(&unchecked, &r);
+        assert_eq!(t.matches("specd_unit_info{").count(), 1, "{t}");
+        assert_eq!(info(&t, "c3", &unchecked.unit.sha256), Some(1.0), "{t}");
+        assert_eq!(sample(&t, "specd_unit_args_verified", &u), None, "{t}");
+        assert_eq!(sample(&t, "specd_unit_quarantined", &u), Some(0.0), "{t}");
     }
 
     #[test]

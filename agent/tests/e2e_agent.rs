@@ -104,7 +104,7 @@ fn commits_deploy_and_nothing_else_does() {
     let (code, m) = http_get(f.listen, "/metrics").unwrap();
     assert_eq!(code, 200);
     assert!(m.contains("specd_unit_sync{unit=\"qwen.service\",status=\"InSync\"} 1"), "{m}");
-    assert!(m.contains(&format!("specd_source_commit{{commit=\"{c2}\"}} 1")), "{m}");
+    assert!(m.contains(&format!("specd_source_info{{revision=\"{c2}\"}} 1")), "{m}");
     assert!(m.contains("specd_reconcile_duration_seconds_count{unit=\"qwen.service\"}"), "{m}");
     // History lists both applies, with their commits.
     let h = text(&f.e.specd(&["history", "qwen.service"]));

@@ -102,6 +102,7 @@
 //! is missing ([`systemd_box::preflight`]).
 
 pub mod cgroups;
+pub mod promql;
 pub mod shape;
 pub mod standin;
 pub mod systemd_box;

@@ -12,6 +12,7 @@ mod context;
 mod dbus;
 /// Public for the end-to-end tests of the diagnosis (`agent/tests/e2e_diagnose.rs`).
 pub mod diagnose;
+mod explain;
 mod fsx;
 mod guard;
 mod hold;

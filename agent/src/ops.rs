@@ -681,7 +681,7 @@ pub async fn history(dirs: &Dirs, unit: Option<String>, json: bool) -> Result<u8
 
 /// `specd diagnose`: see [`crate::diagnose`].
 pub async fn diagnose(unit: Option<String>, json: bool, dirs: &Dirs) -> Result<u8> {
-    crate::diagnose::run(unit.as_deref(), json, &dirs.state_dir).await
+    crate::explain::run(unit.as_deref(), json, &dirs.state_dir).await
 }
 
 /// Why a hand apply (or a new hold) must wait: a sweep's process holds the unit.

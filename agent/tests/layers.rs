@@ -11,35 +11,22 @@ use std::path::Path;
 const LAYERS: &[(&str, &[&str])] = &[
     // Pure decisions and the model they decide on; no I/O.
     ("core", &["plan", "recovery", "service", "speculation", "guard", "hold", "timing", "record", "conclude"]),
-    // The host and the world, each behind its own module.
+    // The adapters, in three ordered layers. Primitives: files, locks, processes, cgroups,
+    // D-Bus's wire, specd's own state files.
+    ("primitives", &["fsx", "lock", "process", "owner", "dbus", "cgroup", "specs", "state"]),
+    // One piece of the world each: systemd, the servers' HTTP, the journal (diagnose), the
+    // pre-flight's look at the machine, the git source, the agent's config, the load generator
+    // and its reports, the agent's metrics and endpoints.
     (
-        "adapters",
-        &[
-            "cgroup",
-            "config",
-            "dbus",
-            "diagnose",
-            "fsx",
-            "host",
-            "listen",
-            "lock",
-            "metrics",
-            "owner",
-            "preflight",
-            "process",
-            "probe",
-            "source",
-            "specs",
-            "state",
-            "systemd",
-            "loadgen",
-            "report",
-        ],
+        "systems",
+        &["systemd", "probe", "diagnose", "preflight", "source", "config", "loadgen", "report", "metrics", "listen"],
     ),
+    // The one boundary between the reconciler and the machine.
+    ("host", &["host"]),
     // Observe, plan, act, record: drives the adapters.
     ("engine", &["reconcile", "faults"]),
     // One-shot commands, the long-running agent, and what they share.
-    ("commands", &["ops", "agent", "context", "notify", "sweep"]),
+    ("commands", &["ops", "agent", "context", "notify", "sweep", "explain"]),
     // Argument parsing.
     ("cli", &["cli"]),
 ];

@@ -25,7 +25,6 @@
 //! - `command`: `specd diagnose` ([`run`]).
 
 mod assemble;
-mod command;
 mod facts;
 mod fatal;
 mod gather;
@@ -33,12 +32,12 @@ mod journal;
 mod narrate;
 mod parse;
 mod rules;
+mod text;
 
 use anyhow::Result;
 use serde::{Deserialize, Serialize};
 
 pub use assemble::{Raw, assemble};
-pub use command::{render_text, run};
 pub use facts::CUDA_OOM_SIGNATURES;
 pub use gather::{
     JournalQuery, JournalSource, Journald, gather, gather_newest, gather_raw, gather_raw_from, kernel_oom_lines,
@@ -48,6 +47,7 @@ pub use journal::{JOURNAL_SOCKET, journal_note, journal_note_to};
 pub use parse::{
     effective_exec_start, format_us, is_kernel_oom_line, parse_journal_json, parse_kmsg, parse_show, parse_timespan_us,
 };
+pub use text::render_text;
 
 /// How many instances of a unit are diagnosed (newest first).
 pub const MAX_INSTANCES: usize = 50;

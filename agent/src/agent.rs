@@ -678,12 +678,13 @@ pub fn read_commit(s: &GitSource, head: git2::Oid, host: &str) -> Result<Vec<Des
     Ok(desired)
 }
 
-/// One unit's reconcile loop.
-async fn worker(
+/// One unit's reconcile loop: reconcile, then wait for what is due (a change of the desired
+/// state, a poke, the requeue, the end of a hold's process, the agent's stop).
+async fn worker<H: Host>(
     unit: String,
     mut rx: watch::Receiver<Arc<DesiredState>>,
     poke: Arc<Notify>,
-    ctx: Arc<Ctx<RealHost>>,
+    ctx: Arc<Ctx<H>>,
     metrics: Arc<Metrics>,
 ) {
     // Failures in a row (errors, or applies that did not reach their unit): the error policy's
@@ -700,7 +701,7 @@ async fn worker(
         let d = rx.borrow_and_update().clone();
         let t0 = Instant::now();
         // A hold (suspend, pin, sweep) in effect: observe and report only.
-        let held = hands_off(&ctx.store, &unit, &d.unit.sha256, &metrics).await;
+        let held = hands_off(&ctx, &unit, &d.unit.sha256, &metrics).await;
         let dry_run = held.is_some();
         if dry_run {
             // What the source wants now is recorded (status compares the host with it: a held
@@ -708,7 +709,7 @@ async fn worker(
             let rec = state::DesiredRecord {
                 sha256: d.unit.sha256.clone(),
                 source: d.source.clone(),
-                time: state::now(),
+                time: ctx.host.now(),
                 spec: d.spec.clone(),
             };
             if let Err(e) = ctx.store.set_desired(&unit, rec).await {
@@ -789,11 +790,8 @@ async fn worker(
         };
         // A sweep that holds the unit: its process's exit.
         let sweep_ends = async {
-            match held.as_ref().and_then(|(_, _, exit)| *exit) {
-                Some((pid, start)) => match crate::host::exited(pid, start) {
-                    Some(exited) => exited.await,
-                    None => tokio::time::sleep(SWEEP_RECHECK).await,
-                },
+            match held.as_ref().and_then(|(_, _, hold)| hold.as_ref()) {
+                Some(hold) => ctx.host.holder_exit(hold).await,
                 None => std::future::pending().await,
             }
         };
@@ -835,7 +833,13 @@ impl Looks {
     /// After a reconcile of `d` that left the unit `sync`: whether it runs, its figures from its
     /// state ([`crate::metrics::UnitFigures::of`]), and the deaths of its instances since the
     /// last look (the journal is read only when the instance that runs changed).
-    async fn after(&mut self, ctx: &Ctx<RealHost>, metrics: &Metrics, d: &DesiredState, sync: crate::plan::SyncStatus) {
+    async fn after<H: Host>(
+        &mut self,
+        ctx: &Ctx<H>,
+        metrics: &Metrics,
+        d: &DesiredState,
+        sync: crate::plan::SyncStatus,
+    ) {
         let unit = &d.spec.unit;
         record_figures(ctx, metrics, d, sync);
         let Ok(p) = ctx.host.show(unit).await else { return };
@@ -846,7 +850,7 @@ impl Looks {
         }
         // An end the journal has not shown within the wait is counted at the next change (its
         // instance is not taken as seen until it shows its end).
-        let found = crate::metrics::instances(unit, &current, DEATH_IN_JOURNAL_WITHIN).await;
+        let found = ctx.host.instances(unit, &current, DEATH_IN_JOURNAL_WITHIN).await;
         let died = self.deaths.take(&found);
         if !died.is_empty() {
             tracing::debug!(unit = %unit, ?died, "deaths counted");
@@ -876,13 +880,14 @@ fn record_figures<H: crate::host::Host>(
 }
 
 /// A hold that keeps the agent's hands off: why, when to look again (`None`: at the next change
-/// or request), and the process whose exit ends it (a sweep's pid and start time).
-type HandsOff = (String, Option<Duration>, Option<(u32, Option<u64>)>);
+/// or request), and the hold whose process's exit ends it (a sweep's).
+type HandsOff = (String, Option<Duration>, Option<crate::hold::Hold>);
 
 /// Whether a hold keeps the agent's hands off `unit` now (see [`HandsOff`]). A hold that ended
 /// (expired, its sweep gone, the source moved past a pin) is cleared here, recorded in the unit's
 /// history, and the agent acts again.
-async fn hands_off(store: &Store, unit: &str, desired_sha: &str, metrics: &Metrics) -> Option<HandsOff> {
+async fn hands_off<H: Host>(ctx: &Ctx<H>, unit: &str, desired_sha: &str, metrics: &Metrics) -> Option<HandsOff> {
+    let store = &ctx.store;
     let hold = match store.peek(unit) {
         Ok(st) => st.hold,
         Err(e) => {
@@ -891,16 +896,16 @@ async fn hands_off(store: &Store, unit: &str, desired_sha: &str, metrics: &Metri
         }
     };
     metrics.hold(unit, hold.as_ref().map(|h| h.kind));
-    let alive = hold.as_ref().is_some_and(crate::host::holder_alive);
-    let now = state::now();
-    match crate::hold::effective(hold.as_ref(), now, alive, desired_sha) {
+    let now = ctx.host.now();
+    match ctx.host.hold_effect(hold.as_ref(), desired_sha) {
         crate::hold::HoldEffect::Acts => None,
         crate::hold::HoldEffect::HandsOff(why) => {
             let h = hold?;
             let until = h.until.map(|u| Duration::from_secs(u.saturating_sub(now).max(1)));
             // A sweep's process may end without a word: its exit wakes the worker (a pidfd, or
             // a look every few seconds where there is none).
-            Some((why, until, h.pid.map(|p| (p, h.pid_start))))
+            let exits = h.pid.is_some().then(|| h.clone());
+            Some((why, until, exits))
         }
         crate::hold::HoldEffect::Expired(why) => {
             let h = hold?;
@@ -915,10 +920,6 @@ async fn hands_off(store: &Store, unit: &str, desired_sha: &str, metrics: &Metri
         }
     }
 }
-
-/// How often the agent looks whether a sweep that holds a unit still runs, where its exit
-/// cannot be watched (a kernel without pidfds).
-const SWEEP_RECHECK: Duration = Duration::from_secs(5);
 
 /// One inotify watch (one thread) for both: the local repository's refs (a moved ref is a
 /// [`Trigger::Source`]) and the unit directory (a changed unit file or drop-in is that unit's
@@ -1121,5 +1122,166 @@ mod tests {
             STOP_WITHIN + NOTICES_WITHIN + Duration::from_secs(10) <= Duration::from_secs(secs),
             "{STOP_WITHIN:?} and {NOTICES_WITHIN:?} in {secs} s"
         );
+    }
+
+    // The worker on the fake host and tokio's paused clock: its waits are virtual time, so what
+    // it does at each moment is exact (no machine, no root).
+
+    const W_UNIT: &str = "sglang-qwen.service";
+
+    fn w_spec(steps: u32) -> specd_spec::Spec {
+        let yaml = format!(
+            "apiVersion: specd/v1\nkind: InferenceService\nmetadata: {{name: qwen}}\nspec:\n  unit: {W_UNIT}\n  engine: sglang\n  command: [/opt/sglang/bin/python3, -m, sglang.launch_server]\n  model: /models/qwen\n  server: {{port: 30000}}\n  speculative: {{algorithm: EAGLE, draft_model: /models/draft, num_steps: {steps}, eagle_topk: 1, num_draft_tokens: {}}}\n  service: {{timeout_stop_sec: 10, drain_timeout_sec: 5}}\n",
+            steps + 1
+        );
+        specd_spec::parse("qwen.yaml", &yaml).unwrap().resolve(None).unwrap()
+    }
+
+    /// A worker for one unit on a fake host; the sender stops the agent.
+    struct Running {
+        host: crate::host::fake::FakeHost,
+        ctx: Arc<Ctx<crate::host::fake::FakeHost>>,
+        metrics: Arc<Metrics>,
+        desired: watch::Sender<Arc<DesiredState>>,
+        stop: watch::Sender<bool>,
+        handle: tokio::task::JoinHandle<()>,
+        _dir: tempfile::TempDir,
+    }
+
+    /// `hold`: the hold the unit has when the worker starts (made on the host: a sweep's
+    /// process).
+    async fn run_worker(
+        d: DesiredState,
+        hold: impl FnOnce(&crate::host::fake::FakeHost) -> Option<crate::hold::Hold>,
+    ) -> Running {
+        let dir = tempfile::tempdir().unwrap();
+        let unit = d.spec.unit.clone();
+        let host = crate::host::fake::FakeHost::new(&unit, &dir.path().join("units"));
+        host.serves(&d.spec, false);
+        let (stop, shutdown) = Shutdown::new();
+        let ctx = Arc::new(Ctx {
+            host: host.clone(),
+            unit_dir: dir.path().join("units"),
+            store: Store::new(dir.path().join("state")),
+            events: Arc::new(|_: &str, _: &reconcile::Event| {}),
+            shutdown,
+            holds: reconcile::Holds::Obeyed,
+        });
+        if let Some(h) = hold(&host) {
+            ctx.store.set_hold(&unit, h).await.unwrap();
+        }
+        let metrics = Arc::new(Metrics::new("test"));
+        let (desired, rx) = watch::channel(Arc::new(d));
+        let handle = tokio::spawn(worker(unit, rx, Arc::new(Notify::new()), ctx.clone(), metrics.clone()));
+        Running { host, ctx, metrics, desired, stop, handle, _dir: dir }
+    }
+
+    impl Running {
+        fn reconciles(&self, result: &str) -> f64 {
+            let unit = self.desired.borrow().spec.unit.clone();
+            sample(&self.metrics.render(), "specd_reconciles_total", &format!("unit=\"{unit}\",result=\"{result}\""))
+                .unwrap_or(0.0)
+        }
+    }
+
+    /// Virtual time from the start of the test.
+    async fn at(t0: tokio::time::Instant, secs: f64) {
+        tokio::time::sleep_until(t0 + Duration::from_secs_f64(secs)).await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_error_is_reconciled_again_by_the_error_policy_and_a_unit_in_sync_rests() {
+        // A reconcile that fails at once (a unit specd never manages): retried 2 s, 4 s, 8 s
+        // later (±10 %), and never more often.
+        let mut spec = w_spec(3);
+        spec.unit = "dbus.service".into();
+        let t0 = tokio::time::Instant::now();
+        let r = run_worker(DesiredState::new(spec, None), |_| None).await;
+        for (secs, want) in [(0.1, 1.0), (1.7, 1.0), (2.3, 2.0), (5.3, 2.0), (6.7, 3.0), (12.4, 3.0), (15.0, 4.0)] {
+            at(t0, secs).await;
+            assert_eq!(r.reconciles("error"), want, "reconciles by {secs} s");
+        }
+        // A unit in sync: applied once, then no timer at all (an hour passes, nothing runs).
+        let t0 = tokio::time::Instant::now();
+        let r = run_worker(DesiredState::new(w_spec(3), None), |_| None).await;
+        at(t0, 1.0).await;
+        assert_eq!(r.reconciles("applied"), 1.0);
+        assert_eq!(r.host.serving(), Some(w_spec(3).argv));
+        let calls = r.host.calls();
+        at(t0, 3600.0).await;
+        assert_eq!(r.host.calls(), calls, "a unit at rest was looked at: {:?}", &r.host.call_names()[calls..]);
+        // A new desired state wakes it at once.
+        r.host.serves(&w_spec(5), false);
+        r.desired.send(Arc::new(DesiredState::new(w_spec(5), None))).unwrap();
+        at(t0, 3601.0).await;
+        assert_eq!(r.host.serving(), Some(w_spec(5).argv));
+        assert_eq!(r.reconciles("applied"), 2.0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_suspend_keeps_the_worker_s_hands_off_until_it_expires_then_it_applies() {
+        use crate::hold::{Hold, HoldKind};
+        let t0 = tokio::time::Instant::now();
+        let epoch = crate::host::fake::EPOCH;
+        let r = run_worker(DesiredState::new(w_spec(3), None), |_| {
+            let mut h = Hold::new(HoldKind::Suspend, "root@host (specd suspend)", epoch);
+            h.until = Some(epoch + 30);
+            Some(h)
+        })
+        .await;
+        at(t0, 29.0).await;
+        assert_eq!(r.host.stops_and_starts(), (0, 0), "acted under a suspend");
+        assert_eq!(r.reconciles("held"), 1.0, "looked once, then waited for the hold's end");
+        at(t0, 32.0).await;
+        assert_eq!(r.host.serving(), Some(w_spec(3).argv), "not applied once the suspend expired");
+        let st = r.ctx.store.peek(W_UNIT).unwrap();
+        assert!(st.hold.is_none());
+        assert!(st.history.iter().any(|h| h.outcome == Outcome::HoldCleared && h.message.contains("expired")));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_sweep_that_dies_wakes_the_worker_at_once_and_it_acts_again() {
+        use crate::hold::{Hold, HoldKind};
+        let t0 = tokio::time::Instant::now();
+        let epoch = crate::host::fake::EPOCH;
+        let mut sweep = 0;
+        let r = run_worker(DesiredState::new(w_spec(3), None), |host| {
+            sweep = host.spawn_holder();
+            let mut h = Hold::new(HoldKind::Sweep, "specd sweep qwen-steps", epoch);
+            h.until = Some(epoch + 7200);
+            h.pid = Some(sweep);
+            Some(h)
+        })
+        .await;
+        at(t0, 600.0).await;
+        assert_eq!(r.host.stops_and_starts(), (0, 0), "acted under a sweep");
+        r.host.end_holder(sweep);
+        // No timer: its exit is what wakes the worker.
+        at(t0, 601.0).await;
+        assert_eq!(r.host.serving(), Some(w_spec(3).argv), "the worker did not act after the sweep died");
+        let st = r.ctx.store.peek(W_UNIT).unwrap();
+        assert!(st.history.iter().any(|h| h.outcome == Outcome::HoldCleared && h.message.contains("is gone")));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn asked_to_stop_during_an_apply_the_worker_ends_and_leaves_a_server_that_serves() {
+        let t0 = tokio::time::Instant::now();
+        let r = run_worker(DesiredState::new(w_spec(3), None), |_| None).await;
+        at(t0, 1.0).await;
+        assert_eq!(r.host.serving(), Some(w_spec(3).argv));
+        // A new spec; specd is asked to stop while the new server loads.
+        r.host.serves(&w_spec(5), false);
+        r.desired.send(Arc::new(DesiredState::new(w_spec(5), None))).unwrap();
+        let (_, starts) = r.host.stops_and_starts();
+        while r.host.stops_and_starts().1 == starts {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        r.stop.send(true).unwrap();
+        tokio::time::timeout(Duration::from_secs(60), r.handle).await.expect("the worker did not end").unwrap();
+        // The instance it started loads on: a server serves (the new one), never none.
+        at(t0, 10.0).await;
+        assert_eq!(r.host.serving(), Some(w_spec(5).argv));
+        let st = r.ctx.store.peek(W_UNIT).unwrap();
+        assert!(st.in_progress.is_some(), "the next run finishes the apply it recorded");
     }
 }

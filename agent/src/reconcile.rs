@@ -451,13 +451,10 @@ fn subject(d: &DesiredState) -> Subject<'_> {
 /// this reconcile waited for the lock is seen.
 fn held<H: Host>(ctx: &Ctx<H>, st: &UnitState, d: &DesiredState) -> Option<String> {
     match ctx.holds {
-        Holds::Obeyed => {
-            let alive = st.hold.as_ref().is_none_or(|h| h.pid.is_none() || ctx.host.holder_alive(h));
-            match crate::hold::effective(st.hold.as_ref(), state::now(), alive, &d.unit.sha256) {
-                crate::hold::HoldEffect::HandsOff(why) => Some(why),
-                _ => None,
-            }
-        }
+        Holds::Obeyed => match ctx.host.hold_effect(st.hold.as_ref(), &d.unit.sha256) {
+            crate::hold::HoldEffect::HandsOff(why) => Some(why),
+            _ => None,
+        },
         Holds::Overridden => None,
     }
 }

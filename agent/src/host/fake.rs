@@ -130,7 +130,13 @@ pub struct FakeHost {
     world: Arc<Mutex<World>>,
     /// Bumped when a call changes the unit's state (time-driven changes are computed).
     changes: Arc<tokio::sync::watch::Sender<u64>>,
+    /// When the host was made, on tokio's clock: the wall clock is [`EPOCH`] then, and runs
+    /// with tokio's (paused in the tests).
+    born: Instant,
 }
+
+/// The fake's wall clock when it is made (unix seconds).
+pub const EPOCH: u64 = 1_800_000_000;
 
 /// The fake's [`Watch`]: a call that changed the unit, or the next time-driven change (a
 /// stopped process exits, a failing load dies, systemd gives up on a lingering stop).
@@ -183,6 +189,7 @@ impl FakeHost {
             unit_dir: unit_dir.into(),
             world: Arc::new(Mutex::new(w)),
             changes: Arc::new(tokio::sync::watch::channel(0).0),
+            born: Instant::now(),
         };
         host.w().unit.active = "inactive";
         host.w().unit.sub = "dead";
@@ -235,6 +242,33 @@ impl FakeHost {
         }
         Self::advance(&mut w);
         drop(w);
+        self.changes.send_modify(|n| *n += 1);
+    }
+
+    /// A process outside the unit (a sweep's), alive until [`FakeHost::end_holder`].
+    pub fn spawn_holder(&self) -> u32 {
+        let mut w = self.w();
+        let pid = w.next_pid;
+        w.next_pid += 1;
+        let now = Instant::now();
+        let p = Proc {
+            argv: vec!["specd".into(), "sweep".into()],
+            alive: true,
+            cgroup: "/user.slice".into(),
+            ready_at: now,
+            dies_at: None,
+            exits_at: None,
+            lingers: false,
+        };
+        w.procs.insert(pid, p);
+        pid
+    }
+
+    /// A holder's process exits (a sweep that died).
+    pub fn end_holder(&self, pid: u32) {
+        if let Some(p) = self.w().procs.get_mut(&pid) {
+            p.alive = false;
+        }
         self.changes.send_modify(|n| *n += 1);
     }
 
@@ -638,6 +672,18 @@ impl Host for FakeHost {
         hold.pid.is_some_and(|p| self.alive(p))
     }
 
+    async fn holder_exit(&self, hold: &crate::hold::Hold) {
+        let Some(pid) = hold.pid else { return std::future::pending().await };
+        let mut rx = self.changes.subscribe();
+        while self.w().procs.get(&pid).is_some_and(|p| p.alive) {
+            let _ = rx.changed().await;
+        }
+    }
+
+    fn now(&self) -> u64 {
+        EPOCH + self.born.elapsed().as_secs()
+    }
+
     fn cmdline(&self, pid: u32) -> Option<Vec<String>> {
         if !matches!(self.enter("cmdline"), Go::On) {
             return None;
@@ -780,6 +826,11 @@ impl Host for FakeHost {
         // A loading server says so.
         let n = u32::from_str_radix(invocation, 16).ok()?;
         (self.w().unit.invocation == n).then(|| format!("loading the model (instance {n})"))
+    }
+
+    async fn instances(&self, _unit: &str, _current: &str, _within: Duration) -> Vec<crate::metrics::Instance> {
+        // Deaths are counted from the real journal (the end-to-end tests); none here.
+        Vec::new()
     }
 
     async fn preflight(&self, _spec: &Spec, unit_text: &str, _cgroup: &str) -> crate::preflight::Outcome {

@@ -3,8 +3,9 @@
 //! the journal). [`RealHost`] is the machine; the reconciler's tests drive the same code on an
 //! in-memory host that can fail at any call (`host::fake`).
 //!
-//! What is not here: specd's own state files ([`crate::state::Store`], a directory specd owns)
-//! and the clock (tokio's: tests pause it).
+//! specd's own state files are read and saved through [`crate::state::StateFiles`] (the disk,
+//! or the fake host). Time is tokio's clock (tests pause it) for waits, and [`Host::now`] for the
+//! wall clock (a hold's expiry).
 
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -49,6 +50,18 @@ pub trait Host: Clone + Send + Sync + 'static {
     fn alive(&self, pid: u32) -> bool;
     /// A hold's process (a sweep's) still runs: its pid, started at its start time when known.
     fn holder_alive(&self, hold: &crate::hold::Hold) -> bool;
+    /// Until a hold's process (a sweep's) has exited (a pidfd where the kernel has them, else a
+    /// look every few seconds); never, for a hold without one.
+    fn holder_exit(&self, hold: &crate::hold::Hold) -> impl Future<Output = ()> + Send;
+    /// The wall clock, unix seconds (a hold's expiry is a time of day).
+    fn now(&self) -> u64;
+
+    /// The one hold gate: the effect of a unit's `hold` now for a source whose desired unit is
+    /// `desired_sha` (a hold that names no process is alive until it expires).
+    fn hold_effect(&self, hold: Option<&crate::hold::Hold>, desired_sha: &str) -> crate::hold::HoldEffect {
+        let alive = hold.is_none_or(|h| h.pid.is_none() || self.holder_alive(h));
+        crate::hold::effective(hold, self.now(), alive, desired_sha)
+    }
     /// A process's command line; `None` once it is gone.
     fn cmdline(&self, pid: u32) -> Option<Vec<String>>;
     /// A process is still in the cgroup.
@@ -107,6 +120,14 @@ pub trait Host: Clone + Send + Sync + 'static {
     fn ending(&self, unit: &str, invocation: &str, within: Duration) -> impl Future<Output = Option<Ending>> + Send;
     /// The last line an instance wrote (what a loading server says it is doing), if any.
     fn last_said(&self, invocation: &str) -> impl Future<Output = Option<String>> + Send;
+    /// The unit's newest instances and how each ended (for the deaths the metrics count),
+    /// waiting up to `within` for the journal to show the end of any but `current`.
+    fn instances(
+        &self,
+        unit: &str,
+        current: &str,
+        within: Duration,
+    ) -> impl Future<Output = Vec<crate::metrics::Instance>> + Send;
 }
 
 /// See [`Host::watch`].
@@ -230,6 +251,18 @@ impl Host for RealHost {
         holder_alive(hold)
     }
 
+    async fn holder_exit(&self, hold: &crate::hold::Hold) {
+        let Some(pid) = hold.pid else { return std::future::pending().await };
+        match exited(pid, hold.pid_start) {
+            Some(exit) => exit.await,
+            None => tokio::time::sleep(HOLDER_RECHECK).await,
+        }
+    }
+
+    fn now(&self) -> u64 {
+        crate::state::now()
+    }
+
     fn populated(&self, cg: &str) -> bool {
         self.layout.populated(cg)
     }
@@ -298,6 +331,10 @@ impl Host for RealHost {
         crate::diagnose::last_said(invocation).await
     }
 
+    async fn instances(&self, unit: &str, current: &str, within: Duration) -> Vec<crate::metrics::Instance> {
+        crate::metrics::instances(unit, current, within).await
+    }
+
     async fn ending(&self, unit: &str, invocation: &str, within: Duration) -> Option<Ending> {
         let d = if invocation.is_empty() {
             tokio::time::timeout(within, crate::diagnose::last_verdict(unit)).await.ok().flatten()
@@ -339,6 +376,10 @@ pub struct Ending {
     /// The server's own fatal error, as it said it (a failed start, a crash).
     pub engine_error: Option<String>,
 }
+
+/// How often a hold's process is looked at where its exit cannot be watched (a kernel without
+/// pidfds).
+const HOLDER_RECHECK: Duration = Duration::from_secs(5);
 
 /// Where a unit's file lives in a unit directory.
 pub fn unit_path(unit_dir: &Path, unit: &str) -> PathBuf {

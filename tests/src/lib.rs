@@ -102,12 +102,14 @@
 //! is missing ([`systemd_box::preflight`]).
 
 pub mod cgroups;
+pub mod debian_root;
 pub mod shape;
 pub mod standin;
 pub mod systemd_box;
 pub mod util;
 
 pub use cgroups::CgroupLayout;
+pub use debian_root::{DebianMachine, debian_root};
 pub use systemd_box::{BoxConfig, BoxTrace, SystemdBox, Teardown};
 pub use util::{
     Reaped, STANDIN_MODEL, bin_path, free_port, git, http, http_get, http_with_headers, sglang_spec, target_dir,

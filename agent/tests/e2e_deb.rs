@@ -2,7 +2,8 @@
 //! (cached outside the work tree, `specd_e2e::debian_root`), booted with its own systemd by
 //! systemd-nspawn on a throwaway overlay. In it, as an operator would: `apt-get install` the
 //! package `scripts/package-deb` built, point /etc/specd/agent.yaml at a local repository with a
-//! spec, `systemctl enable --now specd.service`, see the unit applied and serving; then
+//! spec, `systemctl enable --now specd.service`, see the unit applied and serving, and a second
+//! commit replace it after a pre-flight that checked everything; then
 //! `apt-get remove` and `apt-get purge`, and find what README.Debian says is left. Nothing is
 //! installed on the host.
 
@@ -10,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use specd_e2e::{DebianMachine, bin_path, debian_root, sglang_spec, wait_until};
+use specd_e2e::{DebianMachine, bin_path, debian_root, sglang_spec, wait_for, wait_until};
 
 /// Debian 12: the systemd (252) of the tests' box and of this suite's CI.
 const SUITE: &str = "bookworm";
@@ -115,9 +116,25 @@ fn the_deb_installs_applies_a_spec_under_systemd_and_purges_as_its_docs_say() {
     .unwrap_or_else(|e| {
         panic!("{e}\nstatus: {}\nagent:\n{}", text(&m.0.exec(&["specd", "status"])), m.agent_journal())
     });
+    let first = m.systemctl(&["show", "-P", "MainPID", UNIT]);
+    // A new commit replaces the serving instance: the pre-flight runs first, sandboxed, and
+    // checks everything it knows how to (`systemd-analyze verify` of the unit, the port's holder
+    // through /proc/PID/fd, the model folder), with nothing left "not checked".
+    m.write("/srv/config/specs/qwen.yaml", &sglang_spec(standin, UNIT, PORT, 4, tail));
+    m.sh("cd /srv/config && git -c user.name=ops -c user.email=ops@example.com commit -q -am 'steps 4'");
+    let unit_file = wait_for("the agent to deploy steps 4", Duration::from_secs(90), || {
+        let f = m.sh(&format!("cat /etc/systemd/system/{UNIT}"));
+        let served = f.contains("--speculative-num-steps 4")
+            && m.systemctl(&["is-active", UNIT]) == "active"
+            && m.systemctl(&["show", "-P", "MainPID", UNIT]) != first
+            && m.0.exec(&["specd", "status"]).status.success();
+        served.then_some(f)
+    })
+    .unwrap_or_else(|e| panic!("{e}\nagent:\n{}", m.agent_journal()));
     let applied_time = t.elapsed();
-    let unit_file = m.sh(&format!("cat /etc/systemd/system/{UNIT}"));
-    assert!(unit_file.contains("--speculative-num-steps 3"), "{unit_file}");
+    let journal = m.agent_journal();
+    let unchecked: Vec<&str> = journal.lines().filter(|l| l.contains("not checked")).collect();
+    assert!(unchecked.is_empty(), "{unchecked:#?}");
     assert_eq!(m.systemctl(&["is-enabled", UNIT]), "enabled");
     let server = m.systemctl(&["show", "-P", "MainPID", UNIT]);
     assert!(m.is_link("/etc/systemd/system/multi-user.target.wants/specd.service"));
@@ -158,7 +175,7 @@ fn the_deb_installs_applies_a_spec_under_systemd_and_purges_as_its_docs_say() {
     let teardown = m.0.shutdown().unwrap();
     eprintln!(
         "Debian root {} in {root_time:.1?}; package built in {package_time:.1?}; boot {:.1?}; \
-         install to applied {applied_time:.1?}; remove and purge {purge_time:.1?}; poweroff {teardown:.1?}",
+         install to two commits applied {applied_time:.1?}; remove and purge {purge_time:.1?}; poweroff {teardown:.1?}",
         if made { "made" } else { "cached" },
         boot_time,
     );

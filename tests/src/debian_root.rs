@@ -123,11 +123,14 @@ impl DebianMachine {
         }
         let start = Instant::now();
         let hierarchies = cgroups::host_hierarchies()?;
+        cgroups::sweep_stale(&hierarchies, "specd-deb-");
+        sweep_stale_scratch(&roots_dir());
         let name = format!("specd-deb-{}-{}", std::process::id(), COUNTER.fetch_add(1, Ordering::SeqCst));
         let host_mounts = fs::read_to_string("/proc/self/mountinfo")?;
         // Beside the cached root: the overlay's upper directory must be on a file system that
         // takes its extended attributes.
-        let scratch = tempfile::Builder::new().prefix(".running-").tempdir_in(roots_dir())?;
+        let scratch =
+            tempfile::Builder::new().prefix(&format!(".running-{}-", std::process::id())).tempdir_in(roots_dir())?;
         let procs = match cgroups::create_box_cgroups(&hierarchies, &name) {
             Ok(p) => p,
             Err(e) => {
@@ -314,6 +317,26 @@ impl Drop for DebianMachine {
     fn drop(&mut self) {
         if let Err(e) = self.teardown() {
             eprintln!("tearing down {}: {e:#}", self.name);
+        }
+    }
+}
+
+/// Overlays (`.running-<pid>-…`) and half-made roots (`.making-<suite>-<pid>`) of test processes
+/// that died (killed) before cleaning up: their mounts went with their mount namespace.
+fn sweep_stale_scratch(dir: &Path) {
+    let Ok(entries) = fs::read_dir(dir) else { return };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let pid = if let Some(rest) = name.strip_prefix(".running-") {
+            rest.split('-').next()
+        } else if name.starts_with(".making-") {
+            name.rsplit('-').next()
+        } else {
+            None
+        };
+        let Some(pid) = pid.and_then(|p| p.parse::<u32>().ok()) else { continue };
+        if pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = fs::remove_dir_all(e.path());
         }
     }
 }

@@ -361,7 +361,7 @@ impl SystemdBox {
         let start = Instant::now();
         let layout = cgroups::host_layout()?;
         let hierarchies = cgroups::host_hierarchies()?;
-        cgroups::sweep_stale(&hierarchies);
+        cgroups::sweep_stale(&hierarchies, "specd-box-");
         let name = format!("specd-box-{}-{}", std::process::id(), COUNTER.fetch_add(1, Ordering::SeqCst));
         let host_mounts = fs::read_to_string("/proc/self/mountinfo")?;
         let procs = match cgroups::create_box_cgroups(&hierarchies, &name) {

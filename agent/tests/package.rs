@@ -1,10 +1,12 @@
-//! The package and the command-line conventions: `scripts/package-deb` builds a .deb (from the
-//! binary cargo built for these tests, to keep CI fast) that holds what an operator expects,
-//! its unit passes `systemd-analyze verify` (extracted, never installed on this host), and the
-//! completions, man pages and `validate --json` are what they say.
+//! The package and the command-line conventions: `scripts/package-deb` builds a .deb with
+//! debhelper (from the binary cargo built for these tests, to keep CI fast) that holds what an
+//! operator expects and that lintian passes without an error or a warning; its unit passes
+//! `systemd-analyze verify` (extracted, never installed on this host), and the completions, man
+//! pages and `validate --json` are what they say. Installed and booted: tests/e2e_deb.rs.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::OnceLock;
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
@@ -25,21 +27,37 @@ fn run(cmd: &mut Command) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
+/// The .deb `scripts/package-deb` builds from this test's specd binary, once for the tests of this
+/// file, in cargo's scratch directory for tests (a fresh one each run).
+fn deb() -> &'static Path {
+    static DEB: OnceLock<PathBuf> = OnceLock::new();
+    DEB.get_or_init(|| {
+        let out = Path::new(env!("CARGO_TARGET_TMPDIR")).join("package");
+        let _ = std::fs::remove_dir_all(&out);
+        let printed = run(Command::new(root().join("scripts/package-deb"))
+            .args(["--binary", env!("CARGO_BIN_EXE_specd"), "--out"])
+            .arg(&out));
+        let deb = PathBuf::from(printed.trim());
+        assert!(deb.is_file(), "the script names the .deb it wrote: {printed}");
+        deb
+    })
+}
+
 #[test]
-fn the_deb_holds_the_binary_a_verified_system_unit_a_conffile_completions_and_man_pages() {
+fn the_deb_holds_the_binary_a_verified_system_unit_a_conffile_completions_man_pages_and_its_debian_docs() {
     let dir = tempfile::tempdir().unwrap();
-    let out = run(Command::new(root().join("scripts/package-deb"))
-        .args(["--binary", env!("CARGO_BIN_EXE_specd"), "--out"])
-        .arg(dir.path()));
-    let deb = PathBuf::from(out.trim());
-    assert!(deb.is_file(), "the script names the .deb it wrote: {out}");
+    let deb = deb();
     let name = deb.file_name().unwrap().to_string_lossy().to_string();
     assert!(name.starts_with("specd_0.") && name.ends_with(".deb"), "{name}");
 
-    let listing = run(Command::new("dpkg-deb").arg("-c").arg(&deb));
+    let listing = run(Command::new("dpkg-deb").arg("-c").arg(deb));
     for path in [
         "./usr/bin/specd",
-        "./lib/systemd/system/specd.service",
+        "./usr/lib/systemd/system/specd.service",
+        "./usr/share/doc/specd/copyright",
+        "./usr/share/doc/specd/changelog.gz",
+        "./usr/share/doc/specd/README.Debian",
+        "./usr/share/doc/specd/examples/agent.yaml",
         "./etc/specd/agent.yaml",
         "./usr/share/bash-completion/completions/specd",
         "./usr/share/zsh/vendor-completions/_specd",
@@ -53,17 +71,47 @@ fn the_deb_holds_the_binary_a_verified_system_unit_a_conffile_completions_and_ma
     let binary = listing.lines().find(|l| l.ends_with("./usr/bin/specd")).unwrap();
     assert!(binary.starts_with("-rwxr-xr-x root/root"), "{binary}");
 
-    let info = run(Command::new("dpkg-deb").arg("-I").arg(&deb));
-    assert!(info.contains("Package: specd"), "{info}");
-    let depends = run(Command::new("dpkg-deb").args(["-f"]).arg(&deb).arg("Depends"));
-    assert!(depends.contains("systemd") && depends.contains("libc6"), "{depends}");
-    // Remotes are fetched by the `git` command; no TLS library is linked.
-    assert!(depends.split(", ").any(|d| d == "git") && !depends.contains("libssl"), "{depends}");
+    // Only the unit's own directory: Debian 13 ships units under /usr/lib.
+    assert!(!listing.contains(" ./lib/"), "{listing}");
+    let field = |f: &str| run(Command::new("dpkg-deb").args(["-f"]).arg(deb).arg(f)).trim().to_string();
+    assert_eq!(field("Package"), "specd");
+    // debian/changelog's version, which is the workspace's (scripts/package-deb refuses others).
+    let version = std::fs::read_to_string(root().join("Cargo.toml"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("version = \""))
+        .map(|v| v.trim_end_matches('"').to_string())
+        .unwrap();
+    assert_eq!(field("Version"), version);
+    let maintainer = field("Maintainer");
+    assert!(!maintainer.contains("localhost") && maintainer.contains("@specd.dev>"), "{maintainer}");
+    // Versioned by dpkg-shlibdeps from the symbols the binary uses; no TLS library is linked
+    // (remotes are fetched by the `git` command).
+    let depends = field("Depends");
+    let deps: Vec<&str> = depends.split(", ").collect();
+    assert!(deps.iter().any(|d| d.starts_with("libc6 (>= 2.")), "{depends}");
+    assert!(deps.contains(&"systemd") && !depends.contains("libssl"), "{depends}");
+    // git for remotes, openssh-client for ssh remotes and signatures, gnupg for OpenPGP ones.
+    assert_eq!(field("Recommends"), "git, openssh-client, gnupg");
     let x = dir.path().join("x");
-    run(Command::new("dpkg-deb").arg("-e").arg(&deb).arg(dir.path().join("control")));
+    run(Command::new("dpkg-deb").arg("-e").arg(deb).arg(dir.path().join("control")));
     let conffiles = std::fs::read_to_string(dir.path().join("control/conffiles")).unwrap();
     assert_eq!(conffiles.trim(), "/etc/specd/agent.yaml", "the agent config survives upgrades");
-    run(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&x));
+    // The maintainer scripts are debhelper's (deb-systemd-helper, deb-systemd-invoke): installed
+    // not enabled, stopped on remove, restarted on upgrade, its links removed on purge; and on
+    // purge, the state directory removed.
+    let script = |name: &str| std::fs::read_to_string(dir.path().join("control").join(name)).unwrap();
+    let postinst = script("postinst");
+    // dh_installsystemd --no-enable: enabled again on upgrade only if it was (`debian-installed`).
+    assert!(postinst.contains("deb-systemd-helper debian-installed 'specd.service'"), "{postinst}");
+    assert!(postinst.contains("deb-systemd-invoke $_dh_action 'specd.service'"), "{postinst}");
+    assert!(script("prerm").contains("deb-systemd-invoke stop 'specd.service'"), "{}", script("prerm"));
+    let postrm = script("postrm");
+    assert!(
+        postrm.contains("deb-systemd-helper purge 'specd.service'") && postrm.contains("rm -rf /var/lib/specd"),
+        "{postrm}"
+    );
+    run(Command::new("dpkg-deb").arg("-x").arg(deb).arg(&x));
 
     // The packaged binary is this one, runnable.
     let v = run(Command::new(x.join("usr/bin/specd")).arg("--version"));
@@ -73,7 +121,7 @@ fn the_deb_holds_the_binary_a_verified_system_unit_a_conffile_completions_and_ma
     assert!(cfg.contains("# repo:") && cfg.contains("notify:"), "{cfg}");
 
     // The system unit: the example's, run from /usr/bin, with the watchdog and a state directory.
-    let unit = std::fs::read_to_string(x.join("lib/systemd/system/specd.service")).unwrap();
+    let unit = std::fs::read_to_string(x.join("usr/lib/systemd/system/specd.service")).unwrap();
     for line in [
         "ExecStart=/usr/bin/specd run --config /etc/specd/agent.yaml",
         "Type=notify",
@@ -97,7 +145,13 @@ fn the_deb_holds_the_binary_a_verified_system_unit_a_conffile_completions_and_ma
     std::fs::create_dir(&units).unwrap();
     let bin = x.join("usr/bin/specd");
     std::fs::write(units.join("specd.service"), unit.replace("/usr/bin/specd", &bin.display().to_string())).unwrap();
-    let out = Command::new("systemd-analyze").arg("verify").arg(units.join("specd.service")).output().unwrap();
+    // Its Documentation= (man:specd-run(1)) is looked up among the package's man pages.
+    let out = Command::new("systemd-analyze")
+        .arg("verify")
+        .arg(units.join("specd.service"))
+        .env("MANPATH", x.join("usr/share/man"))
+        .output()
+        .unwrap();
     assert!(
         out.status.success() && out.stderr.is_empty(),
         "systemd-analyze verify: {}{}",
@@ -114,6 +168,22 @@ fn the_deb_holds_the_binary_a_verified_system_unit_a_conffile_completions_and_ma
         .arg("-c")
         .arg(format!("gzip -dc {}", x.join("usr/share/man/man1/specd-apply.1.gz").display())));
     assert!(man.starts_with(".ie") || man.contains(".TH specd-apply 1"), "{man}");
+}
+
+/// lintian, Debian's package checker, finds no error and no warning in the .deb (no override
+/// either: debian/ holds no lintian-overrides file).
+#[test]
+fn lintian_finds_no_error_and_no_warning_in_the_deb() {
+    assert!(!root().join("debian/specd.lintian-overrides").exists(), "no tag is overridden");
+    let out = Command::new("lintian")
+        .args(["--allow-root", "--fail-on", "error,warning", "--display-level", ">=warning"])
+        .arg(deb())
+        .output()
+        .expect("lintian is installed (scripts/install-deps)");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "lintian {}: {text}", deb().display());
+    let tags: Vec<&str> = text.lines().filter(|l| l.starts_with("E: ") || l.starts_with("W: ")).collect();
+    assert!(tags.is_empty(), "{tags:?}");
 }
 
 #[test]

@@ -226,9 +226,9 @@ pub(crate) fn leftover_dirs(hs: &[Hierarchy], name: &str) -> Vec<PathBuf> {
 }
 
 /// Boxes left behind by a test process that died without tearing them down
-/// (SIGKILL, abort): names `specd-box-<pid>-<n>` whose `<pid>` is gone. Their
-/// processes are killed and their cgroups removed.
-pub(crate) fn sweep_stale(hs: &[Hierarchy]) {
+/// (SIGKILL, abort): names `<prefix><pid>-<n>` (`specd-box-`, `specd-deb-`) whose `<pid>` is
+/// gone. Their processes are killed and their cgroups removed.
+pub(crate) fn sweep_stale(hs: &[Hierarchy], prefix: &str) {
     let me = std::process::id();
     let mut stale = std::collections::BTreeSet::new();
     for h in hs {
@@ -241,7 +241,7 @@ pub(crate) fn sweep_stale(hs: &[Hierarchy]) {
         };
         for e in rd.flatten() {
             let n = e.file_name().to_string_lossy().to_string();
-            let Some(rest) = n.strip_prefix("specd-box-") else {
+            let Some(rest) = n.strip_prefix(prefix) else {
                 continue;
             };
             let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<u32>().ok()) else {

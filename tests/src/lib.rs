@@ -102,6 +102,7 @@
 //! is missing ([`systemd_box::preflight`]).
 
 pub mod cgroups;
+pub mod debian_root;
 pub mod promql;
 pub mod shape;
 pub mod standin;
@@ -109,6 +110,7 @@ pub mod systemd_box;
 pub mod util;
 
 pub use cgroups::CgroupLayout;
+pub use debian_root::{DebianMachine, debian_root};
 pub use systemd_box::{BoxConfig, BoxTrace, SystemdBox, Teardown};
 pub use util::{
     Reaped, STANDIN_MODEL, bin_path, free_port, git, http, http_get, http_with_headers, sglang_spec, target_dir,

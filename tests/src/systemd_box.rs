@@ -256,7 +256,7 @@ static COUNTER: AtomicU32 = AtomicU32::new(0);
 /// ends; spawning from this thread ties the box's life to the test process
 /// (which may boot a box in one thread and drop it in another) rather than to
 /// a test thread.
-fn spawn_from_keeper(cmd: Command) -> std::io::Result<Child> {
+pub(crate) fn spawn_from_keeper(cmd: Command) -> std::io::Result<Child> {
     type Req = (Command, mpsc::Sender<std::io::Result<Child>>);
     static KEEPER: OnceLock<Mutex<mpsc::Sender<Req>>> = OnceLock::new();
     let tx = KEEPER
@@ -308,7 +308,7 @@ pub fn preflight() -> Result<()> {
     Ok(())
 }
 
-fn pidfd_wait(child: &mut Child, timeout: Duration) -> bool {
+pub(crate) fn pidfd_wait(child: &mut Child, timeout: Duration) -> bool {
     // Event-driven wait for a child's exit, bounded by `timeout`.
     // SAFETY: pidfd_open on our own child's pid; fd closed below.
     let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, child.id() as libc::pid_t, 0) } as i32;
@@ -361,7 +361,7 @@ impl SystemdBox {
         let start = Instant::now();
         let layout = cgroups::host_layout()?;
         let hierarchies = cgroups::host_hierarchies()?;
-        cgroups::sweep_stale(&hierarchies);
+        cgroups::sweep_stale(&hierarchies, "specd-box-");
         let name = format!("specd-box-{}-{}", std::process::id(), COUNTER.fetch_add(1, Ordering::SeqCst));
         let host_mounts = fs::read_to_string("/proc/self/mountinfo")?;
         let procs = match cgroups::create_box_cgroups(&hierarchies, &name) {

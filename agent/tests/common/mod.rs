@@ -98,7 +98,9 @@ pub struct Fleet {
 
 impl Fleet {
     pub fn new() -> Fleet {
-        let dir = tempfile::tempdir().unwrap();
+        // Not under /tmp: the agent runs with the shipped unit's PrivateTmp=yes, and its /tmp is
+        // its own. The target directory is on the host's file system, readable by the agent.
+        let dir = tempfile::Builder::new().prefix("e2e-fleet.").tempdir_in(specd_e2e::target_dir()).unwrap();
         let repo = dir.path().join("config");
         std::fs::create_dir_all(repo.join("specs")).unwrap();
         git(&repo, &["init", "-q"]);
@@ -109,24 +111,55 @@ impl Fleet {
         Fleet { e, dir, repo, listen: free_port() }
     }
 
-    /// Runs `specd run` as the box's unit [`AGENT`]: its config /run/agent.yaml (absent: the
+    /// Runs `specd run` as the box's unit [`AGENT`], under the shipped unit's `[Service]`
+    /// settings and sandbox ([`shipped_service`]): its config /run/agent.yaml (absent: the
     /// defaults), following `repo` (a path or URL; empty: the config's), its specs in `specs/`,
-    /// hostname gpu-01, a remote polled every second, metrics on `listen`; `extra_args` added to
-    /// its command line, `unit_extra` to its `[Service]` section.
+    /// hostname gpu-01, a remote polled every second, metrics on `listen`, restarted 1 s after
+    /// it ends (the shipped unit: 5 s); `extra_args` added to its command line, `unit_extra` to
+    /// its `[Service]` section (after the shipped settings, so it overrides them).
     pub fn run_agent(&self, repo: &str, extra_args: &str, unit_extra: &str) {
         let repo = if repo.is_empty() { String::new() } else { format!("--repo {repo}") };
         let unit = format!(
-            "[Service]\nType=notify\nExecStart={} run --config /run/agent.yaml {repo} --path specs --hostname gpu-01 --interval 1 --listen 127.0.0.1:{} {extra_args}\nRestart=always\nRestartSec=1\nTimeoutStopSec=90\nEnvironment=SPECD_LOG=info\n{unit_extra}",
-            self.e.specd, self.listen
+            "[Service]\n{}ExecStart={} run --config /run/agent.yaml {repo} --path specs --hostname gpu-01 --interval 1 --listen 127.0.0.1:{} {extra_args}\nRestartSec=1\nEnvironment=SPECD_LOG=info\n{unit_extra}",
+            shipped_service(),
+            self.e.specd,
+            self.listen
         );
         self.e.b.write_file(&format!("/etc/systemd/system/{AGENT}"), unit).unwrap();
         self.e.b.systemctl_check(&["daemon-reload"]).unwrap();
         self.e.b.systemctl_check(&["start", AGENT]).unwrap();
+        // systemd took the sandbox (a setting it did not know would be ignored with a warning).
+        let p = self.e.b.show(AGENT, &["ProtectSystem", "CapabilityBoundingSet", "SystemCallErrorNumber"]).unwrap();
+        assert_eq!(p["ProtectSystem"], "strict", "{p:?}");
+        assert_eq!(p["CapabilityBoundingSet"], "cap_chown cap_dac_read_search cap_sys_ptrace", "{p:?}");
     }
 }
 
 /// The unit the end-to-end tests run the agent as.
 pub const AGENT: &str = "specd-agent.service";
+
+/// The `[Service]` section of the shipped unit (packaging/specd.service), comments left out, as
+/// the box runs the agent: every setting but two, which the box cannot take as they are:
+/// - `ExecStart=`: the test gives its own (the binary cargo built, the test's flags);
+/// - `ConfigurationDirectory=specd`: systemd would create /etc/specd, and the box's /etc is the
+///   host's (the tests' agent config is /run/agent.yaml).
+///
+/// Everything else (the sandbox: `ProtectSystem=strict`, the capability bounding set, the system
+/// call filter, `PrivateTmp=`, ...) applies to the agent in the box exactly as shipped.
+pub fn shipped_service() -> String {
+    let unit = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../packaging/specd.service"));
+    let service = unit.split("[Service]\n").nth(1).expect("packaging/specd.service has a [Service] section");
+    let service = service.split("\n[").next().unwrap_or_default();
+    let mut out = String::new();
+    for l in service.lines().filter(|l| !l.starts_with('#') && !l.trim().is_empty()) {
+        if !l.starts_with("ExecStart=") && !l.starts_with("ConfigurationDirectory=") {
+            out.push_str(l);
+            out.push('\n');
+        }
+    }
+    assert!(out.contains("ProtectSystem=strict\n") && out.contains("SystemCallFilter="), "{out}");
+    out
+}
 
 impl RealLlama {
     /// A spec of `unit` that runs this llama-server on the GGUF at 127.0.0.1:`port` (one thread,

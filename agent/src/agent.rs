@@ -746,8 +746,14 @@ async fn worker(
                 if let Ok(p) = ctx.host.show(&unit).await {
                     metrics.down(&unit, !p.active_state.is_up());
                 }
-                if r.outcome.is_some() {
-                    tracing::info!(unit = %unit, "{}", r.verdict);
+                // What an operator must hear of (`journalctl -p warning`): the desired unit does
+                // not run, whether the last good one was restored or nothing could be.
+                match r.outcome {
+                    Some(Outcome::RolledBack | Outcome::Failed | Outcome::Refused) => {
+                        tracing::warn!(unit = %unit, "{}", r.verdict)
+                    }
+                    Some(_) => tracing::info!(unit = %unit, "{}", r.verdict),
+                    None => {}
                 }
                 crate::notify::after_reconcile(&ctx, &d, &r, t0.elapsed()).await;
                 match (r.outcome, r.action) {

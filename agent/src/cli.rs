@@ -274,6 +274,10 @@ pub enum SchemaKind {
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let dirs = cli.global.dirs();
+    crate::log::init(match cli.command {
+        Command::Run { .. } => crate::log::Mode::Agent,
+        _ => crate::log::Mode::Command,
+    });
     match cli.command {
         Command::Apply { file, dry_run, host, config } => run_async(async move {
             if !dry_run {
@@ -289,7 +293,6 @@ pub fn main() -> ExitCode {
             run_on(rt, sweep::run(&dirs, sweep::Options { file, resume, write, out }))
         }
         Command::Run { config, repo, branch, path, hostname, interval, listen, control_socket } => {
-            init_tracing();
             run_async(async move {
                 let mut cfg = AgentConfig::load(&config)?;
                 cfg.repo = repo.or(cfg.repo);
@@ -418,7 +421,7 @@ fn install_notifier(config: &std::path::Path) {
         Ok(cfg) => {
             crate::notify::install(&cfg.notify.webhooks, &crate::context::hostname(cfg.hostname.clone()), None);
         }
-        Err(e) => eprintln!("specd: warning: {e:#}; no webhook is told of this apply"),
+        Err(e) => tracing::warn!("{e:#}; no webhook is told of this apply"),
     }
 }
 
@@ -490,18 +493,5 @@ fn run_on(mut rt: tokio::runtime::Builder, f: impl std::future::Future<Output = 
             eprintln!("specd: error: {e:#}");
             ExitCode::from(2)
         }
-    }
-}
-
-fn init_tracing() {
-    use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_env("SPECD_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
-    let journald = std::env::var_os("JOURNAL_STREAM").is_some();
-    let b = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false);
-    if journald {
-        // journald stamps each line itself.
-        b.without_time().with_ansi(false).init();
-    } else {
-        b.init();
     }
 }

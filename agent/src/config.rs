@@ -229,7 +229,7 @@ pub fn control_socket(flag: Option<PathBuf>, config: &Path) -> PathBuf {
     match AgentConfig::load(config) {
         Ok(cfg) => cfg.control_socket(),
         Err(e) => {
-            eprintln!("specd: warning: {e:#}; using {CONTROL_SOCKET}");
+            tracing::warn!("{e:#}; using {CONTROL_SOCKET}");
             PathBuf::from(CONTROL_SOCKET)
         }
     }

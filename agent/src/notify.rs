@@ -239,7 +239,7 @@ pub async fn flush(within: Duration) {
     if let Some((n, _)) = NOTIFIER.get()
         && !n.flush(within).await
     {
-        eprintln!("specd: warning: a webhook notice was not delivered within {within:?}; given up");
+        tracing::warn!("a webhook notice was not delivered within {within:?}; given up");
     }
 }
 

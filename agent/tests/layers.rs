@@ -23,6 +23,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "host",
             "listen",
             "lock",
+            "log",
             "metrics",
             "owner",
             "preflight",

@@ -62,6 +62,14 @@ pub fn priority(level: Level) -> u8 {
     }
 }
 
+/// The command's last words when it fails (`specd: error: ...`), whatever the log's filter; on
+/// the journal at priority error.
+pub fn fatal(message: &str) {
+    use std::io::Write;
+    let p = if Stderr::detect().journal { "<3>" } else { "" };
+    let _ = writeln!(std::io::stderr().lock(), "{p}specd: error: {message}");
+}
+
 /// Set up the process's log (once; a second call changes nothing).
 pub fn init(mode: Mode) {
     use tracing_subscriber::EnvFilter;

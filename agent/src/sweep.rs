@@ -83,7 +83,7 @@ impl SweepHold {
                     match store.set_hold_if(&unit, pushed.clone(), |h| *h == hold).await {
                         Ok(true) => hold = pushed,
                         Ok(false) => return,
-                        Err(e) => eprintln!("specd: WARNING: refreshing the hold on {unit}: {e:#}"),
+                        Err(e) => tracing::warn!("refreshing the hold on {unit}: {e:#}"),
                     }
                 }
             })
@@ -97,7 +97,7 @@ impl SweepHold {
         let me = self.hold.pid;
         let why = "the sweep ended";
         if let Err(e) = store.clear_hold_if(&self.unit, why, |h| h.kind == HoldKind::Sweep && h.pid == me).await {
-            eprintln!("specd: WARNING: clearing the hold on {}: {e:#}; it ends with this process", self.unit);
+            tracing::warn!("clearing the hold on {}: {e:#}; it ends with this process", self.unit);
         }
     }
 }
@@ -371,7 +371,12 @@ async fn campaign(dirs: &Dirs, o: &Options, doc: &mut Summary) -> Result<u8> {
     let ctx = context::host_ctx(dirs, events(), shutdown.clone());
     let hold = match SweepHold::take(&ctx.store, &unit, &sw.metadata.name).await {
         Ok(h) => h,
-        Err(why) => return refuse(doc, format!("specd: {unit}: {why}")),
+        Err(why) => {
+            eprintln!("specd: {unit}: {why}");
+            eprintln!("specd: nothing was changed on this host");
+            doc.error = Some(format!("{unit}: {why}; nothing was changed on this host"));
+            return Ok(1);
+        }
     };
     let before = match before(&ctx, &p.out, &unit, o.resume, &p.points) {
         Ok(b) => b,

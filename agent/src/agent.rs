@@ -747,8 +747,14 @@ async fn worker<H: Host>(
                 let now = sync_after(&r);
                 metrics.reconciled(&unit, now, &result, t0.elapsed().as_secs_f64(), failed);
                 looks.after(&ctx, &metrics, &d, now).await;
-                if r.outcome.is_some() {
-                    tracing::info!(unit = %unit, "{}", r.verdict);
+                // What an operator must hear of (`journalctl -p warning`): the desired unit does
+                // not run, whether the last good one was restored or nothing could be.
+                match r.outcome {
+                    Some(Outcome::RolledBack | Outcome::Failed | Outcome::Refused) => {
+                        tracing::warn!(unit = %unit, "{}", r.verdict)
+                    }
+                    Some(_) => tracing::info!(unit = %unit, "{}", r.verdict),
+                    None => {}
                 }
                 crate::notify::after_reconcile(&ctx, &d, &r, t0.elapsed()).await;
                 match (r.outcome, r.action) {

@@ -9,11 +9,31 @@ use crate::config::{self, AgentConfig};
 use crate::context::Dirs;
 use crate::{agent, ops, specs, sweep};
 
+/// The exit codes of every command, as `specd --help` and the README's Commands section give
+/// them.
+pub const EXIT_CODES: &str = "\
+Exit codes (every command):
+  0    done, and everything is as asked: valid, applied and verified (or in sync), no
+       difference, the agent stopped cleanly
+  1    done, and the answer is no: a spec not valid (validate, render, apply); refused before
+       anything changed (a unit held, one that cannot start here, results already there); a
+       unit that does not run its spec after apply, rollback or sweep (rolled back, failed);
+       status not all in sync and healthy; diff found a difference; a UNIT specd has no
+       state for (suspend, resume, rollback)
+  2    specd could not do it, or cannot tell: a usage error (bad arguments, a UNIT that is no
+       unit name); specd's own failure (state, systemd, files, an agent that does not
+       answer); status or diff given a spec that is not valid; diagnose without a verdict
+  130  interrupted: sweep stopped by SIGINT/SIGTERM (the unit restored), or any command quit by
+       a second signal
+With --json, apply, diff, rollback and sweep print one JSON document on stdout, whose `ok` is
+true exactly when the exit code is 0, and nothing else there (progress stays on stderr).";
+
 #[derive(Parser, Debug)]
 #[command(
     name = "specd",
     version,
-    about = "GitOps agent for GPU inference hosts: specs in git, systemd units that provably run them"
+    about = "GitOps agent for GPU inference hosts: specs in git, systemd units that provably run them",
+    after_long_help = EXIT_CODES
 )]
 pub struct Cli {
     #[command(flatten)]
@@ -84,6 +104,10 @@ pub enum Command {
         /// Print the plan and change nothing.
         #[arg(long)]
         dry_run: bool,
+        /// Print one JSON document of the outcome of every unit on stdout instead of the verdict
+        /// lines (progress stays on stderr).
+        #[arg(long)]
+        json: bool,
         /// Hostname whose overlay applies (default: this machine's hostname).
         #[arg(long)]
         host: Option<String>,
@@ -201,6 +225,9 @@ pub enum Command {
         /// The agent config that names the control socket and the webhooks told of the outcome.
         #[arg(long, default_value = "/etc/specd/agent.yaml")]
         config: PathBuf,
+        /// Print one JSON document of the outcome on stdout (the rest goes to stderr).
+        #[arg(long)]
+        json: bool,
     },
     /// The applies of each unit: time, commit or file, unit hash, result.
     History {
@@ -223,6 +250,10 @@ pub enum Command {
         file: PathBuf,
         #[arg(long)]
         host: Option<String>,
+        /// Print one JSON document (the unit file's diff and hashes, the server's args that
+        /// differ) on stdout instead of the diff.
+        #[arg(long)]
+        json: bool,
     },
     /// Print the shell completion script of specd for bash, zsh or fish.
     Completions { shell: clap_complete::Shell },
@@ -249,6 +280,10 @@ pub enum Command {
         /// Where the results go [default: ./specd-sweep-NAME].
         #[arg(long)]
         out: Option<PathBuf>,
+        /// Print the final summary (the best point, where the unit was left, every point's
+        /// record) as one JSON document on stdout instead of the table and the spec diff.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -274,22 +309,25 @@ pub enum SchemaKind {
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let dirs = cli.global.dirs();
+    crate::log::init(match cli.command {
+        Command::Run { .. } => crate::log::Mode::Agent,
+        _ => crate::log::Mode::Command,
+    });
     match cli.command {
-        Command::Apply { file, dry_run, host, config } => run_async(async move {
+        Command::Apply { file, dry_run, json, host, config } => run_async(async move {
             if !dry_run {
                 install_notifier(&config);
             }
-            ops::apply(&dirs, &file, host, dry_run).await
+            ops::apply(&dirs, &file, host, dry_run, json).await
         }),
         Command::Status { json, file, host } => run_async(ops::status(&dirs, json, file.as_deref(), host)),
-        Command::Diff { file, host } => run_async(ops::diff(&dirs, &file, host)),
-        Command::Sweep { file, resume, write, out } => {
+        Command::Diff { file, host, json } => run_async(ops::diff(&dirs, &file, host, json)),
+        Command::Sweep { file, resume, write, out, json } => {
             let mut rt = tokio::runtime::Builder::new_multi_thread();
             rt.worker_threads(2);
-            run_on(rt, sweep::run(&dirs, sweep::Options { file, resume, write, out }))
+            run_on(rt, sweep::run(&dirs, sweep::Options { file, resume, write, out, json }))
         }
         Command::Run { config, repo, branch, path, hostname, interval, listen, control_socket } => {
-            init_tracing();
             run_async(async move {
                 let mut cfg = AgentConfig::load(&config)?;
                 cfg.repo = repo.or(cfg.repo);
@@ -319,9 +357,9 @@ pub fn main() -> ExitCode {
         Command::Resume { unit, socket, config } => {
             run_async(ops::resume(&dirs, unit, config::control_socket(socket, &config)))
         }
-        Command::Rollback { unit, to, reason, socket, config } => run_async(async move {
+        Command::Rollback { unit, to, reason, socket, config, json } => run_async(async move {
             install_notifier(&config);
-            ops::rollback(&dirs, unit, to, reason, config::control_socket(socket, &config)).await
+            ops::rollback(&dirs, unit, to, reason, config::control_socket(socket, &config), json).await
         }),
         Command::History { unit, json } => run_async(ops::history(&dirs, unit, json)),
         Command::Diagnose { unit, json } => run_async(ops::diagnose(unit, json, &dirs)),
@@ -418,26 +456,13 @@ fn install_notifier(config: &std::path::Path) {
         Ok(cfg) => {
             crate::notify::install(&cfg.notify.webhooks, &crate::context::hostname(cfg.hostname.clone()), None);
         }
-        Err(e) => eprintln!("specd: warning: {e:#}; no webhook is told of this apply"),
+        Err(e) => tracing::warn!("{e:#}; no webhook is told of this apply"),
     }
 }
 
 /// `specd validate --json`: one object per diagnostic; `[]` when every file is valid.
 fn diagnostics_json(diags: &[specd_spec::Diagnostic]) -> String {
-    let v: Vec<serde_json::Value> = diags
-        .iter()
-        .map(|d| {
-            serde_json::json!({
-                "file": d.file,
-                "line": d.line,
-                "column": d.column,
-                "field": d.path,
-                "severity": d.severity,
-                "message": d.message,
-            })
-        })
-        .collect();
-    serde_json::to_string_pretty(&v).unwrap_or_else(|_| "[]".into())
+    serde_json::to_string_pretty(&specs::diagnostics_json(diags)).unwrap_or_else(|_| "[]".into())
 }
 
 /// A sweep document, its base spec and every point of it.
@@ -487,21 +512,8 @@ fn run_on(mut rt: tokio::runtime::Builder, f: impl std::future::Future<Output = 
     match result {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
-            eprintln!("specd: error: {e:#}");
+            crate::log::fatal(&format!("{e:#}"));
             ExitCode::from(2)
         }
-    }
-}
-
-fn init_tracing() {
-    use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_env("SPECD_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
-    let journald = std::env::var_os("JOURNAL_STREAM").is_some();
-    let b = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false);
-    if journald {
-        // journald stamps each line itself.
-        b.without_time().with_ansi(false).init();
-    } else {
-        b.init();
     }
 }

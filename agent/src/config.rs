@@ -83,6 +83,13 @@ pub struct Webhook {
     /// so that a rotated token is used at once; never put in the body). Only over https://, or
     /// http:// to a loopback address: never in the clear over a network.
     pub token_file: Option<PathBuf>,
+    /// CA certificates (PEM) trusted for this webhook's https:// server besides the public CAs
+    /// specd knows (an internal CA); read and checked when the config is read.
+    pub ca_file: Option<CaFile>,
+    /// A file holding the secret each body is signed with (HMAC-SHA256, the
+    /// `X-Specd-Signature-256` header: `crate::notify::signature`); checked when the config is
+    /// read, read again at each delivery (a rotated secret is used at once).
+    pub secret_file: Option<SecretFile>,
 }
 
 #[derive(Deserialize)]
@@ -92,6 +99,70 @@ struct RawWebhook {
     #[serde(default = "all_events", deserialize_with = "some_events")]
     events: Vec<NotifyEvent>,
     token_file: Option<PathBuf>,
+    ca_file: Option<CaFile>,
+    secret_file: Option<SecretFile>,
+}
+
+/// `ca_file` of a webhook: its certificates, read when the config is read (an error names the
+/// file, and the config's line and field).
+#[derive(Clone, Debug)]
+pub struct CaFile {
+    pub certs: Vec<reqwest::Certificate>,
+}
+
+impl CaFile {
+    /// The certificates of a PEM bundle, each one a CA rustls accepts as a root.
+    pub fn read(path: &Path) -> std::result::Result<CaFile, String> {
+        let shown = path.display();
+        let pem = std::fs::read(path).map_err(|e| format!("ca_file: cannot read {shown}: {e}"))?;
+        let certs = reqwest::Certificate::from_pem_bundle(&pem)
+            .map_err(|_| format!("ca_file: {shown}: a certificate in it is not valid PEM"))?;
+        if certs.is_empty() {
+            return Err(format!("ca_file: {shown}: no certificate in it (a PEM file of `BEGIN CERTIFICATE` blocks)"));
+        }
+        // What rustls makes of them: a certificate it cannot parse fails here, not at the first notice.
+        let mut b = reqwest::Client::builder();
+        for c in &certs {
+            b = b.add_root_certificate(c.clone());
+        }
+        b.build().map_err(|e| {
+            let why = std::error::Error::source(&e).map_or_else(|| e.to_string(), ToString::to_string);
+            format!("ca_file: {shown}: not a usable CA certificate ({why})")
+        })?;
+        Ok(CaFile { certs })
+    }
+}
+
+impl<'de> Deserialize<'de> for CaFile {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        CaFile::read(&PathBuf::deserialize(d)?).map_err(serde::de::Error::custom)
+    }
+}
+
+/// `secret_file` of a webhook: a file whose content (surrounding whitespace removed) is the
+/// signing secret; checked when the config is read, the secret itself read at each delivery.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SecretFile(pub PathBuf);
+
+impl SecretFile {
+    /// The secret in it, as the signature's key.
+    pub fn secret(&self) -> std::result::Result<Vec<u8>, String> {
+        let shown = self.0.display();
+        let text = std::fs::read(&self.0).map_err(|e| format!("secret_file: cannot read {shown}: {e}"))?;
+        let secret = text.trim_ascii();
+        if secret.is_empty() {
+            return Err(format!("secret_file: {shown} is empty: put the webhook's shared secret in it"));
+        }
+        Ok(secret.to_vec())
+    }
+}
+
+impl<'de> Deserialize<'de> for SecretFile {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let f = SecretFile(PathBuf::deserialize(d)?);
+        f.secret().map_err(serde::de::Error::custom)?;
+        Ok(f)
+    }
 }
 
 impl TryFrom<RawWebhook> for Webhook {
@@ -107,7 +178,16 @@ impl TryFrom<RawWebhook> for Webhook {
                 r.url
             ));
         }
-        Ok(Webhook { url: r.url, events: r.events, token_file: r.token_file })
+        if r.ca_file.is_some() && u.scheme() != "https" {
+            return Err(format!("ca_file: {} is not an https:// url: a CA is only used for https", r.url));
+        }
+        Ok(Webhook {
+            url: r.url,
+            events: r.events,
+            token_file: r.token_file,
+            ca_file: r.ca_file,
+            secret_file: r.secret_file,
+        })
     }
 }
 
@@ -229,7 +309,7 @@ pub fn control_socket(flag: Option<PathBuf>, config: &Path) -> PathBuf {
     match AgentConfig::load(config) {
         Ok(cfg) => cfg.control_socket(),
         Err(e) => {
-            eprintln!("specd: warning: {e:#}; using {CONTROL_SOCKET}");
+            tracing::warn!("{e:#}; using {CONTROL_SOCKET}");
             PathBuf::from(CONTROL_SOCKET)
         }
     }
@@ -261,6 +341,69 @@ mod tests {
         assert_eq!(w[1].events, ALL_EVENTS);
         assert_eq!(w[1].url.to_string(), "http://127.0.0.1:9000");
         assert!(load("repo: /r\n").unwrap().notify.webhooks.is_empty());
+    }
+
+    /// A CA made by openssl (as an operator makes an internal one), and files that are not one.
+    #[test]
+    fn a_webhook_s_ca_file_and_secret_file_are_checked_when_the_config_is_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        let ca = d.join("ca.pem");
+        let out = std::process::Command::new("openssl")
+            .args(["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-days", "2"])
+            .args(["-subj", "/CN=specd test CA", "-keyout"])
+            .arg(d.join("ca.key"))
+            .arg("-out")
+            .arg(&ca)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        std::fs::write(d.join("secret"), "s3cret\n").unwrap();
+        std::fs::write(d.join("empty"), " \n").unwrap();
+        std::fs::write(d.join("text.pem"), "not a certificate\n").unwrap();
+        let pem = std::fs::read_to_string(&ca).unwrap();
+        let mangled = pem.replacen("MII", "MII*", 1);
+        std::fs::write(d.join("mangled.pem"), mangled).unwrap();
+        let cut = pem.lines().filter(|l| !l.starts_with("-----END")).collect::<Vec<_>>().join("\n");
+        std::fs::write(d.join("cut.pem"), cut).unwrap();
+        // Base64 of bytes that are no certificate, in a certificate's armour.
+        std::fs::write(
+            d.join("junk.pem"),
+            "-----BEGIN CERTIFICATE-----\naGVsbG8gd29ybGQ=\n-----END CERTIFICATE-----\n",
+        )
+        .unwrap();
+        let hook = |extra: &str| {
+            format!(
+                "repo: /r\nnotify:\n  webhooks:\n    - url: https://hooks.example.com/x\n      events: [rollback]\n{extra}"
+            )
+        };
+        let at = |name: &str| d.join(name).display().to_string();
+        let cfg =
+            load(&hook(&format!("      ca_file: {}\n      secret_file: {}\n", at("ca.pem"), at("secret")))).unwrap();
+        let w = &cfg.notify.webhooks[0];
+        assert_eq!(w.ca_file.as_ref().map(|c| c.certs.len()), Some(1));
+        assert_eq!(w.secret_file.as_ref().unwrap().secret().unwrap(), b"s3cret");
+
+        for (extra, line, says) in [
+            (format!("      ca_file: {}\n", at("missing.pem")), 6, "ca_file: cannot read"),
+            (format!("      ca_file: {}\n", at("text.pem")), 6, "no certificate in it"),
+            (format!("      ca_file: {}\n", at("mangled.pem")), 6, "not valid PEM"),
+            (format!("      ca_file: {}\n", at("cut.pem")), 6, "not valid PEM"),
+            (format!("      ca_file: {}\n", at("junk.pem")), 6, "not a usable CA certificate"),
+            (format!("      token_file: /t\n      secret_file: {}\n", at("missing")), 7, "secret_file: cannot read"),
+            (format!("      secret_file: {}\n", at("empty")), 6, "is empty"),
+        ] {
+            let e = format!("{:#}", load(&hook(&extra)).unwrap_err());
+            assert!(e.contains("agent.yaml"), "{e}");
+            assert!(e.contains(&format!("line {line} ")), "{extra}: {e}");
+            assert!(e.contains(says), "{extra}: {e}");
+        }
+        let e = format!(
+            "{:#}",
+            load(&format!("notify:\n  webhooks:\n    - url: http://127.0.0.1:9/x\n      ca_file: {}\n", at("ca.pem")))
+                .unwrap_err()
+        );
+        assert!(e.contains("ca_file:") && e.contains("not an https:// url"), "{e}");
     }
 
     #[test]

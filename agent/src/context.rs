@@ -141,7 +141,9 @@ pub const WAITING_EVERY: std::time::Duration = std::time::Duration::from_secs(30
 
 /// The one stderr of this process, and what is pending on it.
 static STDERR: std::sync::LazyLock<std::sync::Mutex<Lines>> = std::sync::LazyLock::new(|| {
-    std::sync::Mutex::new(Lines::new(std::io::IsTerminal::is_terminal(&std::io::stderr())))
+    let mut lines = Lines::new(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+    lines.journal = crate::log::Stderr::detect().journal;
+    std::sync::Mutex::new(lines)
 });
 
 /// Writes what [`Lines`] says: whole lines, clearing a line shown in place first.
@@ -183,6 +185,9 @@ enum Out {
 /// 2 minutes takes a handful of lines, not sixty.
 struct Lines {
     tty: bool,
+    /// stderr is the journal: a warning's line starts with its priority (`<4>`), so that
+    /// `journalctl -p warning` finds it (the others are the stream's default, info).
+    journal: bool,
     /// A waiting line is shown in place (the next line clears it first).
     in_place: bool,
     /// Per unit: what is held back for its next line.
@@ -207,7 +212,7 @@ impl Held {
 
 impl Lines {
     fn new(tty: bool) -> Lines {
-        Lines { tty, in_place: false, held: Default::default(), last: Default::default() }
+        Lines { tty, journal: false, in_place: false, held: Default::default(), last: Default::default() }
     }
 
     fn on(&mut self, unit: &str, t: f64, e: &Event, now: Instant) -> Vec<Out> {
@@ -255,7 +260,8 @@ impl Lines {
             }
             Event::Warning(m) => {
                 out.extend(self.held.remove(unit).map(|h| Out::Line(h.line())));
-                at(&format!("WARNING: {m}"))
+                let p = if self.journal { "<4>" } else { "" };
+                format!("{p}{}", at(&format!("WARNING: {m}")))
             }
         };
         self.last.insert(unit.to_string(), now);
@@ -371,6 +377,18 @@ mod tests {
             [Out::Line("[  0.200s] u: proving; loading: 0s".into()), Out::Line("[  0.300s] v: ready".into())]
         );
         assert!(l.flush().is_empty());
+
+        // Under journald, the warning's line carries its priority, and only it.
+        let mut l = Lines { journal: true, ..Lines::new(false) };
+        assert!(l.on("u", 0.0, &Event::Phase("enabling u (at boot)".into()), now).is_empty());
+        let out = l.on("u", 0.1, &Event::Warning("enabling u failed".into()), now);
+        assert_eq!(
+            out,
+            [
+                Out::Line("[  0.000s] u: enabling u (at boot)".into()),
+                Out::Line("<4>[  0.100s] u: WARNING: enabling u failed".into())
+            ]
+        );
     }
 
     #[test]

@@ -20,6 +20,7 @@ mod host;
 mod listen;
 mod loadgen;
 mod lock;
+mod log;
 mod metrics;
 mod notify;
 mod ops;

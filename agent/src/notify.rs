@@ -7,6 +7,12 @@
 //! queue drops its oldest notice and counts it (`specd_notifications_dropped`). A notice carries
 //! no secret: it is built from the report and the unit's name, never from the spec's environment;
 //! a webhook's token goes in the `Authorization` header, read from its file at each delivery.
+//!
+//! A webhook with `secret_file` gets each body signed as code forges sign theirs: the header
+//! `X-Specd-Signature-256: sha256=<hex>`, the HMAC-SHA256 of the exact bytes of the body under
+//! the secret (the file's content, surrounding whitespace removed); a receiver computes the same
+//! over the body it read and compares in constant time. With `ca_file`, its certificates are
+//! trusted for that webhook's server besides the public CAs.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -25,6 +31,18 @@ use crate::state::{Outcome, Source};
 pub const QUEUE: usize = 64;
 /// One delivery attempt.
 const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(10);
+/// The header of a body's signature.
+pub const SIGNATURE_HEADER: &str = "X-Specd-Signature-256";
+
+/// `sha256=<hex>`: the HMAC-SHA256 of `body` under `secret`, as [`SIGNATURE_HEADER`] carries it.
+pub fn signature(secret: &[u8], body: &[u8]) -> String {
+    use hmac::{KeyInit, Mac};
+    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(secret).expect("HMAC takes a key of any length");
+    mac.update(body);
+    let tag = mac.finalize().into_bytes();
+    let hex: String = tag.iter().map(|b| format!("{b:02x}")).collect();
+    format!("sha256={hex}")
+}
 
 /// What one reconcile did, as a webhook receives it.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -130,6 +148,8 @@ pub struct Notifier {
 
 struct Target {
     hook: Webhook,
+    /// Its own when the webhook has a `ca_file`, else the one shared.
+    client: reqwest::Client,
     queue: std::sync::Mutex<VecDeque<Notice>>,
     /// Notices queued or being delivered.
     pending: tokio::sync::watch::Sender<usize>,
@@ -145,26 +165,38 @@ impl Notifier {
             return None;
         }
         let counters = Counters::default();
-        let client = reqwest::Client::builder()
-            .timeout(ATTEMPT_TIMEOUT)
-            .user_agent(concat!("specd/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .map_err(|e| tracing::error!("no notifications: cannot make an HTTP client: {e}"))
-            .ok()?;
+        let builder = || {
+            reqwest::Client::builder().timeout(ATTEMPT_TIMEOUT).user_agent(concat!("specd/", env!("CARGO_PKG_VERSION")))
+        };
+        let shared =
+            builder().build().map_err(|e| tracing::error!("no notifications: cannot make an HTTP client: {e}")).ok()?;
         let targets: Vec<Arc<Target>> = hooks
             .iter()
-            .map(|h| {
-                Arc::new(Target {
+            .filter_map(|h| {
+                let client = match &h.ca_file {
+                    None => shared.clone(),
+                    // Checked when the config was read: this builds.
+                    Some(ca) => match ca.certs.iter().fold(builder(), |b, c| b.add_root_certificate(c.clone())).build()
+                    {
+                        Ok(c) => c,
+                        Err(e) => {
+                            tracing::error!(webhook = %h.url, "no notifications to it: its ca_file: {e}");
+                            return None;
+                        }
+                    },
+                };
+                Some(Arc::new(Target {
                     hook: h.clone(),
+                    client,
                     queue: std::sync::Mutex::new(VecDeque::new()),
                     pending: tokio::sync::watch::channel(0).0,
                     wake: tokio::sync::Notify::new(),
                     hurry: tokio::sync::Notify::new(),
-                })
+                }))
             })
             .collect();
         for t in &targets {
-            tokio::spawn(deliver_loop(t.clone(), client.clone(), counters.clone()));
+            tokio::spawn(deliver_loop(t.clone(), counters.clone()));
         }
         Some(Notifier { targets: Arc::new(targets), counters })
     }
@@ -239,7 +271,7 @@ pub async fn flush(within: Duration) {
     if let Some((n, _)) = NOTIFIER.get()
         && !n.flush(within).await
     {
-        eprintln!("specd: warning: a webhook notice was not delivered within {within:?}; given up");
+        tracing::warn!("a webhook notice was not delivered within {within:?}; given up");
     }
 }
 
@@ -265,14 +297,14 @@ enum Failure {
     Refused(String),
 }
 
-async fn deliver_loop(t: Arc<Target>, client: reqwest::Client, counters: Counters) {
+async fn deliver_loop(t: Arc<Target>, counters: Counters) {
     loop {
         let next = lock(&t.queue).pop_front();
         let Some(notice) = next else {
             t.wake.notified().await;
             continue;
         };
-        let attempt = || deliver(&client, &t.hook, &notice);
+        let attempt = || deliver(&t.client, &t.hook, &notice);
         let backoff = ExponentialBuilder::default()
             .with_min_delay(Duration::from_secs(1))
             .with_max_delay(Duration::from_secs(60))
@@ -312,7 +344,13 @@ async fn deliver_loop(t: Arc<Target>, client: reqwest::Client, counters: Counter
 }
 
 async fn deliver(client: &reqwest::Client, hook: &Webhook, n: &Notice) -> Result<(), Failure> {
-    let mut req = client.post(hook.url.0.clone()).json(n);
+    // The bytes signed are the bytes sent.
+    let body = serde_json::to_vec(n).map_err(|e| Failure::Refused(format!("the notice as JSON: {e}")))?;
+    let mut req = client.post(hook.url.0.clone()).header(reqwest::header::CONTENT_TYPE, "application/json");
+    if let Some(f) = &hook.secret_file {
+        let secret = f.secret().map_err(Failure::Again)?;
+        req = req.header(SIGNATURE_HEADER, signature(&secret, &body));
+    }
     if let Some(f) = &hook.token_file {
         let token = tokio::fs::read_to_string(f)
             .await
@@ -320,7 +358,14 @@ async fn deliver(client: &reqwest::Client, hook: &Webhook, n: &Notice) -> Result
         req = req.bearer_auth(token.trim());
     }
     // The error's text may hold the URL, whose path may be a secret: only its kind is told.
-    let resp = req.send().await.map_err(|e| {
+    let resp = req.body(body).send().await.map_err(|e| {
+        if untrusted(&e) {
+            // Not a passing fault: trying again will not make it trusted.
+            return Failure::Refused(format!(
+                "the server's certificate is not trusted ({}): is its CA in the webhook's ca_file?",
+                untrusted_why(&e)
+            ));
+        }
         Failure::Again(if e.is_timeout() {
             "timed out".into()
         } else if e.is_connect() {
@@ -335,6 +380,24 @@ async fn deliver(client: &reqwest::Client, hook: &Webhook, n: &Notice) -> Result
         408 | 429 | 500..=599 => Err(Failure::Again(format!("answered {code}"))),
         _ => Err(Failure::Refused(format!("answered {code}"))),
     }
+}
+
+/// The TLS layer's refusal of the server's certificate, somewhere in `e`'s causes (rustls says
+/// `invalid peer certificate: <why>`).
+fn untrusted(e: &reqwest::Error) -> bool {
+    causes(e).any(|c| c.to_string().starts_with("invalid peer certificate"))
+}
+
+/// Why the certificate was refused (`UnknownIssuer`, `Expired`...): rustls's words, no URL.
+fn untrusted_why(e: &reqwest::Error) -> String {
+    causes(e)
+        .map(|c| c.to_string())
+        .find_map(|t| t.strip_prefix("invalid peer certificate: ").map(str::to_string))
+        .unwrap_or_default()
+}
+
+fn causes<'a>(e: &'a (dyn std::error::Error + 'static)) -> impl Iterator<Item = &'a (dyn std::error::Error + 'static)> {
+    std::iter::successors(Some(e), |c| c.source())
 }
 
 #[cfg(test)]
@@ -404,6 +467,19 @@ mod tests {
         let applied = Notice::of("h", &d, &report(Some(Outcome::Applied)), false, true, Duration::ZERO, 0).unwrap();
         n.send(&applied);
         assert_eq!(lock(&n.targets[0].queue).len(), QUEUE);
+    }
+
+    /// RFC 4231's test cases 1 and 2 for HMAC-SHA-256, in the header's form.
+    #[test]
+    fn the_signature_is_hmac_sha256_in_hex() {
+        assert_eq!(
+            signature(b"Jefe", b"what do ya want for nothing?"),
+            "sha256=5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
+        );
+        assert_eq!(
+            signature(&[0x0b; 20], b"Hi There"),
+            "sha256=b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7"
+        );
     }
 
     #[test]

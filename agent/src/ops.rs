@@ -16,14 +16,15 @@ use crate::reconcile::{self, Ctx, DesiredState, Event, Shutdown};
 use crate::specs;
 use crate::state::{self, Source, SourceState, Store};
 
-/// Load, resolve for this host and render a spec file; diagnostics on stderr when it is bad.
-fn desired(file: &Path, host: Option<String>) -> Result<Option<DesiredState>> {
+/// Load, resolve for this host and render a spec file; diagnostics on stderr when it is bad
+/// (and returned, for `--json`).
+fn desired(file: &Path, host: Option<String>) -> Result<Result<DesiredState, specd_spec::Diagnostics>> {
     let host = hostname(host);
     let parsed = match specs::load(file) {
         Ok(p) => p,
         Err(d) => {
             eprintln!("{d}");
-            return Ok(None);
+            return Ok(Err(d));
         }
     };
     match parsed.resolve_with_warnings(Some(&host)) {
@@ -32,41 +33,97 @@ fn desired(file: &Path, host: Option<String>) -> Result<Option<DesiredState>> {
                 eprintln!("{w}");
             }
             let path = std::fs::canonicalize(file).unwrap_or_else(|_| file.to_path_buf());
-            Ok(Some(DesiredState::new(spec, Some(Source::File { path: path.display().to_string() }))))
+            Ok(Ok(DesiredState::new(spec, Some(Source::File { path: path.display().to_string() }))))
         }
         Err(d) => {
             eprintln!("{d}");
-            Ok(None)
+            Ok(Err(d))
         }
     }
+}
+
+/// `specd apply --json`: one document on stdout. `ok` is true exactly when the exit code is 0.
+#[derive(Debug, Default, Serialize)]
+pub struct ApplyJson {
+    pub ok: bool,
+    pub dry_run: bool,
+    /// Why nothing was changed on this host (bad files, two files for one unit, a live sweep, a
+    /// unit a reconcile would refuse), when so.
+    pub error: Option<String>,
+    /// The problems of the spec files, when one is bad (as `specd validate --json`).
+    pub diagnostics: Vec<serde_json::Value>,
+    /// Every unit, in the order of the files.
+    pub units: Vec<AppliedUnit>,
+}
+
+/// One unit of `specd apply --json`.
+#[derive(Debug, Serialize)]
+pub struct AppliedUnit {
+    pub unit: String,
+    pub file: String,
+    /// The desired unit's sha256.
+    pub sha256: String,
+    /// What the reconcile found before it acted: sync status, why, and the steps it planned.
+    pub sync: Option<SyncStatus>,
+    pub reasons: Vec<String>,
+    pub steps: Vec<plan::Step>,
+    /// `applied`, `started`, `rolled-back`, `failed`, `refused`; null when nothing was done (in
+    /// sync, or a dry run).
+    pub outcome: Option<state::Outcome>,
+    /// The unit runs its spec (a dry run: would be made to).
+    pub ok: bool,
+    /// The reconcile's one line for a person.
+    pub verdict: Option<String>,
+    /// How the instance it stopped ended, when that was not a clean stop.
+    pub previous_instance: Option<String>,
+    /// specd itself failed for this unit.
+    pub error: Option<String>,
+}
+
+/// Print `doc` as the command's one JSON document on stdout.
+fn print_json(doc: &impl Serialize) -> Result<()> {
+    println!("{}", serde_json::to_string_pretty(doc)?);
+    Ok(())
 }
 
 /// `specd apply -f FILE...`: every file is read and checked first (one bad file, two files for
 /// one unit, or a unit a live sweep holds: nothing is changed on the host), then every unit is
 /// reconciled at once, in this one process (their daemon-reloads are shared). Exit 0 when every
-/// unit runs its spec, 1 otherwise, 2 when specd itself failed for one.
-pub async fn apply(dirs: &Dirs, files: &[PathBuf], host: Option<String>, dry_run: bool) -> Result<u8> {
+/// unit runs its spec, 1 otherwise, 2 when specd itself failed for one. With `json`, the verdicts
+/// are one JSON document on stdout ([`ApplyJson`]); progress stays on stderr.
+pub async fn apply(dirs: &Dirs, files: &[PathBuf], host: Option<String>, dry_run: bool, json: bool) -> Result<u8> {
+    let mut doc = ApplyJson { dry_run, ..Default::default() };
+    let refuse = |mut doc: ApplyJson, why: String| -> Result<u8> {
+        eprintln!("specd: {why}");
+        if json {
+            doc.error = Some(why);
+            print_json(&doc)?;
+        }
+        Ok(1)
+    };
     let mut all: Vec<DesiredState> = Vec::new();
-    let mut bad = false;
+    let mut bad = Vec::new();
     for f in files {
         match desired(f, host.clone())? {
-            Some(d) => all.push(d),
-            None => bad = true,
+            Ok(d) => all.push(d),
+            Err(d) => {
+                doc.diagnostics.extend(specs::diagnostics_json(&d.0));
+                bad.push(f.display().to_string());
+            }
         }
     }
-    if bad {
-        eprintln!("specd: nothing was changed on this host");
-        return Ok(1);
+    if !bad.is_empty() {
+        return refuse(doc, format!("{} not valid; nothing was changed on this host", bad.join(", ")));
     }
     for (i, d) in all.iter().enumerate() {
         if let Some(j) = all[..i].iter().position(|e| e.spec.unit == d.spec.unit) {
-            eprintln!(
-                "specd: {} and {} both define {}; nothing was changed on this host",
+            let why = format!(
+                "{} and {} both define {}; nothing was changed on this host",
                 files[j].display(),
                 files[i].display(),
                 d.spec.unit
             );
-            return Ok(1);
+            return refuse(doc, why);
         }
     }
     let shutdown = match dry_run {
@@ -79,8 +136,7 @@ pub async fn apply(dirs: &Dirs, files: &[PathBuf], host: Option<String>, dry_run
         for d in &all {
             let unit = &d.spec.unit;
             if let Some(why) = live_sweep(&ctx.store.peek(unit)?).filter(|_| !sweeps_own(&ctx.store, unit)) {
-                eprintln!("specd: refused: {unit}: {why}; nothing was changed on this host");
-                return Ok(1);
+                return refuse(doc, format!("refused: {unit}: {why}; nothing was changed on this host"));
             }
         }
     }
@@ -98,10 +154,14 @@ pub async fn apply(dirs: &Dirs, files: &[PathBuf], host: Option<String>, dry_run
             }
         }
         if !refusals.is_empty() {
-            for r in refusals {
+            for r in &refusals {
                 eprintln!("specd: {r}");
             }
             eprintln!("specd: nothing was changed on this host");
+            if json {
+                doc.error = Some(format!("{}; nothing was changed on this host", refusals.join("; ")));
+                print_json(&doc)?;
+            }
             return Ok(1);
         }
     }
@@ -110,23 +170,42 @@ pub async fn apply(dirs: &Dirs, files: &[PathBuf], host: Option<String>, dry_run
     crate::notify::flush(std::time::Duration::from_secs(30)).await;
     let mut code = 0;
     let many = done.len() > 1;
-    for (d, report) in all.iter().zip(done) {
+    for ((d, report), file) in all.iter().zip(done).zip(files) {
         let unit = &d.spec.unit;
+        let mut u = AppliedUnit {
+            unit: unit.clone(),
+            file: file.display().to_string(),
+            sha256: d.unit.sha256.clone(),
+            sync: None,
+            reasons: vec![],
+            steps: vec![],
+            outcome: None,
+            ok: false,
+            verdict: None,
+            previous_instance: None,
+            error: None,
+        };
         let report = match report {
             Ok(r) => r,
-            Err(e) if many => {
-                eprintln!("specd: error: {unit}: {e:#}");
+            Err(e) if many || json => {
+                if !json {
+                    eprintln!("specd: error: {unit}: {e:#}");
+                }
+                u.error = Some(format!("{e:#}"));
+                doc.units.push(u);
                 code = 2;
                 continue;
             }
             Err(e) => return Err(e.into()),
         };
-        if let Some(v) = &report.stop_verdict {
-            println!("note: {unit}: the previous instance was {v}");
-        }
-        match many && !report.verdict.contains(unit.as_str()) {
-            true => println!("{unit}: {}", report.verdict),
-            false => println!("{}", report.verdict),
+        if !json {
+            if let Some(v) = &report.stop_verdict {
+                println!("note: {unit}: the previous instance was {v}");
+            }
+            match many && !report.verdict.contains(unit.as_str()) {
+                true => println!("{unit}: {}", report.verdict),
+                false => println!("{}", report.verdict),
+            }
         }
         // 0: the unit runs the spec (or, dry run, would be made to); 1: anything else.
         let ok = match (report.outcome, report.plan.sync) {
@@ -138,6 +217,18 @@ pub async fn apply(dirs: &Dirs, files: &[PathBuf], host: Option<String>, dry_run
         if !ok {
             code = code.max(1);
         }
+        u.sync = Some(report.plan.sync);
+        u.reasons = report.plan.reasons.clone();
+        u.steps = report.plan.steps.clone();
+        u.outcome = report.outcome;
+        u.ok = ok;
+        u.verdict = Some(report.verdict.clone());
+        u.previous_instance = report.stop_verdict.clone();
+        doc.units.push(u);
+    }
+    if json {
+        doc.ok = code == 0;
+        print_json(&doc)?;
     }
     Ok(code)
 }
@@ -153,7 +244,7 @@ pub async fn preflight(paths: &[PathBuf], host: Option<String>) -> Result<u8> {
         if std::fs::read_to_string(f).is_ok_and(|t| specd_spec::sweep::is_sweep(&t)) {
             continue;
         }
-        let Some(d) = desired(f, host.clone())? else { continue };
+        let Ok(d) = desired(f, host.clone())? else { continue };
         // The unit's own running instance may hold its port.
         let cgroup = systemd.show(&d.spec.unit).await.map(|p| p.control_group).unwrap_or_default();
         let checks = crate::preflight::checks(&d.spec, &d.unit.text);
@@ -383,7 +474,7 @@ pub async fn status(dirs: &Dirs, json: bool, file: Option<&Path>, host: Option<S
     let mut override_desired = None;
     let units = match file {
         Some(f) => {
-            let Some(d) = desired(f, host)? else {
+            let Ok(d) = desired(f, host)? else {
                 return Ok(2);
             };
             let u = d.spec.unit.clone();
@@ -503,23 +594,89 @@ fn print_status(s: &UnitStatus) {
     }
 }
 
-pub async fn diff(dirs: &Dirs, file: &Path, host: Option<String>) -> Result<u8> {
-    let Some(d) = desired(file, host)? else {
-        return Ok(2);
+/// `specd diff --json`: one document on stdout. `ok` is true exactly when the exit code is 0
+/// (nothing differs).
+#[derive(Debug, Default, Serialize)]
+pub struct DiffJson {
+    pub ok: bool,
+    /// Why nothing was compared (the spec file is not valid).
+    pub error: Option<String>,
+    pub diagnostics: Vec<serde_json::Value>,
+    pub unit: Option<String>,
+    pub file: String,
+    /// The unit file and the server's args together: anything differs.
+    pub differs: bool,
+    pub unit_file: Option<UnitFileDiff>,
+    pub server_args: Option<ServerArgsDiff>,
+    /// The server answered its readiness endpoint.
+    pub ready: bool,
+}
+
+#[derive(Debug, Serialize)]
+pub struct UnitFileDiff {
+    pub path: String,
+    pub differs: bool,
+    /// Null when there is no unit file.
+    pub deployed_sha256: Option<String>,
+    pub desired_sha256: String,
+    /// The unified diff, deployed against desired; null when they are equal.
+    pub diff: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ServerArgsDiff {
+    /// The server's args were read and compared with the spec.
+    pub compared: bool,
+    /// Each arg that differs: `key` (a JSON pointer into the server's report), `expected` (the
+    /// spec's value), `actual` (the server's).
+    pub mismatches: Vec<probe::ArgMismatch>,
+    /// Why they were not compared.
+    pub error: Option<String>,
+}
+
+/// `specd diff -f FILE`: the deployed unit file against the desired one, and the server's args
+/// against the spec. Exit 0 when nothing differs, 1 when something does, 2 when the spec file is
+/// not valid (nothing compared).
+pub async fn diff(dirs: &Dirs, file: &Path, host: Option<String>, json: bool) -> Result<u8> {
+    let mut doc = DiffJson { file: file.display().to_string(), ..Default::default() };
+    let d = match desired(file, host)? {
+        Ok(d) => d,
+        Err(diags) => {
+            if json {
+                doc.error = Some(format!("{} is not a valid spec; nothing was compared", file.display()));
+                doc.diagnostics = specs::diagnostics_json(&diags.0);
+                print_json(&doc)?;
+            }
+            return Ok(2);
+        }
     };
+    doc.unit = Some(d.spec.unit.clone());
     let path = crate::host::unit_path(&dirs.unit_dir, &d.spec.unit);
-    let deployed = crate::fsx::read_opt(&path)?.map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default();
+    let on_disk = crate::fsx::read_opt(&path)?;
+    let deployed_sha256 = on_disk.as_deref().map(specd_spec::sha256_hex);
+    let deployed = on_disk.map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_default();
     let mut differs = false;
+    let mut unified = None;
     if deployed != d.unit.text {
         differs = true;
         let diff = similar::TextDiff::from_lines(&deployed, &d.unit.text);
-        print!(
-            "{}",
-            diff.unified_diff()
-                .context_radius(3)
-                .header(&path.display().to_string(), &format!("desired ({})", file.display()))
-        );
+        let text = diff
+            .unified_diff()
+            .context_radius(3)
+            .header(&path.display().to_string(), &format!("desired ({})", file.display()))
+            .to_string();
+        if !json {
+            print!("{text}");
+        }
+        unified = Some(text);
     }
+    doc.unit_file = Some(UnitFileDiff {
+        path: path.display().to_string(),
+        differs,
+        deployed_sha256,
+        desired_sha256: d.unit.sha256.clone(),
+        diff: unified,
+    });
     let base = d.spec.base_url();
     let quick = Probe::new(Duration::from_millis(1500));
     // The running instance, for an engine that logs its args (none: the log is not read).
@@ -529,19 +686,36 @@ pub async fn diff(dirs: &Dirs, file: &Path, host: Option<String>) -> Result<u8> 
         }
         _ => String::new(),
     };
+    let mut args = ServerArgsDiff { compared: false, mismatches: vec![], error: None };
     match crate::host::reported_args(&quick, &base, &d.spec, &invocation).await {
         Some(Ok(info)) => {
             let m = probe::compare_args(&d.spec.expected_server_args(), &info);
             for x in &m {
-                println!("server arg {x}");
+                if !json {
+                    println!("server arg {x}");
+                }
             }
             differs |= !m.is_empty();
+            args.compared = true;
+            args.mismatches = m;
         }
-        Some(Err(e)) => println!("(server args not compared: {e})"),
-        None => {}
+        Some(Err(e)) => {
+            if !json {
+                println!("(server args not compared: {e})");
+            }
+            args.error = Some(e.to_string());
+        }
+        None => args.error = Some("this engine does not report its args".into()),
     }
-    if quick.health(&format!("{base}{}", d.spec.readiness.endpoint)).await != Health::Ready {
+    doc.server_args = Some(args);
+    doc.ready = quick.health(&format!("{base}{}", d.spec.readiness.endpoint)).await == Health::Ready;
+    if !doc.ready && !json {
         println!("(the server at {base} is not ready)");
+    }
+    doc.differs = differs;
+    if json {
+        doc.ok = !differs;
+        print_json(&doc)?;
     }
     Ok(u8::from(differs))
 }
@@ -807,38 +981,91 @@ async fn notify_agent(socket: &Path, unit: &str) {
     }
 }
 
+/// `specd rollback --json`: one document on stdout. `ok` is true exactly when the exit code is
+/// 0 (the unit runs the earlier good unit, pinned).
+#[derive(Debug, Default, Serialize)]
+pub struct RollbackJson {
+    pub ok: bool,
+    pub unit: String,
+    /// Why nothing was changed (an unknown unit, a live sweep, no such good unit), or specd's
+    /// own failure.
+    pub error: Option<String>,
+    /// The good unit rolled back to.
+    pub to: Option<RollbackTo>,
+    /// `applied`, `started`, `rolled-back`, `failed`, `refused`; null when nothing was done
+    /// (it already ran).
+    pub outcome: Option<state::Outcome>,
+    pub verdict: Option<String>,
+    /// How the instance it stopped ended, when that was not a clean stop.
+    pub previous_instance: Option<String>,
+    /// The pin is in place: the agent leaves the unit there until the source has a new desired
+    /// unit or `specd resume`.
+    pub pinned: bool,
+    pub hold: Option<state::Hold>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct RollbackTo {
+    /// The unit this specd renders from the kept spec (what runs now).
+    pub sha256: String,
+    /// The unit's hash when it ran and was good (differs when specd renders it otherwise now).
+    pub recorded_sha256: String,
+    pub source: Option<Source>,
+    /// Unix seconds when it was good.
+    pub good_at: u64,
+}
+
 /// `specd rollback UNIT [--to HASH]`: apply an earlier good unit of its history again (the one
 /// before the deployed unit, or the one whose hash starts with HASH) through the normal apply,
 /// and pin it there: the agent leaves it until the source has a new desired unit or `specd
-/// resume`.
+/// resume`. With `json`, one JSON document on stdout ([`RollbackJson`]) and the rest on stderr.
 pub async fn rollback(
     dirs: &Dirs,
     unit: String,
     to: Option<String>,
     reason: Option<String>,
     socket: PathBuf,
+    json: bool,
 ) -> Result<u8> {
+    let mut doc = RollbackJson { unit: unit.clone(), ..Default::default() };
+    let say = |line: &str| if json { eprintln!("{line}") } else { println!("{line}") };
+    let refuse = |mut doc: RollbackJson, why: String| -> Result<u8> {
+        eprintln!("specd: {why}");
+        if json {
+            doc.error = Some(why);
+            print_json(&doc)?;
+        }
+        Ok(1)
+    };
     let ctx = context::host_ctx(dirs, context::events(Sink::Stderr), interruptible("specd rollback", "the rollback"));
-    let Some(st) = known_unit(&ctx.store, &unit)? else { return Ok(1) };
-    if let Some(why) = live_sweep(&st) {
-        eprintln!("specd: refused: {unit}: {why}; nothing was changed");
+    let Some(st) = known_unit(&ctx.store, &unit)? else {
+        if json {
+            doc.error = Some(format!("{unit}: specd has no state for this unit; nothing was changed"));
+            print_json(&doc)?;
+        }
         return Ok(1);
+    };
+    if let Some(why) = live_sweep(&st) {
+        return refuse(doc, format!("refused: {unit}: {why}; nothing was changed"));
     }
     let deployed = ctx.host.read(&crate::host::unit_path(&dirs.unit_dir, &unit))?.map(|b| specd_spec::sha256_hex(&b));
     let target = match rollback_target(&st, deployed.as_deref(), to.as_deref()) {
         Ok(t) => t.clone(),
-        Err(e) => {
-            eprintln!("specd: {unit}: {e}; nothing was changed");
-            return Ok(1);
-        }
+        Err(e) => return refuse(doc, format!("{unit}: {e}; nothing was changed")),
     };
     let d = DesiredState::new(target.spec.clone(), target.source.clone());
+    doc.to = Some(RollbackTo {
+        sha256: d.unit.sha256.clone(),
+        recorded_sha256: target.sha256.clone(),
+        source: target.source.clone(),
+        good_at: target.time,
+    });
     if d.unit.sha256 != target.sha256 {
-        println!(
+        say(&format!(
             "note: this specd renders that spec as unit {} (it was {} when it ran)",
             short(&d.unit.sha256),
             short(&target.sha256)
-        );
+        ));
     }
     // The desired unit the source had when pinned: a second rollback keeps the first's.
     let desired_at_pin = match &st.hold {
@@ -857,35 +1084,54 @@ pub async fn rollback(
     let me = std::process::id();
     let pending = state::Hold { pid: Some(me), pid_start: crate::host::pid_start(me), ..hold.clone() };
     ctx.store.set_hold(&unit, pending.clone()).await?;
-    println!(
+    say(&format!(
         "{unit}: rolling back to unit {} ({}, good at {})",
         short(&d.unit.sha256),
         d.source.as_ref().map_or("no source".into(), |s| s.to_string()),
         state::format_time(target.time)
-    );
+    ));
     let t0 = std::time::Instant::now();
     let report = reconcile::reconcile(&ctx, &d, false).await;
     context::flush_progress();
-    let report = report?;
-    println!("{}", report.verdict);
+    let report = match report {
+        Ok(r) => r,
+        Err(e) if json => {
+            doc.error = Some(format!("{e:#}"));
+            print_json(&doc)?;
+            return Err(e.into());
+        }
+        Err(e) => return Err(e.into()),
+    };
+    say(&report.verdict);
     crate::notify::after_reconcile(&ctx, &d, &report, t0.elapsed()).await;
     crate::notify::flush(std::time::Duration::from_secs(30)).await;
+    doc.outcome = report.outcome;
+    doc.verdict = Some(report.verdict.clone());
+    doc.previous_instance = report.stop_verdict.clone();
     let runs = matches!(
         (report.outcome, report.plan.sync),
         (Some(state::Outcome::Applied | state::Outcome::Started), _) | (None, SyncStatus::InSync)
     );
-    if runs {
+    let code = if runs {
         // It serves: the pin no longer ends with this process.
         ctx.store.set_hold_if(&unit, hold.clone(), |h| *h == pending).await?;
-        println!("{unit}: {}", hold.describe());
-        notify_agent(&socket, &unit).await;
-        Ok(0)
+        say(&format!("{unit}: {}", hold.describe()));
+        doc.pinned = true;
+        doc.hold = Some(hold);
+        0
     } else {
         ctx.store.clear_hold_if(&unit, "the rollback to it did not run", |h| *h == pending).await?;
-        println!("{unit}: not pinned (the rollback did not run)");
-        notify_agent(&socket, &unit).await;
-        Ok(1)
+        say(&format!("{unit}: not pinned (the rollback did not run)"));
+        1
+    };
+    if control_post(&socket, Some(&unit)).await.is_ok() {
+        say(&format!("asked the running agent to reconcile {unit}"));
     }
+    if json {
+        doc.ok = code == 0;
+        print_json(&doc)?;
+    }
+    Ok(code)
 }
 
 /// The shutdown of a one-shot command that applies (`specd apply`, `specd rollback`): see

@@ -74,3 +74,21 @@ pub fn load(p: &Path) -> Result<ParsedSpec, Diagnostics> {
     let text = std::fs::read_to_string(p).map_err(|e| Diagnostics(vec![io_diag(p, &e)]))?;
     specd_spec::parse(&p.display().to_string(), &text)
 }
+
+/// Diagnostics as `specd validate --json` and the other commands' `--json` give them: one object
+/// each (file, line, column, field, severity, message).
+pub fn diagnostics_json(diags: &[Diagnostic]) -> Vec<serde_json::Value> {
+    diags
+        .iter()
+        .map(|d| {
+            serde_json::json!({
+                "file": d.file,
+                "line": d.line,
+                "column": d.column,
+                "field": d.path,
+                "severity": d.severity,
+                "message": d.message,
+            })
+        })
+        .collect()
+}

@@ -83,7 +83,7 @@ impl SweepHold {
                     match store.set_hold_if(&unit, pushed.clone(), |h| *h == hold).await {
                         Ok(true) => hold = pushed,
                         Ok(false) => return,
-                        Err(e) => eprintln!("specd: WARNING: refreshing the hold on {unit}: {e:#}"),
+                        Err(e) => tracing::warn!("refreshing the hold on {unit}: {e:#}"),
                     }
                 }
             })
@@ -97,7 +97,7 @@ impl SweepHold {
         let me = self.hold.pid;
         let why = "the sweep ended";
         if let Err(e) = store.clear_hold_if(&self.unit, why, |h| h.kind == HoldKind::Sweep && h.pid == me).await {
-            eprintln!("specd: WARNING: clearing the hold on {}: {e:#}; it ends with this process", self.unit);
+            tracing::warn!("clearing the hold on {}: {e:#}; it ends with this process", self.unit);
         }
     }
 }
@@ -108,6 +108,72 @@ pub struct Options {
     pub resume: bool,
     pub write: bool,
     pub out: Option<PathBuf>,
+    /// The final summary as one JSON document on stdout ([`Summary`]) instead of the table and
+    /// the diff.
+    pub json: bool,
+}
+
+/// `specd sweep --json`: the final summary, one document on stdout. `ok` is true exactly when the
+/// exit code is 0.
+#[derive(Debug, Default, Serialize)]
+pub struct Summary {
+    pub ok: bool,
+    /// Why the sweep changed nothing (a bad file, results already there, a unit held), or
+    /// stopped (specd's own state or results file failed).
+    pub error: Option<String>,
+    pub sweep: Option<String>,
+    pub unit: Option<String>,
+    /// The output directory, and the files in it.
+    pub out: Option<String>,
+    pub files: Option<Files>,
+    /// Points in the sweep, and points with a record (measured or failed) in this run or before.
+    pub points: usize,
+    pub recorded: usize,
+    /// A signal stopped it (the unit was then restored).
+    pub interrupted: bool,
+    pub objective: Option<Objective>,
+    /// What the unit was left on: `restore` (as before the sweep), `best` (the best point),
+    /// `last-point` (specd had not deployed it before); and whether that apply ended on a
+    /// verified unit.
+    pub after: Option<String>,
+    pub after_ok: bool,
+    /// The best point under the objective (null: none met it).
+    pub best: Option<Best>,
+    /// The change of the base spec file that applies the best point (a unified diff; null when
+    /// the file has its values already, or it cannot be edited by itself: `spec_change_error`).
+    pub spec_change: Option<String>,
+    pub spec_change_error: Option<String>,
+    /// `--write` put the change into the file.
+    pub spec_written: bool,
+    /// This sweep's records, as in results.jsonl, in the sweep's order.
+    pub results: Vec<PointResult>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Files {
+    pub results: String,
+    pub table: String,
+    pub csv: String,
+    /// Null when the plot could not be drawn.
+    pub plot: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Objective {
+    /// What is maximized, as the sweep file names it (`throughput`, `tokens_per_s_per_request`,
+    /// `accept_length`).
+    pub maximize: Metric,
+    pub concurrency: u32,
+    /// Each constraint: the figure and its upper bound.
+    pub limits: std::collections::BTreeMap<String, f64>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Best {
+    pub index: usize,
+    pub label: String,
+    pub values: Vec<(String, Value)>,
+    pub unit_sha256: String,
 }
 
 /// Everything a sweep reads before it touches the host; an error here changes nothing.
@@ -261,18 +327,43 @@ async fn verdict_of(unit: &str, invocation: Option<&str>) -> (Option<String>, Op
 /// host on a verified unit, then write the reports and show the best point. The exit code: 0,
 /// 1 (refused before anything changed, or the unit left on a failed apply), 130 (interrupted).
 pub async fn run(dirs: &Dirs, o: Options) -> Result<u8> {
-    let p = match plan(&o) {
-        Ok(p) => p,
-        Err(e) => {
-            eprintln!("{e}");
-            eprintln!("specd: nothing was changed on this host");
-            return Ok(1);
+    let json = o.json;
+    let mut doc = Summary::default();
+    let result = campaign(dirs, &o, &mut doc).await;
+    if json {
+        match &result {
+            Ok(code) => doc.ok = *code == 0,
+            Err(e) => doc.error = Some(format!("{e:#}")),
         }
+        println!("{}", serde_json::to_string_pretty(&doc)?);
+    }
+    result
+}
+
+/// The sweep itself (see [`run`]); what the summary says is filled in `doc` as it goes.
+async fn campaign(dirs: &Dirs, o: &Options, doc: &mut Summary) -> Result<u8> {
+    let refuse = |doc: &mut Summary, why: String| -> Result<u8> {
+        eprintln!("{why}");
+        eprintln!("specd: nothing was changed on this host");
+        doc.error = Some(format!("{why}; nothing was changed on this host"));
+        Ok(1)
+    };
+    let p = match plan(o) {
+        Ok(p) => p,
+        Err(e) => return refuse(doc, e),
     };
     let sw = &p.parsed.sweep;
     let unit = p.points[0].spec.unit.clone();
     let results_path = p.out.join("results.jsonl");
+    doc.sweep = Some(sw.metadata.name.clone());
+    doc.unit = Some(unit.clone());
+    doc.out = Some(p.out.display().to_string());
+    doc.points = p.points.len();
     let Some(prior) = open_results(&p.out, &results_path, o.resume)? else {
+        doc.error = Some(format!(
+            "{} holds results already (--resume to go on with them); nothing was changed on this host",
+            results_path.display()
+        ));
         eprintln!("specd: nothing was changed on this host");
         return Ok(1);
     };
@@ -283,6 +374,7 @@ pub async fn run(dirs: &Dirs, o: Options) -> Result<u8> {
         Err(why) => {
             eprintln!("specd: {unit}: {why}");
             eprintln!("specd: nothing was changed on this host");
+            doc.error = Some(format!("{unit}: {why}; nothing was changed on this host"));
             return Ok(1);
         }
     };
@@ -308,22 +400,55 @@ pub async fn run(dirs: &Dirs, o: Options) -> Result<u8> {
     let limits = sw.spec.objective.constraints.limits();
     let winner = report::best(&results, goal(sw.spec.objective.maximize), at, &limits);
     let target = after_target(&p, &unit, &before, winner, ran.interrupted);
+    doc.interrupted = ran.interrupted;
+    doc.after = Some(
+        match (&target, sw.spec.after, winner) {
+            (None, _, _) => "last-point",
+            (Some(_), After::Best, Some(_)) if !ran.interrupted => "best",
+            (Some(_), _, _) => "restore",
+        }
+        .to_string(),
+    );
     let mut code = if ran.interrupted { 130 } else { 0 };
-    if !apply_after(&final_ctx, target, &unit).await? {
+    doc.after_ok = apply_after(&final_ctx, target, &unit).await?;
+    if !doc.after_ok {
         code = 1;
     }
     hold.release(&final_ctx.store).await;
 
-    // What a person reads.
-    write_reports(&p, &results, winner, at, &limits)?;
+    // What a person reads (with --json: what a program reads).
+    let plotted = write_reports(&p, &results, winner, at, &limits, !o.json)?;
     let goal_name = goal(sw.spec.objective.maximize).name();
+    doc.recorded = results.len();
+    doc.files = Some(Files {
+        results: results_path.display().to_string(),
+        table: p.out.join("table.md").display().to_string(),
+        csv: p.out.join("results.csv").display().to_string(),
+        plot: plotted.then(|| p.out.join("plot.svg").display().to_string()),
+    });
+    doc.objective = Some(Objective {
+        maximize: sw.spec.objective.maximize,
+        concurrency: at,
+        limits: limits.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
+    });
+    doc.results = results.clone();
     let Some(w) = winner else {
-        println!("no point met the objective ({goal_name} at concurrency {at}{})", limits_text(&limits));
+        if !o.json {
+            println!("no point met the objective ({goal_name} at concurrency {at}{})", limits_text(&limits));
+        }
         return Ok(code);
     };
     let wp = p.points.iter().find(|pt| pt.index == w.index).expect("the winner is a point");
-    println!("best: {} ({goal_name} at concurrency {at}{})", wp.label, limits_text(&limits));
-    offer_best(&p, wp, o.write)?;
+    doc.best = Some(Best {
+        index: wp.index,
+        label: wp.label.clone(),
+        values: wp.values.clone(),
+        unit_sha256: wp.unit.sha256.clone(),
+    });
+    if !o.json {
+        println!("best: {} ({goal_name} at concurrency {at}{})", wp.label, limits_text(&limits));
+    }
+    offer_best(&p, wp, o.write, doc, o.json)?;
     Ok(code)
 }
 
@@ -485,14 +610,15 @@ async fn apply_after<H: Host>(ctx: &Ctx<H>, target: Option<DesiredState>, unit: 
 }
 
 /// The reports in the output directory (table.md, results.csv, plot.svg), and the table on
-/// stdout.
+/// stdout when `print`. Whether the plot was drawn.
 fn write_reports(
     p: &Plan,
     results: &[PointResult],
     winner: Option<&PointResult>,
     at: u32,
     limits: &[(&str, f64)],
-) -> Result<()> {
+    print: bool,
+) -> Result<bool> {
     let sw = &p.parsed.sweep;
     let title = format!(
         "{}: {}",
@@ -503,23 +629,41 @@ fn write_reports(
     let table = report::table(results, win, at, limits);
     fsx::atomic_write(&p.out.join("table.md"), table.as_bytes(), 0o644)?;
     fsx::atomic_write(&p.out.join("results.csv"), report::csv(results).as_bytes(), 0o644)?;
-    match report::svg(results, &title, win) {
-        Ok(svg) => fsx::atomic_write(&p.out.join("plot.svg"), svg.as_bytes(), 0o644)?,
-        Err(e) => eprintln!("specd: {e}"),
+    let plotted = match report::svg(results, &title, win) {
+        Ok(svg) => {
+            fsx::atomic_write(&p.out.join("plot.svg"), svg.as_bytes(), 0o644)?;
+            true
+        }
+        Err(e) => {
+            eprintln!("specd: {e}");
+            false
+        }
+    };
+    if print {
+        println!("{table}");
+        println!("table.md, results.csv, plot.svg in {}", p.out.display());
     }
-    println!("{table}");
-    println!("table.md, results.csv, plot.svg in {}", p.out.display());
-    Ok(())
+    Ok(plotted)
 }
 
 /// The best point as a diff of the base spec file; with `--write`, the file edited in place
-/// (its mode and owner kept).
-fn offer_best(p: &Plan, wp: &Point, write: bool) -> Result<()> {
+/// (its mode and owner kept). What it did goes into `doc`; with `json`, nothing on stdout.
+fn offer_best(p: &Plan, wp: &Point, write: bool, doc: &mut Summary, json: bool) -> Result<()> {
+    let say = |line: &str| {
+        if !json {
+            println!("{line}");
+        }
+    };
     match edit_spec(&p.base, &p.base_text, wp, p.parsed.sweep.spec.host.as_deref()) {
-        Ok(new) if new == p.base_text => println!("{} already has the best point's values", p.base_path.display()),
+        Ok(new) if new == p.base_text => say(&format!("{} already has the best point's values", p.base_path.display())),
         Ok(new) => {
             let name = p.base_path.display().to_string();
-            print!("{}", similar::TextDiff::from_lines(&p.base_text, &new).unified_diff().header(&name, &name));
+            let change =
+                similar::TextDiff::from_lines(&p.base_text, &new).unified_diff().header(&name, &name).to_string();
+            if !json {
+                print!("{change}");
+            }
+            doc.spec_change = Some(change);
             if write {
                 use std::os::unix::fs::{MetadataExt, PermissionsExt};
                 let was = std::fs::metadata(&p.base_path).ok();
@@ -530,12 +674,16 @@ fn offer_best(p: &Plan, wp: &Point, write: bool) -> Result<()> {
                     std::os::unix::fs::chown(&p.base_path, Some(m.uid()), Some(m.gid()))
                         .with_context(|| format!("giving {name} back to its owner"))?;
                 }
-                println!("wrote {name}: commit it to keep the best point");
+                doc.spec_written = true;
+                say(&format!("wrote {name}: commit it to keep the best point"));
             } else {
-                println!("(--write puts this change into {name})");
+                say(&format!("(--write puts this change into {name})"));
             }
         }
-        Err(e) => println!("the best point cannot be written into {} by itself: {e}", p.base_path.display()),
+        Err(e) => {
+            say(&format!("the best point cannot be written into {} by itself: {e}", p.base_path.display()));
+            doc.spec_change_error = Some(e);
+        }
     }
     Ok(())
 }

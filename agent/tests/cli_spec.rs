@@ -255,3 +255,105 @@ fn validate_on_host_says_what_this_host_lacks() {
     assert_eq!(out.status.code(), Some(0), "{said}{}", String::from_utf8_lossy(&out.stderr));
     assert!(said.contains("a.service could start on this host"), "{said}");
 }
+
+/// stdout of a `--json` command: exactly one JSON document.
+fn json_doc(out: &std::process::Output) -> serde_json::Value {
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|err| {
+        panic!(
+            "stdout is not one JSON document ({err}):\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+/// The `--json` documents of bad input, which change nothing and touch no host: each says why,
+/// with `ok` false, and the exit code is the table's (1 refused, 2 cannot tell).
+#[test]
+fn json_of_bad_input_says_why_and_exits_as_the_table_says() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.yaml");
+    std::fs::write(&bad, "apiVersion: specd/v1\nkind: InferenceService\nmetadata: {name: a}\nspec:\n  unit: a.service\n  engine: sglang\n  model: rel\n").unwrap();
+    let state = dir.path().join("state");
+    std::fs::create_dir(&state).unwrap();
+    let units = dir.path().join("units");
+    let common = |c: &mut Command| {
+        c.arg("--state-dir").arg(&state).arg("--unit-dir").arg(&units);
+    };
+
+    // apply: refused, exit 1, the spec's diagnostics as `validate --json` gives them.
+    let mut c = specd();
+    c.args(["apply", "--json", "--config", "/nonexistent/agent.yaml", "-f"]).arg(&bad);
+    common(&mut c);
+    let out = c.output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let j = json_doc(&out);
+    assert_eq!((j["ok"].as_bool(), j["dry_run"].as_bool()), (Some(false), Some(false)), "{j:#}");
+    assert!(j["error"].as_str().unwrap().contains("nothing was changed on this host"), "{j:#}");
+    assert_eq!(j["units"], serde_json::json!([]));
+    let d = &j["diagnostics"][0];
+    assert_eq!((d["line"].as_u64(), d["field"].as_str()), (Some(7), Some("spec.model")), "{j:#}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("spec.model: must be an absolute path"));
+
+    // diff: cannot tell, exit 2.
+    let mut c = specd();
+    c.args(["diff", "--json", "-f"]).arg(&bad);
+    common(&mut c);
+    let out = c.output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let j = json_doc(&out);
+    assert_eq!(j["ok"], false);
+    assert!(j["error"].as_str().unwrap().contains("not a valid spec"), "{j:#}");
+    assert!(j["unit_file"].is_null() && j["diagnostics"][0]["field"] == "spec.model", "{j:#}");
+
+    // rollback of a unit specd has no state for: refused, exit 1.
+    let mut c = specd();
+    c.args(["rollback", "a.service", "--json", "--config", "/nonexistent/agent.yaml", "--socket"])
+        .arg(dir.path().join("no.sock"));
+    common(&mut c);
+    let out = c.output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let j = json_doc(&out);
+    assert_eq!(
+        (j["ok"].as_bool(), j["unit"].as_str(), j["pinned"].as_bool()),
+        (Some(false), Some("a.service"), Some(false))
+    );
+    assert!(j["error"].as_str().unwrap().contains("no state for this unit"), "{j:#}");
+
+    // sweep: a base spec that is not valid, exit 1, nothing written.
+    let sweep = dir.path().join("sweep.yaml");
+    std::fs::write(
+        &sweep,
+        "apiVersion: specd/v1\nkind: Sweep\nmetadata: {name: s}\nspec:\n  base: bad.yaml\n  matrix:\n    speculative.num_steps: [1, 2]\n  load: {concurrency: [1], requests: 2}\n  objective: {maximize: throughput}\n",
+    )
+    .unwrap();
+    let out_dir = dir.path().join("out");
+    let mut c = specd();
+    c.args(["sweep", "--json", "-f"]).arg(&sweep).arg("--out").arg(&out_dir);
+    common(&mut c);
+    let out = c.output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let j = json_doc(&out);
+    assert_eq!(j["ok"], false);
+    assert!(j["error"].as_str().unwrap().contains("nothing was changed on this host"), "{j:#}");
+    assert!(j["best"].is_null() && j["results"] == serde_json::json!([]), "{j:#}");
+    assert!(!out_dir.exists());
+
+    // A usage error: exit 2, before anything.
+    let out = specd().args(["rollback", "../a.service", "--json"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(out.stdout.is_empty());
+}
+
+/// `specd --help` carries the exit codes table of the README.
+#[test]
+fn the_long_help_gives_the_exit_codes() {
+    let out = specd().arg("--help").output().unwrap();
+    assert!(out.status.success());
+    let help = String::from_utf8(out.stdout).unwrap();
+    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+    for code in ["0", "1", "2", "130"] {
+        assert!(help.lines().any(|l| l.starts_with(&format!("  {code} "))), "{code} in:\n{help}");
+        assert!(readme.contains(&format!("| `{code}` |")), "README's exit codes table has no row {code}");
+    }
+}

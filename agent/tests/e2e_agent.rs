@@ -305,6 +305,54 @@ fn sigterm_stops_the_agent_at_a_safe_point_and_the_next_start_finishes() {
     f.e.b.shutdown().unwrap();
 }
 
+/// Under journald a rollback is a warning: `journalctl -p warning` of the agent's unit shows it
+/// (and not the agent's info lines, which are at info); no line carries its priority prefix as
+/// text. With its stderr in a file (systemd's `JOURNAL_STREAM` still set, for its stdout), the
+/// agent writes plain lines with their time: no priority, no escape code.
+#[test]
+fn a_rollback_is_in_the_journal_at_warning_priority_and_a_file_gets_plain_lines() {
+    let f = Fleet::new();
+    let a = f.e.port;
+    f.commit(&[("qwen.yaml", &f.spec("qwen.service", a, 5, 200, ""))], "works");
+    f.start_agent(f.repo.to_str().unwrap(), "");
+    f.wait_applied("qwen.service", 1);
+    let failing = f
+        .spec("qwen.service", a, 7, 200, "")
+        .replace("SPECD_STANDIN_LOAD_MS", "SPECD_STANDIN_EXIT_CODE: \"3\", SPECD_STANDIN_LOAD_MS");
+    f.commit(&[("qwen.yaml", &failing)], "fails at start");
+    f.wait_applied("qwen.service", 2);
+    assert_eq!(f.e.state("qwen.service")["history"][1]["outcome"], "rolled-back");
+    let journal = |priority: &str| {
+        f.e.b.check(&["journalctl", "--no-pager", "-o", "cat", "-p", priority, "-u", AGENT]).unwrap_or_default()
+    };
+    // journald writes what it read off the stream a moment later.
+    let warnings = wait_for("the rollback at priority warning", Duration::from_secs(10), || {
+        let w = journal("warning");
+        w.lines().any(|l| l.contains("RolledBack: qwen.service")).then_some(w)
+    })
+    .unwrap_or_else(|e| panic!("{e}\nthe whole journal:\n{}", f.e.b.journal(AGENT).unwrap_or_default()));
+    assert!(warnings.lines().all(|l| l.contains("WARN") || l.contains("ERROR")), "{warnings}");
+    let info = journal("info..info");
+    assert!(info.contains("specd agent starting"), "{info}");
+    assert!(!info.contains("RolledBack"), "{info}");
+    let all = f.e.b.journal(AGENT).unwrap();
+    assert!(!all.lines().any(|l| l.starts_with('<')), "a priority prefix left as text:\n{all}");
+
+    f.e.b.systemctl_check(&["stop", AGENT]).unwrap();
+    f.run_agent(f.repo.to_str().unwrap(), "", "StandardError=file:/run/agent.err\n");
+    let err = wait_for("the agent's ready line in its file", Duration::from_secs(30), || {
+        let t = f.e.b.read_to_string("/run/agent.err").ok()?;
+        t.contains(" INFO ready").then_some(t)
+    })
+    .unwrap();
+    assert!(!err.contains('\u{1b}'), "escape codes in a file:\n{err:?}");
+    for l in err.lines() {
+        // `2025-01-02T03:04:05.678901Z  INFO ...`: its time first.
+        assert!(l.get(..2).is_some_and(|y| y == "20") && l.get(10..11) == Some("T"), "{l:?}");
+    }
+    f.e.b.shutdown().unwrap();
+}
+
 #[test]
 fn a_removed_spec_leaves_its_unit_running_as_orphaned_unless_prune_is_on() {
     let f = Fleet::new();

@@ -1027,3 +1027,132 @@ fn a_loading_server_takes_a_few_lines_in_a_pipe_with_what_it_says() {
     assert!(out.contains("loading: 4s ([") && out.contains("Load weight begin"), "{out}");
     e.b.shutdown().unwrap();
 }
+
+/// stdout of a `--json` command: exactly one JSON document (progress and notes are on stderr).
+fn json_doc(o: &std::process::Output) -> serde_json::Value {
+    serde_json::from_slice(&o.stdout)
+        .unwrap_or_else(|err| panic!("stdout is not one JSON document ({err}):\n{}", text(o)))
+}
+
+/// `--json` of `apply`, `diff` and `rollback` as a script reads them, against the exit codes of
+/// the README's table: an apply, a diff with nothing and then something to say, a failing apply
+/// rolled back, a hand rollback pinned, and a rollback refused.
+#[test]
+fn apply_diff_and_rollback_say_what_they_did_in_json_with_their_exit_codes() {
+    let e = Env::new();
+    let service = "  service: {restart: always, timeout_stop_sec: 2, environment: {SPECD_STANDIN_LOAD_MS: \"100\"}}\n";
+    let five = e.put("five.yaml", &e.spec(UNIT, 5, service));
+    let seven = e.put("seven.yaml", &e.spec(UNIT, 7, service));
+    let hash = |f: &str| String::from_utf8(e.specd(&["render", "--hash", f]).stdout).unwrap().trim().to_string();
+    let (h5, h7) = (hash(&five), hash(&seven));
+
+    let o = e.specd(&["apply", "-f", &five, "--json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let j = json_doc(&o);
+    assert_eq!(j["ok"], true, "{j:#}");
+    assert_eq!(j["dry_run"], false);
+    assert!(j["error"].is_null() && j["diagnostics"] == serde_json::json!([]), "{j:#}");
+    let u = &j["units"][0];
+    assert_eq!(j["units"].as_array().map(Vec::len), Some(1), "{j:#}");
+    assert_eq!(
+        (u["unit"].as_str(), u["file"].as_str(), u["sha256"].as_str()),
+        (Some(UNIT), Some(five.as_str()), Some(h5.as_str()))
+    );
+    assert_eq!((u["outcome"].as_str(), u["ok"].as_bool()), (Some("applied"), Some(true)), "{u:#}");
+    assert_eq!(u["sync"], "OutOfSync", "{u:#}");
+    assert!(u["steps"].as_array().unwrap().iter().any(|s| s == "Start"), "{u:#}");
+    assert!(u["verdict"].as_str().unwrap().starts_with("Applied"), "{u:#}");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("daemon-reload"), "progress on stderr:\n{}", text(&o));
+
+    // Nothing differs: exit 0.
+    let o = e.specd(&["diff", "-f", &five, "--json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let j = json_doc(&o);
+    assert_eq!(
+        (j["ok"].as_bool(), j["differs"].as_bool(), j["ready"].as_bool()),
+        (Some(true), Some(false), Some(true)),
+        "{j:#}"
+    );
+    assert_eq!(j["unit"], UNIT);
+    assert_eq!(j["unit_file"]["differs"], false);
+    assert_eq!(j["unit_file"]["deployed_sha256"], h5.as_str());
+    assert!(j["unit_file"]["diff"].is_null());
+    assert_eq!(
+        (j["server_args"]["compared"].as_bool(), j["server_args"]["mismatches"].as_array().map(Vec::len)),
+        (Some(true), Some(0)),
+        "{j:#}"
+    );
+
+    // A spec of 7 steps against the server of 5: the unit file and the server's args differ, exit 1.
+    let o = e.specd(&["diff", "-f", &seven, "--json"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let j = json_doc(&o);
+    assert_eq!((j["ok"].as_bool(), j["differs"].as_bool()), (Some(false), Some(true)), "{j:#}");
+    let f = &j["unit_file"];
+    assert_eq!((f["deployed_sha256"].as_str(), f["desired_sha256"].as_str()), (Some(h5.as_str()), Some(h7.as_str())));
+    let d = f["diff"].as_str().unwrap();
+    assert!(
+        d.contains("--speculative-num-steps 5") && d.contains("+ExecStart=") && d.contains("--speculative-num-steps 7"),
+        "{d}"
+    );
+    let m = j["server_args"]["mismatches"].as_array().unwrap();
+    assert!(
+        m.iter().any(|x| x["key"].as_str().is_some_and(|k| k.ends_with("speculative_num_steps"))
+            && x["expected"] == 7
+            && x["actual"] == 5),
+        "{j:#}"
+    );
+
+    let o = e.specd(&["apply", "-f", &seven, "--json"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    // A start that fails: rolled back to 7, exit 1.
+    let broken = e.put(
+        "broken.yaml",
+        &e.spec(
+            UNIT,
+            9,
+            &service.replace("SPECD_STANDIN_LOAD_MS", "SPECD_STANDIN_EXIT_CODE: \"3\", SPECD_STANDIN_LOAD_MS"),
+        ),
+    );
+    let o = e.specd(&["apply", "-f", &broken, "--json"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let j = json_doc(&o);
+    let u = &j["units"][0];
+    assert_eq!(
+        (j["ok"].as_bool(), u["ok"].as_bool(), u["outcome"].as_str()),
+        (Some(false), Some(false), Some("rolled-back")),
+        "{j:#}"
+    );
+    assert!(u["verdict"].as_str().unwrap().starts_with("RolledBack"), "{u:#}");
+    assert_eq!(e.served_steps(), Some(7));
+
+    // A hand rollback: to the good unit before the deployed one (5), pinned; exit 0.
+    let o = e.specd(&["rollback", UNIT, "--json", "--reason", "7 regresses"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let j = json_doc(&o);
+    assert_eq!(
+        (j["ok"].as_bool(), j["pinned"].as_bool(), j["outcome"].as_str()),
+        (Some(true), Some(true), Some("applied")),
+        "{j:#}"
+    );
+    assert_eq!(j["unit"], UNIT);
+    assert_eq!(
+        (j["to"]["sha256"].as_str(), j["to"]["recorded_sha256"].as_str()),
+        (Some(h5.as_str()), Some(h5.as_str())),
+        "{j:#}"
+    );
+    assert_eq!(j["to"]["source"]["kind"], "file", "{j:#}");
+    assert_eq!((j["hold"]["kind"].as_str(), j["hold"]["reason"].as_str()), (Some("pin"), Some("7 regresses")), "{j:#}");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("rolling back to unit"), "the words on stderr:\n{}", text(&o));
+    assert_eq!(e.served_steps(), Some(5));
+
+    // A rollback to a unit never good here: refused, nothing changed, exit 1.
+    let o = e.specd(&["rollback", UNIT, "--to", "0000ffff", "--json"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let j = json_doc(&o);
+    assert_eq!(j["ok"], false);
+    assert!(j["error"].as_str().unwrap().contains("no good unit 0000ffff is recorded"), "{j:#}");
+    assert!(j["to"].is_null() && j["outcome"].is_null() && j["pinned"] == false, "{j:#}");
+    assert_eq!(e.served_steps(), Some(5));
+    e.b.shutdown().unwrap();
+}

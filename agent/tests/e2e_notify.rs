@@ -1,7 +1,7 @@
 //! Webhook notifications from the running agent in the box, received by a plain HTTP listener of
 //! this test: a rollback is delivered once with the fields an operator reads, a secret of the
 //! spec or the webhook's token never appears in a body, and a dead receiver delays nothing and
-//! gets its notices once it answers.
+//! gets its notices once it answers; an https webhook of a private CA, its bodies signed.
 
 mod common;
 
@@ -240,4 +240,167 @@ fn a_notice_queued_when_the_agent_stops_is_delivered_during_the_stop() {
     })
     .unwrap();
     f.e.b.shutdown().unwrap();
+}
+
+/// An https receiver with a certificate of the test's own CA, that checks each body's
+/// `X-Specd-Signature-256` with its secret (Python's hmac, not specd's code): 200 when it
+/// matches, 401 otherwise. Each request is printed as a JSON line on stdout before the answer.
+const SIGNED_RECEIVER: &str = r#"
+import hashlib, hmac, http.server, json, os, ssl, sys
+cert, key, secret_file, port_file = sys.argv[1:5]
+secret = open(secret_file, "rb").read().strip()
+
+class Hook(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def do_POST(self):
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        got = self.headers.get("X-Specd-Signature-256", "")
+        want = "sha256=" + hmac.new(secret, body, hashlib.sha256).hexdigest()
+        valid = hmac.compare_digest(got, want)
+        print(json.dumps({"path": self.path, "signature": got, "valid": valid,
+                          "content_type": self.headers.get("Content-Type"), "body": body.decode()}), flush=True)
+        self.send_response(200 if valid else 401)
+        self.send_header("Content-Length", "0")
+        self.send_header("Connection", "close")
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hook)
+ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+ctx.load_cert_chain(cert, key)
+server.socket = ctx.wrap_socket(server.socket, server_side=True)
+with open(port_file + ".tmp", "w") as f:
+    f.write(str(server.server_address[1]))
+os.rename(port_file + ".tmp", port_file)
+server.serve_forever()
+"#;
+
+/// A CA of the test's own (as an operator's internal one) and a server certificate it signed for
+/// 127.0.0.1: `ca.pem`, `server.pem`, `server.key` in `d`.
+fn test_ca(d: &std::path::Path) {
+    let openssl = |args: &[&str]| {
+        let out = std::process::Command::new("openssl").args(args).current_dir(d).output().unwrap();
+        assert!(out.status.success(), "openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    };
+    let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes"];
+    openssl(
+        &[
+            &["req", "-x509"],
+            &ec[..],
+            &["-days", "2", "-subj", "/CN=specd test CA", "-keyout", "ca.key", "-out", "ca.pem"],
+            &["-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign"],
+        ]
+        .concat(),
+    );
+    openssl(&[&["req"], &ec[..], &["-subj", "/CN=127.0.0.1", "-keyout", "server.key", "-out", "server.csr"]].concat());
+    std::fs::write(
+        d.join("server.ext"),
+        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
+    )
+    .unwrap();
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-extfile",
+        "server.ext",
+        "-out",
+        "server.pem",
+    ]);
+}
+
+/// A webhook with `ca_file` (the test's CA) and `secret_file`: delivered over TLS to a server
+/// only that CA vouches for, its body signed so that the receiver's own HMAC check accepts it. A
+/// webhook signing with another secret is refused by the receiver (401), and one without the
+/// CA does not trust the server: both are given up at once, and `specd apply` says so on its
+/// stderr as warnings.
+#[test]
+fn an_https_webhook_with_a_private_ca_is_signed_and_a_wrong_signature_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    test_ca(d);
+    std::fs::write(d.join("secret"), "shared-hook-secret-81c2\n").unwrap();
+    std::fs::write(d.join("receiver.py"), SIGNED_RECEIVER).unwrap();
+    let port_file = d.join("port");
+    let mut child = std::process::Command::new("python3")
+        .arg(d.join("receiver.py"))
+        .args([d.join("server.pem"), d.join("server.key"), d.join("secret"), port_file.clone()])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let _receiver = Reaped(child);
+    let (tx, rx) = mpsc::channel::<serde_json::Value>();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(serde_json::from_str(&line).unwrap()).is_err() {
+                return;
+            }
+        }
+    });
+    wait_until("the https receiver to listen", Duration::from_secs(10), || port_file.exists()).unwrap();
+    let port = std::fs::read_to_string(&port_file).unwrap();
+
+    let e = Env::new();
+    e.b.write_file("/run/hook/ca.pem", std::fs::read(d.join("ca.pem")).unwrap()).unwrap();
+    e.b.write_file("/run/hook/secret", "shared-hook-secret-81c2\n").unwrap();
+    e.b.write_file("/run/hook/wrong", "not-the-secret\n").unwrap();
+    let url = format!("https://127.0.0.1:{port}");
+    e.b.write_file(
+        "/run/agent.yaml",
+        format!(
+            "notify:\n  webhooks:\n    - url: {url}/signed\n      ca_file: /run/hook/ca.pem\n      secret_file: /run/hook/secret\n    - url: {url}/forged\n      ca_file: /run/hook/ca.pem\n      secret_file: /run/hook/wrong\n    - url: {url}/untrusted\n      secret_file: /run/hook/secret\n"
+        ),
+    )
+    .unwrap();
+    let service = "  service: {restart: always, timeout_stop_sec: 2, environment: {SPECD_STANDIN_LOAD_MS: \"100\"}}\n";
+    let spec = e.put("good.yaml", &e.spec("qwen.service", 5, service));
+    let o = e.specd(&["apply", "-f", &spec, "--config", "/run/agent.yaml"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+
+    // Both requests that reached the receiver were printed before they were answered, so before
+    // the apply exited.
+    let mut got: Vec<serde_json::Value> = rx.try_iter().collect();
+    got.sort_by_key(|r| r["path"].as_str().unwrap_or("").to_string());
+    assert_eq!(got.len(), 2, "{got:#?}\n{err}");
+    let (forged, signed) = (&got[0], &got[1]);
+    assert_eq!(signed["path"], "/signed");
+    assert_eq!(signed["valid"], true, "{signed}");
+    assert_eq!(signed["content_type"], "application/json");
+    let body: serde_json::Value = serde_json::from_str(signed["body"].as_str().unwrap()).unwrap();
+    assert_eq!((body["unit"].as_str(), body["outcome"].as_str()), (Some("qwen.service"), Some("applied")), "{body}");
+    let sig = signed["signature"].as_str().unwrap();
+    assert!(sig.len() == 71 && sig.starts_with("sha256=") && sig[7..].bytes().all(|b| b.is_ascii_hexdigit()), "{sig}");
+    assert_eq!(forged["path"], "/forged");
+    assert_eq!(forged["valid"], false, "{forged}");
+    assert_eq!(forged["body"], signed["body"], "the same notice, signed with another secret");
+
+    // The one-shot command's warnings, on its stderr.
+    let host = format!("webhook=https://127.0.0.1:{port}");
+    assert!(
+        err.lines().any(|l| l.starts_with("specd: warning: notification given up: answered 401 Unauthorized")
+            && l.contains(&host)
+            && l.contains("unit=qwen.service")),
+        "{err}"
+    );
+    assert!(
+        err.lines()
+            .any(|l| l.starts_with("specd: warning: notification given up: the server's certificate is not trusted")
+                && l.contains("ca_file")),
+        "{err}"
+    );
+    assert!(!err.contains("not delivered within"), "{err}");
+    e.b.shutdown().unwrap();
 }

@@ -296,13 +296,37 @@ fn a_sweep_measures_each_point_restores_the_unit_and_writes_its_reports() {
     assert!(text(&o).contains("--resume"), "{}", text(&o));
     // The operator's file (run with sudo, specd is root): it stays theirs.
     e.b.check(&["chown", "65534:65534", "/run/specs/base.yaml"]).unwrap();
-    let o = e.specd(&["sweep", "-f", &sweep, "--out", out, "--resume", "--write"]);
+    // With --json, the final summary is one JSON document on stdout; the progress on stderr.
+    let o = e.specd(&["sweep", "-f", &sweep, "--out", out, "--resume", "--write", "--json"]);
     let said = text(&o);
     assert!(o.status.success(), "{said}");
-    assert!(said.contains("[1/3] num_steps=1: measured before"), "{said}");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("[1/3] num_steps=1: measured before"), "{said}");
     assert_eq!(results(&e, out).len(), 3);
     let best = r.iter().max_by(|a, b| a.levels[1].throughput.total_cmp(&b.levels[1].throughput)).unwrap();
     let steps = best.values[0].1.as_u64().unwrap() as u32;
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|err| panic!("{err}: {said}"));
+    assert_eq!(
+        (j["ok"].as_bool(), j["interrupted"].as_bool(), j["error"].is_null()),
+        (Some(true), Some(false), true),
+        "{j:#}"
+    );
+    assert_eq!((j["sweep"].as_str(), j["unit"].as_str(), j["out"].as_str()), (Some("steps"), Some(UNIT), Some(out)));
+    assert_eq!((j["points"].as_u64(), j["recorded"].as_u64()), (Some(3), Some(3)));
+    assert_eq!((j["after"].as_str(), j["after_ok"].as_bool()), (Some("restore"), Some(true)), "{j:#}");
+    assert_eq!(j["objective"], serde_json::json!({"maximize": "throughput", "concurrency": 4, "limits": {}}));
+    assert_eq!(j["best"]["label"], format!("num_steps={steps}"));
+    assert_eq!(j["best"]["unit_sha256"], best.unit_sha256.as_str());
+    assert_eq!(j["best"]["values"], serde_json::json!([["speculative.num_steps", steps]]));
+    assert_eq!(j["files"]["table"], format!("{out}/table.md"));
+    assert_eq!(j["files"]["plot"], format!("{out}/plot.svg"));
+    assert_eq!(j["spec_written"], true);
+    let change = j["spec_change"].as_str().unwrap();
+    assert!(change.contains(&format!("+  speculative: {{algorithm: NEXTN, num_steps: {steps},")), "{change}");
+    let recs: Vec<specd::PointResult> = serde_json::from_value(j["results"].clone()).unwrap();
+    assert_eq!(
+        recs.iter().map(|r| r.unit_sha256.as_str()).collect::<Vec<_>>(),
+        r.iter().map(|r| r.unit_sha256.as_str()).collect::<Vec<_>>()
+    );
     let written = e.b.read_to_string("/run/specs/base.yaml").unwrap();
     assert_eq!(
         written,

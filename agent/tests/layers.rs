@@ -13,7 +13,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("core", &["plan", "recovery", "service", "speculation", "guard", "hold", "timing", "record", "conclude"]),
     // The adapters, in three ordered layers. Primitives: files, locks, processes, cgroups,
     // D-Bus's wire, specd's own state files.
-    ("primitives", &["fsx", "lock", "process", "owner", "dbus", "cgroup", "specs", "state"]),
+    ("primitives", &["fsx", "lock", "log", "process", "owner", "dbus", "cgroup", "specs", "state"]),
     // One piece of the world each: systemd, the servers' HTTP, the journal (diagnose), the
     // pre-flight's look at the machine, the git source, the agent's config, the load generator
     // and its reports, the agent's metrics and endpoints.

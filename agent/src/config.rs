@@ -72,7 +72,7 @@ pub struct NotifyConfig {
 }
 
 /// One webhook: a JSON body is POSTed to `url` for each reconcile whose outcome is one of
-/// `events` (`crate::notify` builds it).
+/// `events` (the webhook notices module builds it).
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields, try_from = "RawWebhook")]
 pub struct Webhook {

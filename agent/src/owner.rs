@@ -56,13 +56,18 @@ pub fn written_by_specd(text: &[u8]) -> bool {
 /// header, or a unit systemd loads from a file elsewhere (a package's unit in
 /// `/usr/lib/systemd/system`, a runtime unit in `/run`), which a file written at `path` would
 /// shadow. `None` when there is no such unit or the file is specd's.
-pub fn foreign(path: &std::path::Path, file: Option<&[u8]>, load_state: &str, fragment_path: &str) -> Option<String> {
+pub fn foreign(
+    path: &std::path::Path,
+    file: Option<&[u8]>,
+    load_state: crate::service::LoadState,
+    fragment_path: &str,
+) -> Option<String> {
     match file {
         Some(t) if !written_by_specd(t) => {
             Some(format!("{} was not written by specd (it has no specd header)", path.display()))
         }
         Some(_) => None,
-        None if load_state != "not-found"
+        None if load_state != crate::service::LoadState::NotFound
             && !fragment_path.is_empty()
             && fragment_path != "/dev/null"
             && std::path::Path::new(fragment_path) != path
@@ -125,17 +130,23 @@ mod tests {
     fn a_unit_another_package_installed_is_foreign() {
         let p = std::path::Path::new("/etc/systemd/system/nginx.service");
         let ours = format!("{}\n[Unit]\n", specd_spec::HEADER);
-        assert_eq!(foreign(p, None, "not-found", ""), None, "no unit at all");
-        assert_eq!(foreign(p, Some(ours.as_bytes()), "loaded", p.to_str().unwrap()), None);
+        assert_eq!(foreign(p, None, crate::service::LoadState::NotFound, ""), None, "no unit at all");
+        assert_eq!(foreign(p, Some(ours.as_bytes()), crate::service::LoadState::Loaded, p.to_str().unwrap()), None);
         let d = tempfile::tempdir().unwrap();
         let vendor = d.path().join("nginx.service");
         std::fs::write(&vendor, "[Service]\nExecStart=/bin/true\n").unwrap();
-        let e = foreign(p, None, "loaded", vendor.to_str().unwrap()).unwrap();
+        let e = foreign(p, None, crate::service::LoadState::Loaded, vendor.to_str().unwrap()).unwrap();
         assert_eq!(e, format!("systemd loads it from {}, a unit file specd did not write", vendor.display()));
         // specd's own file deleted before a daemon-reload, or a package removed: nothing to take over.
-        assert_eq!(foreign(p, None, "loaded", p.to_str().unwrap()), None);
-        assert_eq!(foreign(p, None, "loaded", "/usr/lib/systemd/system/gone.service"), None);
-        let e = foreign(p, Some(b"[Service]\nExecStart=/bin/true\n"), "loaded", p.to_str().unwrap()).unwrap();
+        assert_eq!(foreign(p, None, crate::service::LoadState::Loaded, p.to_str().unwrap()), None);
+        assert_eq!(foreign(p, None, crate::service::LoadState::Loaded, "/usr/lib/systemd/system/gone.service"), None);
+        let e = foreign(
+            p,
+            Some(b"[Service]\nExecStart=/bin/true\n"),
+            crate::service::LoadState::Loaded,
+            p.to_str().unwrap(),
+        )
+        .unwrap();
         assert!(e.contains("was not written by specd"), "{e}");
     }
 

@@ -4,7 +4,7 @@
 use serde::Serialize;
 use specd_spec::{DriftPolicy, short};
 
-use crate::service::ActiveState;
+use crate::service::{ActiveState, LoadState, UnitFileState};
 
 /// What specd saw on the host for one unit.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -13,7 +13,7 @@ pub struct Observed {
     pub deployed_sha256: Option<String>,
     /// Drop-ins that change the unit (any `X.service.d/*.conf` systemd loads).
     pub drop_ins: Vec<String>,
-    pub load_state: String,
+    pub load_state: LoadState,
     pub active_state: ActiveState,
     pub sub_state: String,
     pub main_pid: u32,
@@ -169,7 +169,7 @@ pub fn plan(o: &Observed, d: &Desired) -> Plan {
     let mut reasons = Vec::new();
     // A mask is a person's decision (or a runtime one): it is neither drift to heal nor a unit to
     // start; specd says so and touches nothing.
-    if o.load_state == "masked" {
+    if o.load_state == LoadState::Masked {
         return Plan {
             sync: SyncStatus::Masked,
             reasons: vec![
@@ -211,7 +211,7 @@ pub fn plan(o: &Observed, d: &Desired) -> Plan {
     let file_differs = o.deployed_sha256.as_deref() != Some(d.sha256.as_str());
     let running = o.active_state.may_run() || o.main_pid > 0;
     let loaded_elsewhere =
-        o.load_state == "loaded" && !o.fragment_path.is_empty() && o.fragment_path != d.fragment_path;
+        o.load_state == LoadState::Loaded && !o.fragment_path.is_empty() && o.fragment_path != d.fragment_path;
     let stale_cmdline = running && o.main_cmdline.as_ref().is_some_and(|c| !runs_argv(c, &d.argv));
 
     // Is the difference a new desired state (deploy) or the host moving away from it (drift)?
@@ -357,10 +357,10 @@ fn by_state(o: &Observed, d: &Desired) -> Plan {
 /// Whether a unit starts at boot, from systemd's `UnitFileState`: `enabled` yes; `disabled` or
 /// `enabled-runtime` (until the next boot only) no; anything else (static, linked, generated,
 /// not loaded) is not specd's to change.
-pub fn enabled_of(unit_file_state: &str) -> Option<bool> {
+pub fn enabled_of(unit_file_state: UnitFileState) -> Option<bool> {
     match unit_file_state {
-        "enabled" => Some(true),
-        "disabled" | "enabled-runtime" => Some(false),
+        UnitFileState::Enabled => Some(true),
+        UnitFileState::Disabled | UnitFileState::EnabledRuntime => Some(false),
         _ => None,
     }
 }
@@ -422,7 +422,7 @@ mod tests {
         Observed {
             deployed_sha256: Some(d.sha256.clone()),
             drop_ins: vec![],
-            load_state: "loaded".into(),
+            load_state: LoadState::Loaded,
             active_state: "active".into(),
             sub_state: "running".into(),
             main_pid: 42,
@@ -451,7 +451,7 @@ mod tests {
             Observed { quarantined: Some("failed".into()), last_good_sha256: Some("g".into()), ..in_sync() },
         ] {
             let o =
-                Observed { load_state: "masked".into(), fragment_path: "/run/systemd/system/x.service".into(), ..o };
+                Observed { load_state: LoadState::Masked, fragment_path: "/run/systemd/system/x.service".into(), ..o };
             let p = plan(&o, &d);
             assert_eq!((p.sync, p.steps.len()), (SyncStatus::Masked, 0), "{o:?}");
             assert!(p.reasons[0].contains("does not unmask"), "{p:?}");
@@ -765,7 +765,7 @@ mod tests {
         let new = Observed {
             deployed_sha256: None,
             written_sha256: None,
-            load_state: "not-found".into(),
+            load_state: LoadState::NotFound,
             active_state: "inactive".into(),
             main_pid: 0,
             main_cmdline: None,
@@ -790,9 +790,9 @@ mod tests {
         // are not specd's to enable.
         assert!(plan(&Observed { ready: Some(false), ..not_enabled.clone() }, &desired()).steps.is_empty());
         assert_eq!(plan(&Observed { enabled: None, ..in_sync() }, &desired()).sync, SyncStatus::InSync);
-        assert_eq!(enabled_of("enabled"), Some(true));
-        assert_eq!(enabled_of("enabled-runtime"), Some(false));
-        assert_eq!(enabled_of("static"), None);
+        assert_eq!(enabled_of(UnitFileState::Enabled), Some(true));
+        assert_eq!(enabled_of(UnitFileState::EnabledRuntime), Some(false));
+        assert_eq!(enabled_of(UnitFileState::Static), None);
     }
 
     #[test]

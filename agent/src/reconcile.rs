@@ -22,7 +22,7 @@ use crate::plan::{self, Desired, Observed, Plan, Step};
 use crate::probe::{self, Health};
 use crate::recovery::{self, FaultKind, LastGood, Recovery};
 use crate::state::{self, GoodUnit, InProgress, Phase, Quarantined, Source, Store, UnitState};
-use crate::systemd::{ActiveState, UnitProps};
+use crate::systemd::{ActiveState, LoadState, UnitProps};
 
 use crate::timing::readiness_backoff;
 use crate::timing::{self, SpecWaits};
@@ -321,9 +321,9 @@ pub async fn observe<H: Host>(
         // Any mask is a person's decision, even one a unit file of higher priority shadows (a
         // runtime mask in /run of a unit whose file is in /etc) or one not loaded yet.
         load_state: if props.is_masked() || mask_link(&ctx.host, &ctx.unit_dir, &d.spec.unit).is_some() {
-            "masked".into()
+            LoadState::Masked
         } else {
-            props.load_state.clone()
+            props.load_state
         },
         active_state: props.active_state,
         sub_state: props.sub_state.clone(),
@@ -337,7 +337,7 @@ pub async fn observe<H: Host>(
         quarantined: st.quarantined(&d.unit.sha256).map(|q| q.reason.clone()),
         last_good_sha256: st.last_good.as_ref().filter(|_| d.spec.policy.rollback).map(|g| g.sha256.clone()),
         interrupted,
-        enabled: plan::enabled_of(&props.unit_file_state),
+        enabled: plan::enabled_of(props.unit_file_state),
     };
     Ok((o, props))
 }
@@ -474,7 +474,7 @@ fn foreign<H: Host>(
     let path = unit_path(&ctx.unit_dir, &d.spec.unit);
     // A file systemd loaded and that is gone since is nobody's.
     let fragment = if ctx.host.exists(Path::new(&props.fragment_path)) { props.fragment_path.as_str() } else { "" };
-    Ok(crate::owner::foreign(&path, ctx.host.read(&path)?.as_deref(), &props.load_state, fragment))
+    Ok(crate::owner::foreign(&path, ctx.host.read(&path)?.as_deref(), props.load_state, fragment))
 }
 
 /// The plan's steps, carried out, and what they returned, concluded: with the stopped instance's
@@ -544,7 +544,7 @@ async fn act<H: Host>(
     let ms = started.elapsed().as_millis() as u64;
     let c = match result {
         Ok(()) if conclude::enablement_only(plan) => {
-            let now = ctx.host.show(unit).await.ok().and_then(|p| plan::enabled_of(&p.unit_file_state));
+            let now = ctx.host.show(unit).await.ok().and_then(|p| plan::enabled_of(p.unit_file_state));
             conclude::enablement(plan, unit, d.spec.service.enabled, now)
         }
         Ok(()) => conclude::applied(plan, &subject(d), ms),
@@ -1074,7 +1074,7 @@ impl<H: Host> Run<'_, H> {
         }
         // What systemd said a moment ago (observe) is enough to know what to stop.
         let props = before;
-        if props.load_state == "not-found" && !props.is_running() {
+        if props.load_state == LoadState::NotFound && !props.is_running() {
             // No unit yet: nothing to stop.
             return Ok(());
         }

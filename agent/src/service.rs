@@ -75,9 +75,152 @@ impl std::fmt::Display for ActiveState {
     }
 }
 
+/// A unit's `LoadState`, parsed once.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LoadState {
+    Stub,
+    Loaded,
+    NotFound,
+    BadSetting,
+    Error,
+    Merged,
+    Masked,
+    /// Not told, or a state this specd does not know.
+    #[default]
+    Unknown,
+}
+
+impl LoadState {
+    const ALL: [LoadState; 8] = [
+        LoadState::Stub,
+        LoadState::Loaded,
+        LoadState::NotFound,
+        LoadState::BadSetting,
+        LoadState::Error,
+        LoadState::Merged,
+        LoadState::Masked,
+        LoadState::Unknown,
+    ];
+
+    pub fn parse(s: &str) -> LoadState {
+        LoadState::ALL.into_iter().find(|l| l.as_str() == s).unwrap_or(LoadState::Unknown)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LoadState::Stub => "stub",
+            LoadState::Loaded => "loaded",
+            LoadState::NotFound => "not-found",
+            LoadState::BadSetting => "bad-setting",
+            LoadState::Error => "error",
+            LoadState::Merged => "merged",
+            LoadState::Masked => "masked",
+            LoadState::Unknown => "unknown",
+        }
+    }
+}
+
+impl std::fmt::Display for LoadState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A unit's `UnitFileState` (whether and how it starts at boot), parsed once.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum UnitFileState {
+    Enabled,
+    EnabledRuntime,
+    Linked,
+    LinkedRuntime,
+    Alias,
+    Masked,
+    MaskedRuntime,
+    Static,
+    Disabled,
+    Indirect,
+    Generated,
+    Transient,
+    Bad,
+    /// Empty (a unit systemd does not know) or a state this specd does not know.
+    #[default]
+    #[serde(rename = "")]
+    Unknown,
+}
+
+impl UnitFileState {
+    const ALL: [UnitFileState; 14] = [
+        UnitFileState::Enabled,
+        UnitFileState::EnabledRuntime,
+        UnitFileState::Linked,
+        UnitFileState::LinkedRuntime,
+        UnitFileState::Alias,
+        UnitFileState::Masked,
+        UnitFileState::MaskedRuntime,
+        UnitFileState::Static,
+        UnitFileState::Disabled,
+        UnitFileState::Indirect,
+        UnitFileState::Generated,
+        UnitFileState::Transient,
+        UnitFileState::Bad,
+        UnitFileState::Unknown,
+    ];
+
+    pub fn parse(s: &str) -> UnitFileState {
+        UnitFileState::ALL.into_iter().find(|u| u.as_str() == s).unwrap_or(UnitFileState::Unknown)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UnitFileState::Enabled => "enabled",
+            UnitFileState::EnabledRuntime => "enabled-runtime",
+            UnitFileState::Linked => "linked",
+            UnitFileState::LinkedRuntime => "linked-runtime",
+            UnitFileState::Alias => "alias",
+            UnitFileState::Masked => "masked",
+            UnitFileState::MaskedRuntime => "masked-runtime",
+            UnitFileState::Static => "static",
+            UnitFileState::Disabled => "disabled",
+            UnitFileState::Indirect => "indirect",
+            UnitFileState::Generated => "generated",
+            UnitFileState::Transient => "transient",
+            UnitFileState::Bad => "bad",
+            UnitFileState::Unknown => "",
+        }
+    }
+
+    /// A mask, in /etc or /run.
+    pub fn is_mask(self) -> bool {
+        matches!(self, UnitFileState::Masked | UnitFileState::MaskedRuntime)
+    }
+}
+
+impl std::fmt::Display for UnitFileState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn load_and_unit_file_states_read_as_systemd_writes_them() {
+        for l in LoadState::ALL {
+            assert_eq!(LoadState::parse(l.as_str()), l);
+            assert_eq!(serde_json::to_string(&l).unwrap(), format!("\"{}\"", l.as_str()));
+        }
+        for u in UnitFileState::ALL.into_iter().filter(|u| *u != UnitFileState::Unknown) {
+            assert_eq!(UnitFileState::parse(u.as_str()), u);
+            assert_eq!(serde_json::to_string(&u).unwrap(), format!("\"{}\"", u.as_str()));
+        }
+        assert_eq!(LoadState::parse("frobnicated"), LoadState::Unknown);
+        assert_eq!(UnitFileState::parse(""), UnitFileState::Unknown);
+        assert!(UnitFileState::MaskedRuntime.is_mask() && !UnitFileState::Enabled.is_mask());
+    }
 
     #[test]
     fn every_state_systemd_names_reads_back_and_anything_else_is_unknown() {

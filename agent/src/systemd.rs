@@ -11,7 +11,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, anyhow, bail};
 
 use crate::dbus::{Address, Bus, Message, Value};
-pub use crate::service::ActiveState;
+pub use crate::service::{ActiveState, LoadState, UnitFileState};
 
 /// The properties specd reads.
 pub const PROPS: &[&str] = &[
@@ -38,7 +38,7 @@ pub const PROPS: &[&str] = &[
 /// A unit as `systemctl show` reports it.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct UnitProps {
-    pub load_state: String,
+    pub load_state: LoadState,
     pub active_state: ActiveState,
     pub sub_state: String,
     pub result: String,
@@ -54,7 +54,7 @@ pub struct UnitProps {
     pub exec_main_start_mono: u64,
     /// `masked`, `masked-runtime`, `enabled`... (a mask in /run may be shadowed by a unit file
     /// in /etc: `LoadState` is then `loaded`, but the mask is there).
-    pub unit_file_state: String,
+    pub unit_file_state: UnitFileState,
 }
 
 impl UnitProps {
@@ -63,7 +63,7 @@ impl UnitProps {
         let s = |k: &str| m.get(k).copied().unwrap_or("").to_string();
         let n = |k: &str| m.get(k).and_then(|v| v.parse().ok()).unwrap_or(0);
         UnitProps {
-            load_state: s("LoadState"),
+            load_state: LoadState::parse(&s("LoadState")),
             active_state: ActiveState::parse(&s("ActiveState")),
             sub_state: s("SubState"),
             result: s("Result"),
@@ -77,13 +77,13 @@ impl UnitProps {
             drop_in_paths: s("DropInPaths").split_whitespace().map(str::to_string).collect(),
             invocation_id: s("InvocationID"),
             exec_main_start_mono: n("ExecMainStartTimestampMonotonic"),
-            unit_file_state: s("UnitFileState"),
+            unit_file_state: UnitFileState::parse(&s("UnitFileState")),
         }
     }
 
     /// Someone masked the unit (`systemctl mask`, with or without `--runtime`).
     pub fn is_masked(&self) -> bool {
-        self.load_state == "masked" || self.unit_file_state.starts_with("masked")
+        self.load_state == LoadState::Masked || self.unit_file_state.is_mask()
     }
 
     /// A process of the unit may be alive (running, starting, stopping, or about to restart).
@@ -408,7 +408,7 @@ impl UnitProps {
             _ => String::new(),
         };
         UnitProps {
-            load_state: s("LoadState"),
+            load_state: LoadState::parse(&s("LoadState")),
             active_state: ActiveState::parse(&s("ActiveState")),
             sub_state: s("SubState"),
             result: s("Result"),
@@ -422,7 +422,7 @@ impl UnitProps {
             drop_in_paths: strings("DropInPaths"),
             invocation_id,
             exec_main_start_mono: u64_("ExecMainStartTimestampMonotonic"),
-            unit_file_state: s("UnitFileState"),
+            unit_file_state: UnitFileState::parse(&s("UnitFileState")),
         }
     }
 }
@@ -520,7 +520,7 @@ mod bus_tests {
 
         // A unit systemd has no file for, and a masked one.
         let p = show("nothere.service");
-        assert_eq!(p.load_state, "not-found");
+        assert_eq!(p.load_state, LoadState::NotFound);
         assert_eq!(p, by_systemctl("nothere.service"));
         let p = show("masked.service");
         assert!(p.is_masked(), "{p:?}");
@@ -573,7 +573,7 @@ mod bus_tests {
         rt.block_on(sd.daemon_reload()).unwrap();
         rt.block_on(sd.enable("inst.service")).unwrap();
         assert_eq!(systemctl(&["is-enabled", "inst.service"]).trim(), "enabled");
-        assert_eq!(show("inst.service").unit_file_state, "enabled");
+        assert_eq!(show("inst.service").unit_file_state, UnitFileState::Enabled);
         rt.block_on(sd.disable("inst.service")).unwrap();
         let o = std::process::Command::new("systemctl").args(["is-enabled", "inst.service"]).output().unwrap();
         assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "disabled");

@@ -22,7 +22,7 @@ use super::{Host, Watch};
 use crate::cgroup::Lingering;
 use crate::probe::Health;
 use crate::speculation::Speculation;
-use crate::systemd::{ActiveState, UnitProps};
+use crate::systemd::{ActiveState, LoadState, UnitFileState, UnitProps};
 
 /// What goes wrong at a planned call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -502,7 +502,7 @@ impl FakeHost {
         let w = self.w();
         let u = &w.unit;
         Ok(UnitProps {
-            load_state: if u.loaded.is_some() { "loaded" } else { "not-found" }.into(),
+            load_state: if u.loaded.is_some() { LoadState::Loaded } else { LoadState::NotFound },
             active_state: ActiveState::parse(u.active),
             sub_state: u.sub.into(),
             result: u.result.into(),
@@ -517,9 +517,9 @@ impl FakeHost {
             invocation_id: if u.invocation > 0 { format!("{:032x}", u.invocation) } else { String::new() },
             exec_main_start_mono: 0,
             unit_file_state: match (u.loaded.is_some(), u.enabled) {
-                (false, _) => String::new(),
-                (true, true) => "enabled".into(),
-                (true, false) => "disabled".into(),
+                (false, _) => UnitFileState::Unknown,
+                (true, true) => UnitFileState::Enabled,
+                (true, false) => UnitFileState::Disabled,
             },
         })
     }

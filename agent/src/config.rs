@@ -87,7 +87,7 @@ pub struct Webhook {
     /// specd knows (an internal CA); read and checked when the config is read.
     pub ca_file: Option<CaFile>,
     /// A file holding the secret each body is signed with (HMAC-SHA256, the
-    /// `X-Specd-Signature-256` header: `crate::notify::signature`); checked when the config is
+    /// `X-Specd-Signature-256` header: the notices' `signature`); checked when the config is
     /// read, read again at each delivery (a rotated secret is used at once).
     pub secret_file: Option<SecretFile>,
 }

@@ -11,7 +11,7 @@
 //! that no process, cgroup or host mount is left.
 
 use crate::cgroups::{self, Hierarchy};
-use crate::systemd_box::{pidfd_wait, spawn_from_keeper};
+use crate::systemd_box::{all_pids, pidfd_wait, ppid_of, spawn_from_keeper, wait_ready_notification};
 use crate::util::wait_for;
 use anyhow::{Context, Result, bail};
 use std::fs;
@@ -197,32 +197,13 @@ impl DebianMachine {
     }
 
     fn wait_booted(&mut self, notify: &UnixDatagram, timeout: Duration) -> Result<()> {
-        let deadline = Instant::now() + timeout;
         let nspawn = self.nspawn.as_ref().expect("nspawn").id();
-        let mut buf = [0u8; 4096];
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                bail!("no READY=1 within {timeout:?}");
-            }
-            notify.set_read_timeout(Some(left.min(Duration::from_millis(200))))?;
-            match notify.recv(&mut buf) {
-                Ok(n) if String::from_utf8_lossy(&buf[..n]).lines().any(|l| l == "READY=1") => break,
-                Ok(_) => {}
-                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
-                    if let Some(st) = self.nspawn.as_mut().expect("nspawn").try_wait()? {
-                        bail!("systemd-nspawn exited during boot ({st})");
-                    }
-                }
-                Err(e) => return Err(e).context("receive from the notify socket"),
-            }
-        }
+        wait_ready_notification(notify, timeout, self.nspawn.as_mut().expect("nspawn"), "systemd-nspawn")?;
         // The machine's PID 1: nspawn's child in another pid namespace.
         let own = fs::read_link("/proc/self/ns/pid")?;
         self.init = wait_for("the machine's PID 1", Duration::from_secs(5), || {
-            let procs = fs::read_dir("/proc").ok()?;
-            procs.flatten().filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok()).find(|&p| {
-                ppid(p) == Some(nspawn) && fs::read_link(format!("/proc/{p}/ns/pid")).is_ok_and(|ns| ns != own)
+            all_pids().into_iter().find(|&p| {
+                ppid_of(p) == Some(nspawn) && fs::read_link(format!("/proc/{p}/ns/pid")).is_ok_and(|ns| ns != own)
             })
         })?;
         Ok(())
@@ -339,9 +320,4 @@ fn sweep_stale_scratch(dir: &Path) {
             let _ = fs::remove_dir_all(e.path());
         }
     }
-}
-
-fn ppid(pid: u32) -> Option<u32> {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    stat[stat.rfind(')')? + 2..].split(' ').nth(1)?.parse().ok()
 }

@@ -170,13 +170,43 @@ fn ns_inode(pid: u32, ns: &str) -> Option<u64> {
     s.split_once('[')?.1.trim_end_matches(']').parse().ok()
 }
 
-fn all_pids() -> Vec<u32> {
+/// Until systemd, booted as a container's PID 1 by `child`, sends `READY=1` on `notify` (its
+/// initial transaction is done), at most `timeout`; `child` (`who`) exiting first is an error.
+pub(crate) fn wait_ready_notification(
+    notify: &UnixDatagram,
+    timeout: Duration,
+    child: &mut Child,
+    who: &str,
+) -> Result<()> {
+    let deadline = Instant::now() + timeout;
+    let mut buf = [0u8; 4096];
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            bail!("systemd sent no READY=1 within {timeout:?}");
+        }
+        notify.set_read_timeout(Some(left.min(Duration::from_millis(200))))?;
+        match notify.recv(&mut buf) {
+            Ok(n) if String::from_utf8_lossy(&buf[..n]).lines().any(|l| l == "READY=1") => return Ok(()),
+            Ok(_) => {}
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
+                // Waiting on the socket; meanwhile notice an early death.
+                if let Some(st) = child.try_wait()? {
+                    bail!("{who} exited during boot ({st})");
+                }
+            }
+            Err(e) => return Err(e).context("receive from the notify socket"),
+        }
+    }
+}
+
+pub(crate) fn all_pids() -> Vec<u32> {
     fs::read_dir("/proc")
         .map(|rd| rd.flatten().filter_map(|e| e.file_name().to_str()?.parse().ok()).collect())
         .unwrap_or_default()
 }
 
-fn ppid_of(pid: u32) -> Option<u32> {
+pub(crate) fn ppid_of(pid: u32) -> Option<u32> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let after = &stat[stat.rfind(')')? + 2..];
     after.split(' ').nth(1)?.parse().ok()
@@ -468,33 +498,10 @@ impl SystemdBox {
     }
 
     fn wait_booted(&mut self, notify: &UnixDatagram, timeout: Duration) -> Result<()> {
-        let deadline = Instant::now() + timeout;
         let unshare_pid = self.unshare.as_ref().expect("unshare child").id();
-        let mut buf = [0u8; 4096];
         // systemd, as a container's PID 1, sends READY=1 to $NOTIFY_SOCKET
         // when its initial transaction (box.target) is done.
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                bail!("systemd sent no READY=1 within {timeout:?}");
-            }
-            notify.set_read_timeout(Some(left.min(Duration::from_millis(200))))?;
-            match notify.recv(&mut buf) {
-                Ok(n) => {
-                    let msg = String::from_utf8_lossy(&buf[..n]);
-                    if msg.lines().any(|l| l == "READY=1") {
-                        break;
-                    }
-                }
-                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
-                    // Waiting on the socket; meanwhile notice an early death.
-                    if let Some(st) = self.unshare.as_mut().expect("unshare child").try_wait()? {
-                        bail!("the box's PID 1 exited during boot ({st})");
-                    }
-                }
-                Err(e) => return Err(e).context("receive from the notify socket"),
-            }
-        }
+        wait_ready_notification(notify, timeout, self.unshare.as_mut().expect("unshare child"), "the box's PID 1")?;
         let init = wait_for("the box's PID 1 in /proc", Duration::from_secs(5), || {
             all_pids().into_iter().find(|&p| ppid_of(p) == Some(unshare_pid))
         })?;

@@ -304,6 +304,8 @@ pub enum SchemaKind {
     InferenceService,
     /// A sweep (`kind: Sweep`).
     Sweep,
+    /// A fleet's rollout (`kind: Fleet`).
+    Fleet,
 }
 
 pub fn main() -> ExitCode {
@@ -372,6 +374,7 @@ pub fn main() -> ExitCode {
             match kind {
                 SchemaKind::InferenceService => print!("{}", specd_spec::json_schema()),
                 SchemaKind::Sweep => print!("{}", specd_spec::sweep::json_schema()),
+                SchemaKind::Fleet => print!("{}", specd_spec::fleet::json_schema()),
             }
             ExitCode::SUCCESS
         }
@@ -423,6 +426,7 @@ fn validate(paths: &[PathBuf], json: bool) -> ExitCode {
     for f in &files {
         let diags = match std::fs::read_to_string(f) {
             Ok(text) if specd_spec::sweep::is_sweep(&text) => validate_sweep(f, &text),
+            Ok(text) if specd_spec::fleet::is_fleet(&text) => specd_spec::fleet::check(&text, &f.display().to_string()),
             Ok(text) => specd_spec::check(&f.display().to_string(), &text),
             Err(e) => specd_spec::Diagnostics(vec![specs::io_diag(f, &e)]),
         };

@@ -11,28 +11,7 @@ pub fn reserved(unit: &str, own: Option<&str>) -> Option<&'static str> {
     specd_spec::reserved_unit(unit)
 }
 
-/// A shell-style name pattern: `*` any run of characters, `?` one character.
-pub fn glob_match(pattern: &str, name: &str) -> bool {
-    let (p, n): (Vec<char>, Vec<char>) = (pattern.chars().collect(), name.chars().collect());
-    let (mut pi, mut ni, mut star, mut mark) = (0, 0, None, 0);
-    while ni < n.len() {
-        if pi < p.len() && (p[pi] == '?' || p[pi] == n[ni]) {
-            pi += 1;
-            ni += 1;
-        } else if pi < p.len() && p[pi] == '*' {
-            star = Some(pi);
-            mark = ni;
-            pi += 1;
-        } else if let Some(s) = star {
-            pi = s + 1;
-            mark += 1;
-            ni = mark;
-        } else {
-            return false;
-        }
-    }
-    p[pi..].iter().all(|c| *c == '*')
-}
+pub use specd_spec::glob_match;
 
 /// Whether the agent may manage `unit`: not reserved, and matching `pattern` (default: any).
 pub fn may_manage(unit: &str, own: Option<&str>, pattern: Option<&str>) -> Result<(), String> {

@@ -293,8 +293,8 @@ impl GitSource {
                     refuse_link(&p, &commit, Some(e.filemode()), blob.content())?;
                     let text = text_of(&p, blob.content())?;
                     // A sweep kept beside the specs is an operator's campaign (`specd sweep`),
-                    // not a unit to deploy.
-                    if specd_spec::sweep::is_sweep(&text) {
+                    // and a fleet file the rollout's plan: neither is a unit to deploy.
+                    if specd_spec::sweep::is_sweep(&text) || specd_spec::fleet::is_fleet(&text) {
                         continue;
                     }
                     out.push(SpecFile { text, path: p });

@@ -13,6 +13,7 @@
 
 mod diag;
 mod engine;
+pub mod fleet;
 pub mod model;
 pub mod pyrepr;
 mod render;
@@ -65,6 +66,45 @@ pub fn utc(secs: u64) -> (i64, u32, u32, u32, u32, u32) {
 /// ```
 pub fn short(hash: &str) -> &str {
     hash.get(..12).unwrap_or(hash)
+}
+
+/// A shell-style name pattern: `*` any run of characters, `?` one character.
+///
+/// ```
+/// assert!(specd_spec::glob_match("gpu-*", "gpu-07"));
+/// assert!(!specd_spec::glob_match("gpu-?", "gpu-10"));
+/// ```
+pub fn glob_match(pattern: &str, name: &str) -> bool {
+    let (p, n): (Vec<char>, Vec<char>) = (pattern.chars().collect(), name.chars().collect());
+    let (mut pi, mut ni, mut star, mut mark) = (0, 0, None, 0);
+    while ni < n.len() {
+        if pi < p.len() && (p[pi] == '?' || p[pi] == n[ni]) {
+            pi += 1;
+            ni += 1;
+        } else if pi < p.len() && p[pi] == '*' {
+            star = Some(pi);
+            mark = ni;
+            pi += 1;
+        } else if let Some(s) = star {
+            pi = s + 1;
+            mark += 1;
+            ni = mark;
+        } else {
+            return false;
+        }
+    }
+    p[pi..].iter().all(|c| *c == '*')
+}
+
+/// The top-level `kind` of a YAML document (`InferenceService`, `Sweep`, `Fleet`), so that a
+/// caller given a file of any kind knows which parser to use. Text that is not YAML has none.
+pub fn kind_of(text: &str) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Kind {
+        #[serde(default)]
+        kind: Option<serde_json::Value>,
+    }
+    serde_saphyr::from_str::<Kind>(text).ok()?.kind?.as_str().map(str::to_string)
 }
 
 /// A spec file that parsed: its document and where each field stands in the text.

@@ -335,7 +335,7 @@ pub fn json_schema() -> String {
     s
 }
 
-fn is_name(v: &str) -> bool {
+pub(crate) fn is_name(v: &str) -> bool {
     !v.is_empty()
         && v.len() <= 63
         && v.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
@@ -886,13 +886,16 @@ fn u32_value<'de, D: Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
 
 /// `60s`, `5m`, `1h`.
 fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
-    let v = Value::deserialize(d)?;
+    duration_of(&Value::deserialize(d)?, "per level")
+}
+
+/// A duration as the files write it (`60s`, `5m`, `1h`), at most a week; `null` is `None`.
+/// `what` ends the message of a duration over a week (`… is more than a week per level`).
+pub(crate) fn duration_of<E: de::Error>(v: &Value, what: &str) -> Result<Option<Duration>, E> {
     let bad = |what: String| {
-        de::Error::custom(format!(
-            "expected a duration in whole seconds, minutes or hours (`60s`, `5m`, `1h`), got {what}"
-        ))
+        E::custom(format!("expected a duration in whole seconds, minutes or hours (`60s`, `5m`, `1h`), got {what}"))
     };
-    let s = match &v {
+    let s = match v {
         Value::Null => return Ok(None),
         Value::String(s) => s,
         Value::Number(n) => return Err(bad(format!("the number {n} (add a unit: `{n}s`)"))),
@@ -909,7 +912,7 @@ fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Erro
     n.checked_mul(factor)
         .filter(|&secs| secs <= 7 * 86_400)
         .map(|secs| Some(Duration::from_secs(secs)))
-        .ok_or_else(|| de::Error::custom(format!("{} is more than a week per level", shown(s))))
+        .ok_or_else(|| E::custom(format!("{} is more than a week {what}", shown(s))))
 }
 
 fn duration_text<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
@@ -949,12 +952,7 @@ fn required(schema: &mut schemars::Schema, names: &[&str]) {
 /// Whether a YAML text is a sweep document (its top-level `kind` is `Sweep`), so that a caller
 /// given a file of either kind knows which parser to use. Text that is not YAML is not a sweep.
 pub fn is_sweep(text: &str) -> bool {
-    #[derive(Deserialize)]
-    struct Kind {
-        #[serde(default)]
-        kind: Option<Value>,
-    }
-    serde_saphyr::from_str::<Kind>(text).is_ok_and(|k| k.kind.as_ref().and_then(Value::as_str) == Some("Sweep"))
+    crate::kind_of(text).as_deref() == Some("Sweep")
 }
 
 /// Every problem of one sweep file on its own (the base spec is not read: see [`points`]).

@@ -30,6 +30,7 @@ mod preflight;
 mod probe;
 mod process;
 mod reconcile;
+mod rollout;
 mod record;
 mod recovery;
 mod report;

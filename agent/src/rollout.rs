@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use specd_spec::fleet::{ParsedFleet, Record};
+use specd_spec::fleet::{Halt, ParsedFleet, Promoted, Record, RolloutState};
 
 /// What Prometheus says about the fleet, now (and at the moments a rollout needs).
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -76,3 +76,455 @@ pub struct Inputs<'a> {
     /// Unix seconds.
     pub now: u64,
 }
+
+/// The one next step of a rollout.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Step {
+    /// Write this record, as one commit with this message (first line: the summary).
+    Write { record: Record, message: String },
+    /// Nothing to write now: why, and until when if a time is known (a bake's end).
+    Wait { why: String, until: Option<u64> },
+}
+
+/// How one host of a wave stands, judged on the evidence.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Standing {
+    /// It runs what it was given and passes every gate.
+    Good,
+    /// It was given the target and is still applying it (since so many seconds).
+    Applying(String),
+    /// It runs neither what it was given nor failed: unavailable (not promoted, or waiting).
+    Unavailable(String),
+    /// No evidence: the agent is down, not scraped, stale, or Prometheus cannot be asked.
+    NoEvidence(String),
+    /// A gate failed: which, on which unit, what was seen.
+    Failed { gate: &'static str, unit: String, evidence: String },
+}
+
+impl Standing {
+    /// Whether the host counts against the wave's `max_unavailable`.
+    pub fn unavailable(&self) -> bool {
+        !matches!(self, Standing::Good)
+    }
+
+    fn why(&self) -> String {
+        match self {
+            Standing::Good => "good".into(),
+            Standing::Applying(w) | Standing::Unavailable(w) | Standing::NoEvidence(w) => w.clone(),
+            Standing::Failed { gate, unit, evidence } => format!("{unit}: gate {gate} failed: {evidence}"),
+        }
+    }
+}
+
+/// The hosts of wave `i`: those it names literally and those Prometheus knows, each if `i` is
+/// the first wave that selects it. Sorted by name.
+pub fn members(fleet: &ParsedFleet, evidence: &Evidence, i: usize) -> Vec<String> {
+    let no_labels = BTreeMap::new();
+    let labels = |h: &str| evidence.hosts.get(h).map_or(&no_labels, |e| &e.labels);
+    let named = fleet.waves()[i].named_hosts().map(str::to_string);
+    let mut out: Vec<String> =
+        named.chain(evidence.hosts.keys().cloned()).filter(|h| fleet.wave_of(h, labels(h)) == Some(i)).collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// The revision a host of a wave record runs: the target once promoted, the wave's good one before.
+fn given<'r>(record: &'r Record, wave: &'r specd_spec::fleet::WaveRecord, host: &str) -> (&'r str, Option<u64>) {
+    match wave.promoted.iter().find(|p| p.host == host) {
+        Some(p) => (&record.target, Some(p.at)),
+        None => (&wave.good, None),
+    }
+}
+
+/// How a host of the record's wave `wave` stands.
+pub fn judge(inputs: &Inputs, record: &Record, wave: &specd_spec::fleet::WaveRecord, host: &str) -> Standing {
+    let (rev, promoted_at) = given(record, wave, host);
+    if let Some(why) = &inputs.evidence.unavailable {
+        return Standing::NoEvidence(format!("no evidence: {why}"));
+    }
+    let Some(e) = inputs.evidence.hosts.get(host) else {
+        return Standing::NoEvidence("no evidence: Prometheus has no specd_host_info for it (not scraped?)".into());
+    };
+    if let Some(why) = &e.down {
+        return Standing::NoEvidence(format!("no evidence: {why}"));
+    }
+    let expected = match (inputs.expected)(host, rev) {
+        Ok(units) => units,
+        Err(why) if promoted_at.is_some() => {
+            return Standing::Failed { gate: "spec", unit: String::new(), evidence: why };
+        }
+        Err(why) => return Standing::Unavailable(format!("its specs at {} do not resolve: {why}", short(rev))),
+    };
+    let Some(at) = promoted_at else {
+        return match runs(e, rev, &expected) {
+            Ok(()) => Standing::Good,
+            Err(why) => Standing::Unavailable(why),
+        };
+    };
+    let gates = inputs.fleet.gates();
+    if let Some(f) = failed_on_target(e, record, &expected, gates) {
+        return f;
+    }
+    let since = inputs.now.saturating_sub(at);
+    if let Err(why) = runs(e, rev, &expected) {
+        if since > gates.converge_within.as_secs() {
+            let evidence =
+                format!("given {} {since} s ago, within {} s: {why}", short(rev), gates.converge_within.as_secs());
+            return Standing::Failed { gate: "converge", unit: String::new(), evidence };
+        }
+        return Standing::Applying(format!("applying {} for {since} s: {why}", short(rev)));
+    }
+    match speculation(e, &expected, gates) {
+        Ok(()) => Standing::Good,
+        Err(why) if since > gates.converge_within.as_secs() => {
+            Standing::Failed { gate: "speculation_proven", unit: why.0, evidence: why.1 }
+        }
+        Err(why) => Standing::Applying(format!("{}: {}", why.0, why.1)),
+    }
+}
+
+/// Whether the host runs `rev`: its agent deploys it and every unit runs the unit rendered for
+/// it, verified where the spec's args are checked.
+fn runs(e: &HostEvidence, rev: &str, expected: &[ExpectedUnit]) -> Result<(), String> {
+    if e.revision.as_deref() != Some(rev) {
+        let deployed = e.revision.as_deref().map_or("nothing yet".to_string(), |r| short(r).to_string());
+        return Err(format!("its agent deploys {deployed}, not {}", short(rev)));
+    }
+    for x in expected {
+        let u = e.units.get(&x.unit);
+        match u.and_then(|u| u.unit_hash.as_deref()) {
+            Some(h) if h == x.unit_hash => {}
+            Some(h) => return Err(format!("{} runs unit {}, not {}", x.unit, short(h), short(&x.unit_hash))),
+            None => return Err(format!("{} runs no verified unit", x.unit)),
+        }
+        if u.and_then(|u| u.args_verified) == Some(false) {
+            return Err(format!("{}: its args are not verified", x.unit));
+        }
+    }
+    Ok(())
+}
+
+/// A gate the promoted host failed, whatever its convergence: a unit quarantined, a death, args
+/// unverified during the bake, an accept figure below its floor.
+fn failed_on_target(
+    e: &HostEvidence,
+    record: &Record,
+    expected: &[ExpectedUnit],
+    gates: &specd_spec::fleet::Gates,
+) -> Option<Standing> {
+    let on_target = e.revision.as_deref() == Some(record.target.as_str());
+    for x in expected {
+        let Some(u) = e.units.get(&x.unit) else { continue };
+        let fail = |gate, evidence| Some(Standing::Failed { gate, unit: x.unit.clone(), evidence });
+        if gates.no_deaths && !u.deaths_since_promotion.is_empty() {
+            let deaths: Vec<String> =
+                u.deaths_since_promotion.iter().map(|(v, n)| format!("{v} ×{}", n.round())).collect();
+            return fail("no_deaths", format!("died since its promotion: {}", deaths.join(", ")));
+        }
+        if on_target && u.quarantined {
+            return fail(
+                "applied",
+                format!("{} failed to apply and is quarantined; the agent rolled it back", short(&record.target)),
+            );
+        }
+        if gates.args_verified && u.verified_throughout == Some(false) {
+            return fail("args_verified", "its args were not verified at every scrape of the bake".into());
+        }
+        let runs_it = u.unit_hash.as_deref() == Some(x.unit_hash.as_str());
+        if !(x.speculates && runs_it && on_target) {
+            continue;
+        }
+        let floors = [
+            ("accept_length", &gates.accept_length, u.accept_length, u.previous_accept_length),
+            ("accept_rate", &gates.accept_rate, u.accept_rate, u.previous_accept_rate),
+        ];
+        for (gate, floor, now, previous) in floors {
+            if let (Some(floor), Some(now)) = (floor, now)
+                && let Some(why) = floor.below(now, previous)
+            {
+                return fail(gate, why);
+            }
+        }
+    }
+    None
+}
+
+/// Whether every speculating unit has its speculation proven (an accept length measured).
+fn speculation(
+    e: &HostEvidence,
+    expected: &[ExpectedUnit],
+    gates: &specd_spec::fleet::Gates,
+) -> Result<(), (String, String)> {
+    if !gates.speculation_proven {
+        return Ok(());
+    }
+    for x in expected.iter().filter(|x| x.speculates) {
+        if e.units.get(&x.unit).and_then(|u| u.accept_length).is_none() {
+            return Err((x.unit.clone(), "no accept length measured yet (speculation not proven)".into()));
+        }
+    }
+    Ok(())
+}
+
+fn short(rev: &str) -> &str {
+    specd_spec::short(rev)
+}
+
+/// The one next step of the rollout, or why it waits.
+pub fn decide(inputs: &Inputs) -> Step {
+    let head = inputs.head;
+    let Some(record) = inputs.record else {
+        let record = Record::adopt(inputs.fleet, head, inputs.now);
+        let message = format!("fleet: adopt {} as released (the first promotion record)", short(head));
+        return Step::Write { record, message };
+    };
+    let names: Vec<&str> = inputs.fleet.waves().iter().map(|w| w.name.as_str()).collect();
+    if record.waves.iter().map(|w| w.name.as_str()).ne(names.iter().copied()) {
+        return Step::Write {
+            record: rewaved(record, &names),
+            message: format!("fleet: the waves are now {}", names.join(", ")),
+        };
+    }
+    if record.target != head {
+        if record.state == RolloutState::Halted && record.halt.as_ref().is_some_and(|h| h.gate == MANUAL) {
+            return wait(format!(
+                "halted by {} (a new revision waits too): `specd fleet resume` continues",
+                who_halted(record)
+            ));
+        }
+        return Step::Write { record: started(record, head, inputs.now), message: started_message(record, head) };
+    }
+    match record.state {
+        RolloutState::Halted => return wait(halted_why(record)),
+        RolloutState::Complete => return wait(format!("{} is released to every wave", short(&record.target))),
+        RolloutState::Progressing => {}
+    }
+    let Some(i) = record.waves.iter().position(|w| w.baked.is_none()) else {
+        let mut r = record.clone();
+        r.state = RolloutState::Complete;
+        r.released = r.target.clone();
+        let message = format!("fleet: {} is released: every wave passed", short(&r.target));
+        return Step::Write { record: r, message };
+    };
+    if let Some(why) = &inputs.evidence.unavailable {
+        return wait(format!("no evidence, nothing advances: {why}"));
+    }
+    wave_step(inputs, record, i)
+}
+
+/// The `gate` of a halt made by a person.
+pub const MANUAL: &str = "manual";
+
+fn wait(why: String) -> Step {
+    Step::Wait { why, until: None }
+}
+
+/// The step of the wave in progress (`i`).
+fn wave_step(inputs: &Inputs, record: &Record, i: usize) -> Step {
+    let spec = &inputs.fleet.waves()[i];
+    let w = &record.waves[i];
+    let hosts = members(inputs.fleet, inputs.evidence, i);
+    if hosts.is_empty() {
+        let mut r = record.clone();
+        r.waves[i].baked = Some(inputs.now);
+        r.waves[i].good = r.target.clone();
+        return Step::Write { record: r, message: format!("fleet: wave {} has no host; passed", w.name) };
+    }
+    let standings: Vec<(String, Standing)> = hosts.iter().map(|h| (h.clone(), judge(inputs, record, w, h))).collect();
+    if let Some((host, Standing::Failed { gate, unit, evidence })) =
+        standings.iter().find(|(_, s)| matches!(s, Standing::Failed { .. }))
+    {
+        return halt(inputs, record, i, host, unit, gate, evidence);
+    }
+    let promoted = |h: &str| w.promoted.iter().any(|p| p.host == h);
+    let waiting: Vec<&(String, Standing)> = standings.iter().filter(|(_, s)| s.unavailable()).collect();
+    let listed =
+        |v: &[&(String, Standing)]| v.iter().map(|(h, s)| format!("{h} ({})", s.why())).collect::<Vec<_>>().join("; ");
+    let candidates: Vec<&String> =
+        standings.iter().filter(|(h, s)| !promoted(h) && *s == Standing::Good).map(|(h, _)| h).collect();
+    let unpromoted = hosts.iter().filter(|h| !promoted(h)).count();
+    if unpromoted > 0 {
+        let room = (spec.max_unavailable as usize).saturating_sub(waiting.len());
+        if room == 0 || candidates.is_empty() {
+            return wait(format!(
+                "wave {}: {} of {} hosts unavailable (max_unavailable {}): {}",
+                w.name,
+                waiting.len(),
+                hosts.len(),
+                spec.max_unavailable,
+                listed(&waiting)
+            ));
+        }
+        let chosen: Vec<String> = candidates.into_iter().take(room).cloned().collect();
+        let mut r = record.clone();
+        r.waves[i].promoted.extend(chosen.iter().map(|h| Promoted { host: h.clone(), at: inputs.now }));
+        let done = r.waves[i].promoted.len();
+        let message = format!(
+            "fleet: promote {} to {} (wave {}, {done} of {} hosts)",
+            short(&record.target),
+            chosen.join(", "),
+            w.name,
+            hosts.len()
+        );
+        return Step::Write { record: r, message };
+    }
+    if !waiting.is_empty() {
+        return wait(format!("wave {} waits for {}", w.name, listed(&waiting)));
+    }
+    let Some(converged) = w.converged else {
+        let mut r = record.clone();
+        r.waves[i].converged = Some(inputs.now);
+        let message = format!(
+            "fleet: wave {} runs {} on all {} hosts; it bakes {} s",
+            w.name,
+            short(&record.target),
+            hosts.len(),
+            spec.bake.as_secs()
+        );
+        return Step::Write { record: r, message };
+    };
+    let until = converged + spec.bake.as_secs();
+    if inputs.now < until {
+        let why = format!("wave {} bakes until {} ({} s left)", w.name, stamp(until), until - inputs.now);
+        return Step::Wait { why, until: Some(until) };
+    }
+    let mut r = record.clone();
+    let wr = &mut r.waves[i];
+    wr.baked = Some(inputs.now);
+    wr.good = record.target.clone();
+    wr.promoted.clear();
+    let next = inputs
+        .fleet
+        .waves()
+        .get(i + 1)
+        .map_or("the rollout completes".to_string(), |n| format!("wave {} is next", n.name));
+    let message =
+        format!("fleet: wave {} baked {} s on {}; {next}", w.name, spec.bake.as_secs(), short(&record.target));
+    Step::Write { record: r, message }
+}
+
+/// The halt of a failed gate: the wave's promoted hosts go back to its good revision.
+fn halt(inputs: &Inputs, record: &Record, i: usize, host: &str, unit: &str, gate: &str, evidence: &str) -> Step {
+    let mut r = record.clone();
+    r.state = RolloutState::Halted;
+    let w = &mut r.waves[i];
+    let back: Vec<String> = w.promoted.drain(..).map(|p| p.host).collect();
+    w.converged = None;
+    r.halt = Some(Halt {
+        at: inputs.now,
+        by: "promoter".into(),
+        wave: w.name.clone(),
+        host: host.into(),
+        unit: unit.into(),
+        gate: gate.into(),
+        evidence: evidence.into(),
+    });
+    let on = if unit.is_empty() { host.to_string() } else { format!("{host} {unit}") };
+    let message = format!(
+        "fleet: halt {} at wave {}: {on} failed gate {gate}\n\n{evidence}\n\nBack to {}: {}.",
+        short(&record.target),
+        w.name,
+        short(&w.good),
+        if back.is_empty() { "no host had taken it".to_string() } else { back.join(", ") }
+    );
+    Step::Write { record: r, message }
+}
+
+/// A new rollout of `head`: every wave starts again from its good revision (a wave that baked
+/// the previous target keeps it as good; a host that took it without its wave baking goes back).
+fn started(record: &Record, head: &str, now: u64) -> Record {
+    let mut r = record.clone();
+    r.target = head.into();
+    r.state = RolloutState::Progressing;
+    r.started = now;
+    r.halt = None;
+    for w in &mut r.waves {
+        w.promoted.clear();
+        w.converged = None;
+        w.baked = None;
+    }
+    r
+}
+
+fn started_message(record: &Record, head: &str) -> String {
+    let before = match record.state {
+        RolloutState::Progressing => format!("; it supersedes the rollout of {} in progress", short(&record.target)),
+        RolloutState::Halted => format!("; the rollout of {} was halted", short(&record.target)),
+        RolloutState::Complete => String::new(),
+    };
+    format!("fleet: roll out {}{before}", short(head))
+}
+
+/// The record with the fleet file's waves, in its order: a wave it knew keeps its place in the
+/// rollout, a new one starts on the released revision.
+fn rewaved(record: &Record, names: &[&str]) -> Record {
+    let mut r = record.clone();
+    r.waves = names
+        .iter()
+        .map(|n| record.wave(n).cloned().unwrap_or_else(|| specd_spec::fleet::WaveRecord::at(n, &record.released)))
+        .collect();
+    r
+}
+
+fn who_halted(record: &Record) -> &str {
+    record.halt.as_ref().map_or("?", |h| h.by.as_str())
+}
+
+/// Why a halted rollout waits.
+pub fn halted_why(record: &Record) -> String {
+    let Some(h) = &record.halt else { return "halted".into() };
+    if h.gate == MANUAL {
+        return format!("halted by {} at {}: {} (`specd fleet resume` continues)", h.by, stamp(h.at), h.evidence);
+    }
+    let on = if h.unit.is_empty() { h.host.clone() } else { format!("{} {}", h.host, h.unit) };
+    format!(
+        "halted at wave {} at {}: {on} failed gate {}: {} (a new revision starts a new rollout; `specd fleet resume` retries this one)",
+        h.wave,
+        stamp(h.at),
+        h.gate,
+        h.evidence
+    )
+}
+
+/// A person halts the rollout: nothing advances, new revisions included, until a resume.
+/// Hosts stay where they are.
+pub fn halted_by(record: &Record, person: &str, reason: &str, now: u64) -> Result<Step, String> {
+    if record.state == RolloutState::Halted {
+        return Err(halted_why(record));
+    }
+    let mut r = record.clone();
+    r.state = RolloutState::Halted;
+    let wave = r.waves.iter().find(|w| w.baked.is_none()).map(|w| w.name.clone()).unwrap_or_default();
+    r.halt = Some(Halt {
+        at: now,
+        by: person.into(),
+        wave,
+        host: String::new(),
+        unit: String::new(),
+        gate: MANUAL.into(),
+        evidence: reason.into(),
+    });
+    Ok(Step::Write { record: r, message: format!("fleet: halted by {person}: {reason}") })
+}
+
+/// A person resumes a halted rollout: the wave that halted promotes again from the start.
+pub fn resumed(record: &Record, person: &str) -> Result<Step, String> {
+    if record.state != RolloutState::Halted {
+        return Err(format!("the rollout of {} is not halted", short(&record.target)));
+    }
+    let mut r = record.clone();
+    let all_baked = r.waves.iter().all(|w| w.baked.is_some());
+    r.state = if all_baked { RolloutState::Complete } else { RolloutState::Progressing };
+    r.halt = None;
+    Ok(Step::Write { record: r, message: format!("fleet: resumed by {person}: {} rolls on", short(&record.target)) })
+}
+
+/// UTC time of unix seconds, as the records and messages print it.
+pub fn stamp(secs: u64) -> String {
+    let (y, mo, d, h, mi, s) = specd_spec::utc(secs);
+    format!("{y:04}-{mo:02}-{d:02} {h:02}:{mi:02}:{s:02} UTC")
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,329 @@
+//! The rollout's decisions, one step at a time, on made-up evidence.
+
+use super::*;
+use specd_spec::fleet::{self, WaveRecord};
+
+const FLEET: &str = "\
+apiVersion: specd/v1
+kind: Fleet
+metadata: {name: gpus}
+spec:
+  waves:
+    - {name: canary, hosts: [gpu-01], bake: 10m}
+    - {name: rest, hosts: ['gpu-*'], max_unavailable: 2, bake: 30m}
+  gates:
+    accept_length: {min: 1.5, of_previous: 0.8}
+";
+
+const OLD: &str = "1111111111111111111111111111111111111111";
+const NEW: &str = "2222222222222222222222222222222222222222";
+const NEWER: &str = "3333333333333333333333333333333333333333";
+const T0: u64 = 1_800_000_000;
+
+fn fleet() -> ParsedFleet {
+    fleet::parse_fleet(FLEET, "fleet.yaml").unwrap()
+}
+
+/// Every host runs `llm.service`, whose unit hash is the revision's first four characters.
+fn expected(_host: &str, rev: &str) -> Result<Vec<ExpectedUnit>, String> {
+    Ok(vec![ExpectedUnit { unit: "llm.service".into(), unit_hash: hash(rev), speculates: true }])
+}
+
+fn hash(rev: &str) -> String {
+    format!("unit-{}", &rev[..4])
+}
+
+/// A host whose agent deploys `rev`, its unit verified with accept length `accept`.
+fn on(rev: &str, accept: f64) -> HostEvidence {
+    let unit = UnitEvidence {
+        unit_hash: Some(hash(rev)),
+        args_verified: Some(true),
+        accept_length: Some(accept),
+        previous_accept_length: Some(2.5),
+        ..Default::default()
+    };
+    HostEvidence { revision: Some(rev.into()), units: [("llm.service".to_string(), unit)].into(), ..Default::default() }
+}
+
+fn evidence(hosts: &[(&str, HostEvidence)]) -> Evidence {
+    Evidence { unavailable: None, hosts: hosts.iter().map(|(h, e)| (h.to_string(), e.clone())).collect() }
+}
+
+fn all_on(rev: &str) -> Evidence {
+    evidence(&[("gpu-01", on(rev, 2.5)), ("gpu-02", on(rev, 2.5)), ("gpu-03", on(rev, 2.5)), ("gpu-04", on(rev, 2.5))])
+}
+
+/// A rollout of NEW over OLD, just started.
+fn rollout() -> Record {
+    Record {
+        target: NEW.into(),
+        released: OLD.into(),
+        state: RolloutState::Progressing,
+        started: T0,
+        waves: vec![WaveRecord::at("canary", OLD), WaveRecord::at("rest", OLD)],
+        halt: None,
+    }
+}
+
+fn step(record: Option<&Record>, head: &str, ev: &Evidence, now: u64) -> Step {
+    let f = fleet();
+    decide(&Inputs { fleet: &f, record, head, evidence: ev, expected: &expected, now })
+}
+
+#[track_caller]
+fn written(s: Step) -> (Record, String) {
+    match s {
+        Step::Write { record, message } => (record, message),
+        Step::Wait { why, .. } => panic!("expected a write, got a wait: {why}"),
+    }
+}
+
+#[track_caller]
+fn waits(s: Step) -> (String, Option<u64>) {
+    match s {
+        Step::Wait { why, until } => (why, until),
+        Step::Write { message, .. } => panic!("expected a wait, got a write: {message}"),
+    }
+}
+
+fn promote(r: &mut Record, wave: usize, hosts: &[&str], at: u64) {
+    r.waves[wave].promoted.extend(hosts.iter().map(|h| Promoted { host: h.to_string(), at }));
+}
+
+#[test]
+fn the_first_pass_adopts_the_head_and_a_new_head_starts_a_rollout() {
+    let (r, m) = written(step(None, OLD, &all_on(OLD), T0));
+    assert_eq!((r.state, r.released.as_str(), r.target.as_str()), (RolloutState::Complete, OLD, OLD));
+    assert!(r.waves.iter().all(|w| w.good == OLD), "{r:?}");
+    assert_eq!(m, "fleet: adopt 111111111111 as released (the first promotion record)");
+    let (why, _) = waits(step(Some(&r), OLD, &all_on(OLD), T0 + 1));
+    assert_eq!(why, "111111111111 is released to every wave");
+    let (r2, m) = written(step(Some(&r), NEW, &all_on(OLD), T0 + 2));
+    assert_eq!((r2.state, r2.target.as_str(), r2.released.as_str()), (RolloutState::Progressing, NEW, OLD));
+    assert_eq!(m, "fleet: roll out 222222222222");
+}
+
+#[test]
+fn hosts_are_promoted_one_wave_at_a_time_within_max_unavailable_and_each_wave_bakes() {
+    let r = rollout();
+    // The canary first, alone.
+    let (r, m) = written(step(Some(&r), NEW, &all_on(OLD), T0 + 1));
+    assert_eq!(m, "fleet: promote 222222222222 to gpu-01 (wave canary, 1 of 1 hosts)");
+    assert_eq!(r.waves[1].promoted, []);
+    // Still applying: nothing to write.
+    let (why, _) = waits(step(Some(&r), NEW, &all_on(OLD), T0 + 30));
+    assert!(
+        why.starts_with("wave canary waits for gpu-01 (applying 222222222222 for 29 s: its agent deploys 111111111111"),
+        "{why}"
+    );
+    // It runs the target and passes: converged, then the bake.
+    let mut ev = all_on(OLD);
+    ev.hosts.insert("gpu-01".into(), on(NEW, 2.4));
+    let (r, m) = written(step(Some(&r), NEW, &ev, T0 + 60));
+    assert_eq!(r.waves[0].converged, Some(T0 + 60));
+    assert_eq!(m, "fleet: wave canary runs 222222222222 on all 1 hosts; it bakes 600 s");
+    let (why, until) = waits(step(Some(&r), NEW, &ev, T0 + 61));
+    assert_eq!(until, Some(T0 + 660));
+    assert!(why.starts_with("wave canary bakes until ") && why.ends_with("(599 s left)"), "{why}");
+    let (r, m) = written(step(Some(&r), NEW, &ev, T0 + 660));
+    assert_eq!((r.waves[0].baked, r.waves[0].good.as_str()), (Some(T0 + 660), NEW));
+    assert_eq!(m, "fleet: wave canary baked 600 s on 222222222222; wave rest is next");
+    // The rest: two at a time (max_unavailable 2).
+    let (r, m) = written(step(Some(&r), NEW, &ev, T0 + 661));
+    assert_eq!(m, "fleet: promote 222222222222 to gpu-02, gpu-03 (wave rest, 2 of 3 hosts)");
+    let (why, _) = waits(step(Some(&r), NEW, &ev, T0 + 662));
+    assert!(why.starts_with("wave rest: 2 of 3 hosts unavailable (max_unavailable 2): gpu-02 (applying"), "{why}");
+    ev.hosts.insert("gpu-02".into(), on(NEW, 2.4));
+    let (r, m) = written(step(Some(&r), NEW, &ev, T0 + 700));
+    assert_eq!(m, "fleet: promote 222222222222 to gpu-04 (wave rest, 3 of 3 hosts)");
+    let ev = all_on(NEW);
+    let (r, _) = written(step(Some(&r), NEW, &ev, T0 + 760));
+    assert_eq!(r.waves[1].converged, Some(T0 + 760));
+    let (r, m) = written(step(Some(&r), NEW, &ev, T0 + 760 + 1800));
+    assert_eq!(m, "fleet: wave rest baked 1800 s on 222222222222; the rollout completes");
+    let (r, m) = written(step(Some(&r), NEW, &ev, T0 + 2561));
+    assert_eq!((r.state, r.released.as_str()), (RolloutState::Complete, NEW));
+    assert_eq!(m, "fleet: 222222222222 is released: every wave passed");
+}
+
+#[test]
+fn a_host_down_counts_unavailable_and_is_not_promoted() {
+    let mut r = rollout();
+    r.waves[0].baked = Some(T0);
+    r.waves[0].good = NEW.into();
+    let mut ev = all_on(OLD);
+    ev.hosts.get_mut("gpu-03").unwrap().down = Some("its agent is down: the last scrape failed".into());
+    let (r, m) = written(step(Some(&r), NEW, &ev, T0 + 1));
+    assert_eq!(m, "fleet: promote 222222222222 to gpu-02 (wave rest, 1 of 3 hosts)", "room for one: gpu-03 is down");
+    let (why, _) = waits(step(Some(&r), NEW, &ev, T0 + 2));
+    assert!(why.contains("gpu-03 (no evidence: its agent is down: the last scrape failed)"), "{why}");
+    // A host the fleet file names but Prometheus never saw is unavailable too.
+    let mut ev = all_on(OLD);
+    ev.hosts.remove("gpu-01");
+    let (why, _) = waits(step(Some(&rollout()), NEW, &ev, T0 + 1));
+    assert_eq!(
+        why,
+        "wave canary: 1 of 1 hosts unavailable (max_unavailable 1): gpu-01 (no evidence: Prometheus has no specd_host_info for it (not scraped?))"
+    );
+}
+
+#[test]
+fn a_failed_gate_halts_and_sends_the_waves_promoted_hosts_back() {
+    let mut r = rollout();
+    promote(&mut r, 0, &["gpu-01"], T0 + 1);
+    // CUDA OOM at the canary: the agent rolled back and quarantined the target's unit.
+    let mut ev = all_on(OLD);
+    let canary = ev.hosts.get_mut("gpu-01").unwrap();
+    canary.revision = Some(NEW.into());
+    let u = canary.units.get_mut("llm.service").unwrap();
+    u.quarantined = true;
+    let (h, m) = written(step(Some(&r), NEW, &ev, T0 + 90));
+    assert_eq!(h.state, RolloutState::Halted);
+    assert_eq!(h.waves[0].promoted, [], "the canary goes back to its wave's good revision");
+    let halt = h.halt.as_ref().unwrap();
+    assert_eq!((halt.host.as_str(), halt.unit.as_str(), halt.gate.as_str()), ("gpu-01", "llm.service", "applied"));
+    assert!(
+        m.starts_with("fleet: halt 222222222222 at wave canary: gpu-01 llm.service failed gate applied\n\n"),
+        "{m}"
+    );
+    assert!(m.ends_with("Back to 111111111111: gpu-01."), "{m}");
+    let f = fleet();
+    assert_eq!(h.revision_for(&f, "gpu-01", &Default::default()).unwrap().revision, OLD);
+    let (why, _) = waits(step(Some(&h), NEW, &ev, T0 + 91));
+    assert!(
+        why.starts_with("halted at wave canary at ") && why.contains("gpu-01 llm.service failed gate applied"),
+        "{why}"
+    );
+    // The fix, a new commit, starts a new rollout.
+    let (n, m) = written(step(Some(&h), NEWER, &ev, T0 + 100));
+    assert_eq!((n.state, n.target.as_str(), n.halt.is_none()), (RolloutState::Progressing, NEWER, true));
+    assert_eq!(m, "fleet: roll out 333333333333; the rollout of 222222222222 was halted");
+}
+
+#[test]
+fn each_gate_halts_with_its_figures() {
+    let mut r = rollout();
+    promote(&mut r, 0, &["gpu-01"], T0 + 1);
+    let cases: Vec<(&str, Box<dyn Fn(&mut HostEvidence)>, &str)> = vec![
+        (
+            "accept_length",
+            Box::new(|e| e.units.get_mut("llm.service").unwrap().accept_length = Some(1.2)),
+            "1.200 < min 1.5",
+        ),
+        (
+            "accept_length",
+            Box::new(|e| e.units.get_mut("llm.service").unwrap().accept_length = Some(1.9)),
+            "1.900 < 0.8 × 2.500 (the previous revision's)",
+        ),
+        (
+            "no_deaths",
+            Box::new(|e| {
+                e.units.get_mut("llm.service").unwrap().deaths_since_promotion = [("cuda-oom".to_string(), 1.0)].into()
+            }),
+            "died since its promotion: cuda-oom ×1",
+        ),
+        (
+            "args_verified",
+            Box::new(|e| e.units.get_mut("llm.service").unwrap().verified_throughout = Some(false)),
+            "its args were not verified at every scrape of the bake",
+        ),
+    ];
+    for (gate, change, evidence) in cases {
+        let mut ev = all_on(OLD);
+        let mut canary = on(NEW, 2.4);
+        change(&mut canary);
+        ev.hosts.insert("gpu-01".into(), canary);
+        let (h, _) = written(step(Some(&r), NEW, &ev, T0 + 60));
+        let halt = h.halt.unwrap();
+        assert_eq!((halt.gate.as_str(), halt.evidence.as_str()), (gate, evidence));
+    }
+}
+
+#[test]
+fn a_host_that_never_runs_the_target_fails_the_convergence_gate_and_speculation_must_be_proven() {
+    let mut r = rollout();
+    promote(&mut r, 0, &["gpu-01"], T0);
+    let (why, _) = waits(step(Some(&r), NEW, &all_on(OLD), T0 + 1800));
+    assert!(why.contains("applying 222222222222 for 1800 s"), "{why}");
+    let (h, _) = written(step(Some(&r), NEW, &all_on(OLD), T0 + 1801));
+    let halt = h.halt.unwrap();
+    assert_eq!(halt.gate, "converge");
+    assert!(
+        halt.evidence.starts_with("given 222222222222 1801 s ago, within 1800 s: its agent deploys 111111111111"),
+        "{}",
+        halt.evidence
+    );
+    // Runs the target, no accept length yet: not good until proven.
+    let mut ev = all_on(OLD);
+    let mut canary = on(NEW, 2.4);
+    canary.units.get_mut("llm.service").unwrap().accept_length = None;
+    ev.hosts.insert("gpu-01".into(), canary);
+    let (why, _) = waits(step(Some(&r), NEW, &ev, T0 + 60));
+    assert!(why.contains("llm.service: no accept length measured yet (speculation not proven)"), "{why}");
+    let (h, _) = written(step(Some(&r), NEW, &ev, T0 + 1801));
+    assert_eq!(h.halt.unwrap().gate, "speculation_proven");
+}
+
+#[test]
+fn no_evidence_advances_nothing() {
+    let mut r = rollout();
+    promote(&mut r, 0, &["gpu-01"], T0);
+    let ev = Evidence {
+        unavailable: Some("Prometheus at http://127.0.0.1:9090: unreachable (connection refused)".into()),
+        hosts: Default::default(),
+    };
+    let (why, _) = waits(step(Some(&r), NEW, &ev, T0 + 5000));
+    assert_eq!(
+        why,
+        "no evidence, nothing advances: Prometheus at http://127.0.0.1:9090: unreachable (connection refused)"
+    );
+    // Far past the convergence time: still no halt without evidence.
+    assert!(matches!(step(Some(&r), NEW, &ev, T0 + 90_000), Step::Wait { .. }));
+}
+
+#[test]
+fn a_person_halts_everything_until_resumed() {
+    let r = rollout();
+    let (h, m) = written(halted_by(&r, "ops@gpu", "investigating latency", T0).unwrap());
+    assert_eq!(m, "fleet: halted by ops@gpu: investigating latency");
+    let (why, _) = waits(step(Some(&h), NEW, &all_on(OLD), T0 + 1));
+    assert!(
+        why.starts_with("halted by ops@gpu at ")
+            && why.ends_with("investigating latency (`specd fleet resume` continues)"),
+        "{why}"
+    );
+    let (why, _) = waits(step(Some(&h), NEWER, &all_on(OLD), T0 + 2));
+    assert_eq!(why, "halted by ops@gpu (a new revision waits too): `specd fleet resume` continues");
+    assert!(halted_by(&h, "x", "y", T0).is_err());
+    let (res, m) = written(resumed(&h, "ops@gpu").unwrap());
+    assert_eq!((res.state, res.halt.is_none()), (RolloutState::Progressing, true));
+    assert_eq!(m, "fleet: resumed by ops@gpu: 222222222222 rolls on");
+    assert!(resumed(&res, "x").unwrap_err().contains("is not halted"));
+}
+
+#[test]
+fn a_new_revision_supersedes_a_rollout_in_progress() {
+    let mut r = rollout();
+    r.waves[0].baked = Some(T0 + 10);
+    r.waves[0].good = NEW.into();
+    promote(&mut r, 1, &["gpu-02"], T0 + 20);
+    let (n, m) = written(step(Some(&r), NEWER, &all_on(NEW), T0 + 30));
+    assert_eq!(m, "fleet: roll out 333333333333; it supersedes the rollout of 222222222222 in progress");
+    assert_eq!(n.waves[0].good, NEW, "the canary baked the previous target: that is its good revision");
+    assert_eq!(
+        (n.waves[1].good.as_str(), n.waves[1].promoted.len()),
+        (OLD, 0),
+        "gpu-02 goes back until its wave passes"
+    );
+}
+
+#[test]
+fn a_changed_fleet_file_rewaves_the_record() {
+    let mut r = rollout();
+    r.waves.pop();
+    r.waves.push(WaveRecord::at("gone", OLD));
+    let (n, m) = written(step(Some(&r), NEW, &all_on(OLD), T0));
+    assert_eq!(m, "fleet: the waves are now canary, rest");
+    assert_eq!(n.waves.iter().map(|w| w.name.as_str()).collect::<Vec<_>>(), ["canary", "rest"]);
+    assert_eq!(n.waves[1].good, OLD, "a new wave starts on the released revision");
+}

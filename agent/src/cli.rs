@@ -152,6 +152,27 @@ pub enum Command {
         #[arg(long)]
         control_socket: Option<PathBuf>,
     },
+    /// Advance the fleet's rollout by one step (or keep going with --watch): read the followed
+    /// branch's head, its fleet file, the promotion record and what Prometheus says every host
+    /// runs; write the next step (promote hosts, start a bake, pass a wave, halt) as one
+    /// fast-forward commit of the record branch. Stateless: run it from cron or CI.
+    Promote {
+        #[command(flatten)]
+        repo: RepoArgs,
+        /// Keep going: a pass every --interval seconds (sooner when a bake ends).
+        #[arg(long)]
+        watch: bool,
+        /// Seconds between passes with --watch.
+        #[arg(long, default_value_t = 30)]
+        interval: u64,
+        #[command(flatten)]
+        common: crate::promote::Common,
+    },
+    /// The fleet's rollout: status of every host, halt and resume by hand.
+    Fleet {
+        #[command(subcommand)]
+        command: FleetCommand,
+    },
     /// Ask the running agent to reconcile now (one unit, or all), over its control socket.
     Reconcile {
         #[arg(value_parser = unit_arg)]
@@ -297,6 +318,65 @@ fn unit_arg(v: &str) -> Result<String, String> {
     }
 }
 
+/// The repository a promoter command works on: the agent config's, or flags.
+#[derive(clap::Args, Debug, Clone)]
+pub struct RepoArgs {
+    /// An agent configuration file: its repository, branch, path and credentials.
+    #[arg(long, default_value = "/etc/specd/agent.yaml")]
+    config: PathBuf,
+    /// The config repository (a path or URL); overrides the config file.
+    #[arg(long)]
+    repo: Option<String>,
+    #[arg(long)]
+    branch: Option<String>,
+    /// A spec file or directory of specs in the repository (the fleet file is beside them).
+    #[arg(long)]
+    path: Option<String>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum FleetCommand {
+    /// Every host × unit: wave, the revision given and deployed, standing, args verified,
+    /// accept length, deaths; the rollout's position and what it waits for. Exit 1 when halted.
+    Status {
+        #[command(flatten)]
+        repo: RepoArgs,
+        #[command(flatten)]
+        common: crate::promote::Common,
+    },
+    /// Halt the rollout: nothing advances (new revisions included) until `specd fleet resume`.
+    Halt {
+        #[command(flatten)]
+        repo: RepoArgs,
+        /// Why, recorded in the promotion record.
+        #[arg(long)]
+        reason: String,
+        /// Who halts [default: the sudo user or user, at this host].
+        #[arg(long)]
+        by: Option<String>,
+        #[command(flatten)]
+        common: crate::promote::Common,
+    },
+    /// Resume a halted rollout: its wave promotes again.
+    Resume {
+        #[command(flatten)]
+        repo: RepoArgs,
+        #[arg(long)]
+        by: Option<String>,
+        #[command(flatten)]
+        common: crate::promote::Common,
+    },
+}
+
+/// The promoter's options from its flags.
+fn promoter(dirs: &Dirs, repo: RepoArgs, common: crate::promote::Common) -> anyhow::Result<crate::promote::Options> {
+    let mut cfg = AgentConfig::load(&repo.config)?;
+    cfg.repo = repo.repo.or(cfg.repo);
+    cfg.branch = repo.branch.or(cfg.branch);
+    cfg.path = repo.path.or(cfg.path);
+    crate::promote::options(&cfg, dirs.state_dir.join("promote"), common)
+}
+
 /// The documents `specd schema` describes.
 #[derive(Clone, Copy, Debug, clap::ValueEnum)]
 pub enum SchemaKind {
@@ -347,6 +427,23 @@ pub fn main() -> ExitCode {
                 Ok(0)
             })
         }
+        Command::Promote { repo, watch, interval, common } => run_async(async move {
+            let opts = promoter(&dirs, repo, common)?;
+            crate::promote::promote(&opts, watch.then(|| std::time::Duration::from_secs(interval.max(1)))).await
+        }),
+        Command::Fleet { command } => run_async(async move {
+            match command {
+                FleetCommand::Status { repo, common } => crate::promote::status(&promoter(&dirs, repo, common)?).await,
+                FleetCommand::Halt { repo, reason, by, common } => {
+                    let opts = promoter(&dirs, repo, common)?;
+                    crate::promote::by_hand(&opts, &crate::promote::person(by), Some(&reason)).await
+                }
+                FleetCommand::Resume { repo, by, common } => {
+                    let opts = promoter(&dirs, repo, common)?;
+                    crate::promote::by_hand(&opts, &crate::promote::person(by), None).await
+                }
+            }
+        }),
         Command::Reconcile { unit, socket, config } => {
             run_async(ops::ask_reconcile(config::control_socket(socket, &config), unit))
         }

@@ -27,6 +27,7 @@ mod ops;
 mod owner;
 mod plan;
 mod preflight;
+mod promote;
 mod probe;
 mod process;
 mod reconcile;

@@ -526,5 +526,56 @@ pub fn stamp(secs: u64) -> String {
     format!("{y:04}-{mo:02}-{d:02} {h:02}:{mi:02}:{s:02} UTC")
 }
 
+/// One host of the fleet, as `specd fleet status` shows it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HostPosition {
+    pub host: String,
+    /// Its wave; `None`: no wave selects it (it runs the released revision).
+    pub wave: Option<String>,
+    /// The revision the record gives it, and whether that is the rollout's target.
+    pub given: String,
+    pub promoted: bool,
+    pub standing: Standing,
+}
+
+/// Every host the fleet file names or Prometheus knows, with what the record gives it and how it
+/// stands, wave by wave (hosts in no wave last).
+pub fn positions(inputs: &Inputs, record: &Record) -> Vec<HostPosition> {
+    let mut out = Vec::new();
+    for (i, w) in record.waves.iter().enumerate().take(inputs.fleet.waves().len()) {
+        for host in members(inputs.fleet, inputs.evidence, i) {
+            let (given, at) = given(record, w, &host);
+            let standing = judge(inputs, record, w, &host);
+            out.push(HostPosition { wave: Some(w.name.clone()), given: given.into(), promoted: at.is_some(), standing, host });
+        }
+    }
+    let released = specd_spec::fleet::WaveRecord::at("", &record.released);
+    for (host, e) in &inputs.evidence.hosts {
+        if inputs.fleet.wave_of(host, &e.labels).is_none() {
+            let standing = judge(inputs, record, &released, host);
+            out.push(HostPosition { host: host.clone(), wave: None, given: record.released.clone(), promoted: false, standing });
+        }
+    }
+    out
+}
+
+impl Standing {
+    /// One word for a table.
+    pub fn word(&self) -> &'static str {
+        match self {
+            Standing::Good => "good",
+            Standing::Applying(_) => "applying",
+            Standing::Unavailable(_) => "unavailable",
+            Standing::NoEvidence(_) => "no-evidence",
+            Standing::Failed { .. } => "failed",
+        }
+    }
+
+    /// The words behind it (empty when good).
+    pub fn detail(&self) -> String {
+        if *self == Standing::Good { String::new() } else { self.why() }
+    }
+}
+
 #[cfg(test)]
 mod tests;

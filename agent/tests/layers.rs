@@ -29,7 +29,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     // Observe, plan, act, record: drives the adapters.
     ("engine", &["reconcile", "faults"]),
     // One-shot commands, the long-running agent, and what they share.
-    ("commands", &["ops", "agent", "context", "notify", "sweep", "explain"]),
+    ("commands", &["ops", "agent", "context", "notify", "sweep", "explain", "promote"]),
     // Argument parsing.
     ("cli", &["cli"]),
 ];

@@ -9,7 +9,11 @@
 //! 3. readiness lag: from the server turning ready to specd's readiness policy noticing;
 //! 4. the agent: local commit → reconcile start latency (from `git commit` returning to the
 //!    reconcile's first state write, seen by inotify), idle RSS and CPU with 4 units;
-//! 5. fan-out: the agent deploys one commit changing 16 units, and one changing a single unit.
+//! 5. fan-out: the agent deploys one commit changing 16 units, and one changing a single unit;
+//! 6. fleet: one revision rolled through 20 simulated hosts in 3 waves with short bakes, by the
+//!    promoter's own decision and real commits of the promotion record, each host reading the
+//!    record as an agent does and taking a fixed time to apply: from the commit to the whole
+//!    fleet on it, against the floor (the bakes plus one apply).
 //!
 //! `SPECD_BENCH_SPECD=PATH` measures another build of specd (e.g. an older commit's) with the
 //! same bench.
@@ -539,5 +543,154 @@ fn main() -> anyhow::Result<()> {
     if want("fanout") {
         agent_fanout(16, 5, 1000)?;
     }
+    if want("fleet") {
+        println!("\n## Fleet rollout: 20 simulated hosts, 3 waves, bakes of 2 s, apply 500 ms, agents and promoter look every 100 ms\n");
+        println!("| waves (hosts / max_unavailable) | commits | converged (s) | floor: bakes + 1 apply (s) | overhead (s) | bakes + 1 apply per wave (s) |");
+        println!("|---|---|---|---|---|---|");
+        fleet_rollout(&[(1, 1), (5, 5), (14, 14)])?;
+        fleet_rollout(&[(1, 1), (5, 5), (14, 7)])?;
+        fleet_rollout(&[(1, 1), (5, 1), (14, 2)])?;
+    }
+    Ok(())
+}
+
+/// One revision through simulated hosts: `waves` as (hosts, max_unavailable), bakes of 2 s.
+fn fleet_rollout(waves: &[(usize, u32)]) -> anyhow::Result<()> {
+    use specd::rollout::{Evidence, ExpectedUnit, HostEvidence, Inputs, Step, UnitEvidence, decide};
+    use specd_spec::fleet::Record;
+    use std::collections::BTreeMap;
+    use std::sync::{Arc, Mutex};
+
+    const BAKE_S: u64 = 2;
+    const APPLY: Duration = Duration::from_millis(500);
+    const LOOK: Duration = Duration::from_millis(100);
+    let dir = tempfile::tempdir()?;
+    let repo = dir.path().join("config");
+    let git = |args: &[&str]| -> anyhow::Result<String> {
+        let o = Command::new("git").arg("-C").arg(&repo).args(args).output()?;
+        anyhow::ensure!(o.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&o.stderr));
+        Ok(String::from_utf8(o.stdout)?.trim().to_string())
+    };
+    std::fs::create_dir_all(repo.join("specs"))?;
+    git(&["init", "-q", "-b", "main"])?;
+    let mut names = Vec::new();
+    let mut fleet = String::from("apiVersion: specd/v1\nkind: Fleet\nmetadata: {name: bench}\nspec:\n  waves:\n");
+    for (w, (n, max)) in waves.iter().enumerate() {
+        let hosts: Vec<String> = (0..*n).map(|i| format!("h{w}-{i:02}")).collect();
+        fleet.push_str(&format!("    - {{name: w{w}, hosts: [{}], max_unavailable: {max}, bake: {BAKE_S}s}}\n", hosts.join(", ")));
+        names.extend(hosts);
+    }
+    std::fs::write(repo.join("specs/fleet.yaml"), &fleet)?;
+    std::fs::write(repo.join("specs/llm.yaml"), "v: 1\n")?;
+    let commit = |msg: &str| -> anyhow::Result<String> {
+        git(&["add", "-A"])?;
+        git(&["-c", "user.name=b", "-c", "user.email=b@b", "commit", "-q", "-m", msg])?;
+        git(&["rev-parse", "HEAD"])
+    };
+    let old = commit("old")?;
+    let parsed = specd_spec::fleet::parse_fleet(&fleet, "fleet.yaml").map_err(|d| anyhow::anyhow!("{d}"))?;
+    let cfg = specd::SourceConfig {
+        repo: repo.display().to_string(),
+        branch: "main".into(),
+        tag: None,
+        path: "specs".into(),
+        token_file: None,
+        ssh_key_file: None,
+        verify: None,
+        ca_file: None,
+    };
+    let cache = dir.path().join("cache");
+    // What each host runs: (revision, when it finished applying).
+    let runs: Arc<Mutex<BTreeMap<String, (String, Option<Instant>)>>> =
+        Arc::new(Mutex::new(names.iter().map(|h| (h.clone(), (old.clone(), None))).collect()));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let expected = |_: &str, rev: &str| -> Result<Vec<ExpectedUnit>, String> {
+        Ok(vec![ExpectedUnit { unit: "llm.service".into(), unit_hash: format!("u-{rev}"), speculates: false }])
+    };
+    let evidence = |runs: &BTreeMap<String, (String, Option<Instant>)>| Evidence {
+        unavailable: None,
+        hosts: runs
+            .iter()
+            .map(|(h, (rev, _))| {
+                let u = UnitEvidence { unit_hash: Some(format!("u-{rev}")), args_verified: Some(true), ..Default::default() };
+                (h.clone(), HostEvidence { revision: Some(rev.clone()), units: [("llm.service".into(), u)].into(), ..Default::default() })
+            })
+            .collect(),
+    };
+    let now = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+    let commits = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    // The promoter: read, decide, write one step; at once again after a write.
+    let promoter = {
+        let (cfg, cache, runs, stop, commits, parsed) =
+            (cfg.clone(), cache.clone(), runs.clone(), stop.clone(), commits.clone(), parsed.clone());
+        std::thread::spawn(move || -> anyhow::Result<()> {
+            let src = specd::GitSource::open(cfg, &cache)?;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let head = src.head()?.to_string();
+                let rec = src.fetch_record(parsed.record_branch())?;
+                let record = match rec {
+                    Some(oid) => Some((oid, Record::parse(&src.read_record(oid)?, "r").map_err(|d| anyhow::anyhow!("{d}"))?)),
+                    None => None,
+                };
+                let ev = evidence(&runs.lock().unwrap());
+                let inputs = Inputs { fleet: &parsed, record: record.as_ref().map(|r| &r.1), head: &head, evidence: &ev, expected: &expected, now: now() };
+                match decide(&inputs) {
+                    Step::Write { record: r, message } => {
+                        let c = specd::commit_record(&src, record.map(|r| r.0), &r.render(), &message, "b <b@b>", None)?;
+                        if let specd::Pushed::Done = specd::push_record(&src, c, parsed.record_branch())? {
+                            commits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        }
+                    }
+                    Step::Wait { .. } => std::thread::sleep(LOOK),
+                }
+            }
+            Ok(())
+        })
+    };
+    // Wait for the first record (the adoption of `old`), then commit the new revision.
+    wait_until("the first promotion record", Duration::from_secs(10), || commits.load(std::sync::atomic::Ordering::Relaxed) >= 1)?;
+    std::fs::write(repo.join("specs/llm.yaml"), "v: 2\n")?;
+    let start = Instant::now();
+    let new = commit("new")?;
+    let hosts: Vec<_> = names
+        .iter()
+        .map(|h| {
+            let (cfg, cache, runs, stop, parsed, h) =
+                (cfg.clone(), dir.path().join(format!("cache-{h}")), runs.clone(), stop.clone(), parsed.clone(), h.clone());
+            std::thread::spawn(move || -> anyhow::Result<()> {
+                let src = specd::GitSource::open(cfg, &cache)?;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    if let Some(oid) = src.fetch_record(parsed.record_branch())? {
+                        let r = Record::parse(&src.read_record(oid)?, "r").map_err(|d| anyhow::anyhow!("{d}"))?;
+                        let given = r.revision_for(&parsed, &h, &Default::default()).map_err(|e| anyhow::anyhow!(e))?.revision;
+                        if runs.lock().unwrap()[&h].0 != given {
+                            std::thread::sleep(APPLY);
+                            runs.lock().unwrap().insert(h.clone(), (given, Some(Instant::now())));
+                        }
+                    }
+                    std::thread::sleep(LOOK);
+                }
+                Ok(())
+            })
+        })
+        .collect();
+    let all_new = || runs.lock().unwrap().values().all(|(r, _)| *r == new);
+    wait_until("every host on the new revision", Duration::from_secs(120), all_new)?;
+    let converged = runs.lock().unwrap().values().filter_map(|(_, t)| *t).max().unwrap() - start;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    promoter.join().unwrap()?;
+    for h in hosts {
+        h.join().unwrap()?;
+    }
+    let shape: Vec<String> = waves.iter().map(|(n, m)| format!("{n}/{m}")).collect();
+    let floor = BAKE_S as f64 * waves.len() as f64 + APPLY.as_secs_f64();
+    let per_wave = (BAKE_S as f64 + APPLY.as_secs_f64()) * waves.len() as f64;
+    let c = converged.as_secs_f64();
+    println!(
+        "| {} | {} | {c:.2} | {floor:.2} | {:.2} | {per_wave:.2} |",
+        shape.join(", "),
+        commits.load(std::sync::atomic::Ordering::Relaxed) - 1,
+        c - floor
+    );
     Ok(())
 }

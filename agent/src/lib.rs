@@ -34,7 +34,8 @@ mod reconcile;
 mod record;
 mod recovery;
 mod report;
-mod rollout;
+/// Public for the fleet bench (`agent/examples/bench.rs`): the promoter's decision, pure.
+pub mod rollout;
 mod service;
 mod source;
 mod specs;

@@ -384,7 +384,10 @@ fn wave_step(inputs: &Inputs, record: &Record, i: usize) -> Step {
         );
         return Step::Write { record: r, message };
     };
-    let until = converged + spec.bake.as_secs();
+    // Times are whole seconds: every host was good at some moment of the second `converged`,
+    // so the bake passes only once a whole second after `converged + bake` has begun — never
+    // shorter than asked, at most a second longer.
+    let until = converged + spec.bake.as_secs() + 1;
     if inputs.now < until {
         let why = format!("wave {} bakes until {} ({} s left)", w.name, stamp(until), until - inputs.now);
         return Step::Wait { why, until: Some(until) };

@@ -123,10 +123,11 @@ fn hosts_are_promoted_one_wave_at_a_time_within_max_unavailable_and_each_wave_ba
     assert_eq!(r.waves[0].converged, Some(T0 + 60));
     assert_eq!(m, "fleet: wave canary runs 222222222222 on all 1 hosts; it bakes 600 s");
     let (why, until) = waits(step(Some(&r), NEW, &ev, T0 + 61));
-    assert_eq!(until, Some(T0 + 660));
-    assert!(why.starts_with("wave canary bakes until ") && why.ends_with("(599 s left)"), "{why}");
-    let (r, m) = written(step(Some(&r), NEW, &ev, T0 + 660));
-    assert_eq!((r.waves[0].baked, r.waves[0].good.as_str()), (Some(T0 + 660), NEW));
+    assert_eq!(until, Some(T0 + 661));
+    assert!(why.starts_with("wave canary bakes until ") && why.ends_with("(600 s left)"), "{why}");
+    assert!(matches!(step(Some(&r), NEW, &ev, T0 + 660), Step::Wait { .. }), "never shorter than the bake");
+    let (r, m) = written(step(Some(&r), NEW, &ev, T0 + 661));
+    assert_eq!((r.waves[0].baked, r.waves[0].good.as_str()), (Some(T0 + 661), NEW));
     assert_eq!(m, "fleet: wave canary baked 600 s on 222222222222; wave rest is next");
     // The rest: two at a time (max_unavailable 2).
     let (r, m) = written(step(Some(&r), NEW, &ev, T0 + 661));
@@ -139,9 +140,9 @@ fn hosts_are_promoted_one_wave_at_a_time_within_max_unavailable_and_each_wave_ba
     let ev = all_on(NEW);
     let (r, _) = written(step(Some(&r), NEW, &ev, T0 + 760));
     assert_eq!(r.waves[1].converged, Some(T0 + 760));
-    let (r, m) = written(step(Some(&r), NEW, &ev, T0 + 760 + 1800));
+    let (r, m) = written(step(Some(&r), NEW, &ev, T0 + 760 + 1801));
     assert_eq!(m, "fleet: wave rest baked 1800 s on 222222222222; the rollout completes");
-    let (r, m) = written(step(Some(&r), NEW, &ev, T0 + 2561));
+    let (r, m) = written(step(Some(&r), NEW, &ev, T0 + 2562));
     assert_eq!((r.state, r.released.as_str()), (RolloutState::Complete, NEW));
     assert_eq!(m, "fleet: 222222222222 is released: every wave passed");
 }

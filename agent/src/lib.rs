@@ -30,10 +30,10 @@ mod preflight;
 mod probe;
 mod process;
 mod reconcile;
-mod rollout;
 mod record;
 mod recovery;
 mod report;
+mod rollout;
 mod service;
 mod source;
 mod specs;
@@ -48,7 +48,7 @@ pub use cli::main;
 
 /// Reading and gating the source's head, for the source tests.
 pub use agent::{Evaluation, evaluate};
-pub use source::{GitSource, SourceConfig, Verify};
+pub use source::{GitSource, RECORD_REF, SourceConfig, SpecFile, Verify};
 
 /// What the benchmarks measure specd's readiness policy with.
 pub use probe::{Health, Probe};

@@ -10,7 +10,10 @@ use std::path::Path;
 /// From the lowest layer to the highest. Below all of them: the `specd-spec` crate.
 const LAYERS: &[(&str, &[&str])] = &[
     // Pure decisions and the model they decide on; no I/O.
-    ("core", &["plan", "recovery", "service", "speculation", "guard", "hold", "timing", "record", "conclude", "rollout"]),
+    (
+        "core",
+        &["plan", "recovery", "service", "speculation", "guard", "hold", "timing", "record", "conclude", "rollout"],
+    ),
     // The adapters, in three ordered layers. Primitives: files, locks, processes, cgroups,
     // D-Bus's wire, specd's own state files.
     ("primitives", &["fsx", "lock", "log", "process", "owner", "dbus", "cgroup", "specs", "state"]),

@@ -29,6 +29,7 @@ mod plan;
 mod preflight;
 mod probe;
 mod process;
+mod publish;
 mod reconcile;
 mod record;
 mod recovery;
@@ -48,6 +49,8 @@ pub use cli::main;
 
 /// Reading and gating the source's head, for the source tests.
 pub use agent::{Evaluation, evaluate};
+/// Writing the promotion record (the promoter's), for its tests.
+pub use publish::{Pushed, Signing, commit_record, push_record};
 pub use source::{GitSource, RECORD_REF, SourceConfig, SpecFile, Verify};
 
 /// What the benchmarks measure specd's readiness policy with.

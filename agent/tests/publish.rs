@@ -125,6 +125,14 @@ fn of_two_promoters_on_the_same_record_one_wins() {
         let b2 = commit_record(&b, base, "by: b, after a\n", "next", AUTHOR, None).unwrap();
         assert_eq!(push_record(&b, b2, BRANCH).unwrap(), Pushed::Done);
         assert_eq!(parents(&bare, b2), vec![a1.to_string()]);
+        if !remote_repo {
+            // A local branch is moved only from the record's parent: deleted meanwhile, it
+            // stays deleted.
+            git(&bare, &["branch", "-q", "-D", BRANCH]);
+            let b3 = commit_record(&b, Some(b2), "by: b, later\n", "next", AUTHOR, None).unwrap();
+            let Pushed::Rejected(why) = push_record(&b, b3, BRANCH).unwrap() else { panic!("recreated") };
+            assert!(why.contains("it is gone"), "{why}");
+        }
     }
 }
 

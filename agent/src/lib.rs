@@ -30,6 +30,7 @@ mod preflight;
 mod promote;
 mod probe;
 mod process;
+mod publish;
 mod reconcile;
 mod record;
 mod recovery;
@@ -50,7 +51,9 @@ pub use cli::main;
 
 /// Reading and gating the source's head, for the source tests.
 pub use agent::{Evaluation, evaluate};
-pub use source::{GitSource, SourceConfig, Verify};
+/// Writing the promotion record (the promoter's), for its tests.
+pub use publish::{Pushed, Signing, commit_record, push_record};
+pub use source::{GitSource, RECORD_REF, SourceConfig, SpecFile, Verify};
 
 /// What the benchmarks measure specd's readiness policy with.
 pub use probe::{Health, Probe};

@@ -8,7 +8,12 @@ use std::process::{Command, Stdio};
 
 use anyhow::{Context, Result, anyhow, bail};
 use git2::{Oid, Repository};
+use specd_spec::fleet::{FILE_NAME as FLEET_FILE, RECORD_FILE};
 use specd_spec::short;
+
+/// Where a remote's record branch is fetched to in the cache (never a branch: nothing checks it
+/// out, and the followed branch's `refs/remotes/origin/*` stay the followed branch's).
+pub const RECORD_REF: &str = "refs/specd/record";
 
 /// Which signatures a commit must carry to deploy.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -153,20 +158,9 @@ impl GitSource {
         }
     }
 
-    /// Fetch the followed ref from the remote (no-op for a local repository), with the `git`
-    /// command: its transports use the system's TLS and SSH setup (the CA store, `known_hosts`,
-    /// `~/.ssh/config`), and specd links no TLS or SSH library of its own for git.
-    /// - Nothing asks a person for anything, and a fetch ends within [`FETCH_WITHIN`] (then it
-    ///   is killed, with its ssh or https helper); a stalled https transfer ends sooner (under
-    ///   1 KB/s for 60 s), as does an ssh server that stopped answering (60 s).
-    /// - The token and the key are given by file name through the environment, never on a
-    ///   command line; the environment's own `GIT_*` variables and the user's askpass are not
-    ///   passed on, and no gc or maintenance runs in the cache behind the fetch.
-    pub fn fetch(&self) -> Result<()> {
-        if !self.remote {
-            return Ok(());
-        }
-        let (spec, _) = self.refspec();
+    /// The `git` command for a transfer with the remote (a fetch, a push), ready for its
+    /// subcommand: [`fetch`](Self::fetch) says what it guarantees.
+    pub(crate) fn transfer(&self) -> Result<Command> {
         let mut cmd = Command::new("timeout");
         // The whole process group (git and its transport) is killed at the deadline.
         cmd.args(["--kill-after=10s", &format!("{}s", FETCH_WITHIN.as_secs()), "git"]);
@@ -205,37 +199,158 @@ impl GitSource {
         for (k, v) in &config {
             cmd.arg("-c").arg(format!("{k}={v}"));
         }
-        let out = cmd
-            .env("GIT_SSH_COMMAND", ssh)
+        cmd.env("GIT_SSH_COMMAND", ssh)
             .env("GIT_TERMINAL_PROMPT", "0")
             .env("LC_ALL", "C")
             .env_remove("SSH_ASKPASS")
             .arg("--git-dir")
             .arg(self.repo.path())
-            .args(["fetch", "--quiet", "--no-tags", "--", &fetch_url(&self.cfg.repo), &spec])
-            .stdin(Stdio::null())
-            .output()
-            .context("running git fetch (are git and timeout installed?)")?;
+            .stdin(Stdio::null());
+        Ok(cmd)
+    }
+
+    /// Run a [`transfer`](Self::transfer); `what` (`fetching branch main from <url>`) names it
+    /// when it outlived its deadline or was killed. Otherwise git's output, success or not.
+    pub(crate) fn run_transfer(&self, mut cmd: Command, what: &str) -> Result<std::process::Output> {
+        let out = cmd.output().context("running git (are git and timeout installed?)")?;
         match out.status.code() {
-            Some(0) => Ok(()),
-            Some(124) => bail!(
-                "fetching {} from {}: not done within {} s (stopped)",
-                self.followed(),
-                self.cfg.repo,
-                FETCH_WITHIN.as_secs()
-            ),
-            Some(137) | None => bail!(
-                "fetching {} from {}: git was killed (at the {} s deadline, or by a signal)",
-                self.followed(),
-                self.cfg.repo,
-                FETCH_WITHIN.as_secs()
-            ),
-            Some(_) => {
-                let why = String::from_utf8_lossy(&out.stderr);
-                let why = why.lines().map(str::trim).filter(|l| !l.is_empty()).collect::<Vec<_>>().join("; ");
-                bail!("fetching {} from {}: {why}", self.followed(), self.cfg.repo)
+            Some(124) => bail!("{what}: not done within {} s (stopped)", FETCH_WITHIN.as_secs()),
+            Some(137) | None => {
+                bail!("{what}: git was killed (at the {} s deadline, or by a signal)", FETCH_WITHIN.as_secs())
             }
+            Some(_) => Ok(out),
         }
+    }
+
+    /// The URL a transfer names.
+    pub(crate) fn url(&self) -> String {
+        fetch_url(&self.cfg.repo)
+    }
+
+    /// The libgit2 repository: the local one, or the remote's cache.
+    pub(crate) fn repository(&self) -> &Repository {
+        &self.repo
+    }
+
+    /// Fetch the followed ref from the remote (no-op for a local repository), with the `git`
+    /// command: its transports use the system's TLS and SSH setup (the CA store, `known_hosts`,
+    /// `~/.ssh/config`), and specd links no TLS or SSH library of its own for git.
+    /// - Nothing asks a person for anything, and a fetch ends within [`FETCH_WITHIN`] (then it
+    ///   is killed, with its ssh or https helper); a stalled https transfer ends sooner (under
+    ///   1 KB/s for 60 s), as does an ssh server that stopped answering (60 s).
+    /// - The token and the key are given by file name through the environment, never on a
+    ///   command line; the environment's own `GIT_*` variables and the user's askpass are not
+    ///   passed on, and no gc or maintenance runs in the cache behind the fetch.
+    pub fn fetch(&self) -> Result<()> {
+        if !self.remote {
+            return Ok(());
+        }
+        let (spec, _) = self.refspec();
+        let what = format!("fetching {} from {}", self.followed(), self.cfg.repo);
+        let mut cmd = self.transfer()?;
+        cmd.args(["fetch", "--quiet", "--no-tags", "--", &self.url(), &spec]);
+        let out = self.run_transfer(cmd, &what)?;
+        if !out.status.success() {
+            bail!("{what}: {}", git_words(&out.stderr));
+        }
+        Ok(())
+    }
+
+    /// The head of the promotion record's branch (`None` while it does not exist). A remote's
+    /// is fetched into [`RECORD_REF`] of the cache (forced: whether the record may move that
+    /// way is the reader's decision, with [`descends_from`](Self::descends_from)); a branch
+    /// the remote does not have (any more) is `None`, not an error. A local repository's
+    /// branch is read as it is.
+    pub fn fetch_record(&self, branch: &str) -> Result<Option<Oid>> {
+        let name = format!("refs/heads/{branch}");
+        if !git2::Reference::is_valid_name(&name) {
+            bail!("the record branch {branch:?} is not a usable branch name");
+        }
+        if !self.remote {
+            return self.commit_of(&name);
+        }
+        let what = format!("fetching the record branch {branch} from {}", self.cfg.repo);
+        let mut cmd = self.transfer()?;
+        cmd.args(["fetch", "--quiet", "--no-tags", "--", &self.url(), &format!("+{name}:{RECORD_REF}")]);
+        let out = self.run_transfer(cmd, &what)?;
+        if !out.status.success() {
+            let why = git_words(&out.stderr);
+            // git's words (LC_ALL=C) for a ref the remote does not have.
+            if why.contains(&format!("couldn't find remote ref {name}")) {
+                if let Ok(mut r) = self.repo.find_reference(RECORD_REF) {
+                    r.delete().with_context(|| format!("deleting {RECORD_REF} in {}", self.repo.path().display()))?;
+                }
+                return Ok(None);
+            }
+            bail!("{what}: {why}");
+        }
+        self.commit_of(RECORD_REF)
+    }
+
+    /// The commit a ref points at, `None` when there is no such ref.
+    fn commit_of(&self, name: &str) -> Result<Option<Oid>> {
+        match self.repo.find_reference(name) {
+            Ok(r) => Ok(Some(r.peel_to_commit().with_context(|| format!("{name} does not point at a commit"))?.id())),
+            Err(e) if e.code() == git2::ErrorCode::NotFound => Ok(None),
+            Err(e) => Err(e).with_context(|| format!("reading {name} in {}", self.cfg.repo)),
+        }
+    }
+
+    /// The promotion record ([`RECORD_FILE`]) of a commit of the record branch.
+    pub fn read_record(&self, oid: Oid) -> Result<String> {
+        let commit = short(&oid.to_string()).to_string();
+        let c = self
+            .repo
+            .find_commit(oid)
+            .with_context(|| format!("the record's commit {commit} is not in {}", self.cfg.repo))?;
+        let tree = c.tree()?;
+        let entry = tree
+            .get_path(Path::new(RECORD_FILE))
+            .map_err(|_| anyhow!("{RECORD_FILE} does not exist in commit {commit} of the record branch"))?;
+        let obj = entry.to_object(&self.repo)?;
+        let Some(blob) = obj.as_blob() else {
+            bail!("{RECORD_FILE}@{commit}: is not a file");
+        };
+        refuse_link(RECORD_FILE, &commit, Some(entry.filemode()), blob.content())?;
+        text_of(RECORD_FILE, blob.content())
+    }
+
+    /// The fleet file of a commit: [`FLEET_FILE`] in the directory of the specs (`path` itself
+    /// when it is a directory, the repository's root when it is empty or `.`, the spec file's
+    /// directory when it is a file). `None` when there is none. Refused as a spec is when it is
+    /// a symbolic link or not UTF-8, and when its kind is not `Fleet`.
+    pub fn fleet_file(&self, oid: Oid) -> Result<Option<SpecFile>> {
+        let tree = self.repo.find_commit(oid)?.tree()?;
+        let commit = short(&oid.to_string()).to_string();
+        let path = self.cfg.path.trim_matches('/');
+        let dir = if path.is_empty() || path == "." {
+            ""
+        } else {
+            let e = tree.get_path(Path::new(path)).map_err(|_| anyhow!("{path} does not exist in commit {commit}"))?;
+            match e.kind() {
+                Some(git2::ObjectType::Tree) => path,
+                _ => path.rsplit_once('/').map_or("", |(d, _)| d),
+            }
+        };
+        let file = if dir.is_empty() { FLEET_FILE.to_string() } else { format!("{dir}/{FLEET_FILE}") };
+        let entry = match tree.get_path(Path::new(&file)) {
+            Ok(e) => e,
+            Err(e) if e.code() == git2::ErrorCode::NotFound => return Ok(None),
+            Err(e) => return Err(e).with_context(|| format!("reading {file} in commit {commit}")),
+        };
+        let obj = entry.to_object(&self.repo)?;
+        let Some(blob) = obj.as_blob() else {
+            bail!("{file}@{commit}: is a directory, not a fleet file");
+        };
+        refuse_link(&file, &commit, Some(entry.filemode()), blob.content())?;
+        let text = text_of(&file, blob.content())?;
+        if !specd_spec::fleet::is_fleet(&text) {
+            let kind = specd_spec::kind_of(&text).unwrap_or_else(|| "none".into());
+            bail!(
+                "{file}@{commit}: a file named {FLEET_FILE} beside the specs is the fleet file, and its kind is {kind}, not Fleet"
+            );
+        }
+        Ok(Some(SpecFile { path: file, text }))
     }
 
     /// What is followed, for messages: `branch main` / `tag v1`.
@@ -426,6 +541,12 @@ fn refuse_link(path: &str, commit: &str, mode: Option<i32>, content: &[u8]) -> R
         bail!("{path}@{commit}: {}", crate::specs::link_refusal(&target));
     }
     Ok(())
+}
+
+/// git's message on stderr as one line (`a; b`), for an error.
+pub(crate) fn git_words(stderr: &[u8]) -> String {
+    let why = String::from_utf8_lossy(stderr);
+    why.lines().map(str::trim).filter(|l| !l.is_empty()).collect::<Vec<_>>().join("; ")
 }
 
 fn text_of(path: &str, bytes: &[u8]) -> Result<String> {

@@ -22,7 +22,19 @@ const LAYERS: &[(&str, &[&str])] = &[
     // and its reports, the agent's metrics and endpoints.
     (
         "systems",
-        &["systemd", "probe", "diagnose", "preflight", "source", "config", "loadgen", "report", "metrics", "listen"],
+        &[
+            "systemd",
+            "probe",
+            "diagnose",
+            "preflight",
+            "source",
+            "publish",
+            "config",
+            "loadgen",
+            "report",
+            "metrics",
+            "listen",
+        ],
     ),
     // The one boundary between the reconciler and the machine.
     ("host", &["host"]),

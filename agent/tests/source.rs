@@ -340,3 +340,133 @@ fn a_spec_that_is_a_symbolic_link_is_refused_naming_it_and_its_target() {
     );
     assert!(e.desired.is_empty());
 }
+
+const FLEET: &str = "apiVersion: specd/v1\nkind: Fleet\nmetadata: {name: gpus}\nspec:\n  waves:\n    - {name: canary, hosts: [gpu-01], bake: 10m}\n    - {name: rest, hosts: ['gpu-*']}\n";
+
+/// The fleet file is `fleet.yaml` in the directory of the specs, whichever way `path` names
+/// them: a directory, the repository's root, or one spec file.
+#[test]
+fn the_fleet_file_is_found_beside_the_specs() {
+    let (_d, r) = repo();
+    let c1 = commit(&r, 5, "no fleet yet");
+    let at = |path: &str, oid: &str| {
+        let s = GitSource::open(SourceConfig { path: path.into(), ..cfg(r.to_str().unwrap()) }, Path::new("/none"))
+            .unwrap();
+        s.fleet_file(git2::Oid::from_str(oid).unwrap()).unwrap().map(|f| (f.path, f.text))
+    };
+    assert_eq!(at("specs", &c1), None, "no fleet file: none");
+    std::fs::write(r.join("specs/fleet.yaml"), FLEET).unwrap();
+    let c2 = commit(&r, 5, "a fleet beside the specs");
+    assert_eq!(at("specs", &c2), Some(("specs/fleet.yaml".into(), FLEET.into())));
+    assert_eq!(at("specs/", &c2), Some(("specs/fleet.yaml".into(), FLEET.into())));
+    assert_eq!(at("specs/qwen.yaml", &c2), Some(("specs/fleet.yaml".into(), FLEET.into())));
+    assert_eq!(at(".", &c2), None, "the root's own fleet file, and there is none at the root");
+    // At the root, beside specs kept there.
+    git(&r, &["mv", "specs/fleet.yaml", "fleet.yaml"]);
+    git(&r, &["mv", "specs/qwen.yaml", "qwen.yaml"]);
+    git(&r, &["commit", "-q", "-m", "specs at the root"]);
+    let c3 = git(&r, &["rev-parse", "HEAD"]);
+    for path in ["", ".", "qwen.yaml"] {
+        assert_eq!(at(path, &c3), Some(("fleet.yaml".into(), FLEET.into())), "path {path:?}");
+    }
+    let s = GitSource::open(SourceConfig { path: "".into(), ..cfg(r.to_str().unwrap()) }, Path::new("/none")).unwrap();
+    let e = evaluate(&s, None, false, "gpu-01");
+    assert_eq!((e.error.clone(), steps_of(&e)), (None, vec![5]), "the fleet file is not a unit");
+}
+
+/// A fleet file is refused as a spec would be (a symbolic link, not UTF-8), and a `fleet.yaml`
+/// that is not a fleet document is an error naming it, not a fleet-less repository.
+#[test]
+fn a_fleet_file_that_is_a_link_or_no_fleet_is_refused_naming_it() {
+    let (_d, r) = repo();
+    std::fs::write(r.join("fleet-real.yaml"), FLEET).unwrap();
+    std::os::unix::fs::symlink("../fleet-real.yaml", r.join("specs/fleet.yaml")).unwrap();
+    let c1 = commit(&r, 5, "a linked fleet file");
+    let s = GitSource::open(cfg(r.to_str().unwrap()), Path::new("/none")).unwrap();
+    let err = |c: &str| format!("{:#}", s.fleet_file(git2::Oid::from_str(c).unwrap()).unwrap_err());
+    let e = err(&c1);
+    assert!(
+        e.starts_with(&format!("specs/fleet.yaml@{}: is a symbolic link (to ../fleet-real.yaml)", &c1[..12])),
+        "{e}"
+    );
+    std::fs::remove_file(r.join("specs/fleet.yaml")).unwrap();
+    std::fs::write(r.join("specs/fleet.yaml"), spec(3).replace("qwen", "other")).unwrap();
+    let c2 = commit(&r, 5, "a spec named fleet.yaml");
+    let e = err(&c2);
+    assert!(e.starts_with(&format!("specs/fleet.yaml@{}: ", &c2[..12])), "{e}");
+    assert!(e.contains("its kind is InferenceService, not Fleet"), "{e}");
+    std::fs::write(r.join("specs/fleet.yaml"), b"kind: Fleet\nname: \xff\n").unwrap();
+    let c3 = commit(&r, 5, "not UTF-8");
+    assert_eq!(err(&c3), "specs/fleet.yaml is not UTF-8 text");
+}
+
+/// Commit `text` as the record on `branch` of the author's repository (a root commit the first
+/// time) and push it to `bare`; returns the commit.
+fn push_record_by_hand(r: &Path, bare: &Path, text: &str) -> String {
+    let blob = {
+        std::fs::write(r.join("record.tmp"), text).unwrap();
+        git(r, &["hash-object", "-w", "record.tmp"])
+    };
+    let tree = {
+        let out = Command::new("git")
+            .args(["mktree"])
+            .current_dir(r)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .and_then(|mut c| {
+                use std::io::Write;
+                c.stdin.take().unwrap().write_all(format!("100644 blob {blob}\tpromotions.yaml\n").as_bytes())?;
+                c.wait_with_output()
+            })
+            .unwrap();
+        String::from_utf8(out.stdout).unwrap().trim().to_string()
+    };
+    let parent = Command::new("git").args(["rev-parse", "--verify", "-q", "specd-promotions"]).current_dir(r).output();
+    let parent = String::from_utf8(parent.unwrap().stdout).unwrap().trim().to_string();
+    let mut args = vec!["commit-tree", &tree, "-m", "record"];
+    if !parent.is_empty() {
+        args.extend(["-p", &parent]);
+    }
+    let c = git(r, &args);
+    git(r, &["update-ref", "refs/heads/specd-promotions", &c]);
+    git(r, &["push", "-q", bare.to_str().unwrap(), "specd-promotions"]);
+    c
+}
+
+/// The record branch of a remote is fetched beside the followed one: absent, it is `None`;
+/// each push is seen at the next fetch; deleted, it is `None` again. A local repository's
+/// branch is read as it is.
+#[test]
+fn the_record_branch_is_fetched_and_may_be_missing() {
+    let (d, r) = repo();
+    commit(&r, 5, "one");
+    let bare = d.path().join("bare.git");
+    git(d.path(), &["clone", "-q", "--bare", r.to_str().unwrap(), bare.to_str().unwrap()]);
+    let s = GitSource::open(cfg(&format!("file://{}", bare.display())), &d.path().join("cache")).unwrap();
+    let local = GitSource::open(cfg(bare.to_str().unwrap()), Path::new("/none")).unwrap();
+    assert_eq!(s.fetch_record("specd-promotions").unwrap(), None);
+    assert_eq!(local.fetch_record("specd-promotions").unwrap(), None);
+
+    let first = push_record_by_hand(&r, &bare, "target: a\n");
+    let head = s.fetch_record("specd-promotions").unwrap().expect("the record");
+    assert_eq!(head.to_string(), first);
+    assert_eq!(s.read_record(head).unwrap(), "target: a\n");
+    assert_eq!(local.fetch_record("specd-promotions").unwrap().map(|o| o.to_string()), Some(first.clone()));
+
+    let second = push_record_by_hand(&r, &bare, "target: b\n");
+    let head2 = s.fetch_record("specd-promotions").unwrap().unwrap();
+    assert_eq!(head2.to_string(), second);
+    assert_eq!(s.read_record(head2).unwrap(), "target: b\n");
+    assert!(s.descends_from(head2, head).unwrap() && !s.descends_from(head, head2).unwrap());
+    s.fetch().unwrap();
+    assert_eq!(s.head().unwrap().to_string(), git(&r, &["rev-parse", "main"]), "the followed branch is its own");
+
+    git(&bare, &["branch", "-q", "-D", "specd-promotions"]);
+    assert_eq!(s.fetch_record("specd-promotions").unwrap(), None, "a deleted record is none");
+    let e = format!("{:#}", s.fetch_record("bad:name").unwrap_err());
+    assert!(e.contains("\"bad:name\" is not a usable branch name"), "{e}");
+    // A commit without the file is named.
+    let e = format!("{:#}", s.read_record(git2::Oid::from_str(&git(&r, &["rev-parse", "main"])).unwrap()).unwrap_err());
+    assert!(e.starts_with("promotions.yaml does not exist in commit "), "{e}");
+}

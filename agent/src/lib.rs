@@ -30,6 +30,7 @@ mod preflight;
 mod promote;
 mod probe;
 mod process;
+mod prometheus;
 mod publish;
 mod reconcile;
 mod record;
@@ -71,8 +72,11 @@ pub use preflight::{
     Check as PreflightCheck, CheckKind as PreflightCheckKind, Note as PreflightNote, Outcome as PreflightOutcome,
     Problem as PreflightProblem, checks as preflight_checks, run as run_preflight, summary as preflight_summary,
 };
+/// The promoter's evidence from Prometheus, for its tests against a real one.
+pub use prometheus::{Prometheus, Sample, gather};
 /// A sweep's records (`results.jsonl`), for the end-to-end tests of `specd sweep`.
 pub use report::{PointOutcome, PointResult};
+pub use rollout::{Evidence, HostEvidence, UnitEvidence};
 
 #[cfg(test)]
 mod faults;

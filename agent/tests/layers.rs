@@ -19,7 +19,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("primitives", &["fsx", "lock", "log", "process", "owner", "dbus", "cgroup", "specs", "state"]),
     // One piece of the world each: systemd, the servers' HTTP, the journal (diagnose), the
     // pre-flight's look at the machine, the git source, the agent's config, the load generator
-    // and its reports, the agent's metrics and endpoints.
+    // and its reports, the agent's metrics and endpoints, the promoter's evidence from Prometheus.
     (
         "systems",
         &[
@@ -34,6 +34,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "report",
             "metrics",
             "listen",
+            "prometheus",
         ],
     ),
     // The one boundary between the reconciler and the machine.

@@ -1,0 +1,383 @@
+//! The promoter's evidence read from a real Prometheus (Debian's `prometheus` package, run as a
+//! plain process with its own config, storage and loopback port) scraping three hosts' agents
+//! every second. The agents are tiny HTTP servers in this process serving metrics text that
+//! the test changes as a rollout would: a new revision, a death, a scrape with the args not
+//! verified, an agent stopped. No root, no box.
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use specd::{Evidence, HostEvidence, Prometheus, Sample, UnitEvidence, gather};
+use specd_e2e::{free_port, http_get, wait_for, wait_until};
+use specd_spec::fleet::{Promoted, Record, RolloutState, WaveRecord};
+
+const UNIT: &str = "qwen.service";
+const REV1: &str = "1111111111111111111111111111111111111111";
+const REV2: &str = "2222222222222222222222222222222222222222";
+/// Long enough for Prometheus to start, scrape and answer on a busy machine.
+const WITHIN: Duration = Duration::from_secs(60);
+
+/// A host's agent as far as Prometheus sees it: an HTTP server answering every request with
+/// `status` and `text`, until stopped (then its port refuses connections).
+struct Agent {
+    reply: Arc<Mutex<(u16, String)>>,
+    port: u16,
+    stopped: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Agent {
+    fn serve(status: u16, text: String) -> Agent {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let reply = Arc::new(Mutex::new((status, text)));
+        let stopped = Arc::new(AtomicBool::new(false));
+        let (r, s) = (reply.clone(), stopped.clone());
+        let thread = std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                if s.load(Ordering::SeqCst) {
+                    break;
+                }
+                if let Ok(c) = conn {
+                    let (status, body) = r.lock().unwrap().clone();
+                    answer(c, status, &body);
+                }
+            }
+        });
+        Agent { reply, port, stopped, thread: Some(thread) }
+    }
+
+    fn set(&self, text: String) {
+        self.reply.lock().unwrap().1 = text;
+    }
+
+    /// Stops serving: the listener is closed when this returns.
+    fn stop(&mut self) {
+        self.stopped.store(true, Ordering::SeqCst);
+        let _ = TcpStream::connect(("127.0.0.1", self.port)); // wakes the accept
+        if let Some(t) = self.thread.take() {
+            t.join().unwrap();
+        }
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn answer(mut c: TcpStream, status: u16, body: &str) {
+    c.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+    let mut req = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !req.windows(4).any(|w| w == b"\r\n\r\n") {
+        match c.read(&mut buf) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => req.extend_from_slice(&buf[..n]),
+        }
+    }
+    let head = format!(
+        "HTTP/1.1 {status} X\r\nContent-Type: text/plain; version=0.0.4\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    let _ = c.write_all(head.as_bytes()).and_then(|()| c.write_all(body.as_bytes()));
+}
+
+/// What one host's agent serves.
+#[derive(Clone)]
+struct Figures {
+    host: &'static str,
+    labels: &'static str,
+    revision: &'static str,
+    unit_hash: &'static str,
+    verified: Option<u8>,
+    quarantined: u8,
+    length: f64,
+    rate: Option<f64>,
+    crashes: u32,
+}
+
+impl Figures {
+    fn text(&self) -> String {
+        let Figures { host, labels, revision, unit_hash, quarantined, length, crashes, .. } = self;
+        let mut t = format!(
+            "# TYPE specd_host_info gauge\nspecd_host_info{{host=\"{host}\"{labels}}} 1\n\
+             # TYPE specd_source_info gauge\nspecd_source_info{{revision=\"{revision}\"}} 1\n\
+             # TYPE specd_unit_info gauge\nspecd_unit_info{{unit=\"{UNIT}\",revision=\"{revision}\",unit_hash=\"{unit_hash}\"}} 1\n\
+             # TYPE specd_unit_quarantined gauge\nspecd_unit_quarantined{{unit=\"{UNIT}\"}} {quarantined}\n\
+             # TYPE specd_unit_accept_length gauge\nspecd_unit_accept_length{{unit=\"{UNIT}\"}} {length}\n\
+             # TYPE specd_unit_deaths_total counter\n\
+             specd_unit_deaths_total{{unit=\"{UNIT}\",verdict=\"crash\"}} {crashes}\n\
+             specd_unit_deaths_total{{unit=\"{UNIT}\",verdict=\"cuda-oom\"}} 0\n",
+        );
+        if let Some(v) = self.verified {
+            t += &format!("# TYPE specd_unit_args_verified gauge\nspecd_unit_args_verified{{unit=\"{UNIT}\"}} {v}\n");
+        }
+        if let Some(r) = self.rate {
+            t += &format!("# TYPE specd_unit_accept_rate gauge\nspecd_unit_accept_rate{{unit=\"{UNIT}\"}} {r}\n");
+        }
+        t
+    }
+
+    /// The evidence these figures give (nothing of a rollout).
+    fn evidence(&self) -> HostEvidence {
+        let labels = self
+            .labels
+            .split(',')
+            .filter(|kv| !kv.is_empty())
+            .map(|kv| {
+                let (k, v) = kv.split_once('=').unwrap();
+                (k.to_string(), v.trim_matches('"').to_string())
+            })
+            .collect();
+        let unit = UnitEvidence {
+            unit_hash: Some(self.unit_hash.into()),
+            args_verified: self.verified.map(|v| v == 1),
+            quarantined: self.quarantined == 1,
+            accept_length: Some(self.length),
+            accept_rate: self.rate,
+            ..Default::default()
+        };
+        HostEvidence {
+            labels,
+            down: None,
+            revision: Some(self.revision.into()),
+            units: BTreeMap::from([(UNIT.to_string(), unit)]),
+        }
+    }
+}
+
+/// Prometheus scraping `targets` every second, killed when dropped.
+struct Prom {
+    child: Child,
+    port: u16,
+    dir: tempfile::TempDir,
+}
+
+impl Prom {
+    fn start(targets: &[u16]) -> Prom {
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let targets: Vec<String> = targets.iter().map(|p| format!("\"127.0.0.1:{p}\"")).collect();
+        let config = format!(
+            "global: {{scrape_interval: 1s, scrape_timeout: 1s}}\nscrape_configs:\n  - job_name: specd\n    static_configs: [{{targets: [{}]}}]\n",
+            targets.join(", ")
+        );
+        std::fs::write(dir.path().join("prometheus.yml"), config).unwrap();
+        let log = std::fs::File::create(dir.path().join("prometheus.log")).unwrap();
+        let child = Command::new("prometheus")
+            .arg(format!("--config.file={}", dir.path().join("prometheus.yml").display()))
+            .arg(format!("--storage.tsdb.path={}", dir.path().join("data").display()))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!("prometheus: {e}: install Debian's prometheus package (scripts/install-deps); the real one is required")
+            });
+        let p = Prom { child, port, dir };
+        wait_until("Prometheus to be ready", WITHIN, || http_get(p.port, "/-/ready").is_some_and(|(c, _)| c == 200))
+            .unwrap_or_else(|e| panic!("{e}\n{}", p.log()));
+        p
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("prometheus.log")).unwrap_or_default()
+    }
+
+    fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Prom {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs()
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap()
+}
+
+/// A rollout of REV2 whose wave `canary` promoted a and b at `at` (converged at `converged`),
+/// and whose wave `rest` (c, promoted at the same time) has baked.
+fn record(at: u64, converged: Option<u64>) -> Record {
+    let promoted = |hosts: &[&str]| hosts.iter().map(|h| Promoted { host: h.to_string(), at }).collect();
+    Record {
+        target: REV2.into(),
+        released: REV1.into(),
+        state: RolloutState::Progressing,
+        started: at,
+        waves: vec![
+            WaveRecord {
+                name: "canary".into(),
+                good: REV1.into(),
+                promoted: promoted(&["a", "b"]),
+                converged,
+                baked: None,
+            },
+            WaveRecord {
+                name: "rest".into(),
+                good: REV1.into(),
+                promoted: promoted(&["c"]),
+                converged: Some(at),
+                baked: Some(at),
+            },
+        ],
+        halt: None,
+    }
+}
+
+#[test]
+fn the_evidence_is_what_prometheus_scraped_from_each_host_through_a_rollout() {
+    let rt = runtime();
+    let a1 = Figures {
+        host: "a",
+        labels: ",gpu=\"h100\",ring=\"canary\"",
+        revision: REV1,
+        unit_hash: "h1",
+        verified: Some(1),
+        quarantined: 0,
+        length: 3.5,
+        rate: Some(0.7),
+        crashes: 0,
+    };
+    let b1 = Figures { host: "b", labels: ",gpu=\"a100\"", ..a1.clone() };
+    // c's spec has no args checked, its engine reports no accept rate, its new unit failed.
+    let c1 = Figures { host: "c", labels: "", verified: None, quarantined: 1, length: 2.9, rate: None, ..a1.clone() };
+    let (a, b, mut c) = (Agent::serve(200, a1.text()), Agent::serve(200, b1.text()), Agent::serve(200, c1.text()));
+    let mut prom = Prom::start(&[a.port, b.port, c.port]);
+    let url = format!("http://127.0.0.1:{}", prom.port);
+    let p = Prometheus::new(&url, None).unwrap();
+    let ask = |record: Option<&Record>, now: u64, stale_after: u64| rt.block_on(gather(&p, record, now, stale_after));
+
+    // Every host, its labels and figures, once each was scraped.
+    let (t0, ev) = wait_for("three hosts scraped with every figure", WITHIN, || {
+        let now = unix_now();
+        let ev = ask(None, now, 60);
+        let complete = ev.hosts.len() == 3 && ev.hosts.values().all(|h| h.down.is_none() && h.revision.is_some());
+        complete.then_some((now, ev))
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", prom.log()));
+    let before =
+        BTreeMap::from([("a".into(), a1.evidence()), ("b".into(), b1.evidence()), ("c".into(), c1.evidence())]);
+    assert_eq!(ev, Evidence { unavailable: None, hosts: before.clone() });
+    assert_eq!(ev.hosts["a"].labels["ring"], "canary");
+
+    // a and b take REV2 (a lower accept length) a second after that; the figures of a second
+    // before are REV1's.
+    wait_until("a second after the first evidence", WITHIN, || unix_now() > t0 + 1).unwrap();
+    let at = unix_now();
+    let a2 = Figures { revision: REV2, unit_hash: "h2", length: 2.0, rate: Some(0.5), ..a1.clone() };
+    // b's new engine reports no accept rate: its old one does not come back.
+    let b2 = Figures { labels: b1.labels, host: "b", rate: None, ..a2.clone() };
+    a.set(a2.text());
+    b.set(b2.text());
+    let rec = record(at, None);
+    let ev = wait_for("a and b on REV2", WITHIN, || {
+        let ev = ask(Some(&rec), unix_now(), 60);
+        ["a", "b"].iter().all(|h| ev.hosts[*h].revision.as_deref() == Some(REV2)).then_some(ev)
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", prom.log()));
+    let promoted = |f: &Figures| {
+        let mut h = f.evidence();
+        let u = h.units.get_mut(UNIT).unwrap();
+        (u.previous_accept_length, u.previous_accept_rate) = (Some(3.5), Some(0.7));
+        h
+    };
+    assert_eq!(ev.hosts["a"], promoted(&a2));
+    assert_eq!(ev.hosts["b"], promoted(&b2));
+    // c's wave baked: nothing of the rollout is asked about it.
+    assert_eq!(ev.hosts["c"], c1.evidence());
+
+    // a's server dies once: a death since the promotion, by its verdict.
+    a.set(Figures { crashes: 1, ..a2.clone() }.text());
+    let ev = wait_for("a's crash counted", WITHIN, || {
+        let ev = ask(Some(&rec), unix_now(), 60);
+        (!ev.hosts["a"].units[UNIT].deaths_since_promotion.is_empty()).then_some(ev)
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", prom.log()));
+    assert_eq!(ev.hosts["a"].units[UNIT].deaths_since_promotion, BTreeMap::from([("crash".to_string(), 1.0)]));
+    assert!(ev.hosts["b"].units[UNIT].deaths_since_promotion.is_empty());
+
+    // The wave converges; b's args are found not verified at one scrape, then verified again.
+    let converged = unix_now();
+    let rec = record(at, Some(converged));
+    let throughout = |h: &str| {
+        wait_for("a sample since the convergence", WITHIN, || {
+            ask(Some(&rec), unix_now(), 60).hosts[h].units[UNIT].verified_throughout
+        })
+        .unwrap()
+    };
+    assert_eq!((throughout("a"), throughout("b")), (true, true));
+    for (v, seen) in [(0, false), (1, true)] {
+        b.set(Figures { verified: Some(v), ..b2.clone() }.text());
+        wait_until("b's args_verified scraped", WITHIN, || {
+            ask(Some(&rec), unix_now(), 60).hosts["b"].units[UNIT].args_verified == Some(seen)
+        })
+        .unwrap_or_else(|e| panic!("{e}\n{}", prom.log()));
+    }
+    let ev = ask(Some(&rec), unix_now(), 60);
+    assert_eq!(ev.hosts["b"].units[UNIT].verified_throughout, Some(false));
+    assert_eq!(ev.hosts["a"].units[UNIT].verified_throughout, Some(true));
+
+    // c's agent stops: c is down, with what was last scraped of it.
+    c.stop();
+    let ev = wait_for("c down", WITHIN, || {
+        let ev = ask(Some(&rec), unix_now(), 60);
+        ev.hosts["c"].down.is_some().then_some(ev)
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", prom.log()));
+    let c_down = HostEvidence { down: Some("its agent is down: the last scrape failed".into()), ..c1.evidence() };
+    assert_eq!(ev.hosts["c"], c_down);
+    assert_eq!(ev.hosts["a"].down, None);
+
+    // Asked as if two minutes later, the samples of a and b are stale.
+    let ev = ask(Some(&rec), unix_now() + 120, 60);
+    for h in ["a", "b"] {
+        let why = ev.hosts[h].down.as_deref().unwrap_or_default();
+        assert!(
+            why.starts_with("its last scrape is stale: 12") && why.ends_with("s old (more than 60 s)"),
+            "{h}: {why}"
+        );
+    }
+
+    // The API itself: a scalar, a query Prometheus refuses.
+    let two = rt.block_on(p.query("1 + 1", None)).unwrap();
+    assert_eq!(two, vec![Sample { labels: BTreeMap::new(), value: 2.0 }]);
+    let refused = rt.block_on(p.query("rate(", None)).unwrap_err();
+    assert!(refused.starts_with(&format!("Prometheus at {url} refused the query `rate(`: bad_data: ")), "{refused}");
+
+    // Prometheus stopped: no evidence at all, saying where it was looked for.
+    prom.stop();
+    let ev = ask(Some(&rec), unix_now(), 60);
+    let why = format!("Prometheus at {url}: unreachable (connection refused)");
+    assert_eq!(ev, Evidence { unavailable: Some(why), hosts: BTreeMap::new() });
+}
+
+#[test]
+fn a_server_that_is_no_prometheus_is_named_with_its_answer() {
+    let rt = runtime();
+    let s = Agent::serve(503, "Service Unavailable".into());
+    let url = format!("http://127.0.0.1:{}", s.port);
+    let p = Prometheus::new(&url, None).unwrap();
+    let ev = rt.block_on(gather(&p, None, unix_now(), 60));
+    assert_eq!(ev.unavailable, Some(format!("Prometheus at {url} answered 503")));
+    let plain = Agent::serve(200, "hello".into());
+    let url = format!("http://127.0.0.1:{}", plain.port);
+    let err = rt.block_on(Prometheus::new(&url, None).unwrap().query("up", None)).unwrap_err();
+    assert_eq!(err, format!("Prometheus at {url} answered `up` with no JSON"));
+}

@@ -14,6 +14,7 @@ use tokio::sync::{Notify, mpsc, watch};
 
 use crate::config::AgentConfig;
 use crate::context::{self, Dirs, Sink};
+use crate::follow::{Evaluation, Follower, evaluate, read_commit};
 use crate::guard::{catch, lock};
 use crate::host::{Host, RealHost};
 use crate::listen;
@@ -64,6 +65,7 @@ pub async fn run(opts: RunOptions) -> Result<()> {
         ..context::host_ctx(&opts.dirs, context::events(Sink::Log), shutdown)
     });
     let metrics = Arc::new(Metrics::default());
+    metrics.host_info(&hostname, &cfg.labels.0);
     let (trig_tx, trig_rx) = mpsc::unbounded_channel::<Trigger>();
 
     let cache = opts.dirs.state_dir.join("repo");
@@ -412,10 +414,11 @@ impl Units {
         let s2 = src.clone();
         let accepted = prev.accepted_commit.clone();
         let allow_rewind = cfg.allow_rewind;
-        let host = hostname.to_string();
+        let (host, labels, record) = (hostname.to_string(), cfg.labels.0.clone(), prev.accepted_record.clone());
         let res = tokio::task::spawn_blocking(move || {
             let s = lock(&s2);
-            catch(|| evaluate(&s, accepted.as_deref(), allow_rewind, &host))
+            let who = Follower { host: &host, labels: &labels, record: record.as_deref() };
+            catch(|| evaluate(&s, accepted.as_deref(), allow_rewind, who))
         })
         .await;
         let eval = match res {
@@ -424,11 +427,13 @@ impl Units {
                 head: None,
                 error: Some(format!("the source: internal error while reading specs: {e}; nothing changed")),
                 desired: vec![],
+                fleet: None,
             },
             Err(e) => Evaluation {
                 head: None,
                 error: Some(format!("the source: internal error while reading specs: {e}; nothing changed")),
                 desired: vec![],
+                fleet: None,
             },
         };
         let eval = gate_units(eval, cfg.manage_units.as_deref());
@@ -440,6 +445,8 @@ impl Units {
             error: eval.error.clone(),
             time: state::now(),
             orphans: prev.orphans.clone(),
+            fleet: eval.fleet.clone(),
+            accepted_record: prev.accepted_record.clone(),
         };
         if eval.head.is_some() {
             metrics.source_reached(st.time);
@@ -447,12 +454,16 @@ impl Units {
         if let Some(accepted) = &prev.accepted_commit {
             metrics.source_revision(accepted);
         }
-        if read == Read::IfHeadMoved && eval.head == *last_head && eval.error.is_none() {
+        if read == Read::IfHeadMoved && eval.seen() == *last_head && eval.error.is_none() {
             return;
         }
-        *last_head = eval.head.clone();
-        if let Some(e) = &eval.error {
-            tracing::error!(commit = eval.head.as_deref().unwrap_or("-"), "not deployed: {e}");
+        *last_head = eval.seen();
+        if let Some(e) = eval.error.as_deref().or(eval.waiting()) {
+            match eval.error {
+                Some(_) => tracing::error!(commit = eval.head.as_deref().unwrap_or("-"), "not deployed: {e}"),
+                // A fleet's host before its promotion record: it keeps what it runs.
+                None => tracing::info!(commit = eval.head.as_deref().unwrap_or("-"), "{e}"),
+            }
             // Bad commit: the source's state says why (every unit's status shows it); change
             // nothing. A unit's own state is written only by its reconciles.
             let _ = st.save(state_dir);
@@ -493,8 +504,10 @@ impl Units {
             }
             return;
         }
-        let commit = eval.head.clone().unwrap_or_default();
+        // The head, or with a fleet file the revision the promotion record assigns this host.
+        let commit = eval.revision().unwrap_or_default().to_string();
         st.accepted_commit = Some(commit.clone());
+        st.accepted_record = eval.fleet.as_ref().and_then(|f| f.record.clone());
         metrics.source_revision(&commit);
         let mut seen = Vec::new();
         for d in eval.desired {
@@ -538,7 +551,7 @@ impl Units {
 /// A commit with a unit this agent may not manage (see [`crate::owner`]) is not deployed.
 fn gate_units(mut eval: Evaluation, pattern: Option<&str>) -> Evaluation {
     let own = crate::owner::own_unit();
-    let commit = eval.head.as_deref().map(short).unwrap_or("-").to_string();
+    let commit = eval.revision().map(short).unwrap_or("-").to_string();
     let refused: Vec<String> = eval
         .desired
         .iter()
@@ -582,100 +595,6 @@ fn ensure_worker(
             workers.insert(unit, Worker { desired: tx, poke, handle });
         }
     }
-}
-
-/// What the head of the source says.
-pub struct Evaluation {
-    pub head: Option<String>,
-    /// Why the head is not deployed, if it is not.
-    pub error: Option<String>,
-    pub desired: Vec<DesiredState>,
-}
-
-/// Fetch, gate (no rewind, signature) and read the specs of the head. Blocking.
-pub fn evaluate(s: &GitSource, accepted: Option<&str>, allow_rewind: bool, host: &str) -> Evaluation {
-    let fail = |head: Option<String>, e: String| Evaluation { head, error: Some(e), desired: vec![] };
-    if let Err(e) = s.fetch() {
-        return fail(None, format!("{e:#}"));
-    }
-    let head = match s.head() {
-        Ok(h) => h,
-        Err(e) => return fail(None, format!("{e:#}")),
-    };
-    let hs = head.to_string();
-    if let Some(old) = accepted.and_then(|a| git2::Oid::from_str(a).ok())
-        && old != head
-        && !allow_rewind
-    {
-        let forward = s.has_commit(old) && s.descends_from(head, old).unwrap_or(false);
-        if !forward {
-            return fail(
-                Some(hs.clone()),
-                format!(
-                    "{} moved to {} which does not contain the deployed commit {} (a force push or reset?); refusing to go backwards (set allow_rewind: true to allow)",
-                    s.followed(),
-                    short(&hs),
-                    short(&old.to_string())
-                ),
-            );
-        }
-    }
-    match s.verify(head) {
-        Ok(Some(signer)) => {
-            tracing::info!(commit = %short(&hs), %signer, "signature verified")
-        }
-        Ok(None) => {}
-        Err(e) => return fail(Some(hs), format!("{e:#}; staying on the last good commit")),
-    }
-    match read_commit(s, head, host) {
-        Ok(desired) => Evaluation { head: Some(hs), error: None, desired },
-        Err(e) => fail(Some(hs), e),
-    }
-}
-
-/// The desired states of one commit for `host`; every spec must be valid (a commit deploys whole).
-pub fn read_commit(s: &GitSource, head: git2::Oid, host: &str) -> Result<Vec<DesiredState>, String> {
-    let hs = head.to_string();
-    let files = catch(|| s.read_specs(head))
-        .map_err(|e| format!("commit {}: internal error while reading specs: {e}", short(&hs)))?
-        .map_err(|e| format!("{e:#}"))?;
-    let mut desired = Vec::new();
-    let mut errors = Vec::new();
-    for f in files {
-        let shown = format!("{}@{}", f.path, short(&hs));
-        // A panic on one spec (a bug in validation or rendering) fails this commit like an invalid
-        // spec does, and is reported; it never reaches the agent's loop.
-        let read = catch(|| {
-            specd_spec::parse(&shown, &f.text)
-                .and_then(|p| p.resolve(Some(host)))
-                .map(|spec| DesiredState::new(spec, None))
-        });
-        let read = match read {
-            Ok(r) => r,
-            Err(e) => {
-                errors.push(format!("{shown}: commit {}: internal error while reading specs: {e}", short(&hs)));
-                continue;
-            }
-        };
-        match read {
-            Ok(DesiredState { spec, unit, .. }) => {
-                if desired.iter().any(|d: &DesiredState| d.spec.unit == spec.unit) {
-                    errors.push(format!(
-                        "{shown}: spec.unit: {} is already managed by another spec in this commit",
-                        spec.unit
-                    ));
-                    continue;
-                }
-                let src = Source::Commit { repo: s.cfg.repo.clone(), commit: hs.clone(), path: f.path.clone() };
-                desired.push(DesiredState { spec, unit, source: Some(src) });
-            }
-            Err(d) => errors.push(d.to_string()),
-        }
-    }
-    if !errors.is_empty() {
-        return Err(format!("commit {} is not deployed; nothing changed:\n{}", short(&hs), errors.join("\n")));
-    }
-    Ok(desired)
 }
 
 /// One unit's reconcile loop: reconcile, then wait for what is due (a change of the desired

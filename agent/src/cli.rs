@@ -142,6 +142,10 @@ pub enum Command {
         /// Hostname for host overlays.
         #[arg(long)]
         hostname: Option<String>,
+        /// A label of this host, NAME=VALUE (repeatable): added to the config's `labels`, or
+        /// replacing the config's value of NAME.
+        #[arg(long = "label", value_name = "NAME=VALUE", value_parser = config::label_arg)]
+        labels: Vec<(String, String)>,
         /// Seconds between polls of a remote repository.
         #[arg(long)]
         interval: Option<u64>,
@@ -409,13 +413,14 @@ pub fn main() -> ExitCode {
             rt.worker_threads(2);
             run_on(rt, sweep::run(&dirs, sweep::Options { file, resume, write, out, json }))
         }
-        Command::Run { config, repo, branch, path, hostname, interval, listen, control_socket } => {
+        Command::Run { config, repo, branch, path, hostname, labels, interval, listen, control_socket } => {
             run_async(async move {
                 let mut cfg = AgentConfig::load(&config)?;
                 cfg.repo = repo.or(cfg.repo);
                 cfg.branch = branch.or(cfg.branch);
                 cfg.path = path.or(cfg.path);
                 cfg.hostname = hostname.or(cfg.hostname);
+                cfg.labels.0.extend(labels);
                 cfg.interval = interval.or(cfg.interval);
                 cfg.listen = listen.or(cfg.listen);
                 cfg.control_socket = control_socket.or(cfg.control_socket);

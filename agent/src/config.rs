@@ -1,5 +1,6 @@
 //! The agent's configuration: `/etc/specd/agent.yaml`; command-line flags override it.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
@@ -27,6 +28,11 @@ pub struct AgentConfig {
     pub unit_dir: Option<PathBuf>,
     /// Hostname for host overlays (default: this machine's).
     pub hostname: Option<String>,
+    /// What this host is, as `name: value` pairs (`gpu: h100`, `zone: eu-1`): a fleet file's
+    /// waves select hosts by them, and the agent serves them on `specd_host_info`. Names are
+    /// Prometheus label names, not `host` (the hostname's label there).
+    #[serde(default)]
+    pub labels: HostLabels,
     /// A file holding an HTTPS token: the password `git fetch` is given when the remote asks
     /// (read then, never copied), with the URL's user or `x-access-token`.
     pub token_file: Option<PathBuf>,
@@ -61,6 +67,69 @@ pub struct AgentConfig {
     /// Who hears about applies, rollbacks, quarantines and servers left down.
     #[serde(default)]
     pub notify: NotifyConfig,
+}
+
+/// `labels:` of the agent config: each name a Prometheus label name other than `host`, each
+/// value not empty; checked as the config is read (an error names the line and the label).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct HostLabels(pub BTreeMap<String, String>);
+
+/// A label name a host may declare, or why not.
+pub fn label_name_problem(name: &str) -> Option<String> {
+    if name == "host" {
+        Some("`host` is the hostname's label (`hostname:`); give this label another name".into())
+    } else if !specd_spec::fleet::is_label_name(name) {
+        Some(format!("`{name}` is not a label name: a letter or `_`, then letters, digits or `_` (not `__` first)"))
+    } else {
+        None
+    }
+}
+
+/// A `name=value` label given on the command line (`--label`).
+pub fn label_arg(arg: &str) -> std::result::Result<(String, String), String> {
+    let (k, v) = arg.split_once('=').ok_or_else(|| format!("`{arg}` is not name=value"))?;
+    if let Some(p) = label_name_problem(k) {
+        return Err(p);
+    }
+    if v.is_empty() {
+        return Err(format!("label `{k}` has no value"));
+    }
+    Ok((k.to_string(), v.to_string()))
+}
+
+impl<'de> Deserialize<'de> for HostLabels {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        Ok(HostLabels(
+            BTreeMap::<LabelName, LabelValue>::deserialize(d)?.into_iter().map(|(k, v)| (k.0, v.0)).collect(),
+        ))
+    }
+}
+
+/// A label's name, checked where it is read (so that an error points at its line).
+#[derive(PartialEq, Eq, PartialOrd, Ord)]
+struct LabelName(String);
+
+impl<'de> Deserialize<'de> for LabelName {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let k = String::deserialize(d)?;
+        match label_name_problem(&k) {
+            Some(p) => Err(serde::de::Error::custom(format!("labels: {p}"))),
+            None => Ok(LabelName(k)),
+        }
+    }
+}
+
+/// A label's value: a string, not empty.
+struct LabelValue(String);
+
+impl<'de> Deserialize<'de> for LabelValue {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let v = String::deserialize(d)?;
+        if v.is_empty() {
+            return Err(serde::de::Error::custom("labels: a label's value is empty: give the value this host carries"));
+        }
+        Ok(LabelValue(v))
+    }
 }
 
 /// `notify:` of the agent config.
@@ -404,6 +473,32 @@ mod tests {
                 .unwrap_err()
         );
         assert!(e.contains("ca_file:") && e.contains("not an https:// url"), "{e}");
+    }
+
+    #[test]
+    fn labels_are_prometheus_label_names_with_values_and_a_bad_one_is_located() {
+        let cfg = load("repo: /r\nlabels:\n  gpu: h100\n  zone: eu-1\n").unwrap();
+        let want: BTreeMap<String, String> =
+            [("gpu", "h100"), ("zone", "eu-1")].map(|(k, v)| (k.into(), v.into())).into();
+        assert_eq!(cfg.labels.0, want);
+        assert!(load("repo: /r\n").unwrap().labels.0.is_empty());
+        for (text, line, says) in [
+            ("repo: /r\nlabels:\n  gpu: h100\n  host: a\n", 4, "`host` is the hostname's label"),
+            ("labels:\n  gpu-model: h100\n", 2, "`gpu-model` is not a label name"),
+            ("labels:\n  __name: x\n", 2, "`__name` is not a label name"),
+            ("labels:\n  gpu: \"\"\n", 2, "value is empty"),
+            ("labels:\n  gpu: [a]\n", 2, "labels"),
+            ("labels: [gpu]\n", 1, "labels"),
+        ] {
+            let e = format!("{:#}", load(text).unwrap_err());
+            assert!(e.contains("agent.yaml"), "{e}");
+            assert!(e.contains(&format!("line {line} ")), "{text}: {e}");
+            assert!(e.contains(says), "{text}: {e}");
+        }
+        assert_eq!(label_arg("gpu=h100"), Ok(("gpu".into(), "h100".into())));
+        assert!(label_arg("gpu").unwrap_err().contains("not name=value"));
+        assert!(label_arg("host=x").unwrap_err().contains("hostname's label"));
+        assert!(label_arg("gpu=").unwrap_err().contains("no value"));
     }
 
     #[test]

@@ -13,6 +13,7 @@ mod dbus;
 /// Public for the end-to-end tests of the diagnosis (`agent/tests/e2e_diagnose.rs`).
 pub mod diagnose;
 mod explain;
+mod follow;
 mod fsx;
 mod guard;
 mod hold;
@@ -51,7 +52,7 @@ mod timing;
 pub use cli::main;
 
 /// Reading and gating the source's head, for the source tests.
-pub use agent::{Evaluation, evaluate};
+pub use follow::{Evaluation, Follower, evaluate};
 /// Writing the promotion record (the promoter's), for its tests.
 pub use publish::{Pushed, Signing, commit_record, push_record};
 pub use source::{GitSource, RECORD_REF, SourceConfig, SpecFile, Verify};

@@ -202,6 +202,18 @@ impl Metrics {
         }
     }
 
+    /// `specd_host_info{host, <label>...}`: the host the agent runs on, by its hostname and the
+    /// labels of its config (what a fleet file's waves select hosts by); set once, at the start.
+    pub fn host_info(&self, host: &str, labels: &BTreeMap<String, String>) {
+        let mut l = vec![("host".to_string(), host.to_string())];
+        l.extend(labels.iter().map(|(k, v)| (k.clone(), v.clone())));
+        crate::guard::lock(&self.registry).register(
+            "host",
+            "The host the agent runs on: its hostname (host) and the labels its config declares (value 1)",
+            Info::new(l),
+        );
+    }
+
     /// A counter kept by another part of the agent (the webhook notifier's), served with these.
     pub fn register_counter(&self, name: &str, help: &str, c: Counter) {
         crate::guard::lock(&self.registry).register(name, help, c);
@@ -546,6 +558,20 @@ mod tests {
     }
 
     #[test]
+    fn host_info_is_one_series_with_the_hostname_and_the_config_s_labels() {
+        let m = Metrics::default();
+        let labels = [("zone", "eu-1"), ("gpu", "h100")].map(|(k, v)| (k.to_string(), v.to_string())).into();
+        m.host_info("gpu-07", &labels);
+        let t = m.render();
+        assert!(t.contains("# TYPE specd_host info\n"), "{t}");
+        assert_eq!(sample(&t, "specd_host_info", "host=\"gpu-07\",gpu=\"h100\",zone=\"eu-1\""), Some(1.0), "{t}");
+        assert_eq!(series(&t, "specd_host_info").len(), 1);
+        let bare = Metrics::default();
+        bare.host_info("cpu-01", &BTreeMap::new());
+        assert_eq!(series(&bare.render(), "specd_host_info"), ["host=\"cpu-01\""]);
+    }
+
+    #[test]
     fn the_source_revision_is_one_series_the_old_one_removed() {
         let m = Metrics::default();
         assert!(series(&m.render(), "specd_source_info").is_empty());
@@ -684,6 +710,7 @@ mod tests {
         m.reconciled("q.service", SyncStatus::InSync, "applied", 0.5, true);
         m.source_read();
         m.source_revision("c1");
+        m.host_info("h", &BTreeMap::new());
         m.down("q.service", false);
         m.hold("q.service", None);
         let f = UnitFigures {

@@ -510,6 +510,9 @@ pub async fn status(dirs: &Dirs, json: bool, file: Option<&Path>, host: Option<S
             hash(&s.accepted_commit),
             hash(&s.head_commit)
         );
+        if let Some(f) = &s.fleet {
+            println!("  fleet: {}", f.describe());
+        }
         if let Some(e) = &s.error {
             println!("  head not deployed: {e}");
         }

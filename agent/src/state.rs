@@ -259,6 +259,52 @@ pub struct SourceState {
     /// Units that specd manages but the accepted commit has no spec for.
     #[serde(default)]
     pub orphans: Vec<String>,
+    /// With a fleet file at the head: where this host stands in the rollout (its wave, the
+    /// revision the promotion record assigns it, or why it waits).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fleet: Option<FleetPosition>,
+    /// The commit of the record branch whose assigned revision was accepted: a record that does
+    /// not descend from it is refused (unless `allow_rewind`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accepted_record: Option<String>,
+}
+
+/// Where a host stands in a fleet rollout, as its last read of the source found it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FleetPosition {
+    /// The fleet file read, `path@commit` of the head.
+    pub file: String,
+    /// The branch of the promotion record.
+    pub record_branch: String,
+    /// The commit of the record branch read (none while the branch does not exist).
+    pub record: Option<String>,
+    /// This host's wave; none when no wave selects it (it runs the released revision).
+    pub wave: Option<String>,
+    /// The revision the record assigns this host (what it deploys instead of the head).
+    pub assigned: Option<String>,
+    /// Whether the host was given the rollout's target ahead of its wave's good revision.
+    pub promoted: bool,
+    /// Why the host keeps what it runs, when it waits on a promotion.
+    pub waiting: Option<String>,
+}
+
+impl FleetPosition {
+    /// One line for `specd status`: the wave, the assigned revision, or why it waits.
+    pub fn describe(&self) -> String {
+        let wave = self.wave.as_deref().map_or("no wave (the released revision)".into(), |w| format!("wave {w}"));
+        let record = self.record.as_deref().map_or_else(
+            || format!("no record on {}", self.record_branch),
+            |r| format!("record {} of {}", specd_spec::short(r), self.record_branch),
+        );
+        match (&self.waiting, &self.assigned) {
+            (Some(why), _) => format!("{wave}; {why}"),
+            (None, Some(a)) => {
+                let how = if self.promoted { "promoted to" } else { "assigned" };
+                format!("{wave}; {how} {} ({record}; fleet file {})", specd_spec::short(a), self.file)
+            }
+            (None, None) => format!("{wave}; {record}"),
+        }
+    }
 }
 
 impl SourceState {

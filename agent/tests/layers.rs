@@ -42,7 +42,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     // Observe, plan, act, record: drives the adapters.
     ("engine", &["reconcile", "faults"]),
     // One-shot commands, the long-running agent, and what they share.
-    ("commands", &["ops", "agent", "context", "notify", "sweep", "explain", "promote"]),
+    ("commands", &["ops", "agent", "follow", "context", "notify", "sweep", "explain", "promote"]),
     // Argument parsing.
     ("cli", &["cli"]),
 ];

@@ -103,6 +103,7 @@
 
 pub mod cgroups;
 pub mod debian_root;
+pub mod prometheus;
 pub mod promql;
 pub mod shape;
 pub mod standin;
@@ -111,6 +112,7 @@ pub mod util;
 
 pub use cgroups::CgroupLayout;
 pub use debian_root::{DebianMachine, debian_root};
+pub use prometheus::Prometheus;
 pub use systemd_box::{BoxConfig, BoxTrace, SystemdBox, Teardown};
 pub use util::{
     Reaped, STANDIN_MODEL, bin_path, free_port, git, http, http_get, http_with_headers, sglang_spec, target_dir,

@@ -1,6 +1,8 @@
 //! Shared by the end-to-end tests: a box with specd and the stand-in, specs, and plain HTTP.
 #![allow(dead_code, unused_imports)]
 
+pub mod fleet;
+
 use std::process::Output;
 use std::time::Duration;
 
@@ -119,20 +121,29 @@ impl Fleet {
     /// its `[Service]` section (after the shipped settings, so it overrides them).
     pub fn run_agent(&self, repo: &str, extra_args: &str, unit_extra: &str) {
         let repo = if repo.is_empty() { String::new() } else { format!("--repo {repo}") };
-        let unit = format!(
-            "[Service]\n{}ExecStart={} run --config /run/agent.yaml {repo} --path specs --hostname gpu-01 --interval 1 --listen 127.0.0.1:{} {extra_args}\nRestartSec=1\nEnvironment=SPECD_LOG=info\n{unit_extra}",
-            shipped_service(),
-            self.e.specd,
-            self.listen
+        let exec = format!(
+            "{} run --config /run/agent.yaml {repo} --path specs --hostname gpu-01 --interval 1 --listen 127.0.0.1:{} {extra_args}",
+            self.e.specd, self.listen
         );
-        self.e.b.write_file(&format!("/etc/systemd/system/{AGENT}"), unit).unwrap();
-        self.e.b.systemctl_check(&["daemon-reload"]).unwrap();
-        self.e.b.systemctl_check(&["start", AGENT]).unwrap();
-        // systemd took the sandbox (a setting it did not know would be ignored with a warning).
-        let p = self.e.b.show(AGENT, &["ProtectSystem", "CapabilityBoundingSet", "SystemCallErrorNumber"]).unwrap();
-        assert_eq!(p["ProtectSystem"], "strict", "{p:?}");
-        assert_eq!(p["CapabilityBoundingSet"], "cap_chown cap_dac_read_search cap_sys_ptrace", "{p:?}");
+        start_agent_unit(&self.e.b, &exec, unit_extra);
     }
+}
+
+/// Writes the box's unit [`AGENT`]: the shipped unit's `[Service]` ([`shipped_service`]) with
+/// `exec_start` as its command, restarted 1 s after it ends (the shipped unit: 5 s), logging at
+/// info, `unit_extra` added last (so it overrides); reloads systemd, starts it, and checks that
+/// systemd took the sandbox (a setting it did not know would be ignored with a warning).
+pub fn start_agent_unit(b: &SystemdBox, exec_start: &str, unit_extra: &str) {
+    let unit = format!(
+        "[Service]\n{}ExecStart={exec_start}\nRestartSec=1\nEnvironment=SPECD_LOG=info\n{unit_extra}",
+        shipped_service()
+    );
+    b.write_file(&format!("/etc/systemd/system/{AGENT}"), unit).unwrap();
+    b.systemctl_check(&["daemon-reload"]).unwrap();
+    b.systemctl_check(&["start", AGENT]).unwrap();
+    let p = b.show(AGENT, &["ProtectSystem", "CapabilityBoundingSet", "SystemCallErrorNumber"]).unwrap();
+    assert_eq!(p["ProtectSystem"], "strict", "{p:?}");
+    assert_eq!(p["CapabilityBoundingSet"], "cap_chown cap_dac_read_search cap_sys_ptrace", "{p:?}");
 }
 
 /// The unit the end-to-end tests run the agent as.

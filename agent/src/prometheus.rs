@@ -166,13 +166,18 @@ fn label<'a>(s: &'a Sample, k: &str) -> Option<&'a str> {
     s.labels.get(k).map(String::as_str)
 }
 
-/// `metric` as scraped last: its current series for a target that answered its last scrape;
-/// for one that did not (its series went stale at once) or is no longer scraped, the last ones
-/// within [`REMEMBERED`]. A target that answers never gets an old series back (a unit's accept
-/// rate it no longer reports).
+/// `metric` as scraped last: for a target that answered its last scrape, the series of that
+/// scrape (their samples carry its time, as `up` does); for one that did not (its series went
+/// stale at once) or is no longer scraped, the last ones within [`REMEMBERED`]. A target that
+/// answers never gets an old series back: not a unit's accept rate it no longer reports, nor a
+/// revision it left while Prometheus was down (a restarted Prometheus marks no series stale that
+/// vanished before its first scrape, and would give it for 5 minutes more).
 fn last_known(metric: &str) -> String {
     let within = REMEMBERED.as_secs();
-    format!("{metric} or (last_over_time({metric}[{within}s]) unless on(job, instance) up == 1)")
+    format!(
+        "({metric} and timestamp({metric}) >= on(job, instance) group_left timestamp(up)) \
+         or (last_over_time({metric}[{within}s]) unless on(job, instance) up == 1)"
+    )
 }
 
 /// The deaths of each unit in the last `range` seconds, by verdict, exactly: the counter now

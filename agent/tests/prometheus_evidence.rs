@@ -7,14 +7,13 @@
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use specd::{Evidence, HostEvidence, Prometheus, Sample, UnitEvidence, gather};
-use specd_e2e::{free_port, http_get, wait_for, wait_until};
+use specd_e2e::{wait_for, wait_until};
 use specd_spec::fleet::{Promoted, Record, RolloutState, WaveRecord};
 
 const UNIT: &str = "qwen.service";
@@ -154,54 +153,13 @@ impl Figures {
     }
 }
 
-/// Prometheus scraping `targets` every second, killed when dropped.
-struct Prom {
-    child: Child,
-    port: u16,
-    dir: tempfile::TempDir,
-}
-
-impl Prom {
-    fn start(targets: &[u16]) -> Prom {
-        let dir = tempfile::tempdir().unwrap();
-        let port = free_port();
-        let targets: Vec<String> = targets.iter().map(|p| format!("\"127.0.0.1:{p}\"")).collect();
-        let config = format!(
-            "global: {{scrape_interval: 1s, scrape_timeout: 1s}}\nscrape_configs:\n  - job_name: specd\n    static_configs: [{{targets: [{}]}}]\n",
-            targets.join(", ")
-        );
-        std::fs::write(dir.path().join("prometheus.yml"), config).unwrap();
-        let log = std::fs::File::create(dir.path().join("prometheus.log")).unwrap();
-        let child = Command::new("prometheus")
-            .arg(format!("--config.file={}", dir.path().join("prometheus.yml").display()))
-            .arg(format!("--storage.tsdb.path={}", dir.path().join("data").display()))
-            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap_or_else(|e| {
-                panic!("prometheus: {e}: install Debian's prometheus package (scripts/install-deps); the real one is required")
-            });
-        let p = Prom { child, port, dir };
-        wait_until("Prometheus to be ready", WITHIN, || http_get(p.port, "/-/ready").is_some_and(|(c, _)| c == 200))
-            .unwrap_or_else(|e| panic!("{e}\n{}", p.log()));
-        p
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("prometheus.log")).unwrap_or_default()
-    }
-
-    fn stop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Prom {
-    fn drop(&mut self) {
-        self.stop();
-    }
+/// The config of a Prometheus scraping `targets` every second.
+fn scraping(targets: &[u16]) -> String {
+    let targets: Vec<String> = targets.iter().map(|p| format!("\"127.0.0.1:{p}\"")).collect();
+    format!(
+        "global: {{scrape_interval: 1s, scrape_timeout: 1s}}\nscrape_configs:\n  - job_name: specd\n    static_configs: [{{targets: [{}]}}]\n",
+        targets.join(", ")
+    )
 }
 
 fn unix_now() -> u64 {
@@ -259,8 +217,10 @@ fn the_evidence_is_what_prometheus_scraped_from_each_host_through_a_rollout() {
     // c's spec has no args checked, its engine reports no accept rate, its new unit failed.
     let c1 = Figures { host: "c", labels: "", verified: None, quarantined: 1, length: 2.9, rate: None, ..a1.clone() };
     let (a, b, mut c) = (Agent::serve(200, a1.text()), Agent::serve(200, b1.text()), Agent::serve(200, c1.text()));
-    let mut prom = Prom::start(&[a.port, b.port, c.port]);
-    let url = format!("http://127.0.0.1:{}", prom.port);
+    let dir = tempfile::tempdir().unwrap();
+    let mut prom = specd_e2e::Prometheus::start(dir.path(), &scraping(&[a.port, b.port, c.port]))
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    let url = prom.url();
     let p = Prometheus::new(&url, None).unwrap();
     let ask = |record: Option<&Record>, now: u64, stale_after: u64| rt.block_on(gather(&p, record, now, stale_after));
 
@@ -360,6 +320,24 @@ fn the_evidence_is_what_prometheus_scraped_from_each_host_through_a_rollout() {
     assert_eq!(two, vec![Sample { labels: BTreeMap::new(), value: 2.0 }]);
     let refused = rt.block_on(p.query("rate(", None)).unwrap_err();
     assert!(refused.starts_with(&format!("Prometheus at {url} refused the query `rate(`: bad_data: ")), "{refused}");
+
+    // a goes back to REV1 while Prometheus is down. Restarted, Prometheus marks no series stale
+    // that vanished before its first scrape: once a is scraped again, its revision is the one
+    // it reports, not the one it left.
+    prom.stop();
+    a.set(Figures { revision: REV1, unit_hash: "h1", ..a2.clone() }.text());
+    let restarted = unix_now();
+    prom.resume().unwrap_or_else(|e| panic!("{e:#}"));
+    let a_up = format!("timestamp(up{{instance=\"127.0.0.1:{}\"}})", a.port);
+    let scraped = prom
+        .wait("a scraped since the restart", &a_up, WITHIN, |r| r.first().is_some_and(|(_, t)| *t >= restarted as f64))
+        [0]
+    .1;
+    // Asked at a whole second that has seen that scrape.
+    wait_until("a second past that scrape", WITHIN, || unix_now() as f64 > scraped).unwrap();
+    let ev = ask(Some(&rec), unix_now(), 60);
+    assert_eq!(ev.hosts["a"].revision.as_deref(), Some(REV1), "{:#?}", ev.hosts["a"]);
+    assert_eq!(ev.hosts["a"].units[UNIT].unit_hash.as_deref(), Some("h1"), "{:#?}", ev.hosts["a"]);
 
     // Prometheus stopped: no evidence at all, saying where it was looked for.
     prom.stop();

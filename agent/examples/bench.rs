@@ -544,8 +544,12 @@ fn main() -> anyhow::Result<()> {
         agent_fanout(16, 5, 1000)?;
     }
     if want("fleet") {
-        println!("\n## Fleet rollout: 20 simulated hosts, 3 waves, bakes of 2 s, apply 500 ms, agents and promoter look every 100 ms\n");
-        println!("| waves (hosts / max_unavailable) | commits | converged (s) | floor: bakes + 1 apply (s) | overhead (s) | bakes + 1 apply per wave (s) |");
+        println!(
+            "\n## Fleet rollout: 20 simulated hosts, 3 waves, bakes of 2 s, apply 500 ms, agents and promoter look every 100 ms\n"
+        );
+        println!(
+            "| waves (hosts / max_unavailable) | commits | converged (s) | floor: bakes + 1 apply (s) | overhead (s) | bakes + 1 apply per wave (s) |"
+        );
         println!("|---|---|---|---|---|---|");
         fleet_rollout(&[(1, 1), (5, 5), (14, 14)])?;
         fleet_rollout(&[(1, 1), (5, 5), (14, 7)])?;
@@ -577,7 +581,10 @@ fn fleet_rollout(waves: &[(usize, u32)]) -> anyhow::Result<()> {
     let mut fleet = String::from("apiVersion: specd/v1\nkind: Fleet\nmetadata: {name: bench}\nspec:\n  waves:\n");
     for (w, (n, max)) in waves.iter().enumerate() {
         let hosts: Vec<String> = (0..*n).map(|i| format!("h{w}-{i:02}")).collect();
-        fleet.push_str(&format!("    - {{name: w{w}, hosts: [{}], max_unavailable: {max}, bake: {BAKE_S}s}}\n", hosts.join(", ")));
+        fleet.push_str(&format!(
+            "    - {{name: w{w}, hosts: [{}], max_unavailable: {max}, bake: {BAKE_S}s}}\n",
+            hosts.join(", ")
+        ));
         names.extend(hosts);
     }
     std::fs::write(repo.join("specs/fleet.yaml"), &fleet)?;
@@ -612,8 +619,19 @@ fn fleet_rollout(waves: &[(usize, u32)]) -> anyhow::Result<()> {
         hosts: runs
             .iter()
             .map(|(h, (rev, _))| {
-                let u = UnitEvidence { unit_hash: Some(format!("u-{rev}")), args_verified: Some(true), ..Default::default() };
-                (h.clone(), HostEvidence { revision: Some(rev.clone()), units: [("llm.service".into(), u)].into(), ..Default::default() })
+                let u = UnitEvidence {
+                    unit_hash: Some(format!("u-{rev}")),
+                    args_verified: Some(true),
+                    ..Default::default()
+                };
+                (
+                    h.clone(),
+                    HostEvidence {
+                        revision: Some(rev.clone()),
+                        units: [("llm.service".into(), u)].into(),
+                        ..Default::default()
+                    },
+                )
             })
             .collect(),
     };
@@ -629,14 +647,24 @@ fn fleet_rollout(waves: &[(usize, u32)]) -> anyhow::Result<()> {
                 let head = src.head()?.to_string();
                 let rec = src.fetch_record(parsed.record_branch())?;
                 let record = match rec {
-                    Some(oid) => Some((oid, Record::parse(&src.read_record(oid)?, "r").map_err(|d| anyhow::anyhow!("{d}"))?)),
+                    Some(oid) => {
+                        Some((oid, Record::parse(&src.read_record(oid)?, "r").map_err(|d| anyhow::anyhow!("{d}"))?))
+                    }
                     None => None,
                 };
                 let ev = evidence(&runs.lock().unwrap());
-                let inputs = Inputs { fleet: &parsed, record: record.as_ref().map(|r| &r.1), head: &head, evidence: &ev, expected: &expected, now: now() };
+                let inputs = Inputs {
+                    fleet: &parsed,
+                    record: record.as_ref().map(|r| &r.1),
+                    head: &head,
+                    evidence: &ev,
+                    expected: &expected,
+                    now: now(),
+                };
                 match decide(&inputs) {
                     Step::Write { record: r, message } => {
-                        let c = specd::commit_record(&src, record.map(|r| r.0), &r.render(), &message, "b <b@b>", None)?;
+                        let c =
+                            specd::commit_record(&src, record.map(|r| r.0), &r.render(), &message, "b <b@b>", None)?;
                         if let specd::Pushed::Done = specd::push_record(&src, c, parsed.record_branch())? {
                             commits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                         }
@@ -648,21 +676,30 @@ fn fleet_rollout(waves: &[(usize, u32)]) -> anyhow::Result<()> {
         })
     };
     // Wait for the first record (the adoption of `old`), then commit the new revision.
-    wait_until("the first promotion record", Duration::from_secs(10), || commits.load(std::sync::atomic::Ordering::Relaxed) >= 1)?;
+    wait_until("the first promotion record", Duration::from_secs(10), || {
+        commits.load(std::sync::atomic::Ordering::Relaxed) >= 1
+    })?;
     std::fs::write(repo.join("specs/llm.yaml"), "v: 2\n")?;
     let start = Instant::now();
     let new = commit("new")?;
     let hosts: Vec<_> = names
         .iter()
         .map(|h| {
-            let (cfg, cache, runs, stop, parsed, h) =
-                (cfg.clone(), dir.path().join(format!("cache-{h}")), runs.clone(), stop.clone(), parsed.clone(), h.clone());
+            let (cfg, cache, runs, stop, parsed, h) = (
+                cfg.clone(),
+                dir.path().join(format!("cache-{h}")),
+                runs.clone(),
+                stop.clone(),
+                parsed.clone(),
+                h.clone(),
+            );
             std::thread::spawn(move || -> anyhow::Result<()> {
                 let src = specd::GitSource::open(cfg, &cache)?;
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                     if let Some(oid) = src.fetch_record(parsed.record_branch())? {
                         let r = Record::parse(&src.read_record(oid)?, "r").map_err(|d| anyhow::anyhow!("{d}"))?;
-                        let given = r.revision_for(&parsed, &h, &Default::default()).map_err(|e| anyhow::anyhow!(e))?.revision;
+                        let given =
+                            r.revision_for(&parsed, &h, &Default::default()).map_err(|e| anyhow::anyhow!(e))?.revision;
                         if runs.lock().unwrap()[&h].0 != given {
                             std::thread::sleep(APPLY);
                             runs.lock().unwrap().insert(h.clone(), (given, Some(Instant::now())));

@@ -92,7 +92,11 @@ impl Renderer<'_> {
             let parsed = specd_spec::parse(&f.path, &f.text).map_err(|d| d.to_string())?;
             let spec = parsed.resolve(Some(host)).map_err(|d| d.to_string())?;
             let unit = specd_spec::render(&spec);
-            out.push(ExpectedUnit { unit: unit.unit.clone(), unit_hash: unit.sha256.clone(), speculates: spec.speculates() });
+            out.push(ExpectedUnit {
+                unit: unit.unit.clone(),
+                unit_hash: unit.sha256.clone(),
+                speculates: spec.speculates(),
+            });
         }
         Ok(out)
     }
@@ -117,7 +121,14 @@ async fn evidence(opts: &Options, record: Option<&Record>) -> Evidence {
 }
 
 /// Write `step` on top of `parent`; `Ok(None)`: another promoter moved the branch first.
-fn write(src: &GitSource, opts: &Options, branch: &str, parent: Option<Oid>, record: &Record, message: &str) -> Result<Option<Oid>> {
+fn write(
+    src: &GitSource,
+    opts: &Options,
+    branch: &str,
+    parent: Option<Oid>,
+    record: &Record,
+    message: &str,
+) -> Result<Option<Oid>> {
     let commit = publish::commit_record(src, parent, &record.render(), message, &opts.author, opts.signing.as_ref())?;
     match publish::push_record(src, commit, branch)? {
         Pushed::Done => Ok(Some(commit)),
@@ -138,7 +149,14 @@ async fn pass(opts: &Options) -> Result<Passed> {
             let r = Renderer { src: &src, specs: Default::default() };
             let expected = |h: &str, rev: &str| r.units(h, rev);
             let head = l.head.to_string();
-            let inputs = Inputs { fleet: &l.fleet, record: l.record.as_ref().map(|r| &r.1), head: &head, evidence: &ev, expected: &expected, now: now() };
+            let inputs = Inputs {
+                fleet: &l.fleet,
+                record: l.record.as_ref().map(|r| &r.1),
+                head: &head,
+                evidence: &ev,
+                expected: &expected,
+                now: now(),
+            };
             match rollout::decide(&inputs) {
                 Step::Wait { why, until } => Ok(Ok(Passed::Waits { why, until })),
                 Step::Write { record, message } => {
@@ -163,7 +181,11 @@ pub async fn promote(opts: &Options, watch: Option<Duration>) -> Result<u8> {
         let passed = pass(opts).await;
         let until = match &passed {
             Ok(Passed::Wrote { commit, message }) => {
-                say(opts, json!({"wrote": commit.to_string(), "message": message}), &format!("wrote {}: {message}", short(&commit.to_string())));
+                say(
+                    opts,
+                    json!({"wrote": commit.to_string(), "message": message}),
+                    &format!("wrote {}: {message}", short(&commit.to_string())),
+                );
                 Some(0)
             }
             Ok(Passed::Waits { why, until }) => {
@@ -171,7 +193,11 @@ pub async fn promote(opts: &Options, watch: Option<Duration>) -> Result<u8> {
                 *until
             }
             Ok(Passed::NoFleet) => {
-                say(opts, json!({"waits": "no fleet file"}), "the followed branch's head has no fleet file: nothing to promote");
+                say(
+                    opts,
+                    json!({"waits": "no fleet file"}),
+                    "the followed branch's head has no fleet file: nothing to promote",
+                );
                 None
             }
             Err(e) if watch.is_some() => {
@@ -211,9 +237,12 @@ pub async fn by_hand(opts: &Options, person: &str, halt: Option<&str>) -> Result
             Some(reason) => rollout::halted_by(record, person, reason, now()),
             None => rollout::resumed(record, person),
         };
-        let Step::Write { record, message } = step.map_err(|e| anyhow!(e))? else { unreachable!("a person's step writes") };
+        let Step::Write { record, message } = step.map_err(|e| anyhow!(e))? else {
+            unreachable!("a person's step writes")
+        };
         let (opts2, branch, parent) = (opts.clone(), l.branch.clone(), *parent);
-        let wrote = tokio::task::spawn_blocking(move || write(&src, &opts2, &branch, Some(parent), &record, &message)).await??;
+        let wrote = tokio::task::spawn_blocking(move || write(&src, &opts2, &branch, Some(parent), &record, &message))
+            .await??;
         if let Some(c) = wrote {
             println!("wrote {}", short(&c.to_string()));
             return Ok(0);
@@ -236,10 +265,19 @@ pub async fn status(opts: &Options) -> Result<u8> {
         let r = Renderer { src: &src, specs: Default::default() };
         let expected = |h: &str, rev: &str| r.units(h, rev);
         let head = l.head.to_string();
-        let inputs = Inputs { fleet: &l.fleet, record: Some(&record), head: &head, evidence: &ev, expected: &expected, now: now() };
+        let inputs = Inputs {
+            fleet: &l.fleet,
+            record: Some(&record),
+            head: &head,
+            evidence: &ev,
+            expected: &expected,
+            now: now(),
+        };
         let position = match rollout::decide(&inputs) {
             Step::Wait { why, until } => (why, until),
-            Step::Write { message, .. } => (format!("the promoter's next step: {}", message.lines().next().unwrap_or_default()), None),
+            Step::Write { message, .. } => {
+                (format!("the promoter's next step: {}", message.lines().next().unwrap_or_default()), None)
+            }
         };
         let hosts = rollout::positions(&inputs, &record);
         if json {
@@ -252,7 +290,12 @@ pub async fn status(opts: &Options) -> Result<u8> {
     .await?
 }
 
-fn status_json(record: &Record, position: &(String, Option<u64>), hosts: &[HostPosition], ev: &Evidence) -> serde_json::Value {
+fn status_json(
+    record: &Record,
+    position: &(String, Option<u64>),
+    hosts: &[HostPosition],
+    ev: &Evidence,
+) -> serde_json::Value {
     let hosts: Vec<_> = hosts
         .iter()
         .map(|h| {

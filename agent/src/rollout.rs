@@ -549,14 +549,26 @@ pub fn positions(inputs: &Inputs, record: &Record) -> Vec<HostPosition> {
         for host in members(inputs.fleet, inputs.evidence, i) {
             let (given, at) = given(record, w, &host);
             let standing = judge(inputs, record, w, &host);
-            out.push(HostPosition { wave: Some(w.name.clone()), given: given.into(), promoted: at.is_some(), standing, host });
+            out.push(HostPosition {
+                wave: Some(w.name.clone()),
+                given: given.into(),
+                promoted: at.is_some(),
+                standing,
+                host,
+            });
         }
     }
     let released = specd_spec::fleet::WaveRecord::at("", &record.released);
     for (host, e) in &inputs.evidence.hosts {
         if inputs.fleet.wave_of(host, &e.labels).is_none() {
             let standing = judge(inputs, record, &released, host);
-            out.push(HostPosition { host: host.clone(), wave: None, given: record.released.clone(), promoted: false, standing });
+            out.push(HostPosition {
+                host: host.clone(),
+                wave: None,
+                given: record.released.clone(),
+                promoted: false,
+                standing,
+            });
         }
     }
     out

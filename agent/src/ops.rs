@@ -511,7 +511,7 @@ pub async fn status(dirs: &Dirs, json: bool, file: Option<&Path>, host: Option<S
             hash(&s.head_commit)
         );
         if let Some(f) = &s.fleet {
-            println!("  fleet: {}", f.describe());
+            println!("  fleet: {}", f.describe(s.head_commit.as_deref()));
         }
         if let Some(e) = &s.error {
             println!("  head not deployed: {e}");

@@ -289,8 +289,9 @@ pub struct FleetPosition {
 }
 
 impl FleetPosition {
-    /// One line for `specd status`: the wave, the assigned revision, or why it waits.
-    pub fn describe(&self) -> String {
+    /// One line for `specd status`: the wave, the assigned revision, or why it waits; with the
+    /// followed branch's `head`, whether the head waits for this host's promotion.
+    pub fn describe(&self, head: Option<&str>) -> String {
         let wave = self.wave.as_deref().map_or("no wave (the released revision)".into(), |w| format!("wave {w}"));
         let record = self.record.as_deref().map_or_else(
             || format!("no record on {}", self.record_branch),
@@ -300,7 +301,13 @@ impl FleetPosition {
             (Some(why), _) => format!("{wave}; {why}"),
             (None, Some(a)) => {
                 let how = if self.promoted { "promoted to" } else { "assigned" };
-                format!("{wave}; {how} {} ({record}; fleet file {})", specd_spec::short(a), self.file)
+                let waits = match head {
+                    Some(h) if h != a => {
+                        format!("; the head {} waits for this host's promotion", specd_spec::short(h))
+                    }
+                    _ => String::new(),
+                };
+                format!("{wave}; {how} {} ({record}; fleet file {}){waits}", specd_spec::short(a), self.file)
             }
             (None, None) => format!("{wave}; {record}"),
         }

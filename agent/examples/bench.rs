@@ -616,6 +616,7 @@ fn fleet_rollout(waves: &[(usize, u32)]) -> anyhow::Result<()> {
     };
     let evidence = |runs: &BTreeMap<String, (String, Option<Instant>)>| Evidence {
         unavailable: None,
+        unidentified: Vec::new(),
         hosts: runs
             .iter()
             .map(|(h, (rev, _))| {

@@ -231,7 +231,7 @@ struct Promotion {
 pub async fn gather(p: &Prometheus, record: Option<&Record>, now: u64, stale_after: u64) -> Evidence {
     match ask(p, record, now).await {
         Ok((answers, since)) => fold(&answers, &since, now, stale_after),
-        Err(why) => Evidence { unavailable: Some(why), hosts: BTreeMap::new() },
+        Err(why) => Evidence { unavailable: Some(why), ..Default::default() },
     }
 }
 
@@ -289,8 +289,15 @@ async fn ask(p: &Prometheus, record: Option<&Record>, now: u64) -> Result<(Now, 
 /// The evidence the answers give.
 fn fold(a: &Now, since: &Since, now: u64, stale_after: u64) -> Evidence {
     let (hosts, by_target) = hosts_of(&a.hosts);
-    let mut ev = Evidence { unavailable: None, hosts };
+    let mut ev = Evidence { hosts, ..Default::default() };
     let up: BTreeMap<Target, f64> = a.up.iter().map(|s| (target_of(s), s.value)).collect();
+    // The jobs that scrape agents: a target of theirs that is down and said no host name.
+    let jobs: BTreeSet<&str> = by_target.keys().map(|(job, _)| job.as_str()).collect();
+    for ((job, instance), v) in &up {
+        if *v != 1.0 && jobs.contains(job.as_str()) && !by_target.contains_key(&(job.clone(), instance.clone())) {
+            ev.unidentified.push(format!("{instance} (job {job})"));
+        }
+    }
     let up_at: BTreeMap<Target, f64> = a.up_at.iter().map(|s| (target_of(s), s.value)).collect();
     for (target, name) in &by_target {
         let h = ev.hosts.get_mut(name).expect("every target's host is in the evidence");

@@ -116,7 +116,7 @@ enum Passed {
 async fn evidence(opts: &Options, record: Option<&Record>) -> Evidence {
     match Prometheus::new(&opts.prometheus, opts.prometheus_ca.as_deref()) {
         Ok(p) => prometheus::gather(&p, record, now(), opts.stale_after).await,
-        Err(e) => Evidence { unavailable: Some(format!("{e:#}")), hosts: BTreeMap::new() },
+        Err(e) => Evidence { unavailable: Some(format!("{e:#}")), ..Default::default() },
     }
 }
 

@@ -15,6 +15,10 @@ pub struct Evidence {
     pub unavailable: Option<String>,
     /// Every host an agent reports (`specd_host_info`), by host name.
     pub hosts: BTreeMap<String, HostEvidence>,
+    /// Scrape targets of the agents' jobs that are down and never said which host they are
+    /// (no `specd_host_info` within the hour): `instance (job j)`. Any host could be one, so
+    /// no wave advances while there is one.
+    pub unidentified: Vec<String>,
 }
 
 /// One host's agent, as scraped.
@@ -309,6 +313,12 @@ pub fn decide(inputs: &Inputs) -> Step {
     };
     if let Some(why) = &inputs.evidence.unavailable {
         return wait(format!("no evidence, nothing advances: {why}"));
+    }
+    if !inputs.evidence.unidentified.is_empty() {
+        return wait(format!(
+            "no evidence, nothing advances: scrape targets of the agents are down and never said which host they are (any wave's): {}",
+            inputs.evidence.unidentified.join(", ")
+        ));
     }
     wave_step(inputs, record, i)
 }

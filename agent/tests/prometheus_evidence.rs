@@ -218,7 +218,9 @@ fn the_evidence_is_what_prometheus_scraped_from_each_host_through_a_rollout() {
     let c1 = Figures { host: "c", labels: "", verified: None, quarantined: 1, length: 2.9, rate: None, ..a1.clone() };
     let (a, b, mut c) = (Agent::serve(200, a1.text()), Agent::serve(200, b1.text()), Agent::serve(200, c1.text()));
     let dir = tempfile::tempdir().unwrap();
-    let mut prom = specd_e2e::Prometheus::start(dir.path(), &scraping(&[a.port, b.port, c.port]))
+    // A fourth target where no agent ever answered: a host, but which one is unknown.
+    let nobody = specd_e2e::free_port();
+    let mut prom = specd_e2e::Prometheus::start(dir.path(), &scraping(&[a.port, b.port, c.port, nobody]))
         .unwrap_or_else(|e| panic!("{e:#}"));
     let url = prom.url();
     let p = Prometheus::new(&url, None).unwrap();
@@ -228,13 +230,16 @@ fn the_evidence_is_what_prometheus_scraped_from_each_host_through_a_rollout() {
     let (t0, ev) = wait_for("three hosts scraped with every figure", WITHIN, || {
         let now = unix_now();
         let ev = ask(None, now, 60);
-        let complete = ev.hosts.len() == 3 && ev.hosts.values().all(|h| h.down.is_none() && h.revision.is_some());
+        let complete = ev.hosts.len() == 3
+            && ev.hosts.values().all(|h| h.down.is_none() && h.revision.is_some())
+            && !ev.unidentified.is_empty();
         complete.then_some((now, ev))
     })
     .unwrap_or_else(|e| panic!("{e}\n{}", prom.log()));
     let before =
         BTreeMap::from([("a".into(), a1.evidence()), ("b".into(), b1.evidence()), ("c".into(), c1.evidence())]);
-    assert_eq!(ev, Evidence { unavailable: None, hosts: before.clone() });
+    let unidentified = vec![format!("127.0.0.1:{nobody} (job specd)")];
+    assert_eq!(ev, Evidence { hosts: before.clone(), unidentified, unavailable: None });
     assert_eq!(ev.hosts["a"].labels["ring"], "canary");
 
     // a and b take REV2 (a lower accept length) a second after that; the figures of a second
@@ -343,7 +348,7 @@ fn the_evidence_is_what_prometheus_scraped_from_each_host_through_a_rollout() {
     prom.stop();
     let ev = ask(Some(&rec), unix_now(), 60);
     let why = format!("Prometheus at {url}: unreachable (connection refused)");
-    assert_eq!(ev, Evidence { unavailable: Some(why), hosts: BTreeMap::new() });
+    assert_eq!(ev, Evidence { unavailable: Some(why), ..Default::default() });
 }
 
 #[test]

@@ -46,7 +46,7 @@ fn on(rev: &str, accept: f64) -> HostEvidence {
 }
 
 fn evidence(hosts: &[(&str, HostEvidence)]) -> Evidence {
-    Evidence { unavailable: None, hosts: hosts.iter().map(|(h, e)| (h.to_string(), e.clone())).collect() }
+    Evidence { hosts: hosts.iter().map(|(h, e)| (h.to_string(), e.clone())).collect(), ..Default::default() }
 }
 
 fn all_on(rev: &str) -> Evidence {
@@ -271,7 +271,7 @@ fn no_evidence_advances_nothing() {
     promote(&mut r, 0, &["gpu-01"], T0);
     let ev = Evidence {
         unavailable: Some("Prometheus at http://127.0.0.1:9090: unreachable (connection refused)".into()),
-        hosts: Default::default(),
+        ..Default::default()
     };
     let (why, _) = waits(step(Some(&r), NEW, &ev, T0 + 5000));
     assert_eq!(
@@ -280,6 +280,12 @@ fn no_evidence_advances_nothing() {
     );
     // Far past the convergence time: still no halt without evidence.
     assert!(matches!(step(Some(&r), NEW, &ev, T0 + 90_000), Step::Wait { .. }));
+    // Every host good, but a target of the agents' job is down and never said its name: it
+    // could be a host of any wave.
+    let mut ev = all_on(NEW);
+    ev.unidentified = vec!["10.0.0.9:9100 (job specd)".into()];
+    let (why, _) = waits(step(Some(&r), NEW, &ev, T0 + 5000));
+    assert!(why.ends_with("never said which host they are (any wave's): 10.0.0.9:9100 (job specd)"), "{why}");
 }
 
 #[test]

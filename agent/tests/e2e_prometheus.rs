@@ -7,12 +7,12 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
 use common::*;
+use specd_e2e::Prometheus;
 
 const UNIT: &str = "qwen.service";
 /// A second unit, the stand-in playing vLLM with n-gram drafting: vLLM's counters give both the
@@ -21,101 +21,13 @@ const SMOL: &str = "smol.service";
 /// The scrape job: the rules' `up{job="specd"}` names it.
 const JOB: &str = "specd";
 
-/// Prometheus, killed when dropped.
-struct Prometheus {
-    child: Child,
-    port: u16,
-    dir: tempfile::TempDir,
-}
-
-impl Drop for Prometheus {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn percent_encode(s: &str) -> String {
-    s.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
-
-impl Prometheus {
-    /// Prometheus scraping the agent at 127.0.0.1:`target` every second, with the rules of
-    /// `rules` evaluated every second; returns once it answers ready.
-    fn start(target: u16, rules: &Path) -> Prometheus {
-        let dir = tempfile::tempdir().unwrap();
-        let port = free_port();
-        let config = format!(
-            "global: {{scrape_interval: 1s, evaluation_interval: 1s}}\nrule_files: [{rules:?}]\nscrape_configs:\n  - job_name: {JOB}\n    static_configs: [{{targets: [\"127.0.0.1:{target}\"]}}]\n",
-        );
-        std::fs::write(dir.path().join("prometheus.yml"), config).unwrap();
-        let log = std::fs::File::create(dir.path().join("prometheus.log")).unwrap();
-        let child = Command::new("prometheus")
-            .arg(format!("--config.file={}", dir.path().join("prometheus.yml").display()))
-            .arg(format!("--storage.tsdb.path={}", dir.path().join("data").display()))
-            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap_or_else(|e| {
-                panic!("prometheus: {e}: install Debian's prometheus package (scripts/install-deps); the real one is required")
-            });
-        let p = Prometheus { child, port, dir };
-        wait_until("Prometheus to be ready", Duration::from_secs(60), || {
-            http_get(p.port, "/-/ready").is_some_and(|(c, _)| c == 200)
-        })
-        .unwrap_or_else(|e| panic!("{e}\n{}", p.log()));
-        p
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("prometheus.log")).unwrap_or_default()
-    }
-
-    /// `GET path` of the API: its `data`.
-    fn api(&self, path: &str) -> Value {
-        let (code, body) = http_get(self.port, path).unwrap_or_else(|| panic!("no answer to {path}\n{}", self.log()));
-        let v: Value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{path}: {e}: {body}"));
-        assert!(code == 200 && v["status"] == "success", "{path}: {code} {body}");
-        v["data"].clone()
-    }
-
-    /// An instant query's series: (labels, value).
-    fn query(&self, q: &str) -> Vec<(Value, f64)> {
-        let d = self.api(&format!("/api/v1/query?query={}", percent_encode(q)));
-        d["result"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|r| (r["metric"].clone(), r["value"][1].as_str().unwrap().parse::<f64>().unwrap()))
-            .collect()
-    }
-
-    /// Polls `q` every 200 ms until its series satisfy `ok`, for up to `within`; returns them.
-    fn wait(&self, what: &str, q: &str, within: Duration, ok: impl Fn(&[(Value, f64)]) -> bool) -> Vec<(Value, f64)> {
-        let t0 = Instant::now();
-        loop {
-            let r = self.query(q);
-            if ok(&r) {
-                return r;
-            }
-            assert!(t0.elapsed() < within, "{what}: after {within:?}, {q} gives {r:?}\n{}", self.log());
-            std::thread::sleep(Duration::from_millis(200));
-        }
-    }
-
-    /// Waits until `q` is one series whose value is `want`; returns its labels.
-    fn wait_value(&self, q: &str, want: f64) -> Value {
-        let r = self.wait(&format!("{q} == {want}"), q, Duration::from_secs(60), |r| {
-            r.len() == 1 && (r[0].1 - want).abs() < 1e-9
-        });
-        r[0].0.clone()
-    }
+/// Prometheus scraping the agent at 127.0.0.1:`target` every second, with the rules of
+/// `rules` evaluated every second; returns once it answers ready.
+fn prometheus(target: u16, rules: &Path, dir: &Path) -> Prometheus {
+    let config = format!(
+        "global: {{scrape_interval: 1s, evaluation_interval: 1s}}\nrule_files: [{rules:?}]\nscrape_configs:\n  - job_name: {JOB}\n    static_configs: [{{targets: [\"127.0.0.1:{target}\"]}}]\n",
+    );
+    Prometheus::start(dir, &config).unwrap_or_else(|e| panic!("{e:#}"))
 }
 
 fn commit(repo: &Path, name: &str, text: &str, msg: &str) -> String {
@@ -167,7 +79,8 @@ fn prometheus_scrapes_the_agent_and_reads_back_every_figure_it_proves() {
     std::fs::write(f.repo.join("specs/smol.yaml"), vllm_spec(&f, free_port())).unwrap();
     let c1 = commit(&f.repo, "qwen.yaml", &spec(&f, 5, ""), "steps 5, and smol");
     f.run_agent(f.repo.to_str().unwrap(), "", "");
-    let prom = Prometheus::start(f.listen, &rules_path());
+    let prom_dir = tempfile::tempdir().unwrap();
+    let prom = prometheus(f.listen, &rules_path(), prom_dir.path());
     wait_history(&f, UNIT, 1);
     wait_history(&f, SMOL, 1);
     let sel = format!("{{job=\"{JOB}\",unit=\"{UNIT}\"}}");

@@ -142,6 +142,14 @@ impl Prometheus {
             std::thread::sleep(Duration::from_millis(200));
         }
     }
+
+    /// Waits (up to 60 s) until `q` is one series whose value is `want`; returns its labels.
+    pub fn wait_value(&self, q: &str, want: f64) -> Value {
+        let r = self.wait(&format!("{q} == {want}"), q, Duration::from_secs(60), |r| {
+            r.len() == 1 && (r[0].1 - want).abs() < 1e-9
+        });
+        r[0].0.clone()
+    }
 }
 
 impl Drop for Prometheus {

@@ -1,15 +1,27 @@
 //! A fleet on one machine: six hosts (each a systemd box with its own host name, state, units
 //! and agent under the shipped sandbox) follow one git remote, and a real Prometheus scrapes
-//! them all. The harness is `common::fleet`.
+//! them all; the promoter (`specd promote`, `specd fleet`) runs on the machine as a CI job
+//! would. The harness is `common::fleet`. The tests take turns: six boxes each are enough for
+//! a small machine.
 
 mod common;
 
+use std::collections::BTreeMap;
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use serde_json::json;
+use serde_json::{Value, json};
+use specd_spec::fleet::{Record, RolloutState};
 
-use common::fleet::{FleetSetup, Hosts, JOB, LLM_FILE};
+use common::fleet::{FLEET_FILE, FleetSetup, Hosts, JOB, LLM, LLM_FILE, RecordCommit, Timeline, fleet_file};
 use common::{http_get, wait_for};
+
+/// One fleet at a time.
+static TURN: Mutex<()> = Mutex::new(());
+
+fn turn() -> std::sync::MutexGuard<'static, ()> {
+    TURN.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 /// How long one host may take to deploy a commit, from the push (a poll every second, a
 /// stand-in that loads in 200 ms; six at once on a small machine).
@@ -20,6 +32,7 @@ const SMALL: &str = "gpu-06";
 
 #[test]
 fn six_hosts_follow_one_remote_each_on_its_own_port_and_prometheus_sees_them_all() {
+    let _turn = turn();
     let t0 = Instant::now();
     let mut setup = FleetSetup::default();
     // gpu-06's GPU holds a draft of 6 tokens at most (steps 5), the others any.
@@ -125,4 +138,376 @@ fn six_hosts_follow_one_remote_each_on_its_own_port_and_prometheus_sees_them_all
 
     fleet.shutdown().unwrap();
     eprintln!("e2e_fleet: {:?} in all", t0.elapsed());
+}
+
+/// How long each wave bakes in these tests, in seconds.
+const BAKE: u64 = 3;
+
+/// How long a rollout of the three waves may take: three bakes, six applies (one or two at a
+/// time), Prometheus's scrapes and the agents' polls, on a busy machine.
+const ROLLOUT: Duration = Duration::from_secs(240);
+
+/// The waves of [`fleet_file`]: name, hosts, max_unavailable.
+const WAVES: [(&str, &[&str], usize); 3] =
+    [("canary", &["gpu-01"], 1), ("early", &["gpu-02", "gpu-03"], 1), ("main", &["gpu-04", "gpu-05", "gpu-06"], 2)];
+
+/// Boots the six hosts, commits the first specs with the fleet file and starts the agents:
+/// before any promotion record every host waits and runs nothing; the promoter's first pass
+/// adopts the head as released and every host runs it. Returns the fleet and that commit.
+fn fleet_on_first_revision(setup: FleetSetup) -> (Hosts, String) {
+    let fleet = Hosts::boot(setup);
+    let fleet_text = fleet_file(BAKE);
+    let c1 = fleet.commit(&[(LLM_FILE, &fleet.llm(3).text()), (FLEET_FILE, &fleet_text)], "llm: steps 3; a fleet");
+    fleet.start_agents();
+    wait_for("gpu-03 to say it waits for a promotion", CONVERGE, || {
+        let o = fleet.specd("gpu-03", &["status"]);
+        String::from_utf8_lossy(&o.stdout).contains("waiting for a promotion").then_some(())
+    })
+    .unwrap();
+    assert!(fleet.history("gpu-03").is_empty(), "nothing applied before the record");
+    let first = fleet.promote();
+    assert!(first["message"].as_str().unwrap_or_default().contains("adopt"), "{first}");
+    fleet.wait_all_run(&c1, CONVERGE);
+    (fleet, c1)
+}
+
+/// Which wave's hosts each "promote" commit of the record's log names, in order.
+fn promotions(log: &[RecordCommit]) -> Vec<Vec<String>> {
+    log.iter()
+        .filter_map(|c| {
+            let first = c.message.lines().next().unwrap_or_default();
+            let rest = first.strip_prefix("fleet: promote ")?;
+            let hosts = rest.split_once(" to ")?.1.split(" (wave").next()?;
+            Some(hosts.split(", ").map(String::from).collect())
+        })
+        .collect()
+}
+
+/// The commits of the log from the one that started the rollout of `target` on.
+fn rollout_of<'a>(log: &'a [RecordCommit], target: &str) -> &'a [RecordCommit] {
+    let start = log
+        .iter()
+        .position(|c| c.message.starts_with(&format!("fleet: roll out {}", specd_spec::short(target))))
+        .unwrap_or_else(|| panic!("no rollout of {target} in {log:#?}"));
+    &log[start..]
+}
+
+/// Every step of a rollout is one commit: it starts once, every host is promoted once, every
+/// wave converges and bakes once, it is released once.
+fn one_commit_per_step(steps: &[RecordCommit]) {
+    let starts = |p: &str| steps.iter().filter(|c| c.message.starts_with(p)).count();
+    assert_eq!(starts("fleet: roll out"), 1, "{steps:#?}");
+    let mut promoted: Vec<String> = promotions(steps).into_iter().flatten().collect();
+    promoted.sort();
+    assert_eq!(promoted, ["gpu-01", "gpu-02", "gpu-03", "gpu-04", "gpu-05", "gpu-06"], "{steps:#?}");
+    for (wave, _, _) in WAVES {
+        assert_eq!(starts(&format!("fleet: wave {wave} runs")), 1, "{wave}: {steps:#?}");
+        assert_eq!(starts(&format!("fleet: wave {wave} baked")), 1, "{wave}: {steps:#?}");
+    }
+    assert_eq!(steps.iter().filter(|c| c.message.contains("is released: every wave passed")).count(), 1);
+    for w in steps.windows(2) {
+        assert_ne!(w[0].record, w[1].record, "a commit that changes nothing: {:#?}", w[1]);
+    }
+}
+
+/// What the sampler saw of a rollout from `from` to `to`: within each wave never more hosts
+/// down or applying at once than its `max_unavailable`; no host of a wave left `from` before
+/// every host of the wave before it had served `to` for the bake.
+fn waves_respected(seen: &Timeline, from: &str, to: &str) {
+    let mut prev_on: Option<Instant> = None;
+    for (wave, hosts, max) in WAVES {
+        let (most, when) = seen.max_unavailable(hosts);
+        assert!(most <= max, "wave {wave}: {most} hosts unavailable at once (max {max}): {when:#?}");
+        let left = hosts
+            .iter()
+            .map(|h| seen.first_left(h, from).unwrap_or_else(|| panic!("{h} never seen leaving {from}")))
+            .min()
+            .unwrap();
+        if let Some(on) = prev_on {
+            let gap = left.saturating_duration_since(on);
+            assert!(
+                left > on && gap >= Duration::from_secs(BAKE),
+                "wave {wave} started {gap:?} after the wave before it all served {to} (bake {BAKE} s)"
+            );
+        }
+        let on = hosts.iter().map(|h| seen.first_on(h, to).unwrap_or_else(|| panic!("{h} never seen on {to}"))).max();
+        prev_on = on;
+    }
+}
+
+fn host_row<'a>(status: &'a Value, host: &str) -> &'a Value {
+    status["hosts"]
+        .as_array()
+        .and_then(|a| a.iter().find(|h| h["host"] == host))
+        .unwrap_or_else(|| panic!("no {host} in {status:#}"))
+}
+
+#[test]
+fn a_revision_rolls_through_three_waves_baking_each_within_max_unavailable() {
+    let _turn = turn();
+    let (fleet, c1) = fleet_on_first_revision(FleetSetup::default());
+    let sampler = fleet.sample(Duration::from_millis(50));
+    let c2 = fleet.commit(&[(LLM_FILE, &fleet.llm(5).text())], "llm: steps 5");
+    let pushed = Instant::now();
+    let promoter = fleet.promote_watch("promoter");
+
+    // A host of the last wave says what it waits for while the first waves take the revision.
+    wait_for("gpu-05 to say the head waits for its promotion", ROLLOUT, || {
+        let o = fleet.specd("gpu-05", &["status"]);
+        let out = String::from_utf8_lossy(&o.stdout).to_string();
+        out.contains(&format!("the head {} waits for this host's promotion", specd_spec::short(&c2))).then_some(out)
+    })
+    .unwrap();
+    let done = fleet
+        .wait_record("the rollout to complete", ROLLOUT, |r| r.state == RolloutState::Complete && r.released == c2);
+    fleet.wait_all_run(&c2, CONVERGE);
+    let took = pushed.elapsed();
+    let seen = sampler.finish();
+    drop(promoter);
+    eprintln!("three waves of 3 s bakes: every host on the new revision {took:?} after the push");
+
+    waves_respected(&seen, &c1, &c2);
+    let log = fleet.record_log();
+    one_commit_per_step(rollout_of(&log, &c2));
+    assert!(done.waves.iter().all(|w| w.good == c2 && w.promoted.is_empty()), "{done:#?}");
+    for n in fleet.names() {
+        let tried: Vec<_> = fleet.history(&n).into_iter().filter(|a| a.tried()).map(|a| a.commit.unwrap()).collect();
+        assert_eq!(tried, [c1.clone(), c2.clone()], "{n}");
+    }
+    let (code, st) = fleet.fleet_status();
+    assert_eq!((code, &st["rollout"]["state"]), (0, &json!("complete")), "{st:#}");
+    for n in fleet.names() {
+        let row = host_row(&st, &n);
+        assert_eq!((&row["standing"], &row["deploys"]), (&json!("good"), &json!(c2)), "{n}: {row}");
+        assert_eq!(row["units"][0]["args_verified"], true, "{n}: {row}");
+        assert!(row["units"][0]["accept_length"].as_f64().is_some(), "{n}: {row}");
+    }
+    fleet.shutdown().unwrap();
+}
+
+#[test]
+fn a_revision_that_dies_of_cuda_oom_on_the_canary_halts_there_and_reaches_no_other_host() {
+    let _turn = turn();
+    let mut setup = FleetSetup::default();
+    // The canary's GPU holds a draft of 6 tokens at most: steps 7 (8 tokens) does not fit.
+    setup.host_mut("gpu-01").max_draft_tokens = Some(6);
+    let (fleet, c1) = fleet_on_first_revision(setup);
+    let c2 = fleet.commit(&[(LLM_FILE, &fleet.llm(7).text())], "llm: steps 7");
+    let halted = fleet.promote_until("the rollout to halt", ROLLOUT, |r| r.state == RolloutState::Halted);
+
+    let h = halted.halt.clone().unwrap();
+    assert_eq!(
+        (h.wave.as_str(), h.host.as_str(), h.unit.as_str(), h.by.as_str()),
+        ("canary", "gpu-01", LLM, "promoter")
+    );
+    assert!(
+        (h.gate == "no_deaths" && h.evidence.contains("cuda-oom")) || h.gate == "applied",
+        "the gate and its evidence: {h:#?}"
+    );
+    assert_eq!(halted.target, c2);
+    assert!(halted.waves.iter().all(|w| w.good == c1 && w.promoted.is_empty()), "{halted:#?}");
+    // The canary is back on the first revision; no other host ever tried the second.
+    fleet.wait_runs("gpu-01", &c1, CONVERGE);
+    assert!(fleet.ever_applied("gpu-01", &c2));
+    for n in fleet.names().iter().filter(|n| *n != "gpu-01") {
+        assert!(!fleet.ever_applied(n, &c2), "{n} tried {c2}: {:?}", fleet.history(n));
+        assert!(fleet.seen(n).on(&c1), "{n}: {:?}", fleet.seen(n));
+    }
+    // The halt is the last word until a new revision: another pass waits, and says why.
+    let before = fleet.record_log().len();
+    let pass = fleet.promote();
+    assert!(pass["waits"].as_str().unwrap_or_default().contains("gpu-01"), "{pass}");
+    assert_eq!(fleet.record_log().len(), before);
+    let (code, st) = fleet.fleet_status();
+    assert_eq!(
+        (code, &st["rollout"]["state"], &st["rollout"]["halt"]["host"]),
+        (1, &json!("halted"), &json!("gpu-01"))
+    );
+    let text = fleet.fleet_cmd(&["status"]);
+    let out = String::from_utf8_lossy(&text.stdout);
+    assert!(out.contains("HALTED") && out.contains("gpu-01"), "{out}");
+
+    // A fixed revision starts a new rollout.
+    let c3 = fleet.commit(&[(LLM_FILE, &fleet.llm(5).text())], "llm: steps 5");
+    let pass = fleet.promote();
+    let message = pass["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains(&format!("roll out {}", specd_spec::short(&c3))) && message.contains("was halted"),
+        "{pass}"
+    );
+    fleet.shutdown().unwrap();
+}
+
+#[test]
+fn a_revision_that_halves_the_accept_length_on_one_host_is_halted_by_the_accept_gate() {
+    let _turn = turn();
+    let (fleet, c1) = fleet_on_first_revision(FleetSetup::default());
+    let before = fleet.status("gpu-02")["speculation"]["measured"]["accept_length"].as_f64().unwrap();
+    // gpu-02's server accepts far fewer drafted tokens with the new revision.
+    let halved = format!("{:.2}", before / 2.0);
+    let c2 = fleet.commit(
+        &[(LLM_FILE, &fleet.llm(5).env_on("gpu-02", "SPECD_STANDIN_ACCEPT_LENGTH", &halved).text())],
+        "llm: steps 5",
+    );
+    let halted = fleet.promote_until("the rollout to halt", ROLLOUT, |r| r.state == RolloutState::Halted);
+
+    let h = halted.halt.clone().unwrap();
+    assert_eq!(
+        (h.wave.as_str(), h.host.as_str(), h.unit.as_str(), h.gate.as_str()),
+        ("early", "gpu-02", LLM, "accept_length"),
+        "{h:#?}"
+    );
+    assert!(h.evidence.contains("the previous revision's"), "{h:#?}");
+    // The canary baked it and keeps it; gpu-02 is back; the last wave never saw it.
+    assert_eq!(halted.wave("canary").unwrap().good, c2);
+    assert_eq!(halted.wave("early").unwrap().good, c1);
+    fleet.wait_runs("gpu-02", &c1, CONVERGE);
+    assert!(fleet.seen("gpu-01").on(&c2));
+    for (_, hosts, _) in &WAVES[2..] {
+        for n in *hosts {
+            assert!(!fleet.ever_applied(n, &c2), "{n} tried {c2}");
+        }
+    }
+    let (code, st) = fleet.fleet_status();
+    assert_eq!((code, &st["rollout"]["halt"]["gate"]), (1, &json!("accept_length")), "{st:#}");
+    fleet.shutdown().unwrap();
+}
+
+#[test]
+fn without_prometheus_nothing_advances_and_status_says_why_then_it_goes_on() {
+    let _turn = turn();
+    let (mut fleet, _c1) = fleet_on_first_revision(FleetSetup::default());
+    let c2 = fleet.commit(&[(LLM_FILE, &fleet.llm(5).text())], "llm: steps 5");
+    // Mid-rollout: the canary runs the new revision and its wave bakes.
+    fleet.promote_until("the canary's wave to converge", ROLLOUT, |r| {
+        r.wave("canary").is_some_and(|w| w.converged.is_some())
+    });
+    fleet.stop_prometheus();
+    let url = fleet.prometheus_url();
+    let before = fleet.record_log();
+    for _ in 0..3 {
+        let pass = fleet.promote();
+        let why = pass["waits"].as_str().unwrap_or_default();
+        assert!(why.contains("no evidence, nothing advances") && why.contains(&url), "{pass}");
+    }
+    let after = fleet.record_log();
+    assert_eq!(after.last().unwrap().commit, before.last().unwrap().commit, "nothing written without evidence");
+    let (code, st) = fleet.fleet_status();
+    assert_eq!(code, 0, "not halted: {st:#}");
+    assert!(st["evidence"].as_str().is_some_and(|e| e.contains(&url)), "{st:#}");
+    assert!(st["rollout"]["waits"].as_str().is_some_and(|w| w.contains("no evidence")), "{st:#}");
+    // The hosts serve on, each on what it was given.
+    assert!(fleet.seen("gpu-01").on(&c2) && fleet.seen("gpu-02").serving);
+
+    fleet.start_prometheus();
+    fleet.wait_scraped(Duration::from_secs(60));
+    let done = fleet.promote_until("the rollout to complete", ROLLOUT, |r| r.state == RolloutState::Complete);
+    assert_eq!(done.released, c2);
+    fleet.wait_all_run(&c2, CONVERGE);
+    fleet.shutdown().unwrap();
+}
+
+#[test]
+fn two_promoters_at_once_write_one_commit_per_step_and_a_killed_one_is_taken_over() {
+    let _turn = turn();
+    let (fleet, c1) = fleet_on_first_revision(FleetSetup::default());
+    let sampler = fleet.sample(Duration::from_millis(50));
+    let c2 = fleet.commit(&[(LLM_FILE, &fleet.llm(5).text())], "llm: steps 5");
+    let mut a = fleet.promote_watch("promoter-a");
+    let mut b = fleet.promote_watch("promoter-b");
+    // Both killed mid-way, in the middle of the second wave.
+    fleet.wait_record("gpu-02 promoted", ROLLOUT, |r| r.wave("early").is_some_and(|w| !w.promoted.is_empty()));
+    a.kill();
+    b.kill();
+    let mut c = fleet.promote_watch("promoter-c");
+    fleet.wait_record("the rollout to complete", ROLLOUT, |r| r.state == RolloutState::Complete && r.released == c2);
+    fleet.wait_all_run(&c2, CONVERGE);
+    let seen = sampler.finish();
+    c.kill();
+
+    let log = fleet.record_log();
+    let steps = rollout_of(&log, &c2);
+    one_commit_per_step(steps);
+    waves_respected(&seen, &c1, &c2);
+    // Every commit a promoter said it wrote is in the record's history, and every commit of the
+    // rollout was written by one of them: no write lost, none forced over another.
+    let wrote = |out: String| -> Vec<String> {
+        out.lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter_map(|v| v["wrote"].as_str().map(String::from))
+            .collect()
+    };
+    // Two promoters that take the same step in the same second write the same commit (the
+    // same parent, record, message, author and time): git keeps it once.
+    let mut by: BTreeMap<String, &str> = BTreeMap::new();
+    for (name, p) in [("a", &a), ("b", &b), ("c", &c)] {
+        for commit in wrote(p.output()) {
+            by.entry(commit).or_insert(name);
+        }
+    }
+    let in_log: Vec<&str> = steps.iter().map(|s| s.commit.as_str()).collect();
+    let mut said: Vec<&str> = by.keys().map(String::as_str).collect();
+    said.sort();
+    let mut logged = in_log.clone();
+    logged.sort();
+    assert_eq!(said, logged, "the promoters' writes against the record's history");
+    assert!(by.values().any(|n| *n == "c"), "the new promoter went on: {by:?}");
+    eprintln!(
+        "steps written: a {}, b {}, c {}",
+        by.values().filter(|n| **n == "a").count(),
+        by.values().filter(|n| **n == "b").count(),
+        by.values().filter(|n| **n == "c").count()
+    );
+    fleet.shutdown().unwrap();
+}
+
+#[test]
+fn an_agent_down_holds_its_wave_counted_unavailable_until_it_is_back() {
+    let _turn = turn();
+    let (fleet, _c1) = fleet_on_first_revision(FleetSetup::default());
+    fleet.prometheus().wait("gpu-05's agent scraped", "specd_host_info{host=\"gpu-05\"}", CONVERGE, |r| r.len() == 1);
+    fleet.stop_agent("gpu-05");
+    // Prometheus knows the host: its agent ran, was scraped and then went down.
+    let inst = fleet.instance("gpu-05");
+    fleet.prometheus().wait("gpu-05's agent down", &format!("up{{instance=\"{inst}\"}}"), CONVERGE, |r| {
+        r.first().is_some_and(|(_, v)| *v == 0.0)
+    });
+    let c2 = fleet.commit(&[(LLM_FILE, &fleet.llm(5).text())], "llm: steps 5");
+    let promotes_rest = |r: &Record| {
+        r.wave("main").is_some_and(|w| ["gpu-04", "gpu-06"].iter().all(|h| w.promoted.iter().any(|p| p.host == *h)))
+    };
+    fleet.promote_until("gpu-04 and gpu-06 promoted", ROLLOUT, promotes_rest);
+    // The wave waits for gpu-05, whose agent is down, counted against max_unavailable.
+    let mut last = Value::Null;
+    let waits = wait_for("the wave to wait for gpu-05 alone", ROLLOUT, || {
+        last = fleet.promote();
+        let why = last["waits"].as_str().unwrap_or_default().to_string();
+        why.starts_with("wave main: 1 of 3 hosts unavailable (max_unavailable 2): gpu-05 (no evidence").then_some(why)
+    })
+    .unwrap_or_else(|e| panic!("{e}\nlast pass: {last}\nrecord log: {:#?}", fleet.record_log()));
+    assert!(waits.contains("its agent is down"), "{waits}");
+    let log = fleet.record_log();
+    let main: Vec<Vec<String>> = promotions(rollout_of(&log, &c2))
+        .into_iter()
+        .filter(|p| p.iter().any(|h| ["gpu-04", "gpu-06"].contains(&h.as_str())))
+        .collect();
+    assert_eq!(
+        main,
+        [vec!["gpu-04".to_string()], vec!["gpu-06".to_string()]],
+        "one at a time while gpu-05 counts unavailable"
+    );
+    assert!(fleet.record().unwrap().wave("main").unwrap().converged.is_none());
+    let (code, st) = fleet.fleet_status();
+    assert_eq!(code, 0);
+    let row = host_row(&st, "gpu-05");
+    assert_eq!(row["standing"], "no-evidence", "{row}");
+    assert!(row["detail"].as_str().unwrap_or_default().contains("its agent is down"), "{row}");
+    assert!(st["rollout"]["waits"].as_str().unwrap_or_default().contains("gpu-05"), "{st:#}");
+    assert!(!fleet.ever_applied("gpu-05", &c2));
+
+    fleet.start_agent("gpu-05");
+    let done = fleet.promote_until("the rollout to complete", ROLLOUT, |r| r.state == RolloutState::Complete);
+    assert_eq!(done.released, c2);
+    fleet.wait_all_run(&c2, CONVERGE);
+    fleet.shutdown().unwrap();
 }

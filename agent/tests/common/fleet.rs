@@ -19,7 +19,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::Output;
+use std::process::{Child, Command, Output};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use specd_e2e::{Prometheus, SystemdBox, bin_path, free_port, git, http, http_get, sglang_spec, wait_for};
+use specd_spec::fleet::Record;
 
 use super::{AGENT, start_agent_unit, text};
 
@@ -46,8 +47,8 @@ const AGENT_CONFIG: &str = "/run/agent.yaml";
 #[derive(Clone, Debug)]
 pub struct HostSetup {
     pub name: String,
-    /// The labels the host's agent declares (`labels:` of its config, when
-    /// [`FleetSetup::labels_in_agent_config`]), for waves that select hosts by label.
+    /// The labels the host's agent declares (`labels:` of its config), for waves that select
+    /// hosts by label.
     pub labels: BTreeMap<String, String>,
     /// The largest draft (SGLang `num_draft_tokens`) this host's GPU holds; a spec asking more
     /// dies of CUDA OOM while loading. `None`: any draft fits.
@@ -78,15 +79,12 @@ impl HostSetup {
 #[derive(Clone, Debug)]
 pub struct FleetSetup {
     pub hosts: Vec<HostSetup>,
-    /// Write each host's labels into its agent config (`labels: {k: v}`). Off by default: the
-    /// agent's config has no `labels:` field yet, and it refuses a config with an unknown field.
-    pub labels_in_agent_config: bool,
 }
 
 impl FleetSetup {
     /// `n` hosts `gpu-01`.. as [`HostSetup::gpu`] makes them.
     pub fn of(n: usize) -> FleetSetup {
-        FleetSetup { hosts: (1..=n).map(HostSetup::gpu).collect(), labels_in_agent_config: false }
+        FleetSetup { hosts: (1..=n).map(HostSetup::gpu).collect() }
     }
 
     /// The host named `name`, to change it before booting.
@@ -132,7 +130,6 @@ pub struct Hosts {
     remote: PathBuf,
     specd: String,
     standin: String,
-    labels_in_agent_config: bool,
     /// How long booting the boxes and starting Prometheus took.
     pub boot_time: Duration,
 }
@@ -179,7 +176,6 @@ impl Hosts {
             remote,
             specd: env!("CARGO_BIN_EXE_specd").to_string(),
             standin: bin_path("specd-standin").display().to_string(),
-            labels_in_agent_config: setup.labels_in_agent_config,
             boot_time: Duration::ZERO,
         };
         for h in &fleet.hosts {
@@ -190,7 +186,7 @@ impl Hosts {
     }
 
     /// The agent config of host `h`: the remote, `specs/`, its name, a poll every second, its
-    /// metrics port; its labels when [`FleetSetup::labels_in_agent_config`].
+    /// metrics port; its labels.
     fn agent_config(&self, h: &HostBox) -> String {
         let mut c = format!(
             "repo: {}\npath: specs\nhostname: {}\ninterval: 1\nlisten: 127.0.0.1:{}\n",
@@ -198,10 +194,8 @@ impl Hosts {
             h.name(),
             h.metrics_port
         );
-        if self.labels_in_agent_config {
-            let labels: Vec<String> = h.setup.labels.iter().map(|(k, v)| format!("{k}: {v:?}")).collect();
-            c.push_str(&format!("labels: {{{}}}\n", labels.join(", ")));
-        }
+        let labels: Vec<String> = h.setup.labels.iter().map(|(k, v)| format!("{k}: {v:?}")).collect();
+        c.push_str(&format!("labels: {{{}}}\n", labels.join(", ")));
         c
     }
 
@@ -443,6 +437,173 @@ impl Drop for Hosts {
                 s.spawn(move || drop(h));
             }
         });
+    }
+}
+
+/// The fleet file of the tests (`specs/fleet.yaml`): three waves of the default fleet, each
+/// baking `bake` seconds — the canary `gpu-01`, the `early` ring (`gpu-02`, `gpu-03`, one at a
+/// time), then every other `gpu-*` (two at a time) — and an accept length gate: not below 3/4 of
+/// what the previous revision measured on the same host.
+pub fn fleet_file(bake: u64) -> String {
+    format!(
+        "apiVersion: specd/v1\nkind: Fleet\nmetadata:\n  name: gpus\nspec:\n  waves:\n    - name: canary\n      hosts: [gpu-01]\n      bake: {bake}s\n    - name: early\n      labels: {{ring: early}}\n      bake: {bake}s\n    - name: main\n      hosts: ['gpu-*']\n      max_unavailable: 2\n      bake: {bake}s\n  gates:\n    accept_length: {{of_previous: 0.75}}\n"
+    )
+}
+
+/// The fleet file's name under `specs/`.
+pub const FLEET_FILE: &str = "fleet.yaml";
+
+/// A promotion record commit: its hash, message and record, as `git log` of the record branch
+/// gives them.
+#[derive(Clone, Debug)]
+pub struct RecordCommit {
+    pub commit: String,
+    pub message: String,
+    pub record: Record,
+}
+
+/// `specd promote --watch` run by the test, killed when dropped.
+pub struct Promoter {
+    child: Option<Child>,
+    out: PathBuf,
+}
+
+impl Promoter {
+    /// Kills it with SIGKILL, wherever it is (a promoter that dies mid-way).
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// What it printed (one JSON line per pass).
+    pub fn output(&self) -> String {
+        std::fs::read_to_string(&self.out).unwrap_or_default()
+    }
+}
+
+impl Drop for Promoter {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+impl Hosts {
+    /// The promoter's command, run on the machine (not in a box), as a CI job would: the
+    /// remote, `specs/`, the fleet's Prometheus, its own cache in `state`, JSON output.
+    fn promoter_command(&self, state: &str, args: &[&str]) -> Command {
+        let mut c = Command::new(&self.specd);
+        c.arg("--state-dir")
+            .arg(self.dir().join(state))
+            .args(args)
+            .args(["--config", "/nonexistent/agent.yaml", "--repo", &self.remote_url(), "--path", "specs"])
+            .args(["--prometheus", &self.prometheus_url(), "--author", "Fleet CI <ci@fleet.test>"])
+            .env("SPECD_LOG", "info");
+        c
+    }
+
+    /// One pass of `specd promote --json`; its output (checked to succeed).
+    pub fn promote(&self) -> Value {
+        let o = self.promoter_command("promoter", &["promote", "--json"]).output().unwrap();
+        assert!(o.status.success(), "specd promote: {}", text(&o));
+        serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("specd promote: {e}: {}", text(&o)))
+    }
+
+    /// `specd promote --watch --interval 1 --json` in the background, with its own cache
+    /// (`name`), until the returned [`Promoter`] is killed or dropped.
+    pub fn promote_watch(&self, name: &str) -> Promoter {
+        let out = self.dir().join(format!("{name}.out"));
+        let err = self.dir().join(format!("{name}.err"));
+        let child = self
+            .promoter_command(name, &["promote", "--watch", "--interval", "1", "--json"])
+            .stdout(std::fs::File::create(&out).unwrap())
+            .stderr(std::fs::File::create(err).unwrap())
+            .spawn()
+            .unwrap();
+        Promoter { child: Some(child), out }
+    }
+
+    /// `specd fleet <args>` (`status --json`, `halt --reason …`), run as the promoter is.
+    pub fn fleet_cmd(&self, args: &[&str]) -> Output {
+        let mut a = vec!["fleet"];
+        a.extend_from_slice(args);
+        self.promoter_command("fleet-cli", &a).output().unwrap()
+    }
+
+    /// `specd fleet status --json`: its exit code and its JSON.
+    pub fn fleet_status(&self) -> (i32, Value) {
+        let o = self.fleet_cmd(&["status", "--json"]);
+        let v = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("fleet status: {e}: {}", text(&o)));
+        (o.status.code().unwrap_or(-1), v)
+    }
+
+    /// The promotion record branch's commits, oldest first (none before the first).
+    pub fn record_log(&self) -> Vec<RecordCommit> {
+        let branch = "refs/heads/specd-promotions";
+        let git_dir = self.remote.to_str().unwrap().to_string();
+        let has =
+            Command::new("git").args(["--git-dir", &git_dir, "rev-parse", "--verify", "-q", branch]).output().unwrap();
+        if !has.status.success() {
+            return Vec::new();
+        }
+        let list = git(self.dir(), &["--git-dir", &git_dir, "rev-list", "--reverse", branch]);
+        list.lines()
+            .map(|c| {
+                let message = git(self.dir(), &["--git-dir", &git_dir, "log", "-1", "--format=%B", c]);
+                let text = git(self.dir(), &["--git-dir", &git_dir, "show", &format!("{c}:promotions.yaml")]);
+                let record = Record::parse(&text, "promotions.yaml").unwrap_or_else(|d| panic!("{c}: {d}\n{text}"));
+                RecordCommit { commit: c.to_string(), message: message.trim().to_string(), record }
+            })
+            .collect()
+    }
+
+    /// The last `n` lines of every host's agent journal, for a failing test's message.
+    pub fn journals(&self, n: usize) -> String {
+        let mut out = String::new();
+        for h in &self.hosts {
+            let j = h.b.journal(AGENT).unwrap_or_default();
+            let lines: Vec<&str> = j.lines().collect();
+            out.push_str(&format!(
+                "--- {}'s agent:\n{}\n",
+                h.name(),
+                lines[lines.len().saturating_sub(n)..].join("\n")
+            ));
+        }
+        out
+    }
+
+    /// The promotion record at the branch's head.
+    pub fn record(&self) -> Option<Record> {
+        self.record_log().pop().map(|c| c.record)
+    }
+
+    /// Runs `specd promote` passes until `done` holds of the record (at most `within`); the record.
+    pub fn promote_until(&self, what: &str, within: Duration, done: impl Fn(&Record) -> bool) -> Record {
+        wait_for(what, within, || {
+            self.promote();
+            self.record().filter(|r| done(r))
+        })
+        .unwrap_or_else(|e| {
+            panic!(
+                "{e}\nrecord log: {:#?}\nstatus: {}\n{}",
+                self.record_log(),
+                self.fleet_status().1,
+                self.journals(40)
+            )
+        })
+    }
+
+    /// Waits (at most `within`) until the record holds `done`, written by promoters of the test's.
+    pub fn wait_record(&self, what: &str, within: Duration, done: impl Fn(&Record) -> bool) -> Record {
+        wait_for(what, within, || self.record().filter(|r| done(r))).unwrap_or_else(|e| {
+            panic!(
+                "{e}\nrecord log: {:#?}\nstatus: {}\n{}",
+                self.record_log(),
+                self.fleet_status().1,
+                self.journals(40)
+            )
+        })
     }
 }
 

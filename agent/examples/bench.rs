@@ -608,13 +608,13 @@ fn fleet_rollout(waves: &[(usize, u32)]) -> anyhow::Result<()> {
     };
     let cache = dir.path().join("cache");
     // What each host runs: (revision, when it finished applying).
-    let runs: Arc<Mutex<BTreeMap<String, (String, Option<Instant>)>>> =
-        Arc::new(Mutex::new(names.iter().map(|h| (h.clone(), (old.clone(), None))).collect()));
+    type Runs = BTreeMap<String, (String, Option<Instant>)>;
+    let runs: Arc<Mutex<Runs>> = Arc::new(Mutex::new(names.iter().map(|h| (h.clone(), (old.clone(), None))).collect()));
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let expected = |_: &str, rev: &str| -> Result<Vec<ExpectedUnit>, String> {
         Ok(vec![ExpectedUnit { unit: "llm.service".into(), unit_hash: format!("u-{rev}"), speculates: false }])
     };
-    let evidence = |runs: &BTreeMap<String, (String, Option<Instant>)>| Evidence {
+    let evidence = |runs: &Runs| Evidence {
         unavailable: None,
         unidentified: Vec::new(),
         hosts: runs

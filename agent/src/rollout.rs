@@ -85,7 +85,7 @@ pub struct Inputs<'a> {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Step {
     /// Write this record, as one commit with this message (first line: the summary).
-    Write { record: Record, message: String },
+    Write { record: Box<Record>, message: String },
     /// Nothing to write now: why, and until when if a time is known (a bake's end).
     Wait { why: String, until: Option<u64> },
 }
@@ -281,12 +281,12 @@ pub fn decide(inputs: &Inputs) -> Step {
     let Some(record) = inputs.record else {
         let record = Record::adopt(inputs.fleet, head, inputs.now);
         let message = format!("fleet: adopt {} as released (the first promotion record)", short(head));
-        return Step::Write { record, message };
+        return Step::Write { record: Box::new(record), message };
     };
     let names: Vec<&str> = inputs.fleet.waves().iter().map(|w| w.name.as_str()).collect();
     if record.waves.iter().map(|w| w.name.as_str()).ne(names.iter().copied()) {
         return Step::Write {
-            record: rewaved(record, &names),
+            record: Box::new(rewaved(record, &names)),
             message: format!("fleet: the waves are now {}", names.join(", ")),
         };
     }
@@ -297,7 +297,10 @@ pub fn decide(inputs: &Inputs) -> Step {
                 who_halted(record)
             ));
         }
-        return Step::Write { record: started(record, head, inputs.now), message: started_message(record, head) };
+        return Step::Write {
+            record: Box::new(started(record, head, inputs.now)),
+            message: started_message(record, head),
+        };
     }
     match record.state {
         RolloutState::Halted => return wait(halted_why(record)),
@@ -309,7 +312,7 @@ pub fn decide(inputs: &Inputs) -> Step {
         r.state = RolloutState::Complete;
         r.released = r.target.clone();
         let message = format!("fleet: {} is released: every wave passed", short(&r.target));
-        return Step::Write { record: r, message };
+        return Step::Write { record: Box::new(r), message };
     };
     if let Some(why) = &inputs.evidence.unavailable {
         return wait(format!("no evidence, nothing advances: {why}"));
@@ -339,7 +342,7 @@ fn wave_step(inputs: &Inputs, record: &Record, i: usize) -> Step {
         let mut r = record.clone();
         r.waves[i].baked = Some(inputs.now);
         r.waves[i].good = r.target.clone();
-        return Step::Write { record: r, message: format!("fleet: wave {} has no host; passed", w.name) };
+        return Step::Write { record: Box::new(r), message: format!("fleet: wave {} has no host; passed", w.name) };
     }
     let standings: Vec<(String, Standing)> = hosts.iter().map(|h| (h.clone(), judge(inputs, record, w, h))).collect();
     if let Some((host, Standing::Failed { gate, unit, evidence })) =
@@ -377,7 +380,7 @@ fn wave_step(inputs: &Inputs, record: &Record, i: usize) -> Step {
             w.name,
             hosts.len()
         );
-        return Step::Write { record: r, message };
+        return Step::Write { record: Box::new(r), message };
     }
     if !waiting.is_empty() {
         return wait(format!("wave {} waits for {}", w.name, listed(&waiting)));
@@ -392,7 +395,7 @@ fn wave_step(inputs: &Inputs, record: &Record, i: usize) -> Step {
             hosts.len(),
             spec.bake.as_secs()
         );
-        return Step::Write { record: r, message };
+        return Step::Write { record: Box::new(r), message };
     };
     // Times are whole seconds: every host was good at some moment of the second `converged`,
     // so the bake passes only once a whole second after `converged + bake` has begun — never
@@ -414,7 +417,7 @@ fn wave_step(inputs: &Inputs, record: &Record, i: usize) -> Step {
         .map_or("the rollout completes".to_string(), |n| format!("wave {} is next", n.name));
     let message =
         format!("fleet: wave {} baked {} s on {}; {next}", w.name, spec.bake.as_secs(), short(&record.target));
-    Step::Write { record: r, message }
+    Step::Write { record: Box::new(r), message }
 }
 
 /// The halt of a failed gate: the wave's promoted hosts go back to its good revision.
@@ -441,7 +444,7 @@ fn halt(inputs: &Inputs, record: &Record, i: usize, host: &str, unit: &str, gate
         short(&w.good),
         if back.is_empty() { "no host had taken it".to_string() } else { back.join(", ") }
     );
-    Step::Write { record: r, message }
+    Step::Write { record: Box::new(r), message }
 }
 
 /// A new rollout of `head`: every wave starts again from its good revision (a wave that baked
@@ -518,7 +521,7 @@ pub fn halted_by(record: &Record, person: &str, reason: &str, now: u64) -> Resul
         gate: MANUAL.into(),
         evidence: reason.into(),
     });
-    Ok(Step::Write { record: r, message: format!("fleet: halted by {person}: {reason}") })
+    Ok(Step::Write { record: Box::new(r), message: format!("fleet: halted by {person}: {reason}") })
 }
 
 /// A person resumes a halted rollout: the wave that halted promotes again from the start.
@@ -530,7 +533,10 @@ pub fn resumed(record: &Record, person: &str) -> Result<Step, String> {
     let all_baked = r.waves.iter().all(|w| w.baked.is_some());
     r.state = if all_baked { RolloutState::Complete } else { RolloutState::Progressing };
     r.halt = None;
-    Ok(Step::Write { record: r, message: format!("fleet: resumed by {person}: {} rolls on", short(&record.target)) })
+    Ok(Step::Write {
+        record: Box::new(r),
+        message: format!("fleet: resumed by {person}: {} rolls on", short(&record.target)),
+    })
 }
 
 /// UTC time of unix seconds, as the records and messages print it.

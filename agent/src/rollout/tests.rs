@@ -73,7 +73,7 @@ fn step(record: Option<&Record>, head: &str, ev: &Evidence, now: u64) -> Step {
 #[track_caller]
 fn written(s: Step) -> (Record, String) {
     match s {
-        Step::Write { record, message } => (record, message),
+        Step::Write { record, message } => (*record, message),
         Step::Wait { why, .. } => panic!("expected a write, got a wait: {why}"),
     }
 }
@@ -205,7 +205,8 @@ fn a_failed_gate_halts_and_sends_the_waves_promoted_hosts_back() {
 fn each_gate_halts_with_its_figures() {
     let mut r = rollout();
     promote(&mut r, 0, &["gpu-01"], T0 + 1);
-    let cases: Vec<(&str, Box<dyn Fn(&mut HostEvidence)>, &str)> = vec![
+    type Case = (&'static str, Box<dyn Fn(&mut HostEvidence)>, &'static str);
+    let cases: Vec<Case> = vec![
         (
             "accept_length",
             Box::new(|e| e.units.get_mut("llm.service").unwrap().accept_length = Some(1.2)),

@@ -548,9 +548,9 @@ fn main() -> anyhow::Result<()> {
             "\n## Fleet rollout: 20 simulated hosts, 3 waves, bakes of 2 s, apply 500 ms, agents and promoter look every 100 ms\n"
         );
         println!(
-            "| waves (hosts / max_unavailable) | commits | converged (s) | floor: bakes + 1 apply (s) | overhead (s) | bakes + 1 apply per wave (s) |"
+            "| waves (hosts / max_unavailable) | commits | every host on it (s) | released (s) | floor: bakes + 1 apply (s) | released - floor (s) | bakes + 1 apply per wave (s) |"
         );
-        println!("|---|---|---|---|---|---|");
+        println!("|---|---|---|---|---|---|---|");
         fleet_rollout(&[(1, 1), (5, 5), (14, 14)])?;
         fleet_rollout(&[(1, 1), (5, 5), (14, 7)])?;
         fleet_rollout(&[(1, 1), (5, 1), (14, 2)])?;
@@ -638,10 +638,12 @@ fn fleet_rollout(waves: &[(usize, u32)]) -> anyhow::Result<()> {
     };
     let now = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
     let commits = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    // When the promoter pushed the release (the last wave baked).
+    let released: Arc<Mutex<Option<Instant>>> = Arc::new(Mutex::new(None));
     // The promoter: read, decide, write one step; at once again after a write.
     let promoter = {
-        let (cfg, cache, runs, stop, commits, parsed) =
-            (cfg.clone(), cache.clone(), runs.clone(), stop.clone(), commits.clone(), parsed.clone());
+        let (cfg, cache, runs, stop, commits, parsed, released) =
+            (cfg.clone(), cache.clone(), runs.clone(), stop.clone(), commits.clone(), parsed.clone(), released.clone());
         std::thread::spawn(move || -> anyhow::Result<()> {
             let src = specd::GitSource::open(cfg, &cache)?;
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
@@ -668,6 +670,9 @@ fn fleet_rollout(waves: &[(usize, u32)]) -> anyhow::Result<()> {
                             specd::commit_record(&src, record.map(|r| r.0), &r.render(), &message, "b <b@b>", None)?;
                         if let specd::Pushed::Done = specd::push_record(&src, c, parsed.record_branch())? {
                             commits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            if r.state == specd_spec::fleet::RolloutState::Complete {
+                                *released.lock().unwrap() = Some(Instant::now());
+                            }
                         }
                     }
                     Step::Wait { .. } => std::thread::sleep(LOOK),
@@ -681,6 +686,8 @@ fn fleet_rollout(waves: &[(usize, u32)]) -> anyhow::Result<()> {
         commits.load(std::sync::atomic::Ordering::Relaxed) >= 1
     })?;
     std::fs::write(repo.join("specs/llm.yaml"), "v: 2\n")?;
+    // The adoption was a release too: only the new revision's counts.
+    *released.lock().unwrap() = None;
     let start = Instant::now();
     let new = commit("new")?;
     let hosts: Vec<_> = names
@@ -715,6 +722,8 @@ fn fleet_rollout(waves: &[(usize, u32)]) -> anyhow::Result<()> {
     let all_new = || runs.lock().unwrap().values().all(|(r, _)| *r == new);
     wait_until("every host on the new revision", Duration::from_secs(120), all_new)?;
     let converged = runs.lock().unwrap().values().filter_map(|(_, t)| *t).max().unwrap() - start;
+    wait_until("the release", Duration::from_secs(30), || released.lock().unwrap().is_some())?;
+    let released = released.lock().unwrap().unwrap() - start;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     promoter.join().unwrap()?;
     for h in hosts {
@@ -723,12 +732,12 @@ fn fleet_rollout(waves: &[(usize, u32)]) -> anyhow::Result<()> {
     let shape: Vec<String> = waves.iter().map(|(n, m)| format!("{n}/{m}")).collect();
     let floor = BAKE_S as f64 * waves.len() as f64 + APPLY.as_secs_f64();
     let per_wave = (BAKE_S as f64 + APPLY.as_secs_f64()) * waves.len() as f64;
-    let c = converged.as_secs_f64();
+    let (c, r) = (converged.as_secs_f64(), released.as_secs_f64());
     println!(
-        "| {} | {} | {c:.2} | {floor:.2} | {:.2} | {per_wave:.2} |",
+        "| {} | {} | {c:.2} | {r:.2} | {floor:.2} | {:.2} | {per_wave:.2} |",
         shape.join(", "),
         commits.load(std::sync::atomic::Ordering::Relaxed) - 1,
-        c - floor
+        r - floor
     );
     Ok(())
 }

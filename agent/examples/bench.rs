@@ -596,16 +596,7 @@ fn fleet_rollout(waves: &[(usize, u32)]) -> anyhow::Result<()> {
     };
     let old = commit("old")?;
     let parsed = specd_spec::fleet::parse_fleet(&fleet, "fleet.yaml").map_err(|d| anyhow::anyhow!("{d}"))?;
-    let cfg = specd::SourceConfig {
-        repo: repo.display().to_string(),
-        branch: "main".into(),
-        tag: None,
-        path: "specs".into(),
-        token_file: None,
-        ssh_key_file: None,
-        verify: None,
-        ca_file: None,
-    };
+    let cfg = specd::SourceConfig::new(&repo.display().to_string());
     let cache = dir.path().join("cache");
     // What each host runs: (revision, when it finished applying).
     type Runs = BTreeMap<String, (String, Option<Instant>)>;

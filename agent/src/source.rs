@@ -40,6 +40,23 @@ pub struct SourceConfig {
     pub ca_file: Option<PathBuf>,
 }
 
+impl SourceConfig {
+    /// Repository `repo` followed on branch `main`, its specs under `specs/`; no credentials, no
+    /// signatures required.
+    pub fn new(repo: &str) -> SourceConfig {
+        SourceConfig {
+            repo: repo.to_string(),
+            branch: "main".into(),
+            tag: None,
+            path: "specs".into(),
+            token_file: None,
+            ssh_key_file: None,
+            verify: None,
+            ca_file: None,
+        }
+    }
+}
+
 pub struct GitSource {
     pub cfg: SourceConfig,
     repo: Repository,

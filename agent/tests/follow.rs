@@ -105,16 +105,7 @@ fn record(target: &str, released: &str, canary: &str, h100: &str, promoted: &[&s
 }
 
 fn source(r: &Path) -> GitSource {
-    let cfg = SourceConfig {
-        repo: r.to_str().unwrap().to_string(),
-        branch: "main".into(),
-        tag: None,
-        path: "specs".into(),
-        token_file: None,
-        ssh_key_file: None,
-        verify: None,
-        ca_file: None,
-    };
+    let cfg = SourceConfig::new(r.to_str().unwrap());
     GitSource::open(cfg, Path::new("/nonexistent")).unwrap()
 }
 

@@ -15,16 +15,7 @@ const BRANCH: &str = "specd-promotions";
 const AUTHOR: &str = "specd promote <promoter@example.com>";
 
 fn cfg(repo: &str) -> SourceConfig {
-    SourceConfig {
-        repo: repo.to_string(),
-        branch: "main".into(),
-        tag: None,
-        path: "specs".into(),
-        token_file: None,
-        ssh_key_file: None,
-        verify: None,
-        ca_file: None,
-    }
+    SourceConfig::new(repo)
 }
 
 /// A bare repository with one commit on `main`, as the remote every host follows.

@@ -39,16 +39,7 @@ fn commit(r: &Path, steps: u32, msg: &str) -> String {
 }
 
 fn cfg(repo: &str) -> SourceConfig {
-    SourceConfig {
-        repo: repo.to_string(),
-        branch: "main".into(),
-        tag: None,
-        path: "specs".into(),
-        token_file: None,
-        ssh_key_file: None,
-        verify: None,
-        ca_file: None,
-    }
+    SourceConfig::new(repo)
 }
 
 fn steps_of(e: &specd::Evaluation) -> Vec<u32> {

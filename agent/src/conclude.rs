@@ -10,6 +10,7 @@ use specd_spec::short;
 use crate::plan::{Plan, Step, SyncStatus};
 use crate::record::{GoodUnit, HistoryEntry, Outcome, Source, UnitState};
 use crate::recovery::Decision;
+use crate::service::ActiveState;
 use crate::timing;
 
 /// What happens next for a unit.
@@ -35,6 +36,42 @@ pub struct Report {
     /// The reconcile refused to act on the unit (a unit file specd did not write, a unit that
     /// cannot start on this host); a dry run says so too.
     pub refused: bool,
+    /// After an apply that failed or rolled back (or the end of an interrupted rollback):
+    /// whether the service runs. `None` after any other reconcile.
+    pub serving: Option<Serving>,
+}
+
+/// Whether the service runs once an apply that failed or rolled back concluded, as systemd said
+/// then: [`Outcome::Failed`] and [`Outcome::RolledBack`] cover both a unit that serves (the last
+/// good one put back, or the old one never stopped) and one that is down, which this tells
+/// apart (the verdict says `<unit> is DOWN (<state>/<sub>)` for [`Serving::Down`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Serving {
+    /// It runs or comes up (active, activating, reloading).
+    Up,
+    /// It is down: systemd's ActiveState and SubState.
+    Down { active: ActiveState, sub: String },
+    /// systemd could not be asked.
+    Unknown,
+}
+
+impl Serving {
+    /// From what systemd said (`None`: it could not be asked).
+    pub fn of(state: Option<(ActiveState, String)>) -> Serving {
+        match state {
+            None => Serving::Unknown,
+            Some((active, _)) if active.is_up() => Serving::Up,
+            Some((active, sub)) => Serving::Down { active, sub },
+        }
+    }
+
+    /// The words a verdict ends with when the service is down.
+    fn note(&self, unit: &str) -> Option<String> {
+        match self {
+            Serving::Down { active, sub } => Some(format!("{unit} is DOWN ({active}/{sub})")),
+            Serving::Up | Serving::Unknown => None,
+        }
+    }
 }
 
 /// How a verdict that refuses to act on a unit begins.
@@ -118,6 +155,8 @@ pub struct Conclusion {
     pub action: Action,
     pub change: Change,
     pub refused: bool,
+    /// See [`Report::serving`].
+    pub serving: Option<Serving>,
     /// Something was done on the host: a record that cannot be saved is then said in the verdict
     /// (what was done is done), not an error to retry from.
     pub acted: bool,
@@ -131,6 +170,7 @@ impl Conclusion {
             action: Action::AwaitChange,
             change: Change::default(),
             refused: false,
+            serving: None,
             acted: true,
         }
     }
@@ -178,6 +218,7 @@ impl Conclusion {
             stop_verdict,
             action: self.action,
             refused: self.refused,
+            serving: self.serving,
         }
     }
 }
@@ -279,6 +320,7 @@ pub fn settled(st: &UnitState, plan: &Plan, s: &Subject) -> Conclusion {
         action,
         change: Change { finished, good, written: good, record: outcome.filter(|_| !repeated), quarantine_said: None },
         refused: false,
+        serving: None,
         acted: false,
     }
 }
@@ -351,8 +393,8 @@ pub fn interrupted(step: Step, at: Cancelled) -> Conclusion {
 }
 
 /// A rollback that did not finish (specd stopped or died in it) was finished: `r`, how putting
-/// the last good unit `good` back ended; `down`, a note when the service is not running.
-pub fn rollback_finished(s: &Subject, good: &str, r: &Restored, down: Option<String>) -> Conclusion {
+/// the last good unit `good` back ended; `serving`, whether the service runs now.
+pub fn rollback_finished(s: &Subject, good: &str, r: &Restored, serving: Serving) -> Conclusion {
     let (outcome, mut verdict) = match r {
         Restored::Serving => (
             Outcome::RolledBack,
@@ -376,12 +418,13 @@ pub fn rollback_finished(s: &Subject, good: &str, r: &Restored, down: Option<Str
             format!("Failed: {}: restoring the last good unit {}: {step:?} failed: {message}", s.unit, short(good)),
         ),
     };
-    if let Some(down) = down {
+    if let Some(down) = serving.note(s.unit) {
         verdict.push_str(&format!("; {down}"));
     }
     Conclusion {
         outcome: Some(outcome),
         change: Change { finished: true, record: Some(outcome), ..Change::default() },
+        serving: Some(serving),
         ..Conclusion::said(verdict)
     }
 }
@@ -460,19 +503,20 @@ pub fn recovered(s: &Subject, what: &str, r: &Recovered) -> (Outcome, String) {
 }
 
 /// A failed apply's end: the recovery's outcome and verdict (`recovered`), the failed server's
-/// own last word (`said`, quoted in the verdict and the quarantine), a note when the service is
-/// not running (`down`), and what `decision` says follows.
+/// own last word (`said`, quoted in the verdict and the quarantine), whether the service runs
+/// now (`serving`: the verdict says when it is down), and what `decision` says follows.
 pub fn failed(
+    s: &Subject,
     recovered: (Outcome, String),
     said: Option<String>,
-    down: Option<String>,
+    serving: Serving,
     decision: &Decision,
 ) -> Conclusion {
     let (outcome, mut verdict) = recovered;
     if let Some(said) = &said {
         verdict.push_str(&format!("; the server said: {said}"));
     }
-    if let Some(down) = down {
+    if let Some(down) = serving.note(s.unit) {
         verdict.push_str(&format!("; {down}"));
     }
     let action = if decision.requeue { Action::Requeue(timing::FAILED_AGAIN) } else { Action::AwaitChange };
@@ -485,6 +529,7 @@ pub fn failed(
             quarantine_said: said.filter(|_| decision.quarantine),
             ..Change::default()
         },
+        serving: Some(serving),
         ..Conclusion::said(verdict)
     }
 }

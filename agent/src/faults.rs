@@ -11,7 +11,7 @@ use std::sync::Arc;
 use specd_spec::Spec;
 
 use crate::host::fake::{Crashed, FAULTS, FakeHost, Fault, LOAD};
-use crate::reconcile::{self, Action, Ctx, DesiredState, Report, Shutdown};
+use crate::reconcile::{self, Action, Ctx, DesiredState, Report, Serving, Shutdown};
 use crate::state::{Outcome, Store};
 
 const UNIT: &str = "sglang-qwen.service";
@@ -124,16 +124,17 @@ fn check_faulty_run(w: &World, old: &DesiredState, new: &DesiredState, r: &Optio
         _ if died_after && w.host.serving().is_none() => {}
         Some(Outcome::Applied) => assert_eq!(w.host.serving().as_ref(), Some(&new.spec.argv), "{case}: {}", r.verdict),
         Some(Outcome::RolledBack) => {
-            // Or it died right after, and the verdict says the service is down.
-            if !r.verdict.contains("DOWN") {
+            // Or it died right after, and the report says the service is down.
+            if !matches!(r.serving, Some(Serving::Down { .. })) {
                 assert_eq!(w.host.serving().as_ref(), Some(&old.spec.argv), "{case}: {}", r.verdict);
             }
             assert!(st.quarantined(&new.unit.sha256).is_some(), "{case}: rolled back without a quarantine");
         }
         Some(Outcome::Failed) if w.host.serving().is_none() && w.host.alive_count() == 0 => {
             assert!(
-                r.verdict.contains("DOWN"),
-                "{case}: the service is down and the verdict does not say so: {}",
+                matches!(r.serving, Some(Serving::Down { .. })),
+                "{case}: the service is down and the report does not say so: {:?}: {}",
+                r.serving,
                 r.verdict
             )
         }

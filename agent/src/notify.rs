@@ -283,7 +283,15 @@ pub async fn after_reconcile<H: crate::host::Host>(ctx: &Ctx<H>, d: &DesiredStat
         return;
     }
     let quarantined = ctx.store.peek(&d.spec.unit).is_ok_and(|st| st.quarantined(&d.unit.sha256).is_some());
-    let up = ctx.host.show(&d.spec.unit).await.is_ok_and(|p| p.active_state.is_up());
+    // After a failure, what the reconcile found as it concluded (its verdict says the same);
+    // else systemd, now.
+    let up = match &r.serving {
+        Some(crate::reconcile::Serving::Up) => true,
+        Some(crate::reconcile::Serving::Down { .. }) => false,
+        Some(crate::reconcile::Serving::Unknown) | None => {
+            ctx.host.show(&d.spec.unit).await.is_ok_and(|p| p.active_state.is_up())
+        }
+    };
     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
     if let Some(notice) = Notice::of(host, d, r, quarantined, up, took, now) {
         n.send(&notice);
@@ -420,6 +428,7 @@ mod tests {
             stop_verdict: None,
             action: Action::AwaitChange,
             refused: false,
+            serving: None,
         }
     }
 

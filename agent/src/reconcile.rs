@@ -14,7 +14,7 @@ use specd_spec::{RenderedUnit, Spec, base_url_of_argv, exec_start, short};
 
 use crate::cgroup::Lingering;
 use crate::conclude::{self, Cancelled, Conclusion, Recovered, Restore, Restored, Subject};
-pub use crate::conclude::{Action, Report};
+pub use crate::conclude::{Action, Report, Serving};
 use crate::fsx;
 use crate::host::{Host, Watch, unit_path};
 use crate::lock::UnitLock;
@@ -529,8 +529,8 @@ async fn act<H: Host>(
         // A rollback that did not finish (the agent stopped or died in it): finish it.
         let mut sv = None;
         let r = restore(ctx, st, d, &g, Restore::Rollback, &mut sv).await;
-        let down = down_note(ctx, unit).await;
-        let c = conclude::rollback_finished(&subject(d), &g.sha256, &restored_of(r), down);
+        let serving = serving_now(ctx, unit).await;
+        let c = conclude::rollback_finished(&subject(d), &g.sha256, &restored_of(r), serving);
         return Ok((c, sv, started.elapsed().as_millis() as u64));
     }
 
@@ -673,14 +673,14 @@ async fn failed<H: Host>(
     } else {
         None
     };
-    let down = down_note(ctx, unit).await;
-    conclude::failed(conclude::recovered(&subject(d), &what, &recovered), said, down, &decision)
+    let serving = serving_now(ctx, unit).await;
+    let s = subject(d);
+    conclude::failed(&s, conclude::recovered(&s, &what, &recovered), said, serving, &decision)
 }
 
-/// Plain words when a unit's service is not running after an apply.
-async fn down_note<H: Host>(ctx: &Ctx<H>, unit: &str) -> Option<String> {
-    let p = ctx.host.show(unit).await.ok()?;
-    (!p.active_state.is_up()).then(|| format!("{unit} is DOWN ({}/{})", p.active_state, p.sub_state))
+/// Whether the unit's service runs after a failed apply or a rollback, as systemd says now.
+async fn serving_now<H: Host>(ctx: &Ctx<H>, unit: &str) -> Serving {
+    Serving::of(ctx.host.show(unit).await.ok().map(|p| (p.active_state, p.sub_state)))
 }
 
 /// After a failed step: roll back to the last good unit, start it again after a host fault, or

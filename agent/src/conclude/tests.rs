@@ -36,6 +36,11 @@ fn entry(outcome: Outcome, message: &str) -> HistoryEntry {
     }
 }
 
+/// What systemd says of a unit whose start failed.
+fn down() -> Serving {
+    Serving::of(Some((ActiveState::Failed, "failed".into())))
+}
+
 fn decision(spec_fault: bool, stopped: bool, good: bool) -> Decision {
     recovery::after(&Failure {
         step: Step::WaitReady,
@@ -249,7 +254,7 @@ fn a_failed_apply_quotes_the_server_says_when_down_and_follows_the_decision() {
         "WaitReady failed: exit 1",
         &Recovered::Restored { why: Restore::Rollback, good: GOOD.into(), end: Restored::Serving },
     );
-    let c = failed(base, Some("ValueError: no config.json".into()), None, &d);
+    let c = failed(&s, base, Some("ValueError: no config.json".into()), Serving::Up, &d);
     assert_eq!(c.outcome, Some(Outcome::RolledBack));
     assert!(c.verdict.ends_with("; the server said: ValueError: no config.json"), "{}", c.verdict);
     assert_eq!(c.change.quarantine_said.as_deref(), Some("ValueError: no config.json"));
@@ -267,41 +272,87 @@ fn a_failed_apply_quotes_the_server_says_when_down_and_follows_the_decision() {
     // The host's fault after the stop: not quarantined, still in progress, looked at again.
     let d = decision(false, true, true);
     assert!(!d.quarantine && !d.finished && d.requeue);
-    let c = failed(
-        (Outcome::Failed, "Failed: q.service: Start failed".into()),
-        None,
-        Some("q.service is DOWN (failed/failed)".into()),
-        &d,
-    );
+    let c = failed(&s, (Outcome::Failed, "Failed: q.service: Start failed".into()), None, down(), &d);
     assert_eq!(c.action, Action::Requeue(timing::FAILED_AGAIN));
     assert!(!c.change.finished && c.change.quarantine_said.is_none());
     assert!(c.verdict.ends_with("; q.service is DOWN (failed/failed)"), "{}", c.verdict);
     // Words of the server with no quarantine are in the verdict only.
-    let c = failed((Outcome::Failed, "Failed".into()), Some("boom".into()), None, &d);
+    let c = failed(&s, (Outcome::Failed, "Failed".into()), Some("boom".into()), Serving::Unknown, &d);
     assert!(c.change.quarantine_said.is_none() && c.verdict.contains("boom"));
 }
 
 #[test]
 fn a_finished_rollback_says_whether_the_good_unit_serves() {
     let s = subject();
-    let c = rollback_finished(&s, GOOD, &Restored::Serving, None);
+    let c = rollback_finished(&s, GOOD, &Restored::Serving, Serving::Up);
     assert_eq!(c.outcome, Some(Outcome::RolledBack));
     assert_eq!(
         c.verdict,
         "RolledBack: q.service: restored the last good unit bbbbbbbbbbbb; spec aaaaaaaaaaaa stays quarantined"
     );
     assert!(c.change.finished);
-    let c = rollback_finished(
-        &s,
-        GOOD,
-        &Restored::Failed(Step::Start, "exit 1".into()),
-        Some("q.service is DOWN (failed/failed)".into()),
-    );
+    let c = rollback_finished(&s, GOOD, &Restored::Failed(Step::Start, "exit 1".into()), down());
     assert_eq!(c.outcome, Some(Outcome::Failed));
     assert_eq!(
         c.verdict,
         "Failed: q.service: restoring the last good unit bbbbbbbbbbbb: Start failed: exit 1; q.service is DOWN (failed/failed)"
     );
-    let c = rollback_finished(&s, GOOD, &Restored::Cancelled(Step::WaitReady), None);
+    let c = rollback_finished(&s, GOOD, &Restored::Cancelled(Step::WaitReady), Serving::Unknown);
     assert!(c.verdict.ends_with("WaitReady failed: the agent is stopping"), "{}", c.verdict);
+}
+
+#[test]
+fn a_failure_says_whether_the_old_unit_serves_or_the_service_is_down_and_only_down_is_in_the_verdict() {
+    let s = subject();
+    let host_fault = recovered(
+        &s,
+        "WriteUnit failed: disk full",
+        &Recovered::Restored { why: Restore::HostFault, good: GOOD.into(), end: Restored::Serving },
+    );
+    // The host failed after the stop, and the last good unit serves again.
+    let c = failed(&s, host_fault, None, Serving::Up, &decision(false, true, true));
+    assert_eq!((c.outcome, c.serving.clone()), (Some(Outcome::Failed), Some(Serving::Up)));
+    assert_eq!(
+        c.verdict,
+        "Failed: q.service: WriteUnit failed: disk full; started the last good unit bbbbbbbbbbbb again and it serves; unit aaaaaaaaaaaa is tried again later"
+    );
+    // Nothing to roll back to: down, and said so.
+    let none = recovered(&s, "WaitReady failed: exit 1", &Recovered::NoGoodUnit);
+    let c = failed(&s, none, None, down(), &decision(true, true, false));
+    assert_eq!(c.outcome, Some(Outcome::Failed));
+    assert_eq!(c.serving, Some(Serving::Down { active: ActiveState::Failed, sub: "failed".into() }));
+    assert_eq!(c.verdict, "Failed: q.service: WaitReady failed: exit 1; q.service is DOWN (failed/failed)");
+    // Rolled back and serving; rolled back and its server died right after.
+    let back = || {
+        recovered(
+            &s,
+            "WaitReady failed: exit 1",
+            &Recovered::Restored { why: Restore::Rollback, good: GOOD.into(), end: Restored::Serving },
+        )
+    };
+    let c = failed(&s, back(), None, Serving::Up, &decision(true, true, true));
+    assert_eq!((c.outcome, c.serving.clone()), (Some(Outcome::RolledBack), Some(Serving::Up)));
+    assert!(!c.verdict.contains("DOWN"), "{}", c.verdict);
+    let c = failed(&s, back(), None, down(), &decision(true, true, true));
+    assert_eq!(c.outcome, Some(Outcome::RolledBack));
+    assert!(matches!(c.serving, Some(Serving::Down { .. })));
+    assert!(c.verdict.ends_with("is quarantined; q.service is DOWN (failed/failed)"), "{}", c.verdict);
+    // systemd could not be asked: neither up nor down is claimed.
+    let c = failed(&s, back(), None, Serving::Unknown, &decision(true, true, true));
+    assert!(c.serving == Some(Serving::Unknown) && !c.verdict.contains("DOWN"), "{}", c.verdict);
+    // The report carries it; a reconcile that did not fail asks nothing.
+    assert_eq!(c.report(plan(SyncStatus::OutOfSync, &[Step::Start]), None).serving, Some(Serving::Unknown));
+    let r = applied(&plan(SyncStatus::OutOfSync, &[Step::Start]), &s, 1).report(plan(SyncStatus::InSync, &[]), None);
+    assert_eq!(r.serving, None);
+}
+
+#[test]
+fn up_is_active_activating_or_reloading_and_anything_else_is_down() {
+    for a in [ActiveState::Active, ActiveState::Activating, ActiveState::Reloading, ActiveState::Refreshing] {
+        assert_eq!(Serving::of(Some((a, "running".into()))), Serving::Up);
+    }
+    for a in [ActiveState::Inactive, ActiveState::Failed, ActiveState::Deactivating, ActiveState::Maintenance] {
+        assert_eq!(Serving::of(Some((a, "dead".into()))), Serving::Down { active: a, sub: "dead".into() });
+    }
+    assert_eq!(Serving::of(None), Serving::Unknown);
 }

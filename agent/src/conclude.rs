@@ -10,7 +10,7 @@ use specd_spec::short;
 use crate::plan::{Plan, Step, SyncStatus};
 use crate::record::{GoodUnit, HistoryEntry, Outcome, Source, UnitState};
 use crate::recovery::Decision;
-use crate::service::ActiveState;
+use crate::service::{ActiveState, SubState};
 use crate::timing;
 
 /// What happens next for a unit.
@@ -50,14 +50,14 @@ pub enum Serving {
     /// It runs or comes up (active, activating, reloading).
     Up,
     /// It is down: systemd's ActiveState and SubState.
-    Down { active: ActiveState, sub: String },
+    Down { active: ActiveState, sub: SubState },
     /// systemd could not be asked.
     Unknown,
 }
 
 impl Serving {
     /// From what systemd said (`None`: it could not be asked).
-    pub fn of(state: Option<(ActiveState, String)>) -> Serving {
+    pub fn of(state: Option<(ActiveState, SubState)>) -> Serving {
         match state {
             None => Serving::Unknown,
             Some((active, _)) if active.is_up() => Serving::Up,

@@ -4,7 +4,7 @@
 use serde::Serialize;
 use specd_spec::{DriftPolicy, short};
 
-use crate::service::{ActiveState, LoadState, UnitFileState};
+use crate::service::{ActiveState, LoadState, SubState, UnitFileState};
 
 /// What specd saw on the host for one unit.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -15,7 +15,7 @@ pub struct Observed {
     pub drop_ins: Vec<String>,
     pub load_state: LoadState,
     pub active_state: ActiveState,
-    pub sub_state: String,
+    pub sub_state: SubState,
     pub main_pid: u32,
     pub need_daemon_reload: bool,
     /// The file systemd loaded the unit from.
@@ -388,6 +388,32 @@ fn verify_after_ready(d: &Desired) -> Vec<Step> {
     s
 }
 
+/// What a look at a unit specd is stopping finds (its cgroup emptied once), and what follows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stopping {
+    /// Stopped (inactive or failed, no main process): done once its cgroup is empty.
+    Stopped,
+    /// Started again behind specd's back (a `Restart=` timer, a dependency, a person): it is
+    /// stopped again.
+    StopAgain,
+    /// Started again after [`crate::timing::RESTOPS`] stops again in this apply: given up.
+    KeepsStarting,
+    /// Still settling: systemd's next change is waited for (until the stop budget runs out).
+    Settling,
+}
+
+/// `restops`: how many times this apply stopped the unit again already.
+pub fn stopping(active: ActiveState, sub: &SubState, main_pid: u32, restops: u32) -> Stopping {
+    if active.is_stopped() && main_pid == 0 {
+        return Stopping::Stopped;
+    }
+    // Up again, and not the stop's own SIGTERM phase of an instance that is still active.
+    if matches!(active, ActiveState::Active | ActiveState::Activating) && *sub != SubState::StopSigterm {
+        return if restops >= crate::timing::RESTOPS { Stopping::KeepsStarting } else { Stopping::StopAgain };
+    }
+    Stopping::Settling
+}
+
 /// The steps that put a last good unit back (a rollback, or a start after a host fault): the
 /// same race-free sequence as an apply, without the drain (what it stops has failed) and with
 /// the write only when the file on disk is not that unit already (`write`): a write that failed
@@ -424,7 +450,7 @@ mod tests {
             drop_ins: vec![],
             load_state: LoadState::Loaded,
             active_state: "active".into(),
-            sub_state: "running".into(),
+            sub_state: SubState::Running,
             main_pid: 42,
             need_daemon_reload: false,
             fragment_path: d.fragment_path.clone(),
@@ -658,7 +684,7 @@ mod tests {
         assert_eq!(plan(&o, &desired()).sync, SyncStatus::Progressing);
         let mut o = in_sync();
         o.active_state = "activating".into();
-        o.sub_state = "auto-restart".into();
+        o.sub_state = SubState::AutoRestart;
         o.main_pid = 0;
         o.main_cmdline = None;
         let p = plan(&o, &desired());
@@ -878,5 +904,27 @@ mod tests {
     fn a_restore_stops_until_empty_before_it_writes_and_proves_what_it_started() {
         assert_eq!(restore_steps(true), [Stop, WaitStopped, WriteUnit, Reload, Start, VerifyCmdline, WaitReady]);
         assert_eq!(restore_steps(false), [Stop, WaitStopped, Reload, Start, VerifyCmdline, WaitReady]);
+    }
+
+    #[test]
+    fn a_unit_started_again_while_specd_stops_it_is_stopped_again_at_most_three_times() {
+        use ActiveState::*;
+        // Stopped means inactive or failed with no main process.
+        assert_eq!(stopping(Inactive, &SubState::Dead, 0, 0), Stopping::Stopped);
+        assert_eq!(stopping(Failed, &SubState::Failed, 0, 3), Stopping::Stopped);
+        assert_eq!(stopping(Failed, &SubState::Failed, 42, 0), Stopping::Settling);
+        // Up again (Restart=, a dependency, a person): stopped again, three times, then given up.
+        for (active, sub) in
+            [(Active, SubState::Running), (Activating, SubState::Start), (Activating, SubState::AutoRestart)]
+        {
+            let again: Vec<Stopping> = (0..5).map(|n| stopping(active, &sub, 7, n)).collect();
+            assert_eq!(again[..3], [Stopping::StopAgain; 3], "{active}/{sub}");
+            assert_eq!(again[3..], [Stopping::KeepsStarting; 2], "{active}/{sub}");
+            assert_eq!(crate::timing::RESTOPS, 3);
+        }
+        // Still in the stop's own SIGTERM phase, or deactivating: waited for, never stopped again.
+        assert_eq!(stopping(Active, &SubState::StopSigterm, 7, 0), Stopping::Settling);
+        assert_eq!(stopping(Deactivating, &SubState::StopSigkill, 7, 5), Stopping::Settling);
+        assert_eq!(stopping(Unknown, &SubState::default(), 0, 0), Stopping::Settling);
     }
 }

@@ -18,11 +18,11 @@ pub use crate::conclude::{Action, Report, Serving};
 use crate::fsx;
 use crate::host::{Host, Watch, unit_path};
 use crate::lock::UnitLock;
-use crate::plan::{self, Desired, Observed, Plan, Step};
+use crate::plan::{self, Desired, Observed, Plan, Step, Stopping};
 use crate::probe::{self, Health};
-use crate::recovery::{self, FaultKind, LastGood, Recovery};
+use crate::recovery::{self, Death, FaultKind, LastGood, Recovery};
 use crate::state::{self, GoodUnit, InProgress, Phase, Quarantined, Source, Store, UnitState};
-use crate::systemd::{ActiveState, LoadState, UnitProps};
+use crate::systemd::{ActiveState, LoadState, ServiceResult, UnitProps};
 
 use crate::timing::readiness_backoff;
 use crate::timing::{self, SpecWaits};
@@ -855,7 +855,7 @@ pub async fn prune<H: Host>(ctx: &Ctx<H>, unit: &str) {
 
 /// A stop that ended in SIGKILL, in plain words.
 pub fn sigkill_verdict(props: &UnitProps, timeout_stop: Duration, in_flight: Option<i64>) -> Option<String> {
-    if props.result == "timeout" {
+    if props.result == ServiceResult::Timeout {
         let reqs = match in_flight {
             Some(n) if n >= 0 => format!(" while {n} requests were in flight"),
             _ => String::new(),
@@ -895,52 +895,48 @@ async fn run_steps<H: Host>(
     };
     let r = run.steps(st, steps, stop).await;
     stop.followed_by = std::mem::take(&mut run.started_invocation);
-    match (r, run.ready_pid) {
-        (Err(f), Some(pid)) if f.cancelled_at().is_none() => {
-            // The server had answered ready: if it is gone now, it crashed after readiness. (A
-            // systemd that cannot be asked is no evidence either way: the process table is.)
-            let props = ctx.host.show(unit).await.unwrap_or_default();
-            let replaced = props.main_pid != 0 && props.main_pid != pid;
-            if !ctx.host.alive(pid) || replaced {
-                return Err(StepFailure {
-                    message: format!(
-                        "the server crashed after it was ready (pid {pid} is gone; Result={}, status {}, {} restarts): {}",
-                        props.result,
-                        props.exit_status(),
-                        props.n_restarts,
-                        f.message
-                    ),
-                    cause: Cause::Fault(FaultKind::Crashed),
-                    ..f
-                });
-            }
-            Err(f)
-        }
-        // Killed from outside while it started or loaded (it may have answered ready to someone
-        // else a moment before specd asked): like a crash after readiness, no verdict on a unit
-        // that passed verification before. Not when the server said why it failed: SGLang kills
-        // its own process tree with SIGKILL when a child fails to load.
-        (Err(f), None) if f.fault().of_spec() && matches!(f.step, Step::VerifyCmdline | Step::WaitReady) => {
-            let props = ctx.host.show(unit).await.unwrap_or_default();
-            if !killed_from_outside(&props) {
-                return Err(f);
-            }
-            let said = ctx.host.ending(unit, &stop.followed_by, timing::ENDING_WITHIN).await;
-            if said.is_some_and(|e| e.engine_error.is_some()) {
-                return Err(f);
-            }
-            Err(StepFailure {
-                message: format!(
-                    "{}: killed by signal {} from outside (a person, a script, an OOM killer), not by its own error",
-                    f.message,
-                    props.exit_status()
-                ),
-                cause: Cause::Fault(FaultKind::Crashed),
-                ..f
-            })
-        }
-        (r, _) => r,
+    let Err(f) = r else { return Ok(()) };
+    if f.cancelled_at().is_some() || !recovery::may_be_a_death(f.step, f.fault(), run.ready_pid.is_some()) {
+        return Err(f);
     }
+    // The server had answered ready, or failed to start or load: gone since, or killed from
+    // outside? (A systemd that cannot be asked is no evidence either way: the process table is.)
+    let props = ctx.host.show(unit).await.unwrap_or_default();
+    let found = recovery::Found {
+        ready: run.ready_pid.map(|pid| (pid, ctx.host.alive(pid))),
+        main_pid: props.main_pid,
+        result: &props.result,
+        exec_main_code: props.exec_main_code,
+        exec_main_status: props.exec_main_status,
+    };
+    let Some(death) = recovery::death(f.step, f.fault(), &found) else { return Err(f) };
+    let said_own_error = match death {
+        Death::AfterReady => false,
+        Death::FromOutside => ctx
+            .host
+            .ending(unit, &stop.followed_by, timing::ENDING_WITHIN)
+            .await
+            .is_some_and(|e| e.engine_error.is_some()),
+    };
+    if !recovery::excuses(death, said_own_error) {
+        return Err(f);
+    }
+    let message = match death {
+        Death::AfterReady => format!(
+            "the server crashed after it was ready (pid {} is gone; Result={}, status {}, {} restarts): {}",
+            run.ready_pid.unwrap_or_default(),
+            props.result,
+            props.exit_status(),
+            props.n_restarts,
+            f.message
+        ),
+        Death::FromOutside => format!(
+            "{}: killed by signal {} from outside (a person, a script, an OOM killer), not by its own error",
+            f.message,
+            props.exit_status()
+        ),
+    };
+    Err(StepFailure { message, cause: Cause::Fault(FaultKind::Crashed), ..f })
 }
 
 /// One apply's (or restore's) steps on one unit: what the steps share while they run.
@@ -1397,38 +1393,38 @@ async fn wait_stopped_state<H: Host>(ctx: &Ctx<H>, unit: &str, deadline: Instant
     let mut changes = ctx.host.watch(unit).await;
     loop {
         let props = ctx.host.show(unit).await.map_err(|e| format!("{e:#}"))?;
-        if props.is_stopped() {
-            if !ctx.host.populated(&props.control_group) {
-                return Ok(props);
+        match plan::stopping(props.active_state, &props.sub_state, props.main_pid, restops) {
+            Stopping::Stopped => {
+                if !ctx.host.populated(&props.control_group) {
+                    return Ok(props);
+                }
+                // Stopped, and a process entered the cgroup after it emptied (a stop-post
+                // command...): until it is empty again, which is no change of the unit's state.
+                if let Err(left) = ctx.host.wait_empty(&props.control_group, deadline, || {}).await {
+                    let pids: Vec<String> = left.iter().map(|l| l.pid.to_string()).collect();
+                    return Err(format!("{unit} is stopped but pids {} stay in its cgroup", pids.join(", ")));
+                }
+                continue;
             }
-            // Stopped, and a process entered the cgroup after it emptied (a stop-post
-            // command...): until it is empty again, which is no change of the unit's state.
-            if let Err(left) = ctx.host.wait_empty(&props.control_group, deadline, || {}).await {
-                let pids: Vec<String> = left.iter().map(|l| l.pid.to_string()).collect();
-                return Err(format!("{unit} is stopped but pids {} stay in its cgroup", pids.join(", ")));
-            }
-            continue;
-        }
-        if matches!(props.active_state, ActiveState::Active | ActiveState::Activating)
-            && props.sub_state != "stop-sigterm"
-        {
-            // Restarted behind specd's back (Restart= timer, a dependency, a person).
-            if restops >= timing::RESTOPS {
+            Stopping::KeepsStarting => {
                 return Err(format!(
                     "{unit} keeps being started again while specd stops it ({}/{})",
                     props.active_state, props.sub_state
                 ));
             }
-            restops += 1;
-            (ctx.events)(
-                unit,
-                &Event::Warning(format!(
-                    "{unit} was started again while stopping ({}); stopping it again",
-                    props.sub_state
-                )),
-            );
-            ctx.host.stop(unit, true).await.map_err(|e| format!("{e:#}"))?;
-            continue;
+            Stopping::StopAgain => {
+                restops += 1;
+                (ctx.events)(
+                    unit,
+                    &Event::Warning(format!(
+                        "{unit} was started again while stopping ({}); stopping it again",
+                        props.sub_state
+                    )),
+                );
+                ctx.host.stop(unit, true).await.map_err(|e| format!("{e:#}"))?;
+                continue;
+            }
+            Stopping::Settling => {}
         }
         if Instant::now() >= deadline {
             return Err(format!("{unit} did not reach a stopped state ({}/{})", props.active_state, props.sub_state));
@@ -1446,12 +1442,6 @@ async fn wait_stopped_state<H: Host>(ctx: &Ctx<H>, unit: &str, deadline: Instant
 enum Waited {
     Spec(String),
     Host(String),
-}
-
-/// The server's end was a SIGKILL or SIGTERM that did not come from its own error (a person, a
-/// script, an OOM killer systemd did not see; the engines exit with a status when they fail).
-fn killed_from_outside(p: &UnitProps) -> bool {
-    p.result == "signal" && p.exec_main_code == 2 && matches!(p.exec_main_status, 9 | 15)
 }
 
 /// Poll the readiness endpoint until 200, with a short capped backoff, while checking that the
@@ -1589,13 +1579,14 @@ mod tests {
 
     #[test]
     fn a_stop_timeout_is_named_a_sigkill_and_not_an_oom() {
-        let p = UnitProps { result: "timeout".into(), exec_main_code: 2, exec_main_status: 9, ..Default::default() };
+        let p =
+            UnitProps { result: ServiceResult::Timeout, exec_main_code: 2, exec_main_status: 9, ..Default::default() };
         let v = sigkill_verdict(&p, Duration::from_secs(300), Some(16)).unwrap();
         assert_eq!(
             v,
             "stopped by SIGKILL after TimeoutStopSec=300s while 16 requests were in flight — not an OOM: the server was still draining when systemd's stop timeout ran out"
         );
-        let clean = UnitProps { result: "success".into(), exec_main_code: 1, ..Default::default() };
+        let clean = UnitProps { result: ServiceResult::Success, exec_main_code: 1, ..Default::default() };
         assert_eq!(sigkill_verdict(&clean, Duration::from_secs(300), Some(0)), None);
     }
 }

@@ -3,7 +3,7 @@
 //! tested without a machine. The reconciler carries it out.
 
 use crate::plan::Step;
-use crate::service::ActiveState;
+use crate::service::{ActiveState, ServiceResult};
 
 /// Whose fault a failed step is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -118,6 +118,65 @@ pub fn failed_start(active: ActiveState, new_instance: bool) -> FailedStart {
     } else {
         FailedStart::Host
     }
+}
+
+/// A death of the server specd started that takes a failed step off the spec's account: no
+/// verdict on a unit that passed verification before ([`FaultKind::Crashed`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Death {
+    /// It had answered ready, and its process is gone (or systemd runs another one now): it
+    /// crashed after readiness.
+    AfterReady,
+    /// SIGKILL or SIGTERM from outside (a person, a script, an OOM killer systemd did not see)
+    /// while it started or loaded: it may have answered ready to someone else a moment before
+    /// specd asked. Not when the server said a fatal error of its own (see [`excuses`]).
+    FromOutside,
+}
+
+/// What is found of the server once a step after its start failed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Found<'a> {
+    /// The pid that answered ready, and whether it still runs (`None`: it never answered).
+    pub ready: Option<(u32, bool)>,
+    /// systemd's `MainPID`, `Result`, `ExecMainCode` and `ExecMainStatus` now.
+    pub main_pid: u32,
+    pub result: &'a ServiceResult,
+    pub exec_main_code: u32,
+    pub exec_main_status: i32,
+}
+
+/// Whether a failed step is looked at again for a [`Death`] (systemd and the process table
+/// asked): the server had answered ready (`ready`), or the spec's server failed to start or load
+/// (a kill from outside looks like that). A cancelled step is never.
+pub fn may_be_a_death(step: Step, fault: FaultKind, ready: bool) -> bool {
+    ready || (fault.of_spec() && matches!(step, Step::VerifyCmdline | Step::WaitReady))
+}
+
+/// The death that may take a failed step off the spec's account, from what was found.
+pub fn death(step: Step, fault: FaultKind, found: &Found) -> Option<Death> {
+    match found.ready {
+        Some((pid, alive)) => {
+            let replaced = found.main_pid != 0 && found.main_pid != pid;
+            (!alive || replaced).then_some(Death::AfterReady)
+        }
+        None => (may_be_a_death(step, fault, false) && killed_from_outside(found)).then_some(Death::FromOutside),
+    }
+}
+
+/// Whether `death` takes the failure off the spec's account: a crash after readiness always; a
+/// kill from outside unless the server said a fatal error of its own first (SGLang kills its
+/// own process tree with SIGKILL when a child fails to load).
+pub fn excuses(death: Death, said_own_error: bool) -> bool {
+    match death {
+        Death::AfterReady => true,
+        Death::FromOutside => !said_own_error,
+    }
+}
+
+/// The server's end was a SIGKILL or SIGTERM (`Result=signal`, killed: code 2) that did not
+/// come from its own error: the engines exit with a status when they fail.
+fn killed_from_outside(f: &Found) -> bool {
+    *f.result == ServiceResult::Signal && f.exec_main_code == 2 && matches!(f.exec_main_status, 9 | 15)
 }
 
 /// Steps after which the instance that ran before is gone.
@@ -262,5 +321,52 @@ mod tests {
         assert_eq!(LastGood::of(Some("a"), "a"), LastGood::Desired);
         assert_eq!(LastGood::of(Some("b"), "a"), LastGood::Other);
         assert!(FaultKind::Spec.of_spec() && FaultKind::Crashed.of_spec() && !FaultKind::Host.of_spec());
+    }
+
+    fn found(ready: Option<(u32, bool)>, main_pid: u32, result: &ServiceResult, signal: i32) -> Found<'_> {
+        Found { ready, main_pid, result, exec_main_code: if signal > 0 { 2 } else { 1 }, exec_main_status: signal }
+    }
+
+    #[test]
+    fn a_server_gone_or_replaced_after_it_answered_ready_crashed_after_readiness() {
+        let (signal, exit) = (ServiceResult::Signal, ServiceResult::ExitCode);
+        for step in [Step::VerifyArgs, Step::VerifySpeculation, Step::Enable] {
+            for fault in [FaultKind::Spec, FaultKind::Host] {
+                // Gone, whatever its end; or systemd restarted it (another main pid).
+                assert_eq!(death(step, fault, &found(Some((7, false)), 0, &exit, 0)), Some(Death::AfterReady));
+                assert_eq!(death(step, fault, &found(Some((7, true)), 8, &signal, 9)), Some(Death::AfterReady));
+                // It still runs: the step's failure stands (a wrong arg is the spec's).
+                assert_eq!(death(step, fault, &found(Some((7, true)), 7, &exit, 0)), None);
+                assert_eq!(death(step, fault, &found(Some((7, true)), 0, &exit, 0)), None);
+            }
+        }
+        assert!(may_be_a_death(Step::VerifyArgs, FaultKind::Host, true));
+        assert!(excuses(Death::AfterReady, true) && excuses(Death::AfterReady, false));
+    }
+
+    #[test]
+    fn a_server_killed_from_outside_while_it_loads_is_no_verdict_unless_it_said_its_own_error() {
+        let signal = ServiceResult::Signal;
+        for step in [Step::VerifyCmdline, Step::WaitReady] {
+            for sig in [9, 15] {
+                assert_eq!(death(step, FaultKind::Spec, &found(None, 0, &signal, sig)), Some(Death::FromOutside));
+            }
+            // Its own exit, a signal it raised itself (SIGABRT, SIGSEGV), or systemd's timeout.
+            assert_eq!(death(step, FaultKind::Spec, &found(None, 0, &ServiceResult::ExitCode, 0)), None);
+            assert_eq!(death(step, FaultKind::Spec, &found(None, 0, &ServiceResult::CoreDump, 6)), None);
+            assert_eq!(death(step, FaultKind::Spec, &found(None, 0, &signal, 11)), None);
+            assert_eq!(death(step, FaultKind::Spec, &found(None, 0, &ServiceResult::Timeout, 9)), None);
+            // The host's failure is never the server's death.
+            assert!(!may_be_a_death(step, FaultKind::Host, false));
+            assert_eq!(death(step, FaultKind::Host, &found(None, 0, &signal, 9)), None);
+        }
+        // Before the start, or a check after readiness the server never reached: not looked at.
+        for step in [Step::Start, Step::Reload, Step::VerifyArgs] {
+            assert!(!may_be_a_death(step, FaultKind::Spec, false));
+            assert_eq!(death(step, FaultKind::Spec, &found(None, 0, &signal, 9)), None);
+        }
+        // SGLang SIGKILLs its own tree when a child fails: its words say so, and the kill stands.
+        assert!(excuses(Death::FromOutside, false));
+        assert!(!excuses(Death::FromOutside, true));
     }
 }

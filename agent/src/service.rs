@@ -203,6 +203,121 @@ impl std::fmt::Display for UnitFileState {
     }
 }
 
+/// A closed list of systemd's words for one property, as an enum with [`Other`] for a word this
+/// specd does not know (a newer systemd's, another unit type's), kept as systemd wrote it: parsed
+/// once where it is read, printed and serialized back exactly.
+macro_rules! systemd_words {
+    ($(#[$m:meta])* $name:ident { $($(#[$vm:meta])* $v:ident = $s:literal,)* }) => {
+        $(#[$m])*
+        #[derive(Clone, Debug, PartialEq, Eq)]
+        pub enum $name {
+            $($(#[$vm])* $v,)*
+            /// A word this specd does not know, as systemd wrote it (empty: not told).
+            Other(String),
+        }
+
+        impl $name {
+            /// Every word this specd knows.
+            pub const KNOWN: &[$name] = &[$($name::$v,)*];
+
+            pub fn parse(s: &str) -> $name {
+                match s {
+                    $($s => $name::$v,)*
+                    other => $name::Other(other.to_string()),
+                }
+            }
+
+            pub fn as_str(&self) -> &str {
+                match self {
+                    $($name::$v => $s,)*
+                    $name::Other(s) => s,
+                }
+            }
+
+            /// Not told (systemd could not be asked, or has no value).
+            pub fn is_empty(&self) -> bool {
+                self.as_str().is_empty()
+            }
+        }
+
+        impl Default for $name {
+            fn default() -> $name {
+                $name::Other(String::new())
+            }
+        }
+
+        impl From<&str> for $name {
+            fn from(s: &str) -> $name {
+                $name::parse(s)
+            }
+        }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+
+        impl serde::Serialize for $name {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_str(self.as_str())
+            }
+        }
+    };
+}
+
+systemd_words! {
+    /// A service's `SubState` (systemd's `service_state_table`), parsed once.
+    SubState {
+        Dead = "dead",
+        Condition = "condition",
+        StartPre = "start-pre",
+        Start = "start",
+        StartPost = "start-post",
+        Running = "running",
+        Exited = "exited",
+        Reload = "reload",
+        ReloadSignal = "reload-signal",
+        ReloadNotify = "reload-notify",
+        Stop = "stop",
+        StopWatchdog = "stop-watchdog",
+        StopSigterm = "stop-sigterm",
+        StopSigkill = "stop-sigkill",
+        StopPost = "stop-post",
+        FinalWatchdog = "final-watchdog",
+        FinalSigterm = "final-sigterm",
+        FinalSigkill = "final-sigkill",
+        Failed = "failed",
+        DeadBeforeAutoRestart = "dead-before-auto-restart",
+        FailedBeforeAutoRestart = "failed-before-auto-restart",
+        DeadResourcesPinned = "dead-resources-pinned",
+        /// Waiting for `RestartSec=` before systemd starts it again.
+        AutoRestart = "auto-restart",
+        AutoRestartQueued = "auto-restart-queued",
+        Cleaning = "cleaning",
+    }
+}
+
+systemd_words! {
+    /// A service's `Result` (how its last run ended: systemd's `service_result_table`), parsed
+    /// once.
+    ServiceResult {
+        Success = "success",
+        Resources = "resources",
+        Protocol = "protocol",
+        /// A start, stop or runtime timeout (a stop's ends in SIGKILL).
+        Timeout = "timeout",
+        ExitCode = "exit-code",
+        /// Killed by a signal it did not handle.
+        Signal = "signal",
+        CoreDump = "core-dump",
+        Watchdog = "watchdog",
+        StartLimitHit = "start-limit-hit",
+        OomKill = "oom-kill",
+        SkipCondition = "skip-condition",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -238,5 +353,27 @@ mod tests {
         }
         assert!(up.iter().all(|s| s.is_up() && s.may_run()));
         assert!(ActiveState::Deactivating.may_run());
+    }
+
+    #[test]
+    fn sub_states_and_results_read_back_as_written_and_an_unknown_word_is_kept() {
+        for s in SubState::KNOWN {
+            assert_eq!(&SubState::parse(s.as_str()), s);
+            assert_eq!(serde_json::to_string(s).unwrap(), format!("\"{s}\""));
+        }
+        for r in ServiceResult::KNOWN {
+            assert_eq!(&ServiceResult::parse(r.as_str()), r);
+        }
+        assert_eq!(SubState::parse("stop-sigterm"), SubState::StopSigterm);
+        assert_eq!(ServiceResult::parse("oom-kill"), ServiceResult::OomKill);
+        // A word of a newer systemd, or of another unit type, is kept and printed as it was.
+        let new = SubState::parse("frobnicating");
+        assert_eq!(
+            (new.to_string(), serde_json::to_string(&new).unwrap()),
+            ("frobnicating".into(), "\"frobnicating\"".into())
+        );
+        assert_eq!(ServiceResult::parse("exec-condition"), ServiceResult::Other("exec-condition".into()));
+        assert!(SubState::default().is_empty() && ServiceResult::parse("").is_empty());
+        assert!(!ServiceResult::Success.is_empty());
     }
 }

@@ -11,7 +11,7 @@ use std::time::Duration;
 use anyhow::{Context, Result, anyhow, bail};
 
 use crate::dbus::{Address, Bus, Message, Value};
-pub use crate::service::{ActiveState, LoadState, UnitFileState};
+pub use crate::service::{ActiveState, LoadState, ServiceResult, SubState, UnitFileState};
 
 /// The properties specd reads.
 pub const PROPS: &[&str] = &[
@@ -40,8 +40,8 @@ pub const PROPS: &[&str] = &[
 pub struct UnitProps {
     pub load_state: LoadState,
     pub active_state: ActiveState,
-    pub sub_state: String,
-    pub result: String,
+    pub sub_state: SubState,
+    pub result: ServiceResult,
     pub exec_main_code: u32,
     pub exec_main_status: i32,
     pub main_pid: u32,
@@ -65,8 +65,8 @@ impl UnitProps {
         UnitProps {
             load_state: LoadState::parse(&s("LoadState")),
             active_state: ActiveState::parse(&s("ActiveState")),
-            sub_state: s("SubState"),
-            result: s("Result"),
+            sub_state: SubState::parse(&s("SubState")),
+            result: ServiceResult::parse(&s("Result")),
             exec_main_code: n("ExecMainCode") as u32,
             exec_main_status: m.get("ExecMainStatus").and_then(|v| v.parse().ok()).unwrap_or(0),
             main_pid: n("MainPID") as u32,
@@ -410,8 +410,8 @@ impl UnitProps {
         UnitProps {
             load_state: LoadState::parse(&s("LoadState")),
             active_state: ActiveState::parse(&s("ActiveState")),
-            sub_state: s("SubState"),
-            result: s("Result"),
+            sub_state: SubState::parse(&s("SubState")),
+            result: ServiceResult::parse(&s("Result")),
             exec_main_code: i32_("ExecMainCode") as u32,
             exec_main_status: i32_("ExecMainStatus"),
             main_pid: u32_("MainPID"),
@@ -436,7 +436,7 @@ mod tests {
         let p = UnitProps::parse(
             "LoadState=loaded\nActiveState=failed\nSubState=failed\nResult=timeout\nExecMainCode=2\nExecMainStatus=9\nMainPID=0\nNRestarts=3\nNeedDaemonReload=yes\nDropInPaths=/etc/systemd/system/x.service.d/a.conf /run/systemd/system/x.service.d/b.conf\n",
         );
-        assert_eq!(p.result, "timeout");
+        assert_eq!(p.result, ServiceResult::Timeout);
         assert!(p.need_daemon_reload);
         assert_eq!(p.exit_status(), "9/KILL");
         assert_eq!(p.drop_in_paths.len(), 2);
@@ -513,8 +513,8 @@ mod bus_tests {
         assert!(format!("{e:#}").contains("starting killed.service: the job ended with result 'failed'"), "{e:#}");
         let p = show("killed.service");
         assert_eq!(
-            (p.active_state, p.result.as_str(), p.exit_status().as_str()),
-            (ActiveState::Failed, "signal", "9/KILL")
+            (p.active_state, p.result.clone(), p.exit_status().as_str()),
+            (ActiveState::Failed, ServiceResult::Signal, "9/KILL")
         );
         assert_eq!(p, by_systemctl("killed.service"));
 

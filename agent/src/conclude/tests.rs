@@ -38,7 +38,7 @@ fn entry(outcome: Outcome, message: &str) -> HistoryEntry {
 
 /// What systemd says of a unit whose start failed.
 fn down() -> Serving {
-    Serving::of(Some((ActiveState::Failed, "failed".into())))
+    Serving::of(Some((ActiveState::Failed, SubState::Failed)))
 }
 
 fn decision(spec_fault: bool, stopped: bool, good: bool) -> Decision {
@@ -320,7 +320,7 @@ fn a_failure_says_whether_the_old_unit_serves_or_the_service_is_down_and_only_do
     let none = recovered(&s, "WaitReady failed: exit 1", &Recovered::NoGoodUnit);
     let c = failed(&s, none, None, down(), &decision(true, true, false));
     assert_eq!(c.outcome, Some(Outcome::Failed));
-    assert_eq!(c.serving, Some(Serving::Down { active: ActiveState::Failed, sub: "failed".into() }));
+    assert_eq!(c.serving, Some(Serving::Down { active: ActiveState::Failed, sub: SubState::Failed }));
     assert_eq!(c.verdict, "Failed: q.service: WaitReady failed: exit 1; q.service is DOWN (failed/failed)");
     // Rolled back and serving; rolled back and its server died right after.
     let back = || {
@@ -349,10 +349,10 @@ fn a_failure_says_whether_the_old_unit_serves_or_the_service_is_down_and_only_do
 #[test]
 fn up_is_active_activating_or_reloading_and_anything_else_is_down() {
     for a in [ActiveState::Active, ActiveState::Activating, ActiveState::Reloading, ActiveState::Refreshing] {
-        assert_eq!(Serving::of(Some((a, "running".into()))), Serving::Up);
+        assert_eq!(Serving::of(Some((a, SubState::Running))), Serving::Up);
     }
     for a in [ActiveState::Inactive, ActiveState::Failed, ActiveState::Deactivating, ActiveState::Maintenance] {
-        assert_eq!(Serving::of(Some((a, "dead".into()))), Serving::Down { active: a, sub: "dead".into() });
+        assert_eq!(Serving::of(Some((a, SubState::Dead))), Serving::Down { active: a, sub: SubState::Dead });
     }
     assert_eq!(Serving::of(None), Serving::Unknown);
 }

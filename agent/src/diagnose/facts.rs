@@ -4,6 +4,7 @@
 
 use super::fatal::{Fatal, Level, fatal, level};
 use super::{Evidence, Line, Origin, REQUEST_WINDOW_US, UnitView};
+use crate::service::ServiceResult;
 
 /// The engines' own out-of-GPU-memory messages.
 pub const CUDA_OOM_SIGNATURES: &[(&str, &str)] = &[
@@ -231,7 +232,7 @@ pub(super) struct Facts<'a> {
     pub exit_line: Option<&'a Line>,
     /// systemd's `Result=`: its properties (once ended), else "Failed with result '…'", else
     /// `success` after "Deactivated successfully.".
-    pub result: Option<&'a str>,
+    pub result: Option<ServiceResult>,
     pub result_line: Option<&'a Line>,
     pub success_line: Option<&'a Line>,
     /// systemd's stop (or restart) job of this instance.
@@ -277,10 +278,11 @@ impl<'a> Facts<'a> {
         let result_line = sys.iter().copied().rfind(|l| l.message.contains("Failed with result '"));
         let success_line = find(&|m| m.ends_with("Deactivated successfully.") || m.ends_with(": Succeeded."));
         let result = match props {
-            Some(p) if !p.props.result.is_empty() && !live => Some(p.props.result.as_str()),
+            Some(p) if !p.props.result.is_empty() && !live => Some(p.props.result.clone()),
             _ => result_line
                 .and_then(|l| quoted_after(&l.message, "Failed with result '"))
-                .or_else(|| success_line.map(|_| "success")),
+                .map(ServiceResult::parse)
+                .or_else(|| success_line.map(|_| ServiceResult::Success)),
         };
         let ended = exit_line.or(result_line).or(success_line).or(sys.last().copied()).map(|l| l.time_us);
 
@@ -328,7 +330,7 @@ impl<'a> Facts<'a> {
         }
     }
 
-    pub fn result_is(&self, r: &str) -> bool {
+    pub fn result_is(&self, r: ServiceResult) -> bool {
         self.result == Some(r)
     }
 
@@ -352,12 +354,12 @@ impl<'a> Facts<'a> {
     /// signal, or a SIGKILL that systemd did not send (SGLang kills its own tree once drained).
     pub fn ended_as_asked(&self) -> bool {
         let by_status = match self.exit {
-            None => self.result_is("success"),
+            None => self.result_is(ServiceResult::Success),
             Some(Exit::Exited(0)) => true,
             Some(Exit::Killed(s)) => matches!(s, 1 | 2 | 13 | 15) || (s == 9 && !self.killed_by_systemd()),
             _ => false,
         };
-        by_status || self.result_is("success")
+        by_status || self.result_is(ServiceResult::Success)
     }
 
     /// A stop job ended it, the way a requested stop ends.
@@ -367,7 +369,8 @@ impl<'a> Facts<'a> {
 
     /// A terminating signal (not SIGKILL) ended it, and systemd counts that a success.
     pub fn clean_signal(&self) -> bool {
-        matches!(self.exit, Some(Exit::Killed(1 | 2 | 13 | 15))) && self.result.is_none_or(|r| r == "success")
+        matches!(self.exit, Some(Exit::Killed(1 | 2 | 13 | 15)))
+            && self.result.as_ref().is_none_or(|r| *r == ServiceResult::Success)
     }
 
     /// Without a stop job, it exited 0 (or on a terminating signal, or systemd says success).
@@ -375,6 +378,6 @@ impl<'a> Facts<'a> {
         self.stop_job.is_none()
             && (self.exit == Some(Exit::Exited(0))
                 || self.clean_signal()
-                || (self.exit.is_none() && self.result_is("success")))
+                || (self.exit.is_none() && self.result_is(ServiceResult::Success)))
     }
 }

@@ -181,7 +181,7 @@ impl UnitView {
     /// The instance still runs (or is starting, stopping, reloading), and is not waiting to be
     /// restarted.
     pub fn is_live(&self) -> bool {
-        self.props.active_state.may_run() && self.props.sub_state != "auto-restart"
+        self.props.active_state.may_run() && self.props.sub_state != crate::service::SubState::AutoRestart
     }
 }
 

@@ -6,6 +6,7 @@ use std::collections::BTreeSet;
 use super::facts::{Exit, Facts, Requester, Stale};
 use super::parse::{format_us, is_kernel_oom_line};
 use super::{Evidence, EvidenceLine, Line, Origin, Verdict};
+use crate::service::ServiceResult;
 
 /// What a narration tells.
 pub(super) struct Story {
@@ -235,9 +236,11 @@ fn oom_kill(ev: &Evidence, f: &Facts, c: &mut Cites, notes: &mut Vec<String>) ->
         }
         None => "systemd reports that the kernel's OOM killer killed a process of the unit".to_string(),
     };
-    what.push_str(&match (f.result, f.exit) {
-        (Some("oom-kill"), _) => " (Result=oom-kill)".to_string(),
-        (r, Some(e)) => format!(" ({}{})", e.describe(), r.map(|r| format!(", Result={r}")).unwrap_or_default()),
+    what.push_str(&match (&f.result, f.exit) {
+        (Some(ServiceResult::OomKill), _) => " (Result=oom-kill)".to_string(),
+        (r, Some(e)) => {
+            format!(" ({}{})", e.describe(), r.as_ref().map(|r| format!(", Result={r}")).unwrap_or_default())
+        }
         _ => String::new(),
     });
     if let Some((_, w)) = f.cuda.first() {
@@ -308,7 +311,7 @@ fn cause(f: &Facts, c: &mut Cites) -> String {
     }
     let ended = match f.exit {
         Some(e) => e.describe(),
-        None => format!("Result={}", f.result.unwrap_or("?")),
+        None => format!("Result={}", f.result.as_ref().map_or("?", |r| r.as_str())),
     };
     if let Some(e) = &f.fatal {
         c.lines(e.lines.iter().map(|l| Some(*l)));

@@ -9,6 +9,7 @@
 
 use super::Verdict;
 use super::facts::Facts;
+use crate::service::ServiceResult;
 
 /// One rule: when it holds, the instance gets its verdict.
 pub(super) struct Rule {
@@ -26,7 +27,7 @@ pub(super) const RULES: &[Rule] = &[
         name: "OOM kill",
         verdict: Verdict::OomKill,
         holds: |f| {
-            f.result_is("oom-kill")
+            f.result_is(ServiceResult::OomKill)
                 || f.systemd_oom.is_some()
                 || (f.kernel_killed.is_some() && (f.sigkill_exit() || f.exit.is_none()))
         },
@@ -36,14 +37,20 @@ pub(super) const RULES: &[Rule] = &[
         verdict: Verdict::StopTimeoutKill,
         holds: |f| {
             f.stop_timeout.is_some()
-                || (f.result_is("timeout") && (f.stop_job.is_some() || f.killed9()) && f.start_timeout.is_none())
+                || (f.result_is(ServiceResult::Timeout)
+                    && (f.stop_job.is_some() || f.killed9())
+                    && f.start_timeout.is_none())
         },
     },
-    Rule { name: "watchdog", verdict: Verdict::Watchdog, holds: |f| f.result_is("watchdog") || f.watchdog.is_some() },
+    Rule {
+        name: "watchdog",
+        verdict: Verdict::Watchdog,
+        holds: |f| f.result_is(ServiceResult::Watchdog) || f.watchdog.is_some(),
+    },
     Rule {
         name: "start limit",
         verdict: Verdict::StartLimitHit,
-        holds: |f| f.result_is("start-limit-hit") || f.start_limit.is_some(),
+        holds: |f| f.result_is(ServiceResult::StartLimitHit) || f.start_limit.is_some(),
     },
     Rule { name: "CUDA OOM", verdict: Verdict::CudaOom, holds: |f| !f.cuda.is_empty() },
     Rule {
@@ -66,7 +73,7 @@ pub(super) const RULES: &[Rule] = &[
     Rule {
         name: "crash",
         verdict: Verdict::Crash,
-        holds: |f| f.exit.is_some() || f.result.is_some_and(|r| r != "success"),
+        holds: |f| f.exit.is_some() || f.result.as_ref().is_some_and(|r| *r != ServiceResult::Success),
     },
     Rule { name: "nothing says", verdict: Verdict::Unknown, holds: |_| true },
 ];
@@ -145,9 +152,9 @@ mod tests {
             ("live, stale config", Facts { stale: stale(), ..live.clone() }),
             ("live", live.clone()),
             ("OOM kill", Facts { kernel_killed: Some(&oom), ..ended(Exit::Killed(9)) }),
-            ("OOM kill", Facts { result: Some("oom-kill"), ..Facts::default() }),
+            ("OOM kill", Facts { result: Some(ServiceResult::OomKill), ..Facts::default() }),
             ("stop timeout", Facts { stop_timeout: Some(&timeout), ..ended(Exit::Killed(9)) }),
-            ("stop timeout", Facts { result: Some("timeout"), ..ended(Exit::Killed(9)) }),
+            ("stop timeout", Facts { result: Some(ServiceResult::Timeout), ..ended(Exit::Killed(9)) }),
             ("watchdog", Facts { watchdog: Some(&wd), ..ended(Exit::Killed(6)) }),
             ("start limit", Facts { start_limit: Some(&limit), ..ended(Exit::Exited(3)) }),
             ("CUDA OOM", Facts { cuda: vec![(&cuda, "x")], ..ended(Exit::Killed(9)) }),
@@ -242,7 +249,7 @@ mod tests {
         assert_eq!(decide(&f).verdict, Verdict::Crash);
         // A start timeout is not a stop timeout.
         let f = Facts {
-            result: Some("timeout"),
+            result: Some(ServiceResult::Timeout),
             exit: Some(Exit::Killed(9)),
             start_timeout: Some(&start),
             ..Facts::default()

@@ -166,48 +166,10 @@ pub fn runs_argv(cmdline: &[String], argv: &[String]) -> bool {
 
 /// Decide. Never restarts a healthy server that runs the desired unit.
 pub fn plan(o: &Observed, d: &Desired) -> Plan {
+    if let Some(p) = masked_or_quarantined(o, d) {
+        return p;
+    }
     let mut reasons = Vec::new();
-    // A mask is a person's decision (or a runtime one): it is neither drift to heal nor a unit to
-    // start; specd says so and touches nothing.
-    if o.load_state == LoadState::Masked {
-        return Plan {
-            sync: SyncStatus::Masked,
-            reasons: vec![
-                "the unit is masked; specd changes nothing and does not unmask it (`systemctl unmask` it to let specd manage it)"
-                    .into(),
-            ],
-            steps: vec![],
-        };
-    }
-    if let Some(why) = &o.quarantined {
-        let running_good =
-            o.deployed_sha256 == o.last_good_sha256 && (o.active_state == ActiveState::Active || o.main_pid > 0);
-        let healable = d.drift == DriftPolicy::Heal || !running_good && o.main_pid == 0;
-        // A rollback that was interrupted (specd killed in it) after it started the last good
-        // unit is left to finish loading: that unit ran, verified, before.
-        if let Some(g) = o.last_good_sha256.as_ref().filter(|g| **g != d.sha256)
-            && !running_good
-            && healable
-        {
-            return Plan {
-                sync: SyncStatus::Failed,
-                reasons: vec![
-                    format!("unit {} failed before and is not retried: {why}", short(&d.sha256)),
-                    format!("the host does not run the last good unit {}; restoring it", short(g)),
-                ],
-                steps: vec![Step::Rollback],
-            };
-        }
-        return Plan {
-            sync: SyncStatus::Failed,
-            reasons: vec![format!(
-                "unit {} failed before and is not retried: {why}; commit a new spec to try again",
-                short(&d.sha256)
-            )],
-            steps: vec![],
-        };
-    }
-
     let file_differs = o.deployed_sha256.as_deref() != Some(d.sha256.as_str());
     let running = o.active_state.may_run() || o.main_pid > 0;
     let loaded_elsewhere =
@@ -302,9 +264,56 @@ pub fn plan(o: &Observed, d: &Desired) -> Plan {
     }
 
     // The host has the desired unit, loaded. What is its service doing?
-    let p = by_state(o, d);
-    // Whether it starts at boot (under the report policy, only said; a full apply sets it). A
-    // server still coming up is looked at again first.
+    with_boot_step(by_state(o, d), o, d)
+}
+
+/// A mask (a person's decision, or a runtime one: neither drift to heal nor a unit to start;
+/// specd says so and touches nothing), or a quarantined desired unit (never retried; the last
+/// good unit restored when the host does not run it).
+fn masked_or_quarantined(o: &Observed, d: &Desired) -> Option<Plan> {
+    if o.load_state == LoadState::Masked {
+        return Some(Plan {
+            sync: SyncStatus::Masked,
+            reasons: vec![
+                "the unit is masked; specd changes nothing and does not unmask it (`systemctl unmask` it to let specd manage it)"
+                    .into(),
+            ],
+            steps: vec![],
+        });
+    }
+    let why = o.quarantined.as_ref()?;
+    let running_good =
+        o.deployed_sha256 == o.last_good_sha256 && (o.active_state == ActiveState::Active || o.main_pid > 0);
+    let healable = d.drift == DriftPolicy::Heal || !running_good && o.main_pid == 0;
+    // A rollback that was interrupted (specd killed in it) after it started the last good
+    // unit is left to finish loading: that unit ran, verified, before.
+    if let Some(g) = o.last_good_sha256.as_ref().filter(|g| **g != d.sha256)
+        && !running_good
+        && healable
+    {
+        return Some(Plan {
+            sync: SyncStatus::Failed,
+            reasons: vec![
+                format!("unit {} failed before and is not retried: {why}", short(&d.sha256)),
+                format!("the host does not run the last good unit {}; restoring it", short(g)),
+            ],
+            steps: vec![Step::Rollback],
+        });
+    }
+    Some(Plan {
+        sync: SyncStatus::Failed,
+        reasons: vec![format!(
+            "unit {} failed before and is not retried: {why}; commit a new spec to try again",
+            short(&d.sha256)
+        )],
+        steps: vec![],
+    })
+}
+
+/// A host that has the desired unit, loaded, planned by its service's state (`p`): whether it
+/// starts at boot as the spec says (under the report policy, only said; a full apply sets it).
+/// A server still coming up is looked at again first.
+fn with_boot_step(p: Plan, o: &Observed, d: &Desired) -> Plan {
     match (boot_step(o, d, false), p.sync) {
         (Some(b), SyncStatus::InSync | SyncStatus::OutOfSync) => {
             let mut p = p;

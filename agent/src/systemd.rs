@@ -58,25 +58,36 @@ pub struct UnitProps {
 }
 
 impl UnitProps {
+    /// From `systemctl show` (`Key=value` lines).
     pub fn parse(text: &str) -> UnitProps {
         let m: BTreeMap<&str, &str> = text.lines().filter_map(|l| l.split_once('=')).collect();
-        let s = |k: &str| m.get(k).copied().unwrap_or("").to_string();
-        let n = |k: &str| m.get(k).and_then(|v| v.parse().ok()).unwrap_or(0);
+        UnitProps::read(&Text(m))
+    }
+
+    /// From the typed properties of D-Bus' `GetAll`: the same values as `systemctl show`.
+    pub fn from_bus(p: &HashMap<String, Value>) -> UnitProps {
+        UnitProps::read(p)
+    }
+
+    /// Each property read once, by its kind, from either source ([`Values`]).
+    fn read(v: &impl Values) -> UnitProps {
+        let s = |k: &str| v.text(k).unwrap_or_default();
+        let n = |k: &str| v.number(k).unwrap_or(0);
         UnitProps {
             load_state: LoadState::parse(&s("LoadState")),
             active_state: ActiveState::parse(&s("ActiveState")),
             sub_state: SubState::parse(&s("SubState")),
             result: ServiceResult::parse(&s("Result")),
             exec_main_code: n("ExecMainCode") as u32,
-            exec_main_status: m.get("ExecMainStatus").and_then(|v| v.parse().ok()).unwrap_or(0),
+            exec_main_status: n("ExecMainStatus") as i32,
             main_pid: n("MainPID") as u32,
             n_restarts: n("NRestarts") as u32,
             control_group: s("ControlGroup"),
-            need_daemon_reload: s("NeedDaemonReload") == "yes",
+            need_daemon_reload: v.flag("NeedDaemonReload"),
             fragment_path: s("FragmentPath"),
-            drop_in_paths: s("DropInPaths").split_whitespace().map(str::to_string).collect(),
-            invocation_id: s("InvocationID"),
-            exec_main_start_mono: n("ExecMainStartTimestampMonotonic"),
+            drop_in_paths: v.list("DropInPaths"),
+            invocation_id: v.id("InvocationID"),
+            exec_main_start_mono: n("ExecMainStartTimestampMonotonic") as u64,
             unit_file_state: UnitFileState::parse(&s("UnitFileState")),
         }
     }
@@ -380,49 +391,77 @@ pub fn unit_object_path(unit: &str) -> String {
     p
 }
 
-impl UnitProps {
-    /// From the typed properties of `GetAll`, filled as `systemctl show` prints them.
-    pub fn from_bus(p: &HashMap<String, Value>) -> UnitProps {
-        let s = |k: &str| p.get(k).and_then(Value::as_str).unwrap_or("").to_string();
-        let u32_ = |k: &str| match p.get(k) {
-            Some(Value::U32(n)) => *n,
-            _ => 0,
-        };
-        let i32_ = |k: &str| match p.get(k) {
-            Some(Value::I32(n)) => *n,
-            _ => 0,
-        };
-        let u64_ = |k: &str| match p.get(k) {
-            Some(Value::U64(n)) => *n,
-            _ => 0,
-        };
-        let strings = |k: &str| match p.get(k) {
+/// A unit's properties by name, from `systemctl show`'s text or D-Bus' typed values: each kind
+/// of value read one way per source, so that [`UnitProps::read`] fills every field once and both
+/// sources give the same `UnitProps` (test `dbus_and_systemctl_show_agree`). A property that is
+/// missing, or not of its kind, reads as empty or 0.
+trait Values {
+    /// A string (`ActiveState`, `ControlGroup`...).
+    fn text(&self, key: &str) -> Option<String>;
+    /// An integer of any width and sign (`MainPID`, `ExecMainStatus`, a timestamp).
+    fn number(&self, key: &str) -> Option<i128>;
+    /// A boolean (`yes` in text).
+    fn flag(&self, key: &str) -> bool;
+    /// A list of strings (space-separated in text).
+    fn list(&self, key: &str) -> Vec<String>;
+    /// A 128-bit ID as 32 hex digits (an array of bytes on D-Bus).
+    fn id(&self, key: &str) -> String;
+}
+
+/// `systemctl show`'s `Key=value` lines.
+struct Text<'a>(BTreeMap<&'a str, &'a str>);
+
+impl Values for Text<'_> {
+    fn text(&self, key: &str) -> Option<String> {
+        self.0.get(key).map(|v| v.to_string())
+    }
+    fn number(&self, key: &str) -> Option<i128> {
+        self.0.get(key).and_then(|v| v.parse().ok())
+    }
+    fn flag(&self, key: &str) -> bool {
+        self.0.get(key) == Some(&"yes")
+    }
+    fn list(&self, key: &str) -> Vec<String> {
+        self.0.get(key).map_or_else(Vec::new, |v| v.split_whitespace().map(str::to_string).collect())
+    }
+    fn id(&self, key: &str) -> String {
+        self.text(key).unwrap_or_default()
+    }
+}
+
+/// D-Bus' `GetAll` (variants unwrapped).
+impl Values for HashMap<String, Value> {
+    fn text(&self, key: &str) -> Option<String> {
+        self.get(key).and_then(Value::as_str).map(str::to_string)
+    }
+    fn number(&self, key: &str) -> Option<i128> {
+        match self.get(key)? {
+            Value::Byte(n) => Some(i128::from(*n)),
+            Value::I16(n) => Some(i128::from(*n)),
+            Value::U16(n) => Some(i128::from(*n)),
+            Value::I32(n) => Some(i128::from(*n)),
+            Value::U32(n) => Some(i128::from(*n)),
+            Value::I64(n) => Some(i128::from(*n)),
+            Value::U64(n) => Some(i128::from(*n)),
+            _ => None,
+        }
+    }
+    fn flag(&self, key: &str) -> bool {
+        matches!(self.get(key), Some(Value::Bool(true)))
+    }
+    fn list(&self, key: &str) -> Vec<String> {
+        match self.get(key) {
             Some(Value::Array(_, items)) => items.iter().filter_map(Value::as_str).map(str::to_string).collect(),
             _ => Vec::new(),
-        };
-        let invocation_id = match p.get("InvocationID") {
+        }
+    }
+    fn id(&self, key: &str) -> String {
+        match self.get(key) {
             Some(Value::Array(_, bytes)) => bytes
                 .iter()
                 .filter_map(|b| if let Value::Byte(b) = b { Some(format!("{b:02x}")) } else { None })
                 .collect(),
             _ => String::new(),
-        };
-        UnitProps {
-            load_state: LoadState::parse(&s("LoadState")),
-            active_state: ActiveState::parse(&s("ActiveState")),
-            sub_state: SubState::parse(&s("SubState")),
-            result: ServiceResult::parse(&s("Result")),
-            exec_main_code: i32_("ExecMainCode") as u32,
-            exec_main_status: i32_("ExecMainStatus"),
-            main_pid: u32_("MainPID"),
-            n_restarts: u32_("NRestarts"),
-            control_group: s("ControlGroup"),
-            need_daemon_reload: matches!(p.get("NeedDaemonReload"), Some(Value::Bool(true))),
-            fragment_path: s("FragmentPath"),
-            drop_in_paths: strings("DropInPaths"),
-            invocation_id,
-            exec_main_start_mono: u64_("ExecMainStartTimestampMonotonic"),
-            unit_file_state: UnitFileState::parse(&s("UnitFileState")),
         }
     }
 }
@@ -441,6 +480,45 @@ mod tests {
         assert_eq!(p.exit_status(), "9/KILL");
         assert_eq!(p.drop_in_paths.len(), 2);
         assert!(p.is_stopped());
+    }
+
+    /// The same unit, as `systemctl show` prints it and as D-Bus types it, reads the same.
+    #[test]
+    fn text_and_typed_properties_read_the_same() {
+        let text = "LoadState=loaded\nActiveState=active\nSubState=running\nResult=success\nExecMainCode=0\nExecMainStatus=0\nMainPID=4242\nNRestarts=2\nControlGroup=/system.slice/x.service\nNeedDaemonReload=no\nFragmentPath=/etc/systemd/system/x.service\nDropInPaths=/etc/systemd/system/x.service.d/a.conf /run/systemd/system/x.service.d/b.conf\nInvocationID=00ff00ff00ff00ff00ff00ff00ff00ff\nExecMainStartTimestampMonotonic=123456789\nUnitFileState=enabled\n";
+        let s = |v: &str| Value::Str(v.into());
+        let bus: HashMap<String, Value> = [
+            ("LoadState", s("loaded")),
+            ("ActiveState", s("active")),
+            ("SubState", s("running")),
+            ("Result", s("success")),
+            ("ExecMainCode", Value::I32(0)),
+            ("ExecMainStatus", Value::I32(0)),
+            ("MainPID", Value::U32(4242)),
+            ("NRestarts", Value::U32(2)),
+            ("ControlGroup", s("/system.slice/x.service")),
+            ("NeedDaemonReload", Value::Bool(false)),
+            ("FragmentPath", s("/etc/systemd/system/x.service")),
+            (
+                "DropInPaths",
+                Value::Array(
+                    "s".into(),
+                    vec![s("/etc/systemd/system/x.service.d/a.conf"), s("/run/systemd/system/x.service.d/b.conf")],
+                ),
+            ),
+            ("InvocationID", Value::Array("y".into(), [0u8, 255].repeat(8).into_iter().map(Value::Byte).collect())),
+            ("ExecMainStartTimestampMonotonic", Value::U64(123_456_789)),
+            ("UnitFileState", s("enabled")),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+        let p = UnitProps::parse(text);
+        assert_eq!(p, UnitProps::from_bus(&bus));
+        assert_eq!((p.main_pid, p.sub_state, p.unit_file_state), (4242, SubState::Running, UnitFileState::Enabled));
+        // Nothing told reads as nothing, from either source.
+        assert_eq!(UnitProps::parse(""), UnitProps::from_bus(&HashMap::new()));
+        assert_eq!(UnitProps::parse(""), UnitProps::default());
     }
 }
 

@@ -16,9 +16,12 @@ use crate::state::{Outcome, Store};
 
 const UNIT: &str = "sglang-qwen.service";
 
-fn spec(steps: u32) -> Spec {
+/// A drop-in a person left in the unit's own `.d` directory.
+const DROP_IN: &str = "[Service]\nEnvironment=DEBUG=1\n";
+
+fn spec(steps: u32, enabled: bool) -> Spec {
     let yaml = format!(
-        "apiVersion: specd/v1\nkind: InferenceService\nmetadata: {{name: qwen}}\nspec:\n  unit: {UNIT}\n  engine: sglang\n  command: [/opt/sglang/bin/python3, -m, sglang.launch_server]\n  model: /models/qwen\n  server: {{port: 30000}}\n  speculative: {{algorithm: EAGLE, draft_model: /models/draft, num_steps: {steps}, eagle_topk: 1, num_draft_tokens: {}}}\n  service: {{timeout_stop_sec: 10, drain_timeout_sec: 5}}\n  readiness: {{timeout_sec: 60}}\n",
+        "apiVersion: specd/v1\nkind: InferenceService\nmetadata: {{name: qwen}}\nspec:\n  unit: {UNIT}\n  engine: sglang\n  command: [/opt/sglang/bin/python3, -m, sglang.launch_server]\n  model: /models/qwen\n  server: {{port: 30000}}\n  speculative: {{algorithm: EAGLE, draft_model: /models/draft, num_steps: {steps}, eagle_topk: 1, num_draft_tokens: {}}}\n  service: {{timeout_stop_sec: 10, drain_timeout_sec: 5, enabled: {enabled}}}\n  readiness: {{timeout_sec: 60}}\n",
         steps + 1
     );
     specd_spec::parse("qwen.yaml", &yaml).unwrap().resolve(None).unwrap()
@@ -90,7 +93,40 @@ fn quiet_crashes() {
 }
 
 fn desired(steps: u32) -> DesiredState {
-    DesiredState::new(spec(steps), None)
+    DesiredState::new(spec(steps, true), None)
+}
+
+/// What an apply of the matrix starts from, and what it changes besides the unit.
+#[derive(Clone, Copy, Debug)]
+struct Apply {
+    /// The new unit's server fails to load.
+    new_fails: bool,
+    /// The old unit starts at boot (else an older specd never enabled it, or a person disabled it).
+    enabled: bool,
+    /// The new spec's `service.enabled`.
+    new_enabled: bool,
+    /// A drop-in in the unit's `.d` directory (the apply moves it aside).
+    drop_in: bool,
+}
+
+impl Apply {
+    const PLAIN: Apply = Apply { new_fails: false, enabled: true, new_enabled: true, drop_in: false };
+}
+
+impl World {
+    fn drop_in(&self) -> std::path::PathBuf {
+        self.dir.path().join("units").join(format!("{UNIT}.d")).join("debug.conf")
+    }
+}
+
+/// A world where `old` serves as `a` says, `new` to be applied.
+async fn prepared(old: &DesiredState, new: &DesiredState, a: Apply) -> World {
+    let w = serving(old, new, a.new_fails).await;
+    w.host.set_enabled(a.enabled);
+    if a.drop_in {
+        crate::host::Host::write(&w.host, &w.drop_in(), DROP_IN.as_bytes()).unwrap();
+    }
+    w
 }
 
 /// A world where `old` was applied and serves.
@@ -110,7 +146,10 @@ async fn serving(old: &DesiredState, new: &DesiredState, new_fails: bool) -> Wor
 fn check_faulty_run(w: &World, old: &DesiredState, new: &DesiredState, r: &Option<Result<Report, String>>, case: &str) {
     assert_eq!(w.host.started_over_live(), 0, "{case}: a new instance was started over a live one\n{}", w.said());
     for t in w.host.writes() {
-        assert!(t == old.unit.text || t == new.unit.text, "{case}: wrote a unit that is neither old nor new:\n{t}");
+        assert!(
+            t == old.unit.text || t == new.unit.text || t == DROP_IN,
+            "{case}: wrote a unit that is neither old nor new:\n{t}"
+        );
     }
     let file = w.host.unit_file();
     assert!(
@@ -191,9 +230,17 @@ async fn check_converges(w: &World, old: &DesiredState, new: &DesiredState, faul
         again.verdict
     );
     assert_eq!(again.action, Action::AwaitChange, "{case}: {}", again.verdict);
-    // A unit that serves its desired spec starts at boot (set again if a fault stopped it).
+    // A unit that serves its desired spec starts at boot as it says (set again if a fault
+    // stopped it), and no drop-in changes it.
     if serving.as_ref() == Some(&new.spec.argv) {
-        assert!(w.host.enabled(), "{case}: the served unit is not enabled: {}\n{}", again.verdict, w.said());
+        assert_eq!(
+            w.host.enabled(),
+            new.spec.service.enabled,
+            "{case}: the served unit's start at boot is not the spec's: {}\n{}",
+            again.verdict,
+            w.said()
+        );
+        assert!(!crate::host::Host::exists(&w.host, &w.drop_in()), "{case}: the drop-in is still there");
     }
 }
 
@@ -222,39 +269,37 @@ fn check_rides_out_a_reexec(
     assert_eq!(st.quarantined(&new.unit.sha256).is_some(), new_fails, "{case}: {}", r.verdict);
 }
 
-/// Calls an apply of `new` over `old` makes without faults. `enabled`: `old` starts at boot
-/// (else it does not: an older specd never enabled it, or a person disabled it).
-async fn calls_of_apply(old: &DesiredState, new: &DesiredState, new_fails: bool, enabled: bool) -> Vec<&'static str> {
-    let w = serving(old, new, new_fails).await;
-    w.host.set_enabled(enabled);
+/// Calls an apply of `new` over `old` makes without faults, from `a`.
+async fn calls_of_apply(old: &DesiredState, new: &DesiredState, a: Apply) -> Vec<&'static str> {
+    let w = prepared(old, new, a).await;
     let n0 = w.host.calls();
     let r = w.reconcile(new).await.unwrap().unwrap();
     assert!(r.outcome.is_some(), "{}", r.verdict);
     w.host.call_names()[n0..].to_vec()
 }
 
-async fn matrix(new_fails: bool, enabled: bool) {
+async fn matrix(a: Apply) {
     quiet_crashes();
-    let (old, new) = (desired(5), desired(10));
-    let calls = calls_of_apply(&old, &new, new_fails, enabled).await;
-    assert_eq!(calls.contains(&"enable"), !enabled && !new_fails, "{calls:?}");
+    let old = desired(5);
+    let new = DesiredState::new(spec(10, a.new_enabled), None);
+    let calls = calls_of_apply(&old, &new, a).await;
+    let ran = !a.new_fails;
+    assert_eq!(calls.contains(&"enable"), ran && a.new_enabled && !a.enabled, "{calls:?}");
+    assert_eq!(calls.contains(&"disable"), ran && !a.new_enabled && a.enabled, "{calls:?}");
+    assert_eq!(calls.contains(&"move_aside"), a.drop_in, "{calls:?}");
     assert!(calls.len() > 20, "{calls:?}");
     let mut cases = 0;
     for (i, name) in calls.iter().enumerate() {
         for f in FAULTS {
-            let case = format!(
-                "fault {f:?} at call {i} ({name}) of {}",
-                if new_fails { "a failing apply" } else { "an apply" }
-            );
-            let w = serving(&old, &new, new_fails).await;
-            w.host.set_enabled(enabled);
+            let case = format!("fault {f:?} at call {i} ({name}) of {a:?}");
+            let w = prepared(&old, &new, a).await;
             w.host.plan(i, f);
             let r = w.reconcile(&new).await;
             check_faulty_run(&w, &old, &new, &r, &case);
             if f == Fault::Reexec {
-                check_rides_out_a_reexec(&w, &old, &new, &r, new_fails, &case);
+                check_rides_out_a_reexec(&w, &old, &new, &r, a.new_fails, &case);
             }
-            check_converges(&w, &old, &new, f, new_fails, &case).await;
+            check_converges(&w, &old, &new, f, a.new_fails, &case).await;
             cases += 1;
         }
     }
@@ -266,18 +311,127 @@ async fn matrix(new_fails: bool, enabled: bool) {
 
 #[tokio::test(start_paused = true)]
 async fn a_fault_at_any_call_of_an_apply_leaves_the_host_old_or_new_and_the_next_reconcile_converges() {
-    matrix(false, true).await;
+    matrix(Apply::PLAIN).await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_fault_at_any_call_of_a_failing_apply_and_its_rollback_still_converges() {
-    matrix(true, true).await;
+    matrix(Apply { new_fails: true, ..Apply::PLAIN }).await;
 }
 
 /// The same over a unit that does not start at boot: the apply ends with `systemctl enable`.
 #[tokio::test(start_paused = true)]
 async fn a_fault_at_any_call_of_an_apply_that_enables_the_unit_still_converges_enabled() {
-    matrix(false, false).await;
+    matrix(Apply { enabled: false, ..Apply::PLAIN }).await;
+}
+
+/// The same for a spec that says `service.enabled: false`: the apply ends with `systemctl
+/// disable`.
+#[tokio::test(start_paused = true)]
+async fn a_fault_at_any_call_of_an_apply_that_disables_the_unit_still_converges_disabled() {
+    matrix(Apply { new_enabled: false, ..Apply::PLAIN }).await;
+}
+
+/// The same over a unit a drop-in changes: the apply moves it aside (RemoveDropIns) before it
+/// writes; a fault anywhere still converges, with the drop-in gone once the new unit serves.
+#[tokio::test(start_paused = true)]
+async fn a_fault_at_any_call_of_an_apply_that_removes_a_drop_in_still_converges_without_it() {
+    matrix(Apply { drop_in: true, ..Apply::PLAIN }).await;
+}
+
+/// A failing apply over a drop-in: rolled back, whatever the fault.
+#[tokio::test(start_paused = true)]
+async fn a_fault_at_any_call_of_a_failing_apply_that_removes_a_drop_in_still_converges() {
+    matrix(Apply { new_fails: true, drop_in: true, ..Apply::PLAIN }).await;
+}
+
+/// A masked unit (a person's `systemctl mask`, in the unit directory or in /run): a fault at any
+/// call of a reconcile stops, starts and writes nothing, and once the faults end it says Masked.
+#[tokio::test(start_paused = true)]
+async fn a_fault_at_any_call_of_a_look_at_a_masked_unit_touches_nothing() {
+    quiet_crashes();
+    let (old, new) = (desired(5), desired(10));
+    let mut cases = 0;
+    for mask in [std::path::PathBuf::new(), std::path::PathBuf::from("/run/systemd/system").join(UNIT)] {
+        let masked = |w: &World| {
+            let at = if mask.as_os_str().is_empty() { w.dir.path().join("units").join(UNIT) } else { mask.clone() };
+            w.host.mask(&at);
+        };
+        let probe = serving(&old, &new, false).await;
+        masked(&probe);
+        let n0 = probe.host.calls();
+        let r = probe.reconcile(&new).await.unwrap().unwrap();
+        assert!(r.verdict.starts_with("Masked"), "{}", r.verdict);
+        let n = probe.host.calls() - n0;
+        for i in 0..n {
+            for f in FAULTS {
+                let case = format!("fault {f:?} at call {i} of a look at a unit masked at {mask:?}");
+                let w = serving(&old, &new, false).await;
+                masked(&w);
+                let (before, writes) = (w.host.stops_and_starts(), w.host.writes().len());
+                w.host.plan(i, f);
+                let _ = w.reconcile(&new).await;
+                w.host.heal();
+                let r = w.reconcile(&new).await.unwrap().unwrap();
+                assert!(r.verdict.starts_with("Masked"), "{case}: {}", r.verdict);
+                assert_eq!(w.host.stops_and_starts(), before, "{case}: the server was touched\n{}", w.said());
+                assert_eq!(w.host.writes().len(), writes, "{case}: a unit file was written");
+                // The old server goes on serving, unless the fault itself killed it (a masked
+                // unit is not started again).
+                tokio::time::sleep(LOAD).await;
+                let serves = (f != Fault::ProcessDies).then_some(&old.spec.argv);
+                assert_eq!(w.host.serving().as_ref(), serves, "{case}");
+                cases += 1;
+            }
+        }
+    }
+    eprintln!("a masked unit: {cases} cases");
+}
+
+/// A unit whose spec is gone, pruned (`prune: true`): a fault at any call of the prune never
+/// starts anything nor writes a unit, and the next prune (the agent's next source read) leaves
+/// it stopped, disabled and without its unit file.
+#[tokio::test(start_paused = true)]
+async fn a_fault_at_any_call_of_a_prune_still_leaves_the_unit_stopped_disabled_and_gone() {
+    quiet_crashes();
+    let (old, new) = (desired(5), desired(10));
+    let prune = |w: &World| {
+        let ctx = w.ctx();
+        async move {
+            let r = tokio::spawn(async move { reconcile::prune(&ctx, UNIT).await }).await;
+            if let Err(e) = r
+                && !e.is_panic()
+            {
+                panic!("{e}");
+            }
+        }
+    };
+    let probe = serving(&old, &new, false).await;
+    let n0 = probe.host.calls();
+    prune(&probe).await;
+    let calls = probe.host.call_names()[n0..].to_vec();
+    assert!(calls.contains(&"disable") && calls.contains(&"move_aside"), "{calls:?}");
+    let mut cases = 0;
+    for (i, name) in calls.iter().enumerate() {
+        for f in FAULTS {
+            let case = format!("fault {f:?} at call {i} ({name}) of a prune");
+            let w = serving(&old, &new, false).await;
+            let (starts, writes) = (w.host.stops_and_starts().1, w.host.writes().len());
+            w.host.plan(i, f);
+            prune(&w).await;
+            assert_eq!(w.host.stops_and_starts().1, starts, "{case}: something was started");
+            assert_eq!(w.host.writes().len(), writes, "{case}: a unit file was written");
+            w.host.heal();
+            prune(&w).await;
+            tokio::time::sleep(LOAD).await;
+            assert_eq!(w.host.serving(), None, "{case}: the pruned unit still serves");
+            assert_eq!(w.host.alive_count(), 0, "{case}: a process of the pruned unit is alive");
+            assert!(!w.host.enabled(), "{case}: the pruned unit still starts at boot");
+            assert_eq!(w.host.unit_file(), None, "{case}: the pruned unit's file is still there");
+            cases += 1;
+        }
+    }
+    eprintln!("a prune: {} calls × {} fault kinds = {cases} cases", calls.len(), FAULTS.len());
 }
 
 /// A unit that is in sync and serving is never stopped or started because a call failed.

@@ -108,6 +108,8 @@ struct World {
     endings: BTreeMap<u32, &'static str>,
     /// What the pre-flight of a unit text finds (by its argv): the host lacks what it names.
     preflight: Vec<(Vec<String>, crate::preflight::Problem)>,
+    /// Links to /dev/null (`systemctl mask`).
+    masks: Vec<PathBuf>,
 }
 
 /// What the fault plan says about this call.
@@ -314,6 +316,11 @@ impl FakeHost {
         self.w().unit.enabled = on;
     }
 
+    /// As if a person ran `systemctl mask` (a link at `path` to /dev/null).
+    pub fn mask(&self, path: &Path) {
+        self.w().masks.push(path.into());
+    }
+
     pub fn unit_file(&self) -> Option<String> {
         self.w().files.get(&self.path()).map(|b| String::from_utf8_lossy(b).into_owned())
     }
@@ -501,6 +508,9 @@ impl FakeHost {
         let on_disk = self.unit_file();
         let w = self.w();
         let u = &w.unit;
+        // Drop-ins are the files of the unit's own `.d` directory.
+        let drop_ins = self.path().with_extension("service.d");
+        let drop_in_paths = w.files.keys().filter(|p| p.parent() == Some(drop_ins.as_path()));
         Ok(UnitProps {
             load_state: if u.loaded.is_some() { LoadState::Loaded } else { LoadState::NotFound },
             active_state: ActiveState::parse(u.active),
@@ -513,7 +523,7 @@ impl FakeHost {
             control_group: if u.invocation > 0 { self.cgroup() } else { String::new() },
             need_daemon_reload: on_disk != u.loaded,
             fragment_path: if u.loaded.is_some() { self.path().display().to_string() } else { String::new() },
-            drop_in_paths: vec![],
+            drop_in_paths: drop_in_paths.map(|p| p.display().to_string()).collect(),
             invocation_id: if u.invocation > 0 { format!("{:032x}", u.invocation) } else { String::new() },
             exec_main_start_mono: 0,
             unit_file_state: match (u.loaded.is_some(), u.enabled) {
@@ -746,9 +756,9 @@ impl Host for FakeHost {
         self.w().files.contains_key(path)
     }
 
-    fn is_mask(&self, _path: &Path) -> bool {
+    fn is_mask(&self, path: &Path) -> bool {
         let _ = self.enter("is_mask");
-        false
+        self.w().masks.iter().any(|m| m == path)
     }
 
     fn clean_temps(&self, _dir: &Path, _name: &str) {

@@ -108,10 +108,17 @@ pub enum HoldEffect {
     Expired(String),
 }
 
-/// The effect of a unit's `hold` (if it has one) at unix time `now`, for a source whose desired
-/// unit is `desired_sha`. `pid_alive`: the hold's process (a sweep's) still runs; ignored when
-/// the hold names none.
-pub fn effective(hold: Option<&Hold>, now: u64, pid_alive: bool, desired_sha: &str) -> HoldEffect {
+/// The effect of a unit's `hold` (if it has one) at unix time `now`: the one hold decision (the
+/// agent's worker, its reconcile, a hand apply, rollback, suspend, resume and a sweep all ask it,
+/// through `Host::hold_effect` or `Host::hold_in_effect`).
+///
+/// - `pid_alive`: the hold's process (a sweep's, a rollback's pending pin) still runs; ignored
+///   when the hold names none. A hold that names no process is no process's: nothing ends it
+///   but its `until`, `specd resume` or (a pin) the source's new unit.
+/// - `desired_sha`: the source's desired unit now, for the one who follows it (the agent); a
+///   pin ends once it differs from the one the source had when pinned. `None`: the one asking
+///   does not follow the source (a one-shot command): a pin holds.
+pub fn effective(hold: Option<&Hold>, now: u64, pid_alive: bool, desired_sha: Option<&str>) -> HoldEffect {
     let Some(hold) = hold else { return HoldEffect::Acts };
     if let Some(until) = hold.until
         && now >= until
@@ -126,9 +133,9 @@ pub fn effective(hold: Option<&Hold>, now: u64, pid_alive: bool, desired_sha: &s
     match hold.kind {
         HoldKind::Suspend => HoldEffect::HandsOff(format!("suspended by {}", hold.by)),
         HoldKind::Sweep => HoldEffect::HandsOff(format!("a sweep holds it ({})", hold.by)),
-        HoldKind::Pin => match &hold.desired_at_pin {
+        HoldKind::Pin => match (&hold.desired_at_pin, desired_sha) {
             // The source has a unit that did not exist when the pin was set: move forward.
-            Some(at) if at != desired_sha => HoldEffect::Expired(format!(
+            (Some(at), Some(desired_sha)) if at != desired_sha => HoldEffect::Expired(format!(
                 "the source's desired unit is {} now (it was {} when pinned)",
                 specd_spec::short(desired_sha),
                 specd_spec::short(at)
@@ -158,19 +165,19 @@ mod tests {
 
     #[test]
     fn no_hold_no_effect() {
-        assert_eq!(effective(None, 0, false, "d"), HoldEffect::Acts);
+        assert_eq!(effective(None, 0, false, Some("d")), HoldEffect::Acts);
     }
 
     #[test]
     fn a_suspend_keeps_hands_off_until_it_expires() {
         let mut h = hold(HoldKind::Suspend);
         assert!(
-            matches!(effective(Some(&h), 1_000_000, false, "d"), HoldEffect::HandsOff(w) if w.contains("suspended by root@h"))
+            matches!(effective(Some(&h), 1_000_000, false, Some("d")), HoldEffect::HandsOff(w) if w.contains("suspended by root@h"))
         );
         h.until = Some(200);
-        assert!(matches!(effective(Some(&h), 199, false, "d"), HoldEffect::HandsOff(_)));
+        assert!(matches!(effective(Some(&h), 199, false, Some("d")), HoldEffect::HandsOff(_)));
         assert!(
-            matches!(effective(Some(&h), 200, false, "d"), HoldEffect::Expired(w) if w.contains("expired at 1970-01-01T00:03:20Z"))
+            matches!(effective(Some(&h), 200, false, Some("d")), HoldEffect::Expired(w) if w.contains("expired at 1970-01-01T00:03:20Z"))
         );
     }
 
@@ -179,10 +186,10 @@ mod tests {
         let mut h = hold(HoldKind::Sweep);
         h.pid = Some(42);
         assert!(
-            matches!(effective(Some(&h), 150, true, "d"), HoldEffect::HandsOff(w) if w.contains("a sweep holds it"))
+            matches!(effective(Some(&h), 150, true, Some("d")), HoldEffect::HandsOff(w) if w.contains("a sweep holds it"))
         );
         assert!(
-            matches!(effective(Some(&h), 150, false, "d"), HoldEffect::Expired(w) if w.contains("process 42 is gone"))
+            matches!(effective(Some(&h), 150, false, Some("d")), HoldEffect::Expired(w) if w.contains("process 42 is gone"))
         );
     }
 
@@ -193,14 +200,59 @@ mod tests {
         h.desired_at_pin = Some("bbbbbbbbbbbbbbbb".into());
         // The source still wants the unit that was rolled back from: stay.
         assert!(
-            matches!(effective(Some(&h), 150, false, "bbbbbbbbbbbbbbbb"), HoldEffect::HandsOff(w) if w.contains("pinned at unit aaaaaaaaaaaa"))
+            matches!(effective(Some(&h), 150, false, Some("bbbbbbbbbbbbbbbb")), HoldEffect::HandsOff(w) if w.contains("pinned at unit aaaaaaaaaaaa"))
         );
         // A new commit with a new unit: move forward (even to the pinned unit itself).
         assert!(
-            matches!(effective(Some(&h), 150, false, "cccccccccccccccc"), HoldEffect::Expired(w) if w.contains("cccccccccccc now"))
+            matches!(effective(Some(&h), 150, false, Some("cccccccccccccccc")), HoldEffect::Expired(w) if w.contains("cccccccccccc now"))
         );
         // A pin with a deadline expires like any hold.
         h.until = Some(150);
-        assert!(matches!(effective(Some(&h), 150, false, "bbbbbbbbbbbbbbbb"), HoldEffect::Expired(_)));
+        assert!(matches!(effective(Some(&h), 150, false, Some("bbbbbbbbbbbbbbbb")), HoldEffect::Expired(_)));
+    }
+
+    /// The whole table: every kind, with and without a process (alive or gone), before and
+    /// after its `until`, for the agent (which knows the source's desired unit) and for a
+    /// command (which does not).
+    #[test]
+    fn the_effect_of_every_kind_of_hold_in_every_case() {
+        use HoldEffect::{Acts, Expired, HandsOff};
+        let short = |e: HoldEffect| match e {
+            Acts => "acts",
+            HandsOff(_) => "hands off",
+            Expired(_) => "expired",
+        };
+        let (pinned_from, newer) = ("bbbbbbbbbbbbbbbb", "cccccccccccccccc");
+        for kind in [HoldKind::Suspend, HoldKind::Pin, HoldKind::Sweep] {
+            for pid in [None, Some(42)] {
+                for alive in [true, false] {
+                    for (now, until) in [(150, None), (150, Some(200)), (200, Some(200))] {
+                        for desired in [None, Some(pinned_from), Some(newer)] {
+                            let h = Hold {
+                                pid,
+                                until,
+                                desired_at_pin: (kind == HoldKind::Pin).then(|| pinned_from.to_string()),
+                                ..hold(kind)
+                            };
+                            let ended = until.is_some_and(|u| now >= u) || (pid.is_some() && !alive);
+                            let moved_on = kind == HoldKind::Pin && desired == Some(newer);
+                            let want = if ended || moved_on {
+                                "expired"
+                            } else {
+                                // A hold that names no process: in effect until it expires,
+                                // whatever the liveness said (it is nobody's to lose).
+                                "hands off"
+                            };
+                            let got = short(effective(Some(&h), now, alive, desired));
+                            assert_eq!(
+                                got, want,
+                                "{kind:?} pid {pid:?} alive {alive} at {now} until {until:?} for {desired:?}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        assert_eq!(short(effective(None, 150, false, None)), "acts");
     }
 }

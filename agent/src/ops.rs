@@ -135,7 +135,7 @@ pub async fn apply(dirs: &Dirs, files: &[PathBuf], host: Option<String>, dry_run
     if !dry_run {
         for d in &all {
             let unit = &d.spec.unit;
-            if let Some(why) = live_sweep(&ctx.store.peek(unit)?).filter(|_| !sweeps_own(&ctx.store, unit)) {
+            if let Some(why) = live_sweep(&ctx.host, &ctx.store.peek(unit)?).filter(|_| !sweeps_own(&ctx.store, unit)) {
                 return refuse(doc, format!("refused: {unit}: {why}; nothing was changed on this host"));
             }
         }
@@ -861,10 +861,18 @@ pub async fn diagnose(unit: Option<String>, json: bool, dirs: &Dirs) -> Result<u
     crate::explain::run(unit.as_deref(), json, &dirs.state_dir).await
 }
 
-/// Why a hand apply (or a new hold) must wait: a sweep's process holds the unit.
-fn live_sweep(st: &state::UnitState) -> Option<String> {
+/// Why a hand apply (or a new hold) must wait: a sweep's hold on the unit is in effect (the one
+/// hold gate, [`Host::hold_in_effect`]: its process runs and it has not expired; one that names
+/// no process until it expires).
+fn live_sweep<H: Host>(host: &H, st: &state::UnitState) -> Option<String> {
     let h = st.hold.as_ref().filter(|h| h.kind == state::HoldKind::Sweep)?;
-    (h.pid.is_none() || crate::host::holder_alive(h)).then(|| format!("{} (stop the sweep first)", h.describe()))
+    matches!(host.hold_in_effect(Some(h)), crate::hold::HoldEffect::HandsOff(_))
+        .then(|| format!("{} (stop the sweep first)", h.describe()))
+}
+
+/// The machine, for a command that only reads it.
+fn this_host() -> crate::host::RealHost {
+    crate::host::RealHost::new(crate::cgroup::Layout::host())
 }
 
 /// This apply is the sweep's own: run by the process that holds the unit, or by its child.
@@ -939,7 +947,7 @@ pub async fn suspend(
 ) -> Result<u8> {
     let store = Store::new(&dirs.state_dir);
     let Some(st) = known_unit(&store, &unit)? else { return Ok(1) };
-    if let Some(why) = live_sweep(&st) {
+    if let Some(why) = live_sweep(&this_host(), &st) {
         eprintln!("specd: refused: {unit}: {why}; nothing was changed");
         return Ok(1);
     }
@@ -963,7 +971,9 @@ pub async fn suspend(
 pub async fn resume(dirs: &Dirs, unit: String, socket: PathBuf) -> Result<u8> {
     let store = Store::new(&dirs.state_dir);
     let Some(st) = known_unit(&store, &unit)? else { return Ok(1) };
-    if let Some(why) = live_sweep(&st) {
+    // A sweep's hold that names no process (an older specd's) has no sweep to stop: resumed.
+    let named = st.hold.as_ref().is_some_and(|h| h.pid.is_some());
+    if let Some(why) = live_sweep(&this_host(), &st).filter(|_| named) {
         eprintln!("specd: refused: {unit}: {why}");
         return Ok(1);
     }
@@ -1048,7 +1058,7 @@ pub async fn rollback(
         }
         return Ok(1);
     };
-    if let Some(why) = live_sweep(&st) {
+    if let Some(why) = live_sweep(&ctx.host, &st) {
         return refuse(doc, format!("refused: {unit}: {why}; nothing was changed"));
     }
     let deployed = ctx.host.read(&crate::host::unit_path(&dirs.unit_dir, &unit))?.map(|b| specd_spec::sha256_hex(&b));
@@ -1084,8 +1094,8 @@ pub async fn rollback(
     // Pinned first, so that an agent that runs does not move it forward meanwhile; but only
     // while this process lives until the unit serves: killed half-way (or quit by a second
     // signal), its pin ends with it, and the agent puts the source's unit back.
-    let me = std::process::id();
-    let pending = state::Hold { pid: Some(me), pid_start: crate::host::pid_start(me), ..hold.clone() };
+    let (me, started) = ctx.host.me();
+    let pending = state::Hold { pid: Some(me), pid_start: started, ..hold.clone() };
     ctx.store.set_hold(&unit, pending.clone()).await?;
     say(&format!(
         "{unit}: rolling back to unit {} ({}, good at {})",
@@ -1203,6 +1213,8 @@ mod tests {
     fn only_a_live_sweep_stops_a_hand_apply() {
         let hold = |kind, pid| state::Hold { pid, ..state::Hold::new(kind, "specd sweep qwen-mtp-steps", 0) };
         let st = |h| state::UnitState { unit: "a.service".into(), hold: Some(h), ..Default::default() };
+        let host = this_host();
+        let live_sweep = |st: &state::UnitState| live_sweep(&host, st);
         let why = live_sweep(&st(hold(state::HoldKind::Sweep, Some(std::process::id())))).unwrap();
         assert!(
             why.contains("held by a sweep by specd sweep qwen-mtp-steps") && why.contains("stop the sweep"),
@@ -1218,6 +1230,13 @@ mod tests {
         let pid = gone.id();
         gone.wait().unwrap();
         assert_eq!(live_sweep(&st(hold(state::HoldKind::Sweep, Some(pid)))), None);
+        // Past its end, even with its process alive (a sweep that hung): the agent's again.
+        let expired = state::Hold { until: Some(1), ..hold(state::HoldKind::Sweep, Some(me)) };
+        assert_eq!(live_sweep(&st(expired)), None);
+        // One that names no process (an older specd's): in effect until it expires, as the agent
+        // sees it.
+        assert!(live_sweep(&st(hold(state::HoldKind::Sweep, None))).is_some());
+        assert_eq!(live_sweep(&st(state::Hold { until: Some(1), ..hold(state::HoldKind::Sweep, None) })), None);
         assert_eq!(live_sweep(&st(hold(state::HoldKind::Suspend, None))), None);
         assert_eq!(live_sweep(&st(hold(state::HoldKind::Pin, None))), None);
     }

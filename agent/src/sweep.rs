@@ -55,31 +55,31 @@ struct SweepHold {
 }
 
 impl SweepHold {
-    /// Hold the unit, unless someone else holds it (a suspend, a pin, a sweep that still runs).
-    async fn take(store: &Store, unit: &str, name: &str) -> Result<SweepHold, String> {
+    /// Hold the unit, unless someone else's hold is in effect (a suspend, a pin, a sweep that
+    /// still runs: the one hold gate, [`Host::hold_in_effect`]).
+    async fn take<H: Host>(host: &H, store: &Store, unit: &str, name: &str) -> Result<SweepHold, String> {
         let st = store.peek(unit).map_err(|e| format!("{e:#}"))?;
-        if let Some(h) = &st.hold {
-            let stale = h.kind == HoldKind::Sweep && !crate::host::holder_alive(h)
-                || h.until.is_some_and(|u| u <= state::now());
-            if !stale {
-                return Err(format!("{}: a sweep does not take a unit someone holds", h.describe()));
-            }
+        if let Some(h) = &st.hold
+            && let crate::hold::HoldEffect::HandsOff(_) = host.hold_in_effect(Some(h))
+        {
+            return Err(format!("{}: a sweep does not take a unit someone holds", h.describe()));
         }
-        let now = state::now();
+        let now = host.now();
+        let (me, started) = host.me();
         let hold = Hold {
             until: Some(now + HOLD_FOR),
-            pid: Some(std::process::id()),
-            pid_start: crate::host::pid_start(std::process::id()),
+            pid: Some(me),
+            pid_start: started,
             ..Hold::new(HoldKind::Sweep, format!("specd sweep {name}"), now)
         };
         store.set_hold(unit, hold.clone()).await.map_err(|e| format!("{e:#}"))?;
         let refresher = {
-            let (store, unit, mut hold) = (store.clone(), unit.to_string(), hold.clone());
+            let (host, store, unit, mut hold) = (host.clone(), store.clone(), unit.to_string(), hold.clone());
             tokio::spawn(async move {
                 loop {
                     tokio::time::sleep(std::time::Duration::from_secs(HOLD_FOR / 4)).await;
                     // Only this sweep's hold (one set since by someone else stays as it is).
-                    let pushed = Hold { until: Some(state::now() + HOLD_FOR), ..hold.clone() };
+                    let pushed = Hold { until: Some(host.now() + HOLD_FOR), ..hold.clone() };
                     match store.set_hold_if(&unit, pushed.clone(), |h| *h == hold).await {
                         Ok(true) => hold = pushed,
                         Ok(false) => return,
@@ -369,7 +369,7 @@ async fn campaign(dirs: &Dirs, o: &Options, doc: &mut Summary) -> Result<u8> {
     };
     let shutdown = interrupts(sw.spec.after);
     let ctx = context::host_ctx(dirs, events(), shutdown.clone());
-    let hold = match SweepHold::take(&ctx.store, &unit, &sw.metadata.name).await {
+    let hold = match SweepHold::take(&ctx.host, &ctx.store, &unit, &sw.metadata.name).await {
         Ok(h) => h,
         Err(why) => {
             eprintln!("specd: {unit}: {why}");
@@ -1041,5 +1041,41 @@ spec:
         let e = format!("{:#}", read_results(&p).unwrap_err());
         assert!(e.contains("results.jsonl:2: not a sweep result"), "{e}");
         assert_eq!(read_results(&dir.path().join("none.jsonl")).unwrap().0.len(), 0);
+    }
+
+    /// A sweep takes a unit only when no one else's hold is in effect, by the agent's own gate:
+    /// a live sweep, a suspend, a pin, a hold that names no process (until it expires) keep
+    /// it out; an expired hold, or a sweep whose process is gone, does not.
+    #[tokio::test(start_paused = true)]
+    async fn a_sweep_takes_a_unit_only_when_no_other_hold_is_in_effect() {
+        use crate::host::fake::{EPOCH, FakeHost};
+        let dir = tempfile::tempdir().unwrap();
+        let host = FakeHost::new("u.service", &dir.path().join("units"));
+        let store = Store::new(dir.path().join("state"));
+        let other = host.spawn_holder();
+        let sweep = |pid, until| Hold { pid, until, ..Hold::new(HoldKind::Sweep, "specd sweep other", EPOCH) };
+        let cases = [
+            (sweep(Some(other), Some(EPOCH + 60)), false),
+            (sweep(None, None), false),
+            (sweep(None, Some(EPOCH + 60)), false),
+            (Hold::new(HoldKind::Suspend, "root@h (specd suspend)", EPOCH), false),
+            (Hold { desired_at_pin: Some("a".repeat(64)), ..Hold::new(HoldKind::Pin, "root@h", EPOCH) }, false),
+            (sweep(Some(other), Some(EPOCH)), true),
+            (sweep(None, Some(EPOCH)), true),
+        ];
+        for (hold, taken) in cases {
+            store.set_hold("u.service", hold.clone()).await.unwrap();
+            let got = SweepHold::take(&host, &store, "u.service", "mine").await;
+            assert_eq!(got.is_ok(), taken, "{}", hold.describe());
+            if let Ok(h) = got {
+                assert_eq!(h.hold.pid, Some(host.me().0));
+                h.release(&store).await;
+            }
+        }
+        host.end_holder(other);
+        store.set_hold("u.service", sweep(Some(other), Some(EPOCH + 60))).await.unwrap();
+        let h = SweepHold::take(&host, &store, "u.service", "mine").await.expect("a dead sweep's hold is stale");
+        h.release(&store).await;
+        assert_eq!(store.peek("u.service").unwrap().hold, None);
     }
 }

@@ -110,6 +110,8 @@ struct World {
     preflight: Vec<(Vec<String>, crate::preflight::Problem)>,
     /// Links to /dev/null (`systemctl mask`).
     masks: Vec<PathBuf>,
+    /// The process specd runs as on this host ([`Host::me`]), once asked for.
+    me: Option<u32>,
 }
 
 /// What the fault plan says about this call.
@@ -249,7 +251,10 @@ impl FakeHost {
 
     /// A process outside the unit (a sweep's), alive until [`FakeHost::end_holder`].
     pub fn spawn_holder(&self) -> u32 {
-        let mut w = self.w();
+        Self::holder(&mut self.w())
+    }
+
+    fn holder(w: &mut World) -> u32 {
         let pid = w.next_pid;
         w.next_pid += 1;
         let now = Instant::now();
@@ -692,6 +697,16 @@ impl Host for FakeHost {
 
     fn now(&self) -> u64 {
         EPOCH + self.born.elapsed().as_secs()
+    }
+
+    fn me(&self) -> (u32, Option<u64>) {
+        let mut w = self.w();
+        let me = match w.me {
+            Some(me) => me,
+            None => Self::holder(&mut w),
+        };
+        w.me = Some(me);
+        (me, None)
     }
 
     fn cmdline(&self, pid: u32) -> Option<Vec<String>> {

@@ -56,12 +56,20 @@ pub trait Host: Clone + Send + Sync + 'static {
     /// The wall clock, unix seconds (a hold's expiry is a time of day).
     fn now(&self) -> u64;
 
-    /// The one hold gate: the effect of a unit's `hold` now for a source whose desired unit is
-    /// `desired_sha` (a hold that names no process is alive until it expires).
+    /// The one hold gate, for the agent (its worker and its reconcile): the effect of a unit's
+    /// `hold` now for a source whose desired unit is `desired_sha` ([`crate::hold::effective`]:
+    /// a hold that names no process is in effect until it expires).
     fn hold_effect(&self, hold: Option<&crate::hold::Hold>, desired_sha: &str) -> crate::hold::HoldEffect {
-        let alive = hold.is_none_or(|h| h.pid.is_none() || self.holder_alive(h));
-        crate::hold::effective(hold, self.now(), alive, desired_sha)
+        hold_effect(self, hold, Some(desired_sha))
     }
+    /// The same gate for a one-shot command (a hand apply, rollback, suspend, resume, a sweep),
+    /// which does not follow the source: a pin holds until it expires or is resumed.
+    fn hold_in_effect(&self, hold: Option<&crate::hold::Hold>) -> crate::hold::HoldEffect {
+        hold_effect(self, hold, None)
+    }
+    /// This process, as a hold names it: its pid and start time (a sweep's hold, a rollback's
+    /// pending pin).
+    fn me(&self) -> (u32, Option<u64>);
     /// A process's command line; `None` once it is gone.
     fn cmdline(&self, pid: u32) -> Option<Vec<String>>;
     /// A process is still in the cgroup.
@@ -263,6 +271,11 @@ impl Host for RealHost {
         crate::state::now()
     }
 
+    fn me(&self) -> (u32, Option<u64>) {
+        let me = std::process::id();
+        (me, pid_start(me))
+    }
+
     fn populated(&self, cg: &str) -> bool {
         self.layout.populated(cg)
     }
@@ -365,6 +378,17 @@ pub async fn reported_args(
             specd_spec::pyrepr::parse(&said).map_err(|e| format!("the logged args ({marker}…) do not read: {e}"))
         }),
     })
+}
+
+/// [`Host::hold_effect`] and [`Host::hold_in_effect`]: the pure decision, with the hold's
+/// process looked at on `host` (when it names one).
+fn hold_effect<H: Host>(
+    host: &H,
+    hold: Option<&crate::hold::Hold>,
+    desired_sha: Option<&str>,
+) -> crate::hold::HoldEffect {
+    let alive = hold.is_some_and(|h| h.pid.is_some() && host.holder_alive(h));
+    crate::hold::effective(hold, host.now(), alive, desired_sha)
 }
 
 /// How an instance ended, as its diagnosis says it.

@@ -648,8 +648,9 @@ async fn worker<H: Host>(
         let wait = match (result, &held) {
             (Ok(r), Some((why, recheck, _))) => {
                 failures = 0;
-                metrics.reconciled(&unit, r.plan.sync, "held", t0.elapsed().as_secs_f64(), false);
-                looks.after(&ctx, &metrics, &d, r.plan.sync).await;
+                let now = sync_after(&r);
+                metrics.reconciled(&unit, now, "held", t0.elapsed().as_secs_f64(), false);
+                looks.after(&ctx, &metrics, &d, now).await;
                 // Said once per hold and sync status, not at every look.
                 let said = format!("{why}: {}", r.verdict);
                 if last_held.as_ref() != Some(&said) {
@@ -730,16 +731,11 @@ async fn worker<H: Host>(
     }
 }
 
-/// The sync status after a reconcile, not the one it started from.
+/// The sync status after a reconcile, not the one it started from (`sync::status`: the worker
+/// holds the unit's lock for its reconciles, and its metrics follow what they do, not the
+/// history).
 fn sync_after(r: &reconcile::Report) -> crate::plan::SyncStatus {
-    use crate::plan::SyncStatus;
-    match r.outcome {
-        Some(Outcome::Applied | Outcome::Started) => SyncStatus::InSync,
-        // A refusal: the desired unit does not run (looked at again now and then).
-        Some(Outcome::RolledBack | Outcome::Failed | Outcome::Refused) => SyncStatus::Failed,
-        Some(Outcome::Reported) => SyncStatus::Drifted,
-        Some(Outcome::Unquarantined | Outcome::HoldSet | Outcome::HoldCleared) | None => r.plan.sync,
-    }
+    crate::sync::status(crate::sync::Seen { planned: r.plan.sync, outcome: r.outcome, applying: false, last_try: None })
 }
 
 /// How long a look at a unit's deaths waits for the journal to show how the instance that just

@@ -45,6 +45,7 @@ mod specs;
 mod speculation;
 mod state;
 mod sweep;
+mod sync;
 mod systemd;
 mod timing;
 

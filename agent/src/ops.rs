@@ -208,12 +208,9 @@ pub async fn apply(dirs: &Dirs, files: &[PathBuf], host: Option<String>, dry_run
             }
         }
         // 0: the unit runs the spec (or, dry run, would be made to); 1: anything else.
-        let ok = match (report.outcome, report.plan.sync) {
-            (Some(state::Outcome::Applied | state::Outcome::Started), _) => true,
-            (None, SyncStatus::InSync) => true,
-            (None, SyncStatus::OutOfSync | SyncStatus::Drifted) if dry_run => !report.refused,
-            _ => false,
-        };
+        let would = |sync| matches!(sync, SyncStatus::OutOfSync | SyncStatus::Drifted) && !report.refused;
+        let ok = crate::sync::runs_spec(report.outcome, report.plan.sync)
+            || (dry_run && report.outcome.is_none() && would(report.plan.sync));
         if !ok {
             code = code.max(1);
         }
@@ -388,25 +385,26 @@ async fn unit_status<H: Host>(
     };
     let (o, props) = reconcile::observe(ctx, &d, st, true).await?;
     let p = plan::plan(&o, &reconcile::desired_of(&ctx.unit_dir, &d));
-    let mut sync = p.sync;
     let mut reasons = p.reasons.clone();
-    let lock_free = !crate::lock::UnitLock::held(&ctx.store.locks_dir(), &st.unit);
-    if !lock_free {
-        sync = SyncStatus::Progressing;
+    let applying = crate::lock::UnitLock::held(&ctx.store.locks_dir(), &st.unit);
+    let last = st.history.last().filter(|h| h.sha256 == d.unit.sha256);
+    let sync = crate::sync::status(crate::sync::Seen {
+        planned: p.sync,
+        outcome: None,
+        applying,
+        last_try: last.map(|h| h.outcome),
+    });
+    if applying {
         reasons.insert(
             0,
             format!("an apply is running ({})", st.in_progress.as_ref().map_or("?".into(), |p| p.phase.to_string())),
         );
     }
-    if let Some(last) = st.history.last()
-        && last.sha256 == d.unit.sha256
-        && matches!(last.outcome, state::Outcome::Failed | state::Outcome::RolledBack | state::Outcome::Refused)
-        && sync != SyncStatus::Progressing
+    // Failed by its last try: that try's message says why.
+    if let Some(last) = last.filter(|h| crate::sync::failed_try(h.outcome) && sync == SyncStatus::Failed)
+        && !reasons.iter().any(|r| r.contains(&last.message))
     {
-        sync = SyncStatus::Failed;
-        if !reasons.iter().any(|r| r.contains(&last.message)) {
-            reasons.push(last.message.clone());
-        }
+        reasons.push(last.message.clone());
     }
     let health = ServiceHealth::of(o.ready, props.active_state);
     let down = (health == ServiceHealth::Down).then(|| match st.history.last() {
@@ -1121,10 +1119,7 @@ pub async fn rollback(
     doc.outcome = report.outcome;
     doc.verdict = Some(report.verdict.clone());
     doc.previous_instance = report.stop_verdict.clone();
-    let runs = matches!(
-        (report.outcome, report.plan.sync),
-        (Some(state::Outcome::Applied | state::Outcome::Started), _) | (None, SyncStatus::InSync)
-    );
+    let runs = crate::sync::runs_spec(report.outcome, report.plan.sync);
     let code = if runs {
         // It serves: the pin no longer ends with this process.
         ctx.store.set_hold_if(&unit, hold.clone(), |h| *h == pending).await?;

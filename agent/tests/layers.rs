@@ -12,7 +12,19 @@ const LAYERS: &[(&str, &[&str])] = &[
     // Pure decisions and the model they decide on; no I/O.
     (
         "core",
-        &["plan", "recovery", "service", "speculation", "guard", "hold", "timing", "record", "conclude", "rollout"],
+        &[
+            "plan",
+            "recovery",
+            "service",
+            "speculation",
+            "guard",
+            "hold",
+            "timing",
+            "record",
+            "conclude",
+            "rollout",
+            "sync",
+        ],
     ),
     // The adapters, in three ordered layers. Primitives: files, locks, processes, cgroups,
     // D-Bus's wire, specd's own state files.

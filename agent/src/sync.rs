@@ -1,0 +1,126 @@
+//! A unit's sync status as specd says it (the agent's metrics, `specd status`, `specd apply`'s
+//! JSON), and whether the unit runs its spec (the exit code of `apply` and `rollback`): pure,
+//! one place each, from what `plan` found and what the reconcile did.
+
+use crate::plan::SyncStatus;
+use crate::record::Outcome;
+
+/// What is known of a unit when its sync status is said.
+#[derive(Clone, Copy, Debug)]
+pub struct Seen {
+    /// What the plan found when it looked (`plan::plan`).
+    pub planned: SyncStatus,
+    /// What the reconcile that looked did (`None`: nothing, or a look without a reconcile).
+    pub outcome: Option<Outcome>,
+    /// Another process applies the unit now (it holds the unit's lock).
+    pub applying: bool,
+    /// The unit's newest history entry, when it is about the desired unit: how its last try
+    /// ended.
+    pub last_try: Option<Outcome>,
+}
+
+/// The sync status after what was seen: what a reconcile did decides (its result, not the
+/// status it started from); else an apply in progress; else a last try of the desired unit
+/// that failed, was rolled back or refused (unless the plan finds an apply to finish); else
+/// the plan's.
+pub fn status(s: Seen) -> SyncStatus {
+    match s.outcome {
+        Some(Outcome::Applied | Outcome::Started) => return SyncStatus::InSync,
+        // A refusal: the desired unit does not run (looked at again now and then).
+        Some(Outcome::RolledBack | Outcome::Failed | Outcome::Refused) => return SyncStatus::Failed,
+        Some(Outcome::Reported) => return SyncStatus::Drifted,
+        Some(Outcome::Unquarantined | Outcome::HoldSet | Outcome::HoldCleared) | None => {}
+    }
+    if s.applying || s.planned == SyncStatus::Progressing {
+        return SyncStatus::Progressing;
+    }
+    match s.last_try {
+        Some(o) if failed_try(o) => SyncStatus::Failed,
+        _ => s.planned,
+    }
+}
+
+/// A try of a unit that did not leave it running: it failed, was rolled back or refused.
+pub fn failed_try(o: Outcome) -> bool {
+    matches!(o, Outcome::Failed | Outcome::RolledBack | Outcome::Refused)
+}
+
+/// The unit runs its spec after a reconcile: it applied or started it, or found it in sync and
+/// did nothing.
+pub fn runs_spec(outcome: Option<Outcome>, planned: SyncStatus) -> bool {
+    match outcome {
+        Some(o) => matches!(o, Outcome::Applied | Outcome::Started),
+        None => planned == SyncStatus::InSync,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ALL_SYNC: [SyncStatus; 6] = [
+        SyncStatus::InSync,
+        SyncStatus::OutOfSync,
+        SyncStatus::Drifted,
+        SyncStatus::Progressing,
+        SyncStatus::Failed,
+        SyncStatus::Masked,
+    ];
+    const ALL_OUTCOMES: [Outcome; 9] = [
+        Outcome::Applied,
+        Outcome::Started,
+        Outcome::RolledBack,
+        Outcome::Failed,
+        Outcome::Reported,
+        Outcome::Unquarantined,
+        Outcome::HoldSet,
+        Outcome::HoldCleared,
+        Outcome::Refused,
+    ];
+
+    #[test]
+    fn what_a_reconcile_did_decides_the_status_after_it() {
+        for planned in ALL_SYNC {
+            for applying in [false, true] {
+                for last_try in [None, Some(Outcome::Failed), Some(Outcome::Applied)] {
+                    let at = |outcome| status(Seen { planned, outcome: Some(outcome), applying, last_try });
+                    assert_eq!(at(Outcome::Applied), SyncStatus::InSync);
+                    assert_eq!(at(Outcome::Started), SyncStatus::InSync);
+                    assert_eq!(at(Outcome::RolledBack), SyncStatus::Failed);
+                    assert_eq!(at(Outcome::Failed), SyncStatus::Failed);
+                    assert_eq!(at(Outcome::Refused), SyncStatus::Failed);
+                    assert_eq!(at(Outcome::Reported), SyncStatus::Drifted);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn without_a_result_an_apply_in_progress_then_a_failed_last_try_then_the_plan() {
+        for planned in ALL_SYNC {
+            for outcome in [None, Some(Outcome::HoldCleared), Some(Outcome::Unquarantined), Some(Outcome::HoldSet)] {
+                let seen = Seen { planned, outcome, applying: false, last_try: None };
+                assert_eq!(status(seen), planned, "{seen:?}");
+                assert_eq!(status(Seen { applying: true, ..seen }), SyncStatus::Progressing, "{seen:?}");
+                for failed in [Outcome::Failed, Outcome::RolledBack, Outcome::Refused] {
+                    let want = if planned == SyncStatus::Progressing { planned } else { SyncStatus::Failed };
+                    assert_eq!(status(Seen { last_try: Some(failed), ..seen }), want, "{seen:?}");
+                }
+                for fine in [Outcome::Applied, Outcome::Started, Outcome::Reported, Outcome::HoldCleared] {
+                    assert_eq!(status(Seen { last_try: Some(fine), ..seen }), planned, "{seen:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_unit_runs_its_spec_when_applied_started_or_found_in_sync() {
+        for planned in ALL_SYNC {
+            assert_eq!(runs_spec(None, planned), planned == SyncStatus::InSync, "{planned:?}");
+            for o in ALL_OUTCOMES {
+                let want = matches!(o, Outcome::Applied | Outcome::Started);
+                assert_eq!(runs_spec(Some(o), planned), want, "{o:?} {planned:?}");
+            }
+        }
+    }
+}

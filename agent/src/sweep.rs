@@ -21,14 +21,12 @@ use specd_spec::sweep::{self, After, Amount, Metric, ParsedSweep, Point, Prompts
 use specd_spec::{ParsedSpec, Spec};
 
 use crate::context::{self, Dirs};
-use crate::diagnose;
 use crate::fsx;
 use crate::host::Host;
 use crate::loadgen::{self, Level};
-use crate::probe::Probe;
 use crate::reconcile::{self, Ctx, DesiredState, Event, Events, Finish, Shutdown};
 use crate::report::{self, Goal, PointOutcome, PointResult};
-use crate::state::{self, Hold, HoldKind, Outcome, Source, Store};
+use crate::state::{Hold, HoldKind, Outcome, Source, Store};
 
 /// The unit as it was before the sweep: what `after: restore` applies again. Kept in the
 /// output directory so that a resumed sweep restores the same thing.
@@ -304,21 +302,21 @@ fn level_line(l: &loadgen::LevelResult) -> String {
 }
 
 /// `max_running_requests` as the server reports it (the engine facts' `Reported` row).
-async fn reported_max_running(probe: &Probe, spec: &Spec, invocation: &str) -> Option<Value> {
+async fn reported_max_running<H: Host>(host: &H, spec: &Spec, invocation: &str) -> Option<Value> {
     let facts = specd_spec::engine_facts(spec.engine);
     let row = facts.reported.iter().find(|r| r.field == "server.max_running_requests")?;
-    let info = crate::host::reported_args(probe, &spec.base_url(), spec, invocation).await?.ok()?;
+    let info = host.reported_args(&spec.base_url(), spec, invocation).await?.ok()?;
     info.pointer(row.pointer).cloned().filter(|v| !v.is_null())
 }
 
-/// The verdict on how an instance ended, for the record: (verdict, summary).
-async fn verdict_of(unit: &str, invocation: Option<&str>) -> (Option<String>, Option<String>) {
-    let d = match invocation {
-        Some(inv) if !inv.is_empty() => diagnose::instance_verdict(unit, inv, Duration::from_secs(10)).await,
-        _ => diagnose::last_verdict(unit).await,
-    };
-    match d {
-        Some(d) => (Some(d.verdict.as_str().to_string()), Some(d.summary)),
+/// How long the journal is waited for to show how a point's instance ended.
+const VERDICT_WITHIN: Duration = Duration::from_secs(10);
+
+/// The verdict on how an instance ended (`None`: the unit's newest that ended), for the record:
+/// (verdict, summary).
+async fn verdict_of<H: Host>(host: &H, unit: &str, invocation: Option<&str>) -> (Option<String>, Option<String>) {
+    match host.ending(unit, invocation.unwrap_or(""), VERDICT_WITHIN).await {
+        Some(e) => (Some(e.verdict), Some(e.summary)),
         None => (None, None),
     }
 }
@@ -329,7 +327,8 @@ async fn verdict_of(unit: &str, invocation: Option<&str>) -> (Option<String>, Op
 pub async fn run(dirs: &Dirs, o: Options) -> Result<u8> {
     let json = o.json;
     let mut doc = Summary::default();
-    let result = campaign(dirs, &o, &mut doc).await;
+    let host = crate::host::RealHost::new(crate::cgroup::Layout::host());
+    let result = campaign(&host, dirs, &o, &mut doc, interrupts).await;
     if json {
         match &result {
             Ok(code) => doc.ok = *code == 0,
@@ -340,8 +339,28 @@ pub async fn run(dirs: &Dirs, o: Options) -> Result<u8> {
     result
 }
 
-/// The sweep itself (see [`run`]); what the summary says is filled in `doc` as it goes.
-async fn campaign(dirs: &Dirs, o: &Options, doc: &mut Summary) -> Result<u8> {
+/// The reconcile context of the sweep's applies on `host` (they override holds: the sweep's own
+/// hold is on the unit).
+fn ctx_on<H: Host>(host: &H, dirs: &Dirs, shutdown: Shutdown) -> Ctx<H> {
+    Ctx {
+        host: host.clone(),
+        unit_dir: dirs.unit_dir.clone(),
+        store: Store::new(&dirs.state_dir),
+        events: events(),
+        shutdown,
+        holds: reconcile::Holds::Overridden,
+    }
+}
+
+/// The sweep itself (see [`run`]) on `host`, stopped by what `interrupts` makes of the sweep's
+/// `after`; what the summary says is filled in `doc` as it goes.
+async fn campaign<H: Host>(
+    host: &H,
+    dirs: &Dirs,
+    o: &Options,
+    doc: &mut Summary,
+    interrupts: impl FnOnce(After) -> Shutdown,
+) -> Result<u8> {
     let refuse = |doc: &mut Summary, why: String| -> Result<u8> {
         eprintln!("{why}");
         eprintln!("specd: nothing was changed on this host");
@@ -368,7 +387,7 @@ async fn campaign(dirs: &Dirs, o: &Options, doc: &mut Summary) -> Result<u8> {
         return Ok(1);
     };
     let shutdown = interrupts(sw.spec.after);
-    let ctx = context::host_ctx(dirs, events(), shutdown.clone());
+    let ctx = ctx_on(host, dirs, shutdown.clone());
     let hold = match SweepHold::take(&ctx.host, &ctx.store, &unit, &sw.metadata.name).await {
         Ok(h) => h,
         Err(why) => {
@@ -389,7 +408,7 @@ async fn campaign(dirs: &Dirs, o: &Options, doc: &mut Summary) -> Result<u8> {
     let ran = run_points(&ctx, &p, &prior, &results_path, &shutdown).await;
 
     // Leave the host on a verified unit: the one before the sweep, or the winner.
-    let final_ctx = context::host_ctx(dirs, events(), Shutdown::never());
+    let final_ctx = ctx_on(host, dirs, Shutdown::never());
     if let Some(e) = ran.aborted {
         restore(&final_ctx, &unit, &before).await;
         hold.release(&final_ctx.store).await;
@@ -521,7 +540,6 @@ async fn run_points<H: Host>(
         p.points[0].spec.unit,
         p.out.display()
     );
-    let probe = Probe::default();
     for pt in &p.points {
         let i = pt.index + 1;
         if let Some(r) = prior.iter().rev().find(|r| r.unit_sha256 == pt.unit.sha256) {
@@ -536,7 +554,7 @@ async fn run_points<H: Host>(
         if shutdown.is_set() {
             return Ran { interrupted: true, aborted: None };
         }
-        let done = match point(ctx, p, pt, &probe, shutdown).await {
+        let done = match point(ctx, p, pt, shutdown).await {
             Ok(Some(r)) => append(results_path, &r).map(|()| Some(r)),
             other => other,
         };
@@ -729,13 +747,7 @@ fn before<H: Host>(ctx: &Ctx<H>, out: &Path, unit: &str, resume: bool, points: &
 
 /// Apply one point and load it. `None`: interrupted (nothing recorded; the point is measured
 /// again on resume).
-async fn point<H: Host>(
-    ctx: &Ctx<H>,
-    p: &Plan,
-    pt: &Point,
-    probe: &Probe,
-    shutdown: &Shutdown,
-) -> Result<Option<PointResult>> {
+async fn point<H: Host>(ctx: &Ctx<H>, p: &Plan, pt: &Point, shutdown: &Shutdown) -> Result<Option<PointResult>> {
     let (i, n) = (pt.index + 1, p.points.len());
     let unit = &pt.spec.unit;
     eprintln!("[{i}/{n}] {}: applying unit {}", pt.label, specd_spec::short(&pt.unit.sha256));
@@ -764,7 +776,7 @@ async fn point<H: Host>(
         Err(e) => {
             r.outcome = PointOutcome::ApplyFailed;
             r.summary = Some(format!("{e:#}"));
-            r.time = state::now();
+            r.time = ctx.host.now();
             return Ok(Some(r));
         }
     };
@@ -772,17 +784,17 @@ async fn point<H: Host>(
         || (report.outcome.is_none() && report.plan.steps.is_empty());
     if !ok {
         // The failed instance is the newest that ended (the rollback's runs).
-        let (v, s) = verdict_of(unit, None).await;
+        let (v, s) = verdict_of(&ctx.host, unit, None).await;
         eprintln!("[{i}/{n}] {}: {}", pt.label, report.verdict);
         r.outcome = PointOutcome::ApplyFailed;
         r.verdict = v;
         r.summary = s.or(Some(report.verdict));
-        r.time = state::now();
+        r.time = ctx.host.now();
         return Ok(Some(r));
     }
     r.apply_s = Some(t0.elapsed().as_secs_f64());
     let props = ctx.host.show(unit).await?;
-    r.max_running_requests = reported_max_running(probe, &pt.spec, &props.invocation_id).await;
+    r.max_running_requests = reported_max_running(&ctx.host, &pt.spec, &props.invocation_id).await;
     r.proof = ctx.store.peek(unit)?.speculation.filter(|s| s.sha256 == pt.unit.sha256).map(|s| s.measured.figure());
     eprintln!(
         "[{i}/{n}] {}: verified and ready in {:.1} s{}",
@@ -814,7 +826,7 @@ async fn point<H: Host>(
             timeout: Duration::from_secs(300),
         };
         let l = tokio::select! {
-            l = loadgen::run(&level) => l,
+            l = ctx.host.load(&level) => l,
             _ = shutdown.wait() => return Ok(None),
         };
         eprintln!("{}", level_line(&l));
@@ -823,14 +835,14 @@ async fn point<H: Host>(
         // (also when systemd restarted it and the requests went on against the new one).
         let now = ctx.host.show(unit).await?;
         if now.invocation_id != props.invocation_id || !now.active_state.is_up() || now.main_pid != props.main_pid {
-            let (v, s) = verdict_of(unit, Some(&props.invocation_id)).await;
+            let (v, s) = verdict_of(&ctx.host, unit, Some(&props.invocation_id)).await;
             r.outcome = PointOutcome::DiedUnderLoad;
             r.verdict = v.or(Some("unknown".into()));
             r.summary = s;
             break;
         }
     }
-    r.time = state::now();
+    r.time = ctx.host.now();
     Ok(Some(r))
 }
 
@@ -1077,5 +1089,114 @@ spec:
         let h = SweepHold::take(&host, &store, "u.service", "mine").await.expect("a dead sweep's hold is stale");
         h.release(&store).await;
         assert_eq!(store.peek("u.service").unwrap().hold, None);
+    }
+
+    // The sweep on the fake host and tokio's paused clock: applies, load, deaths and the hold,
+    // without a machine.
+
+    const UNIT: &str = "sglang-qwen.service";
+
+    const BASE: &str = "apiVersion: specd/v1
+kind: InferenceService
+metadata: {name: qwen}
+spec:
+  unit: sglang-qwen.service
+  engine: sglang
+  command: [/opt/sglang/bin/python3, -m, sglang.launch_server]
+  model: /models/qwen
+  server: {port: 30000}
+  speculative: {algorithm: EAGLE, draft_model: /models/draft, num_steps: 3, eagle_topk: 1, num_draft_tokens: 4}
+  service: {timeout_stop_sec: 10, drain_timeout_sec: 5}
+";
+
+    const SWEEP: &str = "apiVersion: specd/v1
+kind: Sweep
+metadata: {name: qwen-steps}
+spec:
+  base: qwen.yaml
+  matrix:
+    speculative.num_steps: [2, 5]
+  load: {concurrency: [1, 4], requests: 8, warmup: 0, max_tokens: 16, prompts: builtin}
+  objective: {maximize: throughput, at_concurrency: 4}
+  after: restore
+";
+
+    /// A sweep's files in `dir`, the host (its unit deployed from the base spec), what the sweep
+    /// reads, and its options.
+    async fn swept(dir: &Path) -> (crate::host::fake::FakeHost, Dirs, Plan, Options) {
+        std::fs::write(dir.join("qwen.yaml"), BASE).unwrap();
+        std::fs::write(dir.join("sweep.yaml"), SWEEP).unwrap();
+        let dirs = Dirs { state_dir: dir.join("state"), unit_dir: dir.join("units") };
+        let o = Options {
+            file: dir.join("sweep.yaml"),
+            resume: false,
+            write: false,
+            out: Some(dir.join("out")),
+            json: true,
+        };
+        let p = plan(&o).unwrap();
+        let host = crate::host::fake::FakeHost::new(UNIT, &dirs.unit_dir);
+        let base = specd_spec::parse("qwen.yaml", BASE).unwrap().resolve(None).unwrap();
+        host.serves(&base, false);
+        for pt in &p.points {
+            host.serves(&pt.spec, false);
+        }
+        let ctx = ctx_on(&host, &dirs, Shutdown::never());
+        let r = reconcile::reconcile(&ctx, &DesiredState::new(base, None), false).await.unwrap();
+        assert_eq!(r.outcome, Some(Outcome::Applied), "{}", r.verdict);
+        (host, dirs, p, o)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_point_whose_server_dies_under_load_is_recorded_with_its_verdict_and_the_sweep_goes_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let (host, dirs, p, o) = swept(dir.path()).await;
+        let base_argv = host.serving().unwrap();
+        host.dies_under_load(&p.points[0].spec);
+        let mut doc = Summary::default();
+        let code = campaign(&host, &dirs, &o, &mut doc, |_| Shutdown::never()).await.unwrap();
+        assert_eq!(code, 0, "{doc:?}");
+        let [died, measured] = doc.results.as_slice() else { panic!("{:?}", doc.results) };
+        // The first point died at its first level: recorded with the diagnosis's verdict, and
+        // not loaded further.
+        assert_eq!(died.outcome, PointOutcome::DiedUnderLoad);
+        assert_eq!(died.verdict.as_deref(), Some("crash"));
+        assert_eq!(died.levels.len(), 1);
+        assert_eq!(died.levels[0].errors, 8);
+        // The sweep went on to the next point, measured at each level.
+        assert_eq!(measured.outcome, PointOutcome::Measured);
+        assert_eq!(measured.levels.iter().map(|l| l.concurrency).collect::<Vec<_>>(), [1, 4]);
+        assert_eq!(doc.best.as_ref().map(|b| b.label.as_str()), Some(measured.label.as_str()));
+        // Both records are on disk; the unit is restored, and the sweep's hold is gone.
+        assert_eq!(read_results(&dir.path().join("out/results.jsonl")).unwrap().0.len(), 2);
+        assert_eq!(doc.after.as_deref(), Some("restore"));
+        assert!(doc.after_ok);
+        assert_eq!(host.serving(), Some(base_argv));
+        assert_eq!(Store::new(&dirs.state_dir).peek(UNIT).unwrap().hold, None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_sweep_s_hold_is_pushed_on_while_it_runs_and_expires_once_it_no_longer_is() {
+        let dir = tempfile::tempdir().unwrap();
+        let (host, dirs, _, _) = swept(dir.path()).await;
+        let store = Store::new(&dirs.state_dir);
+        let t0 = tokio::time::Instant::now();
+        let h = SweepHold::take(&host, &store, UNIT, "qwen-steps").await.unwrap();
+        // Three hours into a long point: the hold was pushed on, and keeps the agent out.
+        tokio::time::sleep_until(t0 + Duration::from_secs(3 * 3600)).await;
+        let held = store.peek(UNIT).unwrap().hold.unwrap();
+        assert!(held.until.unwrap() > host.now() + 3600, "{}", held.describe());
+        assert!(matches!(host.hold_effect(Some(&held), "d"), crate::hold::HoldEffect::HandsOff(_)));
+        // A sweep that no longer pushes it (hung): the hold expires 2 h after its last push, and
+        // the agent takes the unit back although the sweep's process lives.
+        h.refresher.abort();
+        tokio::time::sleep(Duration::from_secs(HOLD_FOR)).await;
+        let held = store.peek(UNIT).unwrap().hold.unwrap();
+        assert!(
+            matches!(host.hold_effect(Some(&held), "d"), crate::hold::HoldEffect::Expired(w) if w.contains("expired at")),
+            "{}",
+            held.describe()
+        );
+        assert!(host.alive(host.me().0));
     }
 }

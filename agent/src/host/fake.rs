@@ -112,6 +112,8 @@ struct World {
     masks: Vec<PathBuf>,
     /// The process specd runs as on this host ([`Host::me`]), once asked for.
     me: Option<u32>,
+    /// Servers of these argvs die of the load a sweep puts on them.
+    die_under_load: Vec<Vec<String>>,
 }
 
 /// What the fault plan says about this call.
@@ -219,6 +221,11 @@ impl FakeHost {
             w.bad.push(spec.argv.clone());
         }
         w.specs.push(spec.clone());
+    }
+
+    /// A server of this spec dies (exits with an error) under a sweep's load.
+    pub fn dies_under_load(&self, spec: &Spec) {
+        self.w().die_under_load.push(spec.argv.clone());
     }
 
     /// The host lacks what `spec` names: its pre-flight finds `problem`.
@@ -843,6 +850,45 @@ impl Host for FakeHost {
         })
     }
 
+    /// Each request answers `max_tokens` tokens in 100 ms; a server that dies under load dies
+    /// at once, and every request of the level fails.
+    async fn load(&self, level: &crate::loadgen::Level) -> crate::loadgen::LevelResult {
+        let mut r = crate::loadgen::LevelResult { concurrency: level.concurrency, ..Default::default() };
+        let n = level.requests.max(1);
+        let fails = self.call("load", HTTP, |e| e).await.or_else(|| {
+            let argv = self.ready_server(&level.base_url)?;
+            let mut w = self.w();
+            if !w.die_under_load.contains(&argv) {
+                return None;
+            }
+            let main = w.unit.main_pid;
+            if let Some(p) = w.procs.get_mut(&main) {
+                p.dies_at = Some(Instant::now());
+            }
+            Self::advance(&mut w);
+            drop(w);
+            self.changes.send_modify(|n| *n += 1);
+            Some(format!("{}: connection reset", level.base_url))
+        });
+        let fails = fails.or_else(|| {
+            self.ready_server(&level.base_url).is_none().then(|| format!("{}: connection refused", level.base_url))
+        });
+        if let Some(e) = fails {
+            r.errors = n;
+            r.first_error = Some(e);
+            return r;
+        }
+        let wall = Duration::from_millis(100) * n.div_ceil(level.concurrency.max(1));
+        tokio::time::sleep(wall).await;
+        r.requests = n;
+        r.output_tokens = u64::from(n) * u64::from(level.max_tokens);
+        r.wall_s = wall.as_secs_f64();
+        r.throughput = r.output_tokens as f64 / r.wall_s;
+        r.tok_s_median = Some(f64::from(level.max_tokens) / 0.1);
+        r.tok_s_p10 = r.tok_s_median;
+        r
+    }
+
     fn note(&self, _unit: &str, _action: &str, _invocation: &str, _message: &str) {
         let _ = self.enter("note");
     }
@@ -872,11 +918,17 @@ impl Host for FakeHost {
         Some(if result == "exit-code" {
             super::Ending {
                 clean: false,
+                verdict: "crash".into(),
                 summary: "crash: the server died on its own: exit status 1".into(),
                 engine_error: Some(FAILED_LOAD.into()),
             }
         } else {
-            super::Ending { clean: true, summary: "clean stop: stopped on request".into(), engine_error: None }
+            super::Ending {
+                clean: true,
+                verdict: "clean-stop".into(),
+                summary: "clean stop: stopped on request".into(),
+                engine_error: None,
+            }
         })
     }
 }

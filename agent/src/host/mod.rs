@@ -111,6 +111,8 @@ pub trait Host: Clone + Send + Sync + 'static {
     fn running_requests(&self, base_url: &str, engine: Engine) -> impl Future<Output = Option<u64>> + Send;
     /// One short generation and the engine's evidence of drafting.
     fn speculation(&self, base_url: &str, spec: &Spec) -> impl Future<Output = Result<Speculation, String>> + Send;
+    /// One level of a sweep's load on the server, measured (`loadgen::run`).
+    fn load(&self, level: &crate::loadgen::Level) -> impl Future<Output = crate::loadgen::LevelResult> + Send;
 
     // What can be known before a start.
 
@@ -332,6 +334,10 @@ impl Host for RealHost {
         self.probe.speculation(base_url, spec).await
     }
 
+    async fn load(&self, level: &crate::loadgen::Level) -> crate::loadgen::LevelResult {
+        crate::loadgen::run(level).await
+    }
+
     fn note(&self, unit: &str, action: &str, invocation: &str, message: &str) {
         let _ = crate::diagnose::journal_note(unit, action, Some(invocation), message);
     }
@@ -356,6 +362,7 @@ impl Host for RealHost {
         };
         d.map(|d| Ending {
             clean: d.verdict == crate::diagnose::Verdict::CleanStop,
+            verdict: d.verdict.as_str().to_string(),
             summary: d.summary,
             engine_error: d.engine_error,
         })
@@ -396,6 +403,8 @@ fn hold_effect<H: Host>(
 pub struct Ending {
     /// A clean stop (on request, or by itself with success).
     pub clean: bool,
+    /// The diagnosis's verdict, by its name (`crash`, `cuda-oom`, `clean-stop`...).
+    pub verdict: String,
     pub summary: String,
     /// The server's own fatal error, as it said it (a failed start, a crash).
     pub engine_error: Option<String>,

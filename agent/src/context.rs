@@ -28,8 +28,14 @@ pub fn hostname(over: Option<String>) -> String {
 /// The reconcile context on this host: the machine (with its cgroup layout), the unit and state
 /// directories.
 pub fn host_ctx(dirs: &Dirs, events: Events, shutdown: Shutdown) -> Ctx<RealHost> {
+    ctx_on(RealHost::new(Layout::host()), dirs, events, shutdown)
+}
+
+/// The reconcile context of a command on `host` (the machine, or the tests' fake), in `dirs`:
+/// an operator's command overrides holds.
+pub fn ctx_on<H: crate::host::Host>(host: H, dirs: &Dirs, events: Events, shutdown: Shutdown) -> Ctx<H> {
     Ctx {
-        host: RealHost::new(Layout::host()),
+        host,
         unit_dir: dirs.unit_dir.clone(),
         store: Store::new(&dirs.state_dir),
         events,

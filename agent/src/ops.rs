@@ -92,6 +92,24 @@ fn print_json(doc: &impl Serialize) -> Result<()> {
 /// unit runs its spec, 1 otherwise, 2 when specd itself failed for one. With `json`, the verdicts
 /// are one JSON document on stdout ([`ApplyJson`]); progress stays on stderr.
 pub async fn apply(dirs: &Dirs, files: &[PathBuf], host: Option<String>, dry_run: bool, json: bool) -> Result<u8> {
+    let machine = crate::host::RealHost::new(crate::cgroup::Layout::host());
+    let shutdown = || match dry_run {
+        true => Shutdown::never(),
+        false => interruptible("specd apply", "the apply"),
+    };
+    apply_on(machine, dirs, files, host, dry_run, json, shutdown).await
+}
+
+/// [`apply`] on `machine`; what stops it is made (`shutdown`) once every file is checked.
+async fn apply_on<H: Host>(
+    machine: H,
+    dirs: &Dirs,
+    files: &[PathBuf],
+    host: Option<String>,
+    dry_run: bool,
+    json: bool,
+    shutdown: impl FnOnce() -> Shutdown,
+) -> Result<u8> {
     let mut doc = ApplyJson { dry_run, ..Default::default() };
     let refuse = |mut doc: ApplyJson, why: String| -> Result<u8> {
         eprintln!("specd: {why}");
@@ -126,11 +144,7 @@ pub async fn apply(dirs: &Dirs, files: &[PathBuf], host: Option<String>, dry_run
             return refuse(doc, why);
         }
     }
-    let shutdown = match dry_run {
-        true => Shutdown::never(),
-        false => interruptible("specd apply", "the apply"),
-    };
-    let ctx = Arc::new(context::host_ctx(dirs, context::events(Sink::Stderr), shutdown));
+    let ctx = Arc::new(context::ctx_on(machine, dirs, context::events(Sink::Stderr), shutdown()));
     // A live sweep's hold refuses a hand apply (not the sweep's own).
     if !dry_run {
         for d in &all {
@@ -263,8 +277,8 @@ pub async fn preflight(paths: &[PathBuf], host: Option<String>) -> Result<u8> {
 
 /// Reconcile every unit at once (each in a task of its own: a panic is that unit's error, and
 /// the others go on), and send each one's notice; the reports in the order of `all`.
-async fn each_at_once(
-    ctx: &Arc<reconcile::Ctx<crate::host::RealHost>>,
+async fn each_at_once<H: Host>(
+    ctx: &Arc<reconcile::Ctx<H>>,
     all: &[Arc<DesiredState>],
     dry_run: bool,
 ) -> Vec<Result<reconcile::Report, reconcile::ReconcileError>> {
@@ -433,7 +447,7 @@ async fn unit_status<H: Host>(
         // otherwise (a restart specd did not make, or no record yet) read from the journal.
         last_ended: match &st.last_ended {
             Some(l) if !props.invocation_id.is_empty() && l.followed_by == props.invocation_id => l.summary.clone(),
-            _ => crate::diagnose::last_verdict(&st.unit).await.map(|d| d.summary),
+            _ => ctx.host.ending(&st.unit, "", LAST_ENDED_WITHIN).await.map(|e| e.summary),
         },
         // The proof of the running unit's speculation (a measurement of an older hash is not it).
         speculation: st
@@ -467,13 +481,29 @@ async fn join_all<F: std::future::Future>(futures: impl IntoIterator<Item = F>) 
     out.into_iter().map(|o| o.expect("every future finished")).collect()
 }
 
+/// How long `status` waits for the journal to say how a unit's last instance ended.
+const LAST_ENDED_WITHIN: Duration = Duration::from_secs(10);
+
+/// `specd status [-f FILE]`: every unit specd has state for (or the file's), as the host runs it.
+/// Exit 0 when all are in sync and healthy, and the source's head deployed with no orphan.
 pub async fn status(dirs: &Dirs, json: bool, file: Option<&Path>, host: Option<String>) -> Result<u8> {
     let ctx = context::host_ctx(dirs, Arc::new(|_: &str, _: &Event| {}), Shutdown::never());
+    status_on(&ctx, dirs, json, file, host).await.map(|(code, _)| code)
+}
+
+/// [`status`] on `ctx`'s host: the exit code and what it said of each unit.
+async fn status_on<H: Host>(
+    ctx: &Ctx<H>,
+    dirs: &Dirs,
+    json: bool,
+    file: Option<&Path>,
+    host: Option<String>,
+) -> Result<(u8, Vec<UnitStatus>)> {
     let mut override_desired = None;
     let units = match file {
         Some(f) => {
             let Ok(d) = desired(f, host)? else {
-                return Ok(2);
+                return Ok((2, vec![]));
             };
             let u = d.spec.unit.clone();
             override_desired = Some(d);
@@ -485,7 +515,7 @@ pub async fn status(dirs: &Dirs, json: bool, file: Option<&Path>, host: Option<S
     // so the wall time is the slowest unit's, not the sum.
     let states = units.iter().map(|u| ctx.store.peek(u)).collect::<Result<Vec<_>>>()?;
     let mut all = Vec::new();
-    for s in join_all(states.iter().map(|st| unit_status(&ctx, st, override_desired.as_ref()))).await {
+    for s in join_all(states.iter().map(|st| unit_status(ctx, st, override_desired.as_ref()))).await {
         all.push(s?);
     }
     let source = SourceState::load(&dirs.state_dir);
@@ -529,7 +559,7 @@ pub async fn status(dirs: &Dirs, json: bool, file: Option<&Path>, host: Option<S
     // A head that was not deployed, or an orphaned unit, is not "all in sync" either.
     let source_ok = source.as_ref().is_none_or(|s| s.error.is_none() && s.orphans.is_empty());
     let ok = source_ok && all.iter().all(|s| s.sync == SyncStatus::InSync && s.health == ServiceHealth::Healthy);
-    Ok(if ok { 0 } else { 1 })
+    Ok((if ok { 0 } else { 1 }, all))
 }
 
 /// A hash as people read it, `-` when there is none.
@@ -1038,6 +1068,19 @@ pub async fn rollback(
     socket: PathBuf,
     json: bool,
 ) -> Result<u8> {
+    let ctx = context::host_ctx(dirs, context::events(Sink::Stderr), interruptible("specd rollback", "the rollback"));
+    rollback_on(&ctx, unit, to, reason, socket, json).await
+}
+
+/// [`rollback`] on `ctx`'s host.
+async fn rollback_on<H: Host>(
+    ctx: &Ctx<H>,
+    unit: String,
+    to: Option<String>,
+    reason: Option<String>,
+    socket: PathBuf,
+    json: bool,
+) -> Result<u8> {
     let mut doc = RollbackJson { unit: unit.clone(), ..Default::default() };
     let say = |line: &str| if json { eprintln!("{line}") } else { println!("{line}") };
     let refuse = |mut doc: RollbackJson, why: String| -> Result<u8> {
@@ -1048,7 +1091,6 @@ pub async fn rollback(
         }
         Ok(1)
     };
-    let ctx = context::host_ctx(dirs, context::events(Sink::Stderr), interruptible("specd rollback", "the rollback"));
     let Some(st) = known_unit(&ctx.store, &unit)? else {
         if json {
             doc.error = Some(format!("{unit}: specd has no state for this unit; nothing was changed"));
@@ -1059,7 +1101,7 @@ pub async fn rollback(
     if let Some(why) = live_sweep(&ctx.host, &st) {
         return refuse(doc, format!("refused: {unit}: {why}; nothing was changed"));
     }
-    let deployed = ctx.host.read(&crate::host::unit_path(&dirs.unit_dir, &unit))?.map(|b| specd_spec::sha256_hex(&b));
+    let deployed = ctx.host.read(&crate::host::unit_path(&ctx.unit_dir, &unit))?.map(|b| specd_spec::sha256_hex(&b));
     let target = match rollback_target(&st, deployed.as_deref(), to.as_deref()) {
         Ok(t) => t.clone(),
         Err(e) => return refuse(doc, format!("{unit}: {e}; nothing was changed")),
@@ -1102,7 +1144,7 @@ pub async fn rollback(
         state::format_time(target.time)
     ));
     let t0 = std::time::Instant::now();
-    let report = reconcile::reconcile(&ctx, &d, false).await;
+    let report = reconcile::reconcile(ctx, &d, false).await;
     context::flush_progress();
     let report = match report {
         Ok(r) => r,
@@ -1114,7 +1156,7 @@ pub async fn rollback(
         Err(e) => return Err(e.into()),
     };
     say(&report.verdict);
-    crate::notify::after_reconcile(&ctx, &d, &report, t0.elapsed()).await;
+    crate::notify::after_reconcile(ctx, &d, &report, t0.elapsed()).await;
     crate::notify::flush(std::time::Duration::from_secs(30)).await;
     doc.outcome = report.outcome;
     doc.verdict = Some(report.verdict.clone());
@@ -1299,5 +1341,143 @@ mod tests {
         assert_eq!(ServiceHealth::of(None, ActiveState::Deactivating), ServiceHealth::Down);
         assert_eq!(serde_json::to_value(ServiceHealth::Healthy).unwrap(), "Healthy");
         assert_eq!(ServiceHealth::Down.to_string(), "Down");
+    }
+
+    // The commands on the fake host and tokio's paused clock: what a person runs, and what
+    // they would check after (the exit code, what status says, what serves), without a machine.
+
+    const UNIT: &str = "sglang-qwen.service";
+
+    fn spec_text(steps: u32) -> String {
+        format!(
+            "apiVersion: specd/v1\nkind: InferenceService\nmetadata: {{name: qwen}}\nspec:\n  unit: {UNIT}\n  engine: sglang\n  command: [/opt/sglang/bin/python3, -m, sglang.launch_server]\n  model: /models/qwen\n  server: {{port: 30000}}\n  speculative: {{algorithm: EAGLE, draft_model: /models/draft, num_steps: {steps}, eagle_topk: 1, num_draft_tokens: {}}}\n  service: {{timeout_stop_sec: 10, drain_timeout_sec: 5}}\n",
+            steps + 1
+        )
+    }
+
+    /// A host where a server of `steps` serves (or fails to load, for `fails`), and the spec
+    /// files `qwen-<steps>.yaml` in the test's directory.
+    struct OnFake {
+        host: crate::host::fake::FakeHost,
+        dirs: Dirs,
+        dir: tempfile::TempDir,
+    }
+
+    impl OnFake {
+        fn new() -> OnFake {
+            let dir = tempfile::tempdir().unwrap();
+            let dirs = Dirs { state_dir: dir.path().join("state"), unit_dir: dir.path().join("units") };
+            let host = crate::host::fake::FakeHost::new(UNIT, &dirs.unit_dir);
+            OnFake { host, dirs, dir }
+        }
+
+        /// The spec file of `steps`, whose servers load (or fail to).
+        fn spec(&self, steps: u32, fails: bool) -> PathBuf {
+            let path = self.dir.path().join(format!("qwen-{steps}.yaml"));
+            std::fs::write(&path, spec_text(steps)).unwrap();
+            let spec = specd_spec::parse("q.yaml", &spec_text(steps)).unwrap().resolve(None).unwrap();
+            self.host.serves(&spec, fails);
+            path
+        }
+
+        fn argv(&self, steps: u32) -> Vec<String> {
+            specd_spec::parse("q.yaml", &spec_text(steps)).unwrap().resolve(None).unwrap().argv
+        }
+
+        fn ctx(&self) -> Ctx<crate::host::fake::FakeHost> {
+            context::ctx_on(self.host.clone(), &self.dirs, Arc::new(|_: &str, _: &Event| {}), Shutdown::never())
+        }
+
+        async fn apply(&self, files: &[PathBuf]) -> u8 {
+            apply_on(self.host.clone(), &self.dirs, files, None, false, false, Shutdown::never).await.unwrap()
+        }
+
+        async fn status(&self, file: Option<&Path>) -> (u8, UnitStatus) {
+            let (code, mut all) = status_on(&self.ctx(), &self.dirs, false, file, None).await.unwrap();
+            assert_eq!(all.len(), 1);
+            (code, all.remove(0))
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn status_says_each_state_of_a_unit_and_exits_0_only_in_sync_and_healthy() {
+        let f = OnFake::new();
+        let (good, bad) = (f.spec(3, false), f.spec(5, true));
+        assert_eq!(f.apply(std::slice::from_ref(&good)).await, 0);
+        let (code, s) = f.status(None).await;
+        assert_eq!(
+            (code, s.sync, s.health, s.cmdline_matches),
+            (0, SyncStatus::InSync, ServiceHealth::Healthy, Some(true))
+        );
+
+        // A spec that fails to load: rolled back, the old unit serves; its last try says why.
+        assert_eq!(f.apply(std::slice::from_ref(&bad)).await, 1);
+        assert_eq!(f.host.serving(), Some(f.argv(3)));
+        let (code, s) = f.status(Some(&bad)).await;
+        assert_eq!((code, s.sync, s.health), (1, SyncStatus::Failed, ServiceHealth::Healthy), "{s:?}");
+        let last = s.last_result.as_ref().unwrap();
+        assert!(s.reasons.contains(&last.message), "{:?}", s.reasons);
+
+        // An apply in progress (another process holds the unit's lock): Progressing, said first.
+        let lock = crate::lock::UnitLock::try_acquire(&f.ctx().store.locks_dir(), UNIT).unwrap().unwrap();
+        let (code, s) = f.status(Some(&good)).await;
+        assert_eq!((code, s.sync), (1, SyncStatus::Progressing));
+        assert!(s.reasons[0].starts_with("an apply is running"), "{:?}", s.reasons);
+        drop(lock);
+
+        // The service stopped behind specd's back: down, and why.
+        f.host.stop(UNIT, true).await.unwrap();
+        let (code, s) = f.status(Some(&good)).await;
+        assert_eq!((code, s.health), (1, ServiceHealth::Down), "{s:?}");
+        assert!(s.down.is_some(), "{s:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_apply_of_two_files_where_the_second_is_not_valid_changes_nothing() {
+        let f = OnFake::new();
+        let good = f.spec(3, false);
+        let broken = f.dir.path().join("broken.yaml");
+        std::fs::write(&broken, spec_text(4).replace("engine: sglang", "engine: sglangx")).unwrap();
+        assert_eq!(f.apply(&[good.clone(), broken]).await, 1);
+        // Two files for one unit: refused as well.
+        let other = f.spec(4, false);
+        assert_eq!(f.apply(&[good, other]).await, 1);
+        assert_eq!(f.host.stops_and_starts(), (0, 0));
+        assert!(f.host.writes().is_empty());
+        assert!(f.ctx().store.units().unwrap().is_empty(), "a state was recorded");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_rollback_goes_back_to_an_earlier_good_unit_and_pins_it() {
+        let f = OnFake::new();
+        let (v1, v2) = (f.spec(3, false), f.spec(5, false));
+        assert_eq!(f.apply(&[v1]).await, 0);
+        assert_eq!(f.apply(&[v2]).await, 0);
+        let ctx = f.ctx();
+        let no_agent = f.dir.path().join("no-agent.sock");
+        let good = ctx.store.peek(UNIT).unwrap().good_specs;
+        let (v1_sha, v2_sha) = (good[0].sha256.clone(), good[1].sha256.clone());
+
+        // No --to: the newest good unit that is not deployed (v1), pinned there.
+        assert_eq!(rollback_on(&ctx, UNIT.into(), None, None, no_agent.clone(), false).await.unwrap(), 0);
+        assert_eq!(f.host.serving(), Some(f.argv(3)));
+        let pin = ctx.store.peek(UNIT).unwrap().hold.unwrap();
+        assert_eq!(
+            (pin.kind, pin.pinned_sha256.as_deref(), pin.pid),
+            (state::HoldKind::Pin, Some(v1_sha.as_str()), None)
+        );
+        // The pin keeps the agent out while the source still wants v2, and is no command's
+        // business.
+        assert!(matches!(f.host.hold_effect(Some(&pin), &v2_sha), crate::hold::HoldEffect::HandsOff(_)));
+
+        // --to a hash prefix: that one (v2 again), pinned at it.
+        let code = rollback_on(&ctx, UNIT.into(), Some(v2_sha[..8].into()), None, no_agent.clone(), false);
+        assert_eq!(code.await.unwrap(), 0);
+        assert_eq!(f.host.serving(), Some(f.argv(5)));
+        assert_eq!(ctx.store.peek(UNIT).unwrap().hold.unwrap().pinned_sha256, Some(v2_sha));
+        // A hash no good unit has: refused, nothing changed.
+        let starts = f.host.stops_and_starts();
+        assert_eq!(rollback_on(&ctx, UNIT.into(), Some("ffff".into()), None, no_agent, false).await.unwrap(), 1);
+        assert_eq!(f.host.stops_and_starts(), starts);
     }
 }

@@ -342,14 +342,7 @@ pub async fn run(dirs: &Dirs, o: Options) -> Result<u8> {
 /// The reconcile context of the sweep's applies on `host` (they override holds: the sweep's own
 /// hold is on the unit).
 fn ctx_on<H: Host>(host: &H, dirs: &Dirs, shutdown: Shutdown) -> Ctx<H> {
-    Ctx {
-        host: host.clone(),
-        unit_dir: dirs.unit_dir.clone(),
-        store: Store::new(&dirs.state_dir),
-        events: events(),
-        shutdown,
-        holds: reconcile::Holds::Overridden,
-    }
+    context::ctx_on(host.clone(), dirs, events(), shutdown)
 }
 
 /// The sweep itself (see [`run`]) on `host`, stopped by what `interrupts` makes of the sweep's

@@ -201,3 +201,71 @@ fn a_signing_key_that_does_not_sign_is_named() {
         "{e}"
     );
 }
+
+/// `specd promote` and `specd fleet halt` sign their records with an OpenPGP key of the
+/// promoter's keyring (`GNUPGHOME`, as git's own signing uses it); an agent that verifies
+/// against a keyring accepts both.
+#[test]
+fn the_promoter_signs_with_openpgp_and_agents_verify_it() {
+    let d = tempfile::tempdir().unwrap();
+    let home = d.path().join("gnupg");
+    std::fs::create_dir(&home).unwrap();
+    std::fs::set_permissions(&home, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+    let gpg = |args: &[&str]| {
+        let out = Command::new("gpg")
+            .arg("--homedir")
+            .arg(&home)
+            .args(["--batch", "--pinentry-mode", "loopback", "--passphrase", ""])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "gpg {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        out.stdout
+    };
+    gpg(&["--quick-gen-key", "promoter <promoter@example.com>", "ed25519", "sign", "never"]);
+    let keyring = d.path().join("trusted.gpg");
+    std::fs::write(&keyring, gpg(&["--export", "promoter@example.com"])).unwrap();
+    let fingerprint = String::from_utf8(gpg(&["--with-colons", "--fingerprint", "promoter@example.com"]))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("fpr:").map(|f| f.trim_matches(':').to_string()))
+        .unwrap();
+
+    let work = d.path().join("config");
+    std::fs::create_dir_all(work.join("specs")).unwrap();
+    git(&work, &["init", "-q", "-b", "main"]);
+    let fleet = "apiVersion: specd/v1\nkind: Fleet\nmetadata: {name: gpus}\nspec:\n  waves:\n    - {name: canary, hosts: [gpu-01], bake: 10m}\n";
+    std::fs::write(work.join("specs/fleet.yaml"), fleet).unwrap();
+    git(&work, &["add", "-A"]);
+    git(&work, &["commit", "-q", "-m", "the fleet"]);
+    let specd = |args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_specd"))
+            .env("GNUPGHOME", &home)
+            .arg("--state-dir")
+            .arg(d.path().join("state"))
+            .args(args)
+            .args(["--config", "/nonexistent/agent.yaml", "--repo", work.to_str().unwrap(), "--path", "specs"])
+            .args(["--prometheus", "http://127.0.0.1:1", "--sign-gpg-key", "promoter@example.com", "--author", AUTHOR])
+            .output()
+            .unwrap();
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success(), "specd {args:?}: {text}");
+        text
+    };
+    // The first record needs no evidence: the head is adopted as released.
+    let adopted = specd(&["promote"]);
+    assert!(adopted.contains("adopt"), "{adopted}");
+    specd(&["fleet", "halt", "--reason", "a maintenance window", "--by", "ops"]);
+
+    let agent = GitSource::open(
+        SourceConfig { verify: Some(Verify::Gpg { keyring }), ..cfg(work.to_str().unwrap()) },
+        Path::new("/none"),
+    )
+    .unwrap();
+    let head = agent.fetch_record(BRANCH).unwrap().unwrap();
+    let first = Oid::from_str(&git(&work, &["rev-parse", &format!("{BRANCH}~1")])).unwrap();
+    for c in [head, first] {
+        assert_eq!(agent.verify(c).unwrap().as_deref(), Some(fingerprint.as_str()), "{c}");
+    }
+    assert!(git(&work, &["log", "-1", "--format=%B", BRANCH]).contains("halted by ops: a maintenance window"));
+}

@@ -54,6 +54,10 @@ pub struct UnitEvidence {
     pub previous_accept_rate: Option<f64>,
     /// Deaths since the host was promoted, by verdict (`increase(specd_unit_deaths_total[…])`).
     pub deaths_since_promotion: BTreeMap<String, f64>,
+    /// The verdict of the newest death the agent counted (`specd_unit_last_death_timestamp_seconds`).
+    pub last_death: Option<String>,
+    /// The kind of hold on the unit (`specd_unit_hold`): suspend, pin or sweep.
+    pub hold: Option<String>,
 }
 
 /// What a host must run at a revision: each unit specd renders for it, and whether it
@@ -161,7 +165,7 @@ pub fn judge(inputs: &Inputs, record: &Record, wave: &specd_spec::fleet::WaveRec
         Err(why) => return Standing::Unavailable(format!("its specs at {} do not resolve: {why}", short(rev))),
     };
     let Some(at) = promoted_at else {
-        return match runs(e, rev, &expected) {
+        return match runs(e, rev, &expected, inputs.fleet.gates().args_verified) {
             Ok(()) => Standing::Good,
             Err(why) => Standing::Unavailable(why),
         };
@@ -171,7 +175,7 @@ pub fn judge(inputs: &Inputs, record: &Record, wave: &specd_spec::fleet::WaveRec
         return f;
     }
     let since = inputs.now.saturating_sub(at);
-    if let Err(why) = runs(e, rev, &expected) {
+    if let Err(why) = runs(e, rev, &expected, gates.args_verified) {
         if since > gates.converge_within.as_secs() {
             let evidence =
                 format!("given {} {since} s ago, within {} s: {why}", short(rev), gates.converge_within.as_secs());
@@ -189,8 +193,8 @@ pub fn judge(inputs: &Inputs, record: &Record, wave: &specd_spec::fleet::WaveRec
 }
 
 /// Whether the host runs `rev`: its agent deploys it and every unit runs the unit rendered for
-/// it, verified where the spec's args are checked.
-fn runs(e: &HostEvidence, rev: &str, expected: &[ExpectedUnit]) -> Result<(), String> {
+/// it, verified where the spec's args are checked and the fleet's `args_verified` gate is on.
+fn runs(e: &HostEvidence, rev: &str, expected: &[ExpectedUnit], args_verified: bool) -> Result<(), String> {
     if e.revision.as_deref() != Some(rev) {
         let deployed = e.revision.as_deref().map_or("nothing yet".to_string(), |r| short(r).to_string());
         return Err(format!("its agent deploys {deployed}, not {}", short(rev)));
@@ -202,7 +206,7 @@ fn runs(e: &HostEvidence, rev: &str, expected: &[ExpectedUnit]) -> Result<(), St
             Some(h) => return Err(format!("{} runs unit {}, not {}", x.unit, short(h), short(&x.unit_hash))),
             None => return Err(format!("{} runs no verified unit", x.unit)),
         }
-        if u.and_then(|u| u.args_verified) == Some(false) {
+        if args_verified && u.and_then(|u| u.args_verified) == Some(false) {
             return Err(format!("{}: its args are not verified", x.unit));
         }
     }
@@ -339,10 +343,12 @@ fn wave_step(inputs: &Inputs, record: &Record, i: usize) -> Step {
     let w = &record.waves[i];
     let hosts = members(inputs.fleet, inputs.evidence, i);
     if hosts.is_empty() {
-        let mut r = record.clone();
-        r.waves[i].baked = Some(inputs.now);
-        r.waves[i].good = r.target.clone();
-        return Step::Write { record: Box::new(r), message: format!("fleet: wave {} has no host; passed", w.name) };
+        // Its hosts may exist unseen (their scrape job gone, or not scraped within the hour):
+        // passing it would give them the target all at once, unbaked.
+        return wait(format!(
+            "wave {} selects no host Prometheus knows (are its agents scraped?); a wave meant to be empty is removed from the fleet file",
+            w.name
+        ));
     }
     let standings: Vec<(String, Standing)> = hosts.iter().map(|h| (h.clone(), judge(inputs, record, w, h))).collect();
     if let Some((host, Standing::Failed { gate, unit, evidence })) =
@@ -356,8 +362,21 @@ fn wave_step(inputs: &Inputs, record: &Record, i: usize) -> Step {
         |v: &[&(String, Standing)]| v.iter().map(|(h, s)| format!("{h} ({})", s.why())).collect::<Vec<_>>().join("; ");
     let candidates: Vec<&String> =
         standings.iter().filter(|(h, s)| !promoted(h) && *s == Standing::Good).map(|(h, _)| h).collect();
-    let unpromoted = hosts.iter().filter(|h| !promoted(h)).count();
-    if unpromoted > 0 {
+    let unpromoted: Vec<&String> = hosts.iter().filter(|h| !promoted(h)).collect();
+    if w.converged.is_some() && (!unpromoted.is_empty() || !waiting.is_empty()) {
+        // Every host must stay good for the whole bake: one that is not, or one that joined the
+        // wave since, starts it again once all are good.
+        let why = if waiting.is_empty() {
+            format!("{} joined it", unpromoted.iter().map(|h| h.as_str()).collect::<Vec<_>>().join(", "))
+        } else {
+            listed(&waiting)
+        };
+        let mut r = record.clone();
+        r.waves[i].converged = None;
+        let message = format!("fleet: wave {} bakes again once every host is good: {why}", w.name);
+        return Step::Write { record: Box::new(r), message };
+    }
+    if !unpromoted.is_empty() {
         let room = (spec.max_unavailable as usize).saturating_sub(waiting.len());
         if room == 0 || candidates.is_empty() {
             return wait(format!(
@@ -532,6 +551,10 @@ pub fn resumed(record: &Record, person: &str) -> Result<Step, String> {
     let mut r = record.clone();
     let all_baked = r.waves.iter().all(|w| w.baked.is_some());
     r.state = if all_baked { RolloutState::Complete } else { RolloutState::Progressing };
+    if all_baked {
+        // Halted between the last bake and the release: released now, as the release would.
+        r.released = r.target.clone();
+    }
     r.halt = None;
     Ok(Step::Write {
         record: Box::new(r),

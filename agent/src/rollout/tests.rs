@@ -335,3 +335,81 @@ fn a_changed_fleet_file_rewaves_the_record() {
     assert_eq!(n.waves.iter().map(|w| w.name.as_str()).collect::<Vec<_>>(), ["canary", "rest"]);
     assert_eq!(n.waves[1].good, OLD, "a new wave starts on the released revision");
 }
+
+#[test]
+fn a_bake_starts_again_when_a_host_of_the_wave_is_not_good_or_one_joins() {
+    let mut r = rollout();
+    r.waves[0].baked = Some(T0);
+    r.waves[0].good = NEW.into();
+    promote(&mut r, 1, &["gpu-02", "gpu-03", "gpu-04"], T0 + 1);
+    r.waves[1].converged = Some(T0 + 60);
+    // gpu-03 rebooted during the bake: the bake starts again once all are good.
+    let mut ev = all_on(NEW);
+    ev.hosts.get_mut("gpu-03").unwrap().down = Some("its agent is down: the last scrape failed".into());
+    let (again, m) = written(step(Some(&r), NEW, &ev, T0 + 600));
+    assert_eq!(again.waves[1].converged, None);
+    assert_eq!(
+        m,
+        "fleet: wave rest bakes again once every host is good: gpu-03 (no evidence: its agent is down: the last scrape failed)"
+    );
+    let (why, _) = waits(step(Some(&again), NEW, &ev, T0 + 601));
+    assert!(why.starts_with("wave rest waits for gpu-03"), "{why}");
+    let (back, _) = written(step(Some(&again), NEW, &all_on(NEW), T0 + 1700));
+    assert_eq!(back.waves[1].converged, Some(T0 + 1700), "a whole bake from now, not from T0 + 60");
+    // A host that joins the wave's pattern during the bake: the bake starts again, and it is
+    // promoted.
+    let mut ev = all_on(NEW);
+    ev.hosts.insert("gpu-05".into(), on(OLD, 2.5));
+    let (joined, m) = written(step(Some(&r), NEW, &ev, T0 + 600));
+    assert_eq!(
+        (joined.waves[1].converged, m.as_str()),
+        (None, "fleet: wave rest bakes again once every host is good: gpu-05 joined it")
+    );
+    let (_, m) = written(step(Some(&joined), NEW, &ev, T0 + 601));
+    assert_eq!(m, "fleet: promote 222222222222 to gpu-05 (wave rest, 4 of 4 hosts)");
+}
+
+#[test]
+fn a_wave_that_selects_no_known_host_waits_instead_of_passing() {
+    let mut r = rollout();
+    r.waves[0].baked = Some(T0);
+    r.waves[0].good = NEW.into();
+    // Prometheus knows only the canary: the `gpu-*` wave's hosts are unseen, not absent.
+    let ev = evidence(&[("gpu-01", on(NEW, 2.5))]);
+    let (why, _) = waits(step(Some(&r), NEW, &ev, T0 + 1));
+    assert!(why.starts_with("wave rest selects no host Prometheus knows"), "{why}");
+}
+
+#[test]
+fn with_the_args_verified_gate_off_unverified_args_do_not_hold_a_host() {
+    let f =
+        fleet::parse_fleet(&FLEET.replace("  gates:\n", "  gates:\n    args_verified: false\n"), "fleet.yaml").unwrap();
+    let mut r = rollout();
+    promote(&mut r, 0, &["gpu-01"], T0 + 1);
+    let mut ev = all_on(OLD);
+    let mut canary = on(NEW, 2.5);
+    canary.units.get_mut("llm.service").unwrap().args_verified = Some(false);
+    ev.hosts.insert("gpu-01".into(), canary);
+    let decide_at = |f: &ParsedFleet, now| {
+        decide(&Inputs { fleet: f, record: Some(&r), head: NEW, evidence: &ev, expected: &expected, now })
+    };
+    let (c, _) = written(decide_at(&f, T0 + 60));
+    assert_eq!(c.waves[0].converged, Some(T0 + 60), "the gate is off: the canary runs the target");
+    // With the gate on (the default), it is still applying: its args are not verified.
+    let (why, _) = waits(decide_at(&fleet(), T0 + 60));
+    assert!(why.contains("its args are not verified"), "{why}");
+}
+
+#[test]
+fn a_resume_after_the_last_bake_releases_the_target() {
+    let mut r = rollout();
+    for w in &mut r.waves {
+        w.baked = Some(T0 + 10);
+        w.good = NEW.into();
+    }
+    let Step::Write { record: halted, .. } = halted_by(&r, "ops", "a maintenance window", T0 + 11).unwrap() else {
+        panic!("a halt writes")
+    };
+    let (resumed, _) = written(resumed(&halted, "ops").unwrap());
+    assert_eq!((resumed.state, resumed.released.as_str()), (RolloutState::Complete, NEW));
+}

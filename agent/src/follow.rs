@@ -95,9 +95,6 @@ pub fn evaluate<'a>(
             return fail(Some(hs), why);
         }
     };
-    if let Some(f) = fleet_file {
-        return by_record(s, head, &f, allow_rewind, who);
-    }
     if let Some(old) = accepted.and_then(|a| Oid::from_str(a).ok())
         && old != head
         && !allow_rewind
@@ -114,6 +111,9 @@ pub fn evaluate<'a>(
                 ),
             );
         }
+    }
+    if let Some(f) = fleet_file {
+        return by_record(s, head, &f, allow_rewind, who);
     }
     if let Err(e) = verified(s, head, "") {
         return fail(Some(hs), e);

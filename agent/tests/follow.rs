@@ -246,3 +246,18 @@ fn a_bad_record_or_fleet_file_deploys_nothing_and_names_file_line_and_field() {
     assert!(err.contains(&format!("specs/fleet.yaml@{}:6", specd_spec::short(&head))) && err.contains("bake"), "{err}");
     assert!(e.desired.is_empty());
 }
+
+#[test]
+fn a_head_that_went_back_is_refused_with_a_fleet_file_as_without() {
+    let (_d, r, [c1, c2, c3]) = fleet_repo();
+    record_commit(&r, &record(&c1, &c1, &c1, &c1, &[]).render(), None);
+    // The host took c3 (say, before the fleet file's rollout began); main is reset to c2.
+    git(&r, &["reset", "-q", "--hard", &c2]);
+    let s = source(&r);
+    let e = evaluate(&s, Some(&c3), false, "gpu-01");
+    let err = e.error.unwrap();
+    assert!(err.contains(&format!("does not contain the deployed commit {}", specd_spec::short(&c3))), "{err}");
+    assert!(e.desired.is_empty());
+    let e = evaluate(&s, Some(&c3), true, "gpu-01");
+    assert_eq!((e.error.as_deref(), steps_of(&e)), (None, vec![1]), "allow_rewind: the record's c1");
+}

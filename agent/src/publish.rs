@@ -156,6 +156,18 @@ pub fn push_record(src: &GitSource, oid: Oid, branch: &str) -> Result<Pushed> {
         if flag == "!" && summary.starts_with("[rejected]") {
             return Ok(Pushed::Rejected(format!("{name}: {summary}")));
         }
+        // Two pushes at the same moment: the remote took the other's update between its
+        // answer to ours and our ref update (`[remote rejected] (failed to update ref)`). A
+        // lost race, if the branch has moved from the commit this one was made on; else an error.
+        if flag == "!" && summary.starts_with("[remote rejected]") {
+            let parent = if commit.parent_count() == 0 { None } else { Some(commit.parent_id(0)?) };
+            if let Ok(now) = src.fetch_record(branch)
+                && now != parent
+            {
+                let at = now.map_or("gone".to_string(), |c| format!("at {}", short(&c.to_string())));
+                return Ok(Pushed::Rejected(format!("{name}: {summary}: another writer moved it ({at})")));
+            }
+        }
         if flag != "!" && out.status.success() {
             return Ok(Pushed::Done);
         }

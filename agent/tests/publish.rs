@@ -269,3 +269,38 @@ fn the_promoter_signs_with_openpgp_and_agents_verify_it() {
     }
     assert!(git(&work, &["log", "-1", "--format=%B", BRANCH]).contains("halted by ops: a maintenance window"));
 }
+
+/// Two promoters pushing at the same moment: the remote takes the other's update between its
+/// answer to this push and this push's own ref update (an `update` hook that moves the branch
+/// first plays the other promoter). The loser is told it lost the race, not an error.
+#[test]
+fn a_push_that_loses_the_race_inside_the_remote_is_rejected_not_an_error() {
+    let (d, bare) = remote();
+    let a = promoter(d.path(), &bare, true, "a");
+    let first = commit_record(&a, None, "x: 1\n", "first", AUTHOR, None).unwrap();
+    assert_eq!(push_record(&a, first, BRANCH).unwrap(), Pushed::Done);
+    // The other promoter's next record, already in the remote (on a branch of its own).
+    let theirs = commit_record(&a, Some(first), "x: 2\n", "theirs", AUTHOR, None).unwrap();
+    assert_eq!(push_record(&a, theirs, "theirs").unwrap(), Pushed::Done);
+    let b = promoter(d.path(), &bare, true, "b");
+    assert_eq!(b.fetch_record(BRANCH).unwrap(), Some(first));
+    let hook = bare.join("hooks/update");
+    std::fs::write(
+        &hook,
+        format!("#!/bin/sh\n[ \"$1\" = refs/heads/{BRANCH} ] && git update-ref refs/heads/{BRANCH} {theirs}\nexit 0\n"),
+    )
+    .unwrap();
+    std::fs::set_permissions(&hook, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let mine = commit_record(&b, Some(first), "x: 3\n", "mine", AUTHOR, None).unwrap();
+    match push_record(&b, mine, BRANCH).unwrap() {
+        Pushed::Rejected(why) => {
+            assert!(why.contains("[remote rejected]"), "{why}");
+            assert!(
+                why.ends_with(&format!("another writer moved it (at {})", specd_spec::short(&theirs.to_string()))),
+                "{why}"
+            );
+        }
+        Pushed::Done => panic!("a push whose ref update lost is not done"),
+    }
+    assert_eq!(remote_head(&bare), theirs.to_string());
+}

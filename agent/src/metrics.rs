@@ -51,6 +51,9 @@ pub struct Metrics {
     accept_rate: Family<Labels, FloatGauge>,
     quarantined: Family<Labels, Gauge>,
     deaths: Family<Labels, Counter>,
+    /// `specd_unit_last_death_timestamp_seconds{unit,verdict}`: one series per unit, its labels of now.
+    last_death: Family<Labels, Gauge>,
+    last_death_now: Mutex<BTreeMap<String, Labels>>,
 }
 
 const SYNCS: [SyncStatus; 6] = [
@@ -177,6 +180,12 @@ impl Metrics {
             "Instances of the unit that died (every ending but a clean stop), by the diagnosis verdict",
             deaths.clone(),
         );
+        let last_death = Family::<Labels, Gauge>::default();
+        r.register(
+            "unit_last_death_timestamp_seconds",
+            "When the agent counted the newest death of the unit's instances (Unix seconds), by its verdict; one series per unit",
+            last_death.clone(),
+        );
         Metrics {
             registry: Mutex::new(r),
             sync,
@@ -199,6 +208,8 @@ impl Metrics {
             accept_rate,
             quarantined,
             deaths,
+            last_death,
+            last_death_now: Mutex::new(BTreeMap::new()),
         }
     }
 
@@ -328,9 +339,20 @@ impl Metrics {
     }
 
     /// Instances of `u` that died, by their verdicts.
+    /// `verdicts` oldest first: the last is the newest death.
     pub fn died(&self, u: &str, verdicts: &[Verdict]) {
         for v in verdicts {
             self.deaths.get_or_create(&with(u, "verdict", v.as_str())).inc();
+        }
+        if let Some(v) = verdicts.last() {
+            let l = with(u, "verdict", v.as_str());
+            if let Some(old) = crate::guard::lock(&self.last_death_now).insert(u.to_string(), l.clone())
+                && old != l
+            {
+                self.last_death.remove(&old);
+            }
+            let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+            self.last_death.get_or_create(&l).set(now as i64);
         }
     }
 
@@ -339,6 +361,9 @@ impl Metrics {
     pub fn forget(&self, u: &str) {
         if let Some(l) = crate::guard::lock(&self.unit_info_now).remove(u) {
             self.unit_info.remove(&l);
+        }
+        if let Some(l) = crate::guard::lock(&self.last_death_now).remove(u) {
+            self.last_death.remove(&l);
         }
         for s in SYNCS {
             self.sync.remove(&with(u, "status", &s.to_string()));
@@ -686,6 +711,24 @@ mod tests {
         assert_eq!(sample(&t, "specd_unit_deaths_total", "unit=\"q.service\",verdict=\"crash\""), Some(2.0), "{t}");
         assert_eq!(sample(&t, "specd_unit_deaths_total", "unit=\"q.service\",verdict=\"cuda-oom\""), Some(1.0));
         assert_eq!(sample(&t, "specd_unit_deaths_total", "unit=\"q.service\",verdict=\"oom-kill\""), Some(0.0));
+        // The newest death, one series per unit.
+        assert_eq!(
+            series(&t, "specd_unit_last_death_timestamp_seconds")
+                .into_iter()
+                .filter(|l| l.starts_with("unit=\"q.service\""))
+                .collect::<Vec<_>>(),
+            ["unit=\"q.service\",verdict=\"cuda-oom\""],
+            "{t}"
+        );
+        m.died("q.service", &[Verdict::Crash]);
+        let t = m.render();
+        assert_eq!(
+            series(&t, "specd_unit_last_death_timestamp_seconds"),
+            ["unit=\"q.service\",verdict=\"crash\""],
+            "{t}"
+        );
+        m.forget("q.service");
+        assert!(series(&m.render(), "specd_unit_last_death_timestamp_seconds").is_empty());
     }
 
     #[test]

@@ -204,6 +204,8 @@ struct Now {
     quarantined: Vec<Sample>,
     accept_length: Vec<Sample>,
     accept_rate: Vec<Sample>,
+    hold: Vec<Sample>,
+    last_death: Vec<Sample>,
 }
 
 /// The answers a rollout in progress needs, for the hosts they are about.
@@ -267,6 +269,8 @@ async fn ask(p: &Prometheus, record: Option<&Record>, now: u64) -> Result<(Now, 
         quarantined: p.query(&last_known("specd_unit_quarantined"), at).await?,
         accept_length: p.query(&last_known("specd_unit_accept_length"), at).await?,
         accept_rate: p.query(&last_known("specd_unit_accept_rate"), at).await?,
+        hold: p.query(&last_known("specd_unit_hold"), at).await?,
+        last_death: p.query(&last_known("specd_unit_last_death_timestamp_seconds"), at).await?,
     };
     let (promoted, converged) = in_progress(record);
     let mut since = Since::default();
@@ -333,6 +337,16 @@ fn fold(a: &Now, since: &Since, now: u64, stale_after: u64) -> Evidence {
     for s in a.accept_rate.iter().filter(|s| s.value.is_finite()) {
         if let Some(u) = unit_mut(&mut ev, &by_target, s) {
             u.accept_rate = Some(s.value);
+        }
+    }
+    for s in a.hold.iter().filter(|s| s.value == 1.0) {
+        if let (Some(kind), Some(u)) = (label(s, "kind"), unit_mut(&mut ev, &by_target, s)) {
+            u.hold = Some(kind.to_string());
+        }
+    }
+    for s in &a.last_death {
+        if let (Some(v), Some(u)) = (label(s, "verdict"), unit_mut(&mut ev, &by_target, s)) {
+            u.last_death = Some(v.to_string());
         }
     }
     fold_since(&mut ev, &by_target, since);

@@ -53,14 +53,14 @@ fn look(opts: &Options) -> Result<Option<(GitSource, Look)>> {
     src.fetch()?;
     let head = src.head()?;
     let Some(file) = src.fleet_file(head)? else { return Ok(None) };
-    let fleet = specd_spec::fleet::parse_fleet(&file.text, &file.path)
+    let fleet = specd_spec::fleet::parse_fleet(&file.text, &format!("{}@{}", file.path, short(&head.to_string())))
         .map_err(|d| anyhow!("the fleet file at {} is not valid:\n{d}", short(&head.to_string())))?;
     let branch = fleet.record_branch().to_string();
     let record = match src.fetch_record(&branch)? {
         None => None,
         Some(oid) => {
             let text = src.read_record(oid)?;
-            let file = format!("{branch}:{}", specd_spec::fleet::RECORD_FILE);
+            let file = format!("{}@{} ({branch})", specd_spec::fleet::RECORD_FILE, short(&oid.to_string()));
             let r = Record::parse(&text, &file).map_err(|d| anyhow!("the promotion record is not valid:\n{d}"))?;
             Some((oid, r))
         }
@@ -307,7 +307,8 @@ fn status_json(
                         .map(|(u, x)| {
                             json!({"unit": u, "unit_hash": x.unit_hash, "args_verified": x.args_verified,
                                    "quarantined": x.quarantined, "accept_length": x.accept_length,
-                                   "accept_rate": x.accept_rate, "deaths_since_promotion": x.deaths_since_promotion})
+                                   "accept_rate": x.accept_rate, "deaths_since_promotion": x.deaths_since_promotion,
+                                   "last_death": x.last_death, "hold": x.hold})
                         })
                         .collect()
                 })
@@ -342,8 +343,18 @@ fn status_text(record: &Record, position: &(String, Option<u64>), hosts: &[HostP
         s.push_str(&format!("  evidence: none ({why})\n"));
     }
     s.push_str(&format!(
-        "\n{:<16} {:<10} {:<14} {:<14} {:<12} {:<22} {:<9} {:<7} {}\n",
-        "HOST", "WAVE", "GIVEN", "DEPLOYS", "STANDING", "UNIT", "VERIFIED", "ACCEPT", "DEATHS"
+        "\n{:<16} {:<10} {:<14} {:<14} {:<12} {:<22} {:<9} {:<7} {:<14} {:<12} {}\n",
+        "HOST",
+        "WAVE",
+        "GIVEN",
+        "DEPLOYS",
+        "STANDING",
+        "UNIT",
+        "VERIFIED",
+        "ACCEPT",
+        "DIED SINCE",
+        "LAST DEATH",
+        "HOLD"
     ));
     for h in hosts {
         let e = ev.hosts.get(&h.host);
@@ -351,9 +362,9 @@ fn status_text(record: &Record, position: &(String, Option<u64>), hosts: &[HostP
         let deploys = e.and_then(|e| e.revision.as_deref()).map_or("-", short).to_string();
         let wave = h.wave.as_deref().unwrap_or("(none)");
         let units: Vec<_> = e.map(|e| e.units.iter().collect()).unwrap_or_default();
-        let row = |unit: &str, verified: &str, accept: &str, deaths: &str| {
+        let row = |unit: &str, verified: &str, accept: &str, deaths: &str, last: &str, hold: &str| {
             format!(
-                "{:<16} {:<10} {:<14} {:<14} {:<12} {:<22} {:<9} {:<7} {}\n",
+                "{:<16} {:<10} {:<14} {:<14} {:<12} {:<22} {:<9} {:<7} {:<14} {:<12} {}\n",
                 h.host,
                 wave,
                 given,
@@ -362,11 +373,13 @@ fn status_text(record: &Record, position: &(String, Option<u64>), hosts: &[HostP
                 unit,
                 verified,
                 accept,
-                deaths
+                deaths,
+                last,
+                hold
             )
         };
         if units.is_empty() {
-            s.push_str(&row("-", "-", "-", "-"));
+            s.push_str(&row("-", "-", "-", "-", "-", "-"));
         }
         for (u, x) in units {
             let verified = match x.args_verified {
@@ -380,7 +393,8 @@ fn status_text(record: &Record, position: &(String, Option<u64>), hosts: &[HostP
             } else {
                 x.deaths_since_promotion.keys().cloned().collect::<Vec<_>>().join(",")
             };
-            s.push_str(&row(u, verified, &accept, &deaths));
+            let last = x.last_death.as_deref().unwrap_or("-");
+            s.push_str(&row(u, verified, &accept, &deaths, last, x.hold.as_deref().unwrap_or("-")));
         }
         let detail = h.standing.detail();
         if !detail.is_empty() {

@@ -271,8 +271,9 @@ fn a_revision_rolls_through_three_waves_baking_each_within_max_unavailable() {
     one_commit_per_step(rollout_of(&log, &c2));
     assert!(done.waves.iter().all(|w| w.good == c2 && w.promoted.is_empty()), "{done:#?}");
     for n in fleet.names() {
-        let tried: Vec<_> = fleet.history(&n).into_iter().filter(|a| a.tried()).map(|a| a.commit.unwrap()).collect();
-        assert_eq!(tried, [c1.clone(), c2.clone()], "{n}");
+        let history = fleet.history(&n);
+        let tried: Vec<_> = history.iter().filter(|a| a.tried()).map(|a| a.commit.clone().unwrap()).collect();
+        assert_eq!(tried, [c1.clone(), c2.clone()], "{n}: {history:#?}\n{}", fleet.journals(60));
     }
     let (code, st) = fleet.fleet_status();
     assert_eq!((code, &st["rollout"]["state"]), (0, &json!("complete")), "{st:#}");
@@ -323,6 +324,11 @@ fn a_revision_that_dies_of_cuda_oom_on_the_canary_halts_there_and_reaches_no_oth
         (code, &st["rollout"]["state"], &st["rollout"]["halt"]["host"]),
         (1, &json!("halted"), &json!("gpu-01"))
     );
+    // The canary's row names its last death.
+    wait_for("the canary's last death in the fleet's status", CONVERGE, || {
+        (host_row(&fleet.fleet_status().1, "gpu-01")["units"][0]["last_death"] == "cuda-oom").then_some(())
+    })
+    .unwrap_or_else(|e| panic!("{e}: {:#}", fleet.fleet_status().1));
     let text = fleet.fleet_cmd(&["status"]);
     let out = String::from_utf8_lossy(&text.stdout);
     assert!(out.contains("HALTED") && out.contains("gpu-01"), "{out}");

@@ -101,6 +101,8 @@ struct Figures {
     length: f64,
     rate: Option<f64>,
     crashes: u32,
+    /// The kind of hold on the unit, if any.
+    hold: Option<&'static str>,
 }
 
 impl Figures {
@@ -122,6 +124,16 @@ impl Figures {
         if let Some(r) = self.rate {
             t += &format!("# TYPE specd_unit_accept_rate gauge\nspecd_unit_accept_rate{{unit=\"{UNIT}\"}} {r}\n");
         }
+        t += "# TYPE specd_unit_hold gauge\n";
+        for kind in ["suspend", "pin", "sweep"] {
+            let v = u8::from(self.hold == Some(kind));
+            t += &format!("specd_unit_hold{{unit=\"{UNIT}\",kind=\"{kind}\"}} {v}\n");
+        }
+        if self.crashes > 0 {
+            t += &format!(
+                "# TYPE specd_unit_last_death_timestamp_seconds gauge\nspecd_unit_last_death_timestamp_seconds{{unit=\"{UNIT}\",verdict=\"crash\"}} 1800000000\n"
+            );
+        }
         t
     }
 
@@ -142,6 +154,8 @@ impl Figures {
             quarantined: self.quarantined == 1,
             accept_length: Some(self.length),
             accept_rate: self.rate,
+            last_death: (self.crashes > 0).then(|| "crash".to_string()),
+            hold: self.hold.map(String::from),
             ..Default::default()
         };
         HostEvidence {
@@ -212,8 +226,10 @@ fn the_evidence_is_what_prometheus_scraped_from_each_host_through_a_rollout() {
         length: 3.5,
         rate: Some(0.7),
         crashes: 0,
+        hold: None,
     };
-    let b1 = Figures { host: "b", labels: ",gpu=\"a100\"", ..a1.clone() };
+    // b's unit is suspended by hand.
+    let b1 = Figures { host: "b", labels: ",gpu=\"a100\"", hold: Some("suspend"), ..a1.clone() };
     // c's spec has no args checked, its engine reports no accept rate, its new unit failed.
     let c1 = Figures { host: "c", labels: "", verified: None, quarantined: 1, length: 2.9, rate: None, ..a1.clone() };
     let (a, b, mut c) = (Agent::serve(200, a1.text()), Agent::serve(200, b1.text()), Agent::serve(200, c1.text()));
@@ -276,6 +292,7 @@ fn the_evidence_is_what_prometheus_scraped_from_each_host_through_a_rollout() {
     })
     .unwrap_or_else(|e| panic!("{e}\n{}", prom.log()));
     assert_eq!(ev.hosts["a"].units[UNIT].deaths_since_promotion, BTreeMap::from([("crash".to_string(), 1.0)]));
+    assert_eq!(ev.hosts["a"].units[UNIT].last_death.as_deref(), Some("crash"));
     assert!(ev.hosts["b"].units[UNIT].deaths_since_promotion.is_empty());
 
     // The wave converges; b's args are found not verified at one scrape, then verified again.
@@ -331,13 +348,14 @@ fn the_evidence_is_what_prometheus_scraped_from_each_host_through_a_rollout() {
     // it reports, not the one it left.
     prom.stop();
     a.set(Figures { revision: REV1, unit_hash: "h1", ..a2.clone() }.text());
-    let restarted = unix_now();
+    // To the millisecond, as Prometheus stamps samples: a scrape of the second Prometheus was
+    // stopped in came before it.
+    let restarted = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs_f64();
     prom.resume().unwrap_or_else(|e| panic!("{e:#}"));
     let a_up = format!("timestamp(up{{instance=\"127.0.0.1:{}\"}})", a.port);
     let scraped = prom
-        .wait("a scraped since the restart", &a_up, WITHIN, |r| r.first().is_some_and(|(_, t)| *t >= restarted as f64))
-        [0]
-    .1;
+        .wait("a scraped since the restart", &a_up, WITHIN, |r| r.first().is_some_and(|(_, t)| *t > restarted))[0]
+        .1;
     // Asked at a whole second that has seen that scrape.
     wait_until("a second past that scrape", WITHIN, || unix_now() as f64 > scraped).unwrap();
     let ev = ask(Some(&rec), unix_now(), 60);

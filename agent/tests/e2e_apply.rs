@@ -454,15 +454,16 @@ fn with_an_adequate_drain_budget_the_stop_needs_no_sigkill() {
     let extra = "  service:\n    restart: always\n    timeout_stop_sec: 2\n    drain_timeout_sec: 30\n    environment: {SPECD_STANDIN_LOAD_MS: \"100\", SPECD_STANDIN_TOKENS_PER_SEC: \"20\", SPECD_STANDIN_DRAIN_POLL_MS: \"100\"}\n";
     let (ok, out) = apply(&e, "s5.yaml", &e.spec(UNIT, 5, extra));
     assert!(ok, "{out}");
-    // 4 requests of 60 tokens at 20 tokens/s: 3 s each, longer than TimeoutStopSec=2 but well
-    // within the drain budget.
+    // 4 requests of 200 tokens at 20 tokens/s: 10 s each, longer than TimeoutStopSec=2 but well
+    // within the drain budget, and long enough that all 4 are still in flight when the apply
+    // begins on a busy machine (at 3 s each, two had ended once).
     let done = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let port = e.port;
     let reqs: Vec<_> = (0..4)
         .map(|_| {
             let done = done.clone();
             std::thread::spawn(move || {
-                let body = r#"{"text":"hello","sampling_params":{"max_new_tokens":60},"stream":true}"#;
+                let body = r#"{"text":"hello","sampling_params":{"max_new_tokens":200},"stream":true}"#;
                 let r = http(port, "POST", "/generate", Some(body), Duration::from_secs(60));
                 if r.is_some_and(|(c, b)| c == 200 && b.contains("data: [DONE]")) {
                     done.fetch_add(1, std::sync::atomic::Ordering::Relaxed);

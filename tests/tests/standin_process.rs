@@ -223,7 +223,9 @@ fn lingering_child_ignores_sigterm() {
             let pid: u32 = e.file_name().to_str()?.parse().ok()?;
             let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
             let ppid: u32 = stat[stat.rfind(')')? + 2..].split(' ').nth(1)?.parse().ok()?;
-            (ppid == p.0.id()).then_some(pid)
+            // A child that already ended (a zombie) has no command line: not the lingering one.
+            let alive = !std::fs::read_to_string(format!("/proc/{pid}/cmdline")).ok()?.is_empty();
+            (ppid == p.0.id() && alive).then_some(pid)
         })
     })
     .unwrap();

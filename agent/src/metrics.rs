@@ -56,15 +56,6 @@ pub struct Metrics {
     last_death_now: Mutex<BTreeMap<String, Labels>>,
 }
 
-const SYNCS: [SyncStatus; 6] = [
-    SyncStatus::InSync,
-    SyncStatus::OutOfSync,
-    SyncStatus::Drifted,
-    SyncStatus::Progressing,
-    SyncStatus::Failed,
-    SyncStatus::Masked,
-];
-
 const HOLDS: [HoldKind; 3] = [HoldKind::Suspend, HoldKind::Pin, HoldKind::Sweep];
 
 /// The verdicts of an instance that died: every ending of the diagnosis but a clean stop (on
@@ -243,7 +234,7 @@ fn with(u: &str, k: &str, v: &str) -> Labels {
 
 impl Metrics {
     pub fn reconciled(&self, u: &str, sync: SyncStatus, result: &str, secs: f64, failed: bool) {
-        for s in SYNCS {
+        for s in SyncStatus::ALL {
             self.sync.get_or_create(&with(u, "status", &s.to_string())).set(i64::from(s == sync));
         }
         self.last_reconcile.get_or_create(&unit(u)).set(crate::state::now() as f64);
@@ -365,7 +356,7 @@ impl Metrics {
         if let Some(l) = crate::guard::lock(&self.last_death_now).remove(u) {
             self.last_death.remove(&l);
         }
-        for s in SYNCS {
+        for s in SyncStatus::ALL {
             self.sync.remove(&with(u, "status", &s.to_string()));
         }
         for k in HOLDS {
@@ -737,7 +728,7 @@ mod tests {
         m.reconciled("q.service", SyncStatus::Drifted, "reported", 0.5, false);
         m.hold("q.service", Some(HoldKind::Pin));
         let t = m.render();
-        for s in SYNCS {
+        for s in SyncStatus::ALL {
             let want = f64::from(u8::from(s == SyncStatus::Drifted));
             assert_eq!(sample(&t, "specd_unit_sync", &format!("unit=\"q.service\",status=\"{s}\"")), Some(want));
         }

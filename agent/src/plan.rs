@@ -65,6 +65,18 @@ pub enum SyncStatus {
     Masked,
 }
 
+impl SyncStatus {
+    /// Every status, in the order the metrics list them.
+    pub const ALL: [SyncStatus; 6] = [
+        SyncStatus::InSync,
+        SyncStatus::OutOfSync,
+        SyncStatus::Drifted,
+        SyncStatus::Progressing,
+        SyncStatus::Failed,
+        SyncStatus::Masked,
+    ];
+}
+
 impl std::fmt::Display for SyncStatus {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {

@@ -58,14 +58,6 @@ pub fn runs_spec(outcome: Option<Outcome>, planned: SyncStatus) -> bool {
 mod tests {
     use super::*;
 
-    const ALL_SYNC: [SyncStatus; 6] = [
-        SyncStatus::InSync,
-        SyncStatus::OutOfSync,
-        SyncStatus::Drifted,
-        SyncStatus::Progressing,
-        SyncStatus::Failed,
-        SyncStatus::Masked,
-    ];
     const ALL_OUTCOMES: [Outcome; 9] = [
         Outcome::Applied,
         Outcome::Started,
@@ -80,7 +72,7 @@ mod tests {
 
     #[test]
     fn what_a_reconcile_did_decides_the_status_after_it() {
-        for planned in ALL_SYNC {
+        for planned in SyncStatus::ALL {
             for applying in [false, true] {
                 for last_try in [None, Some(Outcome::Failed), Some(Outcome::Applied)] {
                     let at = |outcome| status(Seen { planned, outcome: Some(outcome), applying, last_try });
@@ -97,7 +89,7 @@ mod tests {
 
     #[test]
     fn without_a_result_an_apply_in_progress_then_a_failed_last_try_then_the_plan() {
-        for planned in ALL_SYNC {
+        for planned in SyncStatus::ALL {
             for outcome in [None, Some(Outcome::HoldCleared), Some(Outcome::Unquarantined), Some(Outcome::HoldSet)] {
                 let seen = Seen { planned, outcome, applying: false, last_try: None };
                 assert_eq!(status(seen), planned, "{seen:?}");
@@ -115,7 +107,7 @@ mod tests {
 
     #[test]
     fn a_unit_runs_its_spec_when_applied_started_or_found_in_sync() {
-        for planned in ALL_SYNC {
+        for planned in SyncStatus::ALL {
             assert_eq!(runs_spec(None, planned), planned == SyncStatus::InSync, "{planned:?}");
             for o in ALL_OUTCOMES {
                 let want = matches!(o, Outcome::Applied | Outcome::Started);

@@ -208,20 +208,9 @@ fn a_signing_key_that_does_not_sign_is_named() {
 #[test]
 fn the_promoter_signs_with_openpgp_and_agents_verify_it() {
     let d = tempfile::tempdir().unwrap();
-    let home = d.path().join("gnupg");
-    std::fs::create_dir(&home).unwrap();
-    std::fs::set_permissions(&home, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
-    let gpg = |args: &[&str]| {
-        let out = Command::new("gpg")
-            .arg("--homedir")
-            .arg(&home)
-            .args(["--batch", "--pinentry-mode", "loopback", "--passphrase", ""])
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "gpg {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-        out.stdout
-    };
+    let g = specd_e2e::Gpg::new(d.path());
+    let home = g.home.clone();
+    let gpg = |args: &[&str]| g.run(args);
     gpg(&["--quick-gen-key", "promoter <promoter@example.com>", "ed25519", "sign", "never"]);
     let keyring = d.path().join("trusted.gpg");
     std::fs::write(&keyring, gpg(&["--export", "promoter@example.com"])).unwrap();

@@ -210,20 +210,9 @@ fn ssh_signatures_gate_deploys() {
 #[test]
 fn gpg_signatures_gate_deploys() {
     let (d, r) = repo();
-    let home = d.path().join("gnupg");
-    std::fs::create_dir_all(&home).unwrap();
-    std::fs::set_permissions(&home, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
-    let gpg = |args: &[&str]| {
-        let out = Command::new("gpg")
-            .arg("--homedir")
-            .arg(&home)
-            .args(["--batch", "--pinentry-mode", "loopback", "--passphrase", ""])
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "gpg {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-        out.stdout
-    };
+    let g = specd_e2e::Gpg::new(d.path());
+    let home = g.home.clone();
+    let gpg = |args: &[&str]| g.run(args);
     gpg(&["--quick-gen-key", "ops <ops@example.com>", "ed25519", "sign", "never"]);
     gpg(&["--quick-gen-key", "evil <evil@example.com>", "ed25519", "sign", "never"]);
     let keyring = d.path().join("trusted.gpg");

@@ -153,3 +153,31 @@ spec:
         draft = steps + 1,
     )
 }
+
+/// A GnuPG home of a test's (`dir/gnupg`, mode 0700): `run` calls `gpg` on it without a pinentry,
+/// keys without a passphrase.
+pub struct Gpg {
+    pub home: PathBuf,
+}
+
+impl Gpg {
+    pub fn new(dir: &std::path::Path) -> Gpg {
+        let home = dir.join("gnupg");
+        std::fs::create_dir_all(&home).unwrap();
+        std::fs::set_permissions(&home, std::os::unix::fs::PermissionsExt::from_mode(0o700)).unwrap();
+        Gpg { home }
+    }
+
+    /// `gpg args`, checked to succeed; its stdout.
+    pub fn run(&self, args: &[&str]) -> Vec<u8> {
+        let out = std::process::Command::new("gpg")
+            .arg("--homedir")
+            .arg(&self.home)
+            .args(["--batch", "--pinentry-mode", "loopback", "--passphrase", ""])
+            .args(args)
+            .output()
+            .expect("gpg runs (the gnupg package)");
+        assert!(out.status.success(), "gpg {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        out.stdout
+    }
+}

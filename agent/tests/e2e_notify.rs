@@ -222,7 +222,9 @@ fn a_notice_queued_when_the_agent_stops_is_delivered_during_the_stop() {
     // Applied and verified (its notice is queued as the reconcile ends), the first delivery
     // refused.
     wait_until("the apply", Duration::from_secs(60), || {
-        let st = f.e.state("qwen.service");
+        // No state file before the agent's first reconcile of the unit.
+        let Ok(text) = f.e.b.read_to_string("/var/lib/specd/units/qwen.service.json") else { return false };
+        let st: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
         st["in_progress"].is_null() && st["last_good"]["sha256"].is_string()
     })
     .unwrap();

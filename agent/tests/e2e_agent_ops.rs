@@ -4,11 +4,12 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
 use common::*;
+use specd_e2e::ssh_key;
 
 impl Fleet {
     fn spec(&self, steps: u32) -> String {
@@ -100,14 +101,6 @@ fn a_hung_agent_is_killed_by_the_watchdog_and_restarted() {
         .unwrap_or_else(|err| panic!("{err}\n{}", f.status()));
     assert_eq!(f.e.main_pid("qwen.service"), server, "the server was not restarted");
     f.e.b.shutdown().unwrap();
-}
-
-fn ssh_key(dir: &Path, name: &str) -> PathBuf {
-    let k = dir.join(name);
-    let out =
-        Command::new("ssh-keygen").args(["-q", "-t", "ed25519", "-N", "", "-C", name, "-f"]).arg(&k).output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    k
 }
 
 /// With `verify_ssh_allowed_signers`, the running agent deploys only commits signed by an

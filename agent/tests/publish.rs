@@ -9,7 +9,7 @@ use std::process::Command;
 
 use git2::Oid;
 use specd::{GitSource, Pushed, Signing, SourceConfig, Verify, commit_record, push_record};
-use specd_e2e::git;
+use specd_e2e::{git, ssh_key};
 
 const BRANCH: &str = "specd-promotions";
 const AUTHOR: &str = "specd promote <promoter@example.com>";
@@ -137,14 +137,6 @@ fn a_push_that_cannot_reach_the_remote_is_an_error() {
     let e = format!("{:#}", push_record(&s, c, BRANCH).unwrap_err());
     let want = format!("pushing the record {} to branch {BRANCH} of file://{}: ", &c.to_string()[..12], bare.display());
     assert!(e.starts_with(&want), "{e}");
-}
-
-fn ssh_key(dir: &Path, name: &str) -> PathBuf {
-    let k = dir.join(name);
-    let out =
-        Command::new("ssh-keygen").args(["-q", "-t", "ed25519", "-N", "", "-C", name, "-f"]).arg(&k).output().unwrap();
-    assert!(out.status.success());
-    k
 }
 
 /// A record signed with the promoter's SSH key verifies as an agent verifies the followed

@@ -6,7 +6,7 @@ use std::process::Command;
 
 use specd::evaluate;
 use specd::{GitSource, SourceConfig, Verify};
-use specd_e2e::git;
+use specd_e2e::{git, ssh_key};
 
 const SPEC: &str = "apiVersion: specd/v1
 kind: InferenceService
@@ -156,14 +156,6 @@ fn a_remote_is_cloned_into_the_cache_and_fetched() {
     let e = evaluate(&s, None, false, "h");
     assert_eq!(e.head.as_deref(), Some(c2.as_str()));
     assert_eq!(steps_of(&e), vec![10]);
-}
-
-fn ssh_key(dir: &Path, name: &str) -> PathBuf {
-    let k = dir.join(name);
-    let out =
-        Command::new("ssh-keygen").args(["-q", "-t", "ed25519", "-N", "", "-C", name, "-f"]).arg(&k).output().unwrap();
-    assert!(out.status.success());
-    k
 }
 
 fn signed_commit(r: &Path, key: &Path, steps: u32) -> String {

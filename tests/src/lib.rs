@@ -115,6 +115,6 @@ pub use debian_root::{DebianMachine, debian_root};
 pub use prometheus::Prometheus;
 pub use systemd_box::{BoxConfig, BoxTrace, SystemdBox, Teardown};
 pub use util::{
-    Gpg, Reaped, STANDIN_MODEL, bin_path, free_port, git, http, http_get, http_with_headers, sglang_spec, target_dir,
-    wait_for, wait_until,
+    Gpg, Reaped, STANDIN_MODEL, bin_path, free_port, git, http, http_get, http_with_headers, sglang_spec, ssh_key,
+    target_dir, wait_for, wait_until,
 };

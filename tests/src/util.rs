@@ -181,3 +181,16 @@ impl Gpg {
         out.stdout
     }
 }
+
+/// An ed25519 SSH key pair without a passphrase, `dir/name` and `dir/name.pub` (comment `name`);
+/// the private key's path.
+pub fn ssh_key(dir: &std::path::Path, name: &str) -> PathBuf {
+    let k = dir.join(name);
+    let out = std::process::Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-C", name, "-f"])
+        .arg(&k)
+        .output()
+        .expect("ssh-keygen runs (the openssh-client package)");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    k
+}

@@ -15,6 +15,7 @@ use crate::probe::{self, Health, Probe};
 use crate::reconcile::{self, Ctx, DesiredState, Event, Shutdown};
 use crate::specs;
 use crate::state::{self, Source, SourceState, Store};
+use crate::timing;
 
 /// Load, resolve for this host and render a spec file; diagnostics on stderr when it is bad
 /// (and returned, for `--json`).
@@ -421,10 +422,8 @@ async fn unit_status<H: Host>(
         reasons.push(last.message.clone());
     }
     let health = ServiceHealth::of(o.ready, props.active_state);
-    let down = (health == ServiceHealth::Down).then(|| match st.history.last() {
-        Some(h) if matches!(h.outcome, state::Outcome::Failed | state::Outcome::RolledBack) => h.message.clone(),
-        _ => format!("the service is not running ({}/{})", props.active_state, props.sub_state),
-    });
+    let down = (health == ServiceHealth::Down)
+        .then(|| crate::sync::down_reason(st.history.last(), props.active_state, &props.sub_state));
     Ok(UnitStatus {
         down,
         hold: st.hold.clone(),
@@ -445,9 +444,10 @@ async fn unit_status<H: Host>(
         error: None,
         // Recorded when specd saw the last instance end, while the one after it still runs;
         // otherwise (a restart specd did not make, or no record yet) read from the journal.
-        last_ended: match &st.last_ended {
-            Some(l) if !props.invocation_id.is_empty() && l.followed_by == props.invocation_id => l.summary.clone(),
-            _ => ctx.host.ending(&st.unit, "", LAST_ENDED_WITHIN).await.map(|e| e.summary),
+        last_ended: match crate::sync::recorded_ending(st.last_ended.as_ref(), &props.invocation_id, props.active_state)
+        {
+            Some(said) => said,
+            None => ctx.host.ending(&st.unit, "", timing::LAST_ENDED_WITHIN).await.map(|e| e.summary),
         },
         // The proof of the running unit's speculation (a measurement of an older hash is not it).
         speculation: st
@@ -480,9 +480,6 @@ async fn join_all<F: std::future::Future>(futures: impl IntoIterator<Item = F>) 
     .await;
     out.into_iter().map(|o| o.expect("every future finished")).collect()
 }
-
-/// How long `status` waits for the journal to say how a unit's last instance ended.
-const LAST_ENDED_WITHIN: Duration = Duration::from_secs(10);
 
 /// `specd status [-f FILE]`: every unit specd has state for (or the file's), as the host runs it.
 /// Exit 0 when all are in sync and healthy, and the source's head deployed with no orphan.
@@ -1417,6 +1414,8 @@ mod tests {
         assert_eq!((code, s.sync, s.health), (1, SyncStatus::Failed, ServiceHealth::Healthy), "{s:?}");
         let last = s.last_result.as_ref().unwrap();
         assert!(s.reasons.contains(&last.message), "{:?}", s.reasons);
+        // The instance before the one that serves died loading: said while its successor runs.
+        assert!(s.last_ended.as_deref().is_some_and(|e| e.starts_with("crash")), "{s:?}");
 
         // An apply in progress (another process holds the unit's lock): Progressing, said first.
         let lock = crate::lock::UnitLock::try_acquire(&f.ctx().store.locks_dir(), UNIT).unwrap().unwrap();
@@ -1430,6 +1429,9 @@ mod tests {
         let (code, s) = f.status(Some(&good)).await;
         assert_eq!((code, s.health), (1, ServiceHealth::Down), "{s:?}");
         assert!(s.down.is_some(), "{s:?}");
+        // Its last instance is the one that served, stopped on request: not the crash before it
+        // (systemd keeps a stopped unit's InvocationID).
+        assert_eq!(s.last_ended.as_deref(), Some("clean stop: stopped on request"), "{s:?}");
     }
 
     #[tokio::test(start_paused = true)]

@@ -3,7 +3,8 @@
 //! one place each, from what `plan` found and what the reconcile did.
 
 use crate::plan::SyncStatus;
-use crate::record::Outcome;
+use crate::record::{HistoryEntry, LastEnded, Outcome};
+use crate::service::{ActiveState, SubState};
 
 /// What is known of a unit when its sync status is said.
 #[derive(Clone, Copy, Debug)]
@@ -52,6 +53,25 @@ pub fn runs_spec(outcome: Option<Outcome>, planned: SyncStatus) -> bool {
         Some(o) => matches!(o, Outcome::Applied | Outcome::Started),
         None => planned == SyncStatus::InSync,
     }
+}
+
+/// Why a unit that is down is down, as `status` says it: the last try's message when that try
+/// failed with no unit left to serve (`Failed`); a rollback's says the old unit served again,
+/// so a unit down since is down for another reason, which systemd's state says.
+pub fn down_reason(last: Option<&HistoryEntry>, active: ActiveState, sub: &SubState) -> String {
+    match last {
+        Some(h) if h.outcome == Outcome::Failed => h.message.clone(),
+        _ => format!("the service is not running ({active}/{sub})"),
+    }
+}
+
+/// How the unit's last instance ended, from specd's record: the recorded verdict while the
+/// instance started after it is still the unit's current one and may run. `None`: the record
+/// does not say (no record, another instance since, or that instance stopped too: systemd keeps
+/// a stopped unit's InvocationID), and the journal must be read.
+pub fn recorded_ending(rec: Option<&LastEnded>, invocation_id: &str, active: ActiveState) -> Option<Option<String>> {
+    rec.filter(|l| !invocation_id.is_empty() && l.followed_by == invocation_id && active.may_run())
+        .map(|l| l.summary.clone())
 }
 
 #[cfg(test)]
@@ -114,5 +134,43 @@ mod tests {
                 assert_eq!(runs_spec(Some(o), planned), want, "{o:?} {planned:?}");
             }
         }
+    }
+
+    #[test]
+    fn a_down_unit_is_down_for_its_failed_try_else_for_what_systemd_says() {
+        let sub = SubState::parse("dead");
+        let try_of = |outcome| HistoryEntry {
+            time: 1,
+            sha256: "a".into(),
+            source: None,
+            outcome,
+            message: "the try's message".into(),
+            stop_verdict: None,
+            duration_ms: 0,
+        };
+        let plain = "the service is not running (inactive/dead)";
+        assert_eq!(down_reason(None, ActiveState::Inactive, &sub), plain);
+        for o in ALL_OUTCOMES {
+            let want = if o == Outcome::Failed { "the try's message" } else { plain };
+            assert_eq!(down_reason(Some(&try_of(o)), ActiveState::Inactive, &sub), want, "{o:?}");
+        }
+    }
+
+    #[test]
+    fn the_recorded_ending_holds_only_while_the_instance_after_it_is_current_and_may_run() {
+        let rec = LastEnded { summary: Some("crash: exit status 1".into()), followed_by: "b".into() };
+        let said = Some(Some("crash: exit status 1".to_string()));
+        assert_eq!(recorded_ending(Some(&rec), "b", ActiveState::Active), said);
+        assert_eq!(recorded_ending(Some(&rec), "b", ActiveState::Deactivating), said);
+        // The instance that followed stopped too (systemd keeps its InvocationID): the journal.
+        assert_eq!(recorded_ending(Some(&rec), "b", ActiveState::Inactive), None);
+        assert_eq!(recorded_ending(Some(&rec), "b", ActiveState::Failed), None);
+        // Another instance since, none at all, no record.
+        assert_eq!(recorded_ending(Some(&rec), "c", ActiveState::Active), None);
+        assert_eq!(recorded_ending(Some(&rec), "", ActiveState::Active), None);
+        assert_eq!(recorded_ending(None, "b", ActiveState::Active), None);
+        // The unit's first instance: nothing ended before it.
+        let first = LastEnded { summary: None, followed_by: "b".into() };
+        assert_eq!(recorded_ending(Some(&first), "b", ActiveState::Active), Some(None));
     }
 }

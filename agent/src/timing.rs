@@ -35,6 +35,9 @@ pub const STOPPING_POLL: Duration = Duration::from_secs(1);
 pub const STOPPING_ASK: Duration = Duration::from_millis(800);
 /// How long journald is waited for to tell how an instance ended.
 pub const ENDING_WITHIN: Duration = Duration::from_secs(5);
+/// How long `status` waits for the journal to say how a unit's last instance ended (when
+/// specd's record does not say).
+pub const LAST_ENDED_WITHIN: Duration = Duration::from_secs(10);
 /// A question to the started server (its args, its speculation evidence) is asked this many
 /// times, this far apart, while its process runs.
 pub const ASK_ATTEMPTS: u32 = 3;

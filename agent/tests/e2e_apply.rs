@@ -122,7 +122,8 @@ fn the_seed_after_ten_applies_each_serves_the_new_steps_and_reports_the_sigkill(
 }
 
 /// `status` says how the last instance ended without reading the journal while the instance
-/// specd started after it runs; after a restart specd did not make, it reads the journal again.
+/// specd started after it runs; after a restart specd did not make, or a stop, it reads the
+/// journal again.
 #[test]
 fn status_tells_the_last_ending_from_state_until_an_instance_ends_behind_specd_s_back() {
     let e = Env::new();
@@ -145,6 +146,17 @@ fn status_tells_the_last_ending_from_state_until_an_instance_ends_behind_specd_s
     e.b.check(&["mount", "--bind", "/bin/false", "/usr/bin/journalctl"]).unwrap();
     let without = e.specd(&["status"]);
     assert_eq!(last_ended(&without).as_deref(), Some(ended.as_str()), "{}", text(&without));
+    // Stopped from outside: the last instance is the one specd started, stopped by systemctl,
+    // not the one specd stopped before it (systemd keeps a stopped unit's InvocationID).
+    e.b.check(&["umount", "/usr/bin/journalctl"]).unwrap();
+    e.b.check(&["systemctl", "stop", UNIT]).unwrap();
+    let stopped = e.specd(&["status"]);
+    let line = last_ended(&stopped).unwrap_or_else(|| panic!("{}", text(&stopped)));
+    // (The stand-in drains past its TimeoutStopSec: a clean stop, or systemd's SIGKILL.)
+    assert!(line != ended && !line.contains("by specd"), "{} / {ended}", text(&stopped));
+    assert!(line.contains("clean stop: stopped on request") || line.contains("stop-timeout SIGKILL"), "{line}");
+    e.b.check(&["systemctl", "start", UNIT]).unwrap();
+    e.b.check(&["mount", "--bind", "/bin/false", "/usr/bin/journalctl"]).unwrap();
     // The server dies and systemd starts it again (Restart=always): the state's record is about
     // an instance that is gone, so status asks the journal, which cannot answer here.
     let pid = e.main_pid(UNIT);

@@ -145,7 +145,13 @@ impl<'a> Requester<'a> {
 fn requester<'a>(ev: &'a Evidence, stop: &Line) -> Requester<'a> {
     let window = |l: &Line| l.time_us + REQUEST_WINDOW_US >= stop.time_us && l.time_us <= stop.time_us + 1_000_000;
     let candidates: Vec<&'a Line> = ev.lines.iter().chain(ev.requests.iter()).filter(|l| window(l)).collect();
-    if let Some(m) = candidates.iter().rev().find(|l| l.origin == Origin::Specd) {
+    // specd's note of a stop names the instance it stopped: a note about the instance before
+    // (stopped moments before this one started) is not this stop's cause.
+    if let Some(m) = candidates
+        .iter()
+        .rev()
+        .find(|l| l.origin == Origin::Specd && l.invocation.as_deref().is_none_or(|i| ev.is_invocation(i)))
+    {
         return Requester::Specd(m);
     }
     if let Some(m) = candidates.iter().rev().find(|l| {

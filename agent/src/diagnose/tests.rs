@@ -317,6 +317,26 @@ fn a_failed_start_that_specd_stopped_quotes_the_server_s_own_error() {
 }
 
 #[test]
+fn specd_s_note_about_the_instance_before_is_not_who_stopped_this_one() {
+    // specd stopped i0 to apply a new unit, then a person stopped i1, within the request window.
+    let lines = |n: Line| {
+        vec![
+            n,
+            sys(2, "Started x.service."),
+            sys(4, "Stopping x.service..."),
+            sys(4, "x.service: Deactivated successfully."),
+        ]
+    };
+    let d = classify(&ev(lines(note(0, "stop", "i0"))));
+    assert_eq!(d.verdict, Verdict::CleanStop, "{d:#?}");
+    assert!(!d.summary.contains("by specd"), "{}", d.summary);
+    // A note about this instance, before its stop: specd stopped it.
+    let mut l = lines(note(0, "stop", "i0"));
+    l.insert(2, note(3_900, "stop", "i1"));
+    assert_contains(&classify(&ev(l)).summary, "stopped on request by specd");
+}
+
+#[test]
 fn precedence_stop_timeout_over_an_earlier_cuda_oom() {
     let d = classify(&ev(vec![
         sys(0, "Started x.service."),

@@ -475,20 +475,14 @@ impl Units {
                 let (s2, host) = (src.clone(), hostname.to_string());
                 let fallback = tokio::task::spawn_blocking(move || read_commit(&lock(&s2), acc, &host)).await;
                 // The accepted commit passes the same gate as a new head (manage_units may have
-                // been narrowed since it was accepted).
-                let own = crate::owner::own_unit();
+                // been narrowed since it was accepted); its other units are kept running.
                 let fallback = fallback.map(|r| {
-                    r.map(|mut desired| {
-                        desired.retain(|d| {
-                            match crate::owner::may_manage(&d.spec.unit, own.as_deref(), cfg.manage_units.as_deref()) {
-                                Ok(()) => true,
-                                Err(e) => {
-                                    tracing::warn!("the accepted commit's {}: {e}; left alone", d.spec.unit);
-                                    false
-                                }
-                            }
-                        });
-                        desired
+                    r.map(|desired| {
+                        let (managed, refused) = manage_gate(desired, cfg.manage_units.as_deref());
+                        for (d, e) in refused {
+                            tracing::warn!("the accepted commit's {}: {e}; left alone", d.spec.unit);
+                        }
+                        managed
                     })
                 });
                 match fallback {
@@ -548,27 +542,39 @@ impl Units {
     }
 }
 
-/// A commit with a unit this agent may not manage (see [`crate::owner`]) is not deployed.
-fn gate_units(mut eval: Evaluation, pattern: Option<&str>) -> Evaluation {
+/// The manage_units gate (see [`crate::owner`]): the desired units this agent may manage, and
+/// those it may not with why.
+fn manage_gate(desired: Vec<DesiredState>, pattern: Option<&str>) -> (Vec<DesiredState>, Vec<(DesiredState, String)>) {
     let own = crate::owner::own_unit();
+    let (mut managed, mut refused) = (Vec::new(), Vec::new());
+    for d in desired {
+        match crate::owner::may_manage(&d.spec.unit, own.as_deref(), pattern) {
+            Ok(()) => managed.push(d),
+            Err(e) => refused.push((d, e)),
+        }
+    }
+    (managed, refused)
+}
+
+/// A commit with a unit this agent may not manage is not deployed.
+fn gate_units(mut eval: Evaluation, pattern: Option<&str>) -> Evaluation {
     let commit = eval.revision().map(short).unwrap_or("-").to_string();
-    let refused: Vec<String> = eval
-        .desired
+    let (managed, refused) = manage_gate(std::mem::take(&mut eval.desired), pattern);
+    if refused.is_empty() {
+        eval.desired = managed;
+        return eval;
+    }
+    let why: Vec<String> = refused
         .iter()
-        .filter_map(|d| {
-            crate::owner::may_manage(&d.spec.unit, own.as_deref(), pattern).err().map(|e| {
-                let file = match &d.source {
-                    Some(Source::Commit { path, .. }) => format!("{path}@{commit}"),
-                    _ => commit.clone(),
-                };
-                format!("{file}: spec.unit: {e}")
-            })
+        .map(|(d, e)| {
+            let file = match &d.source {
+                Some(Source::Commit { path, .. }) => format!("{path}@{commit}"),
+                _ => commit.clone(),
+            };
+            format!("{file}: spec.unit: {e}")
         })
         .collect();
-    if !refused.is_empty() {
-        eval.error = Some(format!("commit {commit} is not deployed; nothing changed:\n{}", refused.join("\n")));
-        eval.desired.clear();
-    }
+    eval.error = Some(format!("commit {commit} is not deployed; nothing changed:\n{}", why.join("\n")));
     eval
 }
 

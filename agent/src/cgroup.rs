@@ -146,6 +146,15 @@ pub struct Lingering {
     pub cmdline: String,
 }
 
+/// The processes left in cgroup `cg`, as specd says it everywhere: `2 processes still in the
+/// unit's cgroup /system.slice/x.service: pid 7 (python3 -m ...), pid 9 (...)`.
+pub fn still_in(cg: &str, lingering: &[Lingering]) -> String {
+    let who: Vec<String> = lingering.iter().map(|l| format!("pid {} ({})", l.pid, l.cmdline)).collect();
+    let n = lingering.len();
+    let processes = if n == 1 { "process" } else { "processes" };
+    format!("{n} {processes} still in the unit's cgroup {cg}: {}", who.join(", "))
+}
+
 /// Wait until the cgroup is empty or `deadline`. `tick` is called about once a second while
 /// waiting (progress). On timeout, returns the processes still there.
 pub async fn wait_empty(
@@ -291,5 +300,12 @@ mod tests {
         assert_eq!(err.len(), 1);
         assert_eq!(err[0].pid, me);
         assert!(!err[0].cmdline.is_empty());
+        let said = still_in("/x.service", &err);
+        assert_eq!(said, format!("1 process still in the unit's cgroup /x.service: pid {me} ({})", err[0].cmdline));
+        let two = [Lingering { pid: 7, cmdline: "a".into() }, Lingering { pid: 9, cmdline: "b c".into() }];
+        assert_eq!(
+            still_in("/y.service", &two),
+            "2 processes still in the unit's cgroup /y.service: pid 7 (a), pid 9 (b c)"
+        );
     }
 }

@@ -790,15 +790,8 @@ async fn stop_quietly<H: Host>(ctx: &Ctx<H>, unit: &str, note: &str) {
     let before = ctx.host.show(unit).await.unwrap_or_default();
     ctx.host.note(unit, "rollback", &before.invocation_id, note);
     if let Err(lingering) = stop_until_empty(ctx, unit, &before).await {
-        (ctx.events)(
-            unit,
-            &Event::Warning(format!(
-                "{} processes still in {} after the stop: {}",
-                lingering.len(),
-                before.control_group,
-                lingering.iter().map(|l| format!("pid {} ({})", l.pid, l.cmdline)).collect::<Vec<_>>().join(", ")
-            )),
-        );
+        let still = crate::cgroup::still_in(&before.control_group, &lingering);
+        (ctx.events)(unit, &Event::Warning(format!("after the stop, {still}")));
     }
 }
 
@@ -829,9 +822,8 @@ pub async fn prune<H: Host>(ctx: &Ctx<H>, unit: &str) {
     if let Err(lingering) = stop_until_empty(ctx, unit, &before).await {
         tracing::error!(
             unit,
-            "pruning: {} processes still in {} after the stop",
-            lingering.len(),
-            before.control_group
+            "pruning: after the stop, {}",
+            crate::cgroup::still_in(&before.control_group, &lingering)
         );
     }
     // It no longer starts at boot: no `.wants` link is left pointing at a file moved away.
@@ -1130,15 +1122,10 @@ impl<H: Host> Run<'_, H> {
             .await;
         drop(poller);
         if let Err(lingering) = waited {
-            let who: Vec<String> = lingering.iter().map(|l| format!("pid {} ({})", l.pid, l.cmdline)).collect();
+            let still = crate::cgroup::still_in(cg, &lingering);
             return Err(StepFailure::host(
                 step,
-                format!(
-                    "processes still in the unit's cgroup {} after {}s: {}; not starting a new instance over them",
-                    cg,
-                    t.stop_budget.as_secs(),
-                    who.join(", ")
-                ),
+                format!("after {}s, {still}; not starting a new instance over them", t.stop_budget.as_secs()),
             ));
         }
         // The cgroup is empty; systemd settles the unit state right after. Then make

@@ -9,7 +9,7 @@ use specd_spec::short;
 
 use crate::plan::{Plan, Step, SyncStatus};
 use crate::record::{GoodUnit, HistoryEntry, Outcome, Source, UnitState};
-use crate::recovery::Decision;
+use crate::recovery::{Decision, Restore};
 use crate::service::{ActiveState, SubState};
 use crate::timing;
 
@@ -84,15 +84,6 @@ pub enum Cancelled {
     Unchanged,
     /// After it started the instance it puts in place (which loads on).
     Started,
-}
-
-/// Why the last good unit is put back.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Restore {
-    /// The new unit failed: the instance stopped is the failed one (journal action `rollback`).
-    Rollback,
-    /// The host failed after the stop: nothing of the new unit ran (journal action `restore`).
-    HostFault,
 }
 
 /// How putting the last good unit back ended.
@@ -229,6 +220,7 @@ pub fn lock_interrupted(unit: &str) -> Report {
         sync: SyncStatus::Progressing,
         reasons: vec![format!("another specd is reconciling {unit}")],
         steps: vec![],
+        toward: crate::plan::Toward::Desired,
     };
     Conclusion::said("Interrupted before it began: specd is stopping; nothing was changed on the host".into())
         .report(plan, None)

@@ -304,6 +304,7 @@ mod tests {
             sync: SyncStatus::OutOfSync,
             reasons: vec!["the unit file differs".into()],
             steps: vec![Step::Stop, Step::WaitStopped, Step::WriteUnit, Step::Reload, Step::Start, Step::WaitReady],
+            toward: crate::plan::Toward::Desired,
         };
         let mut events = vec![
             (0, Event::Plan(plan)),
@@ -403,6 +404,7 @@ mod tests {
             sync: SyncStatus::OutOfSync,
             reasons: vec!["a".into(), "b".into()],
             steps: vec![Step::Stop, Step::WaitStopped, Step::Start],
+            toward: crate::plan::Toward::Desired,
         };
         assert_eq!(steps(&p), "Stop → WaitStopped → Start");
         assert_eq!(reasons(&p), ": a; b");

@@ -422,7 +422,12 @@ mod tests {
 
     fn report(outcome: Option<Outcome>) -> Report {
         Report {
-            plan: crate::plan::Plan { sync: crate::plan::SyncStatus::Failed, reasons: vec![], steps: vec![] },
+            plan: crate::plan::Plan {
+                sync: crate::plan::SyncStatus::Failed,
+                reasons: vec![],
+                steps: vec![],
+                toward: crate::plan::Toward::Desired,
+            },
             outcome,
             verdict: "RolledBack: q.service: restored the last good unit".into(),
             stop_verdict: None,

@@ -116,9 +116,6 @@ pub enum Step {
     /// One short generation shows the server really drafts tokens (the engine's own evidence),
     /// when the spec asks for speculative decoding.
     VerifySpeculation,
-    /// Restore the last good unit (the same sequence, for that unit): the desired one is
-    /// quarantined and the host does not run the last good one.
-    Rollback,
     /// `systemctl enable`: the unit starts at boot. Right after readiness, once the server has
     /// shown that it starts (a unit that never starts is not made to start at boot), and before
     /// the checks that follow (which see a server that died meanwhile); alone when nothing else
@@ -129,7 +126,7 @@ pub enum Step {
 }
 
 impl Step {
-    pub const ALL: [Step; 14] = [
+    pub const ALL: [Step; 13] = [
         Step::Drain,
         Step::Stop,
         Step::WaitStopped,
@@ -141,7 +138,6 @@ impl Step {
         Step::WaitReady,
         Step::VerifyArgs,
         Step::VerifySpeculation,
-        Step::Rollback,
         Step::Enable,
         Step::Disable,
     ];
@@ -153,6 +149,26 @@ pub struct Plan {
     /// Why, in words a person reads in `status` and `apply --dry-run`.
     pub reasons: Vec<String>,
     pub steps: Vec<Step>,
+    /// The unit the steps put in place (said in JSON only when it is not the desired one).
+    #[serde(skip_serializing_if = "Toward::is_desired")]
+    pub toward: Toward,
+}
+
+/// The unit a plan's steps put in place.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Toward {
+    /// The desired unit: an apply.
+    Desired,
+    /// The last good unit: the desired one is quarantined and the host does not run the last
+    /// good one (a rollback that did not finish), so the steps restore it.
+    LastGood,
+}
+
+impl Toward {
+    pub fn is_desired(&self) -> bool {
+        *self == Toward::Desired
+    }
 }
 
 /// Whether a process's command line is the rendered argv. A script with a `#!` line (vLLM's
@@ -259,20 +275,25 @@ pub fn plan(o: &Observed, d: &Desired) -> Plan {
         }
         reasons.push("an earlier apply of this spec was interrupted; finishing it".to_string());
         reasons.extend(drift);
-        return Plan { sync: SyncStatus::Progressing, reasons, steps };
+        return Plan { sync: SyncStatus::Progressing, reasons, steps, toward: Toward::Desired };
     }
 
     let spec_change = file_differs && new_spec;
     if spec_change {
         reasons.extend(drift);
-        return Plan { sync: SyncStatus::OutOfSync, reasons, steps: full(running, true, !o.drop_ins.is_empty()) };
+        return Plan {
+            sync: SyncStatus::OutOfSync,
+            reasons,
+            steps: full(running, true, !o.drop_ins.is_empty()),
+            toward: Toward::Desired,
+        };
     }
     if !drift.is_empty() {
         let steps = match d.drift {
             DriftPolicy::Heal => full(running, file_differs, !o.drop_ins.is_empty()),
             DriftPolicy::Report => vec![],
         };
-        return Plan { sync: SyncStatus::Drifted, reasons: drift, steps };
+        return Plan { sync: SyncStatus::Drifted, reasons: drift, steps, toward: Toward::Desired };
     }
 
     // The host has the desired unit, loaded. What is its service doing?
@@ -291,6 +312,7 @@ fn masked_or_quarantined(o: &Observed, d: &Desired) -> Option<Plan> {
                     .into(),
             ],
             steps: vec![],
+            toward: Toward::Desired,
         });
     }
     let why = o.quarantined.as_ref()?;
@@ -309,7 +331,9 @@ fn masked_or_quarantined(o: &Observed, d: &Desired) -> Option<Plan> {
                 format!("unit {} failed before and is not retried: {why}", short(&d.sha256)),
                 format!("the host does not run the last good unit {}; restoring it", short(g)),
             ],
-            steps: vec![Step::Rollback],
+            // Its file is written unless it is on disk already (the write may be what failed).
+            steps: restore_steps(o.deployed_sha256.as_ref() != Some(g)),
+            toward: Toward::LastGood,
         });
     }
     Some(Plan {
@@ -319,6 +343,7 @@ fn masked_or_quarantined(o: &Observed, d: &Desired) -> Option<Plan> {
             short(&d.sha256)
         )],
         steps: vec![],
+        toward: Toward::Desired,
     })
 }
 
@@ -355,13 +380,15 @@ fn by_state(o: &Observed, d: &Desired) -> Plan {
                 sync: SyncStatus::Progressing,
                 reasons: vec!["the server is up but not ready yet".into()],
                 steps: vec![],
+                toward: Toward::Desired,
             },
-            _ => Plan { sync: SyncStatus::InSync, reasons: vec![], steps: vec![] },
+            _ => Plan { sync: SyncStatus::InSync, reasons: vec![], steps: vec![], toward: Toward::Desired },
         },
         ActiveState::Activating | ActiveState::Deactivating => Plan {
             sync: SyncStatus::Progressing,
             reasons: vec![format!("systemd is {} the unit ({})", o.active_state, o.sub_state)],
             steps: vec![],
+            toward: Toward::Desired,
         },
         _ => {
             let mut steps = vec![Step::Start, Step::VerifyCmdline, Step::WaitReady];
@@ -370,6 +397,7 @@ fn by_state(o: &Observed, d: &Desired) -> Plan {
                 sync: SyncStatus::OutOfSync,
                 reasons: vec![format!("the service is not running ({}/{})", o.active_state, o.sub_state)],
                 steps,
+                toward: Toward::Desired,
             }
         }
     }
@@ -762,7 +790,9 @@ mod tests {
         o.active_state = "inactive".into();
         o.main_pid = 0;
         let p = plan(&o, &desired());
-        assert_eq!((p.sync, p.steps.as_slice()), (SyncStatus::Failed, &[Rollback][..]));
+        // The last good unit put back by the same sequence, its file written.
+        assert_eq!((p.sync, p.toward, p.steps.clone()), (SyncStatus::Failed, Toward::LastGood, restore_steps(true)));
+        assert_eq!(p.steps, &[Stop, WaitStopped, WriteUnit, Reload, Start, VerifyCmdline, WaitReady]);
         // Once the good unit runs again, nothing more.
         let mut o = o.clone();
         o.deployed_sha256 = Some("a".repeat(64));
@@ -788,10 +818,14 @@ mod tests {
         assert!(plan(&o, &desired()).steps.is_empty());
         o.ready = Some(true);
         assert!(plan(&o, &desired()).steps.is_empty());
-        // Killed before it started: finished.
+        // Killed before it started: finished, its file (on disk already) not written again.
         o.active_state = "inactive".into();
         o.main_pid = 0;
-        assert_eq!(plan(&o, &desired()).steps, &[Rollback]);
+        let p = plan(&o, &desired());
+        assert_eq!(
+            (p.toward, p.steps.as_slice()),
+            (Toward::LastGood, &[Stop, WaitStopped, Reload, Start, VerifyCmdline, WaitReady][..])
+        );
     }
 
     #[test]

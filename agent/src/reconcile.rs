@@ -13,14 +13,14 @@ use anyhow::Result;
 use specd_spec::{RenderedUnit, Spec, base_url_of_argv, exec_start, short};
 
 use crate::cgroup::Lingering;
-use crate::conclude::{self, Cancelled, Conclusion, Recovered, Restore, Restored, Subject};
+use crate::conclude::{self, Cancelled, Conclusion, Recovered, Restored, Subject};
 pub use crate::conclude::{Action, Report, Serving};
 use crate::fsx;
 use crate::host::{Host, Watch, unit_path};
 use crate::lock::UnitLock;
-use crate::plan::{self, Desired, Observed, Plan, Step, Stopping};
+use crate::plan::{self, Desired, Observed, Plan, Step, Stopping, Toward};
 use crate::probe::{self, Health};
-use crate::recovery::{self, Death, FaultKind, LastGood, Recovery};
+use crate::recovery::{self, Death, FaultKind, LastGood, Recovery, Restore};
 use crate::state::{self, GoodUnit, InProgress, Phase, Quarantined, Source, Store, UnitState};
 use crate::systemd::{ActiveState, LoadState, ServiceResult, UnitProps};
 
@@ -513,7 +513,7 @@ async fn act<H: Host>(
     });
     if let Err(e) = ctx.store.save(st) {
         // Finishing a rollback puts a server back: that matters more than recording it.
-        if plan.steps != [Step::Rollback] {
+        if plan.toward != Toward::LastGood {
             return Err(e.into());
         }
         (ctx.events)(
@@ -523,12 +523,12 @@ async fn act<H: Host>(
     }
 
     let started = Instant::now();
-    if plan.steps == [Step::Rollback]
+    if plan.toward == Toward::LastGood
         && let Some(g) = st.last_good.clone()
     {
         // A rollback that did not finish (the agent stopped or died in it): finish it.
         let mut sv = None;
-        let r = restore(ctx, st, d, &g, Restore::Rollback, &mut sv).await;
+        let r = restore(ctx, st, d, &g, Restore::Rollback, &plan.steps, &mut sv).await;
         let serving = serving_now(ctx, unit).await;
         let c = conclude::rollback_finished(&subject(d), &g.sha256, &restored_of(r), serving);
         return Ok((c, sv, started.elapsed().as_millis() as u64));
@@ -706,14 +706,18 @@ async fn recover<H: Host>(
             }
             Recovered::LeftStopped { why, quarantined: decision.quarantine }
         }
-        Recovery::StartLastGood | Recovery::Rollback => {
-            let why = if decision.recovery == Recovery::Rollback { Restore::Rollback } else { Restore::HostFault };
+        Recovery::Restore(why) => {
             // A rollback goes to another unit; after a host fault the last good one may be this.
             let Some(g) = st.last_good.clone().filter(|g| why == Restore::HostFault || g.sha256 != d.unit.sha256)
             else {
                 return Recovered::NoGoodUnit;
             };
-            let r = restore(ctx, st, d, &g, why, stop_verdict).await;
+            // The file on disk may still be the last good one (the write of the new one failed):
+            // it is not written again, which would fail the same way on a full or read-only unit
+            // directory.
+            let on_disk = ctx.host.read(&unit_path(&ctx.unit_dir, unit)).ok().flatten();
+            let write = on_disk.map(|b| specd_spec::sha256_hex(&b)).as_deref() != Some(g.sha256.as_str());
+            let r = restore(ctx, st, d, &g, why, &plan::restore_steps(write), stop_verdict).await;
             if why == Restore::Rollback
                 && let Err(rf) = &r
                 && rf.cancelled_at().is_none()
@@ -735,13 +739,15 @@ fn restored_of(r: Result<(), StepFailure>) -> Restored {
     }
 }
 
-/// Put the last good unit back and prove it serves: the same race-free sequence.
+/// Put the last good unit back by `steps` (from `plan::restore_steps`) and prove it serves: the
+/// same race-free sequence.
 async fn restore<H: Host>(
     ctx: &Ctx<H>,
     st: &mut UnitState,
     d: &DesiredState,
     g: &GoodUnit,
     why: Restore,
+    steps: &[Step],
     stop_verdict: &mut Option<String>,
 ) -> Result<(), StepFailure> {
     let unit = &d.spec.unit;
@@ -766,14 +772,9 @@ async fn restore<H: Host>(
         // What it stops has failed already: asked to stop, it still puts the good unit back.
         not_serving: true,
     };
-    // The file on disk may still be the last good one (the write of the new one failed): it is
-    // not written again, which would fail the same way on a full or read-only unit directory.
-    let on_disk = ctx.host.read(&unit_path(&ctx.unit_dir, unit)).ok().flatten().map(|b| specd_spec::sha256_hex(&b));
-    let write = on_disk.as_deref() != Some(g.sha256.as_str());
-    let steps = plan::restore_steps(write);
     let props = ctx.host.show(unit).await.unwrap_or_default();
     let mut sv = StopRecord::default();
-    let r = run_steps(ctx, st, unit, &steps, &t, &props, &mut sv).await;
+    let r = run_steps(ctx, st, unit, steps, &t, &props, &mut sv).await;
     let v = sv.finish().await;
     if stop_verdict.is_none() {
         *stop_verdict = v;
@@ -992,8 +993,6 @@ impl<H: Host> Run<'_, H> {
                 Step::WaitReady => self.wait_ready().await?,
                 Step::VerifySpeculation => self.verify_speculation(st).await?,
                 Step::VerifyArgs => self.verify_args().await?,
-                // Planned alone and carried out by `restore`, never inside a sequence.
-                Step::Rollback => {}
                 Step::Enable => self.boot(true).await,
                 Step::Disable => self.boot(false).await,
             }

@@ -66,16 +66,25 @@ pub struct Failure {
 /// The decision.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Recovery {
-    /// The spec failed: put the last good unit back, by the same sequence, and prove it serves.
-    Rollback,
-    /// The host failed after the stop: start the last good unit again (written only when the
-    /// unit file on disk is not already it).
-    StartLastGood,
+    /// Put the last good unit back, by the same sequence, and prove it serves: a rollback (the
+    /// spec failed), or after a host fault (written only when the unit file on disk is not
+    /// already it).
+    Restore(Restore),
     /// Leave the service as it is and reconcile again with backoff (nothing was stopped, or the
     /// desired unit is known good and crashed once).
     Retry,
     /// Nothing safe can be started; the service stays stopped, for this reason.
     LeaveStopped(&'static str),
+}
+
+/// Why the last good unit is put back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Restore {
+    /// The new unit failed (a rollback): the instance stopped is the failed one (journal action
+    /// `rollback`).
+    Rollback,
+    /// The host failed after the stop: nothing of the new unit ran (journal action `restore`).
+    HostFault,
 }
 
 /// Everything decided after a failed step.
@@ -202,7 +211,7 @@ pub fn decide(f: &Failure) -> Recovery {
     }
     if quarantine(f) {
         return match (f.rollback, f.last_good == LastGood::Other) {
-            (true, true) => Recovery::Rollback,
+            (true, true) => Recovery::Restore(Restore::Rollback),
             (true, false) => Recovery::LeaveStopped("there is no last good unit to roll back to"),
             (false, _) => Recovery::LeaveStopped("rollback is off"),
         };
@@ -214,7 +223,7 @@ pub fn decide(f: &Failure) -> Recovery {
     }
     // The host failed between the stop and the new instance: fail safe, the old one serves again.
     if f.last_good != LastGood::None {
-        Recovery::StartLastGood
+        Recovery::Restore(Restore::HostFault)
     } else {
         Recovery::LeaveStopped("there is no last good unit to start again")
     }
@@ -240,7 +249,7 @@ mod tests {
     fn a_spec_that_fails_is_quarantined_and_rolled_back() {
         let x = Failure { fault: FaultKind::Spec, ..f(Step::WaitReady) };
         assert!(quarantine(&x));
-        assert_eq!(decide(&x), Recovery::Rollback);
+        assert_eq!(decide(&x), Recovery::Restore(Restore::Rollback));
         assert_eq!(
             decide(&Failure { last_good: LastGood::Desired, ..x }),
             Recovery::LeaveStopped("there is no last good unit to roll back to")
@@ -256,7 +265,7 @@ mod tests {
         // Never verified: one crash after readiness is its failure.
         let new = Failure { verified_before: false, ..x };
         assert!(quarantine(&new));
-        assert_eq!(decide(&new), Recovery::Rollback);
+        assert_eq!(decide(&new), Recovery::Restore(Restore::Rollback));
         // Verified before but failing before readiness: quarantined as any failing unit.
         assert!(quarantine(&Failure { fault: FaultKind::Spec, ..x }));
     }
@@ -266,11 +275,11 @@ mod tests {
         for step in [Step::RemoveDropIns, Step::WriteUnit, Step::Reload, Step::Start] {
             let x = f(step);
             assert!(!quarantine(&x));
-            assert_eq!(decide(&x), Recovery::StartLastGood, "{step:?}");
+            assert_eq!(decide(&x), Recovery::Restore(Restore::HostFault), "{step:?}");
             // Whatever the rollback policy, and even when the last good unit is the desired one.
             assert_eq!(
                 decide(&Failure { rollback: false, last_good: LastGood::Desired, ..x }),
-                Recovery::StartLastGood
+                Recovery::Restore(Restore::HostFault)
             );
             assert_eq!(
                 decide(&Failure { last_good: LastGood::None, ..x }),
@@ -286,7 +295,7 @@ mod tests {
         let host = after(&f(Step::WriteUnit));
         assert_eq!(
             (host.recovery, host.quarantine, host.finished, host.requeue),
-            (Recovery::StartLastGood, false, false, true)
+            (Recovery::Restore(Restore::HostFault), false, false, true)
         );
         // Nothing was stopped: nothing to finish, and it is tried again.
         let before_stop = after(&Failure { stopped: false, ..f(Step::Stop) });

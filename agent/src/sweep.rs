@@ -175,7 +175,7 @@ pub struct Best {
 }
 
 /// Everything a sweep reads before it touches the host; an error here changes nothing.
-struct Plan {
+struct Prepared {
     parsed: ParsedSweep,
     base_path: PathBuf,
     base_text: String,
@@ -186,7 +186,7 @@ struct Plan {
 }
 
 /// Read and check the sweep, its base spec and its prompts. `Err` is the message for stderr.
-fn plan(o: &Options) -> Result<Plan, String> {
+fn prepare(o: &Options) -> Result<Prepared, String> {
     let name = o.file.display().to_string();
     let text = std::fs::read_to_string(&o.file).map_err(|e| format!("{name}: {e}"))?;
     let mut parsed = sweep::parse_sweep(&text, &name).map_err(|d| d.to_string())?;
@@ -208,7 +208,7 @@ fn plan(o: &Options) -> Result<Plan, String> {
         _ => loadgen::BUILTIN_PROMPTS.iter().map(|s| s.to_string()).collect(),
     };
     let out = o.out.clone().unwrap_or_else(|| PathBuf::from(format!("specd-sweep-{}", parsed.sweep.metadata.name)));
-    Ok(Plan { parsed, base_path, base_text, base, points, prompts: Arc::new(prompts), out })
+    Ok(Prepared { parsed, base_path, base_text, base, points, prompts: Arc::new(prompts), out })
 }
 
 /// The records of `results.jsonl`. A last line without its newline is a write that a kill cut
@@ -360,7 +360,7 @@ async fn campaign<H: Host>(
         doc.error = Some(format!("{why}; nothing was changed on this host"));
         Ok(1)
     };
-    let p = match plan(o) {
+    let p = match prepare(o) {
         Ok(p) => p,
         Err(e) => return refuse(doc, e),
     };
@@ -519,7 +519,7 @@ struct Ran {
 /// (`prior`, by its unit's hash) is skipped.
 async fn run_points<H: Host>(
     ctx: &Ctx<H>,
-    p: &Plan,
+    p: &Prepared,
     prior: &[PointResult],
     results_path: &Path,
     shutdown: &Shutdown,
@@ -570,7 +570,7 @@ async fn run_points<H: Host>(
 
 /// The results of this sweep's points, in its order (a record of an older run of the sweep
 /// file whose point is gone is left out).
-fn this_sweeps_results(p: &Plan, results_path: &Path) -> Result<Vec<PointResult>> {
+fn this_sweeps_results(p: &Prepared, results_path: &Path) -> Result<Vec<PointResult>> {
     let (all, _) = read_results(results_path)?;
     Ok(p.points
         .iter()
@@ -585,7 +585,7 @@ fn this_sweeps_results(p: &Plan, results_path: &Path) -> Result<Vec<PointResult>
 /// What the host is left on: the best point with `after: best` when there is one and the sweep
 /// was not interrupted; else the unit as it was before, if specd had deployed it.
 fn after_target(
-    p: &Plan,
+    p: &Prepared,
     unit: &str,
     before: &Before,
     winner: Option<&PointResult>,
@@ -623,7 +623,7 @@ async fn apply_after<H: Host>(ctx: &Ctx<H>, target: Option<DesiredState>, unit: 
 /// The reports in the output directory (table.md, results.csv, plot.svg), and the table on
 /// stdout when `print`. Whether the plot was drawn.
 fn write_reports(
-    p: &Plan,
+    p: &Prepared,
     results: &[PointResult],
     winner: Option<&PointResult>,
     at: u32,
@@ -659,7 +659,7 @@ fn write_reports(
 
 /// The best point as a diff of the base spec file; with `--write`, the file edited in place
 /// (its mode and owner kept). What it did goes into `doc`; with `json`, nothing on stdout.
-fn offer_best(p: &Plan, wp: &Point, write: bool, doc: &mut Summary, json: bool) -> Result<()> {
+fn offer_best(p: &Prepared, wp: &Point, write: bool, doc: &mut Summary, json: bool) -> Result<()> {
     let say = |line: &str| {
         if !json {
             println!("{line}");
@@ -740,7 +740,7 @@ fn before<H: Host>(ctx: &Ctx<H>, out: &Path, unit: &str, resume: bool, points: &
 
 /// Apply one point and load it. `None`: interrupted (nothing recorded; the point is measured
 /// again on resume).
-async fn point<H: Host>(ctx: &Ctx<H>, p: &Plan, pt: &Point, shutdown: &Shutdown) -> Result<Option<PointResult>> {
+async fn point<H: Host>(ctx: &Ctx<H>, p: &Prepared, pt: &Point, shutdown: &Shutdown) -> Result<Option<PointResult>> {
     let (i, n) = (pt.index + 1, p.points.len());
     let unit = &pt.spec.unit;
     eprintln!("[{i}/{n}] {}: applying unit {}", pt.label, specd_spec::short(&pt.unit.sha256));
@@ -1116,7 +1116,7 @@ spec:
 
     /// A sweep's files in `dir`, the host (its unit deployed from the base spec), what the sweep
     /// reads, and its options.
-    async fn swept(dir: &Path) -> (crate::host::fake::FakeHost, Dirs, Plan, Options) {
+    async fn swept(dir: &Path) -> (crate::host::fake::FakeHost, Dirs, Prepared, Options) {
         std::fs::write(dir.join("qwen.yaml"), BASE).unwrap();
         std::fs::write(dir.join("sweep.yaml"), SWEEP).unwrap();
         let dirs = Dirs { state_dir: dir.join("state"), unit_dir: dir.join("units") };
@@ -1127,7 +1127,7 @@ spec:
             out: Some(dir.join("out")),
             json: true,
         };
-        let p = plan(&o).unwrap();
+        let p = prepare(&o).unwrap();
         let host = crate::host::fake::FakeHost::new(UNIT, &dirs.unit_dir);
         let base = specd_spec::parse("qwen.yaml", BASE).unwrap().resolve(None).unwrap();
         host.serves(&base, false);

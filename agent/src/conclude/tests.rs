@@ -17,7 +17,12 @@ fn subject() -> Subject<'static> {
 }
 
 fn plan(sync: SyncStatus, steps: &[Step]) -> Plan {
-    Plan { sync, reasons: vec!["the unit file differs".into()], steps: steps.to_vec() }
+    Plan {
+        sync,
+        reasons: vec!["the unit file differs".into()],
+        steps: steps.to_vec(),
+        toward: crate::plan::Toward::Desired,
+    }
 }
 
 fn in_progress(sha: &str) -> InProgress {

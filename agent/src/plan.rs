@@ -331,8 +331,7 @@ fn masked_or_quarantined(o: &Observed, d: &Desired) -> Option<Plan> {
                 format!("unit {} failed before and is not retried: {why}", short(&d.sha256)),
                 format!("the host does not run the last good unit {}; restoring it", short(g)),
             ],
-            // Its file is written unless it is on disk already (the write may be what failed).
-            steps: restore_steps(o.deployed_sha256.as_ref() != Some(g)),
+            steps: restore_steps(o.deployed_sha256.as_deref(), g),
             toward: Toward::LastGood,
         });
     }
@@ -463,11 +462,13 @@ pub fn stopping(active: ActiveState, sub: &SubState, main_pid: u32, restops: u32
     Stopping::Settling
 }
 
-/// The steps that put a last good unit back (a rollback, or a start after a host fault): the
-/// same race-free sequence as an apply, without the drain (what it stops has failed) and with
-/// the write only when the file on disk is not that unit already (`write`): a write that failed
-/// would fail the same way again on a full or read-only unit directory.
-pub fn restore_steps(write: bool) -> Vec<Step> {
+/// The steps that put the last good unit (hash `good`) back (a rollback, or a start after a
+/// host fault): the same race-free sequence as an apply, without the drain (what it stops has
+/// failed) and with the write only when the file on disk (hash `on_disk`) is not that unit
+/// already: the write of the new one may be what failed, and would fail the same way again on
+/// a full or read-only unit directory.
+pub fn restore_steps(on_disk: Option<&str>, good: &str) -> Vec<Step> {
+    let write = on_disk != Some(good);
     [Step::Stop, Step::WaitStopped, Step::WriteUnit, Step::Reload, Step::Start, Step::VerifyCmdline, Step::WaitReady]
         .into_iter()
         .filter(|s| write || *s != Step::WriteUnit)
@@ -791,7 +792,10 @@ mod tests {
         o.main_pid = 0;
         let p = plan(&o, &desired());
         // The last good unit put back by the same sequence, its file written.
-        assert_eq!((p.sync, p.toward, p.steps.clone()), (SyncStatus::Failed, Toward::LastGood, restore_steps(true)));
+        assert_eq!(
+            (p.sync, p.toward, p.steps.clone()),
+            (SyncStatus::Failed, Toward::LastGood, restore_steps(o.deployed_sha256.as_deref(), &"a".repeat(64)))
+        );
         assert_eq!(p.steps, &[Stop, WaitStopped, WriteUnit, Reload, Start, VerifyCmdline, WaitReady]);
         // Once the good unit runs again, nothing more.
         let mut o = o.clone();
@@ -957,8 +961,12 @@ mod tests {
 
     #[test]
     fn a_restore_stops_until_empty_before_it_writes_and_proves_what_it_started() {
-        assert_eq!(restore_steps(true), [Stop, WaitStopped, WriteUnit, Reload, Start, VerifyCmdline, WaitReady]);
-        assert_eq!(restore_steps(false), [Stop, WaitStopped, Reload, Start, VerifyCmdline, WaitReady]);
+        let (good, new) = ("a".repeat(64), "b".repeat(64));
+        let written = [Stop, WaitStopped, WriteUnit, Reload, Start, VerifyCmdline, WaitReady];
+        assert_eq!(restore_steps(Some(&new), &good), written);
+        assert_eq!(restore_steps(None, &good), written);
+        // The good unit's file is on disk already (the new one's write failed): not written again.
+        assert_eq!(restore_steps(Some(&good), &good), [Stop, WaitStopped, Reload, Start, VerifyCmdline, WaitReady]);
     }
 
     #[test]

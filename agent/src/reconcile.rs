@@ -254,12 +254,29 @@ struct Target<'a> {
     stop_budget: Duration,
     timeout_stop: Duration,
     drain: Duration,
-    spec: Option<&'a Spec>,
-    /// Why a restore (spec `None`) stops the unit: said in the unit's journal for `diagnose`.
-    restore: Restore,
+    mode: Mode<'a>,
     /// The instance being replaced may not serve (a rollback replaces a failed one; an
     /// interrupted apply may have stopped it): asked to stop, the run still starts the next one.
     not_serving: bool,
+}
+
+/// What a run of steps puts in place.
+#[derive(Clone, Copy, Debug)]
+enum Mode<'a> {
+    /// The desired unit, by its spec (drained, verified against it).
+    Apply(&'a Spec),
+    /// The last good unit, for this reason (said in the unit's journal for `diagnose`).
+    Restore(Restore),
+}
+
+impl<'a> Mode<'a> {
+    /// The spec an apply verifies against; a restore has none (its unit was verified before).
+    fn spec(self) -> Option<&'a Spec> {
+        match self {
+            Mode::Apply(spec) => Some(spec),
+            Mode::Restore(_) => None,
+        }
+    }
 }
 
 impl<'a> Target<'a> {
@@ -278,8 +295,7 @@ impl<'a> Target<'a> {
             stop_budget: waits.stop_budget,
             timeout_stop: waits.timeout_stop,
             drain: waits.drain,
-            spec: Some(&d.spec),
-            restore: Restore::Rollback,
+            mode: Mode::Apply(&d.spec),
             not_serving: resumed,
         }
     }
@@ -712,12 +728,10 @@ async fn recover<H: Host>(
             else {
                 return Recovered::NoGoodUnit;
             };
-            // The file on disk may still be the last good one (the write of the new one failed):
-            // it is not written again, which would fail the same way on a full or read-only unit
-            // directory.
-            let on_disk = ctx.host.read(&unit_path(&ctx.unit_dir, unit)).ok().flatten();
-            let write = on_disk.map(|b| specd_spec::sha256_hex(&b)).as_deref() != Some(g.sha256.as_str());
-            let r = restore(ctx, st, d, &g, why, &plan::restore_steps(write), stop_verdict).await;
+            let on_disk =
+                ctx.host.read(&unit_path(&ctx.unit_dir, unit)).ok().flatten().map(|b| specd_spec::sha256_hex(&b));
+            let steps = plan::restore_steps(on_disk.as_deref(), &g.sha256);
+            let r = restore(ctx, st, d, &g, why, &steps, stop_verdict).await;
             if why == Restore::Rollback
                 && let Err(rf) = &r
                 && rf.cancelled_at().is_none()
@@ -767,8 +781,7 @@ async fn restore<H: Host>(
         stop_budget: waits.stop_budget,
         timeout_stop: waits.timeout_stop,
         drain: timing::RESTORE_DRAIN,
-        spec: None,
-        restore: why,
+        mode: Mode::Restore(why),
         // What it stops has failed already: asked to stop, it still puts the good unit back.
         not_serving: true,
     };
@@ -1019,7 +1032,7 @@ impl<H: Host> Run<'_, H> {
     async fn drain(&mut self) -> Result<(), StepFailure> {
         let (ctx, unit, t, step) = (self.ctx, self.unit, self.t, Step::Drain);
         let emit = |e: Event| (ctx.events)(unit, &e);
-        let Some(spec) = t.spec else { return Ok(()) };
+        let Some(spec) = t.mode.spec() else { return Ok(()) };
         if t.drain.is_zero() {
             return Ok(());
         }
@@ -1053,7 +1066,7 @@ impl<H: Host> Run<'_, H> {
         let (ctx, unit, t, before, step) = (self.ctx, self.unit, self.t, self.before, Step::Stop);
         let emit = |e: Event| (ctx.events)(unit, &e);
         emit(Event::Phase(format!("stopping {unit}")));
-        if let Some(spec) = t.spec
+        if let Some(spec) = t.mode.spec()
             && let Ok(Some(n)) =
                 tokio::time::timeout(timing::DRAIN_POLL, ctx.host.running_requests(&t.old_url, spec.engine)).await
         {
@@ -1066,16 +1079,16 @@ impl<H: Host> Run<'_, H> {
             return Ok(());
         }
         // Say in the unit's journal who stops it and why (`specd diagnose` reads it).
-        let (action, note) = match (t.spec, t.restore) {
-            (Some(_), _) => ("stop", format!("specd: stopping {unit} to apply unit {}", short(t.sha256))),
-            (None, Restore::Rollback) => (
+        let (action, note) = match t.mode {
+            Mode::Apply(_) => ("stop", format!("specd: stopping {unit} to apply unit {}", short(t.sha256))),
+            Mode::Restore(Restore::Rollback) => (
                 "rollback",
                 format!(
                     "specd: stopping {unit} to roll back to the last good unit {}: the new unit failed",
                     short(t.sha256)
                 ),
             ),
-            (None, Restore::HostFault) => (
+            Mode::Restore(Restore::HostFault) => (
                 "restore",
                 format!(
                     "specd: stopping {unit} to start the last good unit {} again: the apply failed on the host",
@@ -1095,7 +1108,7 @@ impl<H: Host> Run<'_, H> {
         let deadline = Instant::now() + t.stop_budget;
         let started = Instant::now();
         // While stopping, keep reading the in-flight count for the progress line.
-        let poller = t.spec.map(|spec| {
+        let poller = t.mode.spec().map(|spec| {
             let (host, url, engine, counter) =
                 (ctx.host.clone(), t.old_url.clone(), spec.engine, self.in_flight.clone());
             Background(tokio::spawn(async move {
@@ -1173,13 +1186,13 @@ impl<H: Host> Run<'_, H> {
         // This apply's own write (read by the next apply if this one is interrupted:
         // a write that did not happen leaves a WriteUnit in that apply's plan anyway).
         let before_wrote = st.in_progress.as_ref().map(|p| p.wrote);
-        if t.spec.is_some()
+        if matches!(t.mode, Mode::Apply(_))
             && let Some(p) = st.in_progress.as_mut()
         {
             p.wrote = true;
         }
         if let Err(e) = ctx.store.save(st) {
-            if t.spec.is_some() {
+            if matches!(t.mode, Mode::Apply(_)) {
                 return Err(StepFailure::host(step, format!("{e:#}")));
             }
             // Putting the last good unit back matters more than recording it: the
@@ -1295,7 +1308,7 @@ impl<H: Host> Run<'_, H> {
     async fn verify_speculation(&mut self, st: &mut UnitState) -> Result<(), StepFailure> {
         let (ctx, unit, t, step) = (self.ctx, self.unit, self.t, Step::VerifySpeculation);
         let emit = |e: Event| (ctx.events)(unit, &e);
-        let Some(spec) = t.spec else { return Ok(()) };
+        let Some(spec) = t.mode.spec() else { return Ok(()) };
         emit(Event::Phase(format!(
             "proving that the server speculates ({}-token generation)",
             crate::speculation::TOKENS
@@ -1315,7 +1328,7 @@ impl<H: Host> Run<'_, H> {
     async fn verify_args(&mut self) -> Result<(), StepFailure> {
         let (ctx, unit, t, step) = (self.ctx, self.unit, self.t, Step::VerifyArgs);
         let emit = |e: Event| (ctx.events)(unit, &e);
-        let Some(spec) = t.spec else { return Ok(()) };
+        let Some(spec) = t.mode.spec() else { return Ok(()) };
         let pid = self.started_pid;
         let invocation = self.started_invocation.clone();
         let info = answered(

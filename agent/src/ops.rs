@@ -1126,7 +1126,7 @@ async fn rollback_on<H: Host>(
         reason,
         pinned_sha256: Some(d.unit.sha256.clone()),
         desired_at_pin,
-        ..state::Hold::new(state::HoldKind::Pin, operator("specd rollback"), state::now())
+        ..state::Hold::new(state::HoldKind::Pin, operator("specd rollback"), ctx.host.now())
     };
     // Pinned first, so that an agent that runs does not move it forward meanwhile; but only
     // while this process lives until the unit serves: killed half-way (or quit by a second

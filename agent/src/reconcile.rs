@@ -15,7 +15,6 @@ use specd_spec::{RenderedUnit, Spec, base_url_of_argv, exec_start, short};
 use crate::cgroup::Lingering;
 use crate::conclude::{self, Cancelled, Conclusion, Recovered, Restored, Subject};
 pub use crate::conclude::{Action, Report, Serving};
-use crate::fsx;
 use crate::host::{Host, Watch, unit_path};
 use crate::lock::UnitLock;
 use crate::plan::{self, Desired, Observed, Plan, Step, Stopping, Toward};
@@ -400,7 +399,7 @@ pub async fn reconcile<H: Host>(ctx: &Ctx<H>, d: &DesiredState, dry_run: bool) -
     let unit = d.spec.unit.clone();
     let emit = |e: Event| (ctx.events)(&unit, &e);
     // Whatever validation let through: never specd's own unit, systemd's or D-Bus's.
-    if let Some(why) = crate::owner::reserved(&unit, crate::owner::own_unit().as_deref()) {
+    if let Some(why) = crate::owner::reserved(&unit, ctx.host.own_unit().as_deref()) {
         return Err(ReconcileError::Io(anyhow::anyhow!("refused: specd never manages {unit}: {why}; nothing changed")));
     }
     let Some(_lock) = lock_unit(ctx, &unit).await? else {
@@ -426,7 +425,7 @@ pub async fn reconcile<H: Host>(ctx: &Ctx<H>, d: &DesiredState, dry_run: bool) -
     st.desired = Some(state::DesiredRecord {
         sha256: d.unit.sha256.clone(),
         source: d.source.clone(),
-        time: state::now(),
+        time: ctx.host.now(),
         spec: d.spec.clone(),
     });
     let s = subject(d);
@@ -439,7 +438,7 @@ pub async fn reconcile<H: Host>(ctx: &Ctx<H>, d: &DesiredState, dry_run: bool) -
         act(ctx, &mut st, d, (&o, &props), &plan).await?
     };
     // The record, changed as concluded and saved once (an apply also wrote ahead as it went).
-    c.apply(&mut st, &s, stop_verdict.clone(), ms, state::now());
+    c.apply(&mut st, &s, stop_verdict.clone(), ms, ctx.host.now());
     if let Err(e) = ctx.store.save(&st) {
         if !c.acted {
             return Err(e.into());
@@ -511,7 +510,7 @@ async fn act<H: Host>(
         .and_then(|t| exec_start(&String::from_utf8_lossy(t)))
         .and_then(|argv| base_url_of_argv(&argv))
         .unwrap_or_else(|| d.spec.base_url());
-    if let Some(g) = deployed_text.as_deref().and_then(|text| running_as_good(o, st, d, text)) {
+    if let Some(g) = deployed_text.as_deref().and_then(|text| running_as_good(o, st, d, text, ctx.host.now())) {
         st.last_good = Some(g);
     }
 
@@ -524,7 +523,7 @@ async fn act<H: Host>(
         sha256: d.unit.sha256.clone(),
         pid: std::process::id(),
         phase: Phase::Starting,
-        started: state::now(),
+        started: ctx.host.now(),
         wrote: resumed_wrote,
     });
     if let Err(e) = ctx.store.save(st) {
@@ -620,7 +619,7 @@ async fn preflight_refusal<H: Host>(
 
 /// The unit that runs is the rollback target when nothing better is known: it was serving,
 /// ready, from the deployed file systemd has loaded, and it is not the desired one.
-fn running_as_good(o: &Observed, st: &UnitState, d: &DesiredState, deployed: &[u8]) -> Option<GoodUnit> {
+fn running_as_good(o: &Observed, st: &UnitState, d: &DesiredState, deployed: &[u8], now: u64) -> Option<GoodUnit> {
     let text = String::from_utf8_lossy(deployed).into_owned();
     let serving = o.ready == Some(true)
         && !o.need_daemon_reload
@@ -633,7 +632,7 @@ fn running_as_good(o: &Observed, st: &UnitState, d: &DesiredState, deployed: &[u
         sha256: specd_spec::sha256_hex(text.as_bytes()),
         text,
         source: None,
-        time: state::now(),
+        time: now,
         endpoint: Some(d.spec.readiness.endpoint.clone()),
         base_url: None,
     })
@@ -678,7 +677,7 @@ async fn failed<H: Host>(
             sha256: d.unit.sha256.clone(),
             reason: f.message.clone(),
             source: d.source.clone(),
-            time: state::now(),
+            time: ctx.host.now(),
         });
     }
     let recovered = recover(ctx, st, d, &f, &failure, &decision, stop_verdict).await;
@@ -845,17 +844,15 @@ pub async fn prune<H: Host>(ctx: &Ctx<H>, unit: &str) {
         tracing::warn!(unit, "pruning: disabling it: {e:#}");
     }
     let path = unit_path(&ctx.unit_dir, unit);
-    let keep = ctx.store.dir.join("pruned");
-    if let Err(e) = fsx::ensure_private_dir(&keep) {
-        return tracing::error!(unit, "pruning: {e:#}");
-    }
-    if ctx.host.exists(&path) {
-        let _ = ctx.host.move_aside(&path, &keep.join(format!("{unit}.{}", state::now())));
+    let (keep, now) = (ctx.store.dir.join("pruned"), ctx.host.now());
+    if ctx.host.exists(&path)
+        && let Err(e) = ctx.host.move_aside(&path, &keep.join(format!("{unit}.{now}")))
+    {
+        tracing::error!(unit, "pruning: its unit file: {e:#}");
     }
     let _ = ctx.host.daemon_reload().await;
-    let state_file = ctx.store.dir.join("units").join(format!("{unit}.json"));
-    if let Err(e) = std::fs::rename(&state_file, keep.join(format!("{unit}.json.{}", state::now()))) {
-        tracing::error!(unit, "pruning: moving {} aside: {e}", state_file.display());
+    if let Err(e) = ctx.store.set_aside(unit, &keep.join(format!("{unit}.json.{now}"))) {
+        tracing::error!(unit, "pruning: its state: {e:#}");
     }
 }
 
@@ -1168,7 +1165,7 @@ impl<H: Host> Run<'_, H> {
         let (ctx, unit, step) = (self.ctx, self.unit, Step::RemoveDropIns);
         let emit = |e: Event| (ctx.events)(unit, &e);
         let props = ctx.host.show(unit).await.map_err(|e| StepFailure::host(step, format!("{e:#}")))?;
-        let keep = ctx.store.dir.join("removed-drop-ins").join(state::now().to_string());
+        let keep = ctx.store.dir.join("removed-drop-ins").join(ctx.host.now().to_string());
         for p in own_drop_ins(&ctx.host, &props, unit).iter() {
             let dest = keep.join(p.trim_start_matches('/').replace('/', "__"));
             ctx.host.move_aside(Path::new(p), &dest).map_err(|e| StepFailure::host(step, format!("{e:#}")))?;
@@ -1321,7 +1318,8 @@ impl<H: Host> Run<'_, H> {
             return Err(StepFailure::spec(step, why));
         }
         emit(Event::Progress(format!("the server speculates: {}", measured.figure())));
-        st.speculation = Some(state::SpeculationRecord { sha256: t.sha256.to_string(), time: state::now(), measured });
+        st.speculation =
+            Some(state::SpeculationRecord { sha256: t.sha256.to_string(), time: ctx.host.now(), measured });
         Ok(())
     }
 

@@ -28,6 +28,8 @@ pub trait StateFiles: Send + Sync {
     fn read_state(&self, path: &Path) -> Result<Option<Vec<u8>>>;
     /// Replace the file atomically (write a temporary file, fsync, rename), mode 0600.
     fn write_state(&self, path: &Path, bytes: &[u8]) -> Result<()>;
+    /// Move the file to `dest` (a private directory made if need be).
+    fn set_aside_state(&self, path: &Path, dest: &Path) -> Result<()>;
 }
 
 /// The state directory on disk.
@@ -40,6 +42,14 @@ impl StateFiles for Disk {
 
     fn write_state(&self, path: &Path, bytes: &[u8]) -> Result<()> {
         fsx::atomic_write(path, bytes, 0o600)
+    }
+
+    fn set_aside_state(&self, path: &Path, dest: &Path) -> Result<()> {
+        use anyhow::Context;
+        if let Some(dir) = dest.parent() {
+            fsx::ensure_private_dir(dir)?;
+        }
+        std::fs::rename(path, dest).with_context(|| format!("moving {} to {}", path.display(), dest.display()))
     }
 }
 
@@ -135,6 +145,11 @@ impl Store {
         let mut bytes = serde_json::to_vec_pretty(st)?;
         bytes.push(b'\n');
         self.files.write_state(&self.path(&st.unit), &bytes)
+    }
+
+    /// Move a unit's state file to `dest` (a pruned unit's, kept for a person to read).
+    pub fn set_aside(&self, unit: &str, dest: &Path) -> Result<()> {
+        self.files.set_aside_state(&self.path(unit), dest)
     }
 
     /// Make the state dir private: the directory and its subdirectories 0700, their files 0600

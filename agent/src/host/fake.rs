@@ -706,6 +706,10 @@ impl Host for FakeHost {
         EPOCH + self.born.elapsed().as_secs()
     }
 
+    fn own_unit(&self) -> Option<String> {
+        Some("specd.service".into())
+    }
+
     fn me(&self) -> (u32, Option<u64>) {
         let mut w = self.w();
         let me = match w.me {
@@ -958,5 +962,10 @@ impl crate::state::StateFiles for FakeHost {
     fn write_state(&self, path: &Path, bytes: &[u8]) -> Result<()> {
         self.sync_call("state_save")?;
         crate::state::Disk.write_state(path, bytes)
+    }
+
+    fn set_aside_state(&self, path: &Path, dest: &Path) -> Result<()> {
+        self.sync_call("state_set_aside")?;
+        crate::state::Disk.set_aside_state(path, dest)
     }
 }

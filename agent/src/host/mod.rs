@@ -70,6 +70,8 @@ pub trait Host: Clone + Send + Sync + 'static {
     /// This process, as a hold names it: its pid and start time (a sweep's hold, a rollback's
     /// pending pin).
     fn me(&self) -> (u32, Option<u64>);
+    /// The unit this process runs in, when it runs as a service (specd never manages it).
+    fn own_unit(&self) -> Option<String>;
     /// A process's command line; `None` once it is gone.
     fn cmdline(&self, pid: u32) -> Option<Vec<String>>;
     /// A process is still in the cgroup.
@@ -276,6 +278,10 @@ impl Host for RealHost {
     fn me(&self) -> (u32, Option<u64>) {
         let me = std::process::id();
         (me, pid_start(me))
+    }
+
+    fn own_unit(&self) -> Option<String> {
+        crate::owner::own_unit()
     }
 
     fn populated(&self, cg: &str) -> bool {

@@ -23,6 +23,7 @@ use crate::reconcile::{self, Action, Ctx, DesiredState, Shutdown};
 use crate::source::GitSource;
 use crate::state::{self, Outcome, Source, SourceState, Store};
 use crate::systemd::Systemd;
+use crate::timing;
 
 /// Why something asked for a reconcile.
 #[derive(Debug, Clone)]
@@ -249,7 +250,7 @@ impl ForcedReads {
     /// Whether a forced read asked at `now` happens now; if one happened less than a second ago,
     /// not: it is due at the end of that second instead.
     fn ask(&mut self, now: tokio::time::Instant) -> bool {
-        if let Some(next) = self.last.map(|t| t + FORCED_READ_EVERY).filter(|n| *n > now) {
+        if let Some(next) = self.last.map(|t| t + timing::FORCED_READ_EVERY).filter(|n| *n > now) {
             self.due = Some(next);
             false
         } else {
@@ -325,23 +326,14 @@ async fn stop(units: Units, stop_tx: watch::Sender<bool>, endpoints: Endpoints) 
     tracing::info!("stopping: applies in progress stop at their next safe point");
     let _ = stop_tx.send(true);
     let handles = units.workers.into_iter().map(|(u, w)| (u, w.handle)).collect();
-    for u in join_within(handles, tokio::time::sleep(STOP_WITHIN)).await {
-        tracing::warn!(unit = %u, "did not reach a safe point within {} s", STOP_WITHIN.as_secs());
+    for u in join_within(handles, tokio::time::sleep(timing::STOP_WITHIN)).await {
+        tracing::warn!(unit = %u, "did not reach a safe point within {} s", timing::STOP_WITHIN.as_secs());
     }
     // Notices still queued (a receiver that did not answer yet) get a last chance.
-    crate::notify::flush(NOTICES_WITHIN).await;
+    crate::notify::flush(timing::NOTICES_WITHIN).await;
     endpoints.close();
     tracing::info!("stopped");
 }
-
-/// How long the agent waits at its stop for the units' workers to reach a safe point: all of
-/// them together, within the agent unit's `TimeoutStopSec=90` (examples/specd.service), with
-/// time left to close the endpoints before systemd kills what remains.
-const STOP_WITHIN: Duration = Duration::from_secs(75);
-
-/// How long the agent waits at its stop, after the workers, for webhook notices still queued
-/// (a notice waiting on its backoff is tried again at once, then 1–2 s and 2–4 s later).
-const NOTICES_WITHIN: Duration = Duration::from_secs(5);
 
 /// Wait for every task until one shared `deadline`; the units whose task had not finished by
 /// then (they are left running, and end with the process).
@@ -366,9 +358,6 @@ async fn join_within(
     }
     late
 }
-
-/// The least time between two forced re-reads of the source.
-const FORCED_READ_EVERY: Duration = Duration::from_secs(1);
 
 fn jitter(d: Duration) -> Duration {
     let ms = d.as_millis() as u64;
@@ -744,10 +733,6 @@ fn sync_after(r: &reconcile::Report) -> crate::plan::SyncStatus {
     crate::sync::status(crate::sync::Seen { planned: r.plan.sync, outcome: r.outcome, applying: false, last_try: None })
 }
 
-/// How long a look at a unit's deaths waits for the journal to show how the instance that just
-/// ended ended (journald writes a server's output and systemd's lines from different sockets).
-const DEATH_IN_JOURNAL_WITHIN: Duration = Duration::from_secs(5);
-
 /// What a worker keeps between its looks for the metrics: the deaths counted, and the instance
 /// that ran at the last look.
 #[derive(Default)]
@@ -777,7 +762,7 @@ impl Looks {
         }
         // An end the journal has not shown within the wait is counted at the next change (its
         // instance is not taken as seen until it shows its end).
-        let found = ctx.host.instances(unit, &current, DEATH_IN_JOURNAL_WITHIN).await;
+        let found = ctx.host.instances(unit, &current, timing::DEATH_IN_JOURNAL_WITHIN).await;
         let died = self.deaths.take(&found);
         if !died.is_empty() {
             tracing::debug!(unit = %unit, ?died, "deaths counted");
@@ -940,13 +925,13 @@ mod tests {
         // Within the second: put off to its end, however many ask.
         assert!(!f.ask(t0 + Duration::from_millis(100)));
         assert!(!f.ask(t0 + Duration::from_millis(900)));
-        assert_eq!(f.due, Some(t0 + FORCED_READ_EVERY));
+        assert_eq!(f.due, Some(t0 + timing::FORCED_READ_EVERY));
         assert_eq!(f.last, Some(t0));
         // A second later, a read at once.
         let mut f = ForcedReads::default();
         assert!(f.ask(t0));
-        assert!(f.ask(t0 + FORCED_READ_EVERY));
-        assert_eq!((f.last, f.due), (Some(t0 + FORCED_READ_EVERY), None));
+        assert!(f.ask(t0 + timing::FORCED_READ_EVERY));
+        assert_eq!((f.last, f.due), (Some(t0 + timing::FORCED_READ_EVERY), None));
     }
 
     /// The value of the one sample `name{labels}` in `text`, if there is one.
@@ -1046,8 +1031,10 @@ mod tests {
             .parse()
             .unwrap();
         assert!(
-            STOP_WITHIN + NOTICES_WITHIN + Duration::from_secs(10) <= Duration::from_secs(secs),
-            "{STOP_WITHIN:?} and {NOTICES_WITHIN:?} in {secs} s"
+            timing::STOP_WITHIN + timing::NOTICES_WITHIN + Duration::from_secs(10) <= Duration::from_secs(secs),
+            "{:?} and {:?} in {secs} s",
+            timing::STOP_WITHIN,
+            timing::NOTICES_WITHIN
         );
     }
 

@@ -27,6 +27,7 @@ use crate::loadgen::{self, Level};
 use crate::reconcile::{self, Ctx, DesiredState, Event, Events, Finish, Shutdown};
 use crate::report::{self, Goal, PointOutcome, PointResult};
 use crate::state::{Hold, HoldKind, Outcome, Source, Store};
+use crate::timing;
 
 /// The unit as it was before the sweep: what `after: restore` applies again. Kept in the
 /// output directory so that a resumed sweep restores the same thing.
@@ -309,13 +310,10 @@ async fn reported_max_running<H: Host>(host: &H, spec: &Spec, invocation: &str) 
     info.pointer(row.pointer).cloned().filter(|v| !v.is_null())
 }
 
-/// How long the journal is waited for to show how a point's instance ended.
-const VERDICT_WITHIN: Duration = Duration::from_secs(10);
-
 /// The verdict on how an instance ended (`None`: the unit's newest that ended), for the record:
 /// (verdict, summary).
 async fn verdict_of<H: Host>(host: &H, unit: &str, invocation: Option<&str>) -> (Option<String>, Option<String>) {
-    match host.ending(unit, invocation.unwrap_or(""), VERDICT_WITHIN).await {
+    match host.ending(unit, invocation.unwrap_or(""), timing::POINT_VERDICT_WITHIN).await {
         Some(e) => (Some(e.verdict), Some(e.summary)),
         None => (None, None),
     }

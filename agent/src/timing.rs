@@ -1,6 +1,7 @@
-//! The reconciler's timing policy: every duration and limit it waits, asks or requeues by, in one
-//! place. ARCHITECTURE.md's timing table names each of them (a test checks that it does, with its
-//! value).
+//! The timing policy: every duration and limit the reconciler, the agent and the sweep wait, ask
+//! or requeue by, in one place. ARCHITECTURE.md's timing table names each of them (a test checks
+//! that it does, with its value). An adapter's own bound on its protocol (a D-Bus call, a
+//! webhook's attempt) stays beside that protocol, and is in the table too.
 
 use std::time::Duration;
 
@@ -58,6 +59,30 @@ pub const EXIT_SETTLE: Duration = Duration::from_secs(2);
 pub const WAITING_NOTE: Duration = Duration::from_secs(2);
 /// The last line a loading server wrote is first read after this (most load in less).
 pub const SAID_FIRST: Duration = Duration::from_millis(1500);
+
+// The agent, the host and the sweep.
+
+/// How long the agent waits at its stop for the units' workers to reach a safe point: all of
+/// them together, within the agent unit's `TimeoutStopSec=90` (examples/specd.service), with
+/// time left to close the endpoints before systemd kills what remains.
+pub const STOP_WITHIN: Duration = Duration::from_secs(75);
+/// How long the agent waits at its stop, after the workers, for webhook notices still queued
+/// (a notice waiting on its backoff is tried again at once, then 1–2 s and 2–4 s later).
+pub const NOTICES_WITHIN: Duration = Duration::from_secs(5);
+/// The least time between two forced re-reads of the source.
+pub const FORCED_READ_EVERY: Duration = Duration::from_secs(1);
+/// How long a look at a unit's deaths waits for the journal to show how the instance that just
+/// ended ended (journald writes a server's output and systemd's lines from different sockets).
+pub const DEATH_IN_JOURNAL_WITHIN: Duration = Duration::from_secs(5);
+/// How long a call to systemd is asked again after its connection was lost, before the loss is
+/// an error (a host fault): systemd re-executing itself (`daemon-reexec`, run by its package's
+/// upgrade) closes every connection and serves a new one within a second or two on a busy host.
+pub const RECONNECT_WITHIN: Duration = Duration::from_secs(30);
+/// How often a hold's process is looked at where its exit cannot be watched (a kernel without
+/// pidfds).
+pub const HOLDER_RECHECK: Duration = Duration::from_secs(5);
+/// How long the journal is waited for to show how a point's instance ended.
+pub const POINT_VERDICT_WITHIN: Duration = Duration::from_secs(10);
 
 /// How long specd waits for a stop: systemd's `TimeoutStopSec`, plus a margin for its SIGKILL and
 /// the kernel's reaping ([`STOP_MARGIN`], or a tenth of the timeout when that is longer).

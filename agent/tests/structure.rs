@@ -470,6 +470,7 @@ fn spellings(value: &str) -> Vec<String> {
     if value == "Duration::ZERO" {
         return vec!["0 s".into(), "nothing".into()];
     }
+    let number = |s: &str| s.split('*').map(number).try_fold(1u64, |p, n| n.map(|n| p * n));
     if let Some(n) = value.strip_prefix("Duration::from_secs(").and_then(|v| number(v.trim_end_matches(')'))) {
         let mut out = vec![format!("{n} s")];
         if n % 60 == 0 {
@@ -486,6 +487,45 @@ fn spellings(value: &str) -> Vec<String> {
     }
     let n = number(value).unwrap_or_else(|| panic!("timing.rs: a value the table check cannot read: {value}"));
     vec![format!("{n} times"), format!("{n} re-"), format!("up to {n}"), format!("most {n}")]
+}
+
+/// Every duration constant of the production sources outside `timing.rs` (an adapter's bound on
+/// its own protocol) is named in the timing table as `module::NAME`, with its value.
+#[test]
+fn the_timing_table_names_every_other_duration_constant_with_its_value() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let arch = std::fs::read_to_string(root.join("../ARCHITECTURE.md")).unwrap();
+    let table: Vec<&str> =
+        arch.split("## Timing policies").nth(1).unwrap().lines().filter(|l| l.starts_with('|')).collect();
+    let (mut consts, mut errors) = (0, Vec::new());
+    let mut files = Vec::new();
+    read_dir_rs(&root.join("src"), &root.join("src"), &mut files);
+    for (rel, text) in files {
+        let module = rel.split('/').next().unwrap().trim_end_matches(".rs").to_string();
+        if ["timing", "faults"].contains(&module.as_str()) || rel.ends_with("tests.rs") || rel.ends_with("fake.rs") {
+            continue;
+        }
+        // Production code only: a file's tests come last.
+        let text = text.split("#[cfg(test)]").next().unwrap();
+        for line in text.lines() {
+            let line = line.trim_start().trim_start_matches("pub ");
+            let Some(rest) = line.strip_prefix("const ") else { continue };
+            let Some((name, value)) = rest.split_once(": Duration = ") else { continue };
+            let value = value.trim_end_matches(';');
+            consts += 1;
+            let named = format!("`{module}::{name}`");
+            let Some(row) = table.iter().find(|r| r.contains(&named)) else {
+                errors.push(format!("{rel}: {name} ({value}) is in no row of the timing table as {named}"));
+                continue;
+            };
+            let want = spellings(value);
+            if !want.iter().any(|w| row.contains(w.as_str())) {
+                errors.push(format!("{rel}: {name}'s row does not say its value ({}): {row}", want.join(" or ")));
+            }
+        }
+    }
+    assert!(consts >= 8, "read {consts} duration constants outside timing.rs");
+    assert!(errors.is_empty(), "ARCHITECTURE.md's timing table:\n{}", errors.join("\n"));
 }
 
 #[test]

@@ -22,6 +22,7 @@ use crate::preflight;
 use crate::probe::{Health, Probe};
 use crate::speculation::Speculation;
 use crate::systemd::{Systemd, UnitProps};
+use crate::timing;
 
 /// Cheap to clone (a handle): background reads during an apply hold their own.
 pub trait Host: Clone + Send + Sync + 'static {
@@ -184,13 +185,8 @@ impl RealHost {
     }
 }
 
-/// How long a call to systemd is asked again after its connection was lost, before the loss is
-/// an error (a host fault): systemd re-executing itself (`daemon-reexec`, run by its package's
-/// upgrade) closes every connection and serves a new one within a second or two on a busy host.
-pub const RECONNECT_WITHIN: Duration = Duration::from_secs(30);
-
 /// A call to systemd, asked again on a new connection while the old one was [lost]
-/// (`crate::dbus::Lost`), 20 ms doubling to 1 s apart, for up to [`RECONNECT_WITHIN`]. Every call
+/// (`crate::dbus::Lost`), 20 ms doubling to 1 s apart, for up to [`timing::RECONNECT_WITHIN`]. Every call
 /// specd asks again is one that may be repeated: a property read; `Reload` (reloading twice
 /// loads the same files); `StartUnit`/`StopUnit` in mode `replace` (systemd keeps its jobs
 /// across a re-execution, and asking again for a job that is queued returns that job, and for
@@ -199,7 +195,7 @@ pub const RECONNECT_WITHIN: Duration = Duration::from_secs(30);
 ///
 /// [lost]: crate::dbus::is_lost
 pub async fn reconnecting<T, F: Future<Output = Result<T>>>(what: &str, call: impl Fn() -> F) -> Result<T> {
-    let deadline = Instant::now() + RECONNECT_WITHIN;
+    let deadline = Instant::now() + timing::RECONNECT_WITHIN;
     let mut pause = Duration::from_millis(20);
     loop {
         match call().await {
@@ -267,7 +263,7 @@ impl Host for RealHost {
         let Some(pid) = hold.pid else { return std::future::pending().await };
         match exited(pid, hold.pid_start) {
             Some(exit) => exit.await,
-            None => tokio::time::sleep(HOLDER_RECHECK).await,
+            None => tokio::time::sleep(timing::HOLDER_RECHECK).await,
         }
     }
 
@@ -415,10 +411,6 @@ pub struct Ending {
     /// The server's own fatal error, as it said it (a failed start, a crash).
     pub engine_error: Option<String>,
 }
-
-/// How often a hold's process is looked at where its exit cannot be watched (a kernel without
-/// pidfds).
-const HOLDER_RECHECK: Duration = Duration::from_secs(5);
 
 /// Where a unit's file lives in a unit directory.
 pub fn unit_path(unit_dir: &Path, unit: &str) -> PathBuf {

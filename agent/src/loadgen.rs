@@ -217,6 +217,11 @@ pub fn level_speculation(engine: Engine, reqs: &[Request], metrics: Option<(&str
     }
 }
 
+/// A connection to the server under load (loopback).
+const CONNECT_WITHIN: Duration = Duration::from_secs(2);
+/// A read of the server's metrics (its speculation counters) before and after a level.
+const METRICS_WITHIN: Duration = Duration::from_secs(5);
+
 /// The client of a load: no proxy, a new connection per request. llama-server closes a
 /// streamed answer's connection when it is done, and a kept-alive one it closed fails the next
 /// request sent on it ("connection closed before message completed"); a loopback connect costs
@@ -224,7 +229,7 @@ pub fn level_speculation(engine: Engine, reqs: &[Request], metrics: Option<(&str
 fn client() -> reqwest::Client {
     reqwest::Client::builder()
         .no_proxy()
-        .connect_timeout(Duration::from_secs(2))
+        .connect_timeout(CONNECT_WITHIN)
         .pool_max_idle_per_host(0)
         .tls_built_in_root_certs(false)
         .build()
@@ -251,7 +256,7 @@ pub async fn run(level: &Level) -> LevelResult {
 }
 
 async fn text(client: &reqwest::Client, url: &str) -> Option<String> {
-    let r = client.get(url).timeout(Duration::from_secs(5)).send().await.ok()?;
+    let r = client.get(url).timeout(METRICS_WITHIN).send().await.ok()?;
     if !r.status().is_success() {
         return None;
     }

@@ -755,6 +755,10 @@ pub async fn ask_reconcile(socket: PathBuf, unit: Option<String>) -> Result<u8> 
     Ok(0)
 }
 
+/// How long `specd reconcile`, `unquarantine`, `suspend`, `resume` and `rollback` wait for the
+/// agent's answer on its control socket (`reconcile` fails without one; the others go on without it).
+const CONTROL_ANSWER_WITHIN: Duration = Duration::from_secs(5);
+
 /// `POST /reconcile[?unit=U]` on the agent's control socket (HTTP/1.1, one request).
 async fn control_post(socket: &Path, unit: Option<&str>) -> Result<()> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -779,9 +783,9 @@ async fn control_post(socket: &Path, unit: Option<&str>) -> Result<()> {
         s.read_to_end(&mut resp).await?;
         Ok::<_, std::io::Error>(resp)
     };
-    let resp = tokio::time::timeout(Duration::from_secs(5), io)
+    let resp = tokio::time::timeout(CONTROL_ANSWER_WITHIN, io)
         .await
-        .context("the agent did not answer within 5 s")?
+        .with_context(|| format!("the agent did not answer within {} s", CONTROL_ANSWER_WITHIN.as_secs()))?
         .with_context(|| format!("talking to {}", socket.display()))?;
     let head = String::from_utf8_lossy(&resp);
     let status = head.split_whitespace().nth(1).unwrap_or("");

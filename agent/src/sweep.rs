@@ -40,10 +40,6 @@ struct Before {
     sha256: Option<String>,
 }
 
-/// How long a sweep's hold lasts without a refresh: a sweep that hangs (rather than dies, which
-/// ends its hold at once) gives the unit back to the agent after this.
-const HOLD_FOR: u64 = 2 * 3600;
-
 /// The sweep's hold on its unit: a running agent leaves the unit alone while this process lives
 /// (and until the hold expires: a task pushes the expiry on every quarter of it, whatever the
 /// sweep is doing, so a long point never outlives its hold).
@@ -66,7 +62,7 @@ impl SweepHold {
         let now = host.now();
         let (me, started) = host.me();
         let hold = Hold {
-            until: Some(now + HOLD_FOR),
+            until: Some(now + timing::SWEEP_HOLD_FOR.as_secs()),
             pid: Some(me),
             pid_start: started,
             ..Hold::new(HoldKind::Sweep, format!("specd sweep {name}"), now)
@@ -76,9 +72,9 @@ impl SweepHold {
             let (host, store, unit, mut hold) = (host.clone(), store.clone(), unit.to_string(), hold.clone());
             tokio::spawn(async move {
                 loop {
-                    tokio::time::sleep(std::time::Duration::from_secs(HOLD_FOR / 4)).await;
+                    tokio::time::sleep(timing::SWEEP_HOLD_FOR / 4).await;
                     // Only this sweep's hold (one set since by someone else stays as it is).
-                    let pushed = Hold { until: Some(host.now() + HOLD_FOR), ..hold.clone() };
+                    let pushed = Hold { until: Some(host.now() + timing::SWEEP_HOLD_FOR.as_secs()), ..hold.clone() };
                     match store.set_hold_if(&unit, pushed.clone(), |h| *h == hold).await {
                         Ok(true) => hold = pushed,
                         Ok(false) => return,
@@ -1181,7 +1177,7 @@ spec:
         // A sweep that no longer pushes it (hung): the hold expires 2 h after its last push, and
         // the agent takes the unit back although the sweep's process lives.
         h.refresher.abort();
-        tokio::time::sleep(Duration::from_secs(HOLD_FOR)).await;
+        tokio::time::sleep(timing::SWEEP_HOLD_FOR).await;
         let held = store.peek(UNIT).unwrap().hold.unwrap();
         assert!(
             matches!(host.hold_effect(Some(&held), "d"), crate::hold::HoldEffect::Expired(w) if w.contains("expired at")),

@@ -81,6 +81,9 @@ pub const RECONNECT_WITHIN: Duration = Duration::from_secs(30);
 /// How often a hold's process is looked at where its exit cannot be watched (a kernel without
 /// pidfds).
 pub const HOLDER_RECHECK: Duration = Duration::from_secs(5);
+/// How long a sweep's hold lasts without a refresh: a sweep that hangs (rather than dies, which
+/// ends its hold at once) gives the unit back to the agent after this.
+pub const SWEEP_HOLD_FOR: Duration = Duration::from_secs(2 * 3600);
 /// How long the journal is waited for to show how a point's instance ended.
 pub const POINT_VERDICT_WITHIN: Duration = Duration::from_secs(10);
 

@@ -476,6 +476,9 @@ fn spellings(value: &str) -> Vec<String> {
         if n % 60 == 0 {
             out.push(format!("{} min", n / 60));
         }
+        if n % 3600 == 0 {
+            out.push(format!("{} h", n / 3600));
+        }
         return out;
     }
     if let Some(n) = value.strip_prefix("Duration::from_millis(").and_then(|v| number(v.trim_end_matches(')'))) {
@@ -485,7 +488,7 @@ fn spellings(value: &str) -> Vec<String> {
         }
         return out;
     }
-    let n = number(value).unwrap_or_else(|| panic!("timing.rs: a value the table check cannot read: {value}"));
+    let n = number(value).unwrap_or_else(|| panic!("a value the timing table check cannot read: {value}"));
     vec![format!("{n} times"), format!("{n} re-"), format!("up to {n}"), format!("most {n}")]
 }
 
@@ -510,8 +513,10 @@ fn the_timing_table_names_every_other_duration_constant_with_its_value() {
         for line in text.lines() {
             let line = line.trim_start().trim_start_matches("pub ");
             let Some(rest) = line.strip_prefix("const ") else { continue };
+            let rest = rest.replacen(": std::time::Duration = ", ": Duration = ", 1);
             let Some((name, value)) = rest.split_once(": Duration = ") else { continue };
-            let value = value.trim_end_matches(';');
+            let value = value.trim_end_matches(';').replace("std::time::", "");
+            let value = value.as_str();
             consts += 1;
             let named = format!("`{module}::{name}`");
             let Some(row) = table.iter().find(|r| r.contains(&named)) else {

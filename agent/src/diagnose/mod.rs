@@ -334,6 +334,9 @@ pub async fn last_said(invocation: &str) -> Option<String> {
     Some(line.chars().take(160).collect())
 }
 
+/// How long `first_said` reads an instance's journal for its line.
+const FIRST_SAID_WITHIN: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// What follows `marker` on the first line of an instance's output that has it (an engine's
 /// log of the args it runs with), from the journal; `Err` when the journal has no such line
 /// or did not answer within 5 seconds. Reads from the instance's first line and stops at the
@@ -359,9 +362,9 @@ pub async fn first_said(invocation: &str, marker: &str) -> Result<String, String
         }
         Err(format!("the instance's journal has no line with {:?} (yet)", marker.trim()))
     };
-    tokio::time::timeout(std::time::Duration::from_secs(5), read)
+    tokio::time::timeout(FIRST_SAID_WITHIN, read)
         .await
-        .unwrap_or_else(|_| Err("the journal did not answer within 5 s".into()))
+        .unwrap_or_else(|_| Err(format!("the journal did not answer within {} s", FIRST_SAID_WITHIN.as_secs())))
 }
 
 /// The verdict on one instance (by invocation ID) once the journal shows it ended, waiting up to

@@ -640,12 +640,14 @@ async fn worker<H: Host>(
             Ok(r) => r,
             Err(e) => Err(reconcile::ReconcileError::Io(anyhow::anyhow!("internal error while reconciling: {e}"))),
         };
+        // The sync status the metrics' look after the reconcile reports.
+        let look;
         let wait = match (result, &held) {
             (Ok(r), Some((why, recheck, _))) => {
                 failures = 0;
                 let now = sync_after(&r);
                 metrics.reconciled(&unit, now, "held", t0.elapsed().as_secs_f64(), false);
-                looks.after(&ctx, &metrics, &d, now).await;
+                look = now;
                 // Said once per hold and sync status, not at every look.
                 let said = format!("{why}: {}", r.verdict);
                 if last_held.as_ref() != Some(&said) {
@@ -661,7 +663,7 @@ async fn worker<H: Host>(
                 // The status after this reconcile, not the one it started from.
                 let now = sync_after(&r);
                 metrics.reconciled(&unit, now, &result, t0.elapsed().as_secs_f64(), failed);
-                looks.after(&ctx, &metrics, &d, now).await;
+                look = now;
                 // What an operator must hear of (`journalctl -p warning`): the desired unit does
                 // not run, whether the last good one was restored or nothing could be.
                 match r.outcome {
@@ -693,7 +695,7 @@ async fn worker<H: Host>(
             (Err(e), _) => {
                 tracing::error!(unit = %unit, "reconcile failed: {e}");
                 metrics.reconciled(&unit, crate::plan::SyncStatus::Failed, "error", t0.elapsed().as_secs_f64(), true);
-                looks.after(&ctx, &metrics, &d, crate::plan::SyncStatus::Failed).await;
+                look = crate::plan::SyncStatus::Failed;
                 let action = reconcile::error_policy(failures);
                 failures = failures.saturating_add(1);
                 match action {
@@ -702,6 +704,22 @@ async fn worker<H: Host>(
                 }
             }
         };
+        // The metrics' look (the journal read when another instance runs than at the last one)
+        // never delays a new desired state: cut short by its arrival, it is taken again after
+        // the reconcile that follows (a look cut short changed nothing).
+        let changed = tokio::select! {
+            biased;
+            _ = looks.after(&ctx, &metrics, &d, look) => false,
+            r = rx.changed() => {
+                if r.is_err() {
+                    return;
+                }
+                true
+            }
+        };
+        if changed {
+            continue;
+        }
         // No timer at all when nothing is due: a unit at rest wakes only on a change.
         let requeue = async {
             match wait {
@@ -1130,6 +1148,28 @@ mod tests {
         at(t0, 3601.0).await;
         assert_eq!(r.host.serving(), Some(w_spec(5).argv));
         assert_eq!(r.reconciles("applied"), 2.0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_new_desired_state_is_applied_at_once_while_the_metrics_look_waits_for_the_journal() {
+        // journald takes 20 s to answer the metrics' look after each reconcile.
+        let t0 = tokio::time::Instant::now();
+        let r = run_worker(DesiredState::new(w_spec(3), None), |h| {
+            h.journal_lag(Duration::from_secs(20));
+            None
+        })
+        .await;
+        at(t0, 1.0).await;
+        assert_eq!(r.reconciles("applied"), 1.0);
+        assert_eq!(r.host.call_names().last(), Some(&"instances"), "the look is not waiting on the journal");
+        r.host.serves(&w_spec(5), false);
+        r.desired.send(Arc::new(DesiredState::new(w_spec(5), None))).unwrap();
+        at(t0, 2.0).await;
+        assert_eq!(r.host.serving(), Some(w_spec(5).argv), "the new unit waited for the look");
+        assert_eq!(r.reconciles("applied"), 2.0);
+        // The look cut short is taken after the reconcile that followed.
+        let looks = r.host.call_names().iter().filter(|c| **c == "instances").count();
+        assert_eq!(looks, 2);
     }
 
     #[tokio::test(start_paused = true)]

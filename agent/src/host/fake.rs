@@ -114,6 +114,8 @@ struct World {
     me: Option<u32>,
     /// Servers of these argvs die of the load a sweep puts on them.
     die_under_load: Vec<Vec<String>>,
+    /// How long the journal takes to answer a look at a unit's instances (the metrics').
+    journal_lag: Duration,
 }
 
 /// What the fault plan says about this call.
@@ -254,6 +256,11 @@ impl FakeHost {
         Self::advance(&mut w);
         drop(w);
         self.changes.send_modify(|n| *n += 1);
+    }
+
+    /// The journal takes `lag` to answer a look at a unit's instances (a busy journald).
+    pub fn journal_lag(&self, lag: Duration) {
+        self.w().journal_lag = lag;
     }
 
     /// A process outside the unit (a sweep's), alive until [`FakeHost::end_holder`].
@@ -904,6 +911,9 @@ impl Host for FakeHost {
     }
 
     async fn instances(&self, _unit: &str, _current: &str, _within: Duration) -> Vec<crate::metrics::Instance> {
+        self.w().calls.push("instances");
+        let lag = self.w().journal_lag;
+        tokio::time::sleep(lag).await;
         // Deaths are counted from the real journal (the end-to-end tests); none here.
         Vec::new()
     }

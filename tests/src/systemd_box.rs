@@ -338,6 +338,14 @@ pub fn preflight() -> Result<()> {
     Ok(())
 }
 
+/// A process is stopped (state `T`: by a signal).
+fn stopped(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(')').map(|(_, rest)| rest.trim_start().starts_with('T')))
+        .unwrap_or(false)
+}
+
 pub(crate) fn pidfd_wait(child: &mut Child, timeout: Duration) -> bool {
     // Event-driven wait for a child's exit, bounded by `timeout`.
     // SAFETY: pidfd_open on our own child's pid; fd closed below.
@@ -735,11 +743,20 @@ impl SystemdBox {
             // them. Kill them first.
             self.kill_strays(false, child.id());
             // PID 1 may be gone already; then nsenter fails, which is fine.
-            let _ = self
-                .command(&["systemctl", "--force", "poweroff"])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status();
+            let poweroff =
+                self.command(&["systemctl", "--force", "poweroff"]).stdout(Stdio::null()).stderr(Stdio::null()).spawn();
+            if let Ok(mut p) = poweroff {
+                // This systemctl is a stray too: systemd-shutdown's `kill(-1, SIGSTOP)` may
+                // stop it before it returns, and its nsenter with it, which then never reaps
+                // it once killed: the box's pid namespace would wait for that zombie forever.
+                let _ = wait_until("systemctl poweroff to return", Duration::from_secs(10), || {
+                    matches!(p.try_wait(), Ok(Some(_))) || stopped(p.id())
+                });
+                if !matches!(p.try_wait(), Ok(Some(_))) {
+                    let _ = p.kill();
+                    let _ = p.wait();
+                }
+            }
             clean = pidfd_wait(&mut child, Duration::from_secs(10));
         }
         if !clean {

@@ -492,14 +492,32 @@ fn spellings(value: &str) -> Vec<String> {
     vec![format!("{n} times"), format!("{n} re-"), format!("up to {n}"), format!("most {n}")]
 }
 
+/// The rows of ARCHITECTURE.md's timing table.
+fn timing_table() -> Vec<String> {
+    let arch = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../ARCHITECTURE.md")).unwrap();
+    let section = arch.split("## Timing policies").nth(1).unwrap();
+    section.lines().filter(|l| l.starts_with('|')).map(str::to_string).collect()
+}
+
+/// The row that names `named` (`` `module::NAME` ``) says `value` (a constant's Rust
+/// expression), or why not.
+fn said_in(table: &[String], named: &str, value: &str) -> Result<(), String> {
+    let Some(row) = table.iter().find(|r| r.contains(named)) else {
+        return Err(format!("{named} ({value}) is in no row of the timing table"));
+    };
+    let want = spellings(value);
+    match want.iter().any(|w| row.contains(w.as_str())) {
+        true => Ok(()),
+        false => Err(format!("{named}'s row does not say its value ({}): {row}", want.join(" or "))),
+    }
+}
+
 /// Every duration constant of the production sources outside `timing.rs` (an adapter's bound on
 /// its own protocol) is named in the timing table as `module::NAME`, with its value.
 #[test]
 fn the_timing_table_names_every_other_duration_constant_with_its_value() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let arch = std::fs::read_to_string(root.join("../ARCHITECTURE.md")).unwrap();
-    let table: Vec<&str> =
-        arch.split("## Timing policies").nth(1).unwrap().lines().filter(|l| l.starts_with('|')).collect();
+    let table = timing_table();
     let (mut consts, mut errors) = (0, Vec::new());
     let mut files = Vec::new();
     read_dir_rs(&root.join("src"), &root.join("src"), &mut files);
@@ -515,17 +533,10 @@ fn the_timing_table_names_every_other_duration_constant_with_its_value() {
             let Some(rest) = line.strip_prefix("const ") else { continue };
             let rest = rest.replacen(": std::time::Duration = ", ": Duration = ", 1);
             let Some((name, value)) = rest.split_once(": Duration = ") else { continue };
-            let value = value.trim_end_matches(';').replace("std::time::", "");
-            let value = value.as_str();
             consts += 1;
-            let named = format!("`{module}::{name}`");
-            let Some(row) = table.iter().find(|r| r.contains(&named)) else {
-                errors.push(format!("{rel}: {name} ({value}) is in no row of the timing table as {named}"));
-                continue;
-            };
-            let want = spellings(value);
-            if !want.iter().any(|w| row.contains(w.as_str())) {
-                errors.push(format!("{rel}: {name}'s row does not say its value ({}): {row}", want.join(" or ")));
+            let value = value.trim_end_matches(';').replace("std::time::", "");
+            if let Err(e) = said_in(&table, &format!("`{module}::{name}`"), &value) {
+                errors.push(format!("{rel}: {e}"));
             }
         }
     }
@@ -537,25 +548,14 @@ fn the_timing_table_names_every_other_duration_constant_with_its_value() {
 fn the_timing_table_names_every_constant_of_timing_rs_with_its_value() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let timing = std::fs::read_to_string(root.join("src/timing.rs")).unwrap();
-    let arch = std::fs::read_to_string(root.join("../ARCHITECTURE.md")).unwrap();
-    let table: Vec<&str> =
-        arch.split("## Timing policies").nth(1).unwrap().lines().filter(|l| l.starts_with('|')).collect();
-    let mut consts = 0;
-    let mut errors = Vec::new();
+    let table = timing_table();
+    let (mut consts, mut errors) = (0, Vec::new());
     for line in timing.lines() {
         let Some(rest) = line.strip_prefix("pub const ") else { continue };
         let (name, value) = rest.split_once(':').unwrap();
         let value = value.split_once('=').unwrap().1.trim().trim_end_matches(';');
         consts += 1;
-        let named = format!("`timing::{name}`");
-        let Some(row) = table.iter().find(|r| r.contains(&named)) else {
-            errors.push(format!("{name} ({value}) is in no row of the timing table"));
-            continue;
-        };
-        let want = spellings(value);
-        if !want.iter().any(|w| row.contains(w.as_str())) {
-            errors.push(format!("{name}'s row does not say its value ({}): {row}", want.join(" or ")));
-        }
+        errors.extend(said_in(&table, &format!("`timing::{name}`"), value).err());
     }
     assert!(consts >= 20, "read {consts} constants of timing.rs");
     assert!(errors.is_empty(), "ARCHITECTURE.md's timing table:\n{}", errors.join("\n"));

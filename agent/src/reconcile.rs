@@ -483,7 +483,9 @@ fn foreign<H: Host>(
     plan: &Plan,
     props: &UnitProps,
 ) -> Result<Option<String>> {
-    if !plan.steps.contains(&Step::WriteUnit) || d.spec.policy.adopt || st.written_sha256.is_some() {
+    // A restore writes the last good unit back where specd wrote units before.
+    let restore = plan.toward == Toward::LastGood;
+    if restore || !plan.steps.contains(&Step::WriteUnit) || d.spec.policy.adopt || st.written_sha256.is_some() {
         return Ok(None);
     }
     let path = unit_path(&ctx.unit_dir, &d.spec.unit);
@@ -538,9 +540,10 @@ async fn act<H: Host>(
     }
 
     let started = Instant::now();
-    if plan.toward == Toward::LastGood
-        && let Some(g) = st.last_good.clone()
-    {
+    if plan.toward == Toward::LastGood {
+        let Some(g) = st.last_good.clone() else {
+            return Err(ReconcileError::Io(anyhow::anyhow!("{unit}: a restore was planned without a last good unit")));
+        };
         // A rollback that did not finish (the agent stopped or died in it): finish it.
         let mut sv = None;
         let r = restore(ctx, st, d, &g, Restore::Rollback, &plan.steps, &mut sv).await;
@@ -603,7 +606,9 @@ async fn preflight_refusal<H: Host>(
     dry_run: bool,
 ) -> Option<String> {
     let serving = plan.steps.contains(&Step::Stop) && props.is_running();
-    if !plan.steps.contains(&Step::Start) || !(serving || dry_run) {
+    // A restore starts the last good unit, which ran here before; the desired unit's pre-flight
+    // is not about it.
+    if plan.toward == Toward::LastGood || !plan.steps.contains(&Step::Start) || !(serving || dry_run) {
         return None;
     }
     let unit = &d.spec.unit;
@@ -848,7 +853,8 @@ pub async fn prune<H: Host>(ctx: &Ctx<H>, unit: &str) {
     if ctx.host.exists(&path)
         && let Err(e) = ctx.host.move_aside(&path, &keep.join(format!("{unit}.{now}")))
     {
-        tracing::error!(unit, "pruning: its unit file: {e:#}");
+        // Its state stays: the next source read prunes it again.
+        return tracing::error!(unit, "pruning: its unit file: {e:#}");
     }
     let _ = ctx.host.daemon_reload().await;
     if let Err(e) = ctx.store.set_aside(unit, &keep.join(format!("{unit}.json.{now}"))) {

@@ -145,13 +145,17 @@ impl<'a> Requester<'a> {
 fn requester<'a>(ev: &'a Evidence, stop: &Line) -> Requester<'a> {
     let window = |l: &Line| l.time_us + REQUEST_WINDOW_US >= stop.time_us && l.time_us <= stop.time_us + 1_000_000;
     let candidates: Vec<&'a Line> = ev.lines.iter().chain(ev.requests.iter()).filter(|l| window(l)).collect();
-    // specd's note of a stop names the instance it stopped: a note about the instance before
-    // (stopped moments before this one started) is not this stop's cause.
-    if let Some(m) = candidates
-        .iter()
-        .rev()
-        .find(|l| l.origin == Origin::Specd && l.invocation.as_deref().is_none_or(|i| ev.is_invocation(i)))
-    {
+    // specd's request is its note of a stop (`SPECD_ACTION`; the agent's own log lines are not
+    // requests). A note about the instance before (stopped moments before this one started) is
+    // not this stop's cause; one written after this instance started is, whichever instance it
+    // names (a server that crashed and was restarted between specd's look and its stop).
+    let started = ev.lines.iter().find(|l| l.origin != Origin::Specd).map(|l| l.time_us);
+    let specd_stop = |l: &Line| {
+        l.origin == Origin::Specd
+            && l.action.is_some()
+            && l.invocation.as_deref().is_none_or(|i| ev.is_invocation(i) || started.is_some_and(|s| l.time_us >= s))
+    };
+    if let Some(m) = candidates.iter().rev().find(|l| specd_stop(l)) {
         return Requester::Specd(m);
     }
     if let Some(m) = candidates.iter().rev().find(|l| {

@@ -68,7 +68,8 @@ pub trait JournalSource: Send + Sync {
 pub struct Journald;
 
 async fn output(cmd: &str, args: &[String]) -> Result<String> {
-    let out = Command::new(cmd).args(args).output().await.with_context(|| format!("running {cmd}"))?;
+    let out =
+        Command::new(cmd).args(args).kill_on_drop(true).output().await.with_context(|| format!("running {cmd}"))?;
     if !out.status.success() {
         bail!("{cmd} {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
     }

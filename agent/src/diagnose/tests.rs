@@ -334,6 +334,17 @@ fn specd_s_note_about_the_instance_before_is_not_who_stopped_this_one() {
     let mut l = lines(note(0, "stop", "i0"));
     l.insert(2, note(3_900, "stop", "i1"));
     assert_contains(&classify(&ev(l)).summary, "stopped on request by specd");
+    // A note written after this instance started that names the one before (the server crashed
+    // and was restarted between specd's look and its stop): specd stopped it too.
+    let mut l = lines(note(0, "stop", "i0"));
+    l.insert(2, note(3_900, "stop", "i0"));
+    assert_contains(&classify(&ev(l)).summary, "stopped on request by specd");
+    // specd's own log lines are not requests.
+    let mut log = note(3_900, "stop", "i1");
+    log.action = None;
+    let mut l = lines(note(0, "stop", "i0"));
+    l.insert(2, log);
+    assert!(!classify(&ev(l)).summary.contains("by specd"));
 }
 
 #[test]

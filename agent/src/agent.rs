@@ -705,8 +705,8 @@ async fn worker<H: Host>(
             }
         };
         // The metrics' look (the journal read when another instance runs than at the last one)
-        // never delays a new desired state: cut short by its arrival, it is taken again after
-        // the reconcile that follows (a look cut short changed nothing).
+        // never delays a new desired state nor the agent's stop: cut short by either, its deaths
+        // are counted at the look after the next reconcile (a look cut short counted none).
         let changed = tokio::select! {
             biased;
             _ = looks.after(&ctx, &metrics, &d, look) => false,
@@ -716,6 +716,7 @@ async fn worker<H: Host>(
                 }
                 true
             }
+            _ = ctx.shutdown.wait() => return,
         };
         if changed {
             continue;

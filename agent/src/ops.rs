@@ -444,8 +444,12 @@ async fn unit_status<H: Host>(
         error: None,
         // Recorded when specd saw the last instance end, while the one after it still runs;
         // otherwise (a restart specd did not make, or no record yet) read from the journal.
-        last_ended: match crate::sync::recorded_ending(st.last_ended.as_ref(), &props.invocation_id, props.active_state)
-        {
+        last_ended: match crate::sync::recorded_ending(
+            st.last_ended.as_ref(),
+            &props.invocation_id,
+            props.active_state,
+            props.main_pid,
+        ) {
             Some(said) => said,
             None => ctx.host.ending(&st.unit, "", timing::LAST_ENDED_WITHIN).await.map(|e| e.summary),
         },

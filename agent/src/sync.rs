@@ -56,8 +56,8 @@ pub fn runs_spec(outcome: Option<Outcome>, planned: SyncStatus) -> bool {
 }
 
 /// Why a unit that is down is down, as `status` says it: the last try's message when that try
-/// failed with no unit left to serve (`Failed`); a rollback's says the old unit served again,
-/// so a unit down since is down for another reason, which systemd's state says.
+/// failed (`Failed`: its message says what it left running); a rollback's says the old unit
+/// served again, so a unit down since is down for another reason, which systemd's state says.
 pub fn down_reason(last: Option<&HistoryEntry>, active: ActiveState, sub: &SubState) -> String {
     match last {
         Some(h) if h.outcome == Outcome::Failed => h.message.clone(),
@@ -66,11 +66,17 @@ pub fn down_reason(last: Option<&HistoryEntry>, active: ActiveState, sub: &SubSt
 }
 
 /// How the unit's last instance ended, from specd's record: the recorded verdict while the
-/// instance started after it is still the unit's current one and may run. `None`: the record
-/// does not say (no record, another instance since, or that instance stopped too: systemd keeps
-/// a stopped unit's InvocationID), and the journal must be read.
-pub fn recorded_ending(rec: Option<&LastEnded>, invocation_id: &str, active: ActiveState) -> Option<Option<String>> {
-    rec.filter(|l| !invocation_id.is_empty() && l.followed_by == invocation_id && active.may_run())
+/// instance started after it is still the unit's current one and runs (a main process). `None`:
+/// the record does not say (no record, another instance since, or that instance ended too:
+/// systemd keeps a stopped unit's InvocationID, and a dead one's until `Restart=` starts the
+/// next), and the journal must be read.
+pub fn recorded_ending(
+    rec: Option<&LastEnded>,
+    invocation_id: &str,
+    active: ActiveState,
+    main_pid: u32,
+) -> Option<Option<String>> {
+    rec.filter(|l| !invocation_id.is_empty() && l.followed_by == invocation_id && active.may_run() && main_pid > 0)
         .map(|l| l.summary.clone())
 }
 
@@ -160,17 +166,19 @@ mod tests {
     fn the_recorded_ending_holds_only_while_the_instance_after_it_is_current_and_may_run() {
         let rec = LastEnded { summary: Some("crash: exit status 1".into()), followed_by: "b".into() };
         let said = Some(Some("crash: exit status 1".to_string()));
-        assert_eq!(recorded_ending(Some(&rec), "b", ActiveState::Active), said);
-        assert_eq!(recorded_ending(Some(&rec), "b", ActiveState::Deactivating), said);
+        assert_eq!(recorded_ending(Some(&rec), "b", ActiveState::Active, 7), said);
+        assert_eq!(recorded_ending(Some(&rec), "b", ActiveState::Deactivating, 7), said);
         // The instance that followed stopped too (systemd keeps its InvocationID): the journal.
-        assert_eq!(recorded_ending(Some(&rec), "b", ActiveState::Inactive), None);
-        assert_eq!(recorded_ending(Some(&rec), "b", ActiveState::Failed), None);
+        assert_eq!(recorded_ending(Some(&rec), "b", ActiveState::Inactive, 0), None);
+        assert_eq!(recorded_ending(Some(&rec), "b", ActiveState::Failed, 0), None);
+        // It died and waits for `Restart=` (activating, auto-restart: no main process yet).
+        assert_eq!(recorded_ending(Some(&rec), "b", ActiveState::Activating, 0), None);
         // Another instance since, none at all, no record.
-        assert_eq!(recorded_ending(Some(&rec), "c", ActiveState::Active), None);
-        assert_eq!(recorded_ending(Some(&rec), "", ActiveState::Active), None);
-        assert_eq!(recorded_ending(None, "b", ActiveState::Active), None);
+        assert_eq!(recorded_ending(Some(&rec), "c", ActiveState::Active, 7), None);
+        assert_eq!(recorded_ending(Some(&rec), "", ActiveState::Active, 7), None);
+        assert_eq!(recorded_ending(None, "b", ActiveState::Active, 7), None);
         // The unit's first instance: nothing ended before it.
         let first = LastEnded { summary: None, followed_by: "b".into() };
-        assert_eq!(recorded_ending(Some(&first), "b", ActiveState::Active), Some(None));
+        assert_eq!(recorded_ending(Some(&first), "b", ActiveState::Active, 7), Some(None));
     }
 }

@@ -146,17 +146,6 @@ fn status_tells_the_last_ending_from_state_until_an_instance_ends_behind_specd_s
     e.b.check(&["mount", "--bind", "/bin/false", "/usr/bin/journalctl"]).unwrap();
     let without = e.specd(&["status"]);
     assert_eq!(last_ended(&without).as_deref(), Some(ended.as_str()), "{}", text(&without));
-    // Stopped from outside: the last instance is the one specd started, stopped by systemctl,
-    // not the one specd stopped before it (systemd keeps a stopped unit's InvocationID).
-    e.b.check(&["umount", "/usr/bin/journalctl"]).unwrap();
-    e.b.check(&["systemctl", "stop", UNIT]).unwrap();
-    let stopped = e.specd(&["status"]);
-    let line = last_ended(&stopped).unwrap_or_else(|| panic!("{}", text(&stopped)));
-    // (The stand-in drains past its TimeoutStopSec: a clean stop, or systemd's SIGKILL.)
-    assert!(line != ended && !line.contains("by specd"), "{} / {ended}", text(&stopped));
-    assert!(line.contains("clean stop: stopped on request") || line.contains("stop-timeout SIGKILL"), "{line}");
-    e.b.check(&["systemctl", "start", UNIT]).unwrap();
-    e.b.check(&["mount", "--bind", "/bin/false", "/usr/bin/journalctl"]).unwrap();
     // The server dies and systemd starts it again (Restart=always): the state's record is about
     // an instance that is gone, so status asks the journal, which cannot answer here.
     let pid = e.main_pid(UNIT);
@@ -172,6 +161,19 @@ fn status_tells_the_last_ending_from_state_until_an_instance_ends_behind_specd_s
     let after = e.specd(&["status"]);
     let ended = last_ended(&after).unwrap_or_else(|| panic!("{}", text(&after)));
     assert!(ended.contains("signal") || ended.contains("KILL") || ended.contains("crash"), "{ended}");
+    // Stopped from outside right after an apply: the last instance is the one specd started,
+    // stopped by systemctl, not the one the apply stopped (systemd keeps a stopped unit's
+    // InvocationID, which is the one specd's record names).
+    let (ok, out) = apply(&e, "s7.yaml", &e.spec(UNIT, 7, &seed_extra(100)));
+    assert!(ok, "{out}");
+    let applied = e.specd(&["status"]);
+    let by_apply = last_ended(&applied).unwrap_or_else(|| panic!("{}", text(&applied)));
+    e.b.check(&["systemctl", "stop", UNIT]).unwrap();
+    let stopped = e.specd(&["status"]);
+    let line = last_ended(&stopped).unwrap_or_else(|| panic!("{}", text(&stopped)));
+    // (The stand-in drains past its TimeoutStopSec: a clean stop, or systemd's SIGKILL.)
+    assert!(line != by_apply && !line.contains("by specd"), "{} / {by_apply}", text(&stopped));
+    assert!(line.contains("clean stop: stopped on request") || line.contains("stop-timeout SIGKILL"), "{line}");
     e.b.shutdown().unwrap();
 }
 

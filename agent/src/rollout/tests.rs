@@ -65,6 +65,14 @@ fn rollout() -> Record {
     }
 }
 
+/// The rollout once its canary wave has baked the new revision (at `T0`).
+fn canary_baked() -> Record {
+    let mut r = rollout();
+    r.waves[0].baked = Some(T0);
+    r.waves[0].good = NEW.into();
+    r
+}
+
 fn step(record: Option<&Record>, head: &str, ev: &Evidence, now: u64) -> Step {
     let f = fleet();
     decide(&Inputs { fleet: &f, record, head, evidence: ev, expected: &expected, now })
@@ -149,9 +157,7 @@ fn hosts_are_promoted_one_wave_at_a_time_within_max_unavailable_and_each_wave_ba
 
 #[test]
 fn a_host_down_counts_unavailable_and_is_not_promoted() {
-    let mut r = rollout();
-    r.waves[0].baked = Some(T0);
-    r.waves[0].good = NEW.into();
+    let r = canary_baked();
     let mut ev = all_on(OLD);
     ev.hosts.get_mut("gpu-03").unwrap().down = Some("its agent is down: the last scrape failed".into());
     let (r, m) = written(step(Some(&r), NEW, &ev, T0 + 1));
@@ -338,9 +344,7 @@ fn a_changed_fleet_file_rewaves_the_record() {
 
 #[test]
 fn a_bake_starts_again_when_a_host_of_the_wave_is_not_good_or_one_joins() {
-    let mut r = rollout();
-    r.waves[0].baked = Some(T0);
-    r.waves[0].good = NEW.into();
+    let mut r = canary_baked();
     promote(&mut r, 1, &["gpu-02", "gpu-03", "gpu-04"], T0 + 1);
     r.waves[1].converged = Some(T0 + 60);
     // gpu-03 rebooted during the bake: the bake starts again once all are good.
@@ -371,9 +375,7 @@ fn a_bake_starts_again_when_a_host_of_the_wave_is_not_good_or_one_joins() {
 
 #[test]
 fn a_wave_that_selects_no_known_host_waits_instead_of_passing() {
-    let mut r = rollout();
-    r.waves[0].baked = Some(T0);
-    r.waves[0].good = NEW.into();
+    let r = canary_baked();
     // Prometheus knows only the canary: the `gpu-*` wave's hosts are unseen, not absent.
     let ev = evidence(&[("gpu-01", on(NEW, 2.5))]);
     let (why, _) = waits(step(Some(&r), NEW, &ev, T0 + 1));

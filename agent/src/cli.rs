@@ -28,10 +28,14 @@ Exit codes (every command):
 With --json, apply, diff, rollback and sweep print one JSON document on stdout, whose `ok` is
 true exactly when the exit code is 0, and nothing else there (progress stays on stderr).";
 
+/// `specd --version`: the version and the commit it was built from (build.rs), so that two
+/// builds of one version can be told apart.
+pub const VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), " (rev ", env!("SPECD_REVISION"), ")");
+
 #[derive(Parser, Debug)]
 #[command(
     name = "specd",
-    version,
+    version = VERSION,
     about = "GitOps agent for GPU inference hosts: specs in git, systemd units that provably run them",
     after_long_help = EXIT_CODES
 )]

@@ -83,9 +83,14 @@ impl Metrics {
         let mut r = Registry::with_prefix("specd");
         let build = Info::new(vec![
             ("version".to_string(), version.to_string()),
+            ("revision".to_string(), env!("SPECD_REVISION").to_string()),
             ("arch".to_string(), std::env::consts::ARCH.to_string()),
         ]);
-        r.register("build", "The running specd: its version and CPU architecture (value 1)", build);
+        r.register(
+            "build",
+            "The running specd: its version, the commit it was built from and its CPU architecture (value 1)",
+            build,
+        );
         let sync = Family::<Labels, Gauge>::default();
         let last_reconcile = Family::<Labels, FloatGauge>::default();
         let reconciles = Family::<Labels, Counter>::default();
@@ -569,7 +574,12 @@ mod tests {
         let t = Metrics::new("1.2.3").render();
         assert!(t.contains("# TYPE specd_build info\n"), "{t}");
         let arch = std::env::consts::ARCH;
-        assert_eq!(sample(&t, "specd_build_info", &format!("version=\"1.2.3\",arch=\"{arch}\"")), Some(1.0), "{t}");
+        let rev = env!("SPECD_REVISION");
+        assert_eq!(
+            sample(&t, "specd_build_info", &format!("version=\"1.2.3\",revision=\"{rev}\",arch=\"{arch}\"")),
+            Some(1.0),
+            "{t}"
+        );
         assert_eq!(series(&t, "specd_build_info").len(), 1);
     }
 

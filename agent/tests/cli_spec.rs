@@ -357,3 +357,19 @@ fn the_long_help_gives_the_exit_codes() {
         assert!(readme.contains(&format!("| `{code}` |")), "README's exit codes table has no row {code}");
     }
 }
+
+#[test]
+fn the_version_names_the_commit_it_was_built_from() {
+    // Two builds of one version are told apart by the commit: what an operator compares when
+    // a fleet runs "specd 0.1.0" everywhere.
+    let head = Command::new("git").args(["rev-parse", "--short=12", "HEAD"]).current_dir(root()).output().unwrap();
+    let rev = if head.status.success() {
+        String::from_utf8(head.stdout).unwrap().trim().to_string()
+    } else {
+        "unknown".into()
+    };
+    let out = specd().arg("--version").output().unwrap();
+    assert!(out.status.success());
+    let v = String::from_utf8(out.stdout).unwrap();
+    assert_eq!(v.trim(), format!("specd {} (rev {rev})", env!("CARGO_PKG_VERSION")), "{v}");
+}

@@ -98,7 +98,8 @@ fn prometheus_scrapes_the_agent_and_reads_back_every_figure_it_proves() {
     assert_eq!(meta["specd_reconcile_duration_seconds"][0]["type"], "histogram", "{meta}");
 
     let version = env!("CARGO_PKG_VERSION");
-    prom.wait_value(&format!("specd_build_info{{job=\"{JOB}\",version=\"{version}\"}}"), 1.0);
+    let rev = env!("SPECD_REVISION");
+    prom.wait_value(&format!("specd_build_info{{job=\"{JOB}\",version=\"{version}\",revision=\"{rev}\"}}"), 1.0);
     prom.wait_value(&format!("specd_source_info{{job=\"{JOB}\",revision=\"{c1}\"}}"), 1.0);
 
     // A new commit: deployed; the source's one series and the unit's name it, the old gone.

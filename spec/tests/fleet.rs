@@ -169,3 +169,18 @@ fn checked_in_fleet_schema_is_current() {
     assert_eq!(schema["properties"]["kind"]["const"], "Fleet");
     assert_eq!(schema["$defs"]["Wave"]["properties"]["bake"]["type"], json!("string"));
 }
+
+#[test]
+fn the_example_fleet_file_parses_and_selects_its_hosts() {
+    // The README sends readers to examples/fleet.yaml: it must be a fleet file that works.
+    let p = root().join("examples/fleet.yaml");
+    let text = std::fs::read_to_string(&p).unwrap();
+    assert!(fleet::is_fleet(&text));
+    let f = fleet::parse_fleet(&text, "examples/fleet.yaml").unwrap_or_else(|d| panic!("{d}"));
+    let names: Vec<&str> = f.waves().iter().map(|w| w.name.as_str()).collect();
+    assert_eq!(names, ["canary", "h100", "rest"]);
+    assert_eq!(f.wave_of("gpu-01", &labels(&[("gpu", "h100")])), Some(0));
+    assert_eq!(f.wave_of("node-7", &labels(&[("gpu", "h100")])), Some(1));
+    assert_eq!(f.wave_of("gpu-09", &labels(&[])), Some(2));
+    assert_eq!(f.wave_of("node-7", &labels(&[])), None);
+}

@@ -357,12 +357,39 @@ fn logged<'a>(records: &[Record<'a>]) -> Option<Fatal<'a>> {
         .collect();
     let (first, last) = (errors.first()?, errors.last()?);
     let say = |r: &Record| r.body.split_whitespace().collect::<Vec<_>>().join(" ");
-    let (text, lines) = match (say(first), say(last)) {
+    let (mut text, mut lines) = match (say(first), say(last)) {
         _ if errors.len() == 1 => (say(first), vec![first.line]),
         (a, b) if a == b => (a, vec![first.line, last.line]),
         (a, b) => (format!("{a} … {b}"), vec![first.line, last.line]),
     };
+    // The loader's first error may not name its file ("tensor … is not within the file
+    // bounds"): the server's own line that says which model it was (the model or the draft)
+    // goes between the first and the last, unless the first already names that file.
+    if let Some(w) = errors.iter().rev().find(|r| names_the_model(r.body))
+        && !std::ptr::eq(*w, *first)
+        && !std::ptr::eq(*w, *last)
+        && quoted_path(w.body).is_some_and(|p| !first.body.contains(p))
+    {
+        let (a, b) = text.split_once(" … ").map_or((text.as_str(), None), |(a, b)| (a, Some(b)));
+        text = match b {
+            Some(b) => format!("{a} … {} … {b}", say(w)),
+            None => format!("{a} … {}", say(w)),
+        };
+        lines.insert(1, w.line);
+    }
     Some(Fatal { text: clip(text), lines })
+}
+
+/// llama-server's line that names the model it could not load: `load_model: failed to load
+/// model, '<path>'` or `… failed to load draft model, '<path>'` (tools/server).
+fn names_the_model(body: &str) -> bool {
+    body.contains("load_model: failed to load model, '") || body.contains("load_model: failed to load draft model, '")
+}
+
+/// The path between the first pair of single quotes.
+fn quoted_path(body: &str) -> Option<&str> {
+    let (_, rest) = body.split_once('\'')?;
+    Some(rest.split_once('\'')?.0)
 }
 
 /// A line without a level that says it failed: llama.cpp's loader (`error loading model`,
@@ -610,6 +637,25 @@ OSError: [Errno 24] Too many open files
         ));
         assert_eq!(read(&lines).unwrap().text, "OSError: [Errno 24] Too many open files");
         assert_eq!(read(&lines[3..]), None);
+    }
+
+    /// A draft GGUF cut short: the loader's error names a tensor, not the file; llama-server's
+    /// own line says it was the draft, and which file.
+    #[test]
+    fn a_load_error_that_names_no_file_is_quoted_with_the_line_that_names_the_model() {
+        let lines = out("0.00.000.000 I srv    load_model: loading model '/m/a.gguf'
+0.00.000.000 I common_speculative_init_result: loading draft model '/m/draft.gguf'
+0.00.000.000 E llama_model_load: error loading model: tensor 'blk.3.ffn_up.weight' data is not within the file bounds, model is corrupted or incomplete
+0.00.000.000 E llama_model_load_from_file_impl: failed to load model
+0.00.000.000 E common_speculative_init_result: failed to load draft model, '/m/draft.gguf'
+0.00.000.000 E srv    load_model: failed to load draft model, '/m/draft.gguf'
+0.00.000.000 E srv  llama_server: exiting due to model loading error");
+        let f = read(&lines).unwrap();
+        assert_eq!(
+            f.text,
+            "llama_model_load: error loading model: tensor 'blk.3.ffn_up.weight' data is not within the file bounds, model is corrupted or incomplete … srv load_model: failed to load draft model, '/m/draft.gguf' … srv llama_server: exiting due to model loading error"
+        );
+        assert_eq!(cited(&f), [lines[2].message.clone(), lines[5].message.clone(), lines[6].message.clone()]);
     }
 
     /// llama.cpp: the first error line names the cause, the last says how it ended; its warning

@@ -902,7 +902,10 @@ fn real_llama_server_missing_model_quotes_the_gguf_it_could_not_open() {
 fn real_llama_server_not_a_gguf_quotes_the_magic_it_read() {
     quotes_real(
         "llama-cpp/failures/start-not-a-gguf.log",
-        &llama_load_error("gguf_init_from_reader: invalid magic characters: 'This', expected 'GGUF'"),
+        // The loader's error names no file: llama-server's own line says which model it was.
+        &llama_load_error(
+            "gguf_init_from_reader: invalid magic characters: 'This', expected 'GGUF' … srv load_model: failed to load model, '/srv/models/not-a-model.gguf'",
+        ),
     );
 }
 

@@ -587,7 +587,9 @@ async fn lock_unit<H: Host>(ctx: &Ctx<H>, unit: &str) -> Result<Option<UnitLock>
     if let Some(l) = UnitLock::try_acquire(&locks, unit)? {
         return Ok(Some(l));
     }
-    (ctx.events)(unit, &Event::Phase(format!("waiting: another specd is reconciling {unit}")));
+    // A wait of unknown length: said at once, also in a pipe (a phase would wait there for
+    // the next line, which comes only once the other specd is done).
+    (ctx.events)(unit, &Event::Waiting(format!("waiting: another specd is reconciling {unit}")));
     tokio::select! {
         l = UnitLock::acquire(&locks, unit) => Ok(Some(l?)),
         _ = ctx.shutdown.wait() => Ok(None),

@@ -410,7 +410,8 @@ fn two_concurrent_applies_on_one_unit_are_serialized() {
     let e = Env::new();
     let (ok, out) = apply(&e, "s5.yaml", &e.spec(UNIT, 5, &seed_extra(1000)));
     assert!(ok, "{out}");
-    let a = e.put("a.yaml", &e.spec(UNIT, 7, &seed_extra(1000)));
+    // The first loads for 3 s: the second waits for it that long at least.
+    let a = e.put("a.yaml", &e.spec(UNIT, 7, &seed_extra(3000)));
     let b = e.put("b.yaml", &e.spec(UNIT, 9, &seed_extra(1000)));
     let pa =
         e.b.command(&[&e.specd, "apply", "-f", &a, "--host", "gpu-01"])
@@ -427,16 +428,32 @@ fn two_concurrent_applies_on_one_unit_are_serialized() {
             .is_some_and(|v| !v["in_progress"].is_null())
     })
     .unwrap();
-    let pb =
+    let mut pb =
         e.b.command(&[&e.specd, "apply", "-f", &b, "--host", "gpu-01"])
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
             .spawn()
             .unwrap();
+    // The second's stderr is a pipe (CI, `| tee`, ssh): each line with when it arrived.
+    let err = pb.stderr.take().unwrap();
+    let lines = std::thread::spawn(move || {
+        use std::io::BufRead;
+        std::io::BufReader::new(err)
+            .lines()
+            .map_while(Result::ok)
+            .map(|l| (std::time::Instant::now(), l))
+            .collect::<Vec<_>>()
+    });
     let oa = pa.wait_with_output().unwrap();
+    let a_done = std::time::Instant::now();
     let ob = pb.wait_with_output().unwrap();
-    assert!(oa.status.success() && ob.status.success(), "{}\n---\n{}", text(&oa), text(&ob));
-    assert!(text(&ob).contains("waiting: another specd is reconciling sglang-qwen.service"), "{}", text(&ob));
+    let lines = lines.join().unwrap();
+    let all = lines.iter().map(|(_, l)| l.as_str()).collect::<Vec<_>>().join("\n");
+    assert!(oa.status.success() && ob.status.success(), "{}\n---\n{all}", text(&oa));
+    // Said while it waits, not held back until the wait is over.
+    let waiting = lines.iter().find(|(_, l)| l.contains("waiting: another specd is reconciling sglang-qwen.service"));
+    let (at, _) = waiting.unwrap_or_else(|| panic!("no waiting line in:\n{all}"));
+    assert!(*at < a_done, "the waiting line reached the pipe only after the first apply ended:\n{all}");
     assert_eq!(e.served_steps(), Some(9), "the second apply ran after the first, whole");
     let hist = e.state(UNIT)["history"].as_array().unwrap().clone();
     let last: Vec<&str> = hist.iter().rev().take(2).map(|h| h["outcome"].as_str().unwrap()).collect();

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use specd_spec::short;
 
-use crate::plan::{Plan, Step, SyncStatus};
+use crate::plan::{Observed, Plan, Step, SyncStatus};
 use crate::record::{GoodUnit, HistoryEntry, Outcome, Source, UnitState};
 use crate::recovery::{Decision, Restore};
 use crate::service::{ActiveState, SubState};
@@ -281,14 +281,34 @@ pub fn refused(st: &UnitState, verdict: String) -> Conclusion {
 
 /// Nothing to do on the host: what the unit is (in sync, drifted and only reported,
 /// progressing), what is recorded, and when to look again.
-pub fn settled(st: &UnitState, plan: &Plan, s: &Subject) -> Conclusion {
+pub fn settled(st: &UnitState, plan: &Plan, s: &Subject, o: &Observed) -> Conclusion {
     // An interrupted apply or rollback with nothing left to do (the last good unit runs). Under a
     // mask it stays recorded: once unmasked, the next reconcile finishes it.
     let finished = plan.sync != SyncStatus::Masked && st.in_progress.as_ref().is_some_and(|p| p.sha256 == s.sha256);
     // In sync and nothing recorded as good yet (state lost, or adopted): it is good now.
     let good = plan.sync == SyncStatus::InSync && st.last_good.as_ref().is_none_or(|g| g.sha256 != s.sha256);
+    // The run that was interrupted changed the host (else it would not be in progress): what it
+    // did ends here and is recorded as what it was, an apply or a rollback.
+    let rolled_back = finished
+        && plan.sync == SyncStatus::Failed
+        && o.quarantined.is_some()
+        && o.last_good_sha256.is_some()
+        && o.deployed_sha256 == o.last_good_sha256
+        && (o.active_state.is_up() || o.main_pid > 0);
     let verdict = match plan.sync {
+        SyncStatus::InSync if finished => format!(
+            "Applied: {} runs unit {} ({}) and is ready: the apply specd was interrupted in is finished",
+            s.unit,
+            short(s.sha256),
+            s.source.map_or("no source".to_string(), |s| s.to_string()),
+        ),
         SyncStatus::InSync => format!("InSync: {} runs unit {} and is ready", s.unit, short(s.sha256)),
+        _ if rolled_back => format!(
+            "RolledBack: {}: the last good unit {} runs again (the rollback specd was interrupted in is finished); spec {} stays quarantined",
+            s.unit,
+            short(o.last_good_sha256.as_deref().unwrap_or_default()),
+            short(s.sha256)
+        ),
         sync => format!("{sync}: {}", plan.reasons.join("; ")),
     };
     // In sync again after a failure of this unit (systemd restarted it after a crash): the
@@ -297,7 +317,9 @@ pub fn settled(st: &UnitState, plan: &Plan, s: &Subject) -> Conclusion {
         && st.history.last().is_some_and(|h| h.sha256 == s.sha256 && h.outcome == Outcome::Failed);
     let outcome = match plan.sync {
         SyncStatus::Drifted => Some(Outcome::Reported),
+        SyncStatus::InSync if finished => Some(Outcome::Applied),
         SyncStatus::InSync if recovered => Some(Outcome::Started),
+        _ if rolled_back => Some(Outcome::RolledBack),
         _ => None,
     };
     // A drift that is only reported is recorded once, not at every resync.
@@ -347,8 +369,9 @@ pub fn enablement_only(plan: &Plan) -> bool {
 }
 
 /// The steps ran: the unit runs its verified spec. `Applied` when this apply replaced something
-/// (wrote the unit or stopped an instance), `Started` when it only started it.
-pub fn applied(plan: &Plan, s: &Subject, ms: u64) -> Conclusion {
+/// (wrote the unit or stopped an instance, or it finishes an interrupted apply that did:
+/// `resumed`), `Started` when it only started it.
+pub fn applied(plan: &Plan, s: &Subject, ms: u64, resumed: bool) -> Conclusion {
     let verdict = format!(
         "Applied: {} runs unit {} ({}), verified and ready in {:.1}s",
         s.unit,
@@ -356,7 +379,7 @@ pub fn applied(plan: &Plan, s: &Subject, ms: u64) -> Conclusion {
         s.source.map_or("no source".to_string(), |s| s.to_string()),
         ms as f64 / 1000.0
     );
-    let outcome = if plan.steps.contains(&Step::WriteUnit) || plan.steps.contains(&Step::Stop) {
+    let outcome = if resumed || plan.steps.contains(&Step::WriteUnit) || plan.steps.contains(&Step::Stop) {
         Outcome::Applied
     } else {
         Outcome::Started

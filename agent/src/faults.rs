@@ -221,6 +221,15 @@ async fn check_converges(w: &World, old: &DesiredState, new: &DesiredState, faul
         );
     }
     assert!(st.in_progress.is_none(), "{case}: an apply is still recorded in progress: {}", r.verdict);
+    // What was done is in the history as what it was, however many runs it took: the new unit
+    // applied, or rolled back from.
+    let want = if serving.as_ref() == Some(&new.spec.argv) { Outcome::Applied } else { Outcome::RolledBack };
+    assert!(
+        st.history.iter().any(|h| h.sha256 == new.unit.sha256 && h.outcome == want),
+        "{case}: no {want:?} of the new unit in the history: {:#?}\n{}",
+        st.history.iter().map(|h| (h.outcome, h.message.as_str())).collect::<Vec<_>>(),
+        w.said()
+    );
     let before = w.host.stops_and_starts();
     let again = w.reconcile(new).await.unwrap().unwrap();
     assert_eq!(

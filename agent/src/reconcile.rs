@@ -430,7 +430,7 @@ pub async fn reconcile<H: Host>(ctx: &Ctx<H>, d: &DesiredState, dry_run: bool) -
     });
     let s = subject(d);
     let (mut c, stop_verdict, ms) = if plan.steps.is_empty() {
-        (conclude::settled(&st, &plan, &s), None, 0)
+        (conclude::settled(&st, &plan, &s, &o), None, 0)
     } else if let Some(verdict) = refusal {
         emit(Event::Warning(verdict.clone()));
         (conclude::refused(&st, verdict), None, 0)
@@ -565,7 +565,7 @@ async fn act<H: Host>(
             let now = ctx.host.show(unit).await.ok().and_then(|p| plan::enabled_of(p.unit_file_state));
             conclude::enablement(plan, unit, d.spec.service.enabled, now)
         }
-        Ok(()) => conclude::applied(plan, &subject(d), ms),
+        Ok(()) => conclude::applied(plan, &subject(d), ms, resumed),
         Err(StepFailure { step, cause: Cause::Cancelled(at), .. }) => {
             let c = conclude::interrupted(step, at);
             (ctx.events)(unit, &Event::Warning(c.verdict.clone()));

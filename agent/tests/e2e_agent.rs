@@ -188,6 +188,18 @@ fn a_hand_edit_is_healed_while_the_agent_runs() {
     })
     .unwrap();
     f.wait_steps(a, 5, Duration::from_secs(30));
+
+    // A hand `specd apply` of another spec: it applies, and says that the agent puts its own
+    // unit back at its next look (which it does).
+    let other = f.e.put("steps2.yaml", &f.spec("qwen.service", a, 2, 200, ""));
+    let out = f.e.specd(&["apply", "-f", &other]);
+    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{said}");
+    assert!(
+        said.contains("note: qwen.service: the agent that follows") && said.contains("puts it back at its next look"),
+        "{said}"
+    );
+    f.wait_steps(a, 5, Duration::from_secs(30));
     f.e.b.shutdown().unwrap();
 }
 
@@ -289,6 +301,8 @@ fn a_killed_agent_converges_after_restart() {
     wait_until("status to be green", Duration::from_secs(30), || f.e.specd(&["status"]).status.code() == Some(0))
         .unwrap();
     assert_ne!(f.e.main_pid(AGENT), pid);
+    f.wait_applied("qwen.service", 2);
+    assert_eq!(last_outcome(&f, "qwen.service"), ("applied".to_string(), "Applied".to_string()));
     f.e.b.shutdown().unwrap();
 }
 
@@ -302,7 +316,19 @@ fn sigterm_stops_the_agent_at_a_safe_point_and_the_next_start_finishes() {
     assert_eq!(f.e.b.prop(AGENT, "Result").unwrap(), "success", "{journal}");
     f.e.b.systemctl_check(&["start", AGENT]).unwrap();
     f.wait_steps(a, 10, Duration::from_secs(60));
+    // The apply the next run finished is an apply in the history, as its verdict says.
+    f.wait_applied("qwen.service", 2);
+    assert_eq!(last_outcome(&f, "qwen.service"), ("applied".to_string(), "Applied".to_string()));
     f.e.b.shutdown().unwrap();
+}
+
+/// The outcome of the unit's last history entry, and its verdict's first word.
+fn last_outcome(f: &Fleet, unit: &str) -> (String, String) {
+    let t = f.e.b.read_to_string(&format!("/var/lib/specd/units/{unit}.json")).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&t).unwrap();
+    let last = &v["history"].as_array().unwrap().last().unwrap().clone();
+    let word = last["message"].as_str().unwrap().split(':').next().unwrap().to_string();
+    (last["outcome"].as_str().unwrap().to_string(), word)
 }
 
 /// Under journald a rollback is a warning: `journalctl -p warning` of the agent's unit shows it

@@ -66,7 +66,7 @@ fn an_apply_that_replaced_something_is_applied_and_one_that_only_started_is_star
         (&[Step::Drain, Step::Stop, Step::WaitStopped, Step::Start, Step::WaitReady][..], Outcome::Applied),
         (&[Step::Start, Step::VerifyCmdline, Step::WaitReady][..], Outcome::Started),
     ] {
-        let c = applied(&plan(SyncStatus::OutOfSync, steps), &s, 12_345);
+        let c = applied(&plan(SyncStatus::OutOfSync, steps), &s, 12_345, false);
         assert_eq!(c.outcome, Some(want), "{steps:?}");
         assert_eq!(c.verdict, "Applied: q.service runs unit aaaaaaaaaaaa (no source), verified and ready in 12.3s");
         assert_eq!(c.change, Change { finished: true, good: true, record: Some(want), ..Change::default() });
@@ -76,10 +76,65 @@ fn an_apply_that_replaced_something_is_applied_and_one_that_only_started_is_star
 }
 
 #[test]
+fn an_interrupted_apply_finished_by_the_next_run_is_applied_in_the_history_as_in_its_verdict() {
+    let s = subject();
+    // The next run only had to verify what the interrupted one started: still an apply.
+    let c = applied(&plan(SyncStatus::OutOfSync, &[Step::VerifyCmdline, Step::WaitReady]), &s, 500, true);
+    assert_eq!((c.outcome, c.change.record), (Some(Outcome::Applied), Some(Outcome::Applied)));
+    assert!(c.verdict.starts_with("Applied: "), "{}", c.verdict);
+    // Nothing left to do at all: the apply is over, recorded as applied, the unit good.
+    let st = UnitState { in_progress: Some(in_progress(SHA)), ..UnitState::default() };
+    let c = settled(&st, &plan(SyncStatus::InSync, &[]), &s, &Observed::default());
+    assert_eq!((c.outcome, c.change.record), (Some(Outcome::Applied), Some(Outcome::Applied)));
+    assert!(c.change.finished && c.change.good);
+    assert_eq!(
+        c.verdict,
+        "Applied: q.service runs unit aaaaaaaaaaaa (no source) and is ready: the apply specd was interrupted in is finished"
+    );
+}
+
+#[test]
+fn a_rollback_interrupted_while_the_last_good_unit_loads_is_recorded_when_the_next_run_finds_it_running() {
+    let s = subject();
+    let st = UnitState {
+        in_progress: Some(in_progress(SHA)),
+        quarantine: vec![Quarantined {
+            sha256: SHA.into(),
+            reason: "did not become ready".into(),
+            source: None,
+            time: 1,
+        }],
+        ..UnitState::default()
+    };
+    let quarantined = plan(SyncStatus::Failed, &[]);
+    let good_runs = Observed {
+        deployed_sha256: Some(GOOD.into()),
+        last_good_sha256: Some(GOOD.into()),
+        quarantined: Some("did not become ready".into()),
+        active_state: ActiveState::Activating,
+        main_pid: 42,
+        ..Observed::default()
+    };
+    let c = settled(&st, &quarantined, &s, &good_runs);
+    assert_eq!((c.outcome, c.change.record), (Some(Outcome::RolledBack), Some(Outcome::RolledBack)));
+    assert!(c.change.finished);
+    assert_eq!(
+        c.verdict,
+        "RolledBack: q.service: the last good unit bbbbbbbbbbbb runs again (the rollback specd was interrupted in is finished); spec aaaaaaaaaaaa stays quarantined"
+    );
+    // Recorded once: the run after has nothing in progress.
+    let after = UnitState { in_progress: None, ..st.clone() };
+    assert_eq!(settled(&after, &quarantined, &s, &good_runs).outcome, None);
+    // Nothing runs: no rollback to record.
+    let stopped = Observed { active_state: ActiveState::Inactive, main_pid: 0, ..good_runs };
+    assert_eq!(settled(&st, &quarantined, &s, &stopped).outcome, None);
+}
+
+#[test]
 fn applying_a_conclusion_changes_the_record_as_it_says() {
     let s = subject();
     let mut st = UnitState { in_progress: Some(in_progress(SHA)), ..UnitState::default() };
-    let c = applied(&plan(SyncStatus::OutOfSync, &[Step::WriteUnit, Step::Start]), &s, 1000);
+    let c = applied(&plan(SyncStatus::OutOfSync, &[Step::WriteUnit, Step::Start]), &s, 1000, false);
     c.apply(&mut st, &s, Some("stopped by SIGKILL".into()), 1000, 42);
     assert!(st.in_progress.is_none());
     let g = st.last_good.as_ref().unwrap();
@@ -132,16 +187,16 @@ fn settling_records_a_drift_once_a_recovery_and_a_unit_found_good() {
     let s = subject();
     let drift = plan(SyncStatus::Drifted, &[]);
     let st = UnitState::default();
-    let c = settled(&st, &drift, &s);
+    let c = settled(&st, &drift, &s, &Observed::default());
     assert_eq!((c.outcome, c.change.record), (Some(Outcome::Reported), Some(Outcome::Reported)));
     assert_eq!(c.verdict, "Drifted: the unit file differs");
     let st = UnitState { history: vec![entry(Outcome::Reported, &c.verdict)], ..UnitState::default() };
-    let again = settled(&st, &drift, &s);
+    let again = settled(&st, &drift, &s, &Observed::default());
     assert_eq!((again.outcome, again.change.record), (Some(Outcome::Reported), None));
 
     // In sync after a failure of this unit: Started, recorded; found good, recorded as written.
     let st = UnitState { history: vec![entry(Outcome::Failed, "Failed")], ..UnitState::default() };
-    let c = settled(&st, &plan(SyncStatus::InSync, &[]), &s);
+    let c = settled(&st, &plan(SyncStatus::InSync, &[]), &s, &Observed::default());
     assert_eq!(c.verdict, "InSync: q.service runs unit aaaaaaaaaaaa and is ready");
     assert_eq!(c.change, Change { good: true, written: true, record: Some(Outcome::Started), ..Change::default() });
     assert!(!c.acted);
@@ -149,12 +204,12 @@ fn settling_records_a_drift_once_a_recovery_and_a_unit_found_good() {
     // Progressing: looked at again soon; an interrupted apply of this unit with nothing left is over,
     // not under a mask.
     let st = UnitState { in_progress: Some(in_progress(SHA)), ..UnitState::default() };
-    let c = settled(&st, &plan(SyncStatus::Progressing, &[]), &s);
+    let c = settled(&st, &plan(SyncStatus::Progressing, &[]), &s, &Observed::default());
     assert_eq!(c.action, Action::Requeue(timing::PROGRESSING_AGAIN));
     assert!(c.change.finished && c.outcome.is_none());
-    assert!(!settled(&st, &plan(SyncStatus::Masked, &[]), &s).change.finished);
+    assert!(!settled(&st, &plan(SyncStatus::Masked, &[]), &s, &Observed::default()).change.finished);
     let other = UnitState { in_progress: Some(in_progress(GOOD)), ..UnitState::default() };
-    assert!(!settled(&other, &plan(SyncStatus::InSync, &[]), &s).change.finished);
+    assert!(!settled(&other, &plan(SyncStatus::InSync, &[]), &s, &Observed::default()).change.finished);
 }
 
 #[test]
@@ -347,7 +402,8 @@ fn a_failure_says_whether_the_old_unit_serves_or_the_service_is_down_and_only_do
     assert!(c.serving == Some(Serving::Unknown) && !c.verdict.contains("DOWN"), "{}", c.verdict);
     // The report carries it; a reconcile that did not fail asks nothing.
     assert_eq!(c.report(plan(SyncStatus::OutOfSync, &[Step::Start]), None).serving, Some(Serving::Unknown));
-    let r = applied(&plan(SyncStatus::OutOfSync, &[Step::Start]), &s, 1).report(plan(SyncStatus::InSync, &[]), None);
+    let r =
+        applied(&plan(SyncStatus::OutOfSync, &[Step::Start]), &s, 1, false).report(plan(SyncStatus::InSync, &[]), None);
     assert_eq!(r.serving, None);
 }
 

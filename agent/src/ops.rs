@@ -79,6 +79,9 @@ pub struct AppliedUnit {
     pub previous_instance: Option<String>,
     /// specd itself failed for this unit.
     pub error: Option<String>,
+    /// The agent that follows a repository on this host wants another unit here: what it will
+    /// do at its next look (put its unit back), when no hold keeps its hands off.
+    pub agent_reverts: Option<String>,
 }
 
 /// Print `doc` as the command's one JSON document on stdout.
@@ -180,12 +183,26 @@ async fn apply_on<H: Host>(
             return Ok(1);
         }
     }
+    // A hand apply on a host whose agent follows a repository lasts until the agent's next look,
+    // unless a hold keeps it away: said before a long load, and in the result.
+    let follows = SourceState::load(&dirs.state_dir);
+    let mut reverts = Vec::new();
+    for d in &all {
+        let st = ctx.store.peek(&d.spec.unit)?;
+        let r = agent_reverts(&st, follows.as_ref(), &d.unit.sha256)
+            .filter(|(sha, _)| matches!(ctx.host.hold_effect(st.hold.as_ref(), sha), crate::hold::HoldEffect::Acts))
+            .map(|(_, why)| why);
+        if let Some(why) = r.as_ref().filter(|_| !dry_run) {
+            eprintln!("specd: warning: {why}");
+        }
+        reverts.push(r);
+    }
     let done = each_at_once(&ctx, &all, dry_run).await;
     context::flush_progress();
     crate::notify::flush(std::time::Duration::from_secs(30)).await;
     let mut code = 0;
     let many = done.len() > 1;
-    for ((d, report), file) in all.iter().zip(done).zip(files) {
+    for (((d, report), file), reverts) in all.iter().zip(done).zip(files).zip(reverts) {
         let unit = &d.spec.unit;
         let mut u = AppliedUnit {
             unit: unit.clone(),
@@ -199,6 +216,7 @@ async fn apply_on<H: Host>(
             verdict: None,
             previous_instance: None,
             error: None,
+            agent_reverts: None,
         };
         let report = match report {
             Ok(r) => r,
@@ -236,6 +254,15 @@ async fn apply_on<H: Host>(
         u.ok = ok;
         u.verdict = Some(report.verdict.clone());
         u.previous_instance = report.stop_verdict.clone();
+        // Said again with the result when the hand unit now runs: it will not for long.
+        if crate::sync::runs_spec(report.outcome, report.plan.sync) && !dry_run {
+            if let Some(why) = &reverts
+                && !json
+            {
+                println!("note: {why}");
+            }
+            u.agent_reverts = reverts;
+        }
         doc.units.push(u);
     }
     if json {
@@ -243,6 +270,30 @@ async fn apply_on<H: Host>(
         print_json(&doc)?;
     }
     Ok(code)
+}
+
+/// What the agent that follows a repository on this host (`follows`: its source state) will do
+/// to a hand apply of unit `hand_sha`: the unit it deploys (its hash) and the words that say so;
+/// `None` when no agent follows one, or it wants this very unit. The agent's unit is the newest
+/// one it asked for or applied from a commit.
+fn agent_reverts(st: &state::UnitState, follows: Option<&SourceState>, hand_sha: &str) -> Option<(String, String)> {
+    let repo = &follows?.repo;
+    let from_commit = |s: &Option<Source>| matches!(s, Some(Source::Commit { .. }));
+    let (sha, source) = match &st.desired {
+        Some(d) if from_commit(&d.source) => (d.sha256.clone(), d.source.clone()),
+        _ => st.history.iter().rev().find(|h| from_commit(&h.source)).map(|h| (h.sha256.clone(), h.source.clone()))?,
+    };
+    if sha == hand_sha {
+        return None;
+    }
+    let from = source.map_or(String::new(), |s| format!(" from {s}"));
+    let why = format!(
+        "{}: the agent that follows {repo} deploys unit {}{from} here and puts it back at its next look; commit this spec there to keep it, or `specd suspend {}` first",
+        st.unit,
+        short(&sha),
+        st.unit
+    );
+    Some((sha, why))
 }
 
 /// `specd validate --on-host`: whether each spec's unit could start on this host, as an apply
@@ -321,8 +372,11 @@ pub struct UnitStatus {
     pub active_state: String,
     pub sub_state: String,
     pub main_pid: u32,
-    /// The running process's argv equals the rendered ExecStart.
+    /// The running process's argv equals the ExecStart of the unit `cmdline_of` names.
     pub cmdline_matches: Option<bool>,
+    /// Which unit the running process is compared with: the desired one when it is deployed,
+    /// else the deployed one (a refused, quarantined or held desired unit never ran here).
+    pub cmdline_of: CmdlineOf,
     pub arg_mismatches: Vec<String>,
     pub last_result: Option<state::HistoryEntry>,
     pub error: Option<String>,
@@ -334,6 +388,16 @@ pub struct UnitStatus {
     pub down: Option<String>,
     /// A hold that keeps the agent's hands off the unit (suspend, pin, sweep).
     pub hold: Option<state::Hold>,
+}
+
+/// The unit whose `ExecStart=` `status` compares the running process with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CmdlineOf {
+    /// The desired unit, which is the one deployed.
+    Desired,
+    /// The unit file on disk, which is not the desired one.
+    Deployed,
 }
 
 /// What `status` says of the server: its readiness endpoint's answer, or systemd's state when
@@ -389,6 +453,7 @@ async fn unit_status<H: Host>(
             sub_state: props.sub_state.to_string(),
             main_pid: props.main_pid,
             cmdline_matches: None,
+            cmdline_of: CmdlineOf::Deployed,
             arg_mismatches: vec![],
             last_result: st.history.last().cloned(),
             error: None,
@@ -422,6 +487,15 @@ async fn unit_status<H: Host>(
         reasons.push(last.message.clone());
     }
     let health = ServiceHealth::of(o.ready, props.active_state);
+    // The process runs the deployed unit: the desired one when it is deployed; otherwise (the
+    // desired unit refused, quarantined, held or not applied yet) the file on disk.
+    let deployed_is_desired = o.deployed_sha256.as_deref() == Some(d.unit.sha256.as_str());
+    let (cmdline_of, argv) = if deployed_is_desired {
+        (CmdlineOf::Desired, Some(d.spec.argv.clone()))
+    } else {
+        let text = ctx.host.read(&crate::host::unit_path(&ctx.unit_dir, &st.unit))?;
+        (CmdlineOf::Deployed, text.and_then(|t| specd_spec::exec_start(&String::from_utf8_lossy(&t))))
+    };
     let down = (health == ServiceHealth::Down)
         .then(|| crate::sync::down_reason(st.history.last(), props.active_state, &props.sub_state));
     Ok(UnitStatus {
@@ -438,7 +512,8 @@ async fn unit_status<H: Host>(
         active_state: props.active_state.to_string(),
         sub_state: props.sub_state.to_string(),
         main_pid: props.main_pid,
-        cmdline_matches: o.main_cmdline.as_ref().map(|c| crate::plan::runs_argv(c, &d.spec.argv)),
+        cmdline_matches: o.main_cmdline.as_ref().zip(argv).map(|(c, argv)| crate::plan::runs_argv(c, &argv)),
+        cmdline_of,
         arg_mismatches: o.arg_mismatches.clone(),
         last_result: st.history.last().cloned(),
         error: None,
@@ -543,7 +618,7 @@ async fn status_on<H: Host>(
             println!("  fleet: {}", f.describe(s.head_commit.as_deref()));
         }
         if let Some(e) = &s.error {
-            println!("  head not deployed: {e}");
+            println!("  {}", not_deployed(s, e));
         }
         for o in &s.orphans {
             println!("  orphaned: {o} (its spec is gone; left running)");
@@ -563,6 +638,16 @@ async fn status_on<H: Host>(
     Ok((if ok { 0 } else { 1 }, all))
 }
 
+/// Why the source's read deployed nothing new: with a fleet file at the head, the host deploys
+/// what the promotion record assigns it (the head was never its to deploy), so the refusal is
+/// the record's or the revision it assigns; without one, the head's.
+fn not_deployed(s: &SourceState, error: &str) -> String {
+    match &s.fleet {
+        Some(f) => format!("promotion not followed ({} of {}): {error}", hash(&f.record), f.record_branch),
+        None => format!("head not deployed: {error}"),
+    }
+}
+
 /// A hash as people read it, `-` when there is none.
 fn hash(h: &Option<String>) -> &str {
     h.as_deref().map_or("-", short)
@@ -579,10 +664,14 @@ fn print_status(s: &UnitStatus) {
     if s.applied_source != s.source {
         println!("  applied from {}", s.applied_source.as_ref().map_or("-".into(), |x| x.to_string()));
     }
-    match s.cmdline_matches {
-        Some(true) => println!("  running process: the rendered ExecStart"),
-        Some(false) => println!("  running process: NOT the rendered ExecStart"),
-        None => {}
+    match (s.cmdline_matches, s.cmdline_of) {
+        (Some(true), CmdlineOf::Desired) => println!("  running process: the rendered ExecStart"),
+        (Some(false), CmdlineOf::Desired) => println!("  running process: NOT the rendered ExecStart"),
+        (Some(true), CmdlineOf::Deployed) => {
+            println!("  running process: the deployed unit's ExecStart (the desired unit is not deployed)")
+        }
+        (Some(false), CmdlineOf::Deployed) => println!("  running process: NOT the deployed unit's ExecStart"),
+        (None, _) => {}
     }
     for m in &s.arg_mismatches {
         println!("  server arg differs: {m}");
@@ -1338,6 +1427,55 @@ mod tests {
     }
 
     #[test]
+    fn a_hand_apply_of_another_unit_than_the_agent_s_is_said_to_be_reverted() {
+        let commit = Source::Commit { repo: "/srv/specs".into(), commit: "c".repeat(40), path: "q.yaml".into() };
+        let agent = SourceState { repo: "/srv/specs".into(), ..SourceState::default() };
+        let entry = |sha: &str, source: Option<Source>| state::HistoryEntry {
+            time: 1,
+            sha256: sha.into(),
+            source,
+            outcome: state::Outcome::Applied,
+            message: String::new(),
+            stop_verdict: None,
+            duration_ms: 0,
+        };
+        let st = state::UnitState {
+            unit: UNIT.into(),
+            history: vec![entry(&"a".repeat(64), Some(commit.clone()))],
+            ..Default::default()
+        };
+        let (sha, why) = agent_reverts(&st, Some(&agent), &"b".repeat(64)).unwrap();
+        assert_eq!(sha, "a".repeat(64));
+        assert_eq!(
+            why,
+            "sglang-qwen.service: the agent that follows /srv/specs deploys unit aaaaaaaaaaaa from commit cccccccccccc (q.yaml) here and puts it back at its next look; commit this spec there to keep it, or `specd suspend sglang-qwen.service` first"
+        );
+        // The agent's own unit, no agent on this host, or one that never deployed this unit: nothing to say.
+        assert!(agent_reverts(&st, Some(&agent), &"a".repeat(64)).is_none());
+        assert!(agent_reverts(&st, None, &"b".repeat(64)).is_none());
+        let by_hand = state::UnitState { history: vec![entry(&"a".repeat(64), None)], ..st.clone() };
+        assert!(agent_reverts(&by_hand, Some(&agent), &"b".repeat(64)).is_none());
+    }
+
+    #[test]
+    fn a_refused_promotion_record_is_said_as_such_not_as_a_head_not_deployed() {
+        let plain = SourceState { error: Some("commit abc: not signed".into()), ..SourceState::default() };
+        assert_eq!(not_deployed(&plain, "commit abc: not signed"), "head not deployed: commit abc: not signed");
+        let fleet = SourceState {
+            fleet: Some(state::FleetPosition {
+                record_branch: "specd-promotions".into(),
+                record: Some("0123456789abcdef0123".into()),
+                ..Default::default()
+            }),
+            ..plain
+        };
+        assert_eq!(
+            not_deployed(&fleet, "the record's commit 0123: not signed"),
+            "promotion not followed (0123456789ab of specd-promotions): the record's commit 0123: not signed"
+        );
+    }
+
+    #[test]
     fn health_is_the_readiness_answer_or_else_systemd_s_state() {
         assert_eq!(ServiceHealth::of(Some(true), ActiveState::Active), ServiceHealth::Healthy);
         assert_eq!(ServiceHealth::of(Some(false), ActiveState::Active), ServiceHealth::Loading);
@@ -1411,8 +1549,8 @@ mod tests {
         assert_eq!(f.apply(std::slice::from_ref(&good)).await, 0);
         let (code, s) = f.status(None).await;
         assert_eq!(
-            (code, s.sync, s.health, s.cmdline_matches),
-            (0, SyncStatus::InSync, ServiceHealth::Healthy, Some(true))
+            (code, s.sync, s.health, s.cmdline_matches, s.cmdline_of),
+            (0, SyncStatus::InSync, ServiceHealth::Healthy, Some(true), CmdlineOf::Desired)
         );
 
         // A spec that fails to load: rolled back, the old unit serves; its last try says why.
@@ -1420,6 +1558,8 @@ mod tests {
         assert_eq!(f.host.serving(), Some(f.argv(3)));
         let (code, s) = f.status(Some(&bad)).await;
         assert_eq!((code, s.sync, s.health), (1, SyncStatus::Failed, ServiceHealth::Healthy), "{s:?}");
+        // The process that serves is exactly the deployed (last good) unit's, and said so.
+        assert_eq!((s.cmdline_matches, s.cmdline_of), (Some(true), CmdlineOf::Deployed), "{s:?}");
         let last = s.last_result.as_ref().unwrap();
         assert!(s.reasons.contains(&last.message), "{:?}", s.reasons);
         // The instance before the one that serves died loading: said while its successor runs.

@@ -251,7 +251,8 @@ pub async fn by_hand(opts: &Options, person: &str, halt: Option<&str>) -> Result
     bail!("the promotion record moved under this command {RACES} times in a row; try again")
 }
 
-/// `specd fleet status`: every host × unit and the rollout's position. Exit 1 when halted.
+/// `specd fleet status`: every host × unit and the rollout's position. Exit 1 when halted, 2
+/// when Prometheus could not be asked (the list then lacks the hosts only it knows).
 pub async fn status(opts: &Options) -> Result<u8> {
     let Some((src, l)) = blocking_look(opts).await? else {
         bail!("the followed branch's head has no fleet file: there is no fleet to show")
@@ -285,7 +286,9 @@ pub async fn status(opts: &Options) -> Result<u8> {
         } else {
             print!("{}", status_text(&record, &position, &hosts, &ev));
         }
-        Ok(u8::from(record.state == RolloutState::Halted))
+        // Without evidence it cannot tell: the hosts only Prometheus knows (selected by labels or
+        // a pattern, and not promoted yet) are missing from the list.
+        Ok(if ev.unavailable.is_some() { 2 } else { u8::from(record.state == RolloutState::Halted) })
     })
     .await?
 }
@@ -341,6 +344,9 @@ fn status_text(record: &Record, position: &(String, Option<u64>), hosts: &[HostP
     );
     if let Some(why) = &ev.unavailable {
         s.push_str(&format!("  evidence: none ({why})\n"));
+        s.push_str(
+            "  hosts listed: those the fleet file names and those the record promoted; hosts a wave selects by labels or a pattern are known only to Prometheus\n",
+        );
     }
     s.push_str(&format!(
         "\n{:<16} {:<10} {:<14} {:<14} {:<12} {:<22} {:<9} {:<7} {:<14} {:<12} {}\n",

@@ -928,6 +928,23 @@ fn real_llama_server_missing_draft_quotes_the_draft_s_gguf_not_its_warning() {
     }
 }
 
+/// A GGUF cut short: the loader names a tensor, not the file; llama-server's own line says
+/// whether it was the model or the draft, and which file.
+#[test]
+fn real_llama_server_truncated_gguf_says_whether_the_model_or_the_draft_and_which_file() {
+    let bounds = "llama_model_load: error loading model: tensor 'blk.15.attn_output.weight' data is not within the file bounds, model is corrupted or incomplete";
+    quotes_real(
+        "llama-cpp/failures/start-truncated-model.log",
+        &llama_load_error(&format!("{bounds} … srv load_model: failed to load model, '/srv/models/truncated.gguf'")),
+    );
+    quotes_real(
+        "llama-cpp/failures/start-truncated-draft.log",
+        &llama_load_error(&format!(
+            "{bounds} … srv load_model: failed to load draft model, '/srv/models/truncated.gguf'"
+        )),
+    );
+}
+
 /// A value its argument parser refuses: one plain line, before the usage it prints.
 #[test]
 fn real_llama_server_bad_values_quote_the_argument_parser() {

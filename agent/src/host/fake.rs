@@ -116,6 +116,8 @@ struct World {
     die_under_load: Vec<Vec<String>>,
     /// How long the journal takes to answer a look at a unit's instances (the metrics').
     journal_lag: Duration,
+    /// How long a server takes to exit after SIGTERM ([`EXIT_AFTER_TERM`] unless set).
+    exit_after_term: Option<Duration>,
 }
 
 /// What the fault plan says about this call.
@@ -256,6 +258,11 @@ impl FakeHost {
         Self::advance(&mut w);
         drop(w);
         self.changes.send_modify(|n| *n += 1);
+    }
+
+    /// Servers take `d` to exit after SIGTERM (SGLang draining a long request).
+    pub fn exits_after_term(&self, d: Duration) {
+        self.w().exit_after_term = Some(d);
     }
 
     /// The journal takes `lag` to answer a look at a unit's instances (a busy journald).
@@ -602,13 +609,13 @@ impl FakeHost {
             let mut w = self.w();
             w.stops += 1;
             let main = w.unit.main_pid;
-            let now = Instant::now();
+            let exits = Instant::now() + w.exit_after_term.unwrap_or(EXIT_AFTER_TERM);
             match w.procs.get_mut(&main).filter(|p| p.alive) {
                 Some(p) => {
-                    p.exits_at.get_or_insert(now + EXIT_AFTER_TERM);
+                    p.exits_at.get_or_insert(exits);
                     w.unit.active = "deactivating";
                     w.unit.sub = "stop-sigterm";
-                    Some(now + EXIT_AFTER_TERM)
+                    Some(exits)
                 }
                 None => {
                     if w.unit.active == "failed" {

@@ -58,8 +58,10 @@ pub async fn run(opts: RunOptions) -> Result<()> {
     let hostname = context::hostname(cfg.hostname.clone());
     let store = Store::new(&opts.dirs.state_dir);
     crate::fsx::ensure_private_dir(&opts.dirs.state_dir)?;
-    // State written world-readable by an older specd is made private.
+    // State written world-readable by an older specd is made private; what saves killed before
+    // their rename left is removed.
     store.secure();
+    store.clean_stale_temps();
     let (stop_tx, shutdown) = Shutdown::new();
     let ctx = Arc::new(Ctx {
         holds: reconcile::Holds::Obeyed,

@@ -460,6 +460,12 @@ impl FakeHost {
         }
     }
 
+    /// The fault planned for the next call, if any.
+    fn planned(&self) -> Option<Fault> {
+        let w = self.w();
+        w.plan.filter(|(at, _)| *at == w.calls.len()).map(|(_, f)| f)
+    }
+
     /// Run an async call under the fault plan: a hang is a timeout (`timeout`), or forever
     /// after a crash.
     async fn call<T>(&self, name: &'static str, timeout: Duration, failed: impl FnOnce(String) -> T) -> Option<T> {
@@ -977,6 +983,11 @@ impl crate::state::StateFiles for FakeHost {
     }
 
     fn write_state(&self, path: &Path, bytes: &[u8]) -> Result<()> {
+        // Killed in this save: after its temporary file was written, before the rename.
+        if self.planned() == Some(Fault::Crash) {
+            let tmp = crate::fsx::write_temp(path, bytes, 0o600)?;
+            tmp.into_temp_path().keep()?;
+        }
         self.sync_call("state_save")?;
         crate::state::Disk.write_state(path, bytes)
     }

@@ -82,7 +82,7 @@ pub async fn run(opts: RunOptions) -> Result<()> {
     tracing::info!(repo = %src_cfg.repo, followed = %lock(&src).followed(), host = %hostname, "specd agent starting");
 
     // Watch the local repository's refs, and the unit directory.
-    let _watcher = watcher(&lock(&src), &opts.dirs.unit_dir, trig_tx.clone())?;
+    let watching = watcher(&lock(&src), &opts.dirs.unit_dir, trig_tx.clone())?;
     forward_unit_changes(trig_tx.clone(), ctx.host.systemd.clone(), ctx.shutdown.clone());
     forward_sighup(trig_tx.clone())?;
     let term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
@@ -109,6 +109,8 @@ pub async fn run(opts: RunOptions) -> Result<()> {
     units.metrics.schedule(schedule.remote.then_some(schedule.interval), schedule.resync);
     spawn_watchdog();
     follow(&mut units, &mut schedule, trig_rx, term, int).await;
+    // Nothing is triggered any more (the stop may write and remove a drop-in of its own unit).
+    drop(watching);
     stop(units, stop_tx, endpoints).await;
     Ok(())
 }

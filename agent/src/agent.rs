@@ -58,13 +58,17 @@ pub async fn run(opts: RunOptions) -> Result<()> {
     let hostname = context::hostname(cfg.hostname.clone());
     let store = Store::new(&opts.dirs.state_dir);
     crate::fsx::ensure_private_dir(&opts.dirs.state_dir)?;
-    // State written world-readable by an older specd is made private.
+    // State written world-readable by an older specd is made private; what saves killed before
+    // their rename left is removed.
     store.secure();
+    store.clean_stale_temps();
     let (stop_tx, shutdown) = Shutdown::new();
     let ctx = Arc::new(Ctx {
         holds: reconcile::Holds::Obeyed,
         ..context::host_ctx(&opts.dirs, context::events(Sink::Log), shutdown)
     });
+    let own_unit = own_main_unit(&ctx.host).await;
+    StopTimeout::clear_leftover(&ctx.unit_dir, own_unit.as_deref());
     let metrics = Arc::new(Metrics::default());
     metrics.host_info(&hostname, &cfg.labels.0);
     let (trig_tx, trig_rx) = mpsc::unbounded_channel::<Trigger>();
@@ -78,7 +82,7 @@ pub async fn run(opts: RunOptions) -> Result<()> {
     tracing::info!(repo = %src_cfg.repo, followed = %lock(&src).followed(), host = %hostname, "specd agent starting");
 
     // Watch the local repository's refs, and the unit directory.
-    let _watcher = watcher(&lock(&src), &opts.dirs.unit_dir, trig_tx.clone())?;
+    let watching = watcher(&lock(&src), &opts.dirs.unit_dir, trig_tx.clone())?;
     forward_unit_changes(trig_tx.clone(), ctx.host.systemd.clone(), ctx.shutdown.clone());
     forward_sighup(trig_tx.clone())?;
     let term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
@@ -87,6 +91,7 @@ pub async fn run(opts: RunOptions) -> Result<()> {
     crate::notify::install(&cfg.notify.webhooks, &hostname, Some(&metrics));
 
     let mut units = Units {
+        own_unit,
         src: src.clone(),
         cfg: cfg.clone(),
         hostname,
@@ -104,6 +109,8 @@ pub async fn run(opts: RunOptions) -> Result<()> {
     units.metrics.schedule(schedule.remote.then_some(schedule.interval), schedule.resync);
     spawn_watchdog();
     follow(&mut units, &mut schedule, trig_rx, term, int).await;
+    // Nothing is triggered any more (the stop may write and remove a drop-in of its own unit).
+    drop(watching);
     stop(units, stop_tx, endpoints).await;
     Ok(())
 }
@@ -320,19 +327,163 @@ async fn on_triggers(units: &mut Units, forced: &mut ForcedReads, ts: Vec<Trigge
 }
 
 /// The agent's stop: applies in progress stop at their next safe point, every worker is joined
-/// under one deadline, notices still queued get a last chance, the endpoints close.
+/// under the stop's deadline ([`stop_deadline`], asked of systemd as it moves: [`StopTimeout`]),
+/// notices still queued get a last chance, the endpoints close.
 async fn stop(units: Units, stop_tx: watch::Sender<bool>, endpoints: Endpoints) {
     let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Stopping]);
     tracing::info!("stopping: applies in progress stop at their next safe point");
     let _ = stop_tx.send(true);
+    let mut timeout = StopTimeout::new(&units.ctx.unit_dir, units.own_unit.as_deref());
     let handles = units.workers.into_iter().map(|(u, w)| (u, w.handle)).collect();
-    for u in join_within(handles, tokio::time::sleep(timing::STOP_WITHIN)).await {
-        tracing::warn!(unit = %u, "did not reach a safe point within {} s", timing::STOP_WITHIN.as_secs());
+    let late = join_at_stop(handles, &units.ctx.shutdown, |wait, carried| timeout.extend(wait, carried)).await;
+    for u in late {
+        tracing::warn!(unit = %u, "did not reach a safe point within the agent's stop; left as the agent exits");
     }
     // Notices still queued (a receiver that did not answer yet) get a last chance.
     crate::notify::flush(timing::NOTICES_WITHIN).await;
     endpoints.close();
+    timeout.end();
     tracing::info!("stopped");
+}
+
+/// The service the agent runs as: the unit of its cgroup, if the agent is its main process (not
+/// a `specd run` started by hand in a terminal, whose cgroup may be a user manager's unit).
+async fn own_main_unit<H: Host>(host: &H) -> Option<String> {
+    let unit = host.own_unit()?;
+    let props = host.show(&unit).await.ok()?;
+    (props.main_pid == std::process::id()).then_some(unit)
+}
+
+/// What the agent's stop asks of systemd: that its unit's stop may take as long as its workers
+/// need ([`stop_deadline`]), then its notices and its exit, whatever its `TimeoutStopSec=`.
+///
+/// Two ways, as systemd keeps one and not the other: `EXTEND_TIMEOUT_USEC=` (sd_notify(3),
+/// systemd 236 and later) moves the running stop's timer, but a daemon-reload (the one the
+/// stopping apply makes itself to load its new unit, or anyone's) sets that timer again from the
+/// unit's configuration, at the time the stop began plus `TimeoutStopSec=` (systemd's
+/// `service_coldplug_timeout`): once that has passed, systemd kills the agent at once. So while
+/// an apply is carried past its old instance's stop, a drop-in of the agent's own unit
+/// (`<unit dir>/<its unit>.d/zz-specd-stopping.conf`) also says the `TimeoutStopSec=` the stop
+/// needs, which a reload loads; it is removed when the stop ends, and at the next start if the
+/// agent was killed in its stop.
+struct StopTimeout {
+    /// The drop-in, when the agent runs as a unit.
+    drop_in: Option<PathBuf>,
+    began: tokio::time::Instant,
+    wrote: bool,
+}
+
+impl StopTimeout {
+    const DROP_IN: &str = "zz-specd-stopping.conf";
+
+    fn new(unit_dir: &Path, own_unit: Option<&str>) -> StopTimeout {
+        let drop_in = own_unit.map(|u| unit_dir.join(format!("{u}.d")).join(Self::DROP_IN));
+        StopTimeout { drop_in, began: tokio::time::Instant::now(), wrote: false }
+    }
+
+    /// The workers may take `wait` more (`carried`: the units whose apply is stopping an old
+    /// instance).
+    fn extend(&mut self, wait: Duration, carried: &[String]) {
+        let rest = wait + timing::NOTICES_WITHIN + timing::EXIT_WITHIN;
+        let usec = format!("EXTEND_TIMEOUT_USEC={}", rest.as_micros());
+        let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Custom(&usec)]);
+        let Some(path) = self.drop_in.as_ref().filter(|_| !carried.is_empty()) else { return };
+        // Whole seconds from the stop's beginning, rounded up.
+        let secs = (self.began.elapsed() + rest).as_secs() + 1;
+        let text = format!(
+            "# Written by specd while it stops: an apply of {} goes on until its new instance is\n# started (removed when specd has stopped).\n[Service]\nTimeoutStopSec={secs}\n",
+            carried.join(", ")
+        );
+        let written = path
+            .parent()
+            .map_or(Ok(()), crate::fsx::ensure_dir)
+            .and_then(|()| crate::fsx::atomic_write(path, text.as_bytes(), 0o644));
+        match written {
+            Ok(()) => self.wrote = true,
+            Err(e) => tracing::warn!(
+                "stopping: could not write {} ({e:#}): a daemon-reload after the agent unit's TimeoutStopSec= would end the agent's stop",
+                path.display()
+            ),
+        }
+    }
+
+    /// The stop is over: the drop-in removed.
+    fn end(self) {
+        if let Some(p) = self.drop_in.filter(|_| self.wrote) {
+            Self::remove(&p);
+        }
+    }
+
+    /// A drop-in left by an agent killed in its stop, removed at the agent's start.
+    fn clear_leftover(unit_dir: &Path, own_unit: Option<&str>) {
+        if let Some(p) = StopTimeout::new(unit_dir, own_unit).drop_in.filter(|p| p.exists()) {
+            Self::remove(&p);
+        }
+    }
+
+    fn remove(p: &Path) {
+        match std::fs::remove_file(p) {
+            Ok(()) => {
+                // Its directory too, if specd made it for the drop-in alone.
+                if let Some(d) = p.parent() {
+                    let _ = std::fs::remove_dir(d);
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => tracing::warn!("could not remove {}: {e}", p.display()),
+        }
+    }
+}
+
+/// When the agent's stop stops waiting for its workers: [`timing::STOP_WITHIN`] after the stop
+/// began (`t0`) or, for an apply that is stopping its unit's old instance, after the end of that
+/// stop's budget: such an apply goes on until its new instance is started (an apply never leaves
+/// down a unit that was serving), however long the spec lets the old one take to stop.
+fn stop_deadline<'a>(
+    t0: tokio::time::Instant,
+    carried: impl IntoIterator<Item = &'a reconcile::CarriedApply>,
+) -> tokio::time::Instant {
+    carried.into_iter().map(|c| c.stop_ends).fold(t0, Ord::max) + timing::STOP_WITHIN
+}
+
+/// Join the workers under [`stop_deadline`], followed as applies begin and end their old
+/// instance's stop; `extend` is told how long the agent may still wait, and for which units'
+/// applies, each time that moves later. The units whose worker had not ended by then.
+async fn join_at_stop(
+    handles: Vec<(String, tokio::task::JoinHandle<()>)>,
+    shutdown: &Shutdown,
+    mut extend: impl FnMut(Duration, &[String]),
+) -> Vec<String> {
+    let t0 = tokio::time::Instant::now();
+    let mut carried = shutdown.carried();
+    let deadline = async move {
+        let mut told: Option<tokio::time::Instant> = None;
+        loop {
+            let (at, stopping) = {
+                let c = carried.borrow_and_update();
+                (stop_deadline(t0, c.values()), c.values().map(|c| c.unit.clone()).collect::<Vec<_>>())
+            };
+            if told.is_none_or(|t| at > t) {
+                let wait = at.saturating_duration_since(tokio::time::Instant::now());
+                if !stopping.is_empty() {
+                    tracing::info!(
+                        "stopping: waiting up to {} s for the apply of {} to start its new instance after its old one's stop",
+                        wait.as_secs(),
+                        stopping.join(", ")
+                    );
+                }
+                extend(wait, &stopping);
+                told = Some(at);
+            }
+            tokio::select! {
+                _ = tokio::time::sleep_until(at) => return,
+                r = carried.changed() => if r.is_err() {
+                    return tokio::time::sleep_until(at).await;
+                },
+            }
+        }
+    };
+    join_within(handles, deadline).await
 }
 
 /// Wait for every task until one shared `deadline`; the units whose task had not finished by
@@ -382,6 +533,8 @@ enum Read {
 
 /// The agent between two triggers: its source, the units' workers, the head it read last.
 struct Units {
+    /// The unit the agent runs as ([`own_main_unit`]).
+    own_unit: Option<String>,
     src: Arc<Mutex<GitSource>>,
     cfg: AgentConfig,
     hostname: String,
@@ -395,7 +548,7 @@ struct Units {
 impl Units {
     /// Read the head of the source and hand each unit its desired state, if the head may deploy.
     async fn sync_source(&mut self, read: Read) {
-        let Units { src, cfg, hostname, state_dir, ctx, metrics, workers, last_head } = self;
+        let Units { src, cfg, hostname, state_dir, ctx, metrics, workers, last_head, .. } = self;
         let store = &ctx.store;
         let started = Instant::now();
         metrics.source_read();
@@ -1039,6 +1192,39 @@ mod tests {
         assert_eq!(sample(&t, "specd_unit_quarantined", &u), Some(0.0), "{t}");
     }
 
+    /// A daemon-reload during the agent's stop sets its stop's timer again from its unit's
+    /// `TimeoutStopSec=`: while an apply is carried past its old instance's stop, a drop-in says
+    /// the time the whole stop needs, counted from its beginning; gone when the stop ends, or at
+    /// the next start after a stop that was killed.
+    #[tokio::test(start_paused = true)]
+    async fn the_stop_s_time_is_in_a_drop_in_of_the_agent_s_unit_while_an_apply_is_carried() {
+        let dir = tempfile::tempdir().unwrap();
+        let drop_in = dir.path().join("specd.service.d/zz-specd-stopping.conf");
+        let mut t = StopTimeout::new(dir.path(), Some("specd.service"));
+        t.extend(timing::STOP_WITHIN, &[]);
+        assert!(!drop_in.exists(), "nothing carried: the unit's own timeout is enough");
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        t.extend(Duration::from_secs(400), &["sglang-qwen.service".to_string()]);
+        let text = std::fs::read_to_string(&drop_in).unwrap();
+        // 10 s since the stop began, 400 s for the workers, 5 s for notices, 10 s to exit.
+        assert!(text.contains("\n[Service]\nTimeoutStopSec=426\n"), "{text}");
+        assert!(text.contains("sglang-qwen.service"), "{text}");
+        t.end();
+        assert!(!drop_in.exists() && !dir.path().join("specd.service.d").exists());
+        // Not a unit (run by hand): nothing written.
+        let mut t = StopTimeout::new(dir.path(), None);
+        t.extend(Duration::from_secs(400), &["sglang-qwen.service".to_string()]);
+        t.end();
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+        // Left by a stop that was killed: removed at the next start.
+        std::fs::create_dir_all(drop_in.parent().unwrap()).unwrap();
+        std::fs::write(dir.path().join("specd.service.d/override.conf"), "[Service]\n").unwrap();
+        std::fs::write(&drop_in, text).unwrap();
+        StopTimeout::clear_leftover(dir.path(), Some("specd.service"));
+        assert!(!drop_in.exists());
+        assert!(dir.path().join("specd.service.d/override.conf").exists(), "a person's drop-in stays");
+    }
+
     #[test]
     fn the_stop_fits_in_the_agent_unit_s_stop_timeout() {
         let unit = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/specd.service"));
@@ -1050,7 +1236,7 @@ mod tests {
             .parse()
             .unwrap();
         assert!(
-            timing::STOP_WITHIN + timing::NOTICES_WITHIN + Duration::from_secs(10) <= Duration::from_secs(secs),
+            timing::STOP_WITHIN + timing::NOTICES_WITHIN + timing::EXIT_WITHIN <= Duration::from_secs(secs),
             "{:?} and {:?} in {secs} s",
             timing::STOP_WITHIN,
             timing::NOTICES_WITHIN
@@ -1063,8 +1249,13 @@ mod tests {
     const W_UNIT: &str = "sglang-qwen.service";
 
     fn w_spec(steps: u32) -> specd_spec::Spec {
+        w_spec_stopping_within(steps, 10)
+    }
+
+    /// The worker's spec whose server may take `timeout_stop_sec` to stop.
+    fn w_spec_stopping_within(steps: u32, timeout_stop_sec: u32) -> specd_spec::Spec {
         let yaml = format!(
-            "apiVersion: specd/v1\nkind: InferenceService\nmetadata: {{name: qwen}}\nspec:\n  unit: {W_UNIT}\n  engine: sglang\n  command: [/opt/sglang/bin/python3, -m, sglang.launch_server]\n  model: /models/qwen\n  server: {{port: 30000}}\n  speculative: {{algorithm: EAGLE, draft_model: /models/draft, num_steps: {steps}, eagle_topk: 1, num_draft_tokens: {}}}\n  service: {{timeout_stop_sec: 10, drain_timeout_sec: 5}}\n",
+            "apiVersion: specd/v1\nkind: InferenceService\nmetadata: {{name: qwen}}\nspec:\n  unit: {W_UNIT}\n  engine: sglang\n  command: [/opt/sglang/bin/python3, -m, sglang.launch_server]\n  model: /models/qwen\n  server: {{port: 30000}}\n  speculative: {{algorithm: EAGLE, draft_model: /models/draft, num_steps: {steps}, eagle_topk: 1, num_draft_tokens: {}}}\n  service: {{timeout_stop_sec: {timeout_stop_sec}, drain_timeout_sec: 5}}\n",
             steps + 1
         );
         specd_spec::parse("qwen.yaml", &yaml).unwrap().resolve(None).unwrap()
@@ -1238,5 +1429,51 @@ mod tests {
         assert_eq!(r.host.serving(), Some(w_spec(5).argv));
         let st = r.ctx.store.peek(W_UNIT).unwrap();
         assert!(st.in_progress.is_some(), "the next run finishes the apply it recorded");
+    }
+
+    /// The README's SGLang server: `timeout_stop_sec: 300`, and a stop that drains a long request
+    /// for 200 s, longer than the agent's own wait at its stop (`STOP_WITHIN`). Asked to stop
+    /// during that stop, the agent waits for the apply to start the new instance, asks systemd
+    /// for the time, and exits with the unit starting: never down.
+    #[tokio::test(start_paused = true)]
+    async fn asked_to_stop_during_an_old_instance_s_long_stop_the_agent_waits_for_the_new_start() {
+        let (old, new) = (w_spec_stopping_within(3, 300), w_spec_stopping_within(5, 300));
+        let drains = Duration::from_secs(200);
+        assert!(drains > timing::STOP_WITHIN);
+        let t0 = tokio::time::Instant::now();
+        let r = run_worker(DesiredState::new(old.clone(), None), |h| {
+            h.exits_after_term(drains);
+            None
+        })
+        .await;
+        at(t0, 1.0).await;
+        assert_eq!(r.host.serving(), Some(old.argv.clone()));
+        r.host.serves(&new, false);
+        r.desired.send(Arc::new(DesiredState::new(new.clone(), None))).unwrap();
+        let (stops, _) = r.host.stops_and_starts();
+        while r.host.stops_and_starts().0 == stops {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        // SIGTERM a second into the old instance's stop.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let stopped_at = tokio::time::Instant::now();
+        r.stop.send(true).unwrap();
+        let mut asked = Vec::new();
+        let late = join_at_stop(vec![(W_UNIT.to_string(), r.handle)], &r.ctx.shutdown, |d, _| asked.push(d)).await;
+        let waited = stopped_at.elapsed();
+        // The agent exits now: a worker still in its apply would end with it, the old instance
+        // stopped and no new one started.
+        assert!(late.is_empty(), "left in their apply as the agent exits after {waited:?}: {late:?}");
+        at(t0, 400.0).await;
+        assert_eq!(r.host.serving(), Some(new.argv.clone()));
+        // It waited for the old instance's stop (not more than the stop's budget and the wait
+        // after it), and asked systemd for as long before its own unit's timeout ran out.
+        assert!(waited >= drains - Duration::from_secs(2), "{waited:?}");
+        let most = timing::stop_budget(300) + timing::STOP_WITHIN;
+        assert!(waited < most, "{waited:?}");
+        let longest = asked.iter().max().copied().unwrap_or_default();
+        assert!(longest > drains && longest <= most, "{asked:?}");
+        let st = r.ctx.store.peek(W_UNIT).unwrap();
+        assert!(st.in_progress.is_some(), "the next run verifies the instance it started");
     }
 }

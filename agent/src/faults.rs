@@ -66,6 +66,13 @@ impl World {
         Store::new(self.dir.path().join("state"))
     }
 
+    /// Temporary files in specd's state directory (a save killed before its rename leaves one).
+    fn state_temps(&self) -> Vec<String> {
+        let dir = self.dir.path().join("state/units");
+        let names = std::fs::read_dir(dir).into_iter().flatten().flatten();
+        names.map(|e| e.file_name().to_string_lossy().into_owned()).filter(|n| n.ends_with(".specd-tmp")).collect()
+    }
+
     /// One reconcile as its own task: `None` when specd was killed in it.
     async fn reconcile(&self, d: &DesiredState) -> Option<Result<Report, String>> {
         let ctx = self.ctx();
@@ -230,6 +237,7 @@ async fn check_converges(w: &World, old: &DesiredState, new: &DesiredState, faul
         st.history.iter().map(|h| (h.outcome, h.message.as_str())).collect::<Vec<_>>(),
         w.said()
     );
+    assert_eq!(w.state_temps(), Vec::<String>::new(), "{case}: a temporary file is left in specd's state");
     let before = w.host.stops_and_starts();
     let again = w.reconcile(new).await.unwrap().unwrap();
     assert_eq!(
@@ -305,6 +313,9 @@ async fn matrix(a: Apply) {
             w.host.plan(i, f);
             let r = w.reconcile(&new).await;
             check_faulty_run(&w, &old, &new, &r, &case);
+            if f == Fault::Crash && *name == "state_save" {
+                assert_eq!(w.state_temps().len(), 1, "{case}: killed in a save, its temporary file is left");
+            }
             if f == Fault::Reexec {
                 check_rides_out_a_reexec(&w, &old, &new, &r, a.new_fails, &case);
             }

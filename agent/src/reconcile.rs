@@ -69,6 +69,41 @@ pub enum Holds {
 pub struct Shutdown {
     rx: tokio::sync::watch::Receiver<bool>,
     finish: Finish,
+    carried: Carried,
+}
+
+/// The applies that are stopping a unit's old instance: asked to stop, each goes on until its
+/// new instance is started, which may be as late as the end of that stop's budget (the spec's
+/// `TimeoutStopSec` and its margin) and the start after it. The agent's stop waits for them that
+/// long ([`Shutdown::carried`]), whatever its own default wait.
+#[derive(Clone, Debug, Default)]
+struct Carried {
+    applies: Arc<tokio::sync::watch::Sender<CarriedApplies>>,
+    next: Arc<std::sync::atomic::AtomicU64>,
+}
+
+/// The [`Carried`] applies, each under the number its guard has.
+pub type CarriedApplies = std::collections::BTreeMap<u64, CarriedApply>;
+
+/// One apply past its old instance's stop: its unit, and when that stop's budget ends.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CarriedApply {
+    pub unit: String,
+    pub stop_ends: Instant,
+}
+
+/// An apply's place among the [`Carried`] ones, given up when it is dropped (its run ended).
+struct CarriedGuard {
+    applies: Arc<tokio::sync::watch::Sender<CarriedApplies>>,
+    id: u64,
+}
+
+impl Drop for CarriedGuard {
+    fn drop(&mut self) {
+        self.applies.send_modify(|m| {
+            m.remove(&self.id);
+        });
+    }
 }
 
 /// How far an apply that was asked to stop goes before it stops.
@@ -90,7 +125,23 @@ impl Shutdown {
 
     pub fn finishing(finish: Finish) -> (tokio::sync::watch::Sender<bool>, Shutdown) {
         let (tx, rx) = tokio::sync::watch::channel(false);
-        (tx, Shutdown { rx, finish })
+        (tx, Shutdown { rx, finish, carried: Carried::default() })
+    }
+
+    /// The applies stopping an old instance now (see [`Carried`]), and each change of them.
+    pub fn carried(&self) -> tokio::sync::watch::Receiver<CarriedApplies> {
+        self.carried.applies.subscribe()
+    }
+
+    /// `unit`'s apply is stopping its old instance, whose stop's budget ends at `stop_ends`;
+    /// until the guard is dropped.
+    fn carry(&self, unit: &str, stop_ends: Instant) -> CarriedGuard {
+        let id = self.carried.next.fetch_add(1, Ordering::Relaxed);
+        let apply = CarriedApply { unit: unit.to_string(), stop_ends };
+        self.carried.applies.send_modify(|m| {
+            m.insert(id, apply);
+        });
+        CarriedGuard { applies: self.carried.applies.clone(), id }
     }
 
     /// One that is never set.
@@ -903,6 +954,7 @@ async fn run_steps<H: Host>(
         changed: t.not_serving,
         // A run that starts nothing finishes an apply whose instance was started already.
         started: t.not_serving && !steps.contains(&Step::Start),
+        carried: None,
     };
     let r = run.steps(st, steps, stop).await;
     stop.followed_by = std::mem::take(&mut run.started_invocation);
@@ -974,6 +1026,8 @@ struct Run<'a, H: Host> {
     changed: bool,
     /// The instance this run puts in place was started.
     started: bool,
+    /// From its old instance's stop on: the run's place among those the agent's stop waits for.
+    carried: Option<CarriedGuard>,
 }
 
 impl<H: Host> Run<'_, H> {
@@ -1112,6 +1166,9 @@ impl<H: Host> Run<'_, H> {
         let emit = |e: Event| (ctx.events)(unit, &e);
         let deadline = Instant::now() + t.stop_budget;
         let started = Instant::now();
+        // Asked to stop from here on, this run goes on until its new instance is started: the
+        // agent's stop waits for it as long (see `Carried`).
+        self.carried = Some(ctx.shutdown.carry(unit, deadline));
         // While stopping, keep reading the in-flight count for the progress line.
         let poller = t.mode.spec().map(|spec| {
             let (host, url, engine, counter) =

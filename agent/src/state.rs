@@ -26,7 +26,9 @@ fn fresh(unit: &str) -> UnitState {
 pub trait StateFiles: Send + Sync {
     /// The file's bytes, `None` when there is none.
     fn read_state(&self, path: &Path) -> Result<Option<Vec<u8>>>;
-    /// Replace the file atomically (write a temporary file, fsync, rename), mode 0600.
+    /// Replace the file atomically (write a temporary file, fsync, rename), mode 0600. The
+    /// caller holds the file's lock (a unit's: [`crate::lock::UnitLock`]), so the temporary files
+    /// of this file that an earlier write left (killed before its rename) are stale: removed.
     fn write_state(&self, path: &Path, bytes: &[u8]) -> Result<()>;
     /// Move the file to `dest` (a private directory made if need be).
     fn set_aside_state(&self, path: &Path, dest: &Path) -> Result<()>;
@@ -41,6 +43,9 @@ impl StateFiles for Disk {
     }
 
     fn write_state(&self, path: &Path, bytes: &[u8]) -> Result<()> {
+        if let (Some(dir), Some(name)) = (path.parent(), path.file_name()) {
+            fsx::clean_temps(dir, &name.to_string_lossy());
+        }
         fsx::atomic_write(path, bytes, 0o600)
     }
 
@@ -134,9 +139,10 @@ impl Store {
         })
     }
 
-    /// Save a unit's state: 0600 in a 0700 directory (it holds the spec, environment included,
-    /// and the last good unit's text). A state dir that was open before is made private, with
-    /// every file in it.
+    /// Save a unit's state, under the unit's lock (every caller holds it): 0600 in a 0700
+    /// directory (it holds the spec, environment included, and the last good unit's text). A
+    /// state dir that was open before is made private, with every file in it. A temporary file
+    /// an earlier save of the unit left (killed before its rename) is removed.
     pub fn save(&self, st: &UnitState) -> Result<()> {
         let dir = self.units_dir();
         if fsx::ensure_private_dir(&self.dir)? | fsx::ensure_private_dir(&dir)? {
@@ -242,6 +248,25 @@ impl Store {
         Ok(Some(h))
     }
 
+    /// The temporary files that saves killed before their rename left in the state dir,
+    /// removed: a unit's when its lock is free (no save of it can be under way; one held is
+    /// cleaned by its holder's next save), `source.json`'s when its lock is free. At the agent's
+    /// start.
+    pub fn clean_stale_temps(&self) {
+        let dir = self.units_dir();
+        let Ok(rd) = std::fs::read_dir(&dir) else { return };
+        let mut files: Vec<String> =
+            rd.flatten().filter_map(|e| fsx::temp_of(&e.file_name().to_string_lossy()).map(str::to_string)).collect();
+        files.dedup();
+        for file in files {
+            let Some(unit) = file.strip_suffix(".json") else { continue };
+            if let Ok(Some(_lock)) = crate::lock::UnitLock::try_acquire(&self.locks_dir(), unit) {
+                fsx::clean_temps(&dir, &file);
+            }
+        }
+        SourceState::clean_stale_temps(&self.dir);
+    }
+
     /// Units specd has state for, sorted.
     pub fn units(&self) -> Result<Vec<String>> {
         let dir = self.units_dir();
@@ -329,6 +354,9 @@ impl FleetPosition {
     }
 }
 
+/// The name of `source.json`'s lock among the units' (no unit is named so).
+const SOURCE_LOCK: &str = "source.json";
+
 impl SourceState {
     fn path(state_dir: &Path) -> PathBuf {
         state_dir.join("source.json")
@@ -339,11 +367,21 @@ impl SourceState {
         serde_json::from_slice(&b).ok()
     }
 
+    /// Save it (the agent's source reads, one at a time), under its lock when that is free: then
+    /// a temporary file an earlier save left (killed before its rename) is removed first.
     pub fn save(&self, state_dir: &Path) -> Result<()> {
         fsx::ensure_private_dir(state_dir)?;
         let mut b = serde_json::to_vec_pretty(self)?;
         b.push(b'\n');
+        let _lock = Self::clean_stale_temps(state_dir);
         fsx::atomic_write(&Self::path(state_dir), &b, 0o600)
+    }
+
+    /// Its temporary files removed, if its lock is free (no save can be under way); the lock.
+    fn clean_stale_temps(state_dir: &Path) -> Option<crate::lock::UnitLock> {
+        let lock = crate::lock::UnitLock::try_acquire(&state_dir.join("locks"), SOURCE_LOCK).ok()??;
+        fsx::clean_temps(state_dir, "source.json");
+        Some(lock)
     }
 }
 
@@ -403,6 +441,38 @@ mod tests {
             .filter(|n| n.starts_with("a.service.json.corrupt-"))
             .collect();
         assert_eq!(aside.len(), 1, "{aside:?}");
+    }
+
+    /// Saves killed between their temporary file and its rename: at the agent's start, every
+    /// such file whose writer's lock is free is removed, never one whose writer holds its lock
+    /// (it may be about to rename it); that one goes at its holder's next save.
+    #[test]
+    fn temps_of_killed_saves_are_removed_but_never_one_a_live_writer_may_rename() {
+        let d = tempfile::tempdir().unwrap();
+        let store = Store::new(d.path());
+        store.save(&fresh("a.service")).unwrap();
+        store.save(&fresh("b.service")).unwrap();
+        let units = d.path().join("units");
+        let killed = |p: &Path| fsx::write_temp(p, b"{}", 0o600).unwrap().into_temp_path().keep().unwrap();
+        let a = killed(&units.join("a.service.json"));
+        let b = killed(&units.join("b.service.json"));
+        // A unit's first save, killed: no state file yet.
+        let c = killed(&units.join("c.service.json"));
+        let source = killed(&d.path().join("source.json"));
+        let b_lock = crate::lock::UnitLock::try_acquire(&store.locks_dir(), "b.service").unwrap().unwrap();
+        store.clean_stale_temps();
+        assert!(!a.exists() && !c.exists() && !source.exists());
+        assert!(b.exists(), "the temp of a save that may be under way was removed");
+        store.save(&fresh("b.service")).unwrap();
+        assert!(!b.exists());
+        drop(b_lock);
+        // source.json's own saves clean after a killed one.
+        let source = killed(&d.path().join("source.json"));
+        SourceState::default().save(d.path()).unwrap();
+        assert!(!source.exists());
+        assert_eq!(store.units().unwrap(), ["a.service", "b.service"]);
+        let left: Vec<_> = std::fs::read_dir(&units).unwrap().flatten().map(|e| e.file_name()).collect();
+        assert_eq!(left.len(), 2, "{left:?}");
     }
 
     #[test]

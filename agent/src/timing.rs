@@ -64,11 +64,16 @@ pub const SAID_FIRST: Duration = Duration::from_millis(1500);
 
 /// How long the agent waits at its stop for the units' workers to reach a safe point: all of
 /// them together, within the agent unit's `TimeoutStopSec=90` (examples/specd.service), with
-/// time left to close the endpoints before systemd kills what remains.
+/// time left to close the endpoints before systemd kills what remains. An apply stopping its
+/// unit's old instance is waited for this long after the end of that stop's budget instead (it
+/// goes on until its new instance is started), and systemd is asked for the time.
 pub const STOP_WITHIN: Duration = Duration::from_secs(75);
 /// How long the agent waits at its stop, after the workers, for webhook notices still queued
 /// (a notice waiting on its backoff is tried again at once, then 1–2 s and 2–4 s later).
 pub const NOTICES_WITHIN: Duration = Duration::from_secs(5);
+/// What the agent's stop asks of systemd, after its workers and notices, to close its endpoints
+/// and exit.
+pub const EXIT_WITHIN: Duration = Duration::from_secs(10);
 /// The least time between two forced re-reads of the source.
 pub const FORCED_READ_EVERY: Duration = Duration::from_secs(1);
 /// How long a look at a unit's deaths waits for the journal to show how the instance that just

@@ -331,6 +331,54 @@ fn last_outcome(f: &Fleet, unit: &str) -> (String, String) {
     (last["outcome"].as_str().unwrap().to_string(), word)
 }
 
+/// A server that drains a long request on SIGTERM (SGLang does): the agent asked to stop
+/// (`systemctl stop`) while an apply stops the old instance, for longer than the agent unit's own
+/// `TimeoutStopSec=` (lowered to 5 s here, as a person may in a drop-in), asks systemd for the
+/// time the spec gives that stop, waits for it, starts the new instance and exits cleanly: the
+/// unit ends serving the new spec, never down.
+#[test]
+fn asked_to_stop_during_a_stop_longer_than_its_own_timeout_the_agent_starts_the_new_instance() {
+    let f = Fleet::new();
+    let a = f.e.port;
+    // 300 tokens at 20 tokens/s: the old instance drains 15 s on SIGTERM; the spec allows 60 s.
+    let spec = |steps: u32| {
+        f.spec("qwen.service", a, steps, 200, "")
+            .replace("timeout_stop_sec: 5", "timeout_stop_sec: 60, drain_timeout_sec: 0")
+            .replace(
+                "SPECD_STANDIN_DRAIN_POLL_MS: \"100\"",
+                "SPECD_STANDIN_DRAIN_POLL_MS: \"100\", SPECD_STANDIN_TOKENS_PER_SEC: \"20\"",
+            )
+    };
+    assert!(spec(5).contains("TOKENS_PER_SEC") && spec(5).contains("drain_timeout_sec: 0"), "{}", spec(5));
+    f.commit(&[("qwen.yaml", &spec(5))], "steps 5");
+    f.run_agent(f.repo.to_str().unwrap(), "", "TimeoutStopSec=5\n");
+    f.wait_steps(a, 5, Duration::from_secs(30));
+    f.wait_applied("qwen.service", 1);
+    let _request = f.e.in_flight(1, 300);
+    f.commit(&[("qwen.yaml", &spec(10))], "steps 10");
+    let state = "/var/lib/specd/units/qwen.service.json";
+    wait_until("the apply to wait for the old instance's stop", Duration::from_secs(30), || {
+        f.e.b
+            .read_to_string(state)
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+            .is_some_and(|v| v["in_progress"]["phase"] == "WaitStopped")
+    })
+    .unwrap();
+    let t0 = Instant::now();
+    let _ = f.e.b.systemctl(&["stop", AGENT]);
+    let took = t0.elapsed();
+    let journal = f.e.b.journal(AGENT).unwrap_or_default();
+    f.wait_steps(a, 10, Duration::from_secs(30));
+    assert_eq!(f.e.b.prop(AGENT, "Result").unwrap(), "success", "after {took:?}:\n{journal}");
+    assert!(took > Duration::from_secs(5), "the old instance's stop did not outlast the agent's timeout: {took:?}");
+    assert!(journal.contains("waiting up to"), "{journal}");
+    // What the agent asked of systemd for its stop is gone with it.
+    let drop_ins = f.e.b.check(&["ls", "-A", "/etc/systemd/system"]).unwrap_or_default();
+    assert!(!drop_ins.contains(&format!("{AGENT}.d")), "{drop_ins}");
+    f.e.b.shutdown().unwrap();
+}
+
 /// Under journald a rollback is a warning: `journalctl -p warning` of the agent's unit shows it
 /// (and not the agent's info lines, which are at info); no line carries its priority prefix as
 /// text. With its stderr in a file (systemd's `JOURNAL_STREAM` still set, for its stdout), the

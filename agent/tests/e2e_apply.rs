@@ -956,6 +956,11 @@ fn killed_at_random_moments_every_next_apply_converges() {
         if e.specd(&["status"]).status.code() != Some(0) {
             bad.push("status is not 0 after the next apply".into());
         }
+        // A kill between a temporary file and its rename: the next apply removed it.
+        let listed = e.b.check(&["ls", "-A", "/var/lib/specd/units", "/etc/systemd/system"]).unwrap_or_default();
+        if let Some(t) = listed.lines().find(|l| l.ends_with(".specd-tmp")) {
+            bad.push(format!("a temporary file is left after the next apply: {t}"));
+        }
         if !bad.is_empty() {
             failures.push(format!("kill {i} at {phase}: {}", bad.join("; ")));
         }

@@ -116,6 +116,8 @@ struct World {
     die_under_load: Vec<Vec<String>>,
     /// How long the journal takes to answer a look at a unit's instances (the metrics').
     journal_lag: Duration,
+    /// How long a server takes to exit after SIGTERM ([`EXIT_AFTER_TERM`] unless set).
+    exit_after_term: Option<Duration>,
 }
 
 /// What the fault plan says about this call.
@@ -256,6 +258,11 @@ impl FakeHost {
         Self::advance(&mut w);
         drop(w);
         self.changes.send_modify(|n| *n += 1);
+    }
+
+    /// Servers take `d` to exit after SIGTERM (SGLang draining a long request).
+    pub fn exits_after_term(&self, d: Duration) {
+        self.w().exit_after_term = Some(d);
     }
 
     /// The journal takes `lag` to answer a look at a unit's instances (a busy journald).
@@ -453,6 +460,12 @@ impl FakeHost {
         }
     }
 
+    /// The fault planned for the next call, if any.
+    fn planned(&self) -> Option<Fault> {
+        let w = self.w();
+        w.plan.filter(|(at, _)| *at == w.calls.len()).map(|(_, f)| f)
+    }
+
     /// Run an async call under the fault plan: a hang is a timeout (`timeout`), or forever
     /// after a crash.
     async fn call<T>(&self, name: &'static str, timeout: Duration, failed: impl FnOnce(String) -> T) -> Option<T> {
@@ -602,13 +615,13 @@ impl FakeHost {
             let mut w = self.w();
             w.stops += 1;
             let main = w.unit.main_pid;
-            let now = Instant::now();
+            let exits = Instant::now() + w.exit_after_term.unwrap_or(EXIT_AFTER_TERM);
             match w.procs.get_mut(&main).filter(|p| p.alive) {
                 Some(p) => {
-                    p.exits_at.get_or_insert(now + EXIT_AFTER_TERM);
+                    p.exits_at.get_or_insert(exits);
                     w.unit.active = "deactivating";
                     w.unit.sub = "stop-sigterm";
-                    Some(now + EXIT_AFTER_TERM)
+                    Some(exits)
                 }
                 None => {
                     if w.unit.active == "failed" {
@@ -970,6 +983,11 @@ impl crate::state::StateFiles for FakeHost {
     }
 
     fn write_state(&self, path: &Path, bytes: &[u8]) -> Result<()> {
+        // Killed in this save: after its temporary file was written, before the rename.
+        if self.planned() == Some(Fault::Crash) {
+            let tmp = crate::fsx::write_temp(path, bytes, 0o600)?;
+            tmp.into_temp_path().keep()?;
+        }
         self.sync_call("state_save")?;
         crate::state::Disk.write_state(path, bytes)
     }

@@ -140,8 +140,9 @@ impl Hosts {
     /// started: commit the first specs, then [`Hosts::start_agents`].
     pub fn boot(setup: FleetSetup) -> Hosts {
         let t0 = Instant::now();
-        // Not under /tmp: the agent runs with the shipped unit's PrivateTmp=yes.
-        let dir = tempfile::Builder::new().prefix("e2e-hosts.").tempdir_in(specd_e2e::target_dir()).unwrap();
+        // Under /tmp, as in a clone in a temporary directory: every box binds it, and each agent
+        // (its /tmp its own, PrivateTmp=yes) sees it through the harness's drop-in.
+        let dir = tempfile::Builder::new().prefix("e2e-hosts.").tempdir_in("/tmp").unwrap();
         let remote = dir.path().join("remote.git");
         let work = dir.path().join("work");
         git(dir.path(), &["init", "-q", "--bare", "-b", "main", remote.to_str().unwrap()]);

@@ -451,6 +451,14 @@ pub fn fleet_file(bake: u64) -> String {
     )
 }
 
+/// A fleet file of two waves, each baking `bake` seconds: the canary `gpu-01`, then every other
+/// `gpu-*`, two at a time; the accept length gate of [`fleet_file`].
+pub fn canary_then_the_rest(bake: u64) -> String {
+    format!(
+        "apiVersion: specd/v1\nkind: Fleet\nmetadata:\n  name: gpus\nspec:\n  waves:\n    - name: canary\n      hosts: [gpu-01]\n      bake: {bake}s\n    - name: rest\n      hosts: ['gpu-*']\n      max_unavailable: 2\n      bake: {bake}s\n  gates:\n    accept_length: {{of_previous: 0.75}}\n"
+    )
+}
+
 /// The fleet file's name under `specs/`.
 pub const FLEET_FILE: &str = "fleet.yaml";
 

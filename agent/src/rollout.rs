@@ -301,13 +301,18 @@ pub fn decide(inputs: &Inputs) -> Step {
                 who_halted(record)
             ));
         }
+        // The halted rollout's hosts still on its target go back first, within their wave's
+        // budget: a new rollout would send them all back at once.
+        if let Some(step) = sending_back(inputs, record) {
+            return step;
+        }
         return Step::Write {
             record: Box::new(started(record, head, inputs.now)),
             message: started_message(record, head),
         };
     }
     match record.state {
-        RolloutState::Halted => return wait(halted_why(record)),
+        RolloutState::Halted => return sending_back(inputs, record).unwrap_or_else(|| wait(halted_why(record))),
         RolloutState::Complete => return wait(format!("{} is released to every wave", short(&record.target))),
         RolloutState::Progressing => {}
     }
@@ -439,12 +444,16 @@ fn wave_step(inputs: &Inputs, record: &Record, i: usize) -> Step {
     Step::Write { record: Box::new(r), message }
 }
 
-/// The halt of a failed gate: the wave's promoted hosts go back to its good revision.
+/// The halt of a failed gate: the failing host goes back to its wave's good revision now; the
+/// wave's other promoted hosts stay on the target and go back in the next steps, as many at a
+/// time as the wave's `max_unavailable` leaves room for ([`sending_back`]).
 fn halt(inputs: &Inputs, record: &Record, i: usize, host: &str, unit: &str, gate: &str, evidence: &str) -> Step {
     let mut r = record.clone();
     r.state = RolloutState::Halted;
     let w = &mut r.waves[i];
-    let back: Vec<String> = w.promoted.drain(..).map(|p| p.host).collect();
+    let back: Vec<String> = w.promoted.iter().filter(|p| p.host == host).map(|p| p.host.clone()).collect();
+    w.promoted.retain(|p| p.host != host);
+    let later: Vec<&str> = w.promoted.iter().map(|p| p.host.as_str()).collect();
     w.converged = None;
     r.halt = Some(Halt {
         at: inputs.now,
@@ -456,14 +465,90 @@ fn halt(inputs: &Inputs, record: &Record, i: usize, host: &str, unit: &str, gate
         evidence: evidence.into(),
     });
     let on = if unit.is_empty() { host.to_string() } else { format!("{host} {unit}") };
+    let then = if later.is_empty() {
+        String::new()
+    } else {
+        format!("; then {}, within max_unavailable {}", later.join(", "), inputs.fleet.waves()[i].max_unavailable)
+    };
     let message = format!(
-        "fleet: halt {} at wave {}: {on} failed gate {gate}\n\n{evidence}\n\nBack to {}: {}.",
+        "fleet: halt {} at wave {}: {on} failed gate {gate}\n\n{evidence}\n\nBack to {}: {}{then}.",
         short(&record.target),
         w.name,
         short(&w.good),
         if back.is_empty() { "no host had taken it".to_string() } else { back.join(", ") }
     );
     Step::Write { record: Box::new(r), message }
+}
+
+/// The step of a rollout halted by a failed gate whose wave still has hosts on the target:
+/// they go back to the wave's good revision, as many at a time as its `max_unavailable` leaves
+/// room for. A host of the wave that is not good counts as unavailable — one down, one applying
+/// either revision, one still on its way back; a promoted host that is not good goes back at
+/// once, as it is unavailable already. The halt stays as it was written. `None`: the rollout is
+/// not halted by a gate, or no host of the halted wave is left on the target.
+fn sending_back(inputs: &Inputs, record: &Record) -> Option<Step> {
+    let h = record.halt.as_ref().filter(|h| record.state == RolloutState::Halted && h.gate != MANUAL)?;
+    let i = record.waves.iter().position(|w| w.name == h.wave && !w.promoted.is_empty())?;
+    let spec = inputs.fleet.waves().iter().find(|w| w.name == h.wave)?;
+    let w = &record.waves[i];
+    let halted = failed_gate(h);
+    let on_target: Vec<&str> = w.promoted.iter().map(|p| p.host.as_str()).collect();
+    let newer = if record.target == inputs.head {
+        String::new()
+    } else {
+        format!("; the rollout of {} starts once they are back", short(inputs.head))
+    };
+    if let Some(why) = &inputs.evidence.unavailable {
+        return Some(wait(format!(
+            "{halted}; {} go back to {} once there is evidence{newer}: no evidence: {why}",
+            on_target.join(", "),
+            short(&w.good)
+        )));
+    }
+    // The wave's hosts, and any host on the target that no longer is one (counted all the same).
+    let mut hosts = members(inputs.fleet, inputs.evidence, i);
+    let gone: Vec<String> =
+        on_target.iter().filter(|h| !hosts.iter().any(|m| m == *h)).map(|h| h.to_string()).collect();
+    hosts.extend(gone);
+    let standings: Vec<(String, Standing)> = hosts.iter().map(|h| (h.clone(), judge(inputs, record, w, h))).collect();
+    let good = |host: &str| standings.iter().any(|(h, s)| h == host && *s == Standing::Good);
+    let unavailable: Vec<&(String, Standing)> = standings.iter().filter(|(_, s)| s.unavailable()).collect();
+    // A down target of the agents' job that never said its host name may be one of the wave's.
+    let unknown = &inputs.evidence.unidentified;
+    let room = (spec.max_unavailable as usize).saturating_sub(unavailable.len() + unknown.len());
+    let mut back: Vec<&str> = on_target.iter().copied().filter(|h| !good(h)).collect();
+    back.extend(on_target.iter().copied().filter(|h| good(h)).take(room));
+    if back.is_empty() {
+        let mut listed: Vec<String> = unavailable.iter().map(|(h, s)| format!("{h} ({})", s.why())).collect();
+        listed.extend(unknown.iter().map(|t| format!("{t} (down, never said which host it is)")));
+        return Some(wait(format!(
+            "{halted}; {} go back to {} as max_unavailable {} allows: {} of {} hosts of wave {} unavailable: {}{newer}",
+            on_target.join(", "),
+            short(&w.good),
+            spec.max_unavailable,
+            listed.len(),
+            standings.len() + unknown.len(),
+            w.name,
+            listed.join("; ")
+        )));
+    }
+    let mut r = record.clone();
+    r.waves[i].promoted.retain(|p| !back.contains(&p.host.as_str()));
+    let left: Vec<&str> = r.waves[i].promoted.iter().map(|p| p.host.as_str()).collect();
+    let rest = if left.is_empty() {
+        format!("every host of wave {} is given it again", w.name)
+    } else {
+        format!("{} still on {}", left.join(", "), short(&record.target))
+    };
+    let message = format!(
+        "fleet: send {} back to {} (wave {}, halted: {} failed gate {}); {rest}",
+        back.join(", "),
+        short(&w.good),
+        w.name,
+        h.host,
+        h.gate
+    );
+    Some(Step::Write { record: Box::new(r), message })
 }
 
 /// A new rollout of `head`: every wave starts again from its good revision (a wave that baked
@@ -512,14 +597,13 @@ pub fn halted_why(record: &Record) -> String {
     if h.gate == MANUAL {
         return format!("halted by {} at {}: {} (`specd fleet resume` continues)", h.by, stamp(h.at), h.evidence);
     }
+    format!("{} (a new revision starts a new rollout; `specd fleet resume` retries this one)", failed_gate(h))
+}
+
+/// Where and why a failed gate halted the rollout.
+fn failed_gate(h: &Halt) -> String {
     let on = if h.unit.is_empty() { h.host.clone() } else { format!("{} {}", h.host, h.unit) };
-    format!(
-        "halted at wave {} at {}: {on} failed gate {}: {} (a new revision starts a new rollout; `specd fleet resume` retries this one)",
-        h.wave,
-        stamp(h.at),
-        h.gate,
-        h.evidence
-    )
+    format!("halted at wave {} at {}: {on} failed gate {}: {}", h.wave, stamp(h.at), h.gate, h.evidence)
 }
 
 /// A person halts the rollout: nothing advances, new revisions included, until a resume.
@@ -543,7 +627,8 @@ pub fn halted_by(record: &Record, person: &str, reason: &str, now: u64) -> Resul
     Ok(Step::Write { record: Box::new(r), message: format!("fleet: halted by {person}: {reason}") })
 }
 
-/// A person resumes a halted rollout: the wave that halted promotes again from the start.
+/// A person resumes a halted rollout: the wave that halted promotes again from the start (its
+/// hosts not sent back yet keep the target).
 pub fn resumed(record: &Record, person: &str) -> Result<Step, String> {
     if record.state != RolloutState::Halted {
         return Err(format!("the rollout of {} is not halted", short(&record.target)));

@@ -13,7 +13,9 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use specd_spec::fleet::{Record, RolloutState};
 
-use common::fleet::{FLEET_FILE, FleetSetup, Hosts, JOB, LLM, LLM_FILE, RecordCommit, Timeline, fleet_file};
+use common::fleet::{
+    FLEET_FILE, FleetSetup, Hosts, JOB, LLM, LLM_FILE, RecordCommit, Timeline, canary_then_the_rest, fleet_file,
+};
 use common::{http_get, wait_for};
 
 /// One fleet at a time.
@@ -155,9 +157,13 @@ const WAVES: [(&str, &[&str], usize); 3] =
 /// before any promotion record every host waits and runs nothing; the promoter's first pass
 /// adopts the head as released and every host runs it. Returns the fleet and that commit.
 fn fleet_on_first_revision(setup: FleetSetup) -> (Hosts, String) {
+    fleet_with(setup, &fleet_file(BAKE))
+}
+
+/// [`fleet_on_first_revision`] with the fleet file `fleet_text`.
+fn fleet_with(setup: FleetSetup, fleet_text: &str) -> (Hosts, String) {
     let fleet = Hosts::boot(setup);
-    let fleet_text = fleet_file(BAKE);
-    let c1 = fleet.commit(&[(LLM_FILE, &fleet.llm(3).text()), (FLEET_FILE, &fleet_text)], "llm: steps 3; a fleet");
+    let c1 = fleet.commit(&[(LLM_FILE, &fleet.llm(3).text()), (FLEET_FILE, fleet_text)], "llm: steps 3; a fleet");
     fleet.start_agents();
     wait_for("gpu-03 to say it waits for a promotion", CONVERGE, || {
         let o = fleet.specd("gpu-03", &["status"]);
@@ -341,6 +347,53 @@ fn a_revision_that_dies_of_cuda_oom_on_the_canary_halts_there_and_reaches_no_oth
         message.contains(&format!("roll out {}", specd_spec::short(&c3))) && message.contains("was halted"),
         "{pass}"
     );
+    fleet.shutdown().unwrap();
+}
+
+#[test]
+fn a_halt_in_a_wave_of_five_sends_the_failing_host_back_first_and_the_others_within_max_unavailable() {
+    let _turn = turn();
+    let mut setup = FleetSetup::default();
+    // The last host of the wave has the smaller GPU: steps 7 (8 tokens) does not fit on it.
+    setup.host_mut(SMALL).max_draft_tokens = Some(6);
+    let (fleet, c1) = fleet_with(setup, &canary_then_the_rest(BAKE));
+    let rest = ["gpu-02", "gpu-03", "gpu-04", "gpu-05", SMALL];
+    let sampler = fleet.sample(Duration::from_millis(50));
+    let c2 = fleet.commit(&[(LLM_FILE, &fleet.llm(7).text())], "llm: steps 7");
+    let promoter = fleet.promote_watch("promoter");
+    let back = fleet.wait_record("every host of the wave sent back", ROLLOUT, |r| {
+        r.state == RolloutState::Halted && r.wave("rest").is_some_and(|w| w.promoted.is_empty())
+    });
+    for n in rest {
+        fleet.wait_runs(n, &c1, CONVERGE);
+    }
+    let seen = sampler.finish();
+    drop(promoter);
+
+    // What the hosts did: never more than two of the wave unavailable at once, the halt's
+    // sending back included.
+    let log = fleet.record_log();
+    let (most, when) = seen.max_unavailable(&rest);
+    assert!(most <= 2, "wave rest: {most} hosts unavailable at once (max 2): {when:#?}\nrecord log: {log:#?}");
+    let h = back.halt.clone().unwrap();
+    assert_eq!((h.wave.as_str(), h.host.as_str(), h.unit.as_str()), ("rest", SMALL, LLM), "{h:#?}");
+    assert!((h.gate == "no_deaths" && h.evidence.contains("cuda-oom")) || h.gate == "applied", "{h:#?}");
+    // The failing host went back first, alone; the others, promoted before it (by name, two at
+    // a time), stayed on the target and went back in later steps, the halt named throughout.
+    let from = log.iter().position(|c| c.message.starts_with("fleet: halt ")).expect("a halt in the record's log");
+    let halted = &log[from].record;
+    let on_target: Vec<&str> = halted.wave("rest").unwrap().promoted.iter().map(|p| p.host.as_str()).collect();
+    assert_eq!(on_target, ["gpu-02", "gpu-03", "gpu-04", "gpu-05"], "{:#?}", log[from]);
+    let sent: Vec<&RecordCommit> = log[from + 1..].iter().filter(|c| c.message.starts_with("fleet: send ")).collect();
+    assert!(sent.len() >= 2, "two at a time at most, over several steps: {:#?}", &log[from..]);
+    assert!(log[from..].iter().all(|c| c.record.halt.as_ref() == Some(&h)), "{:#?}", &log[from..]);
+    // Every one tried the target (and runs the first revision again: waited for above).
+    for n in rest {
+        assert!(fleet.ever_applied(n, &c2), "{n} never tried {c2}: {:?}", fleet.history(n));
+    }
+    assert_eq!(back.wave("canary").unwrap().good, c2, "the canary baked it and keeps it");
+    let (code, st) = fleet.fleet_status();
+    assert_eq!((code, &st["rollout"]["halt"]["host"]), (1, &json!(SMALL)), "{st:#}");
     fleet.shutdown().unwrap();
 }
 

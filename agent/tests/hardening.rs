@@ -63,3 +63,44 @@ fn the_sandboxed_agent_gives_its_control_socket_to_control_group() {
     assert!(o.status.success(), "{}", text(&o));
     f.e.b.shutdown().unwrap();
 }
+
+/// The workspace cloned in a temporary directory: the agent's binary, the stand-in its spec runs
+/// and the repository it follows all lie under /tmp, which the shipped unit's `PrivateTmp=yes`
+/// replaces with a /tmp of the agent's own. The harness shows them to it at their paths, as for
+/// every test wherever the clone is: it starts and deploys.
+#[test]
+fn the_sandboxed_agent_runs_and_deploys_from_a_clone_under_tmp() {
+    let clone = tempfile::Builder::new().prefix("specd-clone.").tempdir_in("/tmp").unwrap();
+    let d = clone.path();
+    let (specd, standin) = (d.join("specd"), d.join("specd-standin"));
+    std::fs::copy(env!("CARGO_BIN_EXE_specd"), &specd).unwrap();
+    std::fs::copy(bin_path("specd-standin"), &standin).unwrap();
+    let repo = d.join("config");
+    std::fs::create_dir_all(repo.join("specs")).unwrap();
+    git(&repo, &["init", "-q"]);
+    let port = free_port();
+    let service = "  service: {timeout_stop_sec: 5, environment: {SPECD_STANDIN_LOAD_MS: \"200\"}}\n";
+    let spec = sglang_spec(standin.to_str().unwrap(), "qwen.service", port, 5, service);
+    std::fs::write(repo.join("specs/qwen.yaml"), spec).unwrap();
+    git(&repo, &["add", "-A"]);
+    git(&repo, &["commit", "-q", "-m", "steps 5"]);
+
+    let cfg = specd_e2e::BoxConfig { binds: vec![d.to_path_buf()], ..Default::default() };
+    let b = SystemdBox::boot_with(cfg).expect("boot a private systemd (the end-to-end tests run as root)");
+    let exec = format!(
+        "{} run --repo {} --path specs --hostname gpu-01 --interval 1 --listen 127.0.0.1:{}",
+        specd.display(),
+        repo.display(),
+        free_port()
+    );
+    start_agent_unit(&b, &exec, "");
+    let steps = || {
+        let (code, body) = http_get(port, "/get_server_info")?;
+        (code == 200)
+            .then(|| serde_json::from_str::<serde_json::Value>(&body).ok()?["speculative_num_steps"].as_u64())?
+    };
+    wait_until("the agent to deploy steps 5 from /tmp", Duration::from_secs(60), || steps() == Some(5))
+        .unwrap_or_else(|e| panic!("{e}\nagent journal:\n{}", b.journal(AGENT).unwrap_or_default()));
+    assert_eq!(b.prop(AGENT, "ActiveState").unwrap(), "active");
+    b.shutdown().unwrap();
+}

@@ -39,7 +39,10 @@
 //!   directories under them can be shown inside with [`BoxConfig::binds`]
 //!   (the workspace's target directory is bound automatically if needed).
 //!   Everything else (`/usr`, the workspace, `/etc`, the cargo target dir) is the
-//!   host's, readable and writable.
+//!   host's, readable and writable. A service of the box with `PrivateTmp=yes`
+//!   gets a /tmp of its own and so does not see the binds under /tmp and
+//!   /var/tmp ([`SystemdBox::hidden_by_private_tmp`]: a clone of the workspace
+//!   in a temporary directory, a test's repository); its unit binds them back.
 //! - **The host's network**: a server in the box listening on 127.0.0.1:PORT
 //!   is reachable from the test at 127.0.0.1:PORT. Pick ports with
 //!   [`free_port`].

@@ -23,6 +23,11 @@ pub const SYSTEMD: &str = "/lib/systemd/systemd";
 pub const PRIVATE_DIRS: &[&str] =
     &["/etc/systemd/system", "/var/lib", "/var/log", "/var/cache", "/var/tmp", "/tmp", "/dev/shm"];
 
+/// The directories a service with `PrivateTmp=yes` gets of its own: what the box binds under
+/// them (a clone of the workspace in a temporary directory, its target directory, a test's
+/// repository) is hidden from such a service at its path. See [`SystemdBox::hidden_by_private_tmp`].
+pub const PRIVATE_TMP_DIRS: &[&str] = &["/tmp", "/var/tmp"];
+
 /// Where the box keeps its private unit directory (the standard targets).
 pub const BOX_UNIT_DIR: &str = "/run/specd-box/units";
 
@@ -263,6 +268,9 @@ pub struct Teardown {
 /// call `shutdown()` itself to assert that teardown left nothing behind.
 pub struct SystemdBox {
     trace: BoxTrace,
+    /// The host directories bound into the box at their path (the config's and the target
+    /// directory when the box would hide it).
+    binds: Vec<PathBuf>,
     layout: CgroupLayout,
     unshare: Option<Child>,
     console: fs::File,
@@ -480,6 +488,7 @@ impl SystemdBox {
         };
         let mut sb = SystemdBox {
             trace: BoxTrace { name, init_pid: 0, pid_ns: 0, mnt_ns: 0, hierarchies, host_mounts, _ns_handles: None },
+            binds,
             layout,
             unshare: Some(child),
             console,
@@ -544,6 +553,21 @@ impl SystemdBox {
         let _ = f.rewind();
         let _ = f.read_to_string(&mut s);
         s
+    }
+
+    /// The host directories the box shows at their path ([`BoxConfig::binds`], and the target
+    /// directory when it lies under a private directory).
+    pub fn binds(&self) -> &[PathBuf] {
+        &self.binds
+    }
+
+    /// The binds a service of the box with `PrivateTmp=yes` (the shipped agent unit) does not
+    /// see at their path: those under [`PRIVATE_TMP_DIRS`], hidden by the service's own /tmp.
+    /// A clone of the workspace in a temporary directory puts the binaries and every test's
+    /// files there; the service sees them once its unit binds them back
+    /// (`BindReadOnlyPaths=`, at the same path).
+    pub fn hidden_by_private_tmp(&self) -> Vec<PathBuf> {
+        self.binds.iter().filter(|b| PRIVATE_TMP_DIRS.iter().any(|d| b.starts_with(d))).cloned().collect()
     }
 
     /// Host pid of the box's PID 1 (systemd).

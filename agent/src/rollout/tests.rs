@@ -415,3 +415,184 @@ fn a_resume_after_the_last_bake_releases_the_target() {
     let (resumed, _) = written(resumed(&halted, "ops").unwrap());
     assert_eq!((resumed.state, resumed.released.as_str()), (RolloutState::Complete, NEW));
 }
+
+/// The rollout once its canary baked, with every host of the rest wave (gpu-02 to gpu-05,
+/// `max_unavailable: 2`) promoted at `T0 + 1`.
+fn rest_promoted() -> Record {
+    let mut r = canary_baked();
+    promote(&mut r, 1, &["gpu-02", "gpu-03", "gpu-04", "gpu-05"], T0 + 1);
+    r
+}
+
+/// Every host on NEW, gpu-05's server dead of CUDA OOM since its promotion.
+fn gpu05_died() -> Evidence {
+    let mut ev = all_on(NEW);
+    let mut dead = on(NEW, 2.5);
+    dead.units.get_mut("llm.service").unwrap().deaths_since_promotion = [("cuda-oom".to_string(), 1.0)].into();
+    ev.hosts.insert("gpu-05".into(), dead);
+    ev
+}
+
+fn promoted_hosts(r: &Record, wave: usize) -> Vec<&str> {
+    r.waves[wave].promoted.iter().map(|p| p.host.as_str()).collect()
+}
+
+/// A host that took `to` and still runs the unit of `from` (its apply in progress).
+fn applying(from: &str, to: &str) -> HostEvidence {
+    let mut e = on(from, 2.5);
+    e.revision = Some(to.into());
+    e
+}
+
+#[test]
+fn a_halt_sends_the_failing_host_back_first_and_the_others_as_max_unavailable_allows() {
+    let f = fleet();
+    let (h, m) = written(step(Some(&rest_promoted()), NEW, &gpu05_died(), T0 + 100));
+    assert_eq!(h.state, RolloutState::Halted);
+    let halt = h.halt.clone().unwrap();
+    assert_eq!((halt.wave.as_str(), halt.host.as_str(), halt.gate.as_str()), ("rest", "gpu-05", "no_deaths"));
+    assert_eq!(promoted_hosts(&h, 1), ["gpu-02", "gpu-03", "gpu-04"], "only the failing host goes back now");
+    assert!(m.ends_with("Back to 111111111111: gpu-05; then gpu-02, gpu-03, gpu-04, within max_unavailable 2."), "{m}");
+    let given = |r: &Record, host| r.revision_for(&f, host, &Default::default()).unwrap().revision;
+    // The rest wave's good revision is still OLD: the canary's is NEW.
+    assert_eq!((given(&h, "gpu-05"), given(&h, "gpu-02")), (OLD.to_string(), NEW.to_string()));
+
+    // gpu-05's agent has not taken OLD yet: it is unavailable, one more host may go.
+    let mut ev = gpu05_died();
+    let (b1, m) = written(step(Some(&h), NEW, &ev, T0 + 101));
+    assert_eq!(promoted_hosts(&b1, 1), ["gpu-03", "gpu-04"]);
+    assert_eq!(
+        m,
+        "fleet: send gpu-02 back to 111111111111 (wave rest, halted: gpu-05 failed gate no_deaths); gpu-03, gpu-04 still on 222222222222"
+    );
+    assert_eq!(b1.halt, h.halt, "the halt stays named");
+    // Two on their way back: nobody else goes.
+    ev.hosts.insert("gpu-02".into(), applying(NEW, OLD));
+    let (why, _) = waits(step(Some(&b1), NEW, &ev, T0 + 102));
+    assert!(why.starts_with("halted at wave rest at "), "{why}");
+    assert!(
+        why.ends_with(
+            " gpu-05 llm.service failed gate no_deaths: died since its promotion: cuda-oom ×1; gpu-03, gpu-04 go back to 111111111111 as max_unavailable 2 allows: 2 of 4 hosts of wave rest unavailable: gpu-02 (llm.service runs unit unit-2222, not unit-1111); gpu-05 (its agent deploys 222222222222, not 111111111111)"
+        ),
+        "{why}"
+    );
+    // gpu-05 is back: one more.
+    ev.hosts.insert("gpu-05".into(), on(OLD, 2.5));
+    let (b2, m) = written(step(Some(&b1), NEW, &ev, T0 + 103));
+    assert_eq!(promoted_hosts(&b2, 1), ["gpu-04"]);
+    assert!(m.starts_with("fleet: send gpu-03 back to 111111111111"), "{m}");
+    // gpu-02 back, gpu-03 applying: the last one.
+    ev.hosts.insert("gpu-02".into(), on(OLD, 2.5));
+    ev.hosts.insert("gpu-03".into(), applying(NEW, OLD));
+    let (b3, m) = written(step(Some(&b2), NEW, &ev, T0 + 104));
+    assert_eq!(promoted_hosts(&b3, 1), Vec::<&str>::new());
+    assert!(m.ends_with("; every host of wave rest is given it again"), "{m}");
+    assert_eq!(b3.halt, h.halt);
+    let (why, _) = waits(step(Some(&b3), NEW, &ev, T0 + 105));
+    assert_eq!(why, halted_why(&h));
+}
+
+#[test]
+fn while_hosts_go_back_a_promoted_host_that_is_not_good_goes_at_once_and_nothing_goes_without_evidence() {
+    let (h, _) = written(step(Some(&rest_promoted()), NEW, &gpu05_died(), T0 + 100));
+    // gpu-04's agent is down and gpu-05 has not taken OLD: two unavailable, no room; gpu-04 is
+    // unavailable anyway, so it goes back, and no other.
+    let mut ev = gpu05_died();
+    ev.hosts.get_mut("gpu-04").unwrap().down = Some("its agent is down: the last scrape failed".into());
+    let (b, m) = written(step(Some(&h), NEW, &ev, T0 + 101));
+    assert_eq!(promoted_hosts(&b, 1), ["gpu-02", "gpu-03"], "{m}");
+    // gpu-05 back, but a target of the agents' job is down and never said its host name: it may
+    // be one of the wave's, so it counts.
+    let mut ev = all_on(NEW);
+    ev.hosts.insert("gpu-05".into(), on(OLD, 2.5));
+    ev.hosts.insert("gpu-04".into(), applying(NEW, OLD));
+    ev.unidentified = vec!["10.0.0.9:9100 (job specd)".into()];
+    let (why, _) = waits(step(Some(&b), NEW, &ev, T0 + 102));
+    assert!(why.ends_with("2 of 5 hosts of wave rest unavailable: gpu-04 (llm.service runs unit unit-2222, not unit-1111); 10.0.0.9:9100 (job specd) (down, never said which host it is)"), "{why}");
+    ev.unidentified.clear();
+    let (c, _) = written(step(Some(&b), NEW, &ev, T0 + 102));
+    assert_eq!(promoted_hosts(&c, 1), ["gpu-03"]);
+    let no_evidence = Evidence { unavailable: Some("Prometheus: connection refused".into()), ..Default::default() };
+    let (why, _) = waits(step(Some(&b), NEW, &no_evidence, T0 + 102));
+    assert!(
+        why.ends_with("go back to 111111111111 once there is evidence: no evidence: Prometheus: connection refused"),
+        "{why}"
+    );
+}
+
+#[test]
+fn a_new_revision_during_a_halts_sending_back_waits_until_every_host_is_back() {
+    let (h, _) = written(step(Some(&rest_promoted()), NEW, &gpu05_died(), T0 + 100));
+    let mut ev = gpu05_died();
+    let (b, _) = written(step(Some(&h), NEW, &ev, T0 + 101));
+    // gpu-05 and gpu-02 on their way back: the fix waits (starting its rollout would send
+    // gpu-03 and gpu-04 back too, four at once).
+    ev.hosts.insert("gpu-02".into(), applying(NEW, OLD));
+    let (why, _) = waits(step(Some(&b), NEWER, &ev, T0 + 102));
+    assert!(why.ends_with("the rollout of 333333333333 starts once they are back"), "{why}");
+    ev.hosts.insert("gpu-05".into(), on(OLD, 2.5));
+    ev.hosts.insert("gpu-02".into(), on(OLD, 2.5));
+    let (b, m) = written(step(Some(&b), NEWER, &ev, T0 + 103));
+    assert_eq!((b.target.as_str(), promoted_hosts(&b, 1)), (NEW, vec![]), "{m}");
+    assert!(m.starts_with("fleet: send gpu-03, gpu-04 back to 111111111111"), "{m}");
+    let (n, m) = written(step(Some(&b), NEWER, &ev, T0 + 104));
+    assert_eq!((n.target.as_str(), n.state), (NEWER, RolloutState::Progressing));
+    assert_eq!(m, "fleet: roll out 333333333333; the rollout of 222222222222 was halted");
+}
+
+/// A host's agent in the simulation below: the revision it runs, and the one it applies with
+/// the promoter's passes left until it runs it.
+#[derive(Debug)]
+struct Agent {
+    runs: String,
+    applying: Option<(String, u32)>,
+}
+
+/// The hosts of the rest wave as agents: each takes what the record gives it, applying for
+/// `APPLY` passes of the promoter (unavailable meanwhile). gpu-05's server dies on NEW.
+#[test]
+fn through_a_halt_and_its_sending_back_no_more_than_max_unavailable_hosts_of_the_wave_apply_at_once() {
+    const APPLY: u32 = 3;
+    let f = fleet();
+    let rest = ["gpu-02", "gpu-03", "gpu-04", "gpu-05"];
+    let mut hosts: BTreeMap<&str, Agent> =
+        rest.iter().map(|h| (*h, Agent { runs: NEW.to_string(), applying: None })).collect();
+    let mut record = rest_promoted();
+    let mut most = 0;
+    let mut halt = None;
+    for pass in 0..40u64 {
+        let mut ev = all_on(NEW);
+        for (h, a) in &hosts {
+            let e = match &a.applying {
+                Some((to, _)) => applying(&a.runs, to),
+                None if *h == "gpu-05" && a.runs == NEW => gpu05_died().hosts["gpu-05"].clone(),
+                None => on(&a.runs, 2.5),
+            };
+            ev.hosts.insert(h.to_string(), e);
+        }
+        if let Step::Write { record: r, .. } = step(Some(&record), NEW, &ev, T0 + 100 + pass) {
+            record = *r;
+        }
+        if record.halt.is_some() {
+            assert_eq!(*halt.get_or_insert(record.halt.clone()), record.halt, "the halt stays named");
+        }
+        for (h, a) in hosts.iter_mut() {
+            let given = record.revision_for(&f, h, &Default::default()).unwrap().revision;
+            match &mut a.applying {
+                Some((to, 1)) => {
+                    a.runs = std::mem::take(to);
+                    a.applying = None;
+                }
+                Some((_, left)) => *left -= 1,
+                None if a.runs != given => a.applying = Some((given, APPLY)),
+                None => {}
+            }
+        }
+        let now = hosts.values().filter(|a| a.applying.is_some()).count();
+        assert!(now <= 2, "pass {pass}: {now} hosts of the wave applying at once: {hosts:?}\n{record:#?}");
+        most = most.max(now);
+    }
+    assert_eq!(record.state, RolloutState::Halted);
+    assert!(hosts.values().all(|a| a.runs == OLD && a.applying.is_none()), "every host back: {hosts:?}");
+    assert_eq!(most, 2, "two at a time: the budget is used");
+}

@@ -140,8 +140,9 @@ impl Hosts {
     /// started: commit the first specs, then [`Hosts::start_agents`].
     pub fn boot(setup: FleetSetup) -> Hosts {
         let t0 = Instant::now();
-        // Not under /tmp: the agent runs with the shipped unit's PrivateTmp=yes.
-        let dir = tempfile::Builder::new().prefix("e2e-hosts.").tempdir_in(specd_e2e::target_dir()).unwrap();
+        // Under /tmp, as in a clone in a temporary directory: every box binds it, and each agent
+        // (its /tmp its own, PrivateTmp=yes) sees it through the harness's drop-in.
+        let dir = tempfile::Builder::new().prefix("e2e-hosts.").tempdir_in("/tmp").unwrap();
         let remote = dir.path().join("remote.git");
         let work = dir.path().join("work");
         git(dir.path(), &["init", "-q", "--bare", "-b", "main", remote.to_str().unwrap()]);
@@ -447,6 +448,14 @@ impl Drop for Hosts {
 pub fn fleet_file(bake: u64) -> String {
     format!(
         "apiVersion: specd/v1\nkind: Fleet\nmetadata:\n  name: gpus\nspec:\n  waves:\n    - name: canary\n      hosts: [gpu-01]\n      bake: {bake}s\n    - name: early\n      labels: {{ring: early}}\n      bake: {bake}s\n    - name: main\n      hosts: ['gpu-*']\n      max_unavailable: 2\n      bake: {bake}s\n  gates:\n    accept_length: {{of_previous: 0.75}}\n"
+    )
+}
+
+/// A fleet file of two waves, each baking `bake` seconds: the canary `gpu-01`, then every other
+/// `gpu-*`, two at a time; the accept length gate of [`fleet_file`].
+pub fn canary_then_the_rest(bake: u64) -> String {
+    format!(
+        "apiVersion: specd/v1\nkind: Fleet\nmetadata:\n  name: gpus\nspec:\n  waves:\n    - name: canary\n      hosts: [gpu-01]\n      bake: {bake}s\n    - name: rest\n      hosts: ['gpu-*']\n      max_unavailable: 2\n      bake: {bake}s\n  gates:\n    accept_length: {{of_previous: 0.75}}\n"
     )
 }
 

@@ -100,9 +100,10 @@ pub struct Fleet {
 
 impl Fleet {
     pub fn new() -> Fleet {
-        // Not under /tmp: the agent runs with the shipped unit's PrivateTmp=yes, and its /tmp is
-        // its own. The target directory is on the host's file system, readable by the agent.
-        let dir = tempfile::Builder::new().prefix("e2e-fleet.").tempdir_in(specd_e2e::target_dir()).unwrap();
+        // Under /tmp, as everything is in a clone in a temporary directory: the box binds it, and
+        // the agent, whose /tmp is its own (the shipped PrivateTmp=yes), sees it through the
+        // harness's drop-in (start_agent_unit). Every test of the agent's proves it so.
+        let dir = tempfile::Builder::new().prefix("e2e-fleet.").tempdir_in("/tmp").unwrap();
         let repo = dir.path().join("config");
         std::fs::create_dir_all(repo.join("specs")).unwrap();
         git(&repo, &["init", "-q"]);
@@ -133,17 +134,43 @@ impl Fleet {
 /// `exec_start` as its command, restarted 1 s after it ends (the shipped unit: 5 s), logging at
 /// info, `unit_extra` added last (so it overrides); reloads systemd, starts it, and checks that
 /// systemd took the sandbox (a setting it did not know would be ignored with a warning).
+///
+/// What the box binds under /tmp (the workspace cloned in a temporary directory: the binaries,
+/// the tests' repositories and keys) is hidden from the agent by the shipped `PrivateTmp=yes`; a
+/// drop-in ([`private_tmp_dropin`]) binds it back, read-only at its path, as an operator's
+/// drop-in would. Nothing else of the sandbox changes, and a clone elsewhere needs no drop-in.
 pub fn start_agent_unit(b: &SystemdBox, exec_start: &str, unit_extra: &str) {
     let unit = format!(
         "[Service]\n{}ExecStart={exec_start}\nRestartSec=1\nEnvironment=SPECD_LOG=info\n{unit_extra}",
         shipped_service()
     );
     b.write_file(&format!("/etc/systemd/system/{AGENT}"), unit).unwrap();
+    if let Some(dropin) = private_tmp_dropin(b) {
+        b.write_file(&format!("/etc/systemd/system/{AGENT}.d/private-tmp.conf"), dropin).unwrap();
+    }
     b.systemctl_check(&["daemon-reload"]).unwrap();
-    b.systemctl_check(&["start", AGENT]).unwrap();
+    if let Err(e) = b.systemctl_check(&["start", AGENT]) {
+        panic!("{e:#}\nits journal:\n{}", b.journal(AGENT).unwrap_or_default());
+    }
     let p = b.show(AGENT, &["ProtectSystem", "CapabilityBoundingSet", "SystemCallErrorNumber"]).unwrap();
     assert_eq!(p["ProtectSystem"], "strict", "{p:?}");
     assert_eq!(p["CapabilityBoundingSet"], "cap_chown cap_dac_read_search cap_sys_ptrace", "{p:?}");
+}
+
+/// The drop-in that shows the agent what the box binds under /tmp or /var/tmp
+/// ([`SystemdBox::hidden_by_private_tmp`]): `BindReadOnlyPaths=` of each at its path, mounted
+/// over the unit's private /tmp. `None` when the box binds nothing there.
+fn private_tmp_dropin(b: &SystemdBox) -> Option<String> {
+    let hidden = b.hidden_by_private_tmp();
+    if hidden.is_empty() {
+        return None;
+    }
+    let mut out = String::from("# The test's files under /tmp, which PrivateTmp=yes hides.\n[Service]\n");
+    for p in hidden {
+        let quoted = p.display().to_string().replace('\\', "\\\\").replace('"', "\\\"");
+        out.push_str(&format!("BindReadOnlyPaths=\"{quoted}\"\n"));
+    }
+    Some(out)
 }
 
 /// The unit the end-to-end tests run the agent as.

@@ -670,7 +670,18 @@ pub struct HostPosition {
 pub fn positions(inputs: &Inputs, record: &Record) -> Vec<HostPosition> {
     let mut out = Vec::new();
     for (i, w) in record.waves.iter().enumerate().take(inputs.fleet.waves().len()) {
-        for host in members(inputs.fleet, inputs.evidence, i) {
+        // The wave's hosts as the evidence knows them, and those the record promoted in it
+        // (known without Prometheus: a host selected by labels is in no evidence while it is down).
+        let mut hosts = members(inputs.fleet, inputs.evidence, i);
+        hosts.extend(
+            w.promoted
+                .iter()
+                .map(|p| p.host.clone())
+                .filter(|h| inputs.evidence.hosts.get(h).is_none_or(|e| inputs.fleet.wave_of(h, &e.labels) == Some(i))),
+        );
+        hosts.sort();
+        hosts.dedup();
+        for host in hosts {
             let (given, at) = given(record, w, &host);
             let standing = judge(inputs, record, w, &host);
             out.push(HostPosition {

@@ -596,3 +596,25 @@ fn through_a_halt_and_its_sending_back_no_more_than_max_unavailable_hosts_of_the
     assert!(hosts.values().all(|a| a.runs == OLD && a.applying.is_none()), "every host back: {hosts:?}");
     assert_eq!(most, 2, "two at a time: the budget is used");
 }
+
+#[test]
+fn without_evidence_the_positions_still_list_the_hosts_the_record_promoted() {
+    // The rest wave selects by a pattern: only Prometheus knows its hosts, but the record names
+    // those it promoted.
+    let mut r = canary_baked();
+    promote(&mut r, 1, &["gpu-02", "gpu-03"], T0 + 5);
+    let f = fleet();
+    let none =
+        Evidence { unavailable: Some("Prometheus at http://p:9090 did not answer".into()), ..Default::default() };
+    let inputs = Inputs { fleet: &f, record: Some(&r), head: NEW, evidence: &none, expected: &expected, now: T0 + 9 };
+    let listed: Vec<(String, Option<String>, bool)> =
+        positions(&inputs, &r).into_iter().map(|p| (p.host, p.wave, p.promoted)).collect();
+    assert_eq!(
+        listed,
+        [
+            ("gpu-01".to_string(), Some("canary".to_string()), false),
+            ("gpu-02".to_string(), Some("rest".to_string()), true),
+            ("gpu-03".to_string(), Some("rest".to_string()), true),
+        ]
+    );
+}

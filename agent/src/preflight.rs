@@ -782,9 +782,10 @@ fn look_program(program: &Program, runs_as: &RunAs) -> Vec<Found> {
         return vec![Found::Problem(format!("{what} {p} is not executable ({})", mode_owner(&meta)))];
     }
     let who = who(runs_as);
-    let mut out: Vec<Found> = who.iter().filter_map(|w| access(w, &path, Want::Execute, what)).collect();
-    out.extend(interpreter(&path, who.as_ref()));
-    out
+    if let Some(f) = who.as_ref().and_then(|w| access(w, &path, Want::Execute, what)) {
+        return vec![f];
+    }
+    interpreter(&path, who.as_ref())
 }
 
 /// The file systemd runs for a bare name: the first in `dirs` that is a regular file with an
@@ -795,31 +796,138 @@ fn search(name: &str, dirs: &[String]) -> Option<PathBuf> {
         .find(|p| std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.mode() & 0o111 != 0))
 }
 
-/// A script runs through its `#!` interpreter: that must exist and be executable, and the
-/// script readable, by the process's user. An entry point of a moved virtualenv (`vllm`) fails
-/// here with the engine's "No such file or directory" at its start.
-fn interpreter(script: &Path, who: Option<&Who>) -> Vec<Found> {
-    let head = first_bytes(script, 256);
-    let Some(line) = head.strip_prefix(b"#!") else { return Vec::new() };
-    let line = line.split(|b| *b == b'\n').next().unwrap_or_default();
-    let Some(interp) = String::from_utf8_lossy(line).split_whitespace().next().map(PathBuf::from) else {
-        return Vec::new();
-    };
-    let mut out: Vec<Found> = who.iter().filter_map(|w| access(w, script, Want::Read, "the script")).collect();
-    if !interp.is_absolute() {
-        return out;
+/// How many bytes of a file the kernel reads to tell its format (`BINPRM_BUF_SIZE`, Linux 5.1
+/// and later): a `#!` line must end within them.
+const SHEBANG_BYTES: usize = 256;
+
+/// How many interpreters the kernel follows (Linux fs/exec.c, `exec_binprm`: a program and five
+/// rewrites, `depth > 5` is ELOOP): the program and up to four scripts as interpreters; the
+/// fifth interpreter must be a binary.
+const INTERPRETERS: usize = 5;
+
+/// What the kernel makes of a file's first bytes (Linux fs/binfmt_script.c).
+#[derive(Debug, PartialEq)]
+enum Shebang {
+    /// No `#!`: another format (ELF), not checked further.
+    NotAScript,
+    /// `#!`, but no interpreter the kernel takes (ENOEXEC): why.
+    Unusable(&'static str),
+    /// The interpreter's path, byte for byte as the kernel opens it.
+    Interpreter(Vec<u8>),
+}
+
+/// The interpreter of a file that starts with `head`, read as the kernel reads it: the first
+/// line within the first [`SHEBANG_BYTES`] bytes; only spaces and tabs separate (a carriage
+/// return is part of the name); trailing spaces and tabs trimmed; the name ends at the first
+/// space, tab or NUL. A line longer than the buffer is taken only when the name ends within it.
+fn shebang(head: &[u8]) -> Shebang {
+    let mut buf = [0u8; SHEBANG_BYTES];
+    let n = head.len().min(SHEBANG_BYTES);
+    buf[..n].copy_from_slice(&head[..n]);
+    if !buf.starts_with(b"#!") {
+        return Shebang::NotAScript;
     }
-    let (s, i) = (script.display(), interp.display());
-    match std::fs::metadata(&interp) {
-        Err(e) if e.kind() == ErrorKind::NotFound => {
-            out.push(Found::Problem(format!("the program {s} is a script whose interpreter {i} does not exist")))
+    let blank = |c: u8| c == b' ' || c == b'\t';
+    let last = SHEBANG_BYTES - 1;
+    let mut end = match buf.iter().position(|&b| b == b'\n') {
+        Some(i) => i,
+        None => {
+            let Some(first) = (2..=last).find(|&i| !blank(buf[i])) else {
+                return Shebang::Unusable("its first line holds no interpreter");
+            };
+            if !(first..=last).any(|i| blank(buf[i]) || buf[i] == 0) {
+                return Shebang::Unusable(
+                    "its first line is longer than the kernel reads, which would cut the interpreter's name",
+                );
+            }
+            last
         }
-        Err(e) => out.push(Found::Note(format!("not checked: the interpreter {i} of {s}: {e}"))),
-        Ok(m) if !m.is_file() || m.mode() & 0o111 == 0 => out.push(Found::Problem(format!(
-            "the program {s} is a script whose interpreter {i} is not executable ({})",
-            mode_owner(&m)
-        ))),
-        Ok(_) => out.extend(who.and_then(|w| access(w, &interp, Want::Execute, "the interpreter"))),
+    };
+    while blank(buf[end - 1]) {
+        end -= 1;
+    }
+    let Some(name) = (2..end).find(|&i| !blank(buf[i])) else {
+        return Shebang::Unusable("its first line holds no interpreter");
+    };
+    let name_end = (name..end).find(|&i| blank(buf[i]) || buf[i] == 0).unwrap_or(end);
+    // A NUL first (a file of just `#!`): the kernel opens "" and fails.
+    if name_end == name {
+        return Shebang::Unusable("its first line holds no interpreter");
+    }
+    Shebang::Interpreter(buf[name..name_end].to_vec())
+}
+
+/// An interpreter's name for a message: as written when it is plain text, else quoted with its
+/// control characters escaped.
+fn interpreter_name(name: &[u8]) -> String {
+    let text = String::from_utf8_lossy(name);
+    if text.chars().any(|c| c.is_control() || c == char::REPLACEMENT_CHARACTER) {
+        format!("{text:?}")
+    } else {
+        text.into_owned()
+    }
+}
+
+/// A script runs through its `#!` interpreter, which may be a script too, as far as the kernel
+/// follows ([`INTERPRETERS`]): each must exist and be executable, and each script readable (its
+/// interpreter reads it), by the process's user. An entry point of a moved virtualenv (`vllm`)
+/// fails here with the engine's "No such file or directory" at its start; a script saved with
+/// Windows line endings with `203/EXEC`.
+fn interpreter(program: &Path, who: Option<&Who>) -> Vec<Found> {
+    let mut out = Vec::new();
+    let mut said = format!("the program {}", program.display());
+    let mut file = program.to_path_buf();
+    for depth in 0..=INTERPRETERS {
+        let name = match shebang(&first_bytes(&file, SHEBANG_BYTES)) {
+            Shebang::NotAScript => break,
+            Shebang::Unusable(why) => {
+                out.push(Found::Problem(format!("{said} cannot be run: it starts with #!, but {why}")));
+                break;
+            }
+            Shebang::Interpreter(name) => name,
+        };
+        if depth == INTERPRETERS {
+            out.push(Found::Problem(format!(
+                "{said} is a script too: the kernel follows at most {INTERPRETERS} interpreters (ELOOP)"
+            )));
+            break;
+        }
+        out.extend(who.and_then(|w| access(w, &file, Want::Read, "the script")));
+        let shown = interpreter_name(&name);
+        said = format!("{said} is a script whose interpreter {shown}");
+        let interp = PathBuf::from(std::ffi::OsStr::from_bytes(&name));
+        if !interp.is_absolute() {
+            out.push(Found::Note(format!(
+                "not checked: {said} is a relative path, which the kernel opens from the working directory"
+            )));
+            break;
+        }
+        let cr = if name.ends_with(b"\r") {
+            ": its first line ends in a carriage return (Windows line endings), which the kernel reads as part of the interpreter's name"
+        } else {
+            ""
+        };
+        match std::fs::metadata(&interp) {
+            Err(e) if e.kind() == ErrorKind::NotFound => {
+                out.push(Found::Problem(format!("{said} does not exist{cr}")));
+                break;
+            }
+            Err(e) => {
+                out.push(Found::Note(format!("not checked: {said}: {e}")));
+                break;
+            }
+            Ok(m) if !m.is_file() || m.mode() & 0o111 == 0 => {
+                out.push(Found::Problem(format!("{said} is not executable ({})", mode_owner(&m))));
+                break;
+            }
+            Ok(_) => {
+                if let Some(f) = who.and_then(|w| access(w, &interp, Want::Execute, "the interpreter")) {
+                    out.push(f);
+                    break;
+                }
+            }
+        }
+        file = interp;
     }
     out
 }
@@ -1592,6 +1700,45 @@ mod tests {
     }
 
     #[test]
+    fn a_shebang_is_read_as_the_kernel_reads_it() {
+        let i = |v: &str| Shebang::Interpreter(v.as_bytes().to_vec());
+        let long = |tail: &str| format!("#!/bin/sh{tail}");
+        for (head, want) in [
+            ("#!/bin/sh\n", i("/bin/sh")),
+            ("#!/bin/sh", i("/bin/sh")),
+            ("#!/bin/sh\r\n", i("/bin/sh\r")),
+            ("#!/bin/sh \r\n", i("/bin/sh")),
+            ("#! \t/usr/bin/env  python3 -u \t\n", i("/usr/bin/env")),
+            ("#!/bin/sh\x0bx\n", i("/bin/sh\x0bx")),
+            ("#!/bin/sh\0-e\n", i("/bin/sh")),
+            ("#!/bin/sh -e\n#!/other\n", i("/bin/sh")),
+            ("#!\n", Shebang::Unusable("its first line holds no interpreter")),
+            ("#! \t \n/bin/sh\n", Shebang::Unusable("its first line holds no interpreter")),
+            ("#!", Shebang::Unusable("its first line holds no interpreter")),
+            ("#!\0/bin/sh\n", Shebang::Unusable("its first line holds no interpreter")),
+            ("\u{feff}#!/bin/sh\n", Shebang::NotAScript),
+            (" #!/bin/sh\n", Shebang::NotAScript),
+            ("\x7fELF", Shebang::NotAScript),
+            ("", Shebang::NotAScript),
+        ] {
+            assert_eq!(shebang(head.as_bytes()), want, "{head:?}");
+        }
+        // Past the kernel's 256 bytes: a name that ends within them is taken, its argument cut;
+        // a name that does not is refused rather than cut.
+        assert_eq!(shebang(long(&format!(" {}", "a".repeat(300))).as_bytes()), i("/bin/sh"));
+        assert_eq!(shebang(long(&" ".repeat(300)).as_bytes()), i("/bin/sh"));
+        assert_eq!(
+            shebang(format!("#!/{}", "a".repeat(300)).as_bytes()),
+            Shebang::Unusable("its first line is longer than the kernel reads, which would cut the interpreter's name")
+        );
+        // A newline as the 256th byte is seen, one after it is not.
+        assert_eq!(shebang(format!("#!/{}\n", "b".repeat(252)).as_bytes()), i(&format!("/{}", "b".repeat(252))));
+        assert!(matches!(shebang(format!("#!/{}\n", "b".repeat(253)).as_bytes()), Shebang::Unusable(_)));
+        assert_eq!(interpreter_name(b"/bin/sh"), "/bin/sh");
+        assert_eq!(interpreter_name(b"/bin/sh\r"), "\"/bin/sh\\r\"");
+    }
+
+    #[test]
     fn a_refusal_says_all_its_problems_in_one_line() {
         let p = |check, m: &str| Problem { check, message: s(m) };
         assert_eq!(summary(&[]), "");
@@ -1756,6 +1903,94 @@ mod look_tests {
         one_problem_starting(
             look(search("plain", &[&dir]), &RunAs::Root),
             "the program plain is not in systemd's search path",
+        );
+    }
+
+    /// Whether the kernel runs `path` (exit status 0), as execve(2) does it, without a shell's
+    /// fallback for a file it refuses.
+    fn kernel_runs(path: &str) -> bool {
+        std::process::Command::new(path)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    }
+
+    #[test]
+    fn a_script_passes_where_the_kernel_runs_it_and_only_there() {
+        let d = open_dir();
+        let p = |n: &str| d.path().join(n);
+        let long_arg = format!("#!/bin/sh -e{}\nexit 0\n", " ".repeat(300));
+        let long_name = format!("#!/{}\nexit 0\n", "a".repeat(300));
+        let mut cases: Vec<(String, Vec<u8>)> = [
+            ("plain", "#!/bin/sh\nexit 0\n"),
+            ("crlf", "#!/bin/sh\r\nexit 0\r\n"),
+            ("blanks", "#! \t/bin/sh \t\nexit 0\n"),
+            ("argument", "#!/bin/sh -e\nexit 0\n"),
+            ("nothing", "#!\nexit 0\n"),
+            ("only-blanks", "#! \t \nexit 0\n"),
+            ("long-argument", &long_arg),
+            ("long-name", &long_name),
+            ("nul", "#!/bin/sh\0x\nexit 0\n"),
+            ("just-the-mark", "#!"),
+        ]
+        .into_iter()
+        .map(|(n, t)| (n.to_string(), t.as_bytes().to_vec()))
+        .collect();
+        // Scripts run by scripts: `chain-N` is N scripts, each the interpreter of the one before.
+        for n in 1..=7 {
+            for i in 0..n {
+                let next =
+                    if i + 1 == n { s("/bin/sh") } else { p(&format!("chain-{n}.{}", i + 1)).display().to_string() };
+                write(&p(&format!("chain-{n}.{i}")), format!("#!{next}\nexit 0\n").as_bytes(), 0o755);
+            }
+            cases.push((format!("chain-{n}.0"), Vec::new()));
+        }
+        let mut ran = Vec::new();
+        for (name, text) in &cases {
+            if !text.is_empty() {
+                write(&p(name), text, 0o755);
+            }
+            let path = p(name).display().to_string();
+            let kernel = kernel_runs(&path);
+            let looked = look_program(&Program::Path(path.clone()), &RunAs::Root);
+            assert_eq!(looked.is_empty(), kernel, "{name}: the kernel runs it: {kernel}; the look: {looked:?}");
+            if kernel {
+                ran.push(name.as_str());
+            }
+        }
+        // What this kernel did, for the record of what the look follows.
+        assert_eq!(
+            ran,
+            [
+                "plain",
+                "blanks",
+                "argument",
+                "long-argument",
+                "nul",
+                "chain-1.0",
+                "chain-2.0",
+                "chain-3.0",
+                "chain-4.0",
+                "chain-5.0"
+            ]
+        );
+        let chain = |n: usize, i: usize| p(&format!("chain-{n}.{i}")).display().to_string();
+        let said: String = (1..6).map(|i| format!(" is a script whose interpreter {}", chain(6, i))).collect();
+        assert_eq!(
+            look_program(&Program::Path(chain(6, 0)), &RunAs::Root),
+            [problem(format!(
+                "the program {}{said} is a script too: the kernel follows at most 5 interpreters (ELOOP)",
+                chain(6, 0)
+            ))]
+        );
+        let crlf = p("crlf").display().to_string();
+        assert_eq!(
+            look_program(&Program::Path(crlf.clone()), &RunAs::Root),
+            [problem(format!(
+                "the program {crlf} is a script whose interpreter \"/bin/sh\\r\" does not exist: its first line ends in a carriage return (Windows line endings), which the kernel reads as part of the interpreter's name"
+            ))]
         );
     }
 

@@ -990,31 +990,96 @@ fn look_model(role: ModelRole, value: &str, form: ModelForm, cwd: &Cwd, runs_as:
     if !allowed(&who, &meta, Want::Enter) {
         return vec![denied(&path, format!("{who} cannot enter {what} {p} ({})", mode_owner(&meta)))];
     }
-    unreadable_files(&who, &path, what).into_iter().collect()
+    unreadable_files(&who, &path, what)
 }
 
-/// The files of a model folder its user cannot read (or links to nothing), as one finding.
-fn unreadable_files(who: &Who, dir: &Path, what: &str) -> Option<Found> {
-    let mut bad: Vec<(PathBuf, Option<Metadata>)> = Vec::new();
-    for e in std::fs::read_dir(dir).ok()?.flatten() {
-        match std::fs::metadata(e.path()) {
-            Ok(m) if m.is_file() && !allowed(who, &m, Want::Read) => bad.push((e.path(), Some(m))),
-            Err(_) if e.file_type().is_ok_and(|t| t.is_symlink()) => bad.push((e.path(), None)),
-            _ => {}
+/// Whether an engine loading a Hugging Face model folder reads the file `name` in it (vLLM and
+/// SGLang through transformers): the config, the weights (safetensors when the folder has any,
+/// else PyTorch's, without training state), their index, the tokenizer, the chat template, the
+/// processor and quantization configs, and remote code. What else lies there (a README, a
+/// licence, training leftovers) is never opened.
+fn engine_reads(name: &str, safetensors: bool) -> bool {
+    const NAMED: [&str; 20] = [
+        "config.json",
+        "generation_config.json",
+        "params.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "tokenizer.model",
+        "special_tokens_map.json",
+        "added_tokens.json",
+        "vocab.json",
+        "vocab.txt",
+        "merges.txt",
+        "tekken.json",
+        "chat_template.jinja",
+        "chat_template.json",
+        "preprocessor_config.json",
+        "processor_config.json",
+        "quantize_config.json",
+        "quant_config.json",
+        "hf_quant_config.json",
+        "modules.json",
+    ];
+    const TRAINING: [&str; 5] = ["training_args.bin", "optimizer.bin", "optimizer.pt", "scheduler.pt", "scaler.pt"];
+    let weights = |n: &str| match safetensors {
+        true => n.ends_with(".safetensors"),
+        false => [".bin", ".pt", ".pth"].iter().any(|e| n.ends_with(e)) && !TRAINING.contains(&n),
+    };
+    NAMED.contains(&name)
+        || weights(name)
+        || name.strip_suffix(".index.json").is_some_and(weights)
+        || name.ends_with(".tiktoken")
+        || name.ends_with(".py")
+}
+
+/// The files of a model folder its user cannot read, or links to nothing: a problem when the
+/// engine reads them ([`engine_reads`]), a note otherwise; one finding for each kind.
+fn unreadable_files(who: &Who, dir: &Path, what: &str) -> Vec<Found> {
+    let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
+    let mut files: Vec<(String, std::io::Result<Metadata>, bool)> = entries
+        .flatten()
+        .map(|e| {
+            let link = e.file_type().is_ok_and(|t| t.is_symlink());
+            (e.file_name().to_string_lossy().into_owned(), std::fs::metadata(e.path()), link)
+        })
+        .collect();
+    files.sort_by(|a, b| a.0.cmp(&b.0));
+    // The engine chooses its weights by name, links to nothing included.
+    let safetensors = files.iter().any(|(n, _, _)| n.ends_with(".safetensors"));
+    let d = dir.display();
+    let mut out = Vec::new();
+    for read in [true, false] {
+        let ours = || files.iter().filter(|(n, _, _)| engine_reads(n, safetensors) == read);
+        let unreadable: Vec<(&String, &Metadata)> = ours()
+            .filter_map(|(n, m, _)| {
+                m.as_ref().ok().filter(|m| m.is_file() && !allowed(who, m, Want::Read)).map(|m| (n, m))
+            })
+            .collect();
+        let dangling: Vec<&String> = ours().filter(|(_, m, link)| *link && m.is_err()).map(|(n, _, _)| n).collect();
+        let more = |n: usize| if n == 1 { String::new() } else { format!(" and {} more", n - 1) };
+        let (them, it) =
+            if read { ("", "") } else { ("; the engine does not read them", "; the engine does not read it") };
+        if let Some((name, m)) = unreadable.first() {
+            let message = format!(
+                "{who} cannot read {name}{} in {what} {d} ({}){}",
+                more(unreadable.len()),
+                mode_owner(m),
+                if unreadable.len() == 1 { it } else { them }
+            );
+            out.push(match denied(&dir.join(name), message) {
+                Found::Problem(m) if !read => Found::Note(m),
+                f => f,
+            });
+        }
+        if let Some(name) = dangling.first() {
+            let (n, one) = (dangling.len(), dangling.len() == 1);
+            let (is, tail) = if one { ("is a symbolic link", it) } else { ("are symbolic links", them) };
+            let message = format!("{name}{} in {what} {d} {is} to nothing{tail}", more(n));
+            out.push(if read { Found::Problem(message) } else { Found::Note(message) });
         }
     }
-    bad.sort_by(|a, b| a.0.cmp(&b.0));
-    let (first, meta) = bad.first()?;
-    let name = first.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let more = match bad.len() {
-        1 => String::new(),
-        n => format!(" and {} more", n - 1),
-    };
-    let d = dir.display();
-    Some(match meta {
-        Some(m) => denied(first, format!("{who} cannot read {name}{more} in {what} {d} ({})", mode_owner(m))),
-        None => Found::Problem(format!("{name}{more} in {what} {d} is a symbolic link to nothing")),
-    })
+    out
 }
 
 /// How the first bytes of a file that should be GGUF look.
@@ -1700,6 +1765,52 @@ mod tests {
     }
 
     #[test]
+    fn an_engine_reads_a_model_folder_s_config_weights_and_tokenizer_only() {
+        for name in [
+            "config.json",
+            "generation_config.json",
+            "model.safetensors",
+            "model-00001-of-00004.safetensors",
+            "model.safetensors.index.json",
+            "tokenizer.json",
+            "tokenizer_config.json",
+            "tokenizer.model",
+            "special_tokens_map.json",
+            "vocab.txt",
+            "merges.txt",
+            "qwen.tiktoken",
+            "chat_template.jinja",
+            "preprocessor_config.json",
+            "modeling_custom.py",
+        ] {
+            assert!(engine_reads(name, true), "{name}");
+        }
+        for name in [
+            "README.md",
+            "LICENSE",
+            ".gitattributes",
+            "trainer_state.json",
+            "figure.png",
+            "pytorch_model.bin",
+            "consolidated.pth",
+            "m.gguf",
+        ] {
+            assert!(!engine_reads(name, true), "{name}, with safetensors there");
+        }
+        // Without safetensors, PyTorch's weights, but not training state.
+        for (name, read) in [
+            ("pytorch_model-00001-of-00002.bin", true),
+            ("pytorch_model.bin.index.json", true),
+            ("consolidated.pth", true),
+            ("training_args.bin", false),
+            ("optimizer.pt", false),
+            ("model.safetensors.index.json", false),
+        ] {
+            assert_eq!(engine_reads(name, false), read, "{name}, without safetensors");
+        }
+    }
+
+    #[test]
     fn a_shebang_is_read_as_the_kernel_reads_it() {
         let i = |v: &str| Shebang::Interpreter(v.as_bytes().to_vec());
         let long = |tail: &str| format!("#!/bin/sh{tail}");
@@ -2074,6 +2185,41 @@ mod look_tests {
         assert_eq!(
             look(Model, "bare", FolderOrGguf, &here),
             [problem(format!("the model {bare} has no config.json: not a Hugging Face model folder"))]
+        );
+    }
+
+    #[test]
+    fn files_the_engine_never_reads_do_not_refuse_a_model() {
+        let d = open_dir();
+        let p = |n: &str| d.path().join(n);
+        let m = mkdir(&p("m"), 0o755);
+        write(&p("m/config.json"), b"{}", 0o644);
+        write(&p("m/model.safetensors"), b"x", 0o644);
+        write(&p("m/tokenizer.json"), b"{}", 0o644);
+        // Root's own README and training leftovers, a link to nothing among the notes.
+        write(&p("m/README.md"), b"x", 0o600);
+        write(&p("m/training_args.bin"), b"x", 0o600);
+        std::os::unix::fs::symlink("../gone", p("m/notes.txt")).unwrap();
+        let look = |as_: &RunAs| look_model(ModelRole::Model, &m, ModelForm::FolderOrGguf, &Cwd::Path(s("/")), as_);
+        let got = look(&nobody());
+        assert!(!got.iter().any(|f| matches!(f, Found::Problem(_))), "{got:?}");
+        assert!(
+            matches!(&got[..], [Found::Note(a), Found::Note(b)]
+                if a.starts_with(&format!("user nobody cannot read README.md and 1 more in the model {m} (mode 0600, owner "))
+                    && a.ends_with("; the engine does not read them")
+                    && *b == format!("notes.txt in the model {m} is a symbolic link to nothing; the engine does not read it")),
+            "{got:?}"
+        );
+        // What the engine does read still refuses it.
+        write(&p("m/tokenizer.json"), b"{}", 0o600);
+        std::os::unix::fs::symlink("../gone", p("m/model-00002.safetensors")).unwrap();
+        let got = look(&nobody());
+        let problems: Vec<&Found> = got.iter().filter(|f| matches!(f, Found::Problem(_))).collect();
+        assert!(
+            matches!(&problems[..], [Found::Problem(a), Found::Problem(b)]
+                if a.starts_with(&format!("user nobody cannot read tokenizer.json in the model {m} (mode 0600, owner "))
+                    && *b == format!("model-00002.safetensors in the model {m} is a symbolic link to nothing")),
+            "{got:?}"
         );
     }
 

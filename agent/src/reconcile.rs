@@ -612,7 +612,11 @@ async fn preflight_refusal<H: Host>(
         return None;
     }
     let unit = &d.spec.unit;
-    let o = ctx.host.preflight(&d.spec, &d.unit.text, &props.control_group).await;
+    // The unit's drop-ins apply to the new unit too, but those the apply removes.
+    let removed =
+        if plan.steps.contains(&Step::RemoveDropIns) { own_drop_ins(&ctx.host, props, unit) } else { Vec::new() };
+    let drop_ins: Vec<String> = props.drop_in_paths.iter().filter(|p| !removed.contains(p)).cloned().collect();
+    let o = ctx.host.preflight(&d.spec, &d.unit.text, &drop_ins, &props.control_group).await;
     for n in &o.notes {
         (ctx.events)(unit, &Event::Progress(format!("pre-flight: {}", n.message)));
     }

@@ -918,7 +918,13 @@ impl Host for FakeHost {
         Vec::new()
     }
 
-    async fn preflight(&self, _spec: &Spec, unit_text: &str, _cgroup: &str) -> crate::preflight::Outcome {
+    async fn preflight(
+        &self,
+        _spec: &Spec,
+        unit_text: &str,
+        _drop_ins: &[String],
+        _cgroup: &str,
+    ) -> crate::preflight::Outcome {
         let argv = specd_spec::exec_start(unit_text).unwrap_or_default();
         let problems = self.w().preflight.iter().filter(|(a, _)| *a == argv).map(|(_, p)| p.clone()).collect();
         crate::preflight::Outcome { problems, notes: Vec::new() }

@@ -116,6 +116,10 @@ struct World {
     die_under_load: Vec<Vec<String>>,
     /// How long the journal takes to answer a look at a unit's instances (the metrics').
     journal_lag: Duration,
+    /// How long a pre-flight takes (`systemd-analyze verify` on a busy host).
+    preflight_lag: Duration,
+    /// Until then, the serving instance has a request in flight.
+    busy_until: Option<Instant>,
 }
 
 /// What the fault plan says about this call.
@@ -261,6 +265,16 @@ impl FakeHost {
     /// The journal takes `lag` to answer a look at a unit's instances (a busy journald).
     pub fn journal_lag(&self, lag: Duration) {
         self.w().journal_lag = lag;
+    }
+
+    /// A pre-flight takes `lag`.
+    pub fn preflight_lag(&self, lag: Duration) {
+        self.w().preflight_lag = lag;
+    }
+
+    /// The serving instance has a request in flight for `d` from now.
+    pub fn busy_for(&self, d: Duration) {
+        self.w().busy_until = Some(Instant::now() + d);
     }
 
     /// A process outside the unit (a sweep's), alive until [`FakeHost::end_holder`].
@@ -838,7 +852,8 @@ impl Host for FakeHost {
 
     async fn running_requests(&self, base_url: &str, _engine: Engine) -> Option<u64> {
         self.call("running_requests", HTTP, |_| ()).await.map_or(Some(()), |_| None)?;
-        self.ready_server(base_url).map(|_| 0)
+        let busy = self.w().busy_until.is_some_and(|t| Instant::now() < t);
+        self.ready_server(base_url).map(|_| u64::from(busy))
     }
 
     async fn speculation(&self, base_url: &str, _spec: &Spec) -> Result<Speculation, String> {
@@ -925,6 +940,8 @@ impl Host for FakeHost {
         _drop_ins: &[String],
         _cgroup: &str,
     ) -> crate::preflight::Outcome {
+        let lag = self.w().preflight_lag;
+        tokio::time::sleep(lag).await;
         let argv = specd_spec::exec_start(unit_text).unwrap_or_default();
         let problems = self.w().preflight.iter().filter(|(a, _)| *a == argv).map(|(_, p)| p.clone()).collect();
         crate::preflight::Outcome { problems, notes: Vec::new() }

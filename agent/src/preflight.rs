@@ -10,7 +10,12 @@
 //! in `CUDA_VISIBLE_DEVICES`, and the unit as `systemd-analyze verify` reads it.
 //!
 //! Two parts: [`checks`] decides what to look at, from the resolved spec and the rendered unit
-//! text (the unit text for what systemd sees); it is pure. [`run`] looks, on this machine.
+//! text with its drop-ins (what systemd sees); it is pure. [`run`] looks, on this machine.
+//!
+//! A file is judged as the unit will see it: in the host's view (PID 1's mount namespace, which
+//! specd's own sandbox may not share: [`sight`]), through the unit's own sandbox for what its
+//! server opens (the program, the working directory, the model), not for what systemd reads
+//! before it sets the sandbox up (environment files, credentials).
 //!
 //! A problem is a fact about this host that makes the start fail; anything specd cannot be sure
 //! of (a Hugging Face repo id, a GPU UUID, a file with an ACL, a socket whose process it cannot

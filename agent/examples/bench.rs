@@ -8,7 +8,8 @@
 //!    one unit and for 16 units changed at once (16 of each in parallel);
 //! 3. readiness lag: from the server turning ready to specd's readiness policy noticing;
 //! 4. the agent: local commit → reconcile start latency (from `git commit` returning to the
-//!    reconcile's first state write, seen by inotify), idle RSS and CPU with 4 units;
+//!    reconcile's first state write, seen by inotify), and → the stop (the state's phase past the
+//!    drain, which the pre-flight's look runs alongside), idle RSS and CPU with 4 units;
 //! 5. fan-out: the agent deploys one commit changing 16 units, and one changing a single unit;
 //! 6. fleet: one revision rolled through 20 simulated hosts in 3 waves with short bakes, by the
 //!    promoter's own decision and real commits of the promotion record, each host reading the
@@ -322,7 +323,14 @@ fn agent(commits: usize, idle_secs: u64) -> anyhow::Result<()> {
                 .is_ok_and(|t| t.contains("\"outcome\": \"applied\"") && t.contains("\"in_progress\": null"))
         })
     })?;
-    let mut lat = Vec::new();
+    let (mut lat, mut to_stop) = (Vec::new(), Vec::new());
+    // The apply's phase in the state file: past the drain once the stop is under way.
+    let stopping = |t: &str| {
+        serde_json::from_str::<serde_json::Value>(t)
+            .ok()
+            .and_then(|v| v["in_progress"]["phase"].as_str().map(|p| !matches!(p, "starting" | "Drain")))
+            .unwrap_or(false)
+    };
     for c in 0..commits {
         let steps = 4 + (c as u32 % 5);
         a.write(0, steps)?;
@@ -346,13 +354,23 @@ fn agent(commits: usize, idle_secs: u64) -> anyhow::Result<()> {
             anyhow::ensure!(t.elapsed() < Duration::from_secs(30), "the reconcile did not start within 30 s");
         };
         lat.push((started.saturating_sub(committed)).as_secs_f64() * 1000.0);
+        while !std::fs::read_to_string(state(0)).is_ok_and(|t| stopping(&t)) {
+            events_within(&mut watch, &mut buf, Duration::from_secs(30))?.for_each(drop);
+            anyhow::ensure!(t.elapsed() < Duration::from_secs(30), "the stop did not begin within 30 s");
+        }
+        to_stop.push((t.elapsed().saturating_sub(committed)).as_secs_f64() * 1000.0);
         wait_until("the reconcile to end", Duration::from_secs(60), || {
             std::fs::read_to_string(state(0)).is_ok_and(|t| t.contains("\"in_progress\": null"))
         })?;
     }
-    println!("\n## agent: local commit → reconcile start ({commits} commits)\n");
-    println!("| p50 ms | p95 ms |\n|---|---|");
-    println!("| {:.1} | {:.1} |", pct(&mut lat, 0.5), pct(&mut lat, 0.95));
+    println!("\n## agent: local commit → reconcile start, and → the stop ({commits} commits)\n");
+    println!("| from the commit to | p50 ms | p95 ms |\n|---|---|---|");
+    println!("| the reconcile's first state write | {:.1} | {:.1} |", pct(&mut lat, 0.5), pct(&mut lat, 0.95));
+    println!(
+        "| the stop (drain and pre-flight done) | {:.1} | {:.1} |",
+        pct(&mut to_stop, 0.5),
+        pct(&mut to_stop, 0.95)
+    );
     let pid = b.prop("specd-agent.service", "MainPID")?;
     let read = || -> anyhow::Result<(u64, u64)> {
         let stat = b.read_to_string(&format!("/proc/{pid}/stat"))?;

@@ -279,6 +279,13 @@ pub fn refused(st: &UnitState, verdict: String) -> Conclusion {
     }
 }
 
+/// A plan refused by the pre-flight that ran alongside the drain, after the apply's record was
+/// written (`verdict`): as [`refused`], and that record goes (nothing was stopped or changed).
+pub fn refused_at_the_drain(st: &UnitState, verdict: String) -> Conclusion {
+    let c = refused(st, verdict);
+    Conclusion { change: Change { finished: true, ..c.change.clone() }, ..c }
+}
+
 /// Nothing to do on the host: what the unit is (in sync, drifted and only reported,
 /// progressing), what is recorded, and when to look again.
 pub fn settled(st: &UnitState, plan: &Plan, s: &Subject, o: &Observed) -> Conclusion {

@@ -575,6 +575,45 @@ async fn a_unit_that_cannot_start_here_is_refused_before_the_serving_one_is_stop
     assert!(dry.refused && dry.outcome.is_none(), "{}", dry.verdict);
 }
 
+/// The pre-flight looks while the drain waits for the requests in flight (the drain stops
+/// nothing), and the stop waits for both: under a steady load, where the drain runs out its
+/// budget (`drain_timeout_sec: 5`), the apply is not delayed by the look as well. A refusal found
+/// meanwhile ends the drain, and nothing is stopped.
+#[tokio::test(start_paused = true)]
+async fn the_pre_flight_looks_while_the_drain_waits_and_the_stop_waits_for_both() {
+    let (old, new) = (desired(5), desired(10));
+    let w = serving(&old, &new, false).await;
+    let (look, drain) = (std::time::Duration::from_secs(3), std::time::Duration::from_secs(5));
+    w.host.preflight_lag(look);
+    w.host.busy_for(std::time::Duration::from_secs(60));
+    let t0 = tokio::time::Instant::now();
+    let r = w.reconcile(&new).await.unwrap().unwrap();
+    let took = t0.elapsed();
+    assert_eq!(r.outcome, Some(Outcome::Applied), "{}", r.verdict);
+    assert!(
+        took >= drain && took < drain + look,
+        "the apply took {took:?}: the look and the drain, one after the other\n{}",
+        w.said()
+    );
+    // Refused meanwhile: the drain ends, nothing is stopped, the apply's record goes.
+    w.host.lacks(
+        &old.spec,
+        crate::preflight::Problem {
+            check: crate::preflight::CheckKind::Model,
+            message: "the model /models/qwen does not exist".into(),
+        },
+    );
+    w.host.busy_for(std::time::Duration::from_secs(60));
+    let before = w.host.stops_and_starts();
+    let t0 = tokio::time::Instant::now();
+    let r = w.reconcile(&old).await.unwrap().unwrap();
+    assert_eq!(r.outcome, Some(Outcome::Refused), "{}", r.verdict);
+    assert_eq!(t0.elapsed(), look, "the refusal waited for the drain");
+    assert_eq!(w.host.stops_and_starts(), before);
+    assert_eq!(w.host.serving().as_ref(), Some(&new.spec.argv));
+    assert!(w.store().peek(UNIT).unwrap().in_progress.is_none());
+}
+
 /// With nothing serving, there is nothing to protect: the start is tried, and its failure is
 /// rolled back and told as any other.
 #[tokio::test(start_paused = true)]

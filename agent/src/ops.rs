@@ -308,10 +308,12 @@ pub async fn preflight(paths: &[PathBuf], host: Option<String>) -> Result<u8> {
             continue;
         }
         let Ok(d) = desired(f, host.clone())? else { continue };
-        // The unit's own running instance may hold its port.
-        let cgroup = systemd.show(&d.spec.unit).await.map(|p| p.control_group).unwrap_or_default();
-        let checks = crate::preflight::checks(&d.spec, &d.unit.text);
-        let o = crate::preflight::run(&checks, &cgroup).await;
+        // The unit's own running instance may hold its port. Its drop-ins apply to the new unit
+        // too, but its own (`<unit>.d/`), which an apply removes.
+        let props = systemd.show(&d.spec.unit).await.unwrap_or_default();
+        let own = format!("/{}.d/", d.spec.unit);
+        let drop_ins: Vec<String> = props.drop_in_paths.into_iter().filter(|p| !p.contains(&own)).collect();
+        let (checks, o) = crate::preflight::on_this_host(&d.spec, &d.unit.text, &drop_ins, &props.control_group).await;
         for n in &o.notes {
             println!("{}: note: {}", f.display(), n.message);
         }

@@ -10,7 +10,12 @@
 //! in `CUDA_VISIBLE_DEVICES`, and the unit as `systemd-analyze verify` reads it.
 //!
 //! Two parts: [`checks`] decides what to look at, from the resolved spec and the rendered unit
-//! text (the unit text for what systemd sees); it is pure. [`run`] looks, on this machine.
+//! text with its drop-ins (what systemd sees); it is pure. [`run`] looks, on this machine.
+//!
+//! A file is judged as the unit will see it: in the host's view (PID 1's mount namespace, which
+//! specd's own sandbox may not share: [`sight`]), through the unit's own sandbox for what its
+//! server opens (the program, the working directory, the model), not for what systemd reads
+//! before it sets the sandbox up (environment files, credentials).
 //!
 //! A problem is a fact about this host that makes the start fail; anything specd cannot be sure
 //! of (a Hugging Face repo id, a GPU UUID, a file with an ACL, a socket whose process it cannot
@@ -29,6 +34,9 @@ use std::time::Duration;
 use nix::unistd::{Gid, Group, Uid, User};
 use serde::{Deserialize, Serialize};
 use specd_spec::{Engine, Spec};
+
+mod sight;
+use sight::Sight;
 
 /// What a check is about: the label of a problem in state, status, metrics and notices.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -104,17 +112,31 @@ pub fn summary(problems: &[Problem]) -> String {
 #[serde(tag = "check", rename_all = "snake_case")]
 pub enum Check {
     /// `ExecStart=`'s program exists, is a regular file, and the process's user may execute it
-    /// (a script: read it, and its interpreter exists).
-    Program { program: Program, runs_as: RunAs },
+    /// (a script: read it, and its interpreter exists), where the unit's sandbox lets its server
+    /// see it.
+    Program {
+        program: Program,
+        runs_as: RunAs,
+        #[serde(default, skip_serializing_if = "Sandbox::is_empty")]
+        sandbox: Sandbox,
+    },
     /// A model or draft model the engine loads from the disk: there, of the engine's form, and
     /// readable by the process's user. A relative value is looked for in the working directory,
     /// as the engine does; one that is not there and reads as a Hugging Face repo id is a note.
-    Model { role: ModelRole, value: String, form: ModelForm, cwd: Cwd, runs_as: RunAs },
-    /// An `EnvironmentFile=`: systemd (root) reads it before the start; a missing one fails the
-    /// start unless it is optional (a leading `-`).
+    Model {
+        role: ModelRole,
+        value: String,
+        form: ModelForm,
+        cwd: Cwd,
+        runs_as: RunAs,
+        #[serde(default, skip_serializing_if = "Sandbox::is_empty")]
+        sandbox: Sandbox,
+    },
+    /// An `EnvironmentFile=`: systemd (root) reads it before the start, outside the unit's
+    /// sandbox; a missing one fails the start unless it is optional (a leading `-`).
     EnvironmentFile { path: String, optional: bool },
     /// `LoadCredential=ID:PATH`: systemd (root) reads PATH (a file, a directory of files, or a
-    /// socket) at the start; a missing one fails the start.
+    /// socket) at the start, outside the unit's sandbox; a missing one fails the start.
     Credential { id: String, path: String },
     /// `User=` exists (by name, or a numeric id that has an entry): systemd fails the start
     /// otherwise.
@@ -123,7 +145,13 @@ pub enum Check {
     Group { name: String },
     /// `WorkingDirectory=` exists and the process's user may enter it; a leading `-` makes
     /// a failure to enter it harmless.
-    WorkingDirectory { dir: Cwd, optional: bool, runs_as: RunAs },
+    WorkingDirectory {
+        dir: Cwd,
+        optional: bool,
+        runs_as: RunAs,
+        #[serde(default, skip_serializing_if = "Sandbox::is_empty")]
+        sandbox: Sandbox,
+    },
     /// Nothing outside the unit listens on the server's port (the unit's own instance does not
     /// count: it is stopped before the start).
     Port { unit: String, host: String, port: u16 },
@@ -176,6 +204,35 @@ pub enum RunAs {
     },
     /// `DynamicUser=yes`: an id allocated at the start, which owns nothing on the disk.
     Dynamic,
+}
+
+/// What the unit's own sandbox does to the file system its server sees (the `[Service]` settings
+/// of the unit and its drop-ins): the program, the working directory and the model are looked
+/// at as the server would find them. systemd itself reads environment files and credentials
+/// before it sets the sandbox up: those are not in it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Sandbox {
+    /// Directories the server finds empty or cannot enter (`PrivateTmp=`, `ProtectHome=`,
+    /// `InaccessiblePaths=`, `TemporaryFileSystem=`; `DynamicUser=` implies `PrivateTmp=`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hidden: Vec<Shadow>,
+    /// Directories where the server finds other files than the host's there (a bind mount's
+    /// destination; all of them under `RootDirectory=` or `RootImage=`): not checked.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub elsewhere: Vec<Shadow>,
+}
+
+/// A directory the sandbox changes, and the setting that does it (with the drop-in it is in).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Shadow {
+    pub dir: String,
+    pub setting: String,
+}
+
+impl Sandbox {
+    pub fn is_empty(&self) -> bool {
+        self.hidden.is_empty() && self.elsewhere.is_empty()
+    }
 }
 
 /// A working directory as `WorkingDirectory=` gives it.
@@ -241,10 +298,14 @@ const LOOK_WITHIN: Duration = Duration::from_secs(30);
 // The pure part: what to check.
 
 /// What to check on the host before stopping anything for `spec`, whose rendered unit is
-/// `unit_text`. Paths, users and the environment are read from the unit text (what systemd
-/// sees), the model, draft model and port from the spec (what the engine's flags say).
-pub fn checks(spec: &Spec, unit_text: &str) -> Vec<Check> {
-    let svc = ServiceSection::read(unit_text);
+/// `unit_text`, with the drop-ins that will apply to it (`drop_ins`: path and text, in systemd's
+/// order). Paths, users, the environment and the sandbox are read from the unit text and the
+/// drop-ins (what systemd sees), the model, draft model and port from the spec (what the
+/// engine's flags say).
+pub fn checks(spec: &Spec, unit_text: &str, drop_ins: &[(String, String)]) -> Vec<Check> {
+    let mut files = vec![("", unit_text)];
+    files.extend(drop_ins.iter().map(|(p, t)| (p.as_str(), t.as_str())));
+    let svc = ServiceSection::read_all(&files);
     let mut out = Vec::new();
     let mut value = |kind: CheckKind, key: &str, raw: &str| match unspecify(raw) {
         Ok(v) => Some(v),
@@ -265,9 +326,15 @@ pub fn checks(spec: &Spec, unit_text: &str) -> Vec<Check> {
         out.extend(group.iter().map(|g| Check::Group { name: g.clone() }));
     }
     let runs_as = svc.runs_as(user, group);
-    let argv = specd_spec::exec_start(unit_text).unwrap_or_else(|| spec.argv.clone());
+    let sandbox = svc.sandbox();
+    let texts: Vec<&str> = files.iter().map(|f| f.1).collect();
+    let argv = specd_spec::exec_start_value(&texts)
+        .as_deref()
+        .and_then(specd_spec::parse_command_line)
+        .unwrap_or_else(|| spec.argv.clone());
     if let Some(p) = argv.first() {
-        out.push(Check::Program { program: program(p, &svc.exec_search_path), runs_as: runs_as.clone() });
+        let program = program(p, &svc.exec_search_path);
+        out.push(Check::Program { program, runs_as: runs_as.clone(), sandbox: sandbox.clone() });
     }
     let (cwd, optional) = match wd.as_deref().map(|w| w.strip_prefix('-').map_or((w, false), |w| (w, true))) {
         Some(("~", optional)) => (Cwd::Home, Some(optional)),
@@ -275,7 +342,8 @@ pub fn checks(spec: &Spec, unit_text: &str) -> Vec<Check> {
         None => (Cwd::Path("/".to_string()), None),
     };
     if let Some(optional) = optional {
-        out.push(Check::WorkingDirectory { dir: cwd.clone(), optional, runs_as: runs_as.clone() });
+        let (dir, runs_as, sandbox) = (cwd.clone(), runs_as.clone(), sandbox.clone());
+        out.push(Check::WorkingDirectory { dir, optional, runs_as, sandbox });
     }
     let form = model_form(spec.engine);
     let model = |role, value: &str| Check::Model {
@@ -284,6 +352,7 @@ pub fn checks(spec: &Spec, unit_text: &str) -> Vec<Check> {
         form,
         cwd: cwd.clone(),
         runs_as: runs_as.clone(),
+        sandbox: sandbox.clone(),
     };
     out.push(model(ModelRole::Model, &spec.model));
     if let Some(d) = spec.speculative.as_ref().and_then(|s| s.draft_model.as_deref()) {
@@ -313,30 +382,112 @@ struct ServiceSection {
     environment_files: Vec<String>,
     credentials: Vec<String>,
     exec_search_path: Vec<String>,
+    /// The settings that change what the server sees of the file system, each as `Key=value`
+    /// with the drop-in it is in: the last `PrivateTmp=` and `ProtectHome=` that hide a
+    /// directory, the last `DynamicUser=`, the lists' words, the root.
+    private_tmp: Option<String>,
+    protect_home: Option<String>,
+    dynamic_user_at: String,
+    inaccessible: Vec<(String, String)>,
+    temporary: Vec<(String, String)>,
+    binds: Vec<(String, String)>,
+    root: Option<String>,
+}
+
+/// systemd's booleans (`parse_boolean`): what reads as yes.
+fn yes(v: &str) -> bool {
+    matches!(v, "1" | "yes" | "y" | "true" | "t" | "on")
 }
 
 impl ServiceSection {
+    #[cfg(test)]
     fn read(text: &str) -> ServiceSection {
+        ServiceSection::read_all(&[("", text)])
+    }
+
+    /// The `[Service]` section of a unit file and its drop-ins (`(path, text)`, the unit's own
+    /// text first with an empty path), read in order as systemd reads them.
+    fn read_all(files: &[(&str, &str)]) -> ServiceSection {
         let mut s = ServiceSection::default();
         let list = |l: &mut Vec<String>, v: &str| if v.is_empty() { l.clear() } else { l.push(v.to_string()) };
         let one = |v: &str| (!v.is_empty()).then(|| v.to_string());
-        for (k, v) in specd_spec::service_assignments(text) {
-            match k.as_str() {
-                "ExecStart" => s.exec_start = one(&v),
-                "User" => s.user = one(&v),
-                "Group" => s.group = one(&v),
-                "DynamicUser" => s.dynamic_user = matches!(v.as_str(), "1" | "yes" | "y" | "true" | "t" | "on"),
-                "WorkingDirectory" => s.working_directory = one(&v),
-                "Environment" => list(&mut s.environment, &v),
-                "EnvironmentFile" => list(&mut s.environment_files, &v),
-                "LoadCredential" => list(&mut s.credentials, &v),
-                // systemd.exec(5): several assignments append, an empty one resets.
-                "ExecSearchPath" if v.is_empty() => s.exec_search_path.clear(),
-                "ExecSearchPath" => s.exec_search_path.extend(v.split(':').map(str::to_string)),
-                _ => {}
+        for (at, text) in files {
+            for (k, v) in specd_spec::service_assignments(text) {
+                let setting = match *at {
+                    "" => format!("{k}={v}"),
+                    at => format!("{k}={v} (in {at})"),
+                };
+                match k.as_str() {
+                    "ExecStart" => s.exec_start = one(&v),
+                    "User" => s.user = one(&v),
+                    "Group" => s.group = one(&v),
+                    "DynamicUser" => (s.dynamic_user, s.dynamic_user_at) = (yes(&v), setting),
+                    "WorkingDirectory" => s.working_directory = one(&v),
+                    "Environment" => list(&mut s.environment, &v),
+                    "EnvironmentFile" => list(&mut s.environment_files, &v),
+                    "LoadCredential" => list(&mut s.credentials, &v),
+                    // systemd.exec(5): several assignments append, an empty one resets.
+                    "ExecSearchPath" if v.is_empty() => s.exec_search_path.clear(),
+                    "ExecSearchPath" => s.exec_search_path.extend(v.split(':').map(str::to_string)),
+                    _ => s.read_sandbox(&k, &v, setting),
+                }
             }
         }
         s
+    }
+
+    /// One of the sandbox's settings (systemd.exec(5), "Sandboxing"): modes, the later winning;
+    /// lists, appending, an empty value resetting.
+    fn read_sandbox(&mut self, key: &str, v: &str, setting: String) {
+        let words = || v.split_whitespace().map(|w| (w.to_string(), setting.clone()));
+        match key {
+            // `disconnected` (systemd 256): a /tmp of its own too.
+            "PrivateTmp" => self.private_tmp = (yes(v) || v == "disconnected").then_some(setting),
+            // `read-only` leaves the files there.
+            "ProtectHome" => self.protect_home = (yes(v) || v == "tmpfs").then_some(setting),
+            "InaccessiblePaths" if v.is_empty() => self.inaccessible.clear(),
+            "InaccessiblePaths" => self.inaccessible.extend(words()),
+            "TemporaryFileSystem" if v.is_empty() => self.temporary.clear(),
+            "TemporaryFileSystem" => self.temporary.extend(words()),
+            "BindPaths" | "BindReadOnlyPaths" if v.is_empty() => {
+                self.binds.retain(|(_, s)| !s.starts_with(&format!("{key}=")))
+            }
+            "BindPaths" | "BindReadOnlyPaths" => self.binds.extend(words()),
+            "RootDirectory" | "RootImage" => self.root = (!v.is_empty()).then_some(setting),
+            _ => {}
+        }
+    }
+
+    /// The sandbox as the server meets it.
+    fn sandbox(&self) -> Sandbox {
+        let shadow = |dir: &str, setting: &str| Shadow { dir: dir.to_string(), setting: setting.to_string() };
+        let implied = format!("{} (which implies PrivateTmp=yes)", self.dynamic_user_at);
+        let tmp = self.private_tmp.clone().or_else(|| self.dynamic_user.then_some(implied));
+        let mut hidden = Vec::new();
+        for (dirs, setting) in
+            [(&["/tmp", "/var/tmp"][..], tmp), (&["/home", "/root", "/run/user"], self.protect_home.clone())]
+        {
+            hidden.extend(setting.iter().flat_map(|s| dirs.iter().map(|d| shadow(d, s))));
+        }
+        // `-` (a missing path is no error) and `+` (under RootDirectory=) before a path, and a
+        // temporary file system's `:options` after it.
+        let path = |w: &str| unspecify(w.trim_start_matches(['-', '+']).split(':').next().unwrap_or_default()).ok();
+        for (w, setting) in self.inaccessible.iter().chain(&self.temporary) {
+            hidden.extend(path(w).filter(|p| p.starts_with('/')).map(|p| shadow(&p, setting)));
+        }
+        let mut elsewhere: Vec<Shadow> = self.root.iter().map(|setting| shadow("/", setting)).collect();
+        for (w, setting) in &self.binds {
+            // `[-]SOURCE[:DESTINATION[:OPTIONS]]`: the destination shows the source's files.
+            let mut f = w.trim_start_matches('-').splitn(3, ':');
+            let (source, dest) = (f.next().unwrap_or_default(), f.next());
+            match (unspecify(source), dest.map(unspecify).transpose()) {
+                (Ok(src), Ok(dst)) if dst.as_deref().is_none_or(|d| d == src) => {}
+                (Ok(src), Ok(dst)) => elsewhere.push(shadow(&dst.unwrap_or(src), setting)),
+                // A specifier: where it binds is not known.
+                _ => elsewhere.push(shadow("/", setting)),
+            }
+        }
+        Sandbox { hidden, elsewhere }
     }
 
     /// Who `ExecStart=`'s process is: `+` (full privileges) and `!` (no user or group change)
@@ -482,20 +633,43 @@ fn looks_like_repo_id(v: &str) -> bool {
 /// `ControlGroup`; empty when no instance runs): a process in it that holds the port is the
 /// instance about to be stopped, not a conflict.
 pub async fn run(checks: &[Check], own_cgroup: &str) -> Outcome {
-    run_on(checks, own_cgroup, &Machine::host()).await
+    run_on(checks, own_cgroup, &Machine::seeing(Sight::of_this_process())).await
 }
 
-/// Where the executor looks besides the checks' own paths and `/proc`: the device directory
-/// (NVIDIA's nodes), the `systemd-analyze` command and how long it may take.
+/// The whole pre-flight of `spec`'s unit on this host: the drop-ins that will apply to it read
+/// (`drop_ins`, paths as systemd lists them; one that cannot be read is left out), [`checks`]
+/// decided, [`run`] looked. The checks are returned with what they found.
+pub async fn on_this_host(
+    spec: &Spec,
+    unit_text: &str,
+    drop_ins: &[String],
+    own_cgroup: &str,
+) -> (Vec<Check>, Outcome) {
+    let sight = Sight::of_this_process();
+    let texts: Vec<(String, String)> = drop_ins
+        .iter()
+        .filter_map(|p| Some((p.clone(), std::fs::read_to_string(sight.real(Path::new(p)).ok()?).ok()?)))
+        .collect();
+    let checks = checks(spec, unit_text, &texts);
+    let outcome = run_on(&checks, own_cgroup, &Machine::seeing(sight)).await;
+    (checks, outcome)
+}
+
+/// Where the executor looks besides the checks' own paths and `/proc`: how it sees the host's
+/// files, the device directory (NVIDIA's nodes), the `systemd-analyze` command and how long it
+/// may take.
 struct Machine {
+    sight: Sight,
     dev: PathBuf,
     analyze: Vec<String>,
     verify_within: Duration,
 }
 
 impl Machine {
-    fn host() -> Machine {
+    /// This host, its files seen as `sight` says.
+    fn seeing(sight: Sight) -> Machine {
         Machine {
+            sight,
             dev: PathBuf::from("/dev"),
             analyze: vec!["systemd-analyze".to_string()],
             verify_within: VERIFY_WITHIN,
@@ -504,7 +678,7 @@ impl Machine {
 }
 
 /// What one look found, before it is labelled with its check's kind.
-#[derive(Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 enum Found {
     Problem(String),
     Note(String),
@@ -514,8 +688,8 @@ async fn run_on(checks: &[Check], own_cgroup: &str, m: &Machine) -> Outcome {
     // Files and /proc can block (a model on a stalled network mount): off the runtime's thread,
     // while systemd-analyze runs.
     let looks = {
-        let (checks, own, dev) = (checks.to_vec(), own_cgroup.to_string(), m.dev.clone());
-        tokio::task::spawn_blocking(move || checks.iter().map(|c| look(c, &own, &dev)).collect::<Vec<_>>())
+        let (checks, own, dev, s) = (checks.to_vec(), own_cgroup.to_string(), m.dev.clone(), m.sight.clone());
+        tokio::task::spawn_blocking(move || checks.iter().map(|c| look(&s, c, &own, &dev)).collect::<Vec<_>>())
     };
     let mut verified = Vec::new();
     for c in checks {
@@ -545,21 +719,64 @@ async fn run_on(checks: &[Check], own_cgroup: &str, m: &Machine) -> Outcome {
     out
 }
 
-/// One check, on the file system and `/proc` (blocking).
-fn look(c: &Check, own_cgroup: &str, dev: &Path) -> Vec<Found> {
+/// One check, on the file system (as `s` sees the host's) and `/proc` (blocking).
+fn look(s: &Sight, c: &Check, own_cgroup: &str, dev: &Path) -> Vec<Found> {
     match c {
-        Check::Program { program, runs_as } => look_program(program, runs_as),
-        Check::Model { role, value, form, cwd, runs_as } => look_model(*role, value, *form, cwd, runs_as),
-        Check::EnvironmentFile { path, optional } => look_environment_file(path, *optional),
-        Check::Credential { id, path } => look_credential(id, path),
+        Check::Program { program, runs_as, sandbox } => look_program(s, program, runs_as, sandbox),
+        Check::Model { role, value, form, cwd, runs_as, sandbox } => {
+            look_model(s, *role, value, *form, cwd, runs_as, sandbox)
+        }
+        Check::EnvironmentFile { path, optional } => look_environment_file(s, path, *optional),
+        Check::Credential { id, path } => look_credential(s, id, path),
         Check::User { name } => look_user(name),
         Check::Group { name } => look_group(name),
-        Check::WorkingDirectory { dir, optional, runs_as } => look_working_directory(dir, *optional, runs_as),
+        Check::WorkingDirectory { dir, optional, runs_as, sandbox } => {
+            look_working_directory(s, dir, *optional, runs_as, sandbox)
+        }
         Check::Port { unit, host, port } => look_port(unit, host, *port, own_cgroup),
         Check::Gpus { indices } => look_gpus(indices, dev),
         Check::UnitFile { .. } => Vec::new(),
         Check::NotChecked { why, .. } => vec![Found::Note(format!("not checked: {why}"))],
     }
+}
+
+/// Something wrong with `path`, as found: a problem, or a note where specd cannot see `path` as
+/// the host does (what it found is about its own view).
+fn problem(s: &Sight, path: &Path, message: String) -> Found {
+    match s.blind_at(path) {
+        Some(why) => Found::Note(format!("not checked from here: {why}; in specd's own view, {message}")),
+        None => Found::Problem(message),
+    }
+}
+
+/// Whether the unit's sandbox keeps its server from `path` as the host has it (as written, or
+/// where its links lead): a problem where it hides the directory, a note where it shows other
+/// files there. `said` names the path in the message.
+fn sandboxed(s: &Sight, sandbox: &Sandbox, said: &str, path: &Path) -> Option<Found> {
+    if sandbox.is_empty() {
+        return None;
+    }
+    let real = s.canonical(path).ok().filter(|r| r != path);
+    let paths: Vec<&Path> = std::iter::once(path).chain(real.as_deref()).collect();
+    fn at<'a>(paths: &[&'a Path], list: &'a [Shadow]) -> Option<(&'a Path, &'a Shadow)> {
+        paths.iter().find_map(|p| list.iter().find(|x| p.starts_with(&x.dir)).map(|x| (*p, x)))
+    }
+    let leads = |p: &Path| if p == path { String::new() } else { format!(" (it leads to {})", p.display()) };
+    if let Some((p, x)) = at(&paths, &sandbox.hidden) {
+        return Some(Found::Problem(format!(
+            "{said}{} is under {}, which the unit's {} hides from its server: the server would not find it there",
+            leads(p),
+            x.dir,
+            x.setting
+        )));
+    }
+    let (p, x) = at(&paths, &sandbox.elsewhere)?;
+    Some(Found::Note(format!(
+        "not checked: {said}{} is under {}, where the unit's {} shows its server other files than the host's",
+        leads(p),
+        x.dir,
+        x.setting
+    )))
 }
 
 // Who may do what.
@@ -658,18 +875,19 @@ fn allowed(who: &Who, meta: &Metadata, want: Want) -> bool {
 
 /// Whether `who` may reach `path` (enter each directory above it) and then `want` it; a refusal
 /// names the place and its mode and owner.
-fn access(who: &Who, path: &Path, want: Want, what: &str) -> Option<Found> {
-    for dir in ancestors(path) {
-        let Ok(meta) = std::fs::metadata(&dir) else { continue };
+fn access(s: &Sight, who: &Who, path: &Path, want: Want, what: &str) -> Option<Found> {
+    for dir in ancestors(s, path) {
+        let Ok(meta) = s.metadata(&dir) else { continue };
         if !allowed(who, &meta, Want::Enter) {
             let m = mode_owner(&meta);
             return Some(denied(
+                s,
                 &dir,
                 format!("{who} cannot enter {} ({m}), which holds {what} {}", dir.display(), path.display()),
             ));
         }
     }
-    let meta = std::fs::metadata(path).ok()?;
+    let meta = s.metadata(path).ok()?;
     if allowed(who, &meta, want) {
         return None;
     }
@@ -678,29 +896,30 @@ fn access(who: &Who, path: &Path, want: Want, what: &str) -> Option<Found> {
         Want::Execute => "execute",
         Want::Enter => "enter",
     };
-    Some(denied(path, format!("{who} cannot {verb} {what} {} ({})", path.display(), mode_owner(&meta))))
+    Some(denied(s, path, format!("{who} cannot {verb} {what} {} ({})", path.display(), mode_owner(&meta))))
 }
 
 /// A refusal by the mode bits is a problem, unless an ACL may grant what they do not: then the
 /// pre-flight cannot tell, and says so.
-fn denied(path: &Path, message: String) -> Found {
-    if has_acl(path) {
+fn denied(s: &Sight, path: &Path, message: String) -> Found {
+    if has_acl(s, path) {
         Found::Note(format!("not checked: {message}, but it has an ACL, which may allow it"))
     } else {
-        Found::Problem(message)
+        problem(s, path, message)
     }
 }
 
-fn has_acl(path: &Path) -> bool {
-    let Ok(p) = std::ffi::CString::new(path.as_os_str().as_bytes()) else { return false };
+fn has_acl(s: &Sight, path: &Path) -> bool {
+    let Ok(real) = s.real(path) else { return false };
+    let Ok(p) = std::ffi::CString::new(real.as_os_str().as_bytes()) else { return false };
     // SAFETY: two NUL-terminated strings; a null buffer of size 0 asks only for the value's size.
     unsafe { libc::getxattr(p.as_ptr(), c"system.posix_acl_access".as_ptr(), std::ptr::null_mut(), 0) >= 0 }
 }
 
 /// The directories a lookup of `path` passes through, outermost first: those above it as
 /// written, then those above where its links lead.
-fn ancestors(path: &Path) -> Vec<PathBuf> {
-    let real = std::fs::canonicalize(path).ok();
+fn ancestors(s: &Sight, path: &Path) -> Vec<PathBuf> {
+    let real = s.canonical(path).ok();
     let mut out: Vec<PathBuf> = Vec::new();
     for p in std::iter::once(path).chain(real.as_deref()) {
         let mut above: Vec<&Path> = p.ancestors().skip(1).filter(|a| !a.as_os_str().is_empty()).collect();
@@ -723,31 +942,31 @@ fn mode_owner(meta: &Metadata) -> String {
 
 /// Why `path` could not be looked at: absent (or a link to nothing) is a problem; anything else
 /// (specd itself not allowed to look) a note.
-fn missing(what: &str, path: &Path, e: &std::io::Error) -> Found {
+fn missing(s: &Sight, what: &str, path: &Path, e: &std::io::Error) -> Found {
     let p = path.display();
     match e.kind() {
-        ErrorKind::NotFound => match std::fs::read_link(path) {
+        ErrorKind::NotFound => match s.read_link(path) {
             Ok(to) => {
-                Found::Problem(format!("{what} {p} is a symbolic link to {}, which does not exist", to.display()))
+                problem(s, path, format!("{what} {p} is a symbolic link to {}, which does not exist", to.display()))
             }
-            Err(_) => Found::Problem(format!("{what} {p} does not exist")),
+            Err(_) => problem(s, path, format!("{what} {p} does not exist")),
         },
         ErrorKind::NotADirectory => {
-            Found::Problem(format!("{what} {p} does not exist: a part of its path is not a directory"))
+            problem(s, path, format!("{what} {p} does not exist: a part of its path is not a directory"))
         }
         _ => Found::Note(format!("not checked: {what} {p}: {e}")),
     }
 }
 
-fn first_bytes(path: &Path, n: usize) -> Vec<u8> {
+fn first_bytes(s: &Sight, path: &Path, n: usize) -> Vec<u8> {
     let mut buf = Vec::with_capacity(n);
-    let _ = std::fs::File::open(path).and_then(|f| f.take(n as u64).read_to_end(&mut buf));
+    let _ = s.real(path).and_then(std::fs::File::open).and_then(|f| f.take(n as u64).read_to_end(&mut buf));
     buf
 }
 
 // The looks, one per kind of check.
 
-fn look_program(program: &Program, runs_as: &RunAs) -> Vec<Found> {
+fn look_program(s: &Sight, program: &Program, runs_as: &RunAs, sandbox: &Sandbox) -> Vec<Found> {
     let path = match program {
         Program::Path(p) if !p.starts_with('/') => {
             return vec![Found::Problem(format!(
@@ -755,76 +974,204 @@ fn look_program(program: &Program, runs_as: &RunAs) -> Vec<Found> {
             ))];
         }
         Program::Path(p) => PathBuf::from(p),
-        Program::Search { name, dirs } => match search(name, dirs) {
+        Program::Search { name, dirs } => match search(s, name, dirs) {
             Some(p) => p,
             None => {
-                return vec![Found::Problem(format!(
-                    "the program {name} is not in systemd's search path ({}): give its absolute path",
-                    dirs.join(":")
-                ))];
+                let at = dirs.first().map(PathBuf::from).unwrap_or_default();
+                return vec![problem(
+                    s,
+                    &at,
+                    format!(
+                        "the program {name} is not in systemd's search path ({}): give its absolute path",
+                        dirs.join(":")
+                    ),
+                )];
             }
         },
     };
     let what = "the program";
     let p = path.display();
-    let meta = match std::fs::metadata(&path) {
+    if let Some(f) = sandboxed(s, sandbox, &format!("{what} {p}"), &path) {
+        return vec![f];
+    }
+    let meta = match s.metadata(&path) {
         Ok(m) => m,
-        Err(e) => return vec![missing(what, &path, &e)],
+        Err(e) => return vec![missing(s, what, &path, &e)],
     };
     if meta.is_dir() {
-        return vec![Found::Problem(format!("{what} {p} is a directory"))];
+        return vec![problem(s, &path, format!("{what} {p} is a directory"))];
     }
     if !meta.is_file() {
-        return vec![Found::Problem(format!("{what} {p} is not a regular file"))];
+        return vec![problem(s, &path, format!("{what} {p} is not a regular file"))];
     }
     // systemd itself (root) needs an execute bit to take it.
     if meta.mode() & 0o111 == 0 {
-        return vec![Found::Problem(format!("{what} {p} is not executable ({})", mode_owner(&meta)))];
+        return vec![problem(s, &path, format!("{what} {p} is not executable ({})", mode_owner(&meta)))];
     }
     let who = who(runs_as);
-    let mut out: Vec<Found> = who.iter().filter_map(|w| access(w, &path, Want::Execute, what)).collect();
-    out.extend(interpreter(&path, who.as_ref()));
-    out
+    if let Some(f) = who.as_ref().and_then(|w| access(s, w, &path, Want::Execute, what)) {
+        return vec![f];
+    }
+    interpreter(s, &path, who.as_ref(), sandbox)
 }
 
 /// The file systemd runs for a bare name: the first in `dirs` that is a regular file with an
 /// execute bit (systemd looks as root, before it becomes the unit's user).
-fn search(name: &str, dirs: &[String]) -> Option<PathBuf> {
+fn search(s: &Sight, name: &str, dirs: &[String]) -> Option<PathBuf> {
     dirs.iter()
         .map(|d| Path::new(d).join(name))
-        .find(|p| std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.mode() & 0o111 != 0))
+        .find(|p| s.metadata(p).is_ok_and(|m| m.is_file() && m.mode() & 0o111 != 0))
 }
 
-/// A script runs through its `#!` interpreter: that must exist and be executable, and the
-/// script readable, by the process's user. An entry point of a moved virtualenv (`vllm`) fails
-/// here with the engine's "No such file or directory" at its start.
-fn interpreter(script: &Path, who: Option<&Who>) -> Vec<Found> {
-    let head = first_bytes(script, 256);
-    let Some(line) = head.strip_prefix(b"#!") else { return Vec::new() };
-    let line = line.split(|b| *b == b'\n').next().unwrap_or_default();
-    let Some(interp) = String::from_utf8_lossy(line).split_whitespace().next().map(PathBuf::from) else {
-        return Vec::new();
-    };
-    let mut out: Vec<Found> = who.iter().filter_map(|w| access(w, script, Want::Read, "the script")).collect();
-    if !interp.is_absolute() {
-        return out;
+/// How many bytes of a file the kernel reads to tell its format (`BINPRM_BUF_SIZE`, Linux 5.1
+/// and later): a `#!` line must end within them.
+const SHEBANG_BYTES: usize = 256;
+
+/// How many interpreters the kernel follows (Linux fs/exec.c, `exec_binprm`: a program and five
+/// rewrites, `depth > 5` is ELOOP): the program and up to four scripts as interpreters; the
+/// fifth interpreter must be a binary.
+const INTERPRETERS: usize = 5;
+
+/// What the kernel makes of a file's first bytes (Linux fs/binfmt_script.c).
+#[derive(Debug, PartialEq)]
+enum Shebang {
+    /// No `#!`: another format (ELF), not checked further.
+    NotAScript,
+    /// `#!`, but no interpreter the kernel takes (ENOEXEC): why.
+    Unusable(&'static str),
+    /// The interpreter's path, byte for byte as the kernel opens it.
+    Interpreter(Vec<u8>),
+}
+
+/// The interpreter of a file that starts with `head`, read as the kernel reads it: the first
+/// line within the first [`SHEBANG_BYTES`] bytes; only spaces and tabs separate (a carriage
+/// return is part of the name); trailing spaces and tabs trimmed; the name ends at the first
+/// space, tab or NUL. A line longer than the buffer is taken only when the name ends within it.
+fn shebang(head: &[u8]) -> Shebang {
+    let mut buf = [0u8; SHEBANG_BYTES];
+    let n = head.len().min(SHEBANG_BYTES);
+    buf[..n].copy_from_slice(&head[..n]);
+    if !buf.starts_with(b"#!") {
+        return Shebang::NotAScript;
     }
-    let (s, i) = (script.display(), interp.display());
-    match std::fs::metadata(&interp) {
-        Err(e) if e.kind() == ErrorKind::NotFound => {
-            out.push(Found::Problem(format!("the program {s} is a script whose interpreter {i} does not exist")))
+    let blank = |c: u8| c == b' ' || c == b'\t';
+    let last = SHEBANG_BYTES - 1;
+    let mut end = match buf.iter().position(|&b| b == b'\n') {
+        Some(i) => i,
+        None => {
+            let Some(first) = (2..=last).find(|&i| !blank(buf[i])) else {
+                return Shebang::Unusable("its first line holds no interpreter");
+            };
+            if !(first..=last).any(|i| blank(buf[i]) || buf[i] == 0) {
+                return Shebang::Unusable(
+                    "its first line is longer than the kernel reads, which would cut the interpreter's name",
+                );
+            }
+            last
         }
-        Err(e) => out.push(Found::Note(format!("not checked: the interpreter {i} of {s}: {e}"))),
-        Ok(m) if !m.is_file() || m.mode() & 0o111 == 0 => out.push(Found::Problem(format!(
-            "the program {s} is a script whose interpreter {i} is not executable ({})",
-            mode_owner(&m)
-        ))),
-        Ok(_) => out.extend(who.and_then(|w| access(w, &interp, Want::Execute, "the interpreter"))),
+    };
+    while blank(buf[end - 1]) {
+        end -= 1;
+    }
+    let Some(name) = (2..end).find(|&i| !blank(buf[i])) else {
+        return Shebang::Unusable("its first line holds no interpreter");
+    };
+    let name_end = (name..end).find(|&i| blank(buf[i]) || buf[i] == 0).unwrap_or(end);
+    // A NUL first (a file of just `#!`): the kernel opens "" and fails.
+    if name_end == name {
+        return Shebang::Unusable("its first line holds no interpreter");
+    }
+    Shebang::Interpreter(buf[name..name_end].to_vec())
+}
+
+/// An interpreter's name for a message: as written when it is plain text, else quoted with its
+/// control characters escaped.
+fn interpreter_name(name: &[u8]) -> String {
+    let text = String::from_utf8_lossy(name);
+    if text.chars().any(|c| c.is_control() || c == char::REPLACEMENT_CHARACTER) {
+        format!("{text:?}")
+    } else {
+        text.into_owned()
+    }
+}
+
+/// A script runs through its `#!` interpreter, which may be a script too, as far as the kernel
+/// follows ([`INTERPRETERS`]): each must exist and be executable, and each script readable (its
+/// interpreter reads it), by the process's user. An entry point of a moved virtualenv (`vllm`)
+/// fails here with the engine's "No such file or directory" at its start; a script saved with
+/// Windows line endings with `203/EXEC`.
+fn interpreter(s: &Sight, program: &Path, who: Option<&Who>, sandbox: &Sandbox) -> Vec<Found> {
+    let mut out = Vec::new();
+    let mut said = format!("the program {}", program.display());
+    let mut file = program.to_path_buf();
+    for depth in 0..=INTERPRETERS {
+        let name = match shebang(&first_bytes(s, &file, SHEBANG_BYTES)) {
+            Shebang::NotAScript => break,
+            Shebang::Unusable(why) => {
+                out.push(problem(s, &file, format!("{said} cannot be run: it starts with #!, but {why}")));
+                break;
+            }
+            Shebang::Interpreter(name) => name,
+        };
+        if depth == INTERPRETERS {
+            let m = format!("{said} is a script too: the kernel follows at most {INTERPRETERS} interpreters (ELOOP)");
+            out.push(problem(s, &file, m));
+            break;
+        }
+        out.extend(who.and_then(|w| access(s, w, &file, Want::Read, "the script")));
+        let shown = interpreter_name(&name);
+        said = format!("{said} is a script whose interpreter {shown}");
+        let interp = PathBuf::from(std::ffi::OsStr::from_bytes(&name));
+        if !interp.is_absolute() {
+            out.push(Found::Note(format!(
+                "not checked: {said} is a relative path, which the kernel opens from the working directory"
+            )));
+            break;
+        }
+        if let Some(f) = sandboxed(s, sandbox, &said, &interp) {
+            out.push(f);
+            break;
+        }
+        let cr = if name.ends_with(b"\r") {
+            ": its first line ends in a carriage return (Windows line endings), which the kernel reads as part of the interpreter's name"
+        } else {
+            ""
+        };
+        match s.metadata(&interp) {
+            Err(e) if e.kind() == ErrorKind::NotFound => {
+                out.push(problem(s, &interp, format!("{said} does not exist{cr}")));
+                break;
+            }
+            Err(e) => {
+                out.push(Found::Note(format!("not checked: {said}: {e}")));
+                break;
+            }
+            Ok(m) if !m.is_file() || m.mode() & 0o111 == 0 => {
+                out.push(problem(s, &interp, format!("{said} is not executable ({})", mode_owner(&m))));
+                break;
+            }
+            Ok(_) => {
+                if let Some(f) = who.and_then(|w| access(s, w, &interp, Want::Execute, "the interpreter")) {
+                    out.push(f);
+                    break;
+                }
+            }
+        }
+        file = interp;
     }
     out
 }
 
-fn look_model(role: ModelRole, value: &str, form: ModelForm, cwd: &Cwd, runs_as: &RunAs) -> Vec<Found> {
+#[allow(clippy::too_many_arguments)]
+fn look_model(
+    s: &Sight,
+    role: ModelRole,
+    value: &str,
+    form: ModelForm,
+    cwd: &Cwd,
+    runs_as: &RunAs,
+    sandbox: &Sandbox,
+) -> Vec<Found> {
     let what = role.what();
     let relative = !value.starts_with('/');
     let path = if relative {
@@ -837,7 +1184,13 @@ fn look_model(role: ModelRole, value: &str, form: ModelForm, cwd: &Cwd, runs_as:
         PathBuf::from(value)
     };
     let p = path.display();
-    let meta = match std::fs::metadata(&path) {
+    let said = format!("{what} {p}");
+    // Where the sandbox shows the server other files, what the host has there does not count;
+    // a relative name the working directory does not have may be a repo id, looked at below.
+    if let Some(f) = sandboxed(s, sandbox, &said, &path).filter(|_| !relative) {
+        return vec![f];
+    }
+    let meta = match s.metadata(&path) {
         Ok(m) => m,
         Err(e) if relative && e.kind() == ErrorKind::NotFound => {
             return vec![if form == ModelForm::FolderOrGguf && looks_like_repo_id(value) {
@@ -846,67 +1199,147 @@ fn look_model(role: ModelRole, value: &str, form: ModelForm, cwd: &Cwd, runs_as:
                 ))
             } else {
                 let tilde = if value.starts_with('~') { "; systemd does not expand ~ in a command line" } else { "" };
-                Found::Problem(format!("{what} {value} does not exist (looked for at {p}{tilde})"))
+                problem(s, &path, format!("{what} {value} does not exist (looked for at {p}{tilde})"))
             }];
         }
-        Err(e) => return vec![missing(what, &path, &e)],
+        Err(e) => return vec![missing(s, what, &path, &e)],
     };
-    if meta.is_dir() {
-        if form == ModelForm::GgufFile {
-            return vec![Found::Problem(format!("{what} {p} is a directory: llama-server loads one GGUF file"))];
-        }
-        if !path.join("config.json").is_file() {
-            return vec![if path.join("params.json").is_file() {
-                Found::Note(format!("not checked: {what} {p} has no config.json but a params.json (Mistral's format)"))
-            } else {
-                Found::Problem(format!("{what} {p} has no config.json: not a Hugging Face model folder"))
-            }];
-        }
-    } else if meta.is_file() {
-        let magic = first_bytes(&path, 4);
-        if magic != b"GGUF" {
-            let nor = if form == ModelForm::FolderOrGguf { " nor a Hugging Face model folder" } else { "" };
-            return vec![Found::Problem(format!("{what} {p} is not a GGUF file{nor} ({})", starts_with(&magic)))];
-        }
-    } else {
-        return vec![Found::Problem(format!("{what} {p} is neither a file nor a folder"))];
+    if let Some(f) = sandboxed(s, sandbox, &said, &path).filter(|_| relative) {
+        return vec![f];
+    }
+    if let Some(f) = model_form_found(s, what, &path, &meta, form) {
+        return vec![f];
     }
     let Some(who) = who(runs_as) else { return Vec::new() };
     if !meta.is_dir() {
-        return access(&who, &path, Want::Read, what).into_iter().collect();
+        return access(s, &who, &path, Want::Read, what).into_iter().collect();
     }
     // A folder is listed (r) and entered (x), and its files read.
-    if let Some(f) = access(&who, &path, Want::Read, what) {
+    if let Some(f) = access(s, &who, &path, Want::Read, what) {
         return vec![f];
     }
     if !allowed(&who, &meta, Want::Enter) {
-        return vec![denied(&path, format!("{who} cannot enter {what} {p} ({})", mode_owner(&meta)))];
+        return vec![denied(s, &path, format!("{who} cannot enter {what} {p} ({})", mode_owner(&meta)))];
     }
-    unreadable_files(&who, &path, what).into_iter().collect()
+    unreadable_files(s, &who, &path, what)
 }
 
-/// The files of a model folder its user cannot read (or links to nothing), as one finding.
-fn unreadable_files(who: &Who, dir: &Path, what: &str) -> Option<Found> {
-    let mut bad: Vec<(PathBuf, Option<Metadata>)> = Vec::new();
-    for e in std::fs::read_dir(dir).ok()?.flatten() {
-        match std::fs::metadata(e.path()) {
-            Ok(m) if m.is_file() && !allowed(who, &m, Want::Read) => bad.push((e.path(), Some(m))),
-            Err(_) if e.file_type().is_ok_and(|t| t.is_symlink()) => bad.push((e.path(), None)),
-            _ => {}
+/// Whether the model at `path` has its engine's form: a GGUF file (its magic), or for SGLang
+/// and vLLM a Hugging Face folder (its `config.json`) too.
+fn model_form_found(s: &Sight, what: &str, path: &Path, meta: &Metadata, form: ModelForm) -> Option<Found> {
+    let p = path.display();
+    let is_file = |name: &str| s.metadata(&path.join(name)).is_ok_and(|m| m.is_file());
+    if meta.is_dir() {
+        if form == ModelForm::GgufFile {
+            return Some(problem(s, path, format!("{what} {p} is a directory: llama-server loads one GGUF file")));
+        }
+        if !is_file("config.json") {
+            return Some(if is_file("params.json") {
+                Found::Note(format!("not checked: {what} {p} has no config.json but a params.json (Mistral's format)"))
+            } else {
+                problem(s, path, format!("{what} {p} has no config.json: not a Hugging Face model folder"))
+            });
+        }
+    } else if meta.is_file() {
+        let magic = first_bytes(s, path, 4);
+        if magic != b"GGUF" {
+            let nor = if form == ModelForm::FolderOrGguf { " nor a Hugging Face model folder" } else { "" };
+            return Some(problem(s, path, format!("{what} {p} is not a GGUF file{nor} ({})", starts_with(&magic))));
+        }
+    } else {
+        return Some(problem(s, path, format!("{what} {p} is neither a file nor a folder")));
+    }
+    None
+}
+
+/// Whether an engine loading a Hugging Face model folder reads the file `name` in it (vLLM and
+/// SGLang through transformers): the config, the weights (safetensors when the folder has any,
+/// else PyTorch's, without training state), their index, the tokenizer, the chat template, the
+/// processor and quantization configs, and remote code. What else lies there (a README, a
+/// licence, training leftovers) is never opened.
+fn engine_reads(name: &str, safetensors: bool) -> bool {
+    const NAMED: [&str; 20] = [
+        "config.json",
+        "generation_config.json",
+        "params.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "tokenizer.model",
+        "special_tokens_map.json",
+        "added_tokens.json",
+        "vocab.json",
+        "vocab.txt",
+        "merges.txt",
+        "tekken.json",
+        "chat_template.jinja",
+        "chat_template.json",
+        "preprocessor_config.json",
+        "processor_config.json",
+        "quantize_config.json",
+        "quant_config.json",
+        "hf_quant_config.json",
+        "modules.json",
+    ];
+    const TRAINING: [&str; 5] = ["training_args.bin", "optimizer.bin", "optimizer.pt", "scheduler.pt", "scaler.pt"];
+    let weights = |n: &str| match safetensors {
+        true => n.ends_with(".safetensors"),
+        false => [".bin", ".pt", ".pth"].iter().any(|e| n.ends_with(e)) && !TRAINING.contains(&n),
+    };
+    NAMED.contains(&name)
+        || weights(name)
+        || name.strip_suffix(".index.json").is_some_and(weights)
+        || name.ends_with(".tiktoken")
+        || name.ends_with(".py")
+}
+
+/// The files of a model folder its user cannot read, or links to nothing: a problem when the
+/// engine reads them ([`engine_reads`]), a note otherwise; one finding for each kind.
+fn unreadable_files(s: &Sight, who: &Who, dir: &Path, what: &str) -> Vec<Found> {
+    let Ok(entries) = s.real(dir).and_then(std::fs::read_dir) else { return Vec::new() };
+    let mut files: Vec<(String, std::io::Result<Metadata>, bool)> = entries
+        .flatten()
+        .map(|e| {
+            let link = e.file_type().is_ok_and(|t| t.is_symlink());
+            let name = e.file_name();
+            (name.to_string_lossy().into_owned(), s.metadata(&dir.join(&name)), link)
+        })
+        .collect();
+    files.sort_by(|a, b| a.0.cmp(&b.0));
+    // The engine chooses its weights by name, links to nothing included.
+    let safetensors = files.iter().any(|(n, _, _)| n.ends_with(".safetensors"));
+    let d = dir.display();
+    let mut out = Vec::new();
+    for read in [true, false] {
+        let ours = || files.iter().filter(|(n, _, _)| engine_reads(n, safetensors) == read);
+        let unreadable: Vec<(&String, &Metadata)> = ours()
+            .filter_map(|(n, m, _)| {
+                m.as_ref().ok().filter(|m| m.is_file() && !allowed(who, m, Want::Read)).map(|m| (n, m))
+            })
+            .collect();
+        let dangling: Vec<&String> = ours().filter(|(_, m, link)| *link && m.is_err()).map(|(n, _, _)| n).collect();
+        let more = |n: usize| if n == 1 { String::new() } else { format!(" and {} more", n - 1) };
+        let (them, it) =
+            if read { ("", "") } else { ("; the engine does not read them", "; the engine does not read it") };
+        if let Some((name, m)) = unreadable.first() {
+            let message = format!(
+                "{who} cannot read {name}{} in {what} {d} ({}){}",
+                more(unreadable.len()),
+                mode_owner(m),
+                if unreadable.len() == 1 { it } else { them }
+            );
+            out.push(match denied(s, &dir.join(name), message) {
+                Found::Problem(m) if !read => Found::Note(m),
+                f => f,
+            });
+        }
+        if let Some(name) = dangling.first() {
+            let (n, one) = (dangling.len(), dangling.len() == 1);
+            let (is, tail) = if one { ("is a symbolic link", it) } else { ("are symbolic links", them) };
+            let message = format!("{name}{} in {what} {d} {is} to nothing{tail}", more(n));
+            out.push(if read { problem(s, &dir.join(name), message) } else { Found::Note(message) });
         }
     }
-    bad.sort_by(|a, b| a.0.cmp(&b.0));
-    let (first, meta) = bad.first()?;
-    let name = first.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    let more = match bad.len() {
-        1 => String::new(),
-        n => format!(" and {} more", n - 1),
-    };
-    let d = dir.display();
-    Some(match meta {
-        Some(m) => denied(first, format!("{who} cannot read {name}{more} in {what} {d} ({})", mode_owner(m))),
-        None => Found::Problem(format!("{name}{more} in {what} {d} is a symbolic link to nothing")),
-    })
+    out
 }
 
 /// How the first bytes of a file that should be GGUF look.
@@ -934,22 +1367,24 @@ fn cwd_path(cwd: &Cwd, runs_as: &RunAs) -> Option<PathBuf> {
     }
 }
 
-fn look_environment_file(path: &str, optional: bool) -> Vec<Found> {
+fn look_environment_file(s: &Sight, path: &str, optional: bool) -> Vec<Found> {
     let what = "the environment file";
-    match std::fs::metadata(path) {
+    let at = Path::new(path);
+    match s.metadata(at) {
         Err(e) if e.kind() == ErrorKind::NotFound && optional => Vec::new(),
-        Err(e) => vec![missing(what, Path::new(path), &e)],
-        Ok(m) if m.is_dir() => vec![Found::Problem(format!("{what} {path} is a directory"))],
-        Ok(_) => manager_reads(what, Path::new(path)).into_iter().collect(),
+        Err(e) => vec![missing(s, what, at, &e)],
+        Ok(m) if m.is_dir() => vec![problem(s, at, format!("{what} {path} is a directory"))],
+        Ok(_) => manager_reads(s, what, at).into_iter().collect(),
     }
 }
 
 /// A credential's path may also be a directory (each file in it a credential) or a socket.
-fn look_credential(id: &str, path: &str) -> Vec<Found> {
+fn look_credential(s: &Sight, id: &str, path: &str) -> Vec<Found> {
     let what = format!("the credential {id}'s file");
-    match std::fs::metadata(path) {
-        Err(e) => vec![missing(&what, Path::new(path), &e)],
-        Ok(m) if m.is_file() => manager_reads(&what, Path::new(path)).into_iter().collect(),
+    let at = Path::new(path);
+    match s.metadata(at) {
+        Err(e) => vec![missing(s, &what, at, &e)],
+        Ok(m) if m.is_file() => manager_reads(s, &what, at).into_iter().collect(),
         Ok(_) => Vec::new(),
     }
 }
@@ -957,12 +1392,13 @@ fn look_credential(id: &str, path: &str) -> Vec<Found> {
 /// systemd reads environment files and credentials as root: whether specd, root too, can open
 /// one is the same question (a file system may refuse root: NFS's root_squash). specd not root
 /// cannot tell. Opened without blocking, so that a FIFO does not hang the look.
-fn manager_reads(what: &str, path: &Path) -> Option<Found> {
+fn manager_reads(s: &Sight, what: &str, path: &Path) -> Option<Found> {
     use std::os::unix::fs::OpenOptionsExt;
-    let e = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path).err()?;
+    let open = |p: PathBuf| std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(p);
+    let e = s.real(path).and_then(open).err()?;
     let m = format!("{what} {} cannot be read: {e}", path.display());
     Some(if nix::unistd::geteuid().is_root() {
-        Found::Problem(m)
+        problem(s, path, m)
     } else {
         Found::Note(format!("not checked: {m} (specd is not root; systemd reads it as root)"))
     })
@@ -985,15 +1421,16 @@ fn look_group(name: &str) -> Vec<Found> {
 }
 
 /// With a leading `-`, systemd starts the server wherever it cannot enter the directory: a note.
-fn look_working_directory(dir: &Cwd, optional: bool, runs_as: &RunAs) -> Vec<Found> {
+fn look_working_directory(s: &Sight, dir: &Cwd, optional: bool, runs_as: &RunAs, sandbox: &Sandbox) -> Vec<Found> {
     let what = "the working directory";
     // `~` of a user that does not exist: the user's own check says so.
     let Some(path) = cwd_path(dir, runs_as) else { return Vec::new() };
-    let found = match std::fs::metadata(&path) {
-        Err(e) => Some(missing(what, &path, &e)),
-        Ok(m) if !m.is_dir() => Some(Found::Problem(format!("{what} {} is not a directory", path.display()))),
-        Ok(_) => who(runs_as).and_then(|w| access(&w, &path, Want::Enter, what)),
-    };
+    let found =
+        sandboxed(s, sandbox, &format!("{what} {}", path.display()), &path).or_else(|| match s.metadata(&path) {
+            Err(e) => Some(missing(s, what, &path, &e)),
+            Ok(m) if !m.is_dir() => Some(problem(s, &path, format!("{what} {} is not a directory", path.display()))),
+            Ok(_) => who(runs_as).and_then(|w| access(s, &w, &path, Want::Enter, what)),
+        });
     match found {
         Some(Found::Problem(m)) if optional => {
             vec![Found::Note(format!("{m} (optional: the server starts without it)"))]
@@ -1073,8 +1510,12 @@ fn look_port(unit: &str, host: &str, port: u16, own_cgroup: &str) -> Vec<Found> 
                 "not checked: a socket of uid {} listens on {at}, and specd cannot see its process: whether it is {unit}'s is not known",
                 l.uid
             ));
-        } else if !pids.iter().any(|p| cgroup_of(*p).is_some_and(|cg| in_cgroup(&cg, own_cgroup))) {
-            outside.entry(pids[0]).or_default().push(at);
+            continue;
+        }
+        // A process gone since the look at its files (its cgroup file with it) holds nothing.
+        let live: Vec<(u32, String)> = pids.iter().filter_map(|p| Some((*p, cgroup_of(*p)?))).collect();
+        if let Some((pid, _)) = live.first().filter(|_| !live.iter().any(|(_, cg)| in_cgroup(cg, own_cgroup))) {
+            outside.entry(*pid).or_default().push(at);
         }
     }
     let mut out: Vec<Found> = outside
@@ -1220,15 +1661,17 @@ async fn verify(unit: &str, text: &str, m: &Machine) -> Vec<Found> {
         Err(_) => return not(format!("{prog} verify did not finish within {} s", m.verify_within.as_secs_f64())),
     };
     let output = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    judge(unit, &file.to_string_lossy(), out.status.success(), &output)
+    judge(unit, &file.to_string_lossy(), out.status.success(), &output, m.sight == Sight::Own)
 }
 
 /// `systemd-analyze verify`'s verdict on one unit, from its exit status and its lines about the
 /// unit (starting with the file's path or the unit's name; the private directory left out).
 /// With `--recursive-errors=no`, systemd 252 fails a unit for an unknown key, a value it cannot
 /// parse or a program that is not executable, not for a warning ("Special user nobody
-/// configured, this is not safe!"): a warning is a note.
-fn judge(unit: &str, file: &str, success: bool, output: &str) -> Vec<Found> {
+/// configured, this is not safe!"): a warning is a note. It runs in specd's view of the file
+/// system: where that is not the host's (`host_view` false), what it says of the programs is
+/// a note (the program's own check looks at it as the unit will).
+fn judge(unit: &str, file: &str, success: bool, output: &str, host_view: bool) -> Vec<Found> {
     let dir = Path::new(file).parent().map(|d| format!("{}/", d.display())).unwrap_or_default();
     let ours: Vec<&str> = output
         .lines()
@@ -1236,17 +1679,29 @@ fn judge(unit: &str, file: &str, success: bool, output: &str) -> Vec<Found> {
         .filter(|l| l.starts_with(&format!("{file}:")) || l.starts_with(&format!("{unit}:")))
         .map(|l| l.strip_prefix(dir.as_str()).unwrap_or(l))
         .collect();
+    let program = |l: &&str| l.starts_with(&format!("{unit}: Command ")) && l.contains(" is not executable");
+    let (elsewhere, ours): (Vec<&str>, Vec<&str>) = ours.into_iter().partition(|l| !host_view && program(l));
+    let mut out: Vec<Found> = elsewhere
+        .iter()
+        .map(|l| {
+            Found::Note(format!(
+                "not checked: systemd-analyze verify, run in specd's own view of the file system, which is not the host's: {l}"
+            ))
+        })
+        .collect();
     let said = format!("systemd-analyze verify: {}", ours.join("; "));
-    match (success, ours.is_empty()) {
-        (true, true) => Vec::new(),
-        (true, false) => vec![Found::Note(said)],
-        (false, false) => vec![Found::Problem(said)],
+    out.extend(match (success, ours.is_empty()) {
+        (true, true) => None,
+        (true, false) => Some(Found::Note(said)),
+        (false, false) => Some(Found::Problem(said)),
+        (false, true) if !elsewhere.is_empty() => None,
         // Not about this unit (an option this systemd does not know): nothing is known.
         (false, true) => {
             let first = output.lines().map(str::trim).find(|l| !l.is_empty()).unwrap_or("no output");
-            vec![Found::Note(format!("not checked: systemd-analyze verify failed without naming {unit}: {first}"))]
+            Some(Found::Note(format!("not checked: systemd-analyze verify failed without naming {unit}: {first}")))
         }
-    }
+    });
+    out
 }
 
 #[cfg(test)]
@@ -1274,6 +1729,11 @@ mod tests {
         v.to_string()
     }
 
+    /// `judge` where specd's view is the host's.
+    fn judge(unit: &str, file: &str, success: bool, output: &str) -> Vec<Found> {
+        super::judge(unit, file, success, output, true)
+    }
+
     // The pure part.
 
     #[test]
@@ -1288,14 +1748,24 @@ mod tests {
             form: ModelForm::FolderOrGguf,
             cwd: cwd.clone(),
             runs_as: as_.clone(),
+            sandbox: Sandbox::default(),
         };
         assert_eq!(
-            checks(&spec, &text),
+            checks(&spec, &text, &[]),
             [
                 Check::User { name: s("sglang") },
                 Check::Group { name: s("gpu") },
-                Check::Program { program: Program::Path(s("/opt/sglang/bin/python3")), runs_as: as_.clone() },
-                Check::WorkingDirectory { dir: cwd.clone(), optional: false, runs_as: as_.clone() },
+                Check::Program {
+                    program: Program::Path(s("/opt/sglang/bin/python3")),
+                    runs_as: as_.clone(),
+                    sandbox: Sandbox::default()
+                },
+                Check::WorkingDirectory {
+                    dir: cwd.clone(),
+                    optional: false,
+                    runs_as: as_.clone(),
+                    sandbox: Sandbox::default()
+                },
                 model(ModelRole::Model, "/models/Qwen3.5-122B-A10B"),
                 model(ModelRole::Draft, "/models/draft"),
                 Check::EnvironmentFile { path: s("/etc/sglang/env"), optional: false },
@@ -1320,14 +1790,16 @@ mod tests {
             form: ModelForm::GgufFile,
             cwd: Cwd::Path(s("/")),
             runs_as: RunAs::Root,
+            sandbox: Sandbox::default(),
         };
         let search = SEARCH_PATH.iter().map(|d| s(d)).collect();
         assert_eq!(
-            checks(&spec, &text),
+            checks(&spec, &text, &[]),
             [
                 Check::Program {
                     program: Program::Search { name: s("llama-server"), dirs: search },
-                    runs_as: RunAs::Root
+                    runs_as: RunAs::Root,
+                    sandbox: Sandbox::default(),
                 },
                 model(ModelRole::Model, "/models/m.gguf"),
                 model(ModelRole::Draft, "/models/d.gguf"),
@@ -1343,10 +1815,16 @@ mod tests {
         // Another program, a search path of the unit's own, a dynamic user, `~`, specifiers,
         // a wildcard, a credential without a path, a GPU UUID.
         let text = "[Unit]\nUser=not-this-one\n[Service]\n# User=nor-this\nExecStart=/x\nExecStart=\nExecStart=-tool \\\n  --flag\nExecSearchPath=/opt/bin\nExecSearchPath=/opt/sbin\nUser=qwen\nDynamicUser=yes\nWorkingDirectory=-~\nEnvironment=\"CUDA_VISIBLE_DEVICES=GPU-8f2e,1\"\nEnvironmentFile=/etc/%h/env\nEnvironmentFile=-/etc/a*.env\nLoadCredential=tok\n";
-        let got = checks(&spec, text);
+        let got = checks(&spec, text, &[]);
         let program = Program::Search { name: s("tool"), dirs: vec![s("/opt/bin"), s("/opt/sbin")] };
-        assert_eq!(got[0], Check::Program { program, runs_as: RunAs::Dynamic }, "{got:#?}");
-        assert_eq!(got[1], Check::WorkingDirectory { dir: Cwd::Home, optional: true, runs_as: RunAs::Dynamic });
+        // A dynamic user has a /tmp of its own.
+        let implied = |dir: &str| Shadow { dir: s(dir), setting: s("DynamicUser=yes (which implies PrivateTmp=yes)") };
+        let sandbox = Sandbox { hidden: vec![implied("/tmp"), implied("/var/tmp")], elsewhere: vec![] };
+        assert_eq!(got[0], Check::Program { program, runs_as: RunAs::Dynamic, sandbox: sandbox.clone() }, "{got:#?}");
+        assert_eq!(
+            got[1],
+            Check::WorkingDirectory { dir: Cwd::Home, optional: true, runs_as: RunAs::Dynamic, sandbox }
+        );
         let kinds: Vec<(CheckKind, bool)> =
             got.iter().map(|c| (c.kind(), matches!(c, Check::NotChecked { .. }))).collect();
         assert_eq!(
@@ -1378,11 +1856,71 @@ mod tests {
         assert_eq!(got[8], Check::Gpus { indices: vec![1] });
         assert_eq!(why(9), "CUDA_VISIBLE_DEVICES names GPU-8f2e: GPU UUIDs and MIG ids need the driver's tools");
         // Without an `ExecStart=` specd's parser reads, the spec's argv.
-        let got = checks(&spec, "[Service]\nExecStart=/opt/%n serve\n");
+        let got = checks(&spec, "[Service]\nExecStart=/opt/%n serve\n", &[]);
         assert_eq!(
             got[0],
-            Check::Program { program: Program::Path(s("/opt/sglang/bin/python3")), runs_as: RunAs::Root }
+            Check::Program {
+                program: Program::Path(s("/opt/sglang/bin/python3")),
+                runs_as: RunAs::Root,
+                sandbox: Sandbox::default()
+            }
         );
+    }
+
+    #[test]
+    fn the_unit_s_sandbox_is_read_from_the_unit_and_its_drop_ins() {
+        let spec = full_spec();
+        let text = specd_spec::render(&spec).text;
+        let sandbox = |drop_ins: &[(&str, &str)]| {
+            let d: Vec<(String, String)> = drop_ins.iter().map(|(p, t)| (s(p), format!("[Service]\n{t}"))).collect();
+            match checks(&spec, &text, &d).into_iter().find(|c| matches!(c, Check::Model { .. })) {
+                Some(Check::Model { sandbox, .. }) => sandbox,
+                c => panic!("{c:?}"),
+            }
+        };
+        let at = |dir: &str, setting: &str| Shadow { dir: s(dir), setting: s(setting) };
+        // The rendered unit has none: specd's specs cannot ask for one.
+        assert_eq!(sandbox(&[]), Sandbox::default());
+        let a = "/etc/systemd/system/service.d/a.conf";
+        let b = "/etc/systemd/system/sglang-.service.d/b.conf";
+        assert_eq!(
+            sandbox(&[(a, "PrivateTmp=yes\nProtectHome=read-only\n")]),
+            Sandbox {
+                hidden: vec![
+                    at("/tmp", &format!("PrivateTmp=yes (in {a})")),
+                    at("/var/tmp", &format!("PrivateTmp=yes (in {a})"))
+                ],
+                elsewhere: vec![]
+            }
+        );
+        // A later drop-in wins; `tmpfs` hides /home as `yes` does.
+        let home = |setting: &str| vec![at("/home", setting), at("/root", setting), at("/run/user", setting)];
+        assert_eq!(
+            sandbox(&[(a, "PrivateTmp=yes\nProtectHome=yes\n"), (b, "PrivateTmp=no\nProtectHome=tmpfs\n")]),
+            Sandbox { hidden: home(&format!("ProtectHome=tmpfs (in {b})")), elsewhere: vec![] }
+        );
+        let lists = "InaccessiblePaths=-/srv/secret /opt/x\nInaccessiblePaths=\nInaccessiblePaths=/data\nTemporaryFileSystem=/var/cache:ro\nBindReadOnlyPaths=/srv/models:/models -/same\nBindPaths=/a:/b:rbind\nRootDirectory=\n";
+        let setting = |v: &str| format!("{v} (in {a})");
+        assert_eq!(
+            sandbox(&[(a, lists)]),
+            Sandbox {
+                hidden: vec![
+                    at("/data", &setting("InaccessiblePaths=/data")),
+                    at("/var/cache", &setting("TemporaryFileSystem=/var/cache:ro")),
+                ],
+                elsewhere: vec![
+                    at("/models", &setting("BindReadOnlyPaths=/srv/models:/models -/same")),
+                    at("/b", &setting("BindPaths=/a:/b:rbind")),
+                ],
+            }
+        );
+        assert_eq!(
+            sandbox(&[(a, "RootDirectory=/srv/root\nBindPaths=/x:%t/y\n")]).elsewhere,
+            [at("/", &setting("RootDirectory=/srv/root")), at("/", &setting("BindPaths=/x:%t/y"))]
+        );
+        // A drop-in's other settings count too: who runs the program.
+        let c = checks(&spec, &text, &[(s(a), s("[Service]\nUser=other\n"))]);
+        assert!(c.contains(&Check::User { name: s("other") }), "{c:?}");
     }
 
     #[test]
@@ -1418,14 +1956,17 @@ mod tests {
     #[test]
     fn users_groups_and_working_directories_are_checked_as_systemd_reads_them() {
         let spec = full_spec();
-        let got = |lines: &str| checks(&spec, &format!("[Service]\nExecStart=/x\n{lines}"));
+        let got = |lines: &str| checks(&spec, &format!("[Service]\nExecStart=/x\n{lines}"), &[]);
         // A dynamic user is made at the start: nothing to look up.
         assert!(!got("User=qwen\nDynamicUser=yes\n").iter().any(|c| matches!(c, Check::User { .. })));
         assert_eq!(got("User=1000\n")[0], Check::User { name: s("1000") });
         let c = got("User=%u\n");
         assert_eq!(c[0].kind(), CheckKind::User);
         assert!(matches!(&c[0], Check::NotChecked { why, .. } if why.contains("%u")), "{c:?}");
-        assert_eq!(c[1], Check::Program { program: Program::Path(s("/x")), runs_as: RunAs::Root });
+        assert_eq!(
+            c[1],
+            Check::Program { program: Program::Path(s("/x")), runs_as: RunAs::Root, sandbox: Sandbox::default() }
+        );
         for (lines, dir, optional) in [
             ("WorkingDirectory=/srv/m\n", Cwd::Path(s("/srv/m")), false),
             ("WorkingDirectory=-/srv/m\n", Cwd::Path(s("/srv/m")), true),
@@ -1433,7 +1974,16 @@ mod tests {
             ("WorkingDirectory=/srv/100%%\n", Cwd::Path(s("/srv/100%")), false),
         ] {
             let c = got(lines);
-            assert_eq!(c[1], Check::WorkingDirectory { dir: dir.clone(), optional, runs_as: RunAs::Root }, "{lines}");
+            assert_eq!(
+                c[1],
+                Check::WorkingDirectory {
+                    dir: dir.clone(),
+                    optional,
+                    runs_as: RunAs::Root,
+                    sandbox: Sandbox::default()
+                },
+                "{lines}"
+            );
             // A relative model would be looked for there.
             assert!(matches!(&c[2], Check::Model { cwd, .. } if *cwd == dir), "{c:?}");
         }
@@ -1557,6 +2107,33 @@ mod tests {
     }
 
     #[test]
+    fn systemd_analyze_verify_s_word_on_a_program_specd_sees_in_another_view_is_a_note() {
+        let file = "/tmp/specd-preflight.x/a.service";
+        let cmd = "a.service: Command /tmp/llama-server is not executable: No such file or directory\n";
+        let note = Found::Note(s(
+            "not checked: systemd-analyze verify, run in specd's own view of the file system, which is not the host's: a.service: Command /tmp/llama-server is not executable: No such file or directory",
+        ));
+        assert_eq!(super::judge("a.service", file, false, cmd, false), std::slice::from_ref(&note));
+        assert_eq!(
+            super::judge("a.service", file, false, cmd, true),
+            [Found::Problem(format!("systemd-analyze verify: {}", cmd.trim()))]
+        );
+        // Anything else it says stays its verdict.
+        let both = format!(
+            "{cmd}/tmp/specd-preflight.x/a.service:8: Unknown key 'BogusKey' in section [Service], ignoring.\n"
+        );
+        assert_eq!(
+            super::judge("a.service", file, false, &both, false),
+            [
+                note,
+                Found::Problem(s(
+                    "systemd-analyze verify: a.service:8: Unknown key 'BogusKey' in section [Service], ignoring."
+                ))
+            ]
+        );
+    }
+
+    #[test]
     fn systemd_analyze_verify_s_verdict_is_its_exit_status_and_its_lines_about_the_unit() {
         let file = "/tmp/specd-preflight.x/a.service";
         let nobody = "/tmp/specd-preflight.x/a.service:9: Special user nobody configured, this is not safe!";
@@ -1592,6 +2169,91 @@ mod tests {
     }
 
     #[test]
+    fn an_engine_reads_a_model_folder_s_config_weights_and_tokenizer_only() {
+        for name in [
+            "config.json",
+            "generation_config.json",
+            "model.safetensors",
+            "model-00001-of-00004.safetensors",
+            "model.safetensors.index.json",
+            "tokenizer.json",
+            "tokenizer_config.json",
+            "tokenizer.model",
+            "special_tokens_map.json",
+            "vocab.txt",
+            "merges.txt",
+            "qwen.tiktoken",
+            "chat_template.jinja",
+            "preprocessor_config.json",
+            "modeling_custom.py",
+        ] {
+            assert!(engine_reads(name, true), "{name}");
+        }
+        for name in [
+            "README.md",
+            "LICENSE",
+            ".gitattributes",
+            "trainer_state.json",
+            "figure.png",
+            "pytorch_model.bin",
+            "consolidated.pth",
+            "m.gguf",
+        ] {
+            assert!(!engine_reads(name, true), "{name}, with safetensors there");
+        }
+        // Without safetensors, PyTorch's weights, but not training state.
+        for (name, read) in [
+            ("pytorch_model-00001-of-00002.bin", true),
+            ("pytorch_model.bin.index.json", true),
+            ("consolidated.pth", true),
+            ("training_args.bin", false),
+            ("optimizer.pt", false),
+            ("model.safetensors.index.json", false),
+        ] {
+            assert_eq!(engine_reads(name, false), read, "{name}, without safetensors");
+        }
+    }
+
+    #[test]
+    fn a_shebang_is_read_as_the_kernel_reads_it() {
+        let i = |v: &str| Shebang::Interpreter(v.as_bytes().to_vec());
+        let long = |tail: &str| format!("#!/bin/sh{tail}");
+        for (head, want) in [
+            ("#!/bin/sh\n", i("/bin/sh")),
+            ("#!/bin/sh", i("/bin/sh")),
+            ("#!/bin/sh\r\n", i("/bin/sh\r")),
+            ("#!/bin/sh \r\n", i("/bin/sh")),
+            ("#! \t/usr/bin/env  python3 -u \t\n", i("/usr/bin/env")),
+            ("#!/bin/sh\x0bx\n", i("/bin/sh\x0bx")),
+            ("#!/bin/sh\0-e\n", i("/bin/sh")),
+            ("#!/bin/sh -e\n#!/other\n", i("/bin/sh")),
+            ("#!\n", Shebang::Unusable("its first line holds no interpreter")),
+            ("#! \t \n/bin/sh\n", Shebang::Unusable("its first line holds no interpreter")),
+            ("#!", Shebang::Unusable("its first line holds no interpreter")),
+            ("#!\0/bin/sh\n", Shebang::Unusable("its first line holds no interpreter")),
+            ("\u{feff}#!/bin/sh\n", Shebang::NotAScript),
+            (" #!/bin/sh\n", Shebang::NotAScript),
+            ("\x7fELF", Shebang::NotAScript),
+            ("", Shebang::NotAScript),
+        ] {
+            assert_eq!(shebang(head.as_bytes()), want, "{head:?}");
+        }
+        // Past the kernel's 256 bytes: a name that ends within them is taken, its argument cut;
+        // a name that does not is refused rather than cut.
+        assert_eq!(shebang(long(&format!(" {}", "a".repeat(300))).as_bytes()), i("/bin/sh"));
+        assert_eq!(shebang(long(&" ".repeat(300)).as_bytes()), i("/bin/sh"));
+        assert_eq!(
+            shebang(format!("#!/{}", "a".repeat(300)).as_bytes()),
+            Shebang::Unusable("its first line is longer than the kernel reads, which would cut the interpreter's name")
+        );
+        // A newline as the 256th byte is seen, one after it is not.
+        assert_eq!(shebang(format!("#!/{}\n", "b".repeat(252)).as_bytes()), i(&format!("/{}", "b".repeat(252))));
+        assert!(matches!(shebang(format!("#!/{}\n", "b".repeat(253)).as_bytes()), Shebang::Unusable(_)));
+        assert_eq!(interpreter_name(b"/bin/sh"), "/bin/sh");
+        assert_eq!(interpreter_name(b"/bin/sh\r"), "\"/bin/sh\\r\"");
+    }
+
+    #[test]
     fn a_refusal_says_all_its_problems_in_one_line() {
         let p = |check, m: &str| Problem { check, message: s(m) };
         assert_eq!(summary(&[]), "");
@@ -1612,6 +2274,7 @@ mod tests {
             form: ModelForm::GgufFile,
             cwd: Cwd::Home,
             runs_as: user("qwen", None),
+            sandbox: Sandbox::default(),
         };
         let j = serde_json::to_value(&c).unwrap();
         assert_eq!(
@@ -1655,6 +2318,27 @@ mod look_tests {
 
     fn nobody() -> RunAs {
         RunAs::User { user: s("nobody"), group: None }
+    }
+
+    // The looks as specd sees its own view, for a unit without a sandbox.
+    fn look_program(p: &Program, as_: &RunAs) -> Vec<Found> {
+        super::look_program(&Sight::Own, p, as_, &Sandbox::default())
+    }
+
+    fn look_model(role: ModelRole, v: &str, form: ModelForm, cwd: &Cwd, as_: &RunAs) -> Vec<Found> {
+        super::look_model(&Sight::Own, role, v, form, cwd, as_, &Sandbox::default())
+    }
+
+    fn look_environment_file(path: &str, optional: bool) -> Vec<Found> {
+        super::look_environment_file(&Sight::Own, path, optional)
+    }
+
+    fn look_credential(id: &str, path: &str) -> Vec<Found> {
+        super::look_credential(&Sight::Own, id, path)
+    }
+
+    fn look_working_directory(dir: &Cwd, optional: bool, as_: &RunAs) -> Vec<Found> {
+        super::look_working_directory(&Sight::Own, dir, optional, as_, &Sandbox::default())
     }
 
     /// A temporary directory others may enter, as a model directory usually is.
@@ -1759,6 +2443,94 @@ mod look_tests {
         );
     }
 
+    /// Whether the kernel runs `path` (exit status 0), as execve(2) does it, without a shell's
+    /// fallback for a file it refuses.
+    fn kernel_runs(path: &str) -> bool {
+        std::process::Command::new(path)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    }
+
+    #[test]
+    fn a_script_passes_where_the_kernel_runs_it_and_only_there() {
+        let d = open_dir();
+        let p = |n: &str| d.path().join(n);
+        let long_arg = format!("#!/bin/sh -e{}\nexit 0\n", " ".repeat(300));
+        let long_name = format!("#!/{}\nexit 0\n", "a".repeat(300));
+        let mut cases: Vec<(String, Vec<u8>)> = [
+            ("plain", "#!/bin/sh\nexit 0\n"),
+            ("crlf", "#!/bin/sh\r\nexit 0\r\n"),
+            ("blanks", "#! \t/bin/sh \t\nexit 0\n"),
+            ("argument", "#!/bin/sh -e\nexit 0\n"),
+            ("nothing", "#!\nexit 0\n"),
+            ("only-blanks", "#! \t \nexit 0\n"),
+            ("long-argument", &long_arg),
+            ("long-name", &long_name),
+            ("nul", "#!/bin/sh\0x\nexit 0\n"),
+            ("just-the-mark", "#!"),
+        ]
+        .into_iter()
+        .map(|(n, t)| (n.to_string(), t.as_bytes().to_vec()))
+        .collect();
+        // Scripts run by scripts: `chain-N` is N scripts, each the interpreter of the one before.
+        for n in 1..=7 {
+            for i in 0..n {
+                let next =
+                    if i + 1 == n { s("/bin/sh") } else { p(&format!("chain-{n}.{}", i + 1)).display().to_string() };
+                write(&p(&format!("chain-{n}.{i}")), format!("#!{next}\nexit 0\n").as_bytes(), 0o755);
+            }
+            cases.push((format!("chain-{n}.0"), Vec::new()));
+        }
+        let mut ran = Vec::new();
+        for (name, text) in &cases {
+            if !text.is_empty() {
+                write(&p(name), text, 0o755);
+            }
+            let path = p(name).display().to_string();
+            let kernel = kernel_runs(&path);
+            let looked = look_program(&Program::Path(path.clone()), &RunAs::Root);
+            assert_eq!(looked.is_empty(), kernel, "{name}: the kernel runs it: {kernel}; the look: {looked:?}");
+            if kernel {
+                ran.push(name.as_str());
+            }
+        }
+        // What this kernel did, for the record of what the look follows.
+        assert_eq!(
+            ran,
+            [
+                "plain",
+                "blanks",
+                "argument",
+                "long-argument",
+                "nul",
+                "chain-1.0",
+                "chain-2.0",
+                "chain-3.0",
+                "chain-4.0",
+                "chain-5.0"
+            ]
+        );
+        let chain = |n: usize, i: usize| p(&format!("chain-{n}.{i}")).display().to_string();
+        let said: String = (1..6).map(|i| format!(" is a script whose interpreter {}", chain(6, i))).collect();
+        assert_eq!(
+            look_program(&Program::Path(chain(6, 0)), &RunAs::Root),
+            [problem(format!(
+                "the program {}{said} is a script too: the kernel follows at most 5 interpreters (ELOOP)",
+                chain(6, 0)
+            ))]
+        );
+        let crlf = p("crlf").display().to_string();
+        assert_eq!(
+            look_program(&Program::Path(crlf.clone()), &RunAs::Root),
+            [problem(format!(
+                "the program {crlf} is a script whose interpreter \"/bin/sh\\r\" does not exist: its first line ends in a carriage return (Windows line endings), which the kernel reads as part of the interpreter's name"
+            ))]
+        );
+    }
+
     #[test]
     fn models_are_checked_in_their_engine_s_form() {
         let d = open_dir();
@@ -1839,6 +2611,158 @@ mod look_tests {
         assert_eq!(
             look(Model, "bare", FolderOrGguf, &here),
             [problem(format!("the model {bare} has no config.json: not a Hugging Face model folder"))]
+        );
+    }
+
+    #[test]
+    fn files_the_engine_never_reads_do_not_refuse_a_model() {
+        let d = open_dir();
+        let p = |n: &str| d.path().join(n);
+        let m = mkdir(&p("m"), 0o755);
+        write(&p("m/config.json"), b"{}", 0o644);
+        write(&p("m/model.safetensors"), b"x", 0o644);
+        write(&p("m/tokenizer.json"), b"{}", 0o644);
+        // Root's own README and training leftovers, a link to nothing among the notes.
+        write(&p("m/README.md"), b"x", 0o600);
+        write(&p("m/training_args.bin"), b"x", 0o600);
+        std::os::unix::fs::symlink("../gone", p("m/notes.txt")).unwrap();
+        let look = |as_: &RunAs| look_model(ModelRole::Model, &m, ModelForm::FolderOrGguf, &Cwd::Path(s("/")), as_);
+        let got = look(&nobody());
+        assert!(!got.iter().any(|f| matches!(f, Found::Problem(_))), "{got:?}");
+        assert!(
+            matches!(&got[..], [Found::Note(a), Found::Note(b)]
+                if a.starts_with(&format!("user nobody cannot read README.md and 1 more in the model {m} (mode 0600, owner "))
+                    && a.ends_with("; the engine does not read them")
+                    && *b == format!("notes.txt in the model {m} is a symbolic link to nothing; the engine does not read it")),
+            "{got:?}"
+        );
+        // What the engine does read still refuses it.
+        write(&p("m/tokenizer.json"), b"{}", 0o600);
+        std::os::unix::fs::symlink("../gone", p("m/model-00002.safetensors")).unwrap();
+        let got = look(&nobody());
+        let problems: Vec<&Found> = got.iter().filter(|f| matches!(f, Found::Problem(_))).collect();
+        assert!(
+            matches!(&problems[..], [Found::Problem(a), Found::Problem(b)]
+                if a.starts_with(&format!("user nobody cannot read tokenizer.json in the model {m} (mode 0600, owner "))
+                    && *b == format!("model-00002.safetensors in the model {m} is a symbolic link to nothing")),
+            "{got:?}"
+        );
+    }
+
+    /// A root directory standing for the host's (`/proc/1/root`), with `path` written under it.
+    fn host_file(root: &Path, path: &str, bytes: &[u8]) {
+        let at = root.join(path.trim_start_matches('/'));
+        std::fs::create_dir_all(at.parent().unwrap()).unwrap();
+        std::fs::write(at, bytes).unwrap();
+    }
+
+    #[test]
+    fn files_are_looked_at_in_the_host_s_view_where_specd_s_own_differs() {
+        let host = open_dir();
+        let s_ = Sight::Through(host.path().to_path_buf());
+        let none = Sandbox::default();
+        // Only the host's /tmp and /var/tmp have them: not this process's.
+        let (model, env) = ("/tmp/specd-preflight-host-only/m.gguf", "/var/tmp/specd-preflight-host-only/env");
+        assert!(!Path::new(model).exists() && !Path::new(env).exists());
+        host_file(host.path(), model, b"GGUF\x03\x00\x00\x00");
+        host_file(host.path(), env, b"A=1\n");
+        host_file(host.path(), "/srv/models/real.gguf", b"GGUF");
+        std::os::unix::fs::symlink(
+            "/srv/models/real.gguf",
+            host.path().join("tmp/specd-preflight-host-only/link.gguf"),
+        )
+        .unwrap();
+        let root = Cwd::Path(s("/"));
+        let look =
+            |v: &str| super::look_model(&s_, ModelRole::Model, v, ModelForm::GgufFile, &root, &RunAs::Root, &none);
+        assert_eq!(look(model), []);
+        // An absolute link leads within the host's root, not into specd's own /srv.
+        assert_eq!(look("/tmp/specd-preflight-host-only/link.gguf"), []);
+        assert_eq!(
+            look("/tmp/specd-preflight-host-only/gone.gguf"),
+            [problem("the model /tmp/specd-preflight-host-only/gone.gguf does not exist")]
+        );
+        assert_eq!(super::look_environment_file(&s_, env, false), []);
+        assert_eq!(super::look_credential(&s_, "tok", env), []);
+        // The same looks in specd's own view do not find them.
+        let own =
+            super::look_model(&Sight::Own, ModelRole::Model, model, ModelForm::GgufFile, &root, &RunAs::Root, &none);
+        assert_eq!(own, [problem(format!("the model {model} does not exist"))]);
+        // Where specd cannot look at the host's view, what it does not find there is a note.
+        let blind = Sight::Blind {
+            dirs: vec![PathBuf::from("/tmp"), PathBuf::from("/var/tmp")],
+            why: s("/proc/1/root: Permission denied"),
+        };
+        let found = super::look_environment_file(&blind, env, false);
+        assert_eq!(
+            found,
+            [Found::Note(format!(
+                "not checked from here: specd's own view of /var/tmp differs from the unit's (specd runs in a mount namespace of its own: its unit's PrivateTmp=, ProtectHome= or the like), and it cannot look at the host's (/proc/1/root: Permission denied); in specd's own view, the environment file {env} does not exist"
+            ))]
+        );
+        let elsewhere = super::look_model(
+            &blind,
+            ModelRole::Model,
+            "/srv/nowhere.gguf",
+            ModelForm::GgufFile,
+            &root,
+            &RunAs::Root,
+            &none,
+        );
+        assert_eq!(elsewhere, [problem("the model /srv/nowhere.gguf does not exist")], "outside the dirs that differ");
+    }
+
+    #[test]
+    fn what_the_unit_s_sandbox_hides_from_its_server_refuses_it() {
+        let d = open_dir();
+        let p = |n: &str| d.path().join(n).display().to_string();
+        let tmp = mkdir(Path::new(&p("tmp")), 0o1777);
+        let model = write(Path::new(&format!("{tmp}/m.gguf")), b"GGUF", 0o644);
+        let link = p("models-link.gguf");
+        std::os::unix::fs::symlink(&model, &link).unwrap();
+        let setting = "PrivateTmp=yes (in /etc/systemd/system/service.d/tmp.conf)";
+        let hidden = Sandbox { hidden: vec![Shadow { dir: tmp.clone(), setting: s(setting) }], elsewhere: vec![] };
+        let root = Cwd::Path(s("/"));
+        let look = |v: &str, sb: &Sandbox| {
+            super::look_model(&Sight::Own, ModelRole::Model, v, ModelForm::GgufFile, &root, &RunAs::Root, sb)
+        };
+        assert_eq!(look(&model, &Sandbox::default()), []);
+        let said = format!(
+            "is under {tmp}, which the unit's {setting} hides from its server: the server would not find it there"
+        );
+        assert_eq!(look(&model, &hidden), [problem(format!("the model {model} {said}"))]);
+        assert_eq!(look(&link, &hidden), [problem(format!("the model {link} (it leads to {model}) {said}"))]);
+        // The program and its working directory too; not what systemd reads before the sandbox.
+        let program = Program::Path(format!("{tmp}/server"));
+        write(Path::new(&format!("{tmp}/server")), b"\x7fELF", 0o755);
+        assert_eq!(
+            super::look_program(&Sight::Own, &program, &RunAs::Root, &hidden),
+            [problem(format!("the program {tmp}/server {said}"))]
+        );
+        let wd = super::look_working_directory(&Sight::Own, &Cwd::Path(tmp.clone()), false, &RunAs::Root, &hidden);
+        assert_eq!(wd, [problem(format!("the working directory {tmp} {said}"))]);
+        assert_eq!(super::look_environment_file(&Sight::Own, &model, false), []);
+        // A script whose interpreter the sandbox hides.
+        let script = write(Path::new(&p("script")), format!("#!{tmp}/server\n").as_bytes(), 0o755);
+        assert_eq!(
+            super::look_program(&Sight::Own, &Program::Path(script.clone()), &RunAs::Root, &hidden),
+            [problem(format!("the program {script} is a script whose interpreter {tmp}/server {said}"))]
+        );
+        // Another file system shown there: not checked.
+        let bound =
+            Sandbox { hidden: vec![], elsewhere: vec![Shadow { dir: tmp.clone(), setting: s("BindPaths=/srv:/tmp") }] };
+        assert_eq!(
+            look(&format!("{tmp}/other.gguf"), &bound),
+            [Found::Note(format!(
+                "not checked: the model {tmp}/other.gguf is under {tmp}, where the unit's BindPaths=/srv:/tmp shows its server other files than the host's"
+            ))],
+            "what the host has at that path is not what the server finds"
+        );
+        assert_eq!(
+            look(&model, &bound),
+            [Found::Note(format!(
+                "not checked: the model {model} is under {tmp}, where the unit's BindPaths=/srv:/tmp shows its server other files than the host's"
+            ))]
         );
     }
 
@@ -2000,7 +2924,15 @@ mod look_tests {
         let own = cgroup_of(me).unwrap();
         assert_eq!(look_port("x.service", "127.0.0.1", port, &own), []);
         drop(l);
-        assert_eq!(look_port("x.service", "127.0.0.1", port, ""), []);
+        // A process another test spawns holds a copy of the socket from its fork to its exec
+        // (where close-on-exec drops it): the port is free once none does, within a bound.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let mut found = look_port("x.service", "127.0.0.1", port, "");
+        while !found.is_empty() && std::time::Instant::now() < deadline {
+            std::thread::yield_now();
+            found = look_port("x.service", "127.0.0.1", port, "");
+        }
+        assert_eq!(found, []);
     }
 
     #[test]
@@ -2027,7 +2959,7 @@ mod look_tests {
 
     #[tokio::test]
     async fn systemd_analyze_verify_reads_the_unit_as_systemd_does() {
-        let host = Machine::host();
+        let host = Machine::seeing(Sight::Own);
         let unit = "verify-me.service";
         let spec = resolve(&format!("  unit: {unit}\n  engine: vllm\n  command: [/bin/sh]\n  model: /models/m\n"));
         let text = specd_spec::render(&spec).text;
@@ -2046,7 +2978,7 @@ mod look_tests {
 
     #[tokio::test]
     async fn without_systemd_analyze_or_when_it_hangs_the_unit_is_not_checked() {
-        let gone = Machine { analyze: vec![s("/no/such/systemd-analyze")], ..Machine::host() };
+        let gone = Machine { analyze: vec![s("/no/such/systemd-analyze")], ..Machine::seeing(Sight::Own) };
         assert_eq!(
             verify("a.service", "", &gone).await,
             [Found::Note(s("not checked: /no/such/systemd-analyze is not installed"))]
@@ -2057,7 +2989,7 @@ mod look_tests {
         let hung = Machine {
             analyze: vec![s("sh"), s("-c"), hang, s("sh")],
             verify_within: Duration::from_millis(300),
-            ..Machine::host()
+            ..Machine::seeing(Sight::Own)
         };
         assert_eq!(
             verify("a.service", "", &hung).await,
@@ -2082,7 +3014,7 @@ mod look_tests {
         let spec = resolve(&format!(
             "  unit: vllm-llama.service\n  engine: vllm\n  command: [/opt/nowhere/vllm, serve]\n  model: {model}\n  server: {{port: {port}}}\n  speculative: {{algorithm: eagle, draft_model: {draft}, num_steps: 3}}\n"
         ));
-        let out = run(&checks(&spec, &specd_spec::render(&spec).text), &own).await;
+        let out = run(&checks(&spec, &specd_spec::render(&spec).text, &[]), &own).await;
         let p = |check, m: &str| Problem { check, message: s(m) };
         assert_eq!(
             out.problems,
@@ -2110,7 +3042,7 @@ mod look_tests {
         let spec = resolve(&format!(
             "  unit: vllm-llama.service\n  engine: vllm\n  command: [/bin/sh, serve]\n  model: {model}\n  server: {{port: {port}}}\n  speculative: {{algorithm: eagle, draft_model: {draft}, num_steps: 3}}\n  service: {{user: nobody}}\n"
         ));
-        let out = run(&checks(&spec, &specd_spec::render(&spec).text), &own).await;
+        let out = run(&checks(&spec, &specd_spec::render(&spec).text, &[]), &own).await;
         assert!(out.passed(), "{out:?}");
         assert!(
             matches!(&out.notes[..], [Note { check: CheckKind::UnitFile, message }] if message.contains("Special user nobody configured")),

@@ -217,6 +217,9 @@ enum Cause {
     Fault(FaultKind),
     /// Not a failure: specd is stopping and this is a safe point (see [`Shutdown::stops_here`]).
     Cancelled(Cancelled),
+    /// Not a failure: the pre-flight, looking while the drain ran, found that the unit cannot
+    /// start here (the message is the verdict); nothing was changed.
+    Refused,
 }
 
 impl StepFailure {
@@ -232,14 +235,14 @@ impl StepFailure {
     fn cancelled_at(&self) -> Option<Cancelled> {
         match self.cause {
             Cause::Cancelled(at) => Some(at),
-            Cause::Fault(_) => None,
+            Cause::Fault(_) | Cause::Refused => None,
         }
     }
-    /// Whose fault it is (a cancelled step is nobody's: the host's, for what follows).
+    /// Whose fault it is (a cancelled or refused step is nobody's: the host's, for what follows).
     fn fault(&self) -> FaultKind {
         match self.cause {
             Cause::Fault(k) => k,
-            Cause::Cancelled(_) => FaultKind::Host,
+            Cause::Cancelled(_) | Cause::Refused => FaultKind::Host,
         }
     }
 }
@@ -464,10 +467,15 @@ pub async fn reconcile<H: Host>(ctx: &Ctx<H>, d: &DesiredState, dry_run: bool) -
     if let Some(whose) = foreign(ctx, d, &st, &plan, &props)? {
         return Ok(conclude::foreign(plan, &unit, &whose));
     }
-    // Before anything is stopped: whether the desired unit can start on this host at all.
-    let refusal = match held {
-        None => preflight_refusal(ctx, d, &plan, &props, dry_run).await,
-        Some(_) => None,
+    // Before anything is stopped: whether the desired unit can start on this host at all. The
+    // look runs alongside the drain (which stops nothing), and the stop waits for it; a dry run
+    // says it, and a look again at a unit it refused (recorded only when it finds something
+    // new) is all there is to do: those look first, and write nothing before.
+    let look = held.is_none() && preflight_needed(&plan, &props, dry_run);
+    let again = st.history.last().is_some_and(|h| h.sha256 == d.unit.sha256 && h.outcome == state::Outcome::Refused);
+    let refusal = match look && (dry_run || again) {
+        true => preflight_refusal(ctx, d, &plan, &props).await,
+        false => None,
     };
     if dry_run || held.is_some() {
         return Ok(conclude::observed_only(plan, held, refusal));
@@ -486,7 +494,8 @@ pub async fn reconcile<H: Host>(ctx: &Ctx<H>, d: &DesiredState, dry_run: bool) -
         emit(Event::Warning(verdict.clone()));
         (conclude::refused(&st, verdict), None, 0)
     } else {
-        act(ctx, &mut st, d, (&o, &props), &plan).await?
+        let gate = (look && !again).then(|| Box::pin(preflight_refusal(ctx, d, &plan, &props)) as Gate);
+        act(ctx, &mut st, d, (&o, &props), &plan, gate).await?
     };
     // The record, changed as concluded and saved once (an apply also wrote ahead as it went).
     c.apply(&mut st, &s, stop_verdict.clone(), ms, ctx.host.now());
@@ -545,14 +554,19 @@ fn foreign<H: Host>(
     Ok(crate::owner::foreign(&path, ctx.host.read(&path)?.as_deref(), props.load_state, fragment))
 }
 
-/// The plan's steps, carried out, and what they returned, concluded: with the stopped instance's
-/// ending and how long it took.
+/// The pre-flight's look, to be waited for before the first step that changes anything: the
+/// verdict refusing the unit, or `None`.
+type Gate<'a> = std::pin::Pin<Box<dyn std::future::Future<Output = Option<String>> + Send + 'a>>;
+
+/// The plan's steps, carried out (none that changes anything before `gate` lets it), and what
+/// they returned, concluded: with the stopped instance's ending and how long it took.
 async fn act<H: Host>(
     ctx: &Ctx<H>,
     st: &mut UnitState,
     d: &DesiredState,
     (o, props): (&Observed, &UnitProps),
     plan: &Plan,
+    gate: Option<Gate<'_>>,
 ) -> Result<(Conclusion, Option<String>, u64), ReconcileError> {
     let unit = &d.spec.unit;
     // The running unit is the rollback target if nothing better is known: it was serving.
@@ -605,7 +619,7 @@ async fn act<H: Host>(
 
     let target = Target::desired(d, old_url, resumed);
     let mut stop = StopRecord::default();
-    let result = run_steps(ctx, st, unit, &plan.steps, &target, props, &mut stop).await;
+    let result = run_steps(ctx, st, unit, &plan.steps, &target, props, &mut stop, gate).await;
     let mut stop_verdict = stop.finish().await;
     if let Some(l) = stop.last_ended() {
         st.last_ended = Some(l);
@@ -621,6 +635,10 @@ async fn act<H: Host>(
             let c = conclude::interrupted(step, at);
             (ctx.events)(unit, &Event::Warning(c.verdict.clone()));
             c
+        }
+        Err(StepFailure { cause: Cause::Refused, message, .. }) => {
+            (ctx.events)(unit, &Event::Warning(message.clone()));
+            conclude::refused_at_the_drain(st, message)
         }
         Err(f) => {
             let failed_instance = stop.followed_by.clone();
@@ -647,25 +665,25 @@ async fn lock_unit<H: Host>(ctx: &Ctx<H>, unit: &str) -> Result<Option<UnitLock>
     }
 }
 
+/// Whether the plan asks the pre-flight: it would stop a serving instance to start the desired
+/// unit. A unit that does not run has nothing to protect: its start is tried, and its failure
+/// rolled back and quarantined as any other (`dry_run` says the problems either way). A restore
+/// starts the last good unit, which ran here before; the desired unit's pre-flight is not about it.
+fn preflight_needed(plan: &Plan, props: &UnitProps, dry_run: bool) -> bool {
+    let serving = plan.steps.contains(&Step::Stop) && props.is_running();
+    plan.toward != Toward::LastGood && plan.steps.contains(&Step::Start) && (serving || dry_run)
+}
+
 /// The verdict refusing a plan that would stop a serving instance to start a unit that cannot
 /// start on this host (`preflight`: a missing program, model or draft, a port another process
-/// holds...), or `None`. A unit that does not run has nothing to protect: its start is tried, and
-/// its failure rolled back and quarantined as any other (`dry_run` says the problems either way).
-async fn preflight_refusal<H: Host>(
-    ctx: &Ctx<H>,
-    d: &DesiredState,
-    plan: &Plan,
-    props: &UnitProps,
-    dry_run: bool,
-) -> Option<String> {
-    let serving = plan.steps.contains(&Step::Stop) && props.is_running();
-    // A restore starts the last good unit, which ran here before; the desired unit's pre-flight
-    // is not about it.
-    if plan.toward == Toward::LastGood || !plan.steps.contains(&Step::Start) || !(serving || dry_run) {
-        return None;
-    }
+/// holds...), or `None`.
+async fn preflight_refusal<H: Host>(ctx: &Ctx<H>, d: &DesiredState, plan: &Plan, props: &UnitProps) -> Option<String> {
     let unit = &d.spec.unit;
-    let o = ctx.host.preflight(&d.spec, &d.unit.text, &props.control_group).await;
+    // The unit's drop-ins apply to the new unit too, but those the apply removes.
+    let removed =
+        if plan.steps.contains(&Step::RemoveDropIns) { own_drop_ins(&ctx.host, props, unit) } else { Vec::new() };
+    let drop_ins: Vec<String> = props.drop_in_paths.iter().filter(|p| !removed.contains(p)).cloned().collect();
+    let o = ctx.host.preflight(&d.spec, &d.unit.text, &drop_ins, &props.control_group).await;
     for n in &o.notes {
         (ctx.events)(unit, &Event::Progress(format!("pre-flight: {}", n.message)));
     }
@@ -844,7 +862,7 @@ async fn restore<H: Host>(
     };
     let props = ctx.host.show(unit).await.unwrap_or_default();
     let mut sv = StopRecord::default();
-    let r = run_steps(ctx, st, unit, steps, &t, &props, &mut sv).await;
+    let r = run_steps(ctx, st, unit, steps, &t, &props, &mut sv, None).await;
     let v = sv.finish().await;
     if stop_verdict.is_none() {
         *stop_verdict = v;
@@ -930,6 +948,7 @@ pub fn sigkill_verdict(props: &UnitProps, timeout_stop: Duration, in_flight: Opt
     None
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn run_steps<H: Host>(
     ctx: &Ctx<H>,
     st: &mut UnitState,
@@ -938,12 +957,14 @@ async fn run_steps<H: Host>(
     t: &Target<'_>,
     before: &UnitProps,
     stop: &mut StopRecord,
+    gate: Option<Gate<'_>>,
 ) -> Result<(), StepFailure> {
     let mut run = Run {
         ctx,
         unit,
         t,
         before,
+        gate,
         path: unit_path(&ctx.unit_dir, unit),
         cg: before.control_group.clone(),
         in_flight: Arc::new(AtomicI64::new(-1)),
@@ -959,7 +980,8 @@ async fn run_steps<H: Host>(
     let r = run.steps(st, steps, stop).await;
     stop.followed_by = std::mem::take(&mut run.started_invocation);
     let Err(f) = r else { return Ok(()) };
-    if f.cancelled_at().is_some() || !recovery::may_be_a_death(f.step, f.fault(), run.ready_pid.is_some()) {
+    let refused = matches!(f.cause, Cause::Refused);
+    if refused || f.cancelled_at().is_some() || !recovery::may_be_a_death(f.step, f.fault(), run.ready_pid.is_some()) {
         return Err(f);
     }
     // The server had answered ready, or failed to start or load: gone since, or killed from
@@ -1009,6 +1031,9 @@ struct Run<'a, H: Host> {
     t: &'a Target<'a>,
     /// systemd's view before the first step.
     before: &'a UnitProps,
+    /// The pre-flight, looking while the drain runs: no step that changes anything before it
+    /// has passed.
+    gate: Option<Gate<'a>>,
     path: PathBuf,
     cg: String,
     /// Requests in flight on the instance being replaced (-1: not known).
@@ -1044,6 +1069,7 @@ impl<H: Host> Run<'_, H> {
         for &step in steps {
             self.stops_here(step)?;
             if matches!(step, Step::Stop | Step::RemoveDropIns | Step::WriteUnit | Step::Start) {
+                self.pass_gate(step).await?;
                 self.changed = true;
             }
             if let Some(p) = st.in_progress.as_mut() {
@@ -1051,7 +1077,7 @@ impl<H: Host> Run<'_, H> {
                 let _ = self.ctx.store.save(st);
             }
             match step {
-                Step::Drain => self.drain().await?,
+                Step::Drain => self.drain_and_look().await?,
                 Step::Stop => self.stop().await?,
                 Step::WaitStopped => self.wait_stopped(stop).await?,
                 Step::RemoveDropIns => self.remove_drop_ins().await?,
@@ -1086,6 +1112,28 @@ impl<H: Host> Run<'_, H> {
                 &Event::Warning(format!("{verb} {unit} failed ({e:#}); the next reconcile tries again")),
             );
         }
+    }
+
+    /// The pre-flight's verdict, waited for: a refusal stops the run at `step`.
+    async fn pass_gate(&mut self, step: Step) -> Result<(), StepFailure> {
+        let Some(gate) = self.gate.take() else { return Ok(()) };
+        match gate.await {
+            Some(verdict) => Err(StepFailure { step, message: verdict, cause: Cause::Refused }),
+            None => Ok(()),
+        }
+    }
+
+    /// The drain, and the pre-flight's look alongside it: both done, or the first to fail (a
+    /// refusal ends the drain: nothing is stopped).
+    async fn drain_and_look(&mut self) -> Result<(), StepFailure> {
+        let Some(gate) = self.gate.take() else { return self.drain().await };
+        let look = async {
+            match gate.await {
+                Some(verdict) => Err(StepFailure { step: Step::Drain, message: verdict, cause: Cause::Refused }),
+                None => Ok(()),
+            }
+        };
+        tokio::try_join!(self.drain(), look).map(drop)
     }
 
     async fn drain(&mut self) -> Result<(), StepFailure> {

@@ -269,6 +269,60 @@ fn a_remote_over_file_url_and_git_daemon_deploys() {
     f.e.b.shutdown().unwrap();
 }
 
+/// The agent runs sandboxed as shipped: `PrivateTmp=yes` gives it a /tmp and /var/tmp of its
+/// own. Its pre-flight judges the files as the managed unit finds them: a model under the
+/// host's /tmp and an environment file under its /var/tmp refuse nothing; a drop-in that gives
+/// the unit a /tmp of its own makes the same model one its server would not find, and that is
+/// refused before the serving instance is touched.
+#[test]
+fn the_pre_flight_sees_files_as_the_unit_finds_them_not_as_the_sandboxed_agent() {
+    let f = Fleet::new();
+    let (a, unit) = (f.e.port, "qwen-tmp.service");
+    // In the box's own /tmp and /var/tmp: the host's, for the unit; not the agent's.
+    f.e.b.write_file("/tmp/models/qwen/config.json", "{\"architectures\": [\"Qwen3NextForCausalLM\"]}\n").unwrap();
+    f.e.b.write_file("/var/tmp/qwen.env", "QWEN_FROM_ENV_FILE=1\n").unwrap();
+    let spec = |steps: u32| {
+        f.spec(unit, a, steps, 200, "")
+            .replace(specd_e2e::STANDIN_MODEL, "/tmp/models/qwen")
+            .replace("timeout_stop_sec: 5,", "timeout_stop_sec: 5, environment_files: [/var/tmp/qwen.env],")
+    };
+    f.commit(&[("qwen.yaml", &spec(5))], "steps 5");
+    f.start_agent(f.repo.to_str().unwrap(), "");
+    f.wait_steps(a, 5, Duration::from_secs(30));
+    f.wait_applied(unit, 1);
+    // A change replaces the serving instance: the pre-flight runs first, and lets it through.
+    f.commit(&[("qwen.yaml", &spec(6))], "steps 6");
+    f.wait_steps(a, 6, Duration::from_secs(30));
+    let serving = f.e.main_pid(unit);
+    let environ = f.e.b.read_file(&format!("/proc/{serving}/environ")).unwrap();
+    assert!(String::from_utf8_lossy(&environ).contains("QWEN_FROM_ENV_FILE=1"), "systemd read the environment file");
+    let journal = f.e.b.journal(AGENT).unwrap();
+    assert!(!journal.contains("Refused"), "{journal}");
+
+    // A drop-in of the host's gives units named qwen-* a /tmp of their own.
+    let drop_in = "/etc/systemd/system/qwen-.service.d/tmp.conf";
+    f.e.b.write_file(drop_in, "[Service]\nPrivateTmp=yes\n").unwrap();
+    f.e.b.systemctl_check(&["daemon-reload"]).unwrap();
+    f.commit(&[("qwen.yaml", &spec(7))], "steps 7");
+    let why = format!(
+        "the model /tmp/models/qwen is under /tmp, which the unit's PrivateTmp=yes (in {drop_in}) hides from its server"
+    );
+    wait_until("the apply to be refused", Duration::from_secs(30), || text(&f.e.specd(&["status"])).contains(&why))
+        .unwrap_or_else(|e| {
+            panic!(
+                "{e}\n{}\nagent journal:\n{}",
+                text(&f.e.specd(&["status"])),
+                f.e.b.journal(AGENT).unwrap_or_default()
+            )
+        });
+    let status = text(&f.e.specd(&["status"]));
+    assert!(status.contains("nothing was stopped or changed"), "{status}");
+    assert!(!status.contains("environment file"), "systemd reads it before the sandbox: {status}");
+    assert_eq!(f.e.main_pid(unit), serving, "the serving instance was touched");
+    assert_eq!(f.steps(a), Some(6));
+    f.e.b.shutdown().unwrap();
+}
+
 /// The agent deploys steps=5, then a commit of steps=10 with a slow load; returns the port once
 /// that apply is waiting for readiness.
 fn slow_apply_waiting(f: &Fleet) -> u16 {

@@ -118,6 +118,10 @@ struct World {
     journal_lag: Duration,
     /// How long a server takes to exit after SIGTERM ([`EXIT_AFTER_TERM`] unless set).
     exit_after_term: Option<Duration>,
+    /// How long a pre-flight takes (`systemd-analyze verify` on a busy host).
+    preflight_lag: Duration,
+    /// Until then, the serving instance has a request in flight.
+    busy_until: Option<Instant>,
 }
 
 /// What the fault plan says about this call.
@@ -268,6 +272,16 @@ impl FakeHost {
     /// The journal takes `lag` to answer a look at a unit's instances (a busy journald).
     pub fn journal_lag(&self, lag: Duration) {
         self.w().journal_lag = lag;
+    }
+
+    /// A pre-flight takes `lag`.
+    pub fn preflight_lag(&self, lag: Duration) {
+        self.w().preflight_lag = lag;
+    }
+
+    /// The serving instance has a request in flight for `d` from now.
+    pub fn busy_for(&self, d: Duration) {
+        self.w().busy_until = Some(Instant::now() + d);
     }
 
     /// A process outside the unit (a sweep's), alive until [`FakeHost::end_holder`].
@@ -851,7 +865,8 @@ impl Host for FakeHost {
 
     async fn running_requests(&self, base_url: &str, _engine: Engine) -> Option<u64> {
         self.call("running_requests", HTTP, |_| ()).await.map_or(Some(()), |_| None)?;
-        self.ready_server(base_url).map(|_| 0)
+        let busy = self.w().busy_until.is_some_and(|t| Instant::now() < t);
+        self.ready_server(base_url).map(|_| u64::from(busy))
     }
 
     async fn speculation(&self, base_url: &str, _spec: &Spec) -> Result<Speculation, String> {
@@ -931,7 +946,15 @@ impl Host for FakeHost {
         Vec::new()
     }
 
-    async fn preflight(&self, _spec: &Spec, unit_text: &str, _cgroup: &str) -> crate::preflight::Outcome {
+    async fn preflight(
+        &self,
+        _spec: &Spec,
+        unit_text: &str,
+        _drop_ins: &[String],
+        _cgroup: &str,
+    ) -> crate::preflight::Outcome {
+        let lag = self.w().preflight_lag;
+        tokio::time::sleep(lag).await;
         let argv = specd_spec::exec_start(unit_text).unwrap_or_default();
         let problems = self.w().preflight.iter().filter(|(a, _)| *a == argv).map(|(_, p)| p.clone()).collect();
         crate::preflight::Outcome { problems, notes: Vec::new() }

@@ -120,9 +120,16 @@ pub trait Host: Clone + Send + Sync + 'static {
     // What can be known before a start.
 
     /// Whether a unit text can start on this host, by looking at it without starting it (its
-    /// program, model paths, files, user, port...: `preflight`); `cgroup` is the unit's own
-    /// (a port its running instance holds is not in the way).
-    fn preflight(&self, spec: &Spec, unit_text: &str, cgroup: &str) -> impl Future<Output = preflight::Outcome> + Send;
+    /// program, model paths, files, user, port...: `preflight`), with the drop-ins that will
+    /// apply to it (`drop_ins`, paths); `cgroup` is the unit's own (a port its running instance
+    /// holds is not in the way).
+    fn preflight(
+        &self,
+        spec: &Spec,
+        unit_text: &str,
+        drop_ins: &[String],
+        cgroup: &str,
+    ) -> impl Future<Output = preflight::Outcome> + Send;
 
     // The journal.
 
@@ -344,8 +351,8 @@ impl Host for RealHost {
         let _ = crate::diagnose::journal_note(unit, action, Some(invocation), message);
     }
 
-    async fn preflight(&self, spec: &Spec, unit_text: &str, cgroup: &str) -> preflight::Outcome {
-        preflight::run(&preflight::checks(spec, unit_text), cgroup).await
+    async fn preflight(&self, spec: &Spec, unit_text: &str, drop_ins: &[String], cgroup: &str) -> preflight::Outcome {
+        preflight::on_this_host(spec, unit_text, drop_ins, cgroup).await.1
     }
 
     async fn last_said(&self, invocation: &str) -> Option<String> {

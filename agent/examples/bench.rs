@@ -104,7 +104,7 @@ fn hand_written(b: &SystemdBox, units: &[String], ports: &[u16], load_ms: u32) -
         hand.push_str(&format!("{unit}) port={port} i={i};;\n"));
     }
     hand.push_str(
-        &format!("esac\nsystemctl stop $1 && cp /run/units/$i-$2.service /etc/systemd/system/$1 && systemctl daemon-reload && systemctl start $1 && until curl -sf -o /dev/null http://127.0.0.1:$port/health_generate; do sleep 0.01; done || exit 1\nif [ \"$3\" = proof ]; then curl -sf -o /dev/null -d '{{\"text\": \"proof\", \"sampling_params\": {{\"max_new_tokens\": {}, \"temperature\": 0}}}}' http://127.0.0.1:$port/generate || exit 1; fi\n", specd::PROOF_TOKENS),
+        &format!("esac\nsystemctl stop $1 && cp /run/units/$i-$2.service /etc/systemd/system/$1 && systemctl daemon-reload && systemctl start $1 && until curl -sf -o /dev/null http://127.0.0.1:$port/health_generate; do sleep 0.01; done || exit 1\nif [ \"$3\" = proof ]; then curl -sf -o /dev/null -d '{{\"text\": \"proof\", \"sampling_params\": {{\"max_new_tokens\": {}, \"temperature\": 0}}}}' http://127.0.0.1:$port/generate || exit 1; fi\n", specd::parts::machine::TOKENS),
     );
     b.write_file("/run/hand.sh", hand)
 }
@@ -112,7 +112,7 @@ fn hand_written(b: &SystemdBox, units: &[String], ports: &[u16], load_ms: u32) -
 /// `specd status`, `systemctl show` and daemon-reload, in a box with one unit and one with 16.
 fn systemd_calls(runs: usize) -> anyhow::Result<()> {
     let specd = specd_bin();
-    let props = specd::UNIT_PROPERTIES.join(",");
+    let props = specd::parts::machine::PROPS.join(",");
     println!("\n## systemd calls (wall time of the whole process, ms)\n");
     println!("| what | runs | median | p90 |\n|---|---|---|---|");
     for n in [1, 16] {
@@ -187,7 +187,7 @@ fn apply_overhead(n: usize, runs: usize, load_ms: u32) -> anyhow::Result<()> {
     println!("| hand-written: stop; cp; daemon-reload; start; poll every 10 ms | {mh:.3} | {:.3} |", pct(&mut h, 0.9));
     println!(
         "| hand-written, then the speculation proof's one {}-token generation | {mhp:.3} | {:.3} |",
-        specd::PROOF_TOKENS,
+        specd::parts::machine::TOKENS,
         pct(&mut hp, 0.9)
     );
     let each = if n == 1 { "" } else { ", one process per unit" };
@@ -227,21 +227,23 @@ fn readiness_lag(runs: usize) -> anyhow::Result<()> {
             .spawn()?;
         let url = format!("http://127.0.0.1:{port}/health_generate");
         let lag = rt.block_on(async {
-            let probe = specd::Probe::new(Duration::from_secs(2));
+            let probe = specd::parts::machine::Probe::new(Duration::from_secs(2));
             // Ground truth: a 1 ms poller.
             let truth = {
                 let (p, u) = (probe.clone(), url.clone());
                 tokio::spawn(async move {
                     loop {
-                        if p.health(&u).await == specd::Health::Ready {
+                        if p.health(&u).await == specd::parts::machine::Health::Ready {
                             return Instant::now();
                         }
                         tokio::time::sleep(Duration::from_millis(1)).await;
                     }
                 })
             };
-            let op = || async { if probe.health(&url).await == specd::Health::Ready { Ok(()) } else { Err(()) } };
-            op.retry(specd::readiness_backoff()).sleep(tokio::time::sleep).await.ok();
+            let op = || async {
+                if probe.health(&url).await == specd::parts::machine::Health::Ready { Ok(()) } else { Err(()) }
+            };
+            op.retry(specd::parts::machine::readiness_backoff()).sleep(tokio::time::sleep).await.ok();
             let noticed = Instant::now();
             let t = truth.await.unwrap();
             noticed.saturating_duration_since(t).as_secs_f64() * 1000.0
@@ -578,7 +580,7 @@ fn main() -> anyhow::Result<()> {
 
 /// One revision through simulated hosts: `waves` as (hosts, max_unavailable), bakes of 2 s.
 fn fleet_rollout(waves: &[(usize, u32)]) -> anyhow::Result<()> {
-    use specd::rollout::{Evidence, ExpectedUnit, HostEvidence, Inputs, Step, UnitEvidence, decide};
+    use specd::parts::fleet::{Evidence, ExpectedUnit, HostEvidence, Inputs, Step, UnitEvidence, decide};
     use specd_spec::fleet::Record;
     use std::collections::BTreeMap;
     use std::sync::{Arc, Mutex};
@@ -614,7 +616,7 @@ fn fleet_rollout(waves: &[(usize, u32)]) -> anyhow::Result<()> {
     };
     let old = commit("old")?;
     let parsed = specd_spec::fleet::parse_fleet(&fleet, "fleet.yaml").map_err(|d| anyhow::anyhow!("{d}"))?;
-    let cfg = specd::SourceConfig::new(&repo.display().to_string());
+    let cfg = specd::parts::source::SourceConfig::new(&repo.display().to_string());
     let cache = dir.path().join("cache");
     // What each host runs: (revision, when it finished applying).
     type Runs = BTreeMap<String, (String, Option<Instant>)>;
@@ -654,7 +656,7 @@ fn fleet_rollout(waves: &[(usize, u32)]) -> anyhow::Result<()> {
         let (cfg, cache, runs, stop, commits, parsed, released) =
             (cfg.clone(), cache.clone(), runs.clone(), stop.clone(), commits.clone(), parsed.clone(), released.clone());
         std::thread::spawn(move || -> anyhow::Result<()> {
-            let src = specd::GitSource::open(cfg, &cache)?;
+            let src = specd::parts::source::GitSource::open(cfg, &cache)?;
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                 let head = src.head()?.to_string();
                 let rec = src.fetch_record(parsed.record_branch())?;
@@ -675,9 +677,17 @@ fn fleet_rollout(waves: &[(usize, u32)]) -> anyhow::Result<()> {
                 };
                 match decide(&inputs) {
                     Step::Write { record: r, message } => {
-                        let c =
-                            specd::commit_record(&src, record.map(|r| r.0), &r.render(), &message, "b <b@b>", None)?;
-                        if let specd::Pushed::Done = specd::push_record(&src, c, parsed.record_branch())? {
+                        let c = specd::parts::fleet::commit_record(
+                            &src,
+                            record.map(|r| r.0),
+                            &r.render(),
+                            &message,
+                            "b <b@b>",
+                            None,
+                        )?;
+                        if let specd::parts::fleet::Pushed::Done =
+                            specd::parts::fleet::push_record(&src, c, parsed.record_branch())?
+                        {
                             commits.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                             if r.state == specd_spec::fleet::RolloutState::Complete {
                                 *released.lock().unwrap() = Some(Instant::now());
@@ -711,7 +721,7 @@ fn fleet_rollout(waves: &[(usize, u32)]) -> anyhow::Result<()> {
                 h.clone(),
             );
             std::thread::spawn(move || -> anyhow::Result<()> {
-                let src = specd::GitSource::open(cfg, &cache)?;
+                let src = specd::parts::source::GitSource::open(cfg, &cache)?;
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                     if let Some(oid) = src.fetch_record(parsed.record_branch())? {
                         let r = Record::parse(&src.read_record(oid)?, "r").map_err(|d| anyhow::anyhow!("{d}"))?;

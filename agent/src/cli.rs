@@ -5,9 +5,9 @@ use std::process::ExitCode;
 
 use clap::{CommandFactory, Parser, Subcommand};
 
+use crate::commands::context::Dirs;
 use crate::config::{self, AgentConfig};
-use crate::context::Dirs;
-use crate::{agent, ops, specs, sweep};
+use crate::{commands::ops, daemon, source::spec_files, sweep};
 
 /// The exit codes of every command, as `specd --help` and the README's Commands section give
 /// them.
@@ -174,7 +174,7 @@ pub enum Command {
         #[arg(long, default_value_t = 30)]
         interval: u64,
         #[command(flatten)]
-        common: crate::promote::Common,
+        common: crate::fleet::promote::Common,
     },
     /// The fleet's rollout: status of every host, halt and resume by hand.
     Fleet {
@@ -350,7 +350,7 @@ pub enum FleetCommand {
         #[command(flatten)]
         repo: RepoArgs,
         #[command(flatten)]
-        common: crate::promote::Common,
+        common: crate::fleet::promote::Common,
     },
     /// Halt the rollout: nothing advances (new revisions included) until `specd fleet resume`.
     Halt {
@@ -363,7 +363,7 @@ pub enum FleetCommand {
         #[arg(long)]
         by: Option<String>,
         #[command(flatten)]
-        common: crate::promote::Common,
+        common: crate::fleet::promote::Common,
     },
     /// Resume a halted rollout: its wave promotes again.
     Resume {
@@ -372,17 +372,21 @@ pub enum FleetCommand {
         #[arg(long)]
         by: Option<String>,
         #[command(flatten)]
-        common: crate::promote::Common,
+        common: crate::fleet::promote::Common,
     },
 }
 
 /// The promoter's options from its flags.
-fn promoter(dirs: &Dirs, repo: RepoArgs, common: crate::promote::Common) -> anyhow::Result<crate::promote::Options> {
+fn promoter(
+    dirs: &Dirs,
+    repo: RepoArgs,
+    common: crate::fleet::promote::Common,
+) -> anyhow::Result<crate::fleet::promote::Options> {
     let mut cfg = AgentConfig::load(&repo.config)?;
     cfg.repo = repo.repo.or(cfg.repo);
     cfg.branch = repo.branch.or(cfg.branch);
     cfg.path = repo.path.or(cfg.path);
-    crate::promote::options(&cfg, dirs.state_dir.join("promote"), common)
+    crate::fleet::promote::options(&cfg, dirs.state_dir.join("promote"), common)
 }
 
 /// The documents `specd schema` describes.
@@ -399,9 +403,9 @@ pub enum SchemaKind {
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let dirs = cli.global.dirs();
-    crate::log::init(match cli.command {
-        Command::Run { .. } => crate::log::Mode::Agent,
-        _ => crate::log::Mode::Command,
+    crate::machine::log::init(match cli.command {
+        Command::Run { .. } => crate::machine::log::Mode::Agent,
+        _ => crate::machine::log::Mode::Command,
     });
     match cli.command {
         Command::Apply { file, dry_run, json, host, config } => run_async(async move {
@@ -432,24 +436,26 @@ pub fn main() -> ExitCode {
                     state_dir: cfg.state_dir.clone().unwrap_or(dirs.state_dir),
                     unit_dir: cfg.unit_dir.clone().unwrap_or(dirs.unit_dir),
                 };
-                agent::run(agent::RunOptions { config: cfg, dirs }).await?;
+                daemon::run(daemon::RunOptions { config: cfg, dirs }).await?;
                 Ok(0)
             })
         }
         Command::Promote { repo, watch, interval, common } => run_async(async move {
             let opts = promoter(&dirs, repo, common)?;
-            crate::promote::promote(&opts, watch.then(|| std::time::Duration::from_secs(interval.max(1)))).await
+            crate::fleet::promote::promote(&opts, watch.then(|| std::time::Duration::from_secs(interval.max(1)))).await
         }),
         Command::Fleet { command } => run_async(async move {
             match command {
-                FleetCommand::Status { repo, common } => crate::promote::status(&promoter(&dirs, repo, common)?).await,
+                FleetCommand::Status { repo, common } => {
+                    crate::fleet::promote::status(&promoter(&dirs, repo, common)?).await
+                }
                 FleetCommand::Halt { repo, reason, by, common } => {
                     let opts = promoter(&dirs, repo, common)?;
-                    crate::promote::by_hand(&opts, &crate::promote::person(by), Some(&reason)).await
+                    crate::fleet::promote::by_hand(&opts, &crate::fleet::promote::person(by), Some(&reason)).await
                 }
                 FleetCommand::Resume { repo, by, common } => {
                     let opts = promoter(&dirs, repo, common)?;
-                    crate::promote::by_hand(&opts, &crate::promote::person(by), None).await
+                    crate::fleet::promote::by_hand(&opts, &crate::fleet::promote::person(by), None).await
                 }
             }
         }),
@@ -508,7 +514,7 @@ fn man_pages(out: &std::path::Path) -> anyhow::Result<()> {
         let mut buf = Vec::new();
         clap_mangen::Man::new(cmd).render(&mut buf)?;
         let path = out.join(format!("{name}.1"));
-        crate::fsx::atomic_write(&path, &buf, 0o644).with_context(|| format!("writing {}", path.display()))
+        crate::machine::atomic::atomic_write(&path, &buf, 0o644).with_context(|| format!("writing {}", path.display()))
     };
     for sub in cmd.get_subcommands().filter(|s| s.get_name() != "help") {
         let name = format!("specd-{}", sub.get_name());
@@ -520,7 +526,7 @@ fn man_pages(out: &std::path::Path) -> anyhow::Result<()> {
 
 fn validate(paths: &[PathBuf], json: bool) -> ExitCode {
     // A directory that cannot be read, or a link in one: reported with the files' problems.
-    let (files, unread) = specs::expand(paths);
+    let (files, unread) = spec_files::expand(paths);
     if !json {
         for d in &unread {
             eprintln!("{d}");
@@ -534,7 +540,7 @@ fn validate(paths: &[PathBuf], json: bool) -> ExitCode {
             Ok(text) if specd_spec::sweep::is_sweep(&text) => validate_sweep(f, &text),
             Ok(text) if specd_spec::fleet::is_fleet(&text) => specd_spec::fleet::check(&text, &f.display().to_string()),
             Ok(text) => specd_spec::check(&f.display().to_string(), &text),
-            Err(e) => specd_spec::Diagnostics(vec![specs::io_diag(f, &e)]),
+            Err(e) => specd_spec::Diagnostics(vec![spec_files::io_diag(f, &e)]),
         };
         if !json {
             for d in &diags.0 {
@@ -564,7 +570,11 @@ fn validate(paths: &[PathBuf], json: bool) -> ExitCode {
 fn install_notifier(config: &std::path::Path) {
     match AgentConfig::load(config) {
         Ok(cfg) => {
-            crate::notify::install(&cfg.notify.webhooks, &crate::context::hostname(cfg.hostname.clone()), None);
+            crate::notify::install(
+                &cfg.notify.webhooks,
+                &crate::commands::context::hostname(cfg.hostname.clone()),
+                None,
+            );
         }
         Err(e) => tracing::warn!("{e:#}; no webhook is told of this apply"),
     }
@@ -572,7 +582,7 @@ fn install_notifier(config: &std::path::Path) {
 
 /// `specd validate --json`: one object per diagnostic; `[]` when every file is valid.
 fn diagnostics_json(diags: &[specd_spec::Diagnostic]) -> String {
-    serde_json::to_string_pretty(&specs::diagnostics_json(diags)).unwrap_or_else(|_| "[]".into())
+    serde_json::to_string_pretty(&spec_files::diagnostics_json(diags)).unwrap_or_else(|_| "[]".into())
 }
 
 /// A sweep document, its base spec and every point of it.
@@ -582,14 +592,14 @@ fn validate_sweep(f: &std::path::Path, text: &str) -> specd_spec::Diagnostics {
         Err(d) => return d,
     };
     let base = sweep.base_path(f);
-    match specs::load(&base).and_then(|b| specd_spec::sweep::points(&sweep, &b)) {
+    match spec_files::load(&base).and_then(|b| specd_spec::sweep::points(&sweep, &b)) {
         Ok(_) => specd_spec::Diagnostics::default(),
         Err(d) => d,
     }
 }
 
 fn render(file: &std::path::Path, host: Option<&str>, hash: bool) -> ExitCode {
-    let spec = match specs::load(file).and_then(|p| p.resolve(host)) {
+    let spec = match spec_files::load(file).and_then(|p| p.resolve(host)) {
         Ok(s) => s,
         Err(d) => {
             eprintln!("{d}");
@@ -622,7 +632,7 @@ fn run_on(mut rt: tokio::runtime::Builder, f: impl std::future::Future<Output = 
     match result {
         Ok(code) => ExitCode::from(code),
         Err(e) => {
-            crate::log::fatal(&format!("{e:#}"));
+            crate::machine::log::fatal(&format!("{e:#}"));
             ExitCode::from(2)
         }
     }

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde_json::Value;
-use specd::diagnose::{self, Raw};
+use specd::parts::diagnose::{self, Raw};
 use specd_e2e::{SystemdBox, bin_path, free_port, wait_until};
 
 fn boot() -> SystemdBox {

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use specd::{BUILTIN_PROMPTS, LevelResult, LoadApi, LoadLevel, run_load};
+use specd::parts::sweep::{Api as LoadApi, BUILTIN_PROMPTS, Level as LoadLevel, LevelResult, run as run_load};
 use specd_spec::Engine;
 
 fn standin(args: &[&str], env: &[(&str, &str)]) -> Reaped {
@@ -224,7 +224,7 @@ spec:
     )
 }
 
-fn results(e: &Env, out: &str) -> Vec<specd::PointResult> {
+fn results(e: &Env, out: &str) -> Vec<specd::parts::sweep::PointResult> {
     let text = e.b.read_to_string(&format!("{out}/results.jsonl")).unwrap_or_default();
     text.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|err| panic!("{err}: {l}"))).collect()
 }
@@ -258,7 +258,7 @@ fn a_sweep_measures_each_point_restores_the_unit_and_writes_its_reports() {
         "{said}"
     );
     for p in &r {
-        assert_eq!(p.outcome, specd::PointOutcome::Measured, "{p:?}\n{said}");
+        assert_eq!(p.outcome, specd::parts::sweep::PointOutcome::Measured, "{p:?}\n{said}");
         assert_eq!(p.levels.iter().map(|l| l.concurrency).collect::<Vec<_>>(), [1, 4]);
         assert!(p.levels.iter().all(|l| l.errors == 0 && l.requests == 4 && l.output_tokens == 64), "{p:?}");
         assert!(p.levels[0].accept_length.is_some(), "the engine's evidence: {p:?}");
@@ -322,7 +322,7 @@ fn a_sweep_measures_each_point_restores_the_unit_and_writes_its_reports() {
     assert_eq!(j["spec_written"], true);
     let change = j["spec_change"].as_str().unwrap();
     assert!(change.contains(&format!("+  speculative: {{algorithm: NEXTN, num_steps: {steps},")), "{change}");
-    let recs: Vec<specd::PointResult> = serde_json::from_value(j["results"].clone()).unwrap();
+    let recs: Vec<specd::parts::sweep::PointResult> = serde_json::from_value(j["results"].clone()).unwrap();
     assert_eq!(
         recs.iter().map(|r| r.unit_sha256.as_str()).collect::<Vec<_>>(),
         r.iter().map(|r| r.unit_sha256.as_str()).collect::<Vec<_>>()
@@ -379,11 +379,15 @@ fn a_point_that_dies_of_cuda_oom_is_recorded_with_its_verdict_and_the_sweep_goes
     let r = results(&e, out);
     assert_eq!(r.len(), 6, "{said}");
     let oom = &r[3];
-    assert_eq!((oom.label.as_str(), oom.outcome), ("num_steps=6", specd::PointOutcome::ApplyFailed), "{said}");
+    assert_eq!(
+        (oom.label.as_str(), oom.outcome),
+        ("num_steps=6", specd::parts::sweep::PointOutcome::ApplyFailed),
+        "{said}"
+    );
     assert_eq!(oom.verdict.as_deref(), Some("cuda-oom"), "{oom:?}\n{said}");
     assert!(oom.summary.as_deref().unwrap_or("").contains("CUDA"), "{oom:?}");
     for p in r.iter().filter(|p| p.label != "num_steps=6") {
-        assert_eq!(p.outcome, specd::PointOutcome::Measured, "{p:?}\n{said}");
+        assert_eq!(p.outcome, specd::parts::sweep::PointOutcome::Measured, "{p:?}\n{said}");
         assert!(p.levels.iter().all(|l| l.errors == 0 && l.accept_length.is_some()), "{p:?}");
     }
     // The points after the dead one were measured on their own units; the unit is back.
@@ -477,7 +481,7 @@ fn a_running_agent_leaves_the_swept_unit_alone_and_manages_it_again_after() {
     let said = text(&o);
     assert!(o.status.success(), "{said}\n{}", journal());
     let r = results(e, "/run/specs/out");
-    assert!(r.iter().all(|p| p.outcome == specd::PointOutcome::Measured), "{r:?}");
+    assert!(r.iter().all(|p| p.outcome == specd::parts::sweep::PointOutcome::Measured), "{r:?}");
     // Between the sweep's hold and its release, every apply is the sweep's: one per point, then
     // the restore of the agent's unit. None of the agent's own.
     let st = e.state(UNIT);
@@ -565,7 +569,7 @@ spec:
     let r = results(&e, "/run/specs/out");
     assert_eq!(r.len(), 2, "{said}");
     for p in &r {
-        assert_eq!(p.outcome, specd::PointOutcome::Measured, "{p:?}\n{said}");
+        assert_eq!(p.outcome, specd::parts::sweep::PointOutcome::Measured, "{p:?}\n{said}");
         let lv = &p.levels[0];
         assert_eq!((lv.requests, lv.errors, lv.output_tokens), (2, 0, 48), "{p:?}");
         let rate = lv.accept_rate.unwrap_or_else(|| panic!("no accept rate: {p:?}"));
@@ -640,10 +644,10 @@ fn a_server_that_dies_under_load_is_recorded_with_its_diagnosis_and_the_sweep_go
     assert!(status.success(), "{said}");
     let r = results(&e, out);
     assert_eq!(r.len(), 2, "{said}");
-    assert_eq!(r[0].outcome, specd::PointOutcome::DiedUnderLoad, "{:?}\n{said}", r[0]);
+    assert_eq!(r[0].outcome, specd::parts::sweep::PointOutcome::DiedUnderLoad, "{:?}\n{said}", r[0]);
     let verdict = r[0].verdict.as_deref().unwrap_or("");
     assert!(!verdict.is_empty() && verdict != "unknown", "{:?}\n{said}", r[0]);
-    assert_eq!(r[1].outcome, specd::PointOutcome::Measured, "{said}");
+    assert_eq!(r[1].outcome, specd::parts::sweep::PointOutcome::Measured, "{said}");
     assert!(said.contains(&format!("[1/2] num_steps=1: died under load: {verdict}")), "{said}");
     assert_eq!(e.served_steps(), Some(3));
     e.b.shutdown().unwrap();

@@ -366,11 +366,11 @@ spec:
     let said = text(&o);
     assert!(o.status.success(), "step 7: the sweep failed:\n{said}");
     let records = e.b.read_to_string("/run/specs/out/results.jsonl").unwrap_or_default();
-    let points: Vec<specd::PointResult> =
+    let points: Vec<specd::parts::sweep::PointResult> =
         records.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|err| panic!("{err}: {l}"))).collect();
     assert_eq!(points.len(), 2, "step 7: {said}");
     for (p, k) in points.iter().zip([2u64, 3]) {
-        assert_eq!(p.outcome, specd::PointOutcome::Measured, "step 7: {p:?}\n{said}");
+        assert_eq!(p.outcome, specd::parts::sweep::PointOutcome::Measured, "step 7: {p:?}\n{said}");
         let lv = &p.levels[0];
         assert_eq!((lv.requests, lv.errors), (2, 0), "step 7: {p:?}");
         let rate = lv.accept_rate.unwrap_or_else(|| panic!("step 7: no accept rate: {p:?}"));

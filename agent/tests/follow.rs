@@ -8,7 +8,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use specd::{Evaluation, Follower, GitSource, SourceConfig, evaluate};
+use specd::parts::source::{Evaluation, Follower, GitSource, SourceConfig, evaluate};
 use specd_e2e::git;
 use specd_spec::fleet::{Promoted, Record, RolloutState, WaveRecord};
 

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use specd::{Evidence, HostEvidence, Prometheus, Sample, UnitEvidence, gather};
+use specd::parts::fleet::{Evidence, HostEvidence, Prometheus, Sample, UnitEvidence, gather};
 use specd_e2e::{wait_for, wait_until};
 use specd_spec::fleet::{Promoted, Record, RolloutState, WaveRecord};
 

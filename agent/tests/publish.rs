@@ -8,7 +8,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use git2::Oid;
-use specd::{GitSource, Pushed, Signing, SourceConfig, Verify, commit_record, push_record};
+use specd::parts::fleet::{Pushed, Signing, commit_record, push_record};
+use specd::parts::source::{GitSource, SourceConfig, Verify};
 use specd_e2e::{git, ssh_key};
 
 const BRANCH: &str = "specd-promotions";

@@ -4,8 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use specd::evaluate;
-use specd::{GitSource, SourceConfig, Verify};
+use specd::parts::source::{GitSource, SourceConfig, Verify, evaluate};
 use specd_e2e::{git, ssh_key};
 
 const SPEC: &str = "apiVersion: specd/v1
@@ -42,7 +41,7 @@ fn cfg(repo: &str) -> SourceConfig {
     SourceConfig::new(repo)
 }
 
-fn steps_of(e: &specd::Evaluation) -> Vec<u32> {
+fn steps_of(e: &specd::parts::source::Evaluation) -> Vec<u32> {
     e.desired.iter().map(|d| d.spec.speculative.as_ref().unwrap().num_steps.unwrap()).collect()
 }
 

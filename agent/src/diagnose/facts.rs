@@ -4,7 +4,7 @@
 
 use super::fatal::{Fatal, Level, fatal, level};
 use super::{Evidence, Line, Origin, REQUEST_WINDOW_US, UnitView};
-use crate::service::ServiceResult;
+use crate::core::unit_state::ServiceResult;
 
 /// The engines' own out-of-GPU-memory messages.
 pub const CUDA_OOM_SIGNATURES: &[(&str, &str)] = &[

@@ -108,7 +108,7 @@ impl JournalSource for Journald {
     }
 
     fn cmdline(&self, pid: u32) -> Option<Vec<String>> {
-        crate::cgroup::cmdline(pid)
+        crate::machine::cgroup::cmdline(pid)
     }
 
     fn oom_kill_count(&self, control_group: &str) -> Option<u64> {
@@ -152,15 +152,10 @@ fn read_ring_buffer() -> Option<String> {
     Some(String::from_utf8_lossy(&buf).into_owned())
 }
 
-/// This host's kernel OOM-killer lines since `since_us` (see [`Journald`]).
-pub async fn kernel_oom_lines(since_us: u64) -> Vec<Line> {
-    Journald.kernel_oom_lines(since_us).await
-}
-
 /// The live cgroup's OOM-kill count: cgroup v2 `memory.events` (unified or hybrid layout),
 /// else v1 `memory.oom_control`.
 pub fn oom_kill_count(control_group: &str) -> Option<u64> {
-    use crate::cgroup::Layout;
+    use crate::machine::cgroup::Layout;
     if control_group.is_empty() {
         return None;
     }
@@ -199,7 +194,7 @@ fn context_query(view: &UnitView, since_us: u64) -> JournalQuery {
 pub async fn gather_raw_from<S: JournalSource>(src: &S, unit: &str, max_instances: usize) -> Result<Raw> {
     let show = src.show(unit).await?;
     let view = parse_show(&show);
-    if view.props.load_state == crate::systemd::LoadState::NotFound && view.props.invocation_id.is_empty() {
+    if view.props.load_state == crate::machine::systemd::LoadState::NotFound && view.props.invocation_id.is_empty() {
         bail!("{unit}: no such unit");
     }
     // systemd's lines about the unit and specd's markers (small), then each instance's own

@@ -38,15 +38,9 @@ use anyhow::Result;
 use serde::{Deserialize, Serialize};
 
 pub use assemble::{Raw, assemble};
-pub use facts::CUDA_OOM_SIGNATURES;
-pub use gather::{
-    JournalQuery, JournalSource, Journald, gather, gather_newest, gather_raw, gather_raw_from, kernel_oom_lines,
-    oom_kill_count,
-};
-pub use journal::{JOURNAL_SOCKET, journal_note, journal_note_to};
-pub use parse::{
-    effective_exec_start, format_us, is_kernel_oom_line, parse_journal_json, parse_kmsg, parse_show, parse_timespan_us,
-};
+pub use gather::{JournalSource, gather, gather_newest, gather_raw};
+pub use journal::journal_note;
+pub use parse::format_us;
 pub use text::render_text;
 
 /// How many instances of a unit are diagnosed (newest first).
@@ -167,7 +161,7 @@ pub struct UnitView {
     pub id: String,
     /// The properties the reconciler reads too (state, result, exit status, pids, paths).
     #[serde(flatten)]
-    pub props: crate::systemd::UnitProps,
+    pub props: crate::machine::systemd::UnitProps,
     pub slice: String,
     /// The `argv[]` of the `ExecStart=` systemd has loaded (space-joined, as systemd prints it).
     pub loaded_exec_start: Option<String>,
@@ -181,18 +175,18 @@ impl UnitView {
     /// The instance still runs (or is starting, stopping, reloading), and is not waiting to be
     /// restarted.
     pub fn is_live(&self) -> bool {
-        self.props.active_state.may_run() && self.props.sub_state != crate::service::SubState::AutoRestart
+        self.props.active_state.may_run() && self.props.sub_state != crate::core::unit_state::SubState::AutoRestart
     }
 }
 
-/// What the gatherer asks `systemctl show` for beyond the reconciler's [`crate::systemd::PROPS`].
+/// What the gatherer asks `systemctl show` for beyond the reconciler's [`crate::machine::systemd::PROPS`].
 const EXTRA_PROPS: &[&str] =
     &["Id", "Slice", "ExecStart", "WatchdogUSec", "BindsTo", "PartOf", "Requires", "Requisite"];
 
 /// The `-p` argument of the gatherer's `systemctl show`: the reconciler's properties (which
 /// [`UnitView::props`] parses) and diagnosis' own.
 pub fn show_props() -> String {
-    crate::systemd::PROPS.iter().chain(EXTRA_PROPS).copied().collect::<Vec<_>>().join(",")
+    crate::machine::systemd::PROPS.iter().chain(EXTRA_PROPS).copied().collect::<Vec<_>>().join(",")
 }
 
 /// The journal fields the gatherer reads (`--output-fields`); the timestamps always come along.

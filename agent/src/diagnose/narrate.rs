@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use super::facts::{Exit, Facts, Requester, Stale};
 use super::parse::{format_us, is_kernel_oom_line};
 use super::{Evidence, EvidenceLine, Line, Origin, Verdict};
-use crate::service::ServiceResult;
+use crate::core::unit_state::ServiceResult;
 
 /// What a narration tells.
 pub(super) struct Story {

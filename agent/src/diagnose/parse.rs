@@ -10,7 +10,7 @@ const STOP_DEP_PROPS: &[&str] = &["BindsTo", "PartOf", "Requires", "Requisite"];
 
 /// `2026-12-02T11:48:22.110Z` for microseconds since the epoch.
 pub fn format_us(us: u64) -> String {
-    let s = crate::state::format_time(us / 1_000_000);
+    let s = crate::machine::store::format_time(us / 1_000_000);
     format!("{}.{:03}Z", s.trim_end_matches('Z'), (us % 1_000_000) / 1000)
 }
 
@@ -114,7 +114,7 @@ pub fn parse_show(text: &str) -> UnitView {
     let stop_deps = STOP_DEP_PROPS.iter().flat_map(|p| words(p).into_iter().map(|u| (p.to_string(), u))).collect();
     UnitView {
         id: s("Id"),
-        props: crate::systemd::UnitProps::parse(text),
+        props: crate::machine::systemd::UnitProps::parse(text),
         slice: s("Slice"),
         loaded_exec_start,
         timeout_stop_us: m.get("TimeoutStopUSec").and_then(|v| parse_timespan_us(v)),

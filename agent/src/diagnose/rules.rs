@@ -9,7 +9,7 @@
 
 use super::Verdict;
 use super::facts::Facts;
-use crate::service::ServiceResult;
+use crate::core::unit_state::ServiceResult;
 
 /// One rule: when it holds, the instance gets its verdict.
 pub(super) struct Rule {

@@ -1,7 +1,9 @@
 use std::path::Path;
 
 use super::facts::{Exit, parse_exit_line};
-use super::parse::kernel_kills;
+use super::gather::{JournalQuery, gather_raw_from};
+use super::journal::journal_note_to;
+use super::parse::{effective_exec_start, kernel_kills, parse_journal_json, parse_kmsg, parse_show, parse_timespan_us};
 use super::*;
 
 fn dir() -> std::path::PathBuf {

@@ -19,10 +19,10 @@ use specd_spec::{Engine, Spec};
 use tokio::time::Instant;
 
 use super::{Host, Watch};
-use crate::cgroup::Lingering;
-use crate::probe::Health;
-use crate::speculation::Speculation;
-use crate::systemd::{ActiveState, LoadState, UnitFileState, UnitProps};
+use crate::core::speculation::Speculation;
+use crate::machine::cgroup::Lingering;
+use crate::machine::probe::Health;
+use crate::machine::systemd::{ActiveState, LoadState, UnitFileState, UnitProps};
 
 /// What goes wrong at a planned call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -536,8 +536,8 @@ const SYSTEMCTL: Duration = Duration::from_secs(25);
 const HTTP: Duration = Duration::from_secs(5);
 
 /// The error of a call whose connection systemd's re-execution closed.
-fn lost(name: &str) -> crate::dbus::Lost {
-    crate::dbus::Lost(format!("D-Bus call {name}: the connection closed before the reply"))
+fn lost(name: &str) -> crate::machine::dbus::Lost {
+    crate::machine::dbus::Lost(format!("D-Bus call {name}: the connection closed before the reply"))
 }
 
 /// A call that acted and then lost its reply, or one that did not act at all: the error.
@@ -723,12 +723,12 @@ impl Host for FakeHost {
         pid == 0 || self.w().procs.get(&pid).is_some_and(|p| p.alive)
     }
 
-    fn holder_alive(&self, hold: &crate::hold::Hold) -> bool {
+    fn holder_alive(&self, hold: &crate::core::hold::Hold) -> bool {
         // The fake's pids are never reused.
         hold.pid.is_some_and(|p| self.alive(p))
     }
 
-    async fn holder_exit(&self, hold: &crate::hold::Hold) {
+    async fn holder_exit(&self, hold: &crate::core::hold::Hold) {
         let Some(pid) = hold.pid else { return std::future::pending().await };
         let mut rx = self.changes.subscribe();
         while self.w().procs.get(&pid).is_some_and(|p| p.alive) {
@@ -891,8 +891,8 @@ impl Host for FakeHost {
 
     /// Each request answers `max_tokens` tokens in 100 ms; a server that dies under load dies
     /// at once, and every request of the level fails.
-    async fn load(&self, level: &crate::loadgen::Level) -> crate::loadgen::LevelResult {
-        let mut r = crate::loadgen::LevelResult { concurrency: level.concurrency, ..Default::default() };
+    async fn load(&self, level: &crate::sweep::loadgen::Level) -> crate::sweep::loadgen::LevelResult {
+        let mut r = crate::sweep::loadgen::LevelResult { concurrency: level.concurrency, ..Default::default() };
         let n = level.requests.max(1);
         let fails = self.call("load", HTTP, |e| e).await.or_else(|| {
             let argv = self.ready_server(&level.base_url)?;
@@ -938,7 +938,7 @@ impl Host for FakeHost {
         (self.w().unit.invocation == n).then(|| format!("loading the model (instance {n})"))
     }
 
-    async fn instances(&self, _unit: &str, _current: &str, _within: Duration) -> Vec<crate::metrics::Instance> {
+    async fn instances(&self, _unit: &str, _current: &str, _within: Duration) -> Vec<crate::daemon::metrics::Instance> {
         self.w().calls.push("instances");
         let lag = self.w().journal_lag;
         tokio::time::sleep(lag).await;
@@ -999,24 +999,24 @@ fn set_pointer(v: &mut Value, pointer: &str, value: Value) {
 /// specd's own state files on the fake host: real files (the store's atomic write), each read
 /// and save a call under the fault plan like any other, so a save can fail, hang or be where
 /// specd is killed.
-impl crate::state::StateFiles for FakeHost {
+impl crate::machine::store::StateFiles for FakeHost {
     fn read_state(&self, path: &Path) -> Result<Option<Vec<u8>>> {
         self.sync_call("state_read")?;
-        crate::state::Disk.read_state(path)
+        crate::machine::store::Disk.read_state(path)
     }
 
     fn write_state(&self, path: &Path, bytes: &[u8]) -> Result<()> {
         // Killed in this save: after its temporary file was written, before the rename.
         if self.planned() == Some(Fault::Crash) {
-            let tmp = crate::fsx::write_temp(path, bytes, 0o600)?;
+            let tmp = crate::machine::atomic::write_temp(path, bytes, 0o600)?;
             tmp.into_temp_path().keep()?;
         }
         self.sync_call("state_save")?;
-        crate::state::Disk.write_state(path, bytes)
+        crate::machine::store::Disk.write_state(path, bytes)
     }
 
     fn set_aside_state(&self, path: &Path, dest: &Path) -> Result<()> {
         self.sync_call("state_set_aside")?;
-        crate::state::Disk.set_aside_state(path, dest)
+        crate::machine::store::Disk.set_aside_state(path, dest)
     }
 }

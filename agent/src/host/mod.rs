@@ -3,7 +3,7 @@
 //! the journal). [`RealHost`] is the machine; the reconciler's tests drive the same code on an
 //! in-memory host that can fail at any call (`host::fake`).
 //!
-//! specd's own state files are read and saved through [`crate::state::StateFiles`] (the disk,
+//! specd's own state files are read and saved through [`crate::machine::store::StateFiles`] (the disk,
 //! or the fake host). Time is tokio's clock (tests pause it) for waits, and [`Host::now`] for the
 //! wall clock (a hold's expiry).
 
@@ -16,13 +16,13 @@ use serde_json::Value;
 use specd_spec::{Engine, Spec};
 use tokio::time::Instant;
 
-use crate::cgroup::{self, Layout, Lingering};
-use crate::fsx;
+use crate::core::speculation::Speculation;
+use crate::core::timing;
+use crate::machine::atomic;
+use crate::machine::cgroup::{self, Layout, Lingering};
+use crate::machine::probe::{Health, Probe};
+use crate::machine::systemd::{Systemd, UnitProps};
 use crate::preflight;
-use crate::probe::{Health, Probe};
-use crate::speculation::Speculation;
-use crate::systemd::{Systemd, UnitProps};
-use crate::timing;
 
 /// Cheap to clone (a handle): background reads during an apply hold their own.
 pub trait Host: Clone + Send + Sync + 'static {
@@ -50,22 +50,22 @@ pub trait Host: Clone + Send + Sync + 'static {
     /// The process exists and has not exited; pid 0 (not known) counts as alive.
     fn alive(&self, pid: u32) -> bool;
     /// A hold's process (a sweep's) still runs: its pid, started at its start time when known.
-    fn holder_alive(&self, hold: &crate::hold::Hold) -> bool;
+    fn holder_alive(&self, hold: &crate::core::hold::Hold) -> bool;
     /// Until a hold's process (a sweep's) has exited (a pidfd where the kernel has them, else a
     /// look every few seconds); never, for a hold without one.
-    fn holder_exit(&self, hold: &crate::hold::Hold) -> impl Future<Output = ()> + Send;
+    fn holder_exit(&self, hold: &crate::core::hold::Hold) -> impl Future<Output = ()> + Send;
     /// The wall clock, unix seconds (a hold's expiry is a time of day).
     fn now(&self) -> u64;
 
     /// The one hold gate, for the agent (its worker and its reconcile): the effect of a unit's
-    /// `hold` now for a source whose desired unit is `desired_sha` ([`crate::hold::effective`]:
+    /// `hold` now for a source whose desired unit is `desired_sha` ([`crate::core::hold::effective`]:
     /// a hold that names no process is in effect until it expires).
-    fn hold_effect(&self, hold: Option<&crate::hold::Hold>, desired_sha: &str) -> crate::hold::HoldEffect {
+    fn hold_effect(&self, hold: Option<&crate::core::hold::Hold>, desired_sha: &str) -> crate::core::hold::HoldEffect {
         hold_effect(self, hold, Some(desired_sha))
     }
     /// The same gate for a one-shot command (a hand apply, rollback, suspend, resume, a sweep),
     /// which does not follow the source: a pin holds until it expires or is resumed.
-    fn hold_in_effect(&self, hold: Option<&crate::hold::Hold>) -> crate::hold::HoldEffect {
+    fn hold_in_effect(&self, hold: Option<&crate::core::hold::Hold>) -> crate::core::hold::HoldEffect {
         hold_effect(self, hold, None)
     }
     /// This process, as a hold names it: its pid and start time (a sweep's hold, a rollback's
@@ -115,7 +115,10 @@ pub trait Host: Clone + Send + Sync + 'static {
     /// One short generation and the engine's evidence of drafting.
     fn speculation(&self, base_url: &str, spec: &Spec) -> impl Future<Output = Result<Speculation, String>> + Send;
     /// One level of a sweep's load on the server, measured (`loadgen::run`).
-    fn load(&self, level: &crate::loadgen::Level) -> impl Future<Output = crate::loadgen::LevelResult> + Send;
+    fn load(
+        &self,
+        level: &crate::sweep::loadgen::Level,
+    ) -> impl Future<Output = crate::sweep::loadgen::LevelResult> + Send;
 
     // What can be known before a start.
 
@@ -147,7 +150,7 @@ pub trait Host: Clone + Send + Sync + 'static {
         unit: &str,
         current: &str,
         within: Duration,
-    ) -> impl Future<Output = Vec<crate::metrics::Instance>> + Send;
+    ) -> impl Future<Output = Vec<crate::daemon::metrics::Instance>> + Send;
 }
 
 /// See [`Host::watch`].
@@ -160,7 +163,7 @@ pub trait Watch: Send {
 /// A unit's changes, out of all of systemd's `PropertiesChanged` signals.
 pub struct UnitWatch {
     unit: String,
-    changes: Option<crate::systemd::UnitChanges>,
+    changes: Option<crate::machine::systemd::UnitChanges>,
 }
 
 impl Watch for UnitWatch {
@@ -193,20 +196,20 @@ impl RealHost {
 }
 
 /// A call to systemd, asked again on a new connection while the old one was [lost]
-/// (`crate::dbus::Lost`), 20 ms doubling to 1 s apart, for up to [`timing::RECONNECT_WITHIN`]. Every call
+/// (`crate::machine::dbus::Lost`), 20 ms doubling to 1 s apart, for up to [`timing::RECONNECT_WITHIN`]. Every call
 /// specd asks again is one that may be repeated: a property read; `Reload` (reloading twice
 /// loads the same files); `StartUnit`/`StopUnit` in mode `replace` (systemd keeps its jobs
 /// across a re-execution, and asking again for a job that is queued returns that job, and for
 /// one already done returns one that ends at once); enabling or disabling (the same links).
 /// Both hosts go through it, so the reconciler's fault matrix exercises this very loop.
 ///
-/// [lost]: crate::dbus::is_lost
+/// [lost]: crate::machine::dbus::is_lost
 pub async fn reconnecting<T, F: Future<Output = Result<T>>>(what: &str, call: impl Fn() -> F) -> Result<T> {
     let deadline = Instant::now() + timing::RECONNECT_WITHIN;
     let mut pause = Duration::from_millis(20);
     loop {
         match call().await {
-            Err(e) if crate::dbus::is_lost(&e) && Instant::now() < deadline => {
+            Err(e) if crate::machine::dbus::is_lost(&e) && Instant::now() < deadline => {
                 tracing::info!("{what}: the connection to systemd was lost ({e:#}); asking again");
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(Duration::from_secs(1));
@@ -262,11 +265,11 @@ impl Host for RealHost {
         cgroup::cmdline(pid)
     }
 
-    fn holder_alive(&self, hold: &crate::hold::Hold) -> bool {
+    fn holder_alive(&self, hold: &crate::core::hold::Hold) -> bool {
         holder_alive(hold)
     }
 
-    async fn holder_exit(&self, hold: &crate::hold::Hold) {
+    async fn holder_exit(&self, hold: &crate::core::hold::Hold) {
         let Some(pid) = hold.pid else { return std::future::pending().await };
         match exited(pid, hold.pid_start) {
             Some(exit) => exit.await,
@@ -275,7 +278,7 @@ impl Host for RealHost {
     }
 
     fn now(&self) -> u64 {
-        crate::state::now()
+        crate::machine::store::now()
     }
 
     fn me(&self) -> (u32, Option<u64>) {
@@ -284,7 +287,7 @@ impl Host for RealHost {
     }
 
     fn own_unit(&self) -> Option<String> {
-        crate::owner::own_unit()
+        crate::core::owner::own_unit()
     }
 
     fn populated(&self, cg: &str) -> bool {
@@ -296,11 +299,11 @@ impl Host for RealHost {
     }
 
     fn read(&self, path: &Path) -> Result<Option<Vec<u8>>> {
-        fsx::read_opt(path)
+        atomic::read_opt(path)
     }
 
     fn write(&self, path: &Path, bytes: &[u8]) -> Result<()> {
-        fsx::atomic_write(path, bytes, 0o644)
+        atomic::atomic_write(path, bytes, 0o644)
     }
 
     fn exists(&self, path: &Path) -> bool {
@@ -312,13 +315,13 @@ impl Host for RealHost {
     }
 
     fn clean_temps(&self, dir: &Path, name: &str) {
-        fsx::clean_temps(dir, name)
+        atomic::clean_temps(dir, name)
     }
 
     fn move_aside(&self, path: &Path, dest: &Path) -> Result<()> {
         use anyhow::Context;
         if let Some(dir) = dest.parent() {
-            fsx::ensure_private_dir(dir)?;
+            atomic::ensure_private_dir(dir)?;
         }
         // The copy is the owner's only (a drop-in may set secrets).
         std::fs::copy(path, dest)
@@ -343,8 +346,8 @@ impl Host for RealHost {
         self.probe.speculation(base_url, spec).await
     }
 
-    async fn load(&self, level: &crate::loadgen::Level) -> crate::loadgen::LevelResult {
-        crate::loadgen::run(level).await
+    async fn load(&self, level: &crate::sweep::loadgen::Level) -> crate::sweep::loadgen::LevelResult {
+        crate::sweep::loadgen::run(level).await
     }
 
     fn note(&self, unit: &str, action: &str, invocation: &str, message: &str) {
@@ -359,8 +362,8 @@ impl Host for RealHost {
         crate::diagnose::last_said(invocation).await
     }
 
-    async fn instances(&self, unit: &str, current: &str, within: Duration) -> Vec<crate::metrics::Instance> {
-        crate::metrics::instances(unit, current, within).await
+    async fn instances(&self, unit: &str, current: &str, within: Duration) -> Vec<crate::daemon::metrics::Instance> {
+        crate::daemon::metrics::instances(unit, current, within).await
     }
 
     async fn ending(&self, unit: &str, invocation: &str, within: Duration) -> Option<Ending> {
@@ -381,7 +384,7 @@ impl Host for RealHost {
 /// The server's own report of the args it runs with (`None`: the engine has none): the JSON its
 /// endpoint answers, or the Python dict its instance logged at start (`invocation`).
 pub async fn reported_args(
-    probe: &crate::probe::Probe,
+    probe: &crate::machine::probe::Probe,
     base_url: &str,
     spec: &Spec,
     invocation: &str,
@@ -400,11 +403,11 @@ pub async fn reported_args(
 /// process looked at on `host` (when it names one).
 fn hold_effect<H: Host>(
     host: &H,
-    hold: Option<&crate::hold::Hold>,
+    hold: Option<&crate::core::hold::Hold>,
     desired_sha: Option<&str>,
-) -> crate::hold::HoldEffect {
+) -> crate::core::hold::HoldEffect {
     let alive = hold.is_some_and(|h| h.pid.is_some() && host.holder_alive(h));
-    crate::hold::effective(hold, host.now(), alive, desired_sha)
+    crate::core::hold::effective(hold, host.now(), alive, desired_sha)
 }
 
 /// How an instance ended, as its diagnosis says it.
@@ -427,9 +430,9 @@ pub fn unit_path(unit_dir: &Path, unit: &str) -> PathBuf {
 #[cfg(test)]
 pub mod fake;
 
-pub use crate::process::{exited, pid_start, same_process};
+pub use crate::machine::process::{exited, pid_start, same_process};
 
 /// A hold's process (a sweep's) still runs: the same pid, started at the same time.
-pub fn holder_alive(h: &crate::hold::Hold) -> bool {
+pub fn holder_alive(h: &crate::core::hold::Hold) -> bool {
     h.pid.is_some_and(|p| same_process(p, h.pid_start))
 }

@@ -1,0 +1,517 @@
+//! The promoter's evidence, read from a real Prometheus that scrapes every host's agent: a
+//! small client of its HTTP API ([`Prometheus::query`]) and [`gather`], which asks it a fixed
+//! handful of instant queries (one per metric, never one per host) and folds the answers into
+//! one [`Evidence`] for the whole fleet.
+//!
+//! A host is known by its agent's `specd_host_info{host, <its labels>}`; its other series are
+//! joined to it by the `job` and `instance` labels Prometheus adds to everything it scrapes.
+//! No evidence is never read as good evidence: a query that fails makes the whole evidence
+//! `unavailable`, and a host whose agent is down, not scraped or stale is `down` (with what
+//! was last known of it).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use serde_json::Value;
+use specd_spec::fleet::Record;
+
+use crate::config::CaFile;
+use crate::fleet::rollout::{Evidence, HostEvidence, UnitEvidence};
+
+/// One question to Prometheus (connecting included) is answered within this, or it fails as
+/// unreachable. A few seconds: the promoter asks about a dozen and waits for no one.
+pub const ASK_WITHIN: Duration = Duration::from_secs(5);
+
+/// How far back a host that is down is remembered: its agent's series are read as they were
+/// at its last scrape within this window (Prometheus marks a failed target's series stale at
+/// once). A host down for longer is not in the evidence at all.
+pub const REMEMBERED: Duration = Duration::from_secs(3600);
+
+/// A client of one Prometheus's HTTP API.
+#[derive(Clone, Debug)]
+pub struct Prometheus {
+    url: String,
+    client: reqwest::Client,
+}
+
+/// One series of an instant query's answer: its labels (the metric name under `__name__` when
+/// the expression kept it) and its value. A scalar answer is one sample without labels.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Sample {
+    pub labels: BTreeMap<String, String>,
+    pub value: f64,
+}
+
+impl Prometheus {
+    /// A client of the Prometheus at `url` (`http://` or `https://`, its API under
+    /// `/api/v1`), trusting the certificates of `ca_file` (PEM) besides the usual roots.
+    pub fn new(url: &str, ca_file: Option<&Path>) -> Result<Prometheus> {
+        let url = url.trim_end_matches('/').to_string();
+        let parsed = reqwest::Url::parse(&url).with_context(|| format!("Prometheus URL `{url}`"))?;
+        if !matches!(parsed.scheme(), "http" | "https") || parsed.host_str().is_none() {
+            bail!("Prometheus URL `{url}`: must be http:// or https:// with a host");
+        }
+        // No idle connection is kept: a pass asks a dozen questions minutes apart, and one kept
+        // from a Prometheus since restarted would fail as "connection closed" instead of saying
+        // what is the matter now.
+        let mut b =
+            reqwest::Client::builder().timeout(ASK_WITHIN).connect_timeout(ASK_WITHIN).pool_max_idle_per_host(0);
+        if let Some(path) = ca_file {
+            for c in CaFile::read(path).map_err(anyhow::Error::msg)?.certs {
+                b = b.add_root_certificate(c);
+            }
+        }
+        let client = b.build().with_context(|| format!("an HTTP client for Prometheus at {url}"))?;
+        Ok(Prometheus { url, client })
+    }
+
+    /// The URL it was given (without a trailing `/`).
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// An instant query (`GET /api/v1/query`) of `expr`, evaluated at `at` (unix seconds;
+    /// Prometheus's now when `None`). Errors are sentences for the user, naming the URL.
+    pub async fn query(&self, expr: &str, at: Option<u64>) -> Result<Vec<Sample>, String> {
+        let mut params = vec![("query", expr.to_string())];
+        if let Some(t) = at {
+            params.push(("time", t.to_string()));
+        }
+        let url = &self.url;
+        let resp = self
+            .client
+            .get(format!("{url}/api/v1/query"))
+            .query(&params)
+            .send()
+            .await
+            .map_err(|e| format!("Prometheus at {url}: unreachable ({})", why(&e)))?;
+        let code = resp.status();
+        let body = resp.text().await.map_err(|e| format!("Prometheus at {url}: its answer broke off ({})", why(&e)))?;
+        answer(url, expr, code.as_u16(), &body)
+    }
+}
+
+/// What went wrong with a request, in the words a user knows.
+fn why(e: &reqwest::Error) -> String {
+    if e.is_timeout() {
+        return format!("no answer within {} s", ASK_WITHIN.as_secs());
+    }
+    let mut inner: &dyn std::error::Error = e;
+    while let Some(next) = inner.source() {
+        if let Some(io) = next.downcast_ref::<std::io::Error>() {
+            match io.kind() {
+                std::io::ErrorKind::ConnectionRefused => return "connection refused".into(),
+                std::io::ErrorKind::ConnectionReset => return "connection reset".into(),
+                _ => {}
+            }
+        }
+        inner = next;
+    }
+    inner.to_string()
+}
+
+/// The samples of an answer of `/api/v1/query` (HTTP status `code`, `body`), or why there are
+/// none.
+fn answer(url: &str, expr: &str, code: u16, body: &str) -> Result<Vec<Sample>, String> {
+    let v: Option<Value> = serde_json::from_str(body).ok();
+    if let Some(v) = v.as_ref().filter(|v| v["status"] == "error") {
+        let kind = v["errorType"].as_str().unwrap_or("error");
+        let error = v["error"].as_str().unwrap_or("(no message)");
+        return Err(format!("Prometheus at {url} refused the query `{expr}`: {kind}: {error}"));
+    }
+    if !(200..300).contains(&code) {
+        return Err(format!("Prometheus at {url} answered {code}"));
+    }
+    let bad = |what: &str| format!("Prometheus at {url} answered `{expr}` with {what}");
+    let v = v.ok_or_else(|| bad("no JSON"))?;
+    let data = &v["data"];
+    let value = |pair: &Value| -> Result<f64, String> {
+        let text = pair.get(1).and_then(Value::as_str).ok_or_else(|| bad("a sample without a value"))?;
+        text.parse::<f64>().map_err(|_| bad(&format!("the value `{text}`, not a number")))
+    };
+    match data["resultType"].as_str() {
+        Some("scalar") => Ok(vec![Sample { labels: BTreeMap::new(), value: value(&data["result"])? }]),
+        Some("vector") => {
+            let series = data["result"].as_array().ok_or_else(|| bad("a vector without a result"))?;
+            series
+                .iter()
+                .map(|s| {
+                    let labels = s["metric"]
+                        .as_object()
+                        .map(|m| {
+                            m.iter().map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string())).collect()
+                        })
+                        .unwrap_or_default();
+                    Ok(Sample { labels, value: value(&s["value"])? })
+                })
+                .collect()
+        }
+        other => Err(bad(&format!("a {} result, not an instant vector", other.unwrap_or("missing")))),
+    }
+}
+
+// --- the evidence ------------------------------------------------------------------------------
+
+/// A scrape target: its `job` and `instance` labels.
+type Target = (String, String);
+
+fn target_of(s: &Sample) -> Target {
+    let get = |k: &str| s.labels.get(k).cloned().unwrap_or_default();
+    (get("job"), get("instance"))
+}
+
+fn label<'a>(s: &'a Sample, k: &str) -> Option<&'a str> {
+    s.labels.get(k).map(String::as_str)
+}
+
+/// `metric` as scraped last: for a target that answered its last scrape, the series of that
+/// scrape (their samples carry its time, as `up` does); for one that did not (its series went
+/// stale at once) or is no longer scraped, the last ones within [`REMEMBERED`]. A target that
+/// answers never gets an old series back: not a unit's accept rate it no longer reports, nor a
+/// revision it left while Prometheus was down (a restarted Prometheus marks no series stale that
+/// vanished before its first scrape, and would give it for 5 minutes more).
+fn last_known(metric: &str) -> String {
+    let within = REMEMBERED.as_secs();
+    format!(
+        "({metric} and timestamp({metric}) >= on(job, instance) group_left timestamp(up)) \
+         or (last_over_time({metric}[{within}s]) unless on(job, instance) up == 1)"
+    )
+}
+
+/// The deaths of each unit in the last `range` seconds, by verdict, exactly: the counter now
+/// less the counter then. `increase` would extrapolate a death seen between two scrapes of a
+/// short window to 1.5, and miss one before the window's first sample; it is asked only for a
+/// counter that was reset in the window (its agent restarted) or born in it, rounded up.
+fn deaths_since(range: u64) -> String {
+    let m = "specd_unit_deaths_total";
+    format!(
+        "({m} - {m} offset {range}s unless on(job, instance, unit, verdict) resets({m}[{range}s]) > 0) \
+         or ceil(increase({m}[{range}s]))"
+    )
+}
+
+/// The answers of the queries asked at `now`, by what they ask.
+#[derive(Default)]
+struct Now {
+    hosts: Vec<Sample>,
+    up: Vec<Sample>,
+    up_at: Vec<Sample>,
+    source: Vec<Sample>,
+    unit_info: Vec<Sample>,
+    args_verified: Vec<Sample>,
+    quarantined: Vec<Sample>,
+    accept_length: Vec<Sample>,
+    accept_rate: Vec<Sample>,
+    hold: Vec<Sample>,
+    last_death: Vec<Sample>,
+}
+
+/// The answers a rollout in progress needs, for the hosts they are about.
+#[derive(Default)]
+struct Since {
+    promotions: Vec<Promotion>,
+    /// Per converged wave: its hosts and `min_over_time(specd_unit_args_verified[…])`.
+    converged: Vec<(BTreeSet<String>, Vec<Sample>)>,
+}
+
+/// The answers about the hosts promoted at one time.
+struct Promotion {
+    hosts: BTreeSet<String>,
+    /// The accept figures a second before.
+    length: Vec<Sample>,
+    rate: Vec<Sample>,
+    /// The deaths since, by verdict.
+    deaths: Vec<Sample>,
+}
+
+/// Everything Prometheus says about the fleet at `now` (unix seconds), and at the moments the
+/// rollout of `record` needs (each unbaked wave's promotions and convergence). A host whose
+/// newest `up` sample is older than `stale_after` seconds is down. When a query fails, the
+/// evidence is `unavailable` with its error (the first; nothing more is asked).
+pub async fn gather(p: &Prometheus, record: Option<&Record>, now: u64, stale_after: u64) -> Evidence {
+    match ask(p, record, now).await {
+        Ok((answers, since)) => fold(&answers, &since, now, stale_after),
+        Err(why) => Evidence { unavailable: Some(why), ..Default::default() },
+    }
+}
+
+/// The hosts of each unbaked wave of `record`, by the time they were promoted; and each
+/// converged unbaked wave's hosts with when it converged.
+#[allow(clippy::type_complexity)]
+fn in_progress(record: Option<&Record>) -> (BTreeMap<u64, BTreeSet<String>>, Vec<(u64, BTreeSet<String>)>) {
+    let mut promoted: BTreeMap<u64, BTreeSet<String>> = BTreeMap::new();
+    let mut converged = Vec::new();
+    for w in record.map(|r| r.waves.as_slice()).unwrap_or_default() {
+        if w.baked.is_some() {
+            continue;
+        }
+        for p in &w.promoted {
+            promoted.entry(p.at).or_default().insert(p.host.clone());
+        }
+        if let Some(c) = w.converged {
+            converged.push((c, w.promoted.iter().map(|p| p.host.clone()).collect()));
+        }
+    }
+    (promoted, converged)
+}
+
+async fn ask(p: &Prometheus, record: Option<&Record>, now: u64) -> Result<(Now, Since), String> {
+    let at = Some(now);
+    let answers = Now {
+        hosts: p.query(&last_known("specd_host_info"), at).await?,
+        up: p.query("up", at).await?,
+        up_at: p.query("timestamp(up)", at).await?,
+        source: p.query(&last_known("specd_source_info"), at).await?,
+        unit_info: p.query(&last_known("specd_unit_info"), at).await?,
+        args_verified: p.query(&last_known("specd_unit_args_verified"), at).await?,
+        quarantined: p.query(&last_known("specd_unit_quarantined"), at).await?,
+        accept_length: p.query(&last_known("specd_unit_accept_length"), at).await?,
+        accept_rate: p.query(&last_known("specd_unit_accept_rate"), at).await?,
+        hold: p.query(&last_known("specd_unit_hold"), at).await?,
+        last_death: p.query(&last_known("specd_unit_last_death_timestamp_seconds"), at).await?,
+    };
+    let (promoted, converged) = in_progress(record);
+    let mut since = Since::default();
+    for (t, hosts) in promoted {
+        let before = Some(t.saturating_sub(1));
+        let length = p.query("specd_unit_accept_length", before).await?;
+        let rate = p.query("specd_unit_accept_rate", before).await?;
+        let range = now.saturating_sub(t).max(1);
+        let deaths = p.query(&deaths_since(range), at).await?;
+        since.promotions.push(Promotion { hosts, length, rate, deaths });
+    }
+    for (c, hosts) in converged {
+        let range = now.saturating_sub(c).max(1);
+        let min = p.query(&format!("min_over_time(specd_unit_args_verified[{range}s])"), at).await?;
+        since.converged.push((hosts, min));
+    }
+    Ok((answers, since))
+}
+
+/// The evidence the answers give.
+fn fold(a: &Now, since: &Since, now: u64, stale_after: u64) -> Evidence {
+    let (hosts, by_target) = hosts_of(&a.hosts);
+    let mut ev = Evidence { hosts, ..Default::default() };
+    let up: BTreeMap<Target, f64> = a.up.iter().map(|s| (target_of(s), s.value)).collect();
+    // The jobs that scrape agents: a target of theirs that is down and said no host name.
+    let jobs: BTreeSet<&str> = by_target.keys().map(|(job, _)| job.as_str()).collect();
+    for ((job, instance), v) in &up {
+        if *v != 1.0 && jobs.contains(job.as_str()) && !by_target.contains_key(&(job.clone(), instance.clone())) {
+            ev.unidentified.push(format!("{instance} (job {job})"));
+        }
+    }
+    let up_at: BTreeMap<Target, f64> = a.up_at.iter().map(|s| (target_of(s), s.value)).collect();
+    for (target, name) in &by_target {
+        let h = ev.hosts.get_mut(name).expect("every target's host is in the evidence");
+        if h.down.is_none() {
+            h.down = down(up.get(target).copied(), up_at.get(target).copied(), now, stale_after, target);
+        }
+    }
+    for s in &a.source {
+        if let (Some(h), Some(r)) = (host_mut(&mut ev, &by_target, s), label(s, "revision")) {
+            h.revision = Some(r.to_string());
+        }
+    }
+    for s in &a.unit_info {
+        if let (Some(hash), Some(u)) = (label(s, "unit_hash"), unit_mut(&mut ev, &by_target, s)) {
+            u.unit_hash = Some(hash.to_string());
+        }
+    }
+    for s in &a.args_verified {
+        if let Some(u) = unit_mut(&mut ev, &by_target, s) {
+            u.args_verified = Some(s.value == 1.0);
+        }
+    }
+    for s in &a.quarantined {
+        if let Some(u) = unit_mut(&mut ev, &by_target, s) {
+            u.quarantined = s.value == 1.0;
+        }
+    }
+    for s in a.accept_length.iter().filter(|s| s.value.is_finite()) {
+        if let Some(u) = unit_mut(&mut ev, &by_target, s) {
+            u.accept_length = Some(s.value);
+        }
+    }
+    for s in a.accept_rate.iter().filter(|s| s.value.is_finite()) {
+        if let Some(u) = unit_mut(&mut ev, &by_target, s) {
+            u.accept_rate = Some(s.value);
+        }
+    }
+    for s in a.hold.iter().filter(|s| s.value == 1.0) {
+        if let (Some(kind), Some(u)) = (label(s, "kind"), unit_mut(&mut ev, &by_target, s)) {
+            u.hold = Some(kind.to_string());
+        }
+    }
+    for s in &a.last_death {
+        if let (Some(v), Some(u)) = (label(s, "verdict"), unit_mut(&mut ev, &by_target, s)) {
+            u.last_death = Some(v.to_string());
+        }
+    }
+    fold_since(&mut ev, &by_target, since);
+    ev
+}
+
+/// The host a sample is about.
+fn host_mut<'a>(
+    ev: &'a mut Evidence,
+    by_target: &BTreeMap<Target, String>,
+    s: &Sample,
+) -> Option<&'a mut HostEvidence> {
+    by_target.get(&target_of(s)).and_then(|n| ev.hosts.get_mut(n))
+}
+
+/// The unit a sample is about (`unit` label), added to its host's.
+fn unit_mut<'a>(
+    ev: &'a mut Evidence,
+    by_target: &BTreeMap<Target, String>,
+    s: &Sample,
+) -> Option<&'a mut UnitEvidence> {
+    let name = label(s, "unit")?;
+    Some(host_mut(ev, by_target, s)?.units.entry(name.to_string()).or_default())
+}
+
+/// The hosts of `specd_host_info`'s series, and which host each target is. A host name that
+/// two targets report is down: neither can be told from the other.
+fn hosts_of(info: &[Sample]) -> (BTreeMap<String, HostEvidence>, BTreeMap<Target, String>) {
+    let mut hosts: BTreeMap<String, HostEvidence> = BTreeMap::new();
+    let mut targets: BTreeMap<String, Vec<Target>> = BTreeMap::new();
+    for s in info {
+        let Some(name) = label(s, "host").filter(|n| !n.is_empty()) else { continue };
+        let labels = s
+            .labels
+            .iter()
+            .filter(|(k, _)| !matches!(k.as_str(), "__name__" | "host" | "job" | "instance"))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let ts = targets.entry(name.to_string()).or_default();
+        let t = target_of(s);
+        if !ts.contains(&t) {
+            ts.push(t);
+        }
+        hosts.entry(name.to_string()).or_insert_with(|| HostEvidence { labels, ..Default::default() });
+    }
+    let mut by_target = BTreeMap::new();
+    for (name, ts) in targets {
+        if ts.len() > 1 {
+            let shown: Vec<String> = ts.iter().map(|(j, i)| format!("{i} (job {j})")).collect();
+            let why = format!("two scrape targets report this host name: {}", shown.join(", "));
+            hosts.get_mut(&name).expect("a host of its targets").down = Some(why);
+        }
+        by_target.insert(ts[0].clone(), name);
+    }
+    (hosts, by_target)
+}
+
+/// Why a target gives no evidence, from its `up` and the time of its newest sample.
+fn down(up: Option<f64>, sampled: Option<f64>, now: u64, stale_after: u64, target: &Target) -> Option<String> {
+    let (job, instance) = target;
+    let Some(up) = up else {
+        return Some(format!("not scraped: Prometheus has no `up` of its target {instance} (job {job}) now"));
+    };
+    if up != 1.0 {
+        return Some("its agent is down: the last scrape failed".into());
+    }
+    let age = sampled.map_or(f64::INFINITY, |t| now as f64 - t);
+    (age > stale_after as f64).then(|| format!("its last scrape is stale: {age:.0} s old (more than {stale_after} s)"))
+}
+
+/// The figures of a rollout in progress, on the hosts they are about (only units the host
+/// reports now).
+fn fold_since(ev: &mut Evidence, by_target: &BTreeMap<Target, String>, since: &Since) {
+    for Promotion { hosts, length, rate, deaths } in &since.promotions {
+        on_units(ev, by_target, hosts, length, |u, s| {
+            u.previous_accept_length = s.value.is_finite().then_some(s.value)
+        });
+        on_units(ev, by_target, hosts, rate, |u, s| u.previous_accept_rate = s.value.is_finite().then_some(s.value));
+        on_units(ev, by_target, hosts, deaths, |u, s| {
+            if let Some(v) = label(s, "verdict").filter(|_| s.value > 0.5) {
+                u.deaths_since_promotion.insert(v.to_string(), s.value);
+            }
+        });
+    }
+    for (hosts, min) in &since.converged {
+        on_units(ev, by_target, hosts, min, |u, s| u.verified_throughout = Some(s.value == 1.0));
+    }
+}
+
+/// `set` on the unit each sample is about, when its target is one of `hosts`.
+fn on_units(
+    ev: &mut Evidence,
+    by_target: &BTreeMap<Target, String>,
+    hosts: &BTreeSet<String>,
+    samples: &[Sample],
+    mut set: impl FnMut(&mut UnitEvidence, &Sample),
+) {
+    for s in samples {
+        let Some(name) = by_target.get(&target_of(s)).filter(|n| hosts.contains(*n)) else { continue };
+        let Some(unit) = label(s, "unit") else { continue };
+        if let Some(u) = ev.hosts.get_mut(name).and_then(|h| h.units.get_mut(unit)) {
+            set(u, s);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const URL: &str = "http://prom:9090";
+
+    fn sample(labels: &[(&str, &str)], value: f64) -> Sample {
+        Sample { labels: labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(), value }
+    }
+
+    #[test]
+    fn a_vector_and_a_scalar_are_samples_and_an_error_names_the_query_and_prometheus_words() {
+        let vector = r#"{"status":"success","data":{"resultType":"vector","result":[
+            {"metric":{"__name__":"up","job":"specd","instance":"h:9"},"value":[1700000000.5,"1"]},
+            {"metric":{},"value":[1700000000.5,"NaN"]}]}}"#;
+        let got = answer(URL, "up", 200, vector).unwrap();
+        assert_eq!(got[0], sample(&[("__name__", "up"), ("job", "specd"), ("instance", "h:9")], 1.0));
+        assert!(got[1].value.is_nan() && got[1].labels.is_empty());
+        let scalar = r#"{"status":"success","data":{"resultType":"scalar","result":[1700000000,"2.5"]}}"#;
+        assert_eq!(answer(URL, "2.5", 200, scalar).unwrap(), vec![sample(&[], 2.5)]);
+        let refused = r#"{"status":"error","errorType":"bad_data","error":"parse error: unexpected end of input"}"#;
+        assert_eq!(
+            answer(URL, "rate(", 400, refused).unwrap_err(),
+            "Prometheus at http://prom:9090 refused the query `rate(`: bad_data: parse error: unexpected end of input"
+        );
+        assert_eq!(
+            answer(URL, "up", 503, "Service Unavailable").unwrap_err(),
+            "Prometheus at http://prom:9090 answered 503"
+        );
+        let matrix = r#"{"status":"success","data":{"resultType":"matrix","result":[]}}"#;
+        assert!(answer(URL, "up[1m]", 200, matrix).unwrap_err().contains("a matrix result, not an instant vector"));
+    }
+
+    #[test]
+    fn a_target_is_down_when_its_scrape_failed_it_has_no_up_or_its_sample_is_stale() {
+        let t = ("specd".to_string(), "h:9".to_string());
+        assert_eq!(down(Some(1.0), Some(995.5), 1000, 5, &t), None);
+        assert_eq!(down(Some(0.0), Some(999.0), 1000, 5, &t).unwrap(), "its agent is down: the last scrape failed");
+        assert!(down(None, None, 1000, 5, &t).unwrap().starts_with("not scraped"));
+        assert_eq!(
+            down(Some(1.0), Some(880.0), 1000, 60, &t).unwrap(),
+            "its last scrape is stale: 120 s old (more than 60 s)"
+        );
+    }
+
+    #[test]
+    fn one_host_name_reported_by_two_targets_is_down_naming_both() {
+        let a = sample(&[("host", "gpu1"), ("job", "specd"), ("instance", "a:9"), ("gpu", "h100")], 1.0);
+        let b = sample(&[("host", "gpu1"), ("job", "specd"), ("instance", "b:9"), ("gpu", "h100")], 1.0);
+        let (hosts, _) = hosts_of(&[a, b]);
+        assert_eq!(hosts["gpu1"].labels, BTreeMap::from([("gpu".to_string(), "h100".to_string())]));
+        let why = hosts["gpu1"].down.as_deref().unwrap();
+        assert!(why.contains("a:9 (job specd)") && why.contains("b:9 (job specd)"), "{why}");
+    }
+
+    #[test]
+    fn a_new_url_must_be_http_with_a_host() {
+        assert!(Prometheus::new("ftp://x", None).unwrap_err().to_string().contains("http:// or https://"));
+        assert!(Prometheus::new("not a url", None).is_err());
+        assert_eq!(Prometheus::new("http://p:9090/", None).unwrap().url(), "http://p:9090");
+    }
+}

@@ -1,0 +1,10 @@
+//! Fleet rollouts: the promoter's decision (`rollout`, pure), its evidence from Prometheus
+//! (`evidence`), the promotion record's commits (`publish`) and the commands that drive them
+//! (`promote`: `specd promote`, `specd fleet status|halt|resume`).
+//!
+//! It may not act on a host: a host acts on the record through its own agent (`crate::source::follow`).
+
+pub mod evidence;
+pub mod promote;
+pub mod publish;
+pub mod rollout;

@@ -1,0 +1,470 @@
+//! `specd promote` and `specd fleet status|halt|resume`: the promoter. Stateless: each pass
+//! reads the followed branch's head, its fleet file, the promotion record and the evidence
+//! Prometheus has, asks [`rollout::decide`] for the one next step and writes it as one
+//! fast-forward commit of the record branch (signed when given a key). A push that is rejected
+//! means another promoter moved the record first: the pass reads everything again.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result, anyhow, bail};
+use git2::Oid;
+use serde_json::json;
+use specd_spec::fleet::{ParsedFleet, Record, RolloutState};
+use specd_spec::short;
+
+use crate::fleet::evidence::{self, Prometheus};
+use crate::fleet::publish::{self, Pushed, Signing};
+use crate::fleet::rollout::{self, Evidence, ExpectedUnit, HostPosition, Inputs, Step};
+use crate::source::git::{GitSource, SourceConfig};
+
+/// How many times a pass reads again after losing a race to another promoter.
+const RACES: usize = 5;
+
+/// What every promoter command needs.
+#[derive(Clone, Debug)]
+pub struct Options {
+    pub source: SourceConfig,
+    /// The promoter's clone of the repository.
+    pub cache: PathBuf,
+    /// Prometheus's base URL (`http://prometheus:9090`).
+    pub prometheus: String,
+    pub prometheus_ca: Option<PathBuf>,
+    /// A sample older than this many seconds is no evidence.
+    pub stale_after: u64,
+    pub signing: Option<Signing>,
+    /// The commits' author and committer, `Name <email>`.
+    pub author: String,
+    pub json: bool,
+}
+
+/// What a pass read from git.
+struct Look {
+    head: Oid,
+    fleet: ParsedFleet,
+    branch: String,
+    record: Option<(Oid, Record)>,
+}
+
+/// Fetch and read the head, its fleet file and the record. `Ok(None)`: the head has no fleet file.
+fn look(opts: &Options) -> Result<Option<(GitSource, Look)>> {
+    let src = GitSource::open(opts.source.clone(), &opts.cache)?;
+    src.fetch()?;
+    let head = src.head()?;
+    let Some(file) = src.fleet_file(head)? else { return Ok(None) };
+    let fleet = specd_spec::fleet::parse_fleet(&file.text, &format!("{}@{}", file.path, short(&head.to_string())))
+        .map_err(|d| anyhow!("the fleet file at {} is not valid:\n{d}", short(&head.to_string())))?;
+    let branch = fleet.record_branch().to_string();
+    let record = match src.fetch_record(&branch)? {
+        None => None,
+        Some(oid) => {
+            let text = src.read_record(oid)?;
+            let file = format!("{}@{} ({branch})", specd_spec::fleet::RECORD_FILE, short(&oid.to_string()));
+            let r = Record::parse(&text, &file).map_err(|d| anyhow!("the promotion record is not valid:\n{d}"))?;
+            Some((oid, r))
+        }
+    };
+    Ok(Some((src, Look { head, fleet, branch, record })))
+}
+
+fn blocking_look(opts: &Options) -> impl std::future::Future<Output = Result<Option<(GitSource, Look)>>> {
+    let opts = opts.clone();
+    async move { tokio::task::spawn_blocking(move || look(&opts)).await? }
+}
+
+/// The units a host runs at a revision, rendered from that revision's specs (cached per revision).
+struct Renderer<'a> {
+    src: &'a GitSource,
+    specs: std::cell::RefCell<BTreeMap<String, Result<Vec<crate::source::git::SpecFile>, String>>>,
+}
+
+impl Renderer<'_> {
+    fn units(&self, host: &str, rev: &str) -> Result<Vec<ExpectedUnit>, String> {
+        let mut cache = self.specs.borrow_mut();
+        let files = cache.entry(rev.to_string()).or_insert_with(|| {
+            let oid = Oid::from_str(rev).map_err(|e| e.to_string())?;
+            self.src.read_specs(oid).map_err(|e| format!("{e:#}"))
+        });
+        let files = files.as_ref().map_err(Clone::clone)?;
+        let mut out = Vec::new();
+        for f in files {
+            let parsed = specd_spec::parse(&f.path, &f.text).map_err(|d| d.to_string())?;
+            let spec = parsed.resolve(Some(host)).map_err(|d| d.to_string())?;
+            let unit = specd_spec::render(&spec);
+            out.push(ExpectedUnit {
+                unit: unit.unit.clone(),
+                unit_hash: unit.sha256.clone(),
+                speculates: spec.speculates(),
+            });
+        }
+        Ok(out)
+    }
+}
+
+fn now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// The outcome of one pass.
+enum Passed {
+    Wrote { commit: Oid, message: String },
+    Waits { why: String, until: Option<u64> },
+    NoFleet,
+}
+
+async fn evidence(opts: &Options, record: Option<&Record>) -> Evidence {
+    match Prometheus::new(&opts.prometheus, opts.prometheus_ca.as_deref()) {
+        Ok(p) => evidence::gather(&p, record, now(), opts.stale_after).await,
+        Err(e) => Evidence { unavailable: Some(format!("{e:#}")), ..Default::default() },
+    }
+}
+
+/// Write `step` on top of `parent`; `Ok(None)`: another promoter moved the branch first.
+fn write(
+    src: &GitSource,
+    opts: &Options,
+    branch: &str,
+    parent: Option<Oid>,
+    record: &Record,
+    message: &str,
+) -> Result<Option<Oid>> {
+    let commit = publish::commit_record(src, parent, &record.render(), message, &opts.author, opts.signing.as_ref())?;
+    match publish::push_record(src, commit, branch)? {
+        Pushed::Done => Ok(Some(commit)),
+        Pushed::Rejected(why) => {
+            tracing::info!(%why, "another writer moved the promotion record first; reading it again");
+            Ok(None)
+        }
+    }
+}
+
+/// One pass of the promoter: read, decide, write at most one step.
+async fn pass(opts: &Options) -> Result<Passed> {
+    for _ in 0..RACES {
+        let Some((src, l)) = blocking_look(opts).await? else { return Ok(Passed::NoFleet) };
+        let ev = evidence(opts, l.record.as_ref().map(|r| &r.1)).await;
+        let opts2 = opts.clone();
+        let wrote = tokio::task::spawn_blocking(move || -> Result<Result<Passed, ()>> {
+            let r = Renderer { src: &src, specs: Default::default() };
+            let expected = |h: &str, rev: &str| r.units(h, rev);
+            let head = l.head.to_string();
+            let inputs = Inputs {
+                fleet: &l.fleet,
+                record: l.record.as_ref().map(|r| &r.1),
+                head: &head,
+                evidence: &ev,
+                expected: &expected,
+                now: now(),
+            };
+            match rollout::decide(&inputs) {
+                Step::Wait { why, until } => Ok(Ok(Passed::Waits { why, until })),
+                Step::Write { record, message } => {
+                    match write(&src, &opts2, &l.branch, l.record.as_ref().map(|r| r.0), &record, &message)? {
+                        Some(commit) => Ok(Ok(Passed::Wrote { commit, message })),
+                        None => Ok(Err(())),
+                    }
+                }
+            }
+        })
+        .await??;
+        if let Ok(p) = wrote {
+            return Ok(p);
+        }
+    }
+    bail!("the promotion record moved under this promoter {RACES} times in a row; try again")
+}
+
+/// `specd promote`: one pass, or with `watch` a pass every `watch` (sooner when a bake ends).
+pub async fn promote(opts: &Options, watch: Option<Duration>) -> Result<u8> {
+    loop {
+        let passed = pass(opts).await;
+        let until = match &passed {
+            Ok(Passed::Wrote { commit, message }) => {
+                say(
+                    opts,
+                    json!({"wrote": commit.to_string(), "message": message}),
+                    &format!("wrote {}: {message}", short(&commit.to_string())),
+                );
+                Some(0)
+            }
+            Ok(Passed::Waits { why, until }) => {
+                say(opts, json!({"waits": why, "until": until}), &format!("waits: {why}"));
+                *until
+            }
+            Ok(Passed::NoFleet) => {
+                say(
+                    opts,
+                    json!({"waits": "no fleet file"}),
+                    "the followed branch's head has no fleet file: nothing to promote",
+                );
+                None
+            }
+            Err(e) if watch.is_some() => {
+                tracing::warn!("promote: {e:#}");
+                None
+            }
+            Err(_) => return passed.map(|_| 0),
+        };
+        let Some(every) = watch else { return Ok(0) };
+        // A step written: look again at once (the next step may be due); a bake that ends
+        // sooner than the interval: look then.
+        let pause = match until {
+            Some(0) => Duration::ZERO,
+            Some(t) => every.min(Duration::from_secs(t.saturating_sub(now()))),
+            None => every,
+        };
+        tokio::time::sleep(pause).await;
+    }
+}
+
+fn say(opts: &Options, j: serde_json::Value, text: &str) {
+    if opts.json {
+        println!("{j}");
+    } else {
+        println!("{text}");
+    }
+}
+
+/// `specd fleet halt` / `resume`: a person's step, written like the promoter's.
+pub async fn by_hand(opts: &Options, person: &str, halt: Option<&str>) -> Result<u8> {
+    for _ in 0..RACES {
+        let Some((src, l)) = blocking_look(opts).await? else { bail!("the followed branch's head has no fleet file") };
+        let Some((parent, record)) = &l.record else {
+            bail!("{} has no promotion record yet: run `specd promote` first", l.branch)
+        };
+        let step = match halt {
+            Some(reason) => rollout::halted_by(record, person, reason, now()),
+            None => rollout::resumed(record, person),
+        };
+        let Step::Write { record, message } = step.map_err(|e| anyhow!(e))? else {
+            unreachable!("a person's step writes")
+        };
+        let (opts2, branch, parent) = (opts.clone(), l.branch.clone(), *parent);
+        let wrote = tokio::task::spawn_blocking(move || write(&src, &opts2, &branch, Some(parent), &record, &message))
+            .await??;
+        if let Some(c) = wrote {
+            println!("wrote {}", short(&c.to_string()));
+            return Ok(0);
+        }
+    }
+    bail!("the promotion record moved under this command {RACES} times in a row; try again")
+}
+
+/// `specd fleet status`: every host × unit and the rollout's position. Exit 1 when halted, 2
+/// when Prometheus could not be asked (the list then lacks the hosts only it knows).
+pub async fn status(opts: &Options) -> Result<u8> {
+    let Some((src, l)) = blocking_look(opts).await? else {
+        bail!("the followed branch's head has no fleet file: there is no fleet to show")
+    };
+    let Some((_, record)) = &l.record else {
+        bail!("{} has no promotion record yet: run `specd promote` first", l.branch)
+    };
+    let ev = evidence(opts, Some(record)).await;
+    let (record, json) = (record.clone(), opts.json);
+    tokio::task::spawn_blocking(move || {
+        let r = Renderer { src: &src, specs: Default::default() };
+        let expected = |h: &str, rev: &str| r.units(h, rev);
+        let head = l.head.to_string();
+        let inputs = Inputs {
+            fleet: &l.fleet,
+            record: Some(&record),
+            head: &head,
+            evidence: &ev,
+            expected: &expected,
+            now: now(),
+        };
+        let position = match rollout::decide(&inputs) {
+            Step::Wait { why, until } => (why, until),
+            Step::Write { message, .. } => {
+                (format!("the promoter's next step: {}", message.lines().next().unwrap_or_default()), None)
+            }
+        };
+        let hosts = rollout::positions(&inputs, &record);
+        if json {
+            println!("{}", serde_json::to_string_pretty(&status_json(&record, &position, &hosts, &ev)).expect("json"));
+        } else {
+            print!("{}", status_text(&record, &position, &hosts, &ev));
+        }
+        // Without evidence it cannot tell: the hosts only Prometheus knows (selected by labels or
+        // a pattern, and not promoted yet) are missing from the list.
+        Ok(if ev.unavailable.is_some() { 2 } else { u8::from(record.state == RolloutState::Halted) })
+    })
+    .await?
+}
+
+fn status_json(
+    record: &Record,
+    position: &(String, Option<u64>),
+    hosts: &[HostPosition],
+    ev: &Evidence,
+) -> serde_json::Value {
+    let hosts: Vec<_> = hosts
+        .iter()
+        .map(|h| {
+            let e = ev.hosts.get(&h.host);
+            let units: Vec<_> = e
+                .map(|e| {
+                    e.units
+                        .iter()
+                        .map(|(u, x)| {
+                            json!({"unit": u, "unit_hash": x.unit_hash, "args_verified": x.args_verified,
+                                   "quarantined": x.quarantined, "accept_length": x.accept_length,
+                                   "accept_rate": x.accept_rate, "deaths_since_promotion": x.deaths_since_promotion,
+                                   "last_death": x.last_death, "hold": x.hold})
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            json!({"host": h.host, "wave": h.wave, "given": h.given, "promoted": h.promoted,
+                   "deploys": e.and_then(|e| e.revision.clone()), "standing": h.standing.word(),
+                   "detail": h.standing.detail(), "units": units})
+        })
+        .collect();
+    json!({
+        "rollout": {"target": record.target, "released": record.released, "state": record.state,
+                    "started": record.started, "halt": record.halt, "waits": position.0, "until": position.1},
+        "evidence": ev.unavailable,
+        "hosts": hosts,
+    })
+}
+
+fn status_text(record: &Record, position: &(String, Option<u64>), hosts: &[HostPosition], ev: &Evidence) -> String {
+    let state = match record.state {
+        RolloutState::Progressing => "progressing",
+        RolloutState::Complete => "complete",
+        RolloutState::Halted => "HALTED",
+    };
+    let mut s = format!(
+        "rollout of {} {state} (started {}), released {}\n  {}\n",
+        short(&record.target),
+        rollout::stamp(record.started),
+        short(&record.released),
+        position.0
+    );
+    if let Some(why) = &ev.unavailable {
+        s.push_str(&format!("  evidence: none ({why})\n"));
+        s.push_str(
+            "  hosts listed: those the fleet file names and those the record promoted; hosts a wave selects by labels or a pattern are known only to Prometheus\n",
+        );
+    }
+    s.push_str(&format!(
+        "\n{:<16} {:<10} {:<14} {:<14} {:<12} {:<22} {:<9} {:<7} {:<14} {:<12} {}\n",
+        "HOST",
+        "WAVE",
+        "GIVEN",
+        "DEPLOYS",
+        "STANDING",
+        "UNIT",
+        "VERIFIED",
+        "ACCEPT",
+        "DIED SINCE",
+        "LAST DEATH",
+        "HOLD"
+    ));
+    for h in hosts {
+        let e = ev.hosts.get(&h.host);
+        let given = format!("{}{}", short(&h.given), if h.promoted { "*" } else { "" });
+        let deploys = e.and_then(|e| e.revision.as_deref()).map_or("-", short).to_string();
+        let wave = h.wave.as_deref().unwrap_or("(none)");
+        let units: Vec<_> = e.map(|e| e.units.iter().collect()).unwrap_or_default();
+        let row = |unit: &str, verified: &str, accept: &str, deaths: &str, last: &str, hold: &str| {
+            format!(
+                "{:<16} {:<10} {:<14} {:<14} {:<12} {:<22} {:<9} {:<7} {:<14} {:<12} {}\n",
+                h.host,
+                wave,
+                given,
+                deploys,
+                h.standing.word(),
+                unit,
+                verified,
+                accept,
+                deaths,
+                last,
+                hold
+            )
+        };
+        if units.is_empty() {
+            s.push_str(&row("-", "-", "-", "-", "-", "-"));
+        }
+        for (u, x) in units {
+            let verified = match x.args_verified {
+                Some(true) => "yes",
+                Some(false) => "NO",
+                None => "-",
+            };
+            let accept = x.accept_length.map_or("-".to_string(), |a| format!("{a:.2}"));
+            let deaths = if x.deaths_since_promotion.is_empty() {
+                "-".to_string()
+            } else {
+                x.deaths_since_promotion.keys().cloned().collect::<Vec<_>>().join(",")
+            };
+            let last = x.last_death.as_deref().unwrap_or("-");
+            s.push_str(&row(u, verified, &accept, &deaths, last, x.hold.as_deref().unwrap_or("-")));
+        }
+        let detail = h.standing.detail();
+        if !detail.is_empty() {
+            s.push_str(&format!("    {detail}\n"));
+        }
+    }
+    if record.state == RolloutState::Halted {
+        s.push_str(&format!("\n{}\n", rollout::halted_why(record)));
+    }
+    s
+}
+
+/// The person a halt or resume is written by: `--by`, else the sudo user or the user, at this host.
+pub fn person(by: Option<String>) -> String {
+    by.unwrap_or_else(|| {
+        let user = std::env::var("SUDO_USER").or_else(|_| std::env::var("USER")).unwrap_or_else(|_| "root".into());
+        let host = nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok()).unwrap_or_default();
+        format!("{user}@{host}")
+    })
+}
+
+/// The options from the command line and the agent config (the same repository and credentials).
+pub fn options(cfg: &crate::config::AgentConfig, cache: PathBuf, common: Common) -> Result<Options> {
+    let source = cfg.source().context("the repository to promote in")?;
+    let signing = match (common.sign_ssh_key, common.sign_gpg_key) {
+        (Some(_), Some(_)) => bail!("give one of --sign-ssh-key and --sign-gpg-key"),
+        (Some(key), None) => Some(Signing::Ssh { key }),
+        (None, Some(key)) => Some(Signing::Gpg { key }),
+        (None, None) => None,
+    };
+    Ok(Options {
+        source,
+        cache,
+        prometheus: common.prometheus,
+        prometheus_ca: common.prometheus_ca,
+        stale_after: common.stale_after,
+        signing,
+        author: common.author,
+        json: common.json,
+    })
+}
+
+/// The flags every promoter command shares.
+#[derive(clap::Args, Debug, Clone)]
+pub struct Common {
+    /// Prometheus's base URL, which scrapes every agent of the fleet.
+    #[arg(long, env = "SPECD_PROMETHEUS", default_value = "http://127.0.0.1:9090")]
+    pub prometheus: String,
+    /// CA certificates (PEM) trusted for an https:// Prometheus besides the system's.
+    #[arg(long)]
+    pub prometheus_ca: Option<PathBuf>,
+    /// A sample older than this many seconds is no evidence.
+    #[arg(long, default_value_t = 60)]
+    pub stale_after: u64,
+    /// Sign the record's commits with this SSH private key (agents verify with allowed signers).
+    #[arg(long)]
+    pub sign_ssh_key: Option<PathBuf>,
+    /// Sign the record's commits with this OpenPGP key id.
+    #[arg(long)]
+    pub sign_gpg_key: Option<String>,
+    /// Author and committer of the record's commits.
+    #[arg(long, default_value = "specd promote <specd@localhost>")]
+    pub author: String,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+}

@@ -1,0 +1,684 @@
+//! The reconciler on the in-memory host, with a fault at every call: every step × every fault
+//! kind (a call fails, times out, the process dies, processes linger, specd is killed). After
+//! each: the unit file is the old or the new one, the state says what happened, and the next
+//! reconcile converges on a serving unit without touching a healthy one again.
+//!
+//! The real host's truth is in the end-to-end tests (a real systemd, real servers); this is the
+//! part no machine can enumerate: what follows a fault at each exact point.
+
+use std::sync::Arc;
+
+use specd_spec::Spec;
+
+use crate::host::fake::{Crashed, FAULTS, FakeHost, Fault, LOAD};
+use crate::machine::store::{Outcome, Store};
+use crate::reconcile::{self, Action, Ctx, DesiredState, Report, Serving, Shutdown};
+
+const UNIT: &str = "sglang-qwen.service";
+
+/// A drop-in a person left in the unit's own `.d` directory.
+const DROP_IN: &str = "[Service]\nEnvironment=DEBUG=1\n";
+
+fn spec(steps: u32, enabled: bool) -> Spec {
+    let yaml = format!(
+        "apiVersion: specd/v1\nkind: InferenceService\nmetadata: {{name: qwen}}\nspec:\n  unit: {UNIT}\n  engine: sglang\n  command: [/opt/sglang/bin/python3, -m, sglang.launch_server]\n  model: /models/qwen\n  server: {{port: 30000}}\n  speculative: {{algorithm: EAGLE, draft_model: /models/draft, num_steps: {steps}, eagle_topk: 1, num_draft_tokens: {}}}\n  service: {{timeout_stop_sec: 10, drain_timeout_sec: 5, enabled: {enabled}}}\n  readiness: {{timeout_sec: 60}}\n",
+        steps + 1
+    );
+    specd_spec::parse("qwen.yaml", &yaml).unwrap().resolve(None).unwrap()
+}
+
+struct World {
+    host: FakeHost,
+    dir: tempfile::TempDir,
+    /// What the reconciles said, as `specd apply` prints it (for failure messages).
+    log: Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl World {
+    fn new() -> World {
+        // specd's state is real files (saved with fsync): in memory where the machine has a
+        // tmpfs for it, so that the thousands of saves here cost nothing.
+        let dir = tempfile::tempdir_in("/dev/shm").or_else(|_| tempfile::tempdir()).unwrap();
+        let host = FakeHost::new(UNIT, &dir.path().join("units"));
+        World { host, dir, log: Arc::default() }
+    }
+
+    fn ctx(&self) -> Ctx<FakeHost> {
+        Ctx {
+            host: self.host.clone(),
+            unit_dir: self.dir.path().join("units"),
+            // specd's state through the host: its reads and saves are calls the faults hit.
+            store: Store::on(self.dir.path().join("state"), Arc::new(self.host.clone())),
+            events: {
+                let log = self.log.clone();
+                Arc::new(move |_: &str, e: &reconcile::Event| log.lock().unwrap().push(format!("{e:?}")))
+            },
+            shutdown: Shutdown::never(),
+            holds: reconcile::Holds::Obeyed,
+        }
+    }
+
+    fn said(&self) -> String {
+        self.log.lock().unwrap().join("\n")
+    }
+
+    fn store(&self) -> Store {
+        Store::new(self.dir.path().join("state"))
+    }
+
+    /// Temporary files in specd's state directory (a save killed before its rename leaves one).
+    fn state_temps(&self) -> Vec<String> {
+        let dir = self.dir.path().join("state/units");
+        let names = std::fs::read_dir(dir).into_iter().flatten().flatten();
+        names.map(|e| e.file_name().to_string_lossy().into_owned()).filter(|n| n.ends_with(".specd-tmp")).collect()
+    }
+
+    /// One reconcile as its own task: `None` when specd was killed in it.
+    async fn reconcile(&self, d: &DesiredState) -> Option<Result<Report, String>> {
+        let ctx = self.ctx();
+        let d = d.clone();
+        let r =
+            tokio::spawn(async move { reconcile::reconcile(&ctx, &d, false).await.map_err(|e| e.to_string()) }).await;
+        match r {
+            Ok(r) => Some(r),
+            Err(e) if e.is_panic() && self.host.crashed() => None,
+            Err(e) => std::panic::resume_unwind(e.into_panic()),
+        }
+    }
+}
+
+fn quiet_crashes() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let default = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if info.payload().downcast_ref::<Crashed>().is_none() {
+                default(info);
+            }
+        }));
+    });
+}
+
+fn desired(steps: u32) -> DesiredState {
+    DesiredState::new(spec(steps, true), None)
+}
+
+/// What an apply of the matrix starts from, and what it changes besides the unit.
+#[derive(Clone, Copy, Debug)]
+struct Apply {
+    /// The new unit's server fails to load.
+    new_fails: bool,
+    /// The old unit starts at boot (else an older specd never enabled it, or a person disabled it).
+    enabled: bool,
+    /// The new spec's `service.enabled`.
+    new_enabled: bool,
+    /// A drop-in in the unit's `.d` directory (the apply moves it aside).
+    drop_in: bool,
+}
+
+impl Apply {
+    const PLAIN: Apply = Apply { new_fails: false, enabled: true, new_enabled: true, drop_in: false };
+}
+
+impl World {
+    fn drop_in(&self) -> std::path::PathBuf {
+        self.dir.path().join("units").join(format!("{UNIT}.d")).join("debug.conf")
+    }
+}
+
+/// A world where `old` serves as `a` says, `new` to be applied.
+async fn prepared(old: &DesiredState, new: &DesiredState, a: Apply) -> World {
+    let w = serving(old, new, a.new_fails).await;
+    w.host.set_enabled(a.enabled);
+    if a.drop_in {
+        crate::host::Host::write(&w.host, &w.drop_in(), DROP_IN.as_bytes()).unwrap();
+    }
+    w
+}
+
+/// A world where `old` was applied and serves.
+async fn serving(old: &DesiredState, new: &DesiredState, new_fails: bool) -> World {
+    let w = World::new();
+    w.host.serves(&old.spec, false);
+    w.host.serves(&new.spec, new_fails);
+    let r = w.reconcile(old).await.unwrap().unwrap();
+    assert_eq!(r.outcome, Some(Outcome::Applied), "{}", r.verdict);
+    assert_eq!(w.host.serving().as_ref(), Some(&old.spec.argv));
+    w
+}
+
+/// After a faulty reconcile: what it wrote and said is true of the host (of the host when it
+/// concluded: a server that died at the reconcile's very last call, the save of its record,
+/// died after it, as it could a moment later).
+fn check_faulty_run(w: &World, old: &DesiredState, new: &DesiredState, r: &Option<Result<Report, String>>, case: &str) {
+    assert_eq!(w.host.started_over_live(), 0, "{case}: a new instance was started over a live one\n{}", w.said());
+    for t in w.host.writes() {
+        assert!(
+            t == old.unit.text || t == new.unit.text || t == DROP_IN,
+            "{case}: wrote a unit that is neither old nor new:\n{t}"
+        );
+    }
+    let file = w.host.unit_file();
+    assert!(
+        file.as_deref() == Some(old.unit.text.as_str()) || file.as_deref() == Some(new.unit.text.as_str()),
+        "{case}: the unit file is neither old nor new"
+    );
+    let Some(Ok(r)) = r else { return };
+    let st = w.store().peek(UNIT).unwrap();
+    let died_after = w.host.faulted_last() && w.host.call_names().last() == Some(&"state_save");
+    match r.outcome {
+        _ if died_after && w.host.serving().is_none() => {}
+        Some(Outcome::Applied) => assert_eq!(w.host.serving().as_ref(), Some(&new.spec.argv), "{case}: {}", r.verdict),
+        Some(Outcome::RolledBack) => {
+            // Or it died right after, and the report says the service is down.
+            if !matches!(r.serving, Some(Serving::Down { .. })) {
+                assert_eq!(w.host.serving().as_ref(), Some(&old.spec.argv), "{case}: {}", r.verdict);
+            }
+            assert!(st.quarantined(&new.unit.sha256).is_some(), "{case}: rolled back without a quarantine");
+        }
+        Some(Outcome::Failed) if w.host.serving().is_none() && w.host.alive_count() == 0 => {
+            assert!(
+                matches!(r.serving, Some(Serving::Down { .. })),
+                "{case}: the service is down and the report does not say so: {:?}: {}",
+                r.serving,
+                r.verdict
+            )
+        }
+        _ => {}
+    }
+    // The record is what the reconcile said, or the verdict says it could not be saved (specd's
+    // own state file could not be written: what was done on the host is done).
+    if r.outcome.is_some() && !r.verdict.contains("(specd's state could not be saved: ") {
+        let last = st.history.last().unwrap_or_else(|| panic!("{case}: no history"));
+        assert_eq!(last.message, r.verdict, "{case}: the state does not say what the reconcile said");
+    }
+}
+
+/// After the faults are over: the next reconcile (the agent's requeue, or the operator's next
+/// apply) leaves a server serving, the one the state says, and the one after does nothing.
+async fn check_converges(w: &World, old: &DesiredState, new: &DesiredState, fault: Fault, new_fails: bool, case: &str) {
+    w.host.heal();
+    let r = w.reconcile(new).await.unwrap().unwrap_or_else(|e| panic!("{case}: the next reconcile failed: {e}"));
+    // A server the reconcile left loading (a rollback killed after its start) has loaded by now.
+    tokio::time::sleep(LOAD).await;
+    let serving = w.host.serving();
+    assert_eq!(w.host.started_over_live(), 0, "{case}: a new instance was started over a live one\n{}", w.said());
+    let st = w.store().peek(UNIT).unwrap();
+    let quarantined = st.quarantined(&new.unit.sha256).is_some();
+    if serving.as_ref() == Some(&new.spec.argv) {
+        assert_eq!(w.host.unit_file().as_deref(), Some(new.unit.text.as_str()), "{case}");
+        assert!(!quarantined, "{case}: serves a quarantined unit");
+    } else {
+        assert_eq!(
+            serving.as_ref(),
+            Some(&old.spec.argv),
+            "{case}: nothing serves after the next reconcile: {}\n{}",
+            r.verdict,
+            w.said()
+        );
+        assert_eq!(w.host.unit_file().as_deref(), Some(old.unit.text.as_str()), "{case}");
+        assert!(quarantined, "{case}: the old unit serves but the new one is not quarantined: {}", r.verdict);
+        // A good spec is condemned only by its server dying under it (specd cannot tell that
+        // from a spec that does not start); never by a host call that failed or hung.
+        assert!(
+            new_fails || fault == Fault::ProcessDies,
+            "{case}: a good spec was quarantined by a host fault: {}\n{}",
+            st.quarantined(&new.unit.sha256).map_or("", |q| q.reason.as_str()),
+            w.said()
+        );
+    }
+    assert!(st.in_progress.is_none(), "{case}: an apply is still recorded in progress: {}", r.verdict);
+    // What was done is in the history as what it was, however many runs it took: the new unit
+    // applied, or rolled back from.
+    let want = if serving.as_ref() == Some(&new.spec.argv) { Outcome::Applied } else { Outcome::RolledBack };
+    assert!(
+        st.history.iter().any(|h| h.sha256 == new.unit.sha256 && h.outcome == want),
+        "{case}: no {want:?} of the new unit in the history: {:#?}\n{}",
+        st.history.iter().map(|h| (h.outcome, h.message.as_str())).collect::<Vec<_>>(),
+        w.said()
+    );
+    assert_eq!(w.state_temps(), Vec::<String>::new(), "{case}: a temporary file is left in specd's state");
+    let before = w.host.stops_and_starts();
+    let again = w.reconcile(new).await.unwrap().unwrap();
+    assert_eq!(
+        w.host.stops_and_starts(),
+        before,
+        "{case}: a serving unit was stopped or started again: {}",
+        again.verdict
+    );
+    assert_eq!(again.action, Action::AwaitChange, "{case}: {}", again.verdict);
+    // A unit that serves its desired spec starts at boot as it says (set again if a fault
+    // stopped it), and no drop-in changes it.
+    if serving.as_ref() == Some(&new.spec.argv) {
+        assert_eq!(
+            w.host.enabled(),
+            new.spec.service.enabled,
+            "{case}: the served unit's start at boot is not the spec's: {}\n{}",
+            again.verdict,
+            w.said()
+        );
+        assert!(!crate::host::Host::exists(&w.host, &w.drop_in()), "{case}: the drop-in is still there");
+    }
+}
+
+/// systemd re-executing itself during a call is ridden out by the very apply it hit: asked again
+/// on a new connection, the apply ends as it would have without it (the new unit verified, or a
+/// failing one rolled back), and a good spec is never quarantined for it.
+fn check_rides_out_a_reexec(
+    w: &World,
+    old: &DesiredState,
+    new: &DesiredState,
+    r: &Option<Result<Report, String>>,
+    new_fails: bool,
+    case: &str,
+) {
+    let r = match r {
+        Some(Ok(r)) => r,
+        other => panic!("{case}: the apply did not end: {other:?}\n{}", w.said()),
+    };
+    let (outcome, serving) = match new_fails {
+        false => (Outcome::Applied, &new.spec.argv),
+        true => (Outcome::RolledBack, &old.spec.argv),
+    };
+    assert_eq!(r.outcome, Some(outcome), "{case}: {}\n{}", r.verdict, w.said());
+    assert_eq!(w.host.serving().as_ref(), Some(serving), "{case}: {}", r.verdict);
+    let st = w.store().peek(UNIT).unwrap();
+    assert_eq!(st.quarantined(&new.unit.sha256).is_some(), new_fails, "{case}: {}", r.verdict);
+}
+
+/// Calls an apply of `new` over `old` makes without faults, from `a`.
+async fn calls_of_apply(old: &DesiredState, new: &DesiredState, a: Apply) -> Vec<&'static str> {
+    let w = prepared(old, new, a).await;
+    let n0 = w.host.calls();
+    let r = w.reconcile(new).await.unwrap().unwrap();
+    assert!(r.outcome.is_some(), "{}", r.verdict);
+    w.host.call_names()[n0..].to_vec()
+}
+
+async fn matrix(a: Apply) {
+    quiet_crashes();
+    let old = desired(5);
+    let new = DesiredState::new(spec(10, a.new_enabled), None);
+    let calls = calls_of_apply(&old, &new, a).await;
+    let ran = !a.new_fails;
+    assert_eq!(calls.contains(&"enable"), ran && a.new_enabled && !a.enabled, "{calls:?}");
+    assert_eq!(calls.contains(&"disable"), ran && !a.new_enabled && a.enabled, "{calls:?}");
+    assert_eq!(calls.contains(&"move_aside"), a.drop_in, "{calls:?}");
+    assert!(calls.len() > 20, "{calls:?}");
+    let mut cases = 0;
+    for (i, name) in calls.iter().enumerate() {
+        for f in FAULTS {
+            let case = format!("fault {f:?} at call {i} ({name}) of {a:?}");
+            let w = prepared(&old, &new, a).await;
+            w.host.plan(i, f);
+            let r = w.reconcile(&new).await;
+            check_faulty_run(&w, &old, &new, &r, &case);
+            if f == Fault::Crash && *name == "state_save" {
+                assert_eq!(w.state_temps().len(), 1, "{case}: killed in a save, its temporary file is left");
+            }
+            if f == Fault::Reexec {
+                check_rides_out_a_reexec(&w, &old, &new, &r, a.new_fails, &case);
+            }
+            check_converges(&w, &old, &new, f, a.new_fails, &case).await;
+            cases += 1;
+        }
+    }
+    let state = calls.iter().filter(|c| c.starts_with("state_")).count();
+    eprintln!("{} calls ({state} to specd's state) × {} fault kinds = {cases} cases", calls.len(), FAULTS.len());
+    assert!(state >= 3, "specd's state is read and saved through the host: {calls:?}");
+    assert_eq!(cases, calls.len() * FAULTS.len());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_fault_at_any_call_of_an_apply_leaves_the_host_old_or_new_and_the_next_reconcile_converges() {
+    matrix(Apply::PLAIN).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_fault_at_any_call_of_a_failing_apply_and_its_rollback_still_converges() {
+    matrix(Apply { new_fails: true, ..Apply::PLAIN }).await;
+}
+
+/// The same over a unit that does not start at boot: the apply ends with `systemctl enable`.
+#[tokio::test(start_paused = true)]
+async fn a_fault_at_any_call_of_an_apply_that_enables_the_unit_still_converges_enabled() {
+    matrix(Apply { enabled: false, ..Apply::PLAIN }).await;
+}
+
+/// The same for a spec that says `service.enabled: false`: the apply ends with `systemctl
+/// disable`.
+#[tokio::test(start_paused = true)]
+async fn a_fault_at_any_call_of_an_apply_that_disables_the_unit_still_converges_disabled() {
+    matrix(Apply { new_enabled: false, ..Apply::PLAIN }).await;
+}
+
+/// The same over a unit a drop-in changes: the apply moves it aside (RemoveDropIns) before it
+/// writes; a fault anywhere still converges, with the drop-in gone once the new unit serves.
+#[tokio::test(start_paused = true)]
+async fn a_fault_at_any_call_of_an_apply_that_removes_a_drop_in_still_converges_without_it() {
+    matrix(Apply { drop_in: true, ..Apply::PLAIN }).await;
+}
+
+/// A failing apply over a drop-in: rolled back, whatever the fault.
+#[tokio::test(start_paused = true)]
+async fn a_fault_at_any_call_of_a_failing_apply_that_removes_a_drop_in_still_converges() {
+    matrix(Apply { new_fails: true, drop_in: true, ..Apply::PLAIN }).await;
+}
+
+/// A masked unit (a person's `systemctl mask`, in the unit directory or in /run): a fault at any
+/// call of a reconcile stops, starts and writes nothing, and once the faults end it says Masked.
+#[tokio::test(start_paused = true)]
+async fn a_fault_at_any_call_of_a_look_at_a_masked_unit_touches_nothing() {
+    quiet_crashes();
+    let (old, new) = (desired(5), desired(10));
+    let mut cases = 0;
+    for mask in [std::path::PathBuf::new(), std::path::PathBuf::from("/run/systemd/system").join(UNIT)] {
+        let masked = |w: &World| {
+            let at = if mask.as_os_str().is_empty() { w.dir.path().join("units").join(UNIT) } else { mask.clone() };
+            w.host.mask(&at);
+        };
+        let probe = serving(&old, &new, false).await;
+        masked(&probe);
+        let n0 = probe.host.calls();
+        let r = probe.reconcile(&new).await.unwrap().unwrap();
+        assert!(r.verdict.starts_with("Masked"), "{}", r.verdict);
+        let n = probe.host.calls() - n0;
+        for i in 0..n {
+            for f in FAULTS {
+                let case = format!("fault {f:?} at call {i} of a look at a unit masked at {mask:?}");
+                let w = serving(&old, &new, false).await;
+                masked(&w);
+                let (before, writes) = (w.host.stops_and_starts(), w.host.writes().len());
+                w.host.plan(i, f);
+                let _ = w.reconcile(&new).await;
+                w.host.heal();
+                let r = w.reconcile(&new).await.unwrap().unwrap();
+                assert!(r.verdict.starts_with("Masked"), "{case}: {}", r.verdict);
+                assert_eq!(w.host.stops_and_starts(), before, "{case}: the server was touched\n{}", w.said());
+                assert_eq!(w.host.writes().len(), writes, "{case}: a unit file was written");
+                // The old server goes on serving, unless the fault itself killed it (a masked
+                // unit is not started again).
+                tokio::time::sleep(LOAD).await;
+                let serves = (f != Fault::ProcessDies).then_some(&old.spec.argv);
+                assert_eq!(w.host.serving().as_ref(), serves, "{case}");
+                cases += 1;
+            }
+        }
+    }
+    eprintln!("a masked unit: {cases} cases");
+}
+
+/// A unit whose spec is gone, pruned (`prune: true`): a fault at any call of the prune never
+/// starts anything nor writes a unit, and the next prune (the agent's next source read) leaves
+/// it stopped, disabled and without its unit file.
+#[tokio::test(start_paused = true)]
+async fn a_fault_at_any_call_of_a_prune_still_leaves_the_unit_stopped_disabled_and_gone() {
+    quiet_crashes();
+    let (old, new) = (desired(5), desired(10));
+    let prune = |w: &World| {
+        let ctx = w.ctx();
+        async move {
+            let r = tokio::spawn(async move { reconcile::prune(&ctx, UNIT).await }).await;
+            if let Err(e) = r
+                && !e.is_panic()
+            {
+                panic!("{e}");
+            }
+        }
+    };
+    let probe = serving(&old, &new, false).await;
+    let n0 = probe.host.calls();
+    prune(&probe).await;
+    let calls = probe.host.call_names()[n0..].to_vec();
+    assert!(calls.contains(&"disable") && calls.contains(&"move_aside"), "{calls:?}");
+    let mut cases = 0;
+    for (i, name) in calls.iter().enumerate() {
+        for f in FAULTS {
+            let case = format!("fault {f:?} at call {i} ({name}) of a prune");
+            let w = serving(&old, &new, false).await;
+            let (starts, writes) = (w.host.stops_and_starts().1, w.host.writes().len());
+            w.host.plan(i, f);
+            prune(&w).await;
+            assert_eq!(w.host.stops_and_starts().1, starts, "{case}: something was started");
+            assert_eq!(w.host.writes().len(), writes, "{case}: a unit file was written");
+            w.host.heal();
+            prune(&w).await;
+            tokio::time::sleep(LOAD).await;
+            assert_eq!(w.host.serving(), None, "{case}: the pruned unit still serves");
+            assert_eq!(w.host.alive_count(), 0, "{case}: a process of the pruned unit is alive");
+            assert!(!w.host.enabled(), "{case}: the pruned unit still starts at boot");
+            assert_eq!(w.host.unit_file(), None, "{case}: the pruned unit's file is still there");
+            cases += 1;
+        }
+    }
+    eprintln!("a prune: {} calls × {} fault kinds = {cases} cases", calls.len(), FAULTS.len());
+}
+
+/// A unit that is in sync and serving is never stopped or started because a call failed.
+#[tokio::test(start_paused = true)]
+async fn a_healthy_in_sync_server_is_never_restarted_by_a_fault() {
+    quiet_crashes();
+    let (old, new) = (desired(5), desired(10));
+    let probe = serving(&old, &new, false).await;
+    let r = probe.reconcile(&new).await.unwrap().unwrap();
+    assert_eq!(r.outcome, Some(Outcome::Applied));
+    let n0 = probe.host.calls();
+    let r = probe.reconcile(&new).await.unwrap().unwrap();
+    assert!(r.verdict.starts_with("InSync"), "{}", r.verdict);
+    let n = probe.host.calls() - n0;
+    for i in 0..n {
+        for f in [Fault::Fails, Fault::TimesOut, Fault::ProcessLingers, Fault::Crash, Fault::Reexec] {
+            let w = serving(&new, &old, false).await;
+            w.host.plan(i, f);
+            let before = w.host.stops_and_starts();
+            let _ = w.reconcile(&new).await;
+            assert_eq!(w.host.stops_and_starts(), before, "fault {f:?} at call {i}: the serving unit was touched");
+            assert_eq!(w.host.serving().as_ref(), Some(&new.spec.argv));
+        }
+    }
+}
+
+/// A serving unit that only has to be enabled again (a person ran `systemctl disable`): a fault at
+/// any call never stops or starts its server, the verdict says enabled only when it is, and the
+/// next reconcile enables it.
+#[tokio::test(start_paused = true)]
+async fn a_fault_while_only_enabling_never_touches_the_server_and_the_next_reconcile_enables() {
+    quiet_crashes();
+    let (old, new) = (desired(5), desired(10));
+    let probe = serving(&new, &old, false).await;
+    probe.host.set_enabled(false);
+    let n0 = probe.host.calls();
+    let r = probe.reconcile(&new).await.unwrap().unwrap();
+    assert!(r.verdict.contains("starts at boot now"), "{}", r.verdict);
+    assert!(probe.host.enabled());
+    let n = probe.host.calls() - n0;
+    assert!(probe.host.call_names()[n0..].contains(&"enable"));
+    for i in 0..n {
+        for f in [Fault::Fails, Fault::TimesOut, Fault::ProcessLingers, Fault::Crash, Fault::Reexec] {
+            let case = format!("fault {f:?} at call {i} of an enable");
+            let w = serving(&new, &old, false).await;
+            w.host.set_enabled(false);
+            w.host.plan(i, f);
+            let before = w.host.stops_and_starts();
+            let r = w.reconcile(&new).await;
+            assert_eq!(w.host.stops_and_starts(), before, "{case}: the server was touched\n{}", w.said());
+            if let Some(Ok(r)) = &r
+                && r.verdict.contains("starts at boot now")
+            {
+                assert!(w.host.enabled(), "{case}: {}", r.verdict);
+            }
+            w.host.heal();
+            let r = w.reconcile(&new).await.unwrap().unwrap();
+            assert!(w.host.enabled(), "{case}: not enabled after the next reconcile: {}\n{}", r.verdict, w.said());
+            assert_eq!(w.host.serving().as_ref(), Some(&new.spec.argv), "{case}");
+            assert_eq!(w.host.stops_and_starts(), before, "{case}: the server was touched\n{}", w.said());
+        }
+    }
+}
+
+/// A hold set while the agent's reconcile waited for the unit's lock (a rollback's pin, a
+/// sweep's point) is seen under the lock: that reconcile observes and reports only. An
+/// operator's command overrides it.
+#[tokio::test(start_paused = true)]
+async fn a_hold_set_while_a_reconcile_waits_for_the_lock_stops_the_agent_not_an_operator() {
+    let (old, new) = (desired(3), desired(5));
+    let w = serving(&old, &new, false).await;
+    let hold = crate::core::hold::Hold::new(
+        crate::core::hold::HoldKind::Suspend,
+        "root (specd suspend)",
+        crate::machine::store::now(),
+    );
+    w.store().set_hold(UNIT, hold).await.unwrap();
+    let r = w.reconcile(&new).await.unwrap().unwrap();
+    assert_eq!(r.outcome, None, "{}", r.verdict);
+    assert!(r.verdict.contains("held: suspended by root (specd suspend)"), "{}", r.verdict);
+    assert_eq!(w.host.serving().as_ref(), Some(&old.spec.argv), "the agent acted on a held unit");
+    let ctx = Ctx { holds: reconcile::Holds::Overridden, ..w.ctx() };
+    let r = reconcile::reconcile(&ctx, &new, false).await.unwrap();
+    assert_eq!(r.outcome, Some(Outcome::Applied), "{}", r.verdict);
+    assert_eq!(w.host.serving().as_ref(), Some(&new.spec.argv));
+}
+
+/// A unit that cannot start on this host (its pre-flight finds a missing program, model or port)
+/// is refused before anything is stopped: the serving instance is not touched, nothing is
+/// quarantined, and the refusal is recorded once, not at every look.
+#[tokio::test(start_paused = true)]
+async fn a_unit_that_cannot_start_here_is_refused_before_the_serving_one_is_stopped() {
+    let (old, new) = (desired(5), desired(10));
+    let w = serving(&old, &new, false).await;
+    let missing = crate::preflight::Problem {
+        check: crate::preflight::CheckKind::DraftModel,
+        message: "the draft model /models/draft does not exist".into(),
+    };
+    w.host.lacks(&new.spec, missing);
+    let before = w.host.stops_and_starts();
+    let r = w.reconcile(&new).await.unwrap().unwrap();
+    assert_eq!(r.outcome, Some(Outcome::Refused), "{}", r.verdict);
+    assert!(r.refused);
+    assert!(
+        r.verdict
+            .contains("cannot start on this host: the draft model /models/draft does not exist; nothing was stopped"),
+        "{}",
+        r.verdict
+    );
+    assert_eq!(r.action, Action::Requeue(crate::core::timing::PREFLIGHT_AGAIN));
+    assert_eq!(w.host.stops_and_starts(), before, "the serving instance was touched\n{}", w.said());
+    assert_eq!(w.host.serving().as_ref(), Some(&old.spec.argv));
+    assert_eq!(w.host.unit_file().as_deref(), Some(old.unit.text.as_str()));
+    let st = w.store().peek(UNIT).unwrap();
+    assert!(st.quarantined(&new.unit.sha256).is_none());
+    assert!(st.in_progress.is_none());
+    assert_eq!(st.history.last().map(|h| (h.outcome, h.message.clone())), Some((Outcome::Refused, r.verdict.clone())));
+    // Looked at again (a resync): the same refusal, not recorded again.
+    let n = st.history.len();
+    let again = w.reconcile(&new).await.unwrap().unwrap();
+    assert_eq!((again.outcome, again.verdict.as_str()), (None, r.verdict.as_str()));
+    assert_eq!(w.store().peek(UNIT).unwrap().history.len(), n);
+    // A dry run says so too.
+    let dry = reconcile::reconcile(&w.ctx(), &new, true).await.unwrap();
+    assert!(dry.refused && dry.outcome.is_none(), "{}", dry.verdict);
+}
+
+/// The pre-flight looks while the drain waits for the requests in flight (the drain stops
+/// nothing), and the stop waits for both: under a steady load, where the drain runs out its
+/// budget (`drain_timeout_sec: 5`), the apply is not delayed by the look as well. A refusal found
+/// meanwhile ends the drain, and nothing is stopped.
+#[tokio::test(start_paused = true)]
+async fn the_pre_flight_looks_while_the_drain_waits_and_the_stop_waits_for_both() {
+    let (old, new) = (desired(5), desired(10));
+    let w = serving(&old, &new, false).await;
+    let (look, drain) = (std::time::Duration::from_secs(3), std::time::Duration::from_secs(5));
+    w.host.preflight_lag(look);
+    w.host.busy_for(std::time::Duration::from_secs(60));
+    let t0 = tokio::time::Instant::now();
+    let r = w.reconcile(&new).await.unwrap().unwrap();
+    let took = t0.elapsed();
+    assert_eq!(r.outcome, Some(Outcome::Applied), "{}", r.verdict);
+    assert!(
+        took >= drain && took < drain + look,
+        "the apply took {took:?}: the look and the drain, one after the other\n{}",
+        w.said()
+    );
+    // Refused meanwhile: the drain ends, nothing is stopped, the apply's record goes.
+    w.host.lacks(
+        &old.spec,
+        crate::preflight::Problem {
+            check: crate::preflight::CheckKind::Model,
+            message: "the model /models/qwen does not exist".into(),
+        },
+    );
+    w.host.busy_for(std::time::Duration::from_secs(60));
+    let before = w.host.stops_and_starts();
+    let t0 = tokio::time::Instant::now();
+    let r = w.reconcile(&old).await.unwrap().unwrap();
+    assert_eq!(r.outcome, Some(Outcome::Refused), "{}", r.verdict);
+    assert_eq!(t0.elapsed(), look, "the refusal waited for the drain");
+    assert_eq!(w.host.stops_and_starts(), before);
+    assert_eq!(w.host.serving().as_ref(), Some(&new.spec.argv));
+    assert!(w.store().peek(UNIT).unwrap().in_progress.is_none());
+}
+
+/// With nothing serving, there is nothing to protect: the start is tried, and its failure is
+/// rolled back and told as any other.
+#[tokio::test(start_paused = true)]
+async fn a_unit_that_does_not_run_is_started_whatever_its_pre_flight_says() {
+    let (old, new) = (desired(5), desired(10));
+    let w = serving(&old, &new, false).await;
+    w.host.lacks(
+        &new.spec,
+        crate::preflight::Problem {
+            check: crate::preflight::CheckKind::Port,
+            message: "port 30000 is held by pid 7".into(),
+        },
+    );
+    crate::host::Host::stop(&w.host, UNIT, true).await.unwrap();
+    let r = w.reconcile(&new).await.unwrap().unwrap();
+    assert_eq!(r.outcome, Some(Outcome::Applied), "{}", r.verdict);
+}
+
+/// A unit whose server fails to load is rolled back, and the verdict and the quarantine quote
+/// what the server said last (read from the failed instance's journal).
+#[tokio::test(start_paused = true)]
+async fn a_failed_start_quotes_the_server_s_own_error_in_the_verdict_and_the_quarantine() {
+    let (old, new) = (desired(5), desired(10));
+    let w = serving(&old, &new, true).await;
+    let r = w.reconcile(&new).await.unwrap().unwrap();
+    assert_eq!(r.outcome, Some(Outcome::RolledBack), "{}", r.verdict);
+    let said = format!("the server said: {}", crate::host::fake::FAILED_LOAD);
+    assert!(r.verdict.ends_with(&said), "{}", r.verdict);
+    let st = w.store().peek(UNIT).unwrap();
+    assert!(st.quarantined(&new.unit.sha256).unwrap().reason.ends_with(&said));
+}
+
+/// A server killed (SIGKILL) at any moment of an apply of a unit that passed verification before
+/// (while it loads: it may have answered ready to someone else a moment before) does not
+/// quarantine that unit: one death is not a verdict on a unit known to work.
+#[tokio::test(start_paused = true)]
+async fn a_unit_verified_before_is_never_quarantined_by_its_server_being_killed() {
+    quiet_crashes();
+    let (old, new) = (desired(5), desired(10));
+    // new verified once, then old again: new is the next apply.
+    let probe = serving(&old, &new, false).await;
+    assert_eq!(probe.reconcile(&new).await.unwrap().unwrap().outcome, Some(Outcome::Applied));
+    assert_eq!(probe.reconcile(&old).await.unwrap().unwrap().outcome, Some(Outcome::Applied));
+    let n0 = probe.host.calls();
+    let r = probe.reconcile(&new).await.unwrap().unwrap();
+    assert_eq!(r.outcome, Some(Outcome::Applied), "{}", r.verdict);
+    let calls = probe.host.call_names()[n0..].to_vec();
+    let start = calls.iter().position(|c| *c == "start").unwrap();
+    for (i, name) in calls.iter().enumerate().skip(start + 1) {
+        let w = serving(&old, &new, false).await;
+        assert_eq!(w.reconcile(&new).await.unwrap().unwrap().outcome, Some(Outcome::Applied));
+        assert_eq!(w.reconcile(&old).await.unwrap().unwrap().outcome, Some(Outcome::Applied));
+        w.host.plan(i, Fault::ProcessDies);
+        let r = w.reconcile(&new).await.unwrap().unwrap();
+        let case = format!("the server killed at call {i} ({name})");
+        let st = w.store().peek(UNIT).unwrap();
+        assert!(st.quarantined(&new.unit.sha256).is_none(), "{case}: {}\n{}", r.verdict, w.said());
+        // And it serves again: the next reconcile starts it (the fake has no Restart=).
+        w.host.heal();
+        let again = w.reconcile(&new).await.unwrap().unwrap();
+        tokio::time::sleep(LOAD).await;
+        assert_eq!(w.host.serving().as_ref(), Some(&new.spec.argv), "{case}: {}\n{}", again.verdict, w.said());
+    }
+}

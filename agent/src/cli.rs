@@ -5,8 +5,8 @@ use std::process::ExitCode;
 
 use clap::{CommandFactory, Parser, Subcommand};
 
-use crate::commands::context::Dirs;
 use crate::config::{self, AgentConfig};
+use crate::reconcile::context::Dirs;
 use crate::{commands::ops, daemon, source::spec_files, sweep};
 
 /// The exit codes of every command, as `specd --help` and the README's Commands section give
@@ -570,11 +570,7 @@ fn validate(paths: &[PathBuf], json: bool) -> ExitCode {
 fn install_notifier(config: &std::path::Path) {
     match AgentConfig::load(config) {
         Ok(cfg) => {
-            crate::notify::install(
-                &cfg.notify.webhooks,
-                &crate::commands::context::hostname(cfg.hostname.clone()),
-                None,
-            );
+            crate::notify::install(&cfg.notify.webhooks, &crate::reconcile::context::hostname(cfg.hostname.clone()));
         }
         Err(e) => tracing::warn!("{e:#}; no webhook is told of this apply"),
     }

@@ -9,52 +9,24 @@ use std::path::Path;
 
 /// From the lowest layer to the highest. Below all of them: the `specd-spec` crate.
 const LAYERS: &[(&str, &[&str])] = &[
-    // Pure decisions and the model they decide on; no I/O.
-    (
-        "core",
-        &[
-            "plan",
-            "recovery",
-            "service",
-            "speculation",
-            "guard",
-            "hold",
-            "timing",
-            "record",
-            "conclude",
-            "rollout",
-            "sync",
-        ],
-    ),
-    // The adapters, in three ordered layers. Primitives: files, locks, processes, cgroups,
-    // D-Bus's wire, specd's own state files.
-    ("primitives", &["fsx", "lock", "log", "process", "owner", "dbus", "cgroup", "specs", "state"]),
-    // One piece of the world each: systemd, the servers' HTTP, the journal (diagnose), the
-    // pre-flight's look at the machine, the git source, the agent's config, the load generator
-    // and its reports, the agent's metrics and endpoints, the promoter's evidence from Prometheus.
-    (
-        "systems",
-        &[
-            "systemd",
-            "probe",
-            "diagnose",
-            "preflight",
-            "source",
-            "publish",
-            "config",
-            "loadgen",
-            "report",
-            "metrics",
-            "listen",
-            "prometheus",
-        ],
-    ),
+    // Every decision and the records it decides on; no I/O (`core_names_no_io` reads it).
+    ("core", &["core"]),
+    // The machine's parts: systemd over D-Bus, cgroups, processes, the servers' HTTP, files,
+    // locks, specd's state files, its log stream.
+    ("machine", &["machine"]),
+    // What the host can tell before a start (the pre-flight) and after an end (the diagnosis).
+    ("looks", &["preflight", "diagnose"]),
     // The one boundary between the reconciler and the machine.
     ("host", &["host"]),
-    // Observe, plan, act, record: drives the adapters.
-    ("engine", &["reconcile", "faults"]),
-    // One-shot commands, the long-running agent, and what they share.
-    ("commands", &["ops", "agent", "follow", "context", "notify", "sweep", "explain", "promote"]),
+    // Observe, plan, act, conclude, record: drives the host.
+    ("reconcile", &["reconcile"]),
+    // Where desired states come from (git, files), the agent's config, webhook notices.
+    ("source", &["source"]),
+    ("config", &["config"]),
+    ("notify", &["notify"]),
+    // The one-shot commands, then what runs on top of them: sweeps, the fleet's promoter, the agent.
+    ("commands", &["commands"]),
+    ("above", &["sweep", "fleet", "daemon"]),
     // Argument parsing.
     ("cli", &["cli"]),
 ];

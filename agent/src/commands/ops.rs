@@ -8,12 +8,13 @@ use anyhow::{Context, Result};
 use serde::Serialize;
 use specd_spec::short;
 
-use crate::commands::context::{self, Dirs, Sink, hostname};
 use crate::core::plan::{self, SyncStatus};
 use crate::core::timing;
 use crate::host::Host;
 use crate::machine::probe::{self, Health, Probe};
 use crate::machine::store::{self, Source, SourceState, Store};
+use crate::reconcile::context::{self, Dirs, hostname};
+use crate::reconcile::progress::{self, Sink};
 use crate::reconcile::{self, Ctx, DesiredState, Event, Shutdown};
 use crate::source::spec_files;
 
@@ -148,7 +149,7 @@ async fn apply_on<H: Host>(
             return refuse(doc, why);
         }
     }
-    let ctx = Arc::new(context::ctx_on(machine, dirs, context::events(Sink::Stderr), shutdown()));
+    let ctx = Arc::new(context::ctx_on(machine, dirs, progress::events(Sink::Stderr), shutdown()));
     // A live sweep's hold refuses a hand apply (not the sweep's own).
     if !dry_run {
         for d in &all {
@@ -200,7 +201,7 @@ async fn apply_on<H: Host>(
         reverts.push(r);
     }
     let done = each_at_once(&ctx, &all, dry_run).await;
-    context::flush_progress();
+    progress::flush_progress();
     crate::notify::flush(std::time::Duration::from_secs(30)).await;
     let mut code = 0;
     let many = done.len() > 1;
@@ -1168,7 +1169,7 @@ pub async fn rollback(
     socket: PathBuf,
     json: bool,
 ) -> Result<u8> {
-    let ctx = context::host_ctx(dirs, context::events(Sink::Stderr), interruptible("specd rollback", "the rollback"));
+    let ctx = context::host_ctx(dirs, progress::events(Sink::Stderr), interruptible("specd rollback", "the rollback"));
     rollback_on(&ctx, unit, to, reason, socket, json).await
 }
 
@@ -1245,7 +1246,7 @@ async fn rollback_on<H: Host>(
     ));
     let t0 = std::time::Instant::now();
     let report = reconcile::reconcile(ctx, &d, false).await;
-    context::flush_progress();
+    progress::flush_progress();
     let report = match report {
         Ok(r) => r,
         Err(e) if json => {

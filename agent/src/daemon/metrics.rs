@@ -222,8 +222,16 @@ impl Metrics {
     }
 
     /// A counter kept by another part of the agent (the webhook notifier's), served with these.
-    pub fn register_counter(&self, name: &str, help: &str, c: Counter) {
-        crate::core::guard::lock(&self.registry).register(name, help, c);
+    /// The webhook notices' counters (`notify`), exported when webhooks are configured.
+    pub fn register_notices(&self, c: &crate::notify::Counters) {
+        let mut r = crate::core::guard::lock(&self.registry);
+        r.register("notifications_delivered", "Webhook notices delivered", c.delivered.clone());
+        r.register(
+            "notifications_failed",
+            "Webhook notices given up after retries or refused by the receiver",
+            c.failed.clone(),
+        );
+        r.register("notifications_dropped", "Webhook notices dropped unsent from a full queue", c.dropped.clone());
     }
 }
 
@@ -474,6 +482,33 @@ impl Deaths {
 /// How many of a unit's newest instances a look at its deaths reads: a crash loop faster than
 /// the agent's looks loses the deaths past these.
 pub const DEATHS_WINDOW: usize = 16;
+
+/// Where the metrics learn a unit's newest instances and how each ended: the journal on this
+/// machine ([`instances`]), or the tests' fake host.
+pub trait Instances {
+    /// The unit's newest instances and how each ended (for the deaths the metrics count),
+    /// waiting up to `within` for the journal to show the end of any but `current`.
+    fn instances(
+        &self,
+        unit: &str,
+        current: &str,
+        within: std::time::Duration,
+    ) -> impl std::future::Future<Output = Vec<Instance>> + Send;
+}
+
+impl Instances for crate::host::RealHost {
+    async fn instances(&self, unit: &str, current: &str, within: std::time::Duration) -> Vec<Instance> {
+        instances(unit, current, within).await
+    }
+}
+
+#[cfg(test)]
+impl Instances for crate::host::fake::FakeHost {
+    async fn instances(&self, _unit: &str, _current: &str, _within: std::time::Duration) -> Vec<Instance> {
+        self.journal_look().await;
+        Vec::new()
+    }
+}
 
 /// The newest instances of `unit` by the diagnosis of its journal, oldest first; waits up to
 /// `within` for the newest instance other than `current` (the one systemd runs now) to show its

@@ -15,10 +15,11 @@ use anyhow::{Context, Result};
 use specd_spec::short;
 use tokio::sync::{Notify, mpsc, watch};
 
-use crate::commands::context::{self, Dirs, Sink};
 use crate::config::AgentConfig;
 use crate::core::guard::{catch, lock};
 use crate::host::{Host, RealHost};
+use crate::reconcile::context::{self, Dirs};
+use crate::reconcile::progress::{self, Sink};
 use crate::source::follow::{Evaluation, Follower, evaluate, read_commit};
 
 use crate::core::timing;
@@ -27,6 +28,10 @@ use crate::machine::store::{self, Outcome, Source, SourceState, Store};
 use crate::machine::systemd::Systemd;
 use crate::reconcile::{self, Action, Ctx, DesiredState, Shutdown};
 use crate::source::git::GitSource;
+
+/// The host the agent runs on: the reconciler's [`Host`], and where its metrics learn of deaths.
+pub trait AgentHost: Host + metrics::Instances {}
+impl<T: Host + metrics::Instances> AgentHost for T {}
 
 /// Why something asked for a reconcile.
 #[derive(Debug, Clone)]
@@ -68,7 +73,7 @@ pub async fn run(opts: RunOptions) -> Result<()> {
     let (stop_tx, shutdown) = Shutdown::new();
     let ctx = Arc::new(Ctx {
         holds: reconcile::Holds::Obeyed,
-        ..context::host_ctx(&opts.dirs, context::events(Sink::Log), shutdown)
+        ..context::host_ctx(&opts.dirs, progress::events(Sink::Log), shutdown)
     });
     let own_unit = own_main_unit(&ctx.host).await;
     StopTimeout::clear_leftover(&ctx.unit_dir, own_unit.as_deref());
@@ -91,7 +96,9 @@ pub async fn run(opts: RunOptions) -> Result<()> {
     let term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
     let endpoints = Endpoints::serve(&cfg, nofile, &metrics, trig_tx.clone()).await?;
-    crate::notify::install(&cfg.notify.webhooks, &hostname, Some(&metrics));
+    if let Some(n) = crate::notify::install(&cfg.notify.webhooks, &hostname) {
+        metrics.register_notices(&n.counters);
+    }
 
     let mut units = Units {
         own_unit,
@@ -351,7 +358,7 @@ async fn stop(units: Units, stop_tx: watch::Sender<bool>, endpoints: Endpoints) 
 
 /// The service the agent runs as: the unit of its cgroup, if the agent is its main process (not
 /// a `specd run` started by hand in a terminal, whose cgroup may be a user manager's unit).
-async fn own_main_unit<H: Host>(host: &H) -> Option<String> {
+async fn own_main_unit<H: AgentHost>(host: &H) -> Option<String> {
     let unit = host.own_unit()?;
     let props = host.show(&unit).await.ok()?;
     (props.main_pid == std::process::id()).then_some(unit)
@@ -750,7 +757,7 @@ fn ensure_worker(
 
 /// One unit's reconcile loop: reconcile, then wait for what is due (a change of the desired
 /// state, a poke, the requeue, the end of a hold's process, the agent's stop).
-async fn worker<H: Host>(
+async fn worker<H: AgentHost>(
     unit: String,
     mut rx: watch::Receiver<Arc<DesiredState>>,
     poke: Arc<Notify>,
@@ -931,7 +938,7 @@ impl Looks {
     /// After a reconcile of `d` that left the unit `sync`: whether it runs, its figures from its
     /// state ([`crate::daemon::metrics::UnitFigures::of`]), and the deaths of its instances since the
     /// last look (the journal is read only when the instance that runs changed).
-    async fn after<H: Host>(
+    async fn after<H: AgentHost>(
         &mut self,
         ctx: &Ctx<H>,
         metrics: &Metrics,
@@ -984,7 +991,7 @@ type HandsOff = (String, Option<Duration>, Option<crate::core::hold::Hold>);
 /// Whether a hold keeps the agent's hands off `unit` now (see [`HandsOff`]). A hold that ended
 /// (expired, its sweep gone, the source moved past a pin) is cleared here, recorded in the unit's
 /// history, and the agent acts again.
-async fn hands_off<H: Host>(ctx: &Ctx<H>, unit: &str, desired_sha: &str, metrics: &Metrics) -> Option<HandsOff> {
+async fn hands_off<H: AgentHost>(ctx: &Ctx<H>, unit: &str, desired_sha: &str, metrics: &Metrics) -> Option<HandsOff> {
     let store = &ctx.store;
     let hold = match store.peek(unit) {
         Ok(st) => st.hold,

@@ -196,6 +196,38 @@ impl Watch for FakeWatch {
 }
 
 impl FakeHost {
+    /// A sweep's load on the server at `base_url` (`sweep::loadgen::Load` on the fake): a call
+    /// the fault plan may fail; a server that dies under load dies at once (its error), one that
+    /// does not run refuses the connection.
+    pub async fn serve_load(&self, base_url: &str) -> Result<(), String> {
+        let fails = self.call("load", HTTP, |e| e).await.or_else(|| {
+            let argv = self.ready_server(base_url)?;
+            let mut w = self.w();
+            if !w.die_under_load.contains(&argv) {
+                return None;
+            }
+            let main = w.unit.main_pid;
+            if let Some(p) = w.procs.get_mut(&main) {
+                p.dies_at = Some(Instant::now());
+            }
+            Self::advance(&mut w);
+            drop(w);
+            self.changes.send_modify(|n| *n += 1);
+            Some(format!("{base_url}: connection reset"))
+        });
+        let fails =
+            fails.or_else(|| self.ready_server(base_url).is_none().then(|| format!("{base_url}: connection refused")));
+        fails.map_or(Ok(()), Err)
+    }
+
+    /// A look at the journal for a unit's instances (the agent's metrics'): it takes the
+    /// journal's lag; deaths are counted from the real journal (the end-to-end tests), none here.
+    pub async fn journal_look(&self) {
+        self.w().calls.push("instances");
+        let lag = self.w().journal_lag;
+        tokio::time::sleep(lag).await;
+    }
+
     pub fn new(unit: &str, unit_dir: &Path) -> FakeHost {
         let w = World { next_pid: 100, ..Default::default() };
         let host = FakeHost {
@@ -889,45 +921,6 @@ impl Host for FakeHost {
         })
     }
 
-    /// Each request answers `max_tokens` tokens in 100 ms; a server that dies under load dies
-    /// at once, and every request of the level fails.
-    async fn load(&self, level: &crate::sweep::loadgen::Level) -> crate::sweep::loadgen::LevelResult {
-        let mut r = crate::sweep::loadgen::LevelResult { concurrency: level.concurrency, ..Default::default() };
-        let n = level.requests.max(1);
-        let fails = self.call("load", HTTP, |e| e).await.or_else(|| {
-            let argv = self.ready_server(&level.base_url)?;
-            let mut w = self.w();
-            if !w.die_under_load.contains(&argv) {
-                return None;
-            }
-            let main = w.unit.main_pid;
-            if let Some(p) = w.procs.get_mut(&main) {
-                p.dies_at = Some(Instant::now());
-            }
-            Self::advance(&mut w);
-            drop(w);
-            self.changes.send_modify(|n| *n += 1);
-            Some(format!("{}: connection reset", level.base_url))
-        });
-        let fails = fails.or_else(|| {
-            self.ready_server(&level.base_url).is_none().then(|| format!("{}: connection refused", level.base_url))
-        });
-        if let Some(e) = fails {
-            r.errors = n;
-            r.first_error = Some(e);
-            return r;
-        }
-        let wall = Duration::from_millis(100) * n.div_ceil(level.concurrency.max(1));
-        tokio::time::sleep(wall).await;
-        r.requests = n;
-        r.output_tokens = u64::from(n) * u64::from(level.max_tokens);
-        r.wall_s = wall.as_secs_f64();
-        r.throughput = r.output_tokens as f64 / r.wall_s;
-        r.tok_s_median = Some(f64::from(level.max_tokens) / 0.1);
-        r.tok_s_p10 = r.tok_s_median;
-        r
-    }
-
     fn note(&self, _unit: &str, _action: &str, _invocation: &str, _message: &str) {
         let _ = self.enter("note");
     }
@@ -936,14 +929,6 @@ impl Host for FakeHost {
         // A loading server says so.
         let n = u32::from_str_radix(invocation, 16).ok()?;
         (self.w().unit.invocation == n).then(|| format!("loading the model (instance {n})"))
-    }
-
-    async fn instances(&self, _unit: &str, _current: &str, _within: Duration) -> Vec<crate::daemon::metrics::Instance> {
-        self.w().calls.push("instances");
-        let lag = self.w().journal_lag;
-        tokio::time::sleep(lag).await;
-        // Deaths are counted from the real journal (the end-to-end tests); none here.
-        Vec::new()
     }
 
     async fn preflight(

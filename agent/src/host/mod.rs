@@ -114,11 +114,6 @@ pub trait Host: Clone + Send + Sync + 'static {
     fn running_requests(&self, base_url: &str, engine: Engine) -> impl Future<Output = Option<u64>> + Send;
     /// One short generation and the engine's evidence of drafting.
     fn speculation(&self, base_url: &str, spec: &Spec) -> impl Future<Output = Result<Speculation, String>> + Send;
-    /// One level of a sweep's load on the server, measured (`loadgen::run`).
-    fn load(
-        &self,
-        level: &crate::sweep::loadgen::Level,
-    ) -> impl Future<Output = crate::sweep::loadgen::LevelResult> + Send;
 
     // What can be known before a start.
 
@@ -143,14 +138,6 @@ pub trait Host: Clone + Send + Sync + 'static {
     fn ending(&self, unit: &str, invocation: &str, within: Duration) -> impl Future<Output = Option<Ending>> + Send;
     /// The last line an instance wrote (what a loading server says it is doing), if any.
     fn last_said(&self, invocation: &str) -> impl Future<Output = Option<String>> + Send;
-    /// The unit's newest instances and how each ended (for the deaths the metrics count),
-    /// waiting up to `within` for the journal to show the end of any but `current`.
-    fn instances(
-        &self,
-        unit: &str,
-        current: &str,
-        within: Duration,
-    ) -> impl Future<Output = Vec<crate::daemon::metrics::Instance>> + Send;
 }
 
 /// See [`Host::watch`].
@@ -346,10 +333,6 @@ impl Host for RealHost {
         self.probe.speculation(base_url, spec).await
     }
 
-    async fn load(&self, level: &crate::sweep::loadgen::Level) -> crate::sweep::loadgen::LevelResult {
-        crate::sweep::loadgen::run(level).await
-    }
-
     fn note(&self, unit: &str, action: &str, invocation: &str, message: &str) {
         let _ = crate::diagnose::journal_note(unit, action, Some(invocation), message);
     }
@@ -360,10 +343,6 @@ impl Host for RealHost {
 
     async fn last_said(&self, invocation: &str) -> Option<String> {
         crate::diagnose::last_said(invocation).await
-    }
-
-    async fn instances(&self, unit: &str, current: &str, within: Duration) -> Vec<crate::daemon::metrics::Instance> {
-        crate::daemon::metrics::instances(unit, current, within).await
     }
 
     async fn ending(&self, unit: &str, invocation: &str, within: Duration) -> Option<Ending> {

@@ -238,27 +238,14 @@ impl Notifier {
 /// The process's notifier and the hostname its notices name, set once by [`install`].
 static NOTIFIER: std::sync::OnceLock<(Notifier, String)> = std::sync::OnceLock::new();
 
-/// Start delivering to the config's webhooks (nothing without any), for the rest of the process;
-/// the counters go to `metrics` when given. Returns the notifier (also kept for
-/// [`after_reconcile`]); a second call returns the first one's.
-pub fn install(hooks: &[Webhook], host: &str, metrics: Option<&crate::daemon::metrics::Metrics>) -> Option<Notifier> {
+/// Start delivering to the config's webhooks (nothing without any), for the rest of the process.
+/// Returns the notifier (also kept for [`after_reconcile`]; its `counters` are the agent's to
+/// export); a second call returns the first one's.
+pub fn install(hooks: &[Webhook], host: &str) -> Option<Notifier> {
     if let Some((n, _)) = NOTIFIER.get() {
         return Some(n.clone());
     }
     let n = Notifier::start(hooks)?;
-    if let Some(m) = metrics {
-        m.register_counter("notifications_delivered", "Webhook notices delivered", n.counters.delivered.clone());
-        m.register_counter(
-            "notifications_failed",
-            "Webhook notices given up after retries or refused by the receiver",
-            n.counters.failed.clone(),
-        );
-        m.register_counter(
-            "notifications_dropped",
-            "Webhook notices dropped unsent from a full queue",
-            n.counters.dropped.clone(),
-        );
-    }
     let shown: Vec<String> = hooks.iter().map(|h| h.url.to_string()).collect();
     tracing::info!(webhooks = %shown.join(", "), "notifications on");
     let _ = NOTIFIER.set((n, host.to_string()));

@@ -2,8 +2,10 @@
 //! per unit across processes). Shaped like kube-rs: [`reconcile`] returns the next [`Action`],
 //! and [`error_policy`] turns an error into one.
 
+pub mod context;
 #[cfg(test)]
 mod faults;
+pub mod progress;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

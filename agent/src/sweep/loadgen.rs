@@ -236,6 +236,42 @@ fn client() -> reqwest::Client {
         .expect("an HTTP client")
 }
 
+/// Where a sweep's load goes: the server on this machine ([`run`]), or the tests' fake host.
+pub trait Load {
+    /// One level of load on the server, measured.
+    fn load(&self, level: &Level) -> impl std::future::Future<Output = LevelResult> + Send;
+}
+
+impl Load for crate::host::RealHost {
+    async fn load(&self, level: &Level) -> LevelResult {
+        run(level).await
+    }
+}
+
+/// The fake host's server answers each request `max_tokens` tokens in 100 ms; one that dies under
+/// load (or is not there) fails every request of the level.
+#[cfg(test)]
+impl Load for crate::host::fake::FakeHost {
+    async fn load(&self, level: &Level) -> LevelResult {
+        let mut r = LevelResult { concurrency: level.concurrency, ..Default::default() };
+        let n = level.requests.max(1);
+        if let Err(e) = self.serve_load(&level.base_url).await {
+            r.errors = n;
+            r.first_error = Some(e);
+            return r;
+        }
+        let wall = Duration::from_millis(100) * n.div_ceil(level.concurrency.max(1));
+        tokio::time::sleep(wall).await;
+        r.requests = n;
+        r.output_tokens = u64::from(n) * u64::from(level.max_tokens);
+        r.wall_s = wall.as_secs_f64();
+        r.throughput = r.output_tokens as f64 / r.wall_s;
+        r.tok_s_median = Some(f64::from(level.max_tokens) / 0.1);
+        r.tok_s_p10 = r.tok_s_median;
+        r
+    }
+}
+
 /// Run one level: warm-up, then the measured requests, with the evidence around them.
 pub async fn run(level: &Level) -> LevelResult {
     let client = client();

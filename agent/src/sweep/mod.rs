@@ -23,14 +23,18 @@ use serde_json::Value;
 use specd_spec::sweep::{self, After, Amount, Metric, ParsedSweep, Point, Prompts};
 use specd_spec::{ParsedSpec, Spec};
 
-use crate::commands::context::{self, Dirs};
 use crate::core::timing;
 use crate::host::Host;
 use crate::machine::atomic;
 use crate::machine::store::{Hold, HoldKind, Outcome, Source, Store};
+use crate::reconcile::context::{self, Dirs};
 use crate::reconcile::{self, Ctx, DesiredState, Event, Events, Finish, Shutdown};
 use crate::sweep::loadgen::Level;
 use crate::sweep::report::{Goal, PointOutcome, PointResult};
+
+/// The host a sweep runs on: the reconciler's [`Host`], and where its load goes.
+pub trait SweepHost: Host + loadgen::Load {}
+impl<T: Host + loadgen::Load> SweepHost for T {}
 
 /// The unit as it was before the sweep: what `after: restore` applies again. Kept in the
 /// output directory so that a resumed sweep restores the same thing.
@@ -55,7 +59,7 @@ struct SweepHold {
 impl SweepHold {
     /// Hold the unit, unless someone else's hold is in effect (a suspend, a pin, a sweep that
     /// still runs: the one hold gate, [`Host::hold_in_effect`]).
-    async fn take<H: Host>(host: &H, store: &Store, unit: &str, name: &str) -> Result<SweepHold, String> {
+    async fn take<H: SweepHost>(host: &H, store: &Store, unit: &str, name: &str) -> Result<SweepHold, String> {
         let st = store.peek(unit).map_err(|e| format!("{e:#}"))?;
         if let Some(h) = &st.hold
             && let crate::core::hold::HoldEffect::HandsOff(_) = host.hold_in_effect(Some(h))
@@ -302,7 +306,7 @@ fn level_line(l: &loadgen::LevelResult) -> String {
 }
 
 /// `max_running_requests` as the server reports it (the engine facts' `Reported` row).
-async fn reported_max_running<H: Host>(host: &H, spec: &Spec, invocation: &str) -> Option<Value> {
+async fn reported_max_running<H: SweepHost>(host: &H, spec: &Spec, invocation: &str) -> Option<Value> {
     let facts = specd_spec::engine_facts(spec.engine);
     let row = facts.reported.iter().find(|r| r.field == "server.max_running_requests")?;
     let info = host.reported_args(&spec.base_url(), spec, invocation).await?.ok()?;
@@ -311,7 +315,7 @@ async fn reported_max_running<H: Host>(host: &H, spec: &Spec, invocation: &str) 
 
 /// The verdict on how an instance ended (`None`: the unit's newest that ended), for the record:
 /// (verdict, summary).
-async fn verdict_of<H: Host>(host: &H, unit: &str, invocation: Option<&str>) -> (Option<String>, Option<String>) {
+async fn verdict_of<H: SweepHost>(host: &H, unit: &str, invocation: Option<&str>) -> (Option<String>, Option<String>) {
     match host.ending(unit, invocation.unwrap_or(""), timing::POINT_VERDICT_WITHIN).await {
         Some(e) => (Some(e.verdict), Some(e.summary)),
         None => (None, None),
@@ -338,13 +342,13 @@ pub async fn run(dirs: &Dirs, o: Options) -> Result<u8> {
 
 /// The reconcile context of the sweep's applies on `host` (they override holds: the sweep's own
 /// hold is on the unit).
-fn ctx_on<H: Host>(host: &H, dirs: &Dirs, shutdown: Shutdown) -> Ctx<H> {
+fn ctx_on<H: SweepHost>(host: &H, dirs: &Dirs, shutdown: Shutdown) -> Ctx<H> {
     context::ctx_on(host.clone(), dirs, events(), shutdown)
 }
 
 /// The sweep itself (see [`run`]) on `host`, stopped by what `interrupts` makes of the sweep's
 /// `after`; what the summary says is filled in `doc` as it goes.
-async fn campaign<H: Host>(
+async fn campaign<H: SweepHost>(
     host: &H,
     dirs: &Dirs,
     o: &Options,
@@ -514,7 +518,7 @@ struct Ran {
 
 /// Apply and load each point in order, appending its record; a point recorded by an earlier run
 /// (`prior`, by its unit's hash) is skipped.
-async fn run_points<H: Host>(
+async fn run_points<H: SweepHost>(
     ctx: &Ctx<H>,
     p: &Prepared,
     prior: &[PointResult],
@@ -601,7 +605,7 @@ fn after_target(
 }
 
 /// Apply what the host is left on. False when that apply did not end on a verified unit.
-async fn apply_after<H: Host>(ctx: &Ctx<H>, target: Option<DesiredState>, unit: &str) -> Result<bool> {
+async fn apply_after<H: SweepHost>(ctx: &Ctx<H>, target: Option<DesiredState>, unit: &str) -> Result<bool> {
     match target {
         Some(d) => {
             let r = reconcile::reconcile(ctx, &d, false).await?;
@@ -697,7 +701,7 @@ fn offer_best(p: &Prepared, wp: &Point, write: bool, doc: &mut Summary, json: bo
 }
 
 /// After a sweep that stopped on an error: the unit as it was, if specd had deployed it.
-async fn restore<H: Host>(ctx: &Ctx<H>, unit: &str, before: &Before) {
+async fn restore<H: SweepHost>(ctx: &Ctx<H>, unit: &str, before: &Before) {
     let Some(spec) = before.spec.clone() else { return };
     eprintln!("after: restoring {unit} as it was before the sweep");
     match reconcile::reconcile(ctx, &DesiredState::new(spec, before.source.clone()), false).await {
@@ -715,7 +719,7 @@ fn limits_text(limits: &[(&str, f64)]) -> String {
 /// with it (`--resume`), or when the unit is still on one of the sweep's points (that run was
 /// killed before it restored); otherwise the unit as it is now. Private (0600): the spec may hold
 /// literal environment values.
-fn before<H: Host>(ctx: &Ctx<H>, out: &Path, unit: &str, resume: bool, points: &[Point]) -> Result<Before> {
+fn before<H: SweepHost>(ctx: &Ctx<H>, out: &Path, unit: &str, resume: bool, points: &[Point]) -> Result<Before> {
     let path = out.join("before.json");
     let st = ctx.store.peek(unit)?;
     let on_a_point = st.desired.as_ref().is_some_and(|d| points.iter().any(|p| p.unit.sha256 == d.sha256));
@@ -737,7 +741,12 @@ fn before<H: Host>(ctx: &Ctx<H>, out: &Path, unit: &str, resume: bool, points: &
 
 /// Apply one point and load it. `None`: interrupted (nothing recorded; the point is measured
 /// again on resume).
-async fn point<H: Host>(ctx: &Ctx<H>, p: &Prepared, pt: &Point, shutdown: &Shutdown) -> Result<Option<PointResult>> {
+async fn point<H: SweepHost>(
+    ctx: &Ctx<H>,
+    p: &Prepared,
+    pt: &Point,
+    shutdown: &Shutdown,
+) -> Result<Option<PointResult>> {
     let (i, n) = (pt.index + 1, p.points.len());
     let unit = &pt.spec.unit;
     eprintln!("[{i}/{n}] {}: applying unit {}", pt.label, specd_spec::short(&pt.unit.sha256));

@@ -1,0 +1,820 @@
+//! Each step of the apply sequence on the host (`Run`): drain, stop until the cgroup is empty,
+//! write, reload, start, verify, wait for readiness, prove speculation.
+
+use super::act::{Background, Gate, Mode, StopRecord, Target};
+use super::observe::own_drop_ins;
+use super::shutdown::CarriedGuard;
+use super::*;
+use crate::core::conclude::Cancelled;
+use crate::core::plan::{self, Step, Stopping};
+use crate::core::recovery::{self, Death, FaultKind, Restore};
+use crate::core::timing::readiness_backoff;
+use crate::core::timing::{self};
+use crate::host::{Host, Watch, unit_path};
+use crate::machine::probe::{self, Health};
+use crate::machine::store::{self, Phase, UnitState};
+use crate::machine::systemd::{ActiveState, LoadState, ServiceResult, UnitProps};
+use anyhow::Result;
+use specd_spec::short;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// Why a step did not finish.
+#[derive(Debug)]
+pub(super) struct StepFailure {
+    pub(super) step: Step,
+    pub(super) message: String,
+    pub(super) cause: Cause,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Cause {
+    /// It failed, by this fault.
+    Fault(FaultKind),
+    /// Not a failure: specd is stopping and this is a safe point (see [`Shutdown::stops_here`]).
+    Cancelled(Cancelled),
+    /// Not a failure: the pre-flight, looking while the drain ran, found that the unit cannot
+    /// start here (the message is the verdict); nothing was changed.
+    Refused,
+}
+
+impl StepFailure {
+    pub(super) fn host(step: Step, message: impl Into<String>) -> Self {
+        StepFailure { step, message: message.into(), cause: Cause::Fault(FaultKind::Host) }
+    }
+    pub(super) fn spec(step: Step, message: impl Into<String>) -> Self {
+        StepFailure { step, message: message.into(), cause: Cause::Fault(FaultKind::Spec) }
+    }
+    pub(super) fn cancelled(step: Step, at: Cancelled) -> Self {
+        StepFailure { step, message: "the agent is stopping".into(), cause: Cause::Cancelled(at) }
+    }
+    pub(super) fn cancelled_at(&self) -> Option<Cancelled> {
+        match self.cause {
+            Cause::Cancelled(at) => Some(at),
+            Cause::Fault(_) | Cause::Refused => None,
+        }
+    }
+    /// Whose fault it is (a cancelled or refused step is nobody's: the host's, for what follows).
+    pub(super) fn fault(&self) -> FaultKind {
+        match self.cause {
+            Cause::Fault(k) => k,
+            Cause::Cancelled(_) | Cause::Refused => FaultKind::Host,
+        }
+    }
+}
+
+/// A stop that ended in SIGKILL, in plain words.
+pub fn sigkill_verdict(props: &UnitProps, timeout_stop: Duration, in_flight: Option<i64>) -> Option<String> {
+    if props.result == ServiceResult::Timeout {
+        let reqs = match in_flight {
+            Some(n) if n >= 0 => format!(" while {n} requests were in flight"),
+            _ => String::new(),
+        };
+        return Some(format!(
+            "stopped by SIGKILL after TimeoutStopSec={}s{reqs} — not an OOM: the server was still draining when systemd's stop timeout ran out",
+            timeout_stop.as_secs()
+        ));
+    }
+    None
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn run_steps<H: Host>(
+    ctx: &Ctx<H>,
+    st: &mut UnitState,
+    unit: &str,
+    steps: &[Step],
+    t: &Target<'_>,
+    before: &UnitProps,
+    stop: &mut StopRecord,
+    gate: Option<Gate<'_>>,
+) -> Result<(), StepFailure> {
+    let mut run = Run {
+        ctx,
+        unit,
+        t,
+        before,
+        gate,
+        path: unit_path(&ctx.unit_dir, unit),
+        cg: before.control_group.clone(),
+        in_flight: Arc::new(AtomicI64::new(-1)),
+        started_pid: 0,
+        after_start: None,
+        ready_pid: None,
+        started_invocation: String::new(),
+        changed: t.not_serving,
+        // A run that starts nothing finishes an apply whose instance was started already.
+        started: t.not_serving && !steps.contains(&Step::Start),
+        carried: None,
+    };
+    let r = run.steps(st, steps, stop).await;
+    stop.followed_by = std::mem::take(&mut run.started_invocation);
+    let Err(f) = r else { return Ok(()) };
+    let refused = matches!(f.cause, Cause::Refused);
+    if refused || f.cancelled_at().is_some() || !recovery::may_be_a_death(f.step, f.fault(), run.ready_pid.is_some()) {
+        return Err(f);
+    }
+    // The server had answered ready, or failed to start or load: gone since, or killed from
+    // outside? (A systemd that cannot be asked is no evidence either way: the process table is.)
+    let props = ctx.host.show(unit).await.unwrap_or_default();
+    let found = recovery::Found {
+        ready: run.ready_pid.map(|pid| (pid, ctx.host.alive(pid))),
+        main_pid: props.main_pid,
+        result: &props.result,
+        exec_main_code: props.exec_main_code,
+        exec_main_status: props.exec_main_status,
+    };
+    let Some(death) = recovery::death(f.step, f.fault(), &found) else { return Err(f) };
+    let said_own_error = match death {
+        Death::AfterReady => false,
+        Death::FromOutside => ctx
+            .host
+            .ending(unit, &stop.followed_by, timing::ENDING_WITHIN)
+            .await
+            .is_some_and(|e| e.engine_error.is_some()),
+    };
+    if !recovery::excuses(death, said_own_error) {
+        return Err(f);
+    }
+    let message = match death {
+        Death::AfterReady => format!(
+            "the server crashed after it was ready (pid {} is gone; Result={}, status {}, {} restarts): {}",
+            run.ready_pid.unwrap_or_default(),
+            props.result,
+            props.exit_status(),
+            props.n_restarts,
+            f.message
+        ),
+        Death::FromOutside => format!(
+            "{}: killed by signal {} from outside (a person, a script, an OOM killer), not by its own error",
+            f.message,
+            props.exit_status()
+        ),
+    };
+    Err(StepFailure { message, cause: Cause::Fault(FaultKind::Crashed), ..f })
+}
+
+/// One apply's (or restore's) steps on one unit: what the steps share while they run.
+pub(super) struct Run<'a, H: Host> {
+    pub(super) ctx: &'a Ctx<H>,
+    pub(super) unit: &'a str,
+    pub(super) t: &'a Target<'a>,
+    /// systemd's view before the first step.
+    pub(super) before: &'a UnitProps,
+    /// The pre-flight, looking while the drain runs: no step that changes anything before it
+    /// has passed.
+    pub(super) gate: Option<Gate<'a>>,
+    pub(super) path: PathBuf,
+    pub(super) cg: String,
+    /// Requests in flight on the instance being replaced (-1: not known).
+    pub(super) in_flight: Arc<AtomicI64>,
+    /// The main pid of the instance this run started.
+    pub(super) started_pid: u32,
+    /// systemd's view right after the start.
+    pub(super) after_start: Option<UnitProps>,
+    /// The started server answered ready (a later failure is a crash after readiness).
+    pub(super) ready_pid: Option<u32>,
+    /// The invocation ID of the instance this run started.
+    pub(super) started_invocation: String,
+    /// This run (or the one it finishes) stopped, wrote or started something: asked to stop, it
+    /// goes on until [`Run::started`].
+    pub(super) changed: bool,
+    /// The instance this run puts in place was started.
+    pub(super) started: bool,
+    /// From its old instance's stop on: the run's place among those the agent's stop waits for.
+    pub(super) carried: Option<CarriedGuard>,
+}
+
+impl<H: Host> Run<'_, H> {
+    /// Asked to stop, whether this run stops here, and how its stop is told.
+    pub(super) fn stops_here(&self, step: Step) -> Result<(), StepFailure> {
+        if !self.ctx.shutdown.stops_here(self.changed, self.started) {
+            return Ok(());
+        }
+        let at = if self.changed { Cancelled::Started } else { Cancelled::Unchanged };
+        Err(StepFailure::cancelled(step, at))
+    }
+
+    pub(super) async fn steps(
+        &mut self,
+        st: &mut UnitState,
+        steps: &[Step],
+        stop: &mut StopRecord,
+    ) -> Result<(), StepFailure> {
+        for &step in steps {
+            self.stops_here(step)?;
+            if matches!(step, Step::Stop | Step::RemoveDropIns | Step::WriteUnit | Step::Start) {
+                self.pass_gate(step).await?;
+                self.changed = true;
+            }
+            if let Some(p) = st.in_progress.as_mut() {
+                p.phase = Phase::At(step);
+                let _ = self.ctx.store.save(st);
+            }
+            match step {
+                Step::Drain => self.drain_and_look().await?,
+                Step::Stop => self.stop().await?,
+                Step::WaitStopped => self.wait_stopped(stop).await?,
+                Step::RemoveDropIns => self.remove_drop_ins().await?,
+                Step::WriteUnit => self.write_unit(st).await?,
+                Step::Reload => self.reload().await?,
+                Step::Start => {
+                    self.start().await?;
+                    self.started = true;
+                }
+                Step::VerifyCmdline => self.verify_cmdline().await?,
+                Step::WaitReady => self.wait_ready().await?,
+                Step::VerifySpeculation => self.verify_speculation(st).await?,
+                Step::VerifyArgs => self.verify_args().await?,
+                Step::Enable => self.boot(true).await,
+                Step::Disable => self.boot(false).await,
+            }
+        }
+        Ok(())
+    }
+
+    /// Enable or disable it (what `systemctl enable`/`disable` do). Its failure fails nothing:
+    /// the server runs, verified; the next reconcile plans it again (status says the unit would
+    /// not start at boot meanwhile).
+    pub(super) async fn boot(&mut self, enable: bool) {
+        let (ctx, unit) = (self.ctx, self.unit);
+        let verb = if enable { "enabling" } else { "disabling" };
+        (ctx.events)(unit, &Event::Phase(format!("{verb} {unit} (at boot)")));
+        let r = if enable { ctx.host.enable(unit).await } else { ctx.host.disable(unit).await };
+        if let Err(e) = r {
+            (ctx.events)(
+                unit,
+                &Event::Warning(format!("{verb} {unit} failed ({e:#}); the next reconcile tries again")),
+            );
+        }
+    }
+
+    /// The pre-flight's verdict, waited for: a refusal stops the run at `step`.
+    pub(super) async fn pass_gate(&mut self, step: Step) -> Result<(), StepFailure> {
+        let Some(gate) = self.gate.take() else { return Ok(()) };
+        match gate.await {
+            Some(verdict) => Err(StepFailure { step, message: verdict, cause: Cause::Refused }),
+            None => Ok(()),
+        }
+    }
+
+    /// The drain, and the pre-flight's look alongside it: both done, or the first to fail (a
+    /// refusal ends the drain: nothing is stopped).
+    pub(super) async fn drain_and_look(&mut self) -> Result<(), StepFailure> {
+        let Some(gate) = self.gate.take() else { return self.drain().await };
+        let look = async {
+            match gate.await {
+                Some(verdict) => Err(StepFailure { step: Step::Drain, message: verdict, cause: Cause::Refused }),
+                None => Ok(()),
+            }
+        };
+        tokio::try_join!(self.drain(), look).map(drop)
+    }
+
+    pub(super) async fn drain(&mut self) -> Result<(), StepFailure> {
+        let (ctx, unit, t, step) = (self.ctx, self.unit, self.t, Step::Drain);
+        let emit = |e: Event| (ctx.events)(unit, &e);
+        let Some(spec) = t.mode.spec() else { return Ok(()) };
+        if t.drain.is_zero() {
+            return Ok(());
+        }
+        emit(Event::Phase(format!("draining in-flight requests (up to {}s)", t.drain.as_secs())));
+        let deadline = Instant::now() + t.drain;
+        loop {
+            self.stops_here(step)?;
+            match ctx.host.running_requests(&t.old_url, spec.engine).await {
+                Some(0) => break,
+                Some(n) => {
+                    self.in_flight.store(n as i64, Ordering::Relaxed);
+                    if Instant::now() >= deadline {
+                        emit(Event::Warning(format!(
+                            "{n} requests still in flight after the drain budget; stopping anyway"
+                        )));
+                        break;
+                    }
+                    emit(Event::Waiting(format!("draining: {n} requests in flight")));
+                }
+                None => {
+                    emit(Event::Progress("the server does not report in-flight requests; not waiting".into()));
+                    break;
+                }
+            }
+            tokio::time::sleep(timing::DRAIN_POLL).await;
+        }
+        Ok(())
+    }
+
+    pub(super) async fn stop(&mut self) -> Result<(), StepFailure> {
+        let (ctx, unit, t, before, step) = (self.ctx, self.unit, self.t, self.before, Step::Stop);
+        let emit = |e: Event| (ctx.events)(unit, &e);
+        emit(Event::Phase(format!("stopping {unit}")));
+        if let Some(spec) = t.mode.spec()
+            && let Ok(Some(n)) =
+                tokio::time::timeout(timing::DRAIN_POLL, ctx.host.running_requests(&t.old_url, spec.engine)).await
+        {
+            self.in_flight.store(n as i64, Ordering::Relaxed);
+        }
+        // What systemd said a moment ago (observe) is enough to know what to stop.
+        let props = before;
+        if props.load_state == LoadState::NotFound && !props.is_running() {
+            // No unit yet: nothing to stop.
+            return Ok(());
+        }
+        // Say in the unit's journal who stops it and why (`specd diagnose` reads it).
+        let (action, note) = match t.mode {
+            Mode::Apply(_) => ("stop", format!("specd: stopping {unit} to apply unit {}", short(t.sha256))),
+            Mode::Restore(Restore::Rollback) => (
+                "rollback",
+                format!(
+                    "specd: stopping {unit} to roll back to the last good unit {}: the new unit failed",
+                    short(t.sha256)
+                ),
+            ),
+            Mode::Restore(Restore::HostFault) => (
+                "restore",
+                format!(
+                    "specd: stopping {unit} to start the last good unit {} again: the apply failed on the host",
+                    short(t.sha256)
+                ),
+            ),
+        };
+        ctx.host.note(unit, action, &before.invocation_id, &note);
+        // Not waiting for the job: specd watches the stop itself (cgroup, progress).
+        ctx.host.stop(unit, false).await.map_err(|e| StepFailure::host(step, format!("{e:#}")))?;
+        Ok(())
+    }
+
+    pub(super) async fn wait_stopped(&mut self, stop: &mut StopRecord) -> Result<(), StepFailure> {
+        let (ctx, unit, t, step, cg) = (self.ctx, self.unit, self.t, Step::WaitStopped, &self.cg);
+        let emit = |e: Event| (ctx.events)(unit, &e);
+        let deadline = Instant::now() + t.stop_budget;
+        let started = Instant::now();
+        // Asked to stop from here on, this run goes on until its new instance is started: the
+        // agent's stop waits for it as long (see `Carried`).
+        self.carried = Some(ctx.shutdown.carry(unit, deadline));
+        // While stopping, keep reading the in-flight count for the progress line.
+        let poller = t.mode.spec().map(|spec| {
+            let (host, url, engine, counter) =
+                (ctx.host.clone(), t.old_url.clone(), spec.engine, self.in_flight.clone());
+            Background(tokio::spawn(async move {
+                loop {
+                    let ask = host.running_requests(&url, engine);
+                    if let Ok(Some(n)) = tokio::time::timeout(timing::STOPPING_ASK, ask).await {
+                        counter.store(n as i64, Ordering::Relaxed);
+                    }
+                    tokio::time::sleep(timing::STOPPING_POLL).await;
+                }
+            }))
+        });
+        let counter = self.in_flight.clone();
+        // Not given up when specd is asked to stop: the instance is stopping, and what follows
+        // is the start of the next one (see `Shutdown::stops_here`).
+        let waited = ctx
+            .host
+            .wait_empty(cg, deadline, || {
+                let n = counter.load(Ordering::Relaxed);
+                let reqs = if n >= 0 { format!(", {n} requests in flight") } else { String::new() };
+                emit(Event::Waiting(format!("stopping: {}s{reqs}", started.elapsed().as_secs())));
+            })
+            .await;
+        drop(poller);
+        if let Err(lingering) = waited {
+            let still = crate::machine::cgroup::still_in(cg, &lingering);
+            return Err(StepFailure::host(
+                step,
+                format!("after {}s, {still}; not starting a new instance over them", t.stop_budget.as_secs()),
+            ));
+        }
+        // The cgroup is empty; systemd settles the unit state right after. Then make
+        // sure nothing (Restart=, a dependency, a person) started it again.
+        let props = wait_stopped_state(ctx, unit, deadline).await.map_err(|m| StepFailure::host(step, m))?;
+        if let Some(v) = sigkill_verdict(&props, t.timeout_stop, Some(self.in_flight.load(Ordering::Relaxed))) {
+            emit(Event::Warning(v.clone()));
+            stop.verdict = Some(v);
+        }
+        // How it ended, as `diagnose` tells it (a crash before, an OOM kill...), read from the
+        // journal in the background, off the apply's path.
+        // A unit that failed and was then stopped may be unloaded by systemd at once (nothing
+        // references it), and loaded again with no invocation: the one before the stop is it.
+        let invocation = if props.invocation_id.is_empty() {
+            self.before.invocation_id.clone()
+        } else {
+            props.invocation_id.clone()
+        };
+        stop.first = invocation.is_empty();
+        let (host, u) = (ctx.host.clone(), unit.to_string());
+        stop.pending =
+            Some(Background(tokio::spawn(async move { host.ending(&u, &invocation, timing::ENDING_WITHIN).await })));
+        emit(Event::Progress(format!("stopped after {:.1}s; cgroup empty", started.elapsed().as_secs_f64())));
+        Ok(())
+    }
+
+    pub(super) async fn remove_drop_ins(&mut self) -> Result<(), StepFailure> {
+        let (ctx, unit, step) = (self.ctx, self.unit, Step::RemoveDropIns);
+        let emit = |e: Event| (ctx.events)(unit, &e);
+        let props = ctx.host.show(unit).await.map_err(|e| StepFailure::host(step, format!("{e:#}")))?;
+        let keep = ctx.store.dir.join("removed-drop-ins").join(ctx.host.now().to_string());
+        for p in own_drop_ins(&ctx.host, &props, unit).iter() {
+            let dest = keep.join(p.trim_start_matches('/').replace('/', "__"));
+            ctx.host.move_aside(Path::new(p), &dest).map_err(|e| StepFailure::host(step, format!("{e:#}")))?;
+            emit(Event::Progress(format!("moved drop-in {p} to {}", dest.display())));
+        }
+        Ok(())
+    }
+
+    pub(super) async fn write_unit(&mut self, st: &mut UnitState) -> Result<(), StepFailure> {
+        let (ctx, unit, t, step, path) = (self.ctx, self.unit, self.t, Step::WriteUnit, &self.path);
+        let emit = |e: Event| (ctx.events)(unit, &e);
+        emit(Event::Phase(format!("writing {} (unit {})", path.display(), short(t.sha256))));
+        // Record the intent first: after a crash, the next apply knows the file may be its own.
+        let before_write = st.written_sha256.replace(t.sha256.to_string());
+        // This apply's own write (read by the next apply if this one is interrupted:
+        // a write that did not happen leaves a WriteUnit in that apply's plan anyway).
+        let before_wrote = st.in_progress.as_ref().map(|p| p.wrote);
+        if matches!(t.mode, Mode::Apply(_))
+            && let Some(p) = st.in_progress.as_mut()
+        {
+            p.wrote = true;
+        }
+        if let Err(e) = ctx.store.save(st) {
+            if matches!(t.mode, Mode::Apply(_)) {
+                return Err(StepFailure::host(step, format!("{e:#}")));
+            }
+            // Putting the last good unit back matters more than recording it: the
+            // unit file carries specd's header, so the next apply still knows it.
+            emit(Event::Warning(format!("could not record the write in specd's state ({e:#}); writing anyway")));
+        }
+        if let Err(e) = ctx.host.write(path, t.text.as_bytes()) {
+            // Nothing was written: the file on disk is still the one recorded before.
+            st.written_sha256 = before_write;
+            if let (Some(p), Some(w)) = (st.in_progress.as_mut(), before_wrote) {
+                p.wrote = w;
+            }
+            let _ = ctx.store.save(st);
+            return Err(StepFailure::host(step, format!("{e:#}")));
+        }
+        Ok(())
+    }
+
+    pub(super) async fn reload(&mut self) -> Result<(), StepFailure> {
+        let (ctx, unit, step, path) = (self.ctx, self.unit, Step::Reload, &self.path);
+        let emit = |e: Event| (ctx.events)(unit, &e);
+        emit(Event::Phase("daemon-reload".into()));
+        ctx.host.daemon_reload().await.map_err(|e| StepFailure::host(step, format!("{e:#}")))?;
+        let props = ctx.host.show(unit).await.map_err(|e| StepFailure::host(step, format!("{e:#}")))?;
+        if props.need_daemon_reload {
+            return Err(StepFailure::host(step, "systemd still reports NeedDaemonReload=yes after daemon-reload"));
+        }
+        if props.fragment_path != path.display().to_string() {
+            return Err(StepFailure::host(
+                step,
+                format!("systemd loads {unit} from {:?}, not from {}", props.fragment_path, path.display()),
+            ));
+        }
+        Ok(())
+    }
+
+    pub(super) async fn start(&mut self) -> Result<(), StepFailure> {
+        let (ctx, unit, step) = (self.ctx, self.unit, Step::Start);
+        let emit = |e: Event| (ctx.events)(unit, &e);
+        emit(Event::Phase(format!("starting {unit}")));
+        let r = ctx.host.start(unit).await;
+        let props = ctx.host.show(unit).await.map_err(|e| StepFailure::host(step, format!("{e:#}")))?;
+        if let Err(e) = r {
+            let why = format!("{e:#} (Result={}, status {})", props.result, props.exit_status());
+            let new_instance = props.invocation_id != self.before.invocation_id;
+            match recovery::failed_start(props.active_state, new_instance) {
+                // The request failed, not the unit: it runs; the next steps check it.
+                recovery::FailedStart::Runs => {}
+                recovery::FailedStart::Unit => return Err(StepFailure::spec(step, why)),
+                recovery::FailedStart::Host => return Err(StepFailure::host(step, why)),
+            }
+        }
+        self.started_pid = props.main_pid;
+        self.started_invocation = props.invocation_id.clone();
+        self.after_start = Some(props);
+        Ok(())
+    }
+
+    pub(super) async fn verify_cmdline(&mut self) -> Result<(), StepFailure> {
+        let (ctx, unit, t, step) = (self.ctx, self.unit, self.t, Step::VerifyCmdline);
+        let emit = |e: Event| (ctx.events)(unit, &e);
+        let props = match self.after_start.take() {
+            Some(p) => p,
+            None => ctx.host.show(unit).await.map_err(|e| StepFailure::host(step, format!("{e:#}")))?,
+        };
+        let pid = props.main_pid;
+        if pid == 0 {
+            return Err(StepFailure::spec(
+                step,
+                format!(
+                    "the server exited right after start (Result={}, status {})",
+                    props.result,
+                    props.exit_status()
+                ),
+            ));
+        }
+        if self.started_pid == 0 {
+            self.started_pid = pid;
+            self.started_invocation = props.invocation_id.clone();
+        }
+        match ctx.host.cmdline(pid) {
+            Some(c) if crate::core::plan::runs_argv(&c, &t.argv) => {
+                emit(Event::Progress(format!("pid {pid} runs the rendered ExecStart")))
+            }
+            Some(c) => {
+                return Err(StepFailure::spec(
+                    step,
+                    format!("pid {pid} runs {:?}, not the rendered ExecStart {:?}", c.join(" "), t.argv.join(" ")),
+                ));
+            }
+            // Gone: the server exited. Alive: /proc could not be read (a host fault).
+            None if !ctx.host.alive(pid) => {
+                return Err(StepFailure::spec(step, format!("pid {pid} exited before its command line could be read")));
+            }
+            None => return Err(StepFailure::host(step, format!("could not read the command line of pid {pid}"))),
+        }
+        Ok(())
+    }
+
+    pub(super) async fn wait_ready(&mut self) -> Result<(), StepFailure> {
+        let (ctx, unit, t, step) = (self.ctx, self.unit, self.t, Step::WaitReady);
+        tokio::select! {
+            r = wait_ready(ctx, unit, t, self.started_pid, &self.started_invocation) => r.map_err(|w| match w {
+                Waited::Spec(m) => StepFailure::spec(step, m),
+                Waited::Host(m) => StepFailure::host(step, m),
+            })?,
+            _ = ctx.shutdown.stopping(self.changed, self.started) => return Err(self.stops_here(step).unwrap_err()),
+        }
+        self.ready_pid = Some(self.started_pid);
+        Ok(())
+    }
+
+    pub(super) async fn verify_speculation(&mut self, st: &mut UnitState) -> Result<(), StepFailure> {
+        let (ctx, unit, t, step) = (self.ctx, self.unit, self.t, Step::VerifySpeculation);
+        let emit = |e: Event| (ctx.events)(unit, &e);
+        let Some(spec) = t.mode.spec() else { return Ok(()) };
+        emit(Event::Phase(format!(
+            "proving that the server speculates ({}-token generation)",
+            crate::core::speculation::TOKENS
+        )));
+        let pid = self.started_pid;
+        let measured = answered(|| ctx.host.speculation(&t.base_url, spec), || ctx.host.alive(pid))
+            .await
+            .map_err(|e| StepFailure::spec(step, format!("could not read the speculation evidence: {e}")))?;
+        if let Some(why) = crate::core::speculation::missing(spec, &measured) {
+            return Err(StepFailure::spec(step, why));
+        }
+        emit(Event::Progress(format!("the server speculates: {}", measured.figure())));
+        st.speculation =
+            Some(store::SpeculationRecord { sha256: t.sha256.to_string(), time: ctx.host.now(), measured });
+        Ok(())
+    }
+
+    pub(super) async fn verify_args(&mut self) -> Result<(), StepFailure> {
+        let (ctx, unit, t, step) = (self.ctx, self.unit, self.t, Step::VerifyArgs);
+        let emit = |e: Event| (ctx.events)(unit, &e);
+        let Some(spec) = t.mode.spec() else { return Ok(()) };
+        let pid = self.started_pid;
+        let invocation = self.started_invocation.clone();
+        let info = answered(
+            || async { ctx.host.reported_args(&t.base_url, spec, &invocation).await.transpose() },
+            || ctx.host.alive(pid),
+        )
+        .await;
+        match info.transpose() {
+            None => {}
+            Some(Err(e)) => {
+                return Err(StepFailure::spec(step, format!("could not read the server's args: {e}")));
+            }
+            Some(Ok(info)) => {
+                let m = probe::compare_args(&spec.expected_server_args(), &info);
+                if !m.is_empty() {
+                    let list: Vec<String> = m.iter().map(|x| x.to_string()).collect();
+                    return Err(StepFailure::spec(
+                        step,
+                        format!("the server reports args that differ from the spec: {}", list.join("; ")),
+                    ));
+                }
+                emit(Event::Progress(format!(
+                    "the server reports the spec's args ({} checked)",
+                    spec.expected_server_args().len()
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A question to the server that a reset connection or a moment's overload may fail: asked up to
+/// three times, a second apart, while the process specd started still runs (a server that died
+/// is not asked again: its error stands, and the crash is named).
+pub(super) async fn answered<T, F, Fut>(ask: F, runs: impl Fn() -> bool) -> Result<T, String>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<T, String>>,
+{
+    let mut last = String::new();
+    for attempt in 0..timing::ASK_ATTEMPTS {
+        if attempt > 0 {
+            if !runs() {
+                break;
+            }
+            tokio::time::sleep(timing::ASK_PAUSE).await;
+        }
+        match ask().await {
+            Ok(v) => return Ok(v),
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
+}
+
+/// After the cgroup emptied: wait for systemd to settle the unit as stopped, and stop it again
+/// if something restarted it meanwhile.
+pub(super) async fn wait_stopped_state<H: Host>(
+    ctx: &Ctx<H>,
+    unit: &str,
+    deadline: Instant,
+) -> Result<UnitProps, String> {
+    let mut restops = 0;
+    // Subscribed before the first look: a change between the look and the wait is not lost.
+    let mut changes = ctx.host.watch(unit).await;
+    loop {
+        let props = ctx.host.show(unit).await.map_err(|e| format!("{e:#}"))?;
+        match plan::stopping(props.active_state, &props.sub_state, props.main_pid, restops) {
+            Stopping::Stopped => {
+                if !ctx.host.populated(&props.control_group) {
+                    return Ok(props);
+                }
+                // Stopped, and a process entered the cgroup after it emptied (a stop-post
+                // command...): until it is empty again, which is no change of the unit's state.
+                if let Err(left) = ctx.host.wait_empty(&props.control_group, deadline, || {}).await {
+                    let pids: Vec<String> = left.iter().map(|l| l.pid.to_string()).collect();
+                    return Err(format!("{unit} is stopped but pids {} stay in its cgroup", pids.join(", ")));
+                }
+                continue;
+            }
+            Stopping::KeepsStarting => {
+                return Err(format!(
+                    "{unit} keeps being started again while specd stops it ({}/{})",
+                    props.active_state, props.sub_state
+                ));
+            }
+            Stopping::StopAgain => {
+                restops += 1;
+                (ctx.events)(
+                    unit,
+                    &Event::Warning(format!(
+                        "{unit} was started again while stopping ({}); stopping it again",
+                        props.sub_state
+                    )),
+                );
+                ctx.host.stop(unit, true).await.map_err(|e| format!("{e:#}"))?;
+                continue;
+            }
+            Stopping::Settling => {}
+        }
+        if Instant::now() >= deadline {
+            return Err(format!("{unit} did not reach a stopped state ({}/{})", props.active_state, props.sub_state));
+        }
+        // Systemd's next change of the unit; a process leaving the cgroup may come after it.
+        tokio::select! {
+            _ = changes.changed() => {}
+            _ = tokio::time::sleep_until(deadline) => {}
+        }
+    }
+}
+
+/// Why a wait for readiness ended without it: the server's fault (it exited, answered a 4xx, or
+/// was not ready in time), or the host's (systemd could not be asked how the unit is).
+pub(super) enum Waited {
+    Spec(String),
+    Host(String),
+}
+
+/// Poll the readiness endpoint until 200, with a short capped backoff, while checking that the
+/// process specd started is still the one running.
+pub(super) async fn wait_ready<H: Host>(
+    ctx: &Ctx<H>,
+    unit: &str,
+    t: &Target<'_>,
+    pid: u32,
+    invocation: &str,
+) -> Result<(), Waited> {
+    use backon::Retryable;
+    let emit = |e: Event| (ctx.events)(unit, &e);
+    emit(Event::Phase(format!("waiting for {}{} (up to {}s)", t.base_url, t.endpoint, t.readiness.as_secs())));
+    let url = format!("{}{}", t.base_url, t.endpoint);
+    let started = Instant::now();
+    let deadline = started + t.readiness;
+    let last_check = std::sync::Mutex::new(Instant::now());
+    let last_note = std::sync::Mutex::new(Instant::now());
+    // What the server last wrote, read off the poll's path (a journal read may take a moment),
+    // once per waiting line.
+    let said = Arc::new(std::sync::Mutex::new(String::new()));
+    let _reader = {
+        let (host, invocation, said) = (ctx.host.clone(), invocation.to_string(), said.clone());
+        Background(tokio::spawn(async move {
+            tokio::time::sleep(timing::SAID_FIRST).await;
+            loop {
+                if let Some(l) = host.last_said(&invocation).await {
+                    *crate::core::guard::lock(&said) = format!(" ({l})");
+                }
+                tokio::time::sleep(timing::WAITING_NOTE).await;
+            }
+        }))
+    };
+    #[derive(Debug)]
+    enum Wait {
+        Loading(String),
+        Fatal(String),
+        /// systemd could not be asked (its connection lost past `host::RECONNECT_WITHIN`).
+        Host(String),
+    }
+    let attempt = || async {
+        let why = match ctx.host.health(&url).await {
+            Health::Ready => return Ok(()),
+            // A 4xx: no such endpoint, or one that wants what specd does not send. Waiting
+            // will not make it answer 200.
+            Health::Error(e) => return Err(Wait::Fatal(e)),
+            // A refused, reset or closed connection, a 503: not ready yet. Only the process
+            // ending is fatal (a failing load closes connections while it exits).
+            Health::Loading(why) => why,
+        };
+        let now = Instant::now();
+        let exited = !ctx.host.alive(pid);
+        let due = exited || { now.duration_since(*last_check.lock().unwrap()) >= timing::ALIVE_EVERY };
+        if due {
+            *last_check.lock().unwrap() = now;
+            // The process is gone: let systemd settle the unit so its result can be told (its
+            // next change, subscribed to before the look).
+            let mut changes = match exited {
+                true => Some(ctx.host.watch(unit).await),
+                false => None,
+            };
+            let mut props = ctx.host.show(unit).await.map_err(|e| Wait::Host(format!("{e:#}")))?;
+            let settle = Instant::now() + timing::EXIT_SETTLE;
+            while let Some(c) = changes.as_mut().filter(|_| props.main_pid == pid) {
+                tokio::select! {
+                    _ = c.changed() => {}
+                    _ = tokio::time::sleep_until(settle) => break,
+                }
+                props = ctx.host.show(unit).await.map_err(|e| Wait::Host(format!("{e:#}")))?;
+            }
+            if exited
+                || props.main_pid != pid
+                || !matches!(props.active_state, ActiveState::Active | ActiveState::Activating)
+            {
+                return Err(Wait::Fatal(format!(
+                    "the server exited while loading (Result={}, status {}, {} restarts)",
+                    props.result,
+                    props.exit_status(),
+                    props.n_restarts
+                )));
+            }
+        }
+        if now >= deadline {
+            return Err(Wait::Fatal(format!("not ready after {}s ({why})", t.readiness.as_secs())));
+        }
+        let note_due = { now.duration_since(*last_note.lock().unwrap()) >= timing::WAITING_NOTE };
+        if note_due {
+            *last_note.lock().unwrap() = now;
+            // With what the server says it is doing, when it says anything.
+            let said = crate::core::guard::lock(&said).clone();
+            emit(Event::Waiting(format!("loading: {}s{said}", started.elapsed().as_secs())));
+        }
+        Err(Wait::Loading(why))
+    };
+    let backoff = readiness_backoff();
+    match attempt.retry(backoff).sleep(tokio::time::sleep).when(|e| matches!(e, Wait::Loading(_))).await {
+        Ok(()) => {
+            emit(Event::Progress(format!("ready after {:.1}s", started.elapsed().as_secs_f64())));
+            Ok(())
+        }
+        Err(Wait::Fatal(m)) | Err(Wait::Loading(m)) => Err(Waited::Spec(m)),
+        Err(Wait::Host(m)) => Err(Waited::Host(m)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::unit_state::ServiceResult;
+
+    #[test]
+    fn a_stop_timeout_is_named_a_sigkill_and_not_an_oom() {
+        let p =
+            UnitProps { result: ServiceResult::Timeout, exec_main_code: 2, exec_main_status: 9, ..Default::default() };
+        let v = sigkill_verdict(&p, Duration::from_secs(300), Some(16)).unwrap();
+        assert_eq!(
+            v,
+            "stopped by SIGKILL after TimeoutStopSec=300s while 16 requests were in flight — not an OOM: the server was still draining when systemd's stop timeout ran out"
+        );
+        let clean = UnitProps { result: ServiceResult::Success, exec_main_code: 1, ..Default::default() };
+        assert_eq!(sigkill_verdict(&clean, Duration::from_secs(300), Some(0)), None);
+    }
+}

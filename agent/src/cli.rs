@@ -7,7 +7,7 @@ use clap::{CommandFactory, Parser, Subcommand};
 
 use crate::config::{self, AgentConfig};
 use crate::reconcile::context::Dirs;
-use crate::{commands::ops, daemon, source::spec_files, sweep};
+use crate::{commands, daemon, source::spec_files, sweep};
 
 /// The exit codes of every command, as `specd --help` and the README's Commands section give
 /// them.
@@ -213,7 +213,7 @@ pub enum Command {
         #[arg(value_parser = unit_arg)]
         unit: String,
         /// End the suspend by itself after this long (90s, 15m, 2h, 1d, 1h30m).
-        #[arg(long = "for", value_parser = ops::parse_duration)]
+        #[arg(long = "for", value_parser = commands::holds::parse_duration)]
         for_: Option<std::time::Duration>,
         /// Why, for status and history.
         #[arg(long)]
@@ -412,10 +412,10 @@ pub fn main() -> ExitCode {
             if !dry_run {
                 install_notifier(&config);
             }
-            ops::apply(&dirs, &file, host, dry_run, json).await
+            commands::apply::apply(&dirs, &file, host, dry_run, json).await
         }),
-        Command::Status { json, file, host } => run_async(ops::status(&dirs, json, file.as_deref(), host)),
-        Command::Diff { file, host, json } => run_async(ops::diff(&dirs, &file, host, json)),
+        Command::Status { json, file, host } => run_async(commands::status::status(&dirs, json, file.as_deref(), host)),
+        Command::Diff { file, host, json } => run_async(commands::diff::diff(&dirs, &file, host, json)),
         Command::Sweep { file, resume, write, out, json } => {
             let mut rt = tokio::runtime::Builder::new_multi_thread();
             rt.worker_threads(2);
@@ -460,25 +460,25 @@ pub fn main() -> ExitCode {
             }
         }),
         Command::Reconcile { unit, socket, config } => {
-            run_async(ops::ask_reconcile(config::control_socket(socket, &config), unit))
+            run_async(commands::control::ask_reconcile(config::control_socket(socket, &config), unit))
         }
         Command::Unquarantine { unit, socket, config } => {
-            run_async(ops::unquarantine(&dirs, unit, config::control_socket(socket, &config)))
+            run_async(commands::quarantine::unquarantine(&dirs, unit, config::control_socket(socket, &config)))
         }
         Command::Suspend { unit, for_, reason, socket, config } => {
-            run_async(ops::suspend(&dirs, unit, for_, reason, config::control_socket(socket, &config)))
+            run_async(commands::holds::suspend(&dirs, unit, for_, reason, config::control_socket(socket, &config)))
         }
         Command::Resume { unit, socket, config } => {
-            run_async(ops::resume(&dirs, unit, config::control_socket(socket, &config)))
+            run_async(commands::holds::resume(&dirs, unit, config::control_socket(socket, &config)))
         }
         Command::Rollback { unit, to, reason, socket, config, json } => run_async(async move {
             install_notifier(&config);
-            ops::rollback(&dirs, unit, to, reason, config::control_socket(socket, &config), json).await
+            commands::rollback::rollback(&dirs, unit, to, reason, config::control_socket(socket, &config), json).await
         }),
-        Command::History { unit, json } => run_async(ops::history(&dirs, unit, json)),
-        Command::Diagnose { unit, json } => run_async(ops::diagnose(unit, json, &dirs)),
+        Command::History { unit, json } => run_async(commands::history::history(&dirs, unit, json)),
+        Command::Diagnose { unit, json } => run_async(commands::diagnose::run(unit.as_deref(), json, &dirs.state_dir)),
         Command::Validate { files, json, on_host, host } => match validate(&files, json) {
-            ok if ok == ExitCode::SUCCESS && on_host => run_async(ops::preflight(&files, host)),
+            ok if ok == ExitCode::SUCCESS && on_host => run_async(commands::apply::preflight(&files, host)),
             other => other,
         },
         Command::Render { file, host, hash } => render(&file, host.as_deref(), hash),

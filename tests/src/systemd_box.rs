@@ -194,6 +194,9 @@ pub(crate) fn wait_ready_notification(
         match notify.recv(&mut buf) {
             Ok(n) if String::from_utf8_lossy(&buf[..n]).lines().any(|l| l == "READY=1") => return Ok(()),
             Ok(_) => {}
+            // A signal handled by another thread of the process (a test's own) interrupts the
+            // wait: it is no answer, and no failure.
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {
                 // Waiting on the socket; meanwhile notice an early death.
                 if let Some(st) = child.try_wait()? {

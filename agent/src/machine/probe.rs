@@ -205,11 +205,13 @@ mod tests {
 
     /// A server that answers each connection with the next canned reply (`None`: it closes the
     /// connection without answering, as a server failing to load does).
-    async fn canned(replies: Vec<Option<&'static str>>) -> String {
+    /// A server that answers `replies` in turn, one per connection, then closes its port (the
+    /// task's end).
+    async fn canned(replies: Vec<Option<&'static str>>) -> (String, tokio::task::JoinHandle<()>) {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}/health", l.local_addr().unwrap());
-        tokio::spawn(async move {
+        let server = tokio::spawn(async move {
             for r in replies {
                 let (mut c, _) = l.accept().await.unwrap();
                 let mut buf = [0u8; 1024];
@@ -223,7 +225,7 @@ mod tests {
                 }
             }
         });
-        url
+        (url, server)
     }
 
     #[tokio::test]
@@ -237,7 +239,7 @@ mod tests {
             Some("404 Not Found"),
             Some("401 Unauthorized"),
         ];
-        let url = canned(replies).await;
+        let (url, server) = canned(replies).await;
         let p = Probe::default();
         assert_eq!(p.health(&url).await, Health::Ready);
         assert!(matches!(p.health(&url).await, Health::Loading(w) if w.ends_with("answered 503 Service Unavailable")));
@@ -248,6 +250,7 @@ mod tests {
         assert!(matches!(p.health(&url).await, Health::Error(w) if w.ends_with("answered 404 Not Found")));
         assert!(matches!(p.health(&url).await, Health::Error(w) if w.ends_with("answered 401 Unauthorized")));
         // Nothing listens any more: the port is closed.
+        server.await.unwrap();
         assert!(matches!(p.health(&url).await, Health::Loading(w) if w.ends_with("port not open yet")));
     }
 

@@ -472,7 +472,7 @@ pub fn main() -> ExitCode {
         Command::History { unit, json } => run_async(ops::history(&dirs, unit, json)),
         Command::Diagnose { unit, json } => run_async(ops::diagnose(unit, json, &dirs)),
         Command::Validate { files, json, on_host, host } => match validate(&files, json) {
-            ok if ok == ExitCode::SUCCESS && on_host => run_async(ops::preflight(&files, host)),
+            ok if ok == ExitCode::SUCCESS && on_host => run_async(ops::preflight(&files, host, &dirs.state_dir)),
             other => other,
         },
         Command::Render { file, host, hash } => render(&file, host.as_deref(), hash),

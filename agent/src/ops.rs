@@ -298,7 +298,7 @@ fn agent_reverts(st: &state::UnitState, follows: Option<&SourceState>, hand_sha:
 
 /// `specd validate --on-host`: whether each spec's unit could start on this host, as an apply
 /// looks before it stops anything (`preflight`). Exit 0 when every one could, 1 otherwise.
-pub async fn preflight(paths: &[PathBuf], host: Option<String>) -> Result<u8> {
+pub async fn preflight(paths: &[PathBuf], host: Option<String>, state_dir: &Path) -> Result<u8> {
     let (files, _) = specs::expand(paths);
     let systemd = crate::systemd::Systemd::default();
     let mut code = 0;
@@ -313,7 +313,8 @@ pub async fn preflight(paths: &[PathBuf], host: Option<String>) -> Result<u8> {
         let props = systemd.show(&d.spec.unit).await.unwrap_or_default();
         let own = format!("/{}.d/", d.spec.unit);
         let drop_ins: Vec<String> = props.drop_in_paths.into_iter().filter(|p| !p.contains(&own)).collect();
-        let (checks, o) = crate::preflight::on_this_host(&d.spec, &d.unit.text, &drop_ins, &props.control_group).await;
+        let (checks, o) =
+            crate::preflight::on_this_host(&d.spec, &d.unit.text, &drop_ins, &props.control_group, state_dir).await;
         for n in &o.notes {
             println!("{}: note: {}", f.display(), n.message);
         }

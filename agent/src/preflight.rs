@@ -33,10 +33,11 @@ use std::time::Duration;
 
 use nix::unistd::{Gid, Group, Uid, User};
 use serde::{Deserialize, Serialize};
-use specd_spec::{Engine, Spec};
+use specd_spec::{Engine, Spec, Verify};
 
 mod sight;
 use sight::Sight;
+mod weights;
 
 /// What a check is about: the label of a problem in state, status, metrics and notices.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -131,6 +132,9 @@ pub enum Check {
         runs_as: RunAs,
         #[serde(default, skip_serializing_if = "Sandbox::is_empty")]
         sandbox: Sandbox,
+        /// Whether its weights are read whole and compared with their digests (`weights`).
+        #[serde(default, skip_serializing_if = "is_none")]
+        verify: Verify,
     },
     /// An `EnvironmentFile=`: systemd (root) reads it before the start, outside the unit's
     /// sandbox; a missing one fails the start unless it is optional (a leading `-`).
@@ -161,6 +165,10 @@ pub enum Check {
     UnitFile { unit: String, text: String },
     /// Known without looking to be beyond a look: said as a note.
     NotChecked { kind: CheckKind, why: String },
+}
+
+fn is_none(v: &Verify) -> bool {
+    *v == Verify::None
 }
 
 impl Check {
@@ -353,6 +361,7 @@ pub fn checks(spec: &Spec, unit_text: &str, drop_ins: &[(String, String)]) -> Ve
         cwd: cwd.clone(),
         runs_as: runs_as.clone(),
         sandbox: sandbox.clone(),
+        verify: spec.weights.verify,
     };
     out.push(model(ModelRole::Model, &spec.model));
     if let Some(d) = spec.speculative.as_ref().and_then(|s| s.draft_model.as_deref()) {
@@ -638,12 +647,14 @@ pub async fn run(checks: &[Check], own_cgroup: &str) -> Outcome {
 
 /// The whole pre-flight of `spec`'s unit on this host: the drop-ins that will apply to it read
 /// (`drop_ins`, paths as systemd lists them; one that cannot be read is left out), [`checks`]
-/// decided, [`run`] looked. The checks are returned with what they found.
+/// decided, [`run`] looked, the weights' digests remembered in `state_dir`. The checks are
+/// returned with what they found.
 pub async fn on_this_host(
     spec: &Spec,
     unit_text: &str,
     drop_ins: &[String],
     own_cgroup: &str,
+    state_dir: &Path,
 ) -> (Vec<Check>, Outcome) {
     let sight = Sight::of_this_process();
     let texts: Vec<(String, String)> = drop_ins
@@ -651,18 +662,20 @@ pub async fn on_this_host(
         .filter_map(|p| Some((p.clone(), std::fs::read_to_string(sight.real(Path::new(p)).ok()?).ok()?)))
         .collect();
     let checks = checks(spec, unit_text, &texts);
-    let outcome = run_on(&checks, own_cgroup, &Machine::seeing(sight)).await;
+    let m = Machine { state_dir: Some(state_dir.to_path_buf()), ..Machine::seeing(sight) };
+    let outcome = run_on(&checks, own_cgroup, &m).await;
     (checks, outcome)
 }
 
 /// Where the executor looks besides the checks' own paths and `/proc`: how it sees the host's
 /// files, the device directory (NVIDIA's nodes), the `systemd-analyze` command and how long it
-/// may take.
+/// may take, the state directory (where weights' digests are remembered).
 struct Machine {
     sight: Sight,
     dev: PathBuf,
     analyze: Vec<String>,
     verify_within: Duration,
+    state_dir: Option<PathBuf>,
 }
 
 impl Machine {
@@ -673,6 +686,7 @@ impl Machine {
             dev: PathBuf::from("/dev"),
             analyze: vec!["systemd-analyze".to_string()],
             verify_within: VERIFY_WITHIN,
+            state_dir: None,
         }
     }
 }
@@ -689,19 +703,25 @@ async fn run_on(checks: &[Check], own_cgroup: &str, m: &Machine) -> Outcome {
     // while systemd-analyze runs.
     let looks = {
         let (checks, own, dev, s) = (checks.to_vec(), own_cgroup.to_string(), m.dev.clone(), m.sight.clone());
-        tokio::task::spawn_blocking(move || checks.iter().map(|c| look(&s, c, &own, &dev)).collect::<Vec<_>>())
+        let state = m.state_dir.clone();
+        tokio::task::spawn_blocking(move || {
+            checks.iter().map(|c| look(&s, c, &own, &dev, state.as_deref())).collect::<Vec<_>>()
+        })
     };
+    // Weights read whole take the time their size does.
+    let reads = checks.iter().any(|c| matches!(c, Check::Model { verify: Verify::Sha256, .. }));
+    let within = if reads { weights::DIGESTS_WITHIN } else { LOOK_WITHIN };
     let mut verified = Vec::new();
     for c in checks {
         if let Check::UnitFile { unit, text } = c {
             verified.push(verify(unit, text, m).await);
         }
     }
-    let looked = match tokio::time::timeout(LOOK_WITHIN, looks).await {
+    let looked = match tokio::time::timeout(within, looks).await {
         Ok(Ok(l)) => l,
         Ok(Err(e)) => checks.iter().map(|_| vec![Found::Note(format!("not checked: the look failed: {e}"))]).collect(),
         Err(_) => {
-            let why = format!("not checked: the file system did not answer within {} s", LOOK_WITHIN.as_secs());
+            let why = format!("not checked: the file system did not answer within {} s", within.as_secs());
             checks.iter().map(|_| vec![Found::Note(why.clone())]).collect()
         }
     };
@@ -720,11 +740,21 @@ async fn run_on(checks: &[Check], own_cgroup: &str, m: &Machine) -> Outcome {
 }
 
 /// One check, on the file system (as `s` sees the host's) and `/proc` (blocking).
-fn look(s: &Sight, c: &Check, own_cgroup: &str, dev: &Path) -> Vec<Found> {
+fn look(s: &Sight, c: &Check, own_cgroup: &str, dev: &Path, state_dir: Option<&Path>) -> Vec<Found> {
     match c {
         Check::Program { program, runs_as, sandbox } => look_program(s, program, runs_as, sandbox),
-        Check::Model { role, value, form, cwd, runs_as, sandbox } => {
-            look_model(s, *role, value, *form, cwd, runs_as, sandbox)
+        Check::Model { role, value, form, cwd, runs_as, sandbox, verify } => {
+            let found = look_model(s, *role, value, *form, cwd, runs_as, sandbox);
+            // A model that is there and may be read: its weights, whole.
+            let path = if value.starts_with('/') {
+                Some(PathBuf::from(value))
+            } else {
+                cwd_path(cwd, runs_as).map(|d| d.join(value))
+            };
+            match path {
+                Some(p) if found.is_empty() => weights::look(s, role.what(), &p, *verify, state_dir),
+                _ => found,
+            }
         }
         Check::EnvironmentFile { path, optional } => look_environment_file(s, path, *optional),
         Check::Credential { id, path } => look_credential(s, id, path),
@@ -1749,6 +1779,7 @@ mod tests {
             cwd: cwd.clone(),
             runs_as: as_.clone(),
             sandbox: Sandbox::default(),
+            verify: Verify::None,
         };
         assert_eq!(
             checks(&spec, &text, &[]),
@@ -1791,6 +1822,7 @@ mod tests {
             cwd: Cwd::Path(s("/")),
             runs_as: RunAs::Root,
             sandbox: Sandbox::default(),
+            verify: Verify::None,
         };
         let search = SEARCH_PATH.iter().map(|d| s(d)).collect();
         assert_eq!(
@@ -2275,6 +2307,7 @@ mod tests {
             cwd: Cwd::Home,
             runs_as: user("qwen", None),
             sandbox: Sandbox::default(),
+            verify: Verify::None,
         };
         let j = serde_json::to_value(&c).unwrap();
         assert_eq!(

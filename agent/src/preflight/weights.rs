@@ -722,16 +722,19 @@ fn cache_of(s: &Sight, path: &Path, is_dir: bool) -> Option<PathBuf> {
     s.metadata(&repo.join("blobs")).is_ok_and(|m| m.is_dir()).then(|| repo.to_path_buf())
 }
 
-/// Downloads into the cache `repo` that did not finish (`blobs/*.incomplete`): the snapshot may
-/// lack the files they were to become (huggingface_hub links a file into the snapshot only
-/// once its blob is whole).
+/// Downloads into the cache `repo` that did not finish (`blobs/<digest>[.<8 hex>].incomplete`,
+/// renamed to `blobs/<digest>` when whole): the snapshot may lack the files they were to become
+/// (huggingface_hub links a file into the snapshot only once its blob is whole). One whose blob
+/// is there was left by a download another one finished.
 fn unfinished(s: &Sight, what: &str, path: &Path, repo: &Path) -> Vec<Found> {
     let blobs = repo.join("blobs");
     let Ok(entries) = s.real(&blobs).and_then(std::fs::read_dir) else { return Vec::new() };
-    let mut partial: Vec<String> = entries
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
+    let names: BTreeSet<String> = entries.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+    let mut partial: Vec<String> = names
+        .iter()
         .filter(|n| n.ends_with(".incomplete"))
+        .filter(|n| n.split('.').next().is_none_or(|blob| !names.contains(blob)))
+        .cloned()
         .collect();
     partial.sort();
     let Some(first) = partial.first() else { return Vec::new() };

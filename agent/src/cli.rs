@@ -478,7 +478,9 @@ pub fn main() -> ExitCode {
         Command::History { unit, json } => run_async(commands::history::history(&dirs, unit, json)),
         Command::Diagnose { unit, json } => run_async(commands::diagnose::run(unit.as_deref(), json, &dirs.state_dir)),
         Command::Validate { files, json, on_host, host } => match validate(&files, json) {
-            ok if ok == ExitCode::SUCCESS && on_host => run_async(commands::apply::preflight(&files, host)),
+            ok if ok == ExitCode::SUCCESS && on_host => {
+                run_async(commands::apply::preflight(&files, host, &dirs.state_dir))
+            }
             other => other,
         },
         Command::Render { file, host, hash } => render(&file, host.as_deref(), hash),

@@ -47,6 +47,10 @@ pub mod parts {
             Line, MAX_INSTANCES, Raw, assemble, classify, gather_raw, journal_note, last_verdict,
         };
     }
+    /// The pre-flight: what it would check of a spec's unit, and its look (the benchmarks time it).
+    pub mod preflight {
+        pub use crate::preflight::{Check, checks, run};
+    }
     /// What the benchmarks time specd's own looks with: readiness, the unit properties it
     /// reads, the speculation proof's length.
     pub mod machine {

@@ -1193,3 +1193,124 @@ fn apply_diff_and_rollback_say_what_they_did_in_json_with_their_exit_codes() {
     assert_eq!(e.served_steps(), Some(5));
     e.b.shutdown().unwrap();
 }
+
+/// A safetensors file of two F32 tensors of 8 values, whole.
+fn safetensors_shard(first: &str, second: &str) -> Vec<u8> {
+    let header = format!(
+        "{{\"{first}\":{{\"dtype\":\"F32\",\"shape\":[8],\"data_offsets\":[0,32]}},\"{second}\":{{\"dtype\":\"F32\",\"shape\":[8],\"data_offsets\":[32,64]}}}}"
+    );
+    let mut out = (header.len() as u64).to_le_bytes().to_vec();
+    out.extend(header.as_bytes());
+    out.extend([0x3fu8; 64]);
+    out
+}
+
+/// Weights that are not whole, in a model folder or a Hugging Face cache snapshot, each refused
+/// before the serving instance is touched, naming the file: a shard cut short, an index naming a
+/// shard the folder lacks, a snapshot link to a blob that is gone, a download into the cache
+/// that did not finish, and (with `weights.verify: sha256`) a blob whose content is not the one
+/// its name is the digest of. The stand-in loads no weights: what refuses them is the look
+/// before the stop, which needs no start.
+#[test]
+fn weights_that_are_not_whole_are_refused_before_the_serving_instance_is_touched() {
+    let e = Env::new();
+    let (ok, out) = apply(&e, "good.yaml", &e.spec(UNIT, 5, &seed_extra(100)));
+    assert!(ok, "{out}");
+    let serving = || (e.main_pid(UNIT), e.b.prop(UNIT, "InvocationID").unwrap());
+    let before = serving();
+    let put = |path: &str, bytes: &[u8]| e.b.write_file(path, bytes).unwrap();
+    let sh = |script: &str| {
+        let o = e.b.exec(&["sh", "-c", script]);
+        assert!(o.status.success(), "{script}: {}", text(&o));
+    };
+    let config = b"{\"architectures\": [\"Qwen3NextForCausalLM\"]}\n";
+    let (one, two) = ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors");
+    let (s1, s2) = (safetensors_shard("a", "b"), safetensors_shard("c", "d"));
+    // A folder of two shards, the second cut short by 10 bytes.
+    let cut = "/var/lib/models/cut";
+    put(&format!("{cut}/config.json"), config);
+    put(&format!("{cut}/{one}"), &s1);
+    put(&format!("{cut}/{two}"), &s2[..s2.len() - 10]);
+    // An index that names a second shard the folder lacks.
+    let indexed = "/var/lib/models/indexed";
+    put(&format!("{indexed}/config.json"), config);
+    put(&format!("{indexed}/{one}"), &s1);
+    let index =
+        format!("{{\"weight_map\": {{\"a\": \"{one}\", \"b\": \"{one}\", \"c\": \"{two}\", \"d\": \"{two}\"}}}}");
+    put(&format!("{indexed}/model.safetensors.index.json"), index.as_bytes());
+    // Hugging Face cache snapshots, as huggingface_hub lays them out.
+    let snapshot = |repo: &str, blob: &str, bytes: &[u8]| {
+        let r = format!("/var/lib/hf/hub/models--org--{repo}");
+        let snap = format!("{r}/snapshots/0123456789abcdef0123456789abcdef01234567");
+        put(&format!("{r}/blobs/{}", specd_spec::sha256_hex(config)), config);
+        put(&format!("{r}/blobs/{blob}"), bytes);
+        sh(&format!(
+            "mkdir -p {snap} && ln -s ../../blobs/{} {snap}/config.json && ln -s ../../blobs/{blob} {snap}/model.safetensors",
+            specd_spec::sha256_hex(config)
+        ));
+        (r, snap)
+    };
+    let digest = specd_spec::sha256_hex(&s1);
+    let (gone_repo, gone) = snapshot("gone", &digest, &s1);
+    sh(&format!("rm {gone_repo}/blobs/{digest}"));
+    let (partial_repo, partial) = snapshot("partial", &digest, &s1);
+    let unfinished = format!("{}.0badc0de.incomplete", "9".repeat(64));
+    put(&format!("{partial_repo}/blobs/{unfinished}"), b"half a download");
+    // Whole by its header, but not the content its name is the digest of.
+    let (_, damaged) = snapshot("damaged", &specd_spec::sha256_hex(&s2), &s1);
+
+    let with_model = |m: &str, tail: &str| {
+        e.spec(UNIT, 5, &format!("{}{tail}", seed_extra(100))).replace(specd_e2e::STANDIN_MODEL, m)
+    };
+    let cases = [
+        ("a shard cut short", with_model(cut, ""), format!("{two} in the model {cut}: ")),
+        (
+            "an index naming a missing shard",
+            with_model(indexed, ""),
+            format!(
+                "model.safetensors.index.json in the model {indexed} names the shard {two}, which the model {indexed} does not have"
+            ),
+        ),
+        (
+            "a link to a blob that is gone",
+            with_model(&gone, ""),
+            format!("model.safetensors in the model {gone} is a symbolic link to nothing"),
+        ),
+        (
+            "an unfinished download",
+            with_model(&partial, ""),
+            format!("where the download of blobs/{unfinished} did not finish"),
+        ),
+        (
+            "a blob not its digest",
+            with_model(&damaged, "  weights: {verify: sha256}\n"),
+            format!(
+                "model.safetensors in the model {damaged}: its sha256 is {digest}, not {}",
+                specd_spec::sha256_hex(&s2)
+            ),
+        ),
+    ];
+    for (i, (what, yaml, why)) in cases.iter().enumerate() {
+        let (ok, out) = apply(&e, &format!("weights{i}.yaml"), yaml);
+        assert!(!ok, "{what}: {out}");
+        assert!(out.contains("Refused: sglang-qwen.service: unit") && out.contains(why.as_str()), "{what}: {out}");
+        assert!(out.contains("nothing was stopped or changed"), "{what}: {out}");
+        assert_eq!(serving(), before, "{what}: the serving instance was touched\n{out}");
+    }
+    // The cut shard is said the same by the look without an apply.
+    let o = e.specd(&["validate", "--on-host", "/run/specs/weights0.yaml"]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let said = format!(
+        "{two} in the model {cut}: {} bytes, but its header says its tensors end at {} bytes",
+        s2.len() - 10,
+        s2.len()
+    );
+    assert!(text(&o).contains(&said), "{}", text(&o));
+    // Whole weights pass (the digest now remembered in the state directory).
+    let good = snapshot("good", &digest, &s1).1;
+    let (ok, out) = apply(&e, "whole.yaml", &with_model(&good, "  weights: {verify: sha256}\n"));
+    assert!(ok, "{out}");
+    let remembered = e.b.read_to_string("/var/lib/specd/weight-digests.json").unwrap();
+    assert!(remembered.contains(&digest), "{remembered}");
+    e.b.shutdown().unwrap();
+}

@@ -142,11 +142,26 @@ fn a_draft_model_that_is_loaded_but_unused_fails_the_apply_and_rolls_back() {
     e.b.shutdown().unwrap();
 }
 
-/// A draft model that is there, says it is a GGUF file, and is cut short: nothing but a start
-/// can tell, so llama-server fails to load it. Every time: rollback to the last good unit, and a
-/// diagnosis that quotes llama-server's own error. The count of starts is `SPECD_FAILING_STARTS`
-/// (default 10; the campaign in the README ran 50). (A draft path that does not exist is refused
-/// before any stop: `a_spec_that_cannot_start_here_is_refused_before_the_serving_instance_is_touched`.)
+/// A GGUF file whole by its header (one key-value, no tensors) of an architecture llama.cpp does
+/// not know (`nonesuch`): what only the engine can judge.
+fn gguf_of_an_unknown_architecture() -> Vec<u8> {
+    let string = |v: &str| [(v.len() as u64).to_le_bytes().to_vec(), v.as_bytes().to_vec()].concat();
+    let mut g = b"GGUF".to_vec();
+    g.extend(3u32.to_le_bytes()); // version
+    g.extend(0u64.to_le_bytes()); // tensors
+    g.extend(1u64.to_le_bytes()); // key-values
+    g.extend(string("general.architecture"));
+    g.extend(8u32.to_le_bytes()); // a string
+    g.extend(string("nonesuch"));
+    g
+}
+
+/// A draft model that is there, is a whole GGUF file, and is of an architecture llama.cpp does
+/// not know: nothing but a start can tell, so llama-server fails to load it. Every time: rollback
+/// to the last good unit, and a diagnosis that quotes llama-server's own error. The count of
+/// starts is `SPECD_FAILING_STARTS` (default 10; the campaign in the README ran 50). (A draft
+/// path that does not exist, or a GGUF cut short, is refused before any stop:
+/// `a_spec_that_cannot_start_here_is_refused_before_the_serving_instance_is_touched`.)
 #[test]
 fn a_broken_draft_rolls_back_and_the_diagnosis_quotes_the_server_every_time() {
     let l = real_llama();
@@ -157,10 +172,9 @@ fn a_broken_draft_rolls_back_and_the_diagnosis_quotes_the_server_every_time() {
     let good_pid = e.main_pid(UNIT);
     let mut failures = Vec::new();
     for i in 0..runs {
-        // A new hash each time (quarantine would refuse a repeat): the draft path differs. The
-        // file is GGUF's magic and version, then nothing.
+        // A new hash each time (quarantine would refuse a repeat): the draft path differs.
         let broken = format!("/var/lib/models/broken-{i}.gguf");
-        e.b.write_file(&broken, b"GGUF\x03\x00\x00\x00").unwrap();
+        e.b.write_file(&broken, gguf_of_an_unknown_architecture()).unwrap();
         let bad = spec(&l, e.port, &format!("  speculative: {{draft_model: {broken}, num_steps: 4}}\n"), "");
         let t0 = std::time::Instant::now();
         let (ok, out) = apply(&e, &format!("bad{i}.yaml"), &bad);
@@ -189,8 +203,10 @@ fn a_broken_draft_rolls_back_and_the_diagnosis_quotes_the_server_every_time() {
 }
 
 /// What a look at the host finds before anything is stopped: a program that does not exist, a
-/// model or a draft model that is not there, a port another process holds. Each is refused with
-/// its reason, and the serving instance is not touched (the same MainPID and InvocationID).
+/// model or a draft model that is not there or is cut short (half of the real GGUF: an
+/// interrupted download, on which llama-server fails only once started), a port another process
+/// holds. Each is refused with its reason, and the serving instance is not touched (the same
+/// MainPID and InvocationID); `validate --on-host` and `apply --dry-run` say the same.
 #[test]
 fn a_spec_that_cannot_start_here_is_refused_before_the_serving_instance_is_touched() {
     let l = real_llama();
@@ -213,6 +229,11 @@ fn a_spec_that_cannot_start_here_is_refused_before_the_serving_instance_is_touch
     })
     .unwrap();
     let good = spec(&l, e.port, &drafting(&l, 4), "");
+    let cut = "/var/lib/models/cut.gguf";
+    let half = std::fs::metadata(&l.gguf).unwrap().len() / 2;
+    let o = e.b.exec(&["sh", "-c", &format!("mkdir -p /var/lib/models && head -c {half} {} > {cut}", l.gguf)]);
+    assert!(o.status.success(), "{}", text(&o));
+    let cut_short = format!("{cut}: {:.1} MB, but its header says its tensors end at ", half as f64 / 1e6);
     let cases = [
         (
             "a missing program",
@@ -229,6 +250,16 @@ fn a_spec_that_cannot_start_here_is_refused_before_the_serving_instance_is_touch
             spec(&l, e.port, "  speculative: {draft_model: /var/lib/models/no-draft.gguf, num_steps: 4}\n", ""),
             "the draft model /var/lib/models/no-draft.gguf does not exist",
         ),
+        (
+            "a model cut short",
+            good.replace(&format!("model: {}", l.gguf), &format!("model: {cut}")),
+            &format!("the model {cut_short}"),
+        ),
+        (
+            "a draft cut short",
+            spec(&l, e.port, &format!("  speculative: {{draft_model: {cut}, num_steps: 4}}\n"), ""),
+            &format!("the draft model {cut_short}"),
+        ),
         ("a held port", spec(&l, held, &drafting(&l, 4), ""), &format!("port {held} is held by pid")),
     ];
     for (i, (what, yaml, why)) in cases.iter().enumerate() {
@@ -241,6 +272,14 @@ fn a_spec_that_cannot_start_here_is_refused_before_the_serving_instance_is_touch
         assert_eq!(serving(), before, "{what}: the serving instance was touched\n{out}");
         assert!(http_get(e.port, "/health").is_some_and(|(c, _)| c == 200), "{what}: the old unit does not serve");
         eprintln!("{what}: refused in {took:.2?}");
+        // The same look without an apply.
+        let p = format!("/run/specs/cannot{i}.yaml");
+        let dry = e.specd(&["apply", "--dry-run", "-f", &p]);
+        assert!(!dry.status.success() && text(&dry).contains(why), "{what}, apply --dry-run: {}", text(&dry));
+        let on_host = e.specd(&["validate", "--on-host", &p]);
+        assert_eq!(on_host.status.code(), Some(1), "{what}, validate --on-host: {}", text(&on_host));
+        assert!(text(&on_host).contains(why), "{what}, validate --on-host: {}", text(&on_host));
+        assert_eq!(serving(), before, "{what}: the serving instance was touched by a look");
     }
     let status = text(&e.specd(&["status"]));
     assert!(status.contains("is held by pid"), "{status}");

@@ -25,12 +25,12 @@ mod validate;
 
 pub use diag::{Diagnostic, Diagnostics, Severity};
 pub use engine::{Algorithm, ArgsReport, EngineFacts, Evidence, Need, Reported, SecretFlag, facts as engine_facts};
-pub use model::{Document, DriftPolicy, Engine, Restart};
+pub use model::{Document, DriftPolicy, Engine, Restart, Verify};
 pub use render::{
     HEADER, RenderedUnit, command_line, exec_start, exec_start_value, parse_command_line, parse_environment, render,
     service_assignments, sha256_hex,
 };
-pub use resolve::{ExpectedArg, Policy, Readiness, Server, Service, Spec, Speculative, base_url_of_argv};
+pub use resolve::{ExpectedArg, Policy, Readiness, Server, Service, Spec, Speculative, Weights, base_url_of_argv};
 pub use units::reserved_unit;
 pub use validate::unit_name_problem;
 

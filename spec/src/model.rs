@@ -123,6 +123,8 @@ pub struct SpecLayer {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub speculative: Option<SpeculativeLayer>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weights: Option<WeightsLayer>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub service: Option<ServiceLayer>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub readiness: Option<ReadinessLayer>,
@@ -202,6 +204,32 @@ pub struct SpeculativeLayer {
     /// vllm ngram `prompt_lookup_max`.
     #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "strict::u32")]
     pub prompt_lookup_max: Option<u32>,
+}
+
+/// How the model's and the draft model's weight files are checked before anything is stopped.
+/// Their headers and sizes are always checked, by format (safetensors and their index, GGUF, a
+/// Hugging Face cache snapshot), without reading the weights themselves.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WeightsLayer {
+    /// `sha256`: also read every file the engine will load whole and compare it with its digest
+    /// where a Hugging Face cache names it (a blob's name is its sha256, or for a small file its
+    /// git blob sha1); a file that differs refuses the apply before the stop. Digests are
+    /// remembered by file (device, inode, size, modification time) in the state directory, so
+    /// an unchanged file is read once. Default `none`: no weight data is read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verify: Option<Verify>,
+}
+
+/// What `weights.verify` reads of the weight files.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum Verify {
+    /// Headers and sizes only.
+    #[default]
+    None,
+    /// The whole content, against the digest the Hugging Face cache names it by.
+    Sha256,
 }
 
 /// systemd `Restart=`.
@@ -384,10 +412,11 @@ macro_rules! impl_merge {
     };
 }
 
-impl_merge!(SpecLayer { unit, engine, command, model } sections { server, speculative, service, readiness, policy });
+impl_merge!(SpecLayer { unit, engine, command, model } sections { server, speculative, weights, service, readiness, policy });
 impl_merge!(ServerLayer { host, port, tp_size, mem_fraction_static, max_running_requests, context_length, n_gpu_layers, served_model_name, extra_args } sections {});
 impl_merge!(SpeculativeLayer { algorithm, num_steps, eagle_topk, num_draft_tokens, draft_model, draft_min, draft_p_min, prompt_lookup_min, prompt_lookup_max } sections {});
 impl_merge!(ServiceLayer { description, user, group, working_directory, environment_files, allow_literal_secrets, restart, restart_sec, timeout_start_sec, timeout_stop_sec, drain_timeout_sec, memory_max, enabled } sections { environment, credentials });
+impl_merge!(WeightsLayer { verify } sections {});
 impl_merge!(ReadinessLayer { timeout_sec, endpoint, verify_args, verify_speculation } sections {});
 impl_merge!(PolicyLayer { drift, rollback, adopt } sections {});
 

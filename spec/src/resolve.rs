@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::{DriftPolicy, Engine, Restart};
+use crate::model::{DriftPolicy, Engine, Restart, Verify};
 
 /// A validated spec for one host: everything needed to render the unit and to check the server.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -20,9 +20,23 @@ pub struct Spec {
     pub model: String,
     pub server: Server,
     pub speculative: Option<Speculative>,
+    /// How the weights are checked before a stop (`weights.verify`).
+    #[serde(default, skip_serializing_if = "Weights::is_default")]
+    pub weights: Weights,
     pub service: Service,
     pub readiness: Readiness,
     pub policy: Policy,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Weights {
+    pub verify: Verify,
+}
+
+impl Weights {
+    fn is_default(&self) -> bool {
+        *self == Weights::default()
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

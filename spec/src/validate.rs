@@ -8,7 +8,7 @@ use crate::engine::{self, EngineFacts, Need};
 use crate::model::strict::shown;
 use crate::model::{Document, DriftPolicy, Engine, Merge, Restart, SpecLayer, SpeculativeLayer};
 use crate::render::command_line;
-use crate::resolve::{Policy, Readiness, Server, Service, Spec, Speculative};
+use crate::resolve::{Policy, Readiness, Server, Service, Spec, Speculative, Weights};
 use crate::secrets::{self, looks_secret};
 use crate::units::reserved_unit;
 
@@ -571,6 +571,7 @@ fn build(c: &mut Ctx, doc: &Document, l: &SpecLayer, overlay: Option<String>) ->
         model,
         server,
         speculative,
+        weights: Weights { verify: l.weights.as_ref().and_then(|w| w.verify).unwrap_or_default() },
         service,
         readiness,
         policy: Policy {

@@ -24,6 +24,13 @@ const CASES: &[(&str, &str, u64, &str, &str)] = &[
         "hosts.h1.engine",
         "unknown variant `tgi`",
     ),
+    (
+        "unknown weights check",
+        "  weights: {verify: md5}\n",
+        9,
+        "spec.weights.verify",
+        "unknown variant `md5`, expected one of none, sha256",
+    ),
     ("wrong apiVersion", "#\n", 1, "apiVersion", "must be `specd/v1`"),
     ("bad name", "#\n", 4, "metadata.name", "lowercase letters"),
     ("unit path traversal", "#\n", 6, "spec.unit", "no `/` and no `..`"),

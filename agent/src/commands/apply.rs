@@ -269,7 +269,7 @@ pub(super) fn agent_reverts(
 
 /// `specd validate --on-host`: whether each spec's unit could start on this host, as an apply
 /// looks before it stops anything (`preflight`). Exit 0 when every one could, 1 otherwise.
-pub async fn preflight(paths: &[PathBuf], host: Option<String>) -> Result<u8> {
+pub async fn preflight(paths: &[PathBuf], host: Option<String>, state_dir: &Path) -> Result<u8> {
     let (files, _) = spec_files::expand(paths);
     let systemd = crate::machine::systemd::Systemd::default();
     let mut code = 0;
@@ -284,7 +284,8 @@ pub async fn preflight(paths: &[PathBuf], host: Option<String>) -> Result<u8> {
         let props = systemd.show(&d.spec.unit).await.unwrap_or_default();
         let own = format!("/{}.d/", d.spec.unit);
         let drop_ins: Vec<String> = props.drop_in_paths.into_iter().filter(|p| !p.contains(&own)).collect();
-        let (checks, o) = crate::preflight::on_this_host(&d.spec, &d.unit.text, &drop_ins, &props.control_group).await;
+        let (checks, o) =
+            crate::preflight::on_this_host(&d.spec, &d.unit.text, &drop_ins, &props.control_group, state_dir).await;
         for n in &o.notes {
             println!("{}: note: {}", f.display(), n.message);
         }

@@ -937,6 +937,7 @@ impl Host for FakeHost {
         unit_text: &str,
         _drop_ins: &[String],
         _cgroup: &str,
+        _state_dir: &Path,
     ) -> crate::preflight::Outcome {
         let lag = self.w().preflight_lag;
         tokio::time::sleep(lag).await;

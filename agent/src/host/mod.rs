@@ -120,13 +120,14 @@ pub trait Host: Clone + Send + Sync + 'static {
     /// Whether a unit text can start on this host, by looking at it without starting it (its
     /// program, model paths, files, user, port...: `preflight`), with the drop-ins that will
     /// apply to it (`drop_ins`, paths); `cgroup` is the unit's own (a port its running instance
-    /// holds is not in the way).
+    /// holds is not in the way); weights' digests are remembered in `state_dir`.
     fn preflight(
         &self,
         spec: &Spec,
         unit_text: &str,
         drop_ins: &[String],
         cgroup: &str,
+        state_dir: &Path,
     ) -> impl Future<Output = preflight::Outcome> + Send;
 
     // The journal.
@@ -337,8 +338,15 @@ impl Host for RealHost {
         let _ = crate::diagnose::journal_note(unit, action, Some(invocation), message);
     }
 
-    async fn preflight(&self, spec: &Spec, unit_text: &str, drop_ins: &[String], cgroup: &str) -> preflight::Outcome {
-        preflight::on_this_host(spec, unit_text, drop_ins, cgroup).await.1
+    async fn preflight(
+        &self,
+        spec: &Spec,
+        unit_text: &str,
+        drop_ins: &[String],
+        cgroup: &str,
+        state_dir: &Path,
+    ) -> preflight::Outcome {
+        preflight::on_this_host(spec, unit_text, drop_ins, cgroup, state_dir).await.1
     }
 
     async fn last_said(&self, invocation: &str) -> Option<String> {

@@ -69,6 +69,7 @@ pub fn checks(spec: &Spec, unit_text: &str, drop_ins: &[(String, String)]) -> Ve
         cwd: cwd.clone(),
         runs_as: runs_as.clone(),
         sandbox: sandbox.clone(),
+        verify: spec.weights.verify,
     };
     out.push(model(ModelRole::Model, &spec.model));
     if let Some(d) = spec.speculative.as_ref().and_then(|s| s.draft_model.as_deref()) {

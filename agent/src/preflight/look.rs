@@ -2,7 +2,8 @@
 //! unit's sandbox, with what it found.
 
 use super::files::{
-    look_credential, look_environment_file, look_gpus, look_group, look_model, look_user, look_working_directory,
+    cwd_path, look_credential, look_environment_file, look_gpus, look_group, look_model, look_user,
+    look_working_directory,
 };
 use super::port::look_port;
 use super::program::look_program;
@@ -19,12 +20,13 @@ use std::time::Duration;
 
 /// Where the executor looks besides the checks' own paths and `/proc`: how it sees the host's
 /// files, the device directory (NVIDIA's nodes), the `systemd-analyze` command and how long it
-/// may take.
+/// may take, the state directory (where weights' digests are remembered).
 pub(super) struct Machine {
     pub(super) sight: Sight,
     pub(super) dev: PathBuf,
     pub(super) analyze: Vec<String>,
     pub(super) verify_within: Duration,
+    pub(super) state_dir: Option<PathBuf>,
 }
 
 impl Machine {
@@ -35,6 +37,7 @@ impl Machine {
             dev: PathBuf::from("/dev"),
             analyze: vec!["systemd-analyze".to_string()],
             verify_within: VERIFY_WITHIN,
+            state_dir: None,
         }
     }
 }
@@ -51,19 +54,25 @@ pub(super) async fn run_on(checks: &[Check], own_cgroup: &str, m: &Machine) -> O
     // while systemd-analyze runs.
     let looks = {
         let (checks, own, dev, s) = (checks.to_vec(), own_cgroup.to_string(), m.dev.clone(), m.sight.clone());
-        tokio::task::spawn_blocking(move || checks.iter().map(|c| look(&s, c, &own, &dev)).collect::<Vec<_>>())
+        let state = m.state_dir.clone();
+        tokio::task::spawn_blocking(move || {
+            checks.iter().map(|c| look(&s, c, &own, &dev, state.as_deref())).collect::<Vec<_>>()
+        })
     };
+    // Weights read whole take the time their size does.
+    let reads = checks.iter().any(|c| matches!(c, Check::Model { verify: Verify::Sha256, .. }));
+    let within = if reads { weights::DIGESTS_WITHIN } else { LOOK_WITHIN };
     let mut verified = Vec::new();
     for c in checks {
         if let Check::UnitFile { unit, text } = c {
             verified.push(verify(unit, text, m).await);
         }
     }
-    let looked = match tokio::time::timeout(LOOK_WITHIN, looks).await {
+    let looked = match tokio::time::timeout(within, looks).await {
         Ok(Ok(l)) => l,
         Ok(Err(e)) => checks.iter().map(|_| vec![Found::Note(format!("not checked: the look failed: {e}"))]).collect(),
         Err(_) => {
-            let why = format!("not checked: the file system did not answer within {} s", LOOK_WITHIN.as_secs());
+            let why = format!("not checked: the file system did not answer within {} s", within.as_secs());
             checks.iter().map(|_| vec![Found::Note(why.clone())]).collect()
         }
     };
@@ -82,11 +91,21 @@ pub(super) async fn run_on(checks: &[Check], own_cgroup: &str, m: &Machine) -> O
 }
 
 /// One check, on the file system (as `s` sees the host's) and `/proc` (blocking).
-pub(super) fn look(s: &Sight, c: &Check, own_cgroup: &str, dev: &Path) -> Vec<Found> {
+pub(super) fn look(s: &Sight, c: &Check, own_cgroup: &str, dev: &Path, state_dir: Option<&Path>) -> Vec<Found> {
     match c {
         Check::Program { program, runs_as, sandbox } => look_program(s, program, runs_as, sandbox),
-        Check::Model { role, value, form, cwd, runs_as, sandbox } => {
-            look_model(s, *role, value, *form, cwd, runs_as, sandbox)
+        Check::Model { role, value, form, cwd, runs_as, sandbox, verify } => {
+            let found = look_model(s, *role, value, *form, cwd, runs_as, sandbox);
+            // A model that is there and may be read: its weights, whole.
+            let path = if value.starts_with('/') {
+                Some(PathBuf::from(value))
+            } else {
+                cwd_path(cwd, runs_as).map(|d| d.join(value))
+            };
+            match path {
+                Some(p) if found.is_empty() => weights::look(s, role.what(), &p, *verify, state_dir),
+                _ => found,
+            }
         }
         Check::EnvironmentFile { path, optional } => look_environment_file(s, path, *optional),
         Check::Credential { id, path } => look_credential(s, id, path),

@@ -26,7 +26,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use specd_spec::Spec;
+use specd_spec::{Spec, Verify};
 
 mod checks;
 mod files;
@@ -35,6 +35,7 @@ mod port;
 mod program;
 mod sight;
 mod verify;
+mod weights;
 pub use checks::checks;
 use look::{Machine, run_on};
 use sight::Sight;
@@ -113,6 +114,9 @@ pub enum Check {
         runs_as: RunAs,
         #[serde(default, skip_serializing_if = "Sandbox::is_empty")]
         sandbox: Sandbox,
+        /// Whether its weights are read whole and compared with their digests (`weights`).
+        #[serde(default, skip_serializing_if = "is_none")]
+        verify: Verify,
     },
     /// An `EnvironmentFile=`: systemd (root) reads it before the start, outside the unit's
     /// sandbox; a missing one fails the start unless it is optional (a leading `-`).
@@ -143,6 +147,10 @@ pub enum Check {
     UnitFile { unit: String, text: String },
     /// Known without looking to be beyond a look: said as a note.
     NotChecked { kind: CheckKind, why: String },
+}
+
+fn is_none(v: &Verify) -> bool {
+    *v == Verify::None
 }
 
 impl Check {
@@ -275,20 +283,22 @@ const LOOK_WITHIN: Duration = Duration::from_secs(30);
 
 /// Carry `checks` out on this machine. `own_cgroup` is the unit's control group (systemd's
 /// `ControlGroup`; empty when no instance runs): a process in it that holds the port is the
-/// instance about to be stopped, not a conflict. (The commands look through [`on_this_host`].)
-#[cfg(test)]
+/// instance about to be stopped, not a conflict. (The commands look through [`on_this_host`];
+/// the benchmarks time this.)
 pub async fn run(checks: &[Check], own_cgroup: &str) -> Outcome {
     run_on(checks, own_cgroup, &Machine::seeing(Sight::of_this_process())).await
 }
 
 /// The whole pre-flight of `spec`'s unit on this host: the drop-ins that will apply to it read
 /// (`drop_ins`, paths as systemd lists them; one that cannot be read is left out), [`checks`]
-/// decided, [`run`] looked. The checks are returned with what they found.
+/// decided, [`run`] looked, the weights' digests remembered in `state_dir`. The checks are
+/// returned with what they found.
 pub async fn on_this_host(
     spec: &Spec,
     unit_text: &str,
     drop_ins: &[String],
     own_cgroup: &str,
+    state_dir: &Path,
 ) -> (Vec<Check>, Outcome) {
     let sight = Sight::of_this_process();
     let texts: Vec<(String, String)> = drop_ins
@@ -296,17 +306,10 @@ pub async fn on_this_host(
         .filter_map(|p| Some((p.clone(), std::fs::read_to_string(sight.real(Path::new(p)).ok()?).ok()?)))
         .collect();
     let checks = checks(spec, unit_text, &texts);
-    let outcome = run_on(&checks, own_cgroup, &Machine::seeing(sight)).await;
+    let m = Machine { state_dir: Some(state_dir.to_path_buf()), ..Machine::seeing(sight) };
+    let outcome = run_on(&checks, own_cgroup, &m).await;
     (checks, outcome)
 }
-
-// Who may do what.
-
-// The looks, one per kind of check.
-
-// The port.
-
-// The unit file.
 
 #[cfg(test)]
 mod tests;

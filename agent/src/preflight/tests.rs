@@ -50,6 +50,7 @@ fn a_spec_s_checks_come_from_its_unit_text_and_its_engine_s_flags() {
         cwd: cwd.clone(),
         runs_as: as_.clone(),
         sandbox: Sandbox::default(),
+        verify: Verify::None,
     };
     assert_eq!(
         checks(&spec, &text, &[]),
@@ -92,6 +93,7 @@ fn a_bare_program_is_looked_up_in_systemd_s_search_path_and_llama_cpp_loads_gguf
         cwd: Cwd::Path(s("/")),
         runs_as: RunAs::Root,
         sandbox: Sandbox::default(),
+        verify: Verify::None,
     };
     let search = SEARCH_PATH.iter().map(|d| s(d)).collect();
     assert_eq!(
@@ -560,6 +562,7 @@ fn checks_and_problems_serialize_for_state_and_notices() {
         cwd: Cwd::Home,
         runs_as: user("qwen", None),
         sandbox: Sandbox::default(),
+        verify: Verify::None,
     };
     let j = serde_json::to_value(&c).unwrap();
     assert_eq!(

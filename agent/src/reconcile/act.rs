@@ -243,7 +243,7 @@ pub(super) async fn preflight_refusal<H: Host>(
     let removed =
         if plan.steps.contains(&Step::RemoveDropIns) { own_drop_ins(&ctx.host, props, unit) } else { Vec::new() };
     let drop_ins: Vec<String> = props.drop_in_paths.iter().filter(|p| !removed.contains(p)).cloned().collect();
-    let o = ctx.host.preflight(&d.spec, &d.unit.text, &drop_ins, &props.control_group).await;
+    let o = ctx.host.preflight(&d.spec, &d.unit.text, &drop_ins, &props.control_group, &ctx.store.dir).await;
     for n in &o.notes {
         (ctx.events)(unit, &Event::Progress(format!("pre-flight: {}", n.message)));
     }

@@ -106,11 +106,13 @@
 
 pub mod cgroups;
 pub mod debian_root;
+pub mod engine_process;
 pub mod prometheus;
 pub mod promql;
 pub mod shape;
 pub mod standin;
 pub mod systemd_box;
+pub mod traffic;
 pub mod util;
 
 pub use cgroups::CgroupLayout;

@@ -120,6 +120,17 @@ impl EngineProcess {
         self.child.try_wait().ok().flatten()
     }
 
+    /// Stops it as systemd stops a unit: SIGTERM, then SIGKILL if it has not exited within
+    /// `timeout` (`TimeoutStopSec=`). Its exit status, and whether it had to be killed.
+    pub fn stop(&mut self, timeout: Duration) -> (ExitStatus, bool) {
+        self.sigterm();
+        if let Ok(st) = self.wait_exit(timeout) {
+            return (st, false);
+        }
+        let _ = self.child.kill();
+        (self.child.wait().expect("wait for the killed server"), true)
+    }
+
     /// Waits for it to exit, at most `timeout`.
     pub fn wait_exit(&mut self, timeout: Duration) -> anyhow::Result<ExitStatus> {
         let child = &mut self.child;

@@ -477,11 +477,7 @@ fn exchange(load: &Load, first: &mut dyn FnMut(), chunks: &mut u64) -> Result<()
         Failure::Cut(_) => Failure::Cut(sse.last.clone()),
         f => f,
     })?;
-    if sse.final_seen && (sse.done || !load.api.sends_done()) {
-        Ok(())
-    } else {
-        Err(Failure::Cut(sse.last.clone()))
-    }
+    if sse.final_seen && (sse.done || !load.api.sends_done()) { Ok(()) } else { Err(Failure::Cut(sse.last.clone())) }
 }
 
 /// A chunked body: each chunk's bytes to `out`; `Ok` once the last (empty) chunk came.
@@ -517,7 +513,15 @@ struct Sse {
 
 impl Sse {
     fn new(api: Api) -> Sse {
-        Sse { api, body: Vec::new(), pending: Vec::new(), last: String::new(), final_seen: false, done: false, error: None }
+        Sse {
+            api,
+            body: Vec::new(),
+            pending: Vec::new(),
+            last: String::new(),
+            final_seen: false,
+            done: false,
+            error: None,
+        }
     }
 
     fn feed(&mut self, bytes: &[u8], chunks: &mut u64) {

@@ -92,7 +92,8 @@ fn sigterm_under_load(p: Personality, extra: &[&str], env: &[(&str, &str)]) -> S
         Personality::LlamaCpp => "cleaning up before exit...",
         Personality::Sglang => "SIGTERM received.",
     };
-    specd_e2e::wait_until("the stand-in to act on SIGTERM", Duration::from_secs(10), || e.log().contains(acted)).unwrap();
+    specd_e2e::wait_until("the stand-in to act on SIGTERM", Duration::from_secs(10), || e.log().contains(acted))
+        .unwrap();
     let mut health: Vec<String> = Vec::new();
     let status = loop {
         let h = match specd_e2e::http(port, "GET", "/health", None, Duration::from_secs(1)) {
@@ -156,8 +157,11 @@ fn recorded(path: &str) -> Seen {
         .unwrap()
         .iter()
         .map(|(k, kinds)| {
-            let kinds =
-                kinds.as_object().unwrap().iter().map(|(kind, e)| (kind.clone(), e["detail"].as_str().unwrap_or("").to_string()));
+            let kinds = kinds
+                .as_object()
+                .unwrap()
+                .iter()
+                .map(|(kind, e)| (kind.clone(), e["detail"].as_str().unwrap_or("").to_string()));
             (k.clone(), kinds.collect())
         })
         .collect();
@@ -209,7 +213,8 @@ fn same(standin: &Seen, real: &Seen) {
             if kind == "no-reply" && real_kinds.contains_key("refused") {
                 continue;
             }
-            let real_detail = real_kinds.get(kind).unwrap_or_else(|| panic!("{phase}: {kind} never happened to the engine{ctx}"));
+            let real_detail =
+                real_kinds.get(kind).unwrap_or_else(|| panic!("{phase}: {kind} never happened to the engine{ctx}"));
             // What the engine said: an error's body, an error chunk (a cut stream's last
             // tokens are the model's own).
             if kind.starts_with("http-") || kind == "error-chunk" {
@@ -241,11 +246,8 @@ fn vllm_sigterm_abandons_what_is_in_flight_as_vllm_does() {
 /// exits 0.
 #[test]
 fn vllm_shutdown_timeout_drains_and_refuses_new_requests_as_vllm_does() {
-    let seen = sigterm_under_load(
-        Personality::Vllm,
-        &["--shutdown-timeout", "30"],
-        &[("SPECD_STANDIN_TEARDOWN_MS", "500")],
-    );
+    let seen =
+        sigterm_under_load(Personality::Vllm, &["--shutdown-timeout", "30"], &[("SPECD_STANDIN_TEARDOWN_MS", "500")]);
     same(&seen, &recorded("vllm/real/sigterm-load.drain.json"));
 }
 

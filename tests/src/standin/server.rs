@@ -320,10 +320,7 @@ pub async fn serve(launch: Launch) -> i32 {
                 drained = tokio::time::timeout(Duration::from_secs(timeout), clients_gone(&st)).await.is_ok();
             }
             if drained {
-                core(
-                    "core.py:1666",
-                    "[shutdown] EngineCore: request processing complete; starting resource teardown",
-                );
+                core("core.py:1666", "[shutdown] EngineCore: request processing complete; starting resource teardown");
                 core("core.py:1499", "[shutdown] EngineCore: exiting busy loop");
                 tokio::time::sleep(Duration::from_millis(st.launch.knobs.teardown_ms)).await;
             } else {

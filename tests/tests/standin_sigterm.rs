@@ -10,7 +10,7 @@
 use serde_json::Value;
 use specd_e2e::engine_process::{EngineProcess, Personality};
 use specd_e2e::free_port;
-use specd_e2e::traffic::{Load, Record, Traffic};
+use specd_e2e::traffic::{Failure, Load, Record, Traffic};
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
@@ -258,4 +258,28 @@ fn vllm_shutdown_timeout_drains_and_refuses_new_requests_as_vllm_does() {
 fn llama_server_sigterm_stops_generating_and_waits_for_its_clients_as_llama_server_does() {
     let seen = sigterm_under_load(Personality::LlamaCpp, &[], &[]);
     same(&seen, &recorded("llama-cpp/sigterm/sigterm-load.default.json"));
+}
+
+/// llama-server's second SIGTERM ends it at once ("Received second interrupt, terminating
+/// immediately.", exit 1), cutting the stream it had left waiting.
+#[test]
+fn a_second_sigterm_ends_llama_server_at_once() {
+    let port = free_port();
+    let mut e =
+        EngineProcess::standin(Personality::LlamaCpp, port, &[], &[("SPECD_STANDIN_TOKENS_PER_SEC", "50")]).unwrap();
+    e.wait_ready(Duration::from_secs(10)).unwrap();
+    let t = Traffic::start(Load { clients: 1, max_tokens: 1000, ..Load::new(port, Personality::LlamaCpp.api()) });
+    specd_e2e::wait_until("the stream running", Duration::from_secs(10), || e.in_flight() == Some(1)).unwrap();
+    e.sigterm();
+    specd_e2e::wait_until("the first SIGTERM acted on", Duration::from_secs(10), || {
+        e.log().contains("cleaning up before exit...")
+    })
+    .unwrap();
+    assert!(e.exited().is_none(), "it waits for its client");
+    e.sigterm();
+    let st = e.wait_exit(Duration::from_secs(10)).unwrap();
+    assert_eq!(st.code(), Some(1));
+    assert!(e.log().contains("Received second interrupt, terminating immediately."), "{}", e.log());
+    let s = t.stop();
+    assert!(matches!(s.records[0].result, Err(Failure::Cut(_))), "{s}");
 }

@@ -20,6 +20,11 @@
 //! # Ok::<(), anyhow::Error>(())
 //! ```
 //!
+//! For load balancing, [`haproxy::Haproxy`] runs a real HAProxy in front of servers on
+//! loopback (a server a box runs among them), [`haproxy::Agent`] answers its agent-check as
+//! the test says, [`traffic::Traffic`] sends streaming completions through it and counts every
+//! request, and [`engine_process::EngineProcess`] runs the stand-in as a plain process.
+//!
 //! ## What the box sees
 //!
 //! - **Its own unit path only** ([`systemd_box::BOX_UNIT_PATH`]):
@@ -106,11 +111,14 @@
 
 pub mod cgroups;
 pub mod debian_root;
+pub mod engine_process;
+pub mod haproxy;
 pub mod prometheus;
 pub mod promql;
 pub mod shape;
 pub mod standin;
 pub mod systemd_box;
+pub mod traffic;
 pub mod util;
 
 pub use cgroups::CgroupLayout;

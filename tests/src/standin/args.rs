@@ -42,6 +42,10 @@ pub struct Knobs {
     /// SGLang's shutdown watchdog polls every 5 s (also before it notices
     /// SIGTERM). `SPECD_STANDIN_DRAIN_POLL_MS`, default 5000 as in SGLang.
     pub drain_poll_ms: u64,
+    /// vLLM's engine teardown after a drain (`--shutdown-timeout` N > 0), while its HTTP
+    /// server still answers (new requests with a 500). `SPECD_STANDIN_TEARDOWN_MS`, default
+    /// 2500 (2.4–2.6 s recorded on CPU).
+    pub teardown_ms: u64,
     /// An instance started while this file exists removes it and dies of SIGKILL at the first
     /// request after `/health` answered 200: one crash right after readiness.
     /// `SPECD_STANDIN_CRASH_AFTER_READY=/path`.
@@ -80,6 +84,7 @@ impl Default for Knobs {
             linger_child: false,
             accept_length: None,
             drain_poll_ms: 5000,
+            teardown_ms: 2500,
             crash_after_ready: None,
             base_tokens_per_sec: None,
             accept_rate: 0.85,
@@ -101,6 +106,7 @@ const KNOBS: &[&str] = &[
     "linger-child",
     "accept-length",
     "drain-poll-ms",
+    "teardown-ms",
     "crash-after-ready",
     "base-tokens-per-sec",
     "accept-rate",
@@ -129,6 +135,7 @@ impl Knobs {
             "linger-child" => self.linger_child = flag(v),
             "accept-length" => self.accept_length = Some(v.parse().map_err(|_| bad())?),
             "drain-poll-ms" => self.drain_poll_ms = v.parse().map_err(|_| bad())?,
+            "teardown-ms" => self.teardown_ms = v.parse().map_err(|_| bad())?,
             "crash-after-ready" => self.crash_after_ready = Some(v.to_string()),
             "base-tokens-per-sec" => {
                 let x: f64 = v.parse().map_err(|_| bad())?;

@@ -11,7 +11,8 @@
 //! `LOAD_MS`/`--standin-load-ms` (300), `WARMUP_MS` (200, SGLang),
 //! `TOKENS_PER_SEC` (200 per request), `EXIT_CODE`, `CUDA_OOM=1`,
 //! `MEMORY_HOG=1`, `LINGER_CHILD=1`, `ACCEPT_LENGTH`, `DRAIN_POLL_MS` (5000,
-//! SGLang's shutdown watchdog period), `CRASH_AFTER_READY=/path` (an instance
+//! SGLang's shutdown watchdog period), `TEARDOWN_MS` (2500, vLLM's engine teardown after a
+//! `--shutdown-timeout` drain), `CRASH_AFTER_READY=/path` (an instance
 //! started while the file exists removes it and dies of SIGKILL at the first
 //! request after its first readiness 200).
 //!
@@ -34,6 +35,14 @@
 //! `/slots`, `/metrics` (only with `--metrics`), `/v1/models`, `/completion`,
 //! `/v1/completions`. What they report is checked against replies recorded
 //! from the real engines (`tests/tests/standin_fixtures.rs`).
+//!
+//! SIGTERM, as each engine (`tests/tests/standin_sigterm.rs` checks it against the real
+//! engines stopped under load): SGLang drains without a time limit (health 503, new requests
+//! still taken, exit once none is left, polled every `DRAIN_POLL_MS`); vLLM 0.32 with
+//! `--shutdown-timeout 0` (its default) stops its engine at once (requests in flight get
+//! nothing more, connections are refused, exit when their clients have gone), with N > 0
+//! drains up to N s (health 200, new requests HTTP 500) then tears down; llama-server stops
+//! generating and listening at once and exits when the clients of its requests have gone.
 
 pub mod args;
 pub mod faults;

@@ -14,7 +14,7 @@ use axum::routing::{get, post};
 use serde_json::{Value, json};
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::Semaphore;
@@ -44,8 +44,11 @@ pub struct Shared {
     accepted_per_pos: Mutex<Vec<u64>>,
     /// Prompt tokens of the requests taken.
     prompt_tokens: AtomicU64,
-    /// vLLM stopped its engine on SIGTERM: no request makes progress any more.
-    aborted: AtomicBool,
+    /// The engine stopped on SIGTERM (vLLM, llama.cpp): no request makes progress any more.
+    abort: tokio::sync::watch::Sender<bool>,
+    /// The HTTP server stops: it closes its listener and its idle connections, and ends each
+    /// busy one after its answer (uvicorn's and llama.cpp's shutdown).
+    close_http: tokio::sync::watch::Sender<bool>,
     /// When the server started (Unix seconds): its counters' `_created`, its replies' `created`.
     started: f64,
 }
@@ -125,7 +128,8 @@ pub async fn serve(launch: Launch) -> i32 {
         verify_steps: AtomicU64::new(0),
         spec_tokens: AtomicU64::new(0),
         prompt_tokens: AtomicU64::new(0),
-        aborted: AtomicBool::new(false),
+        abort: tokio::sync::watch::Sender::new(false),
+        close_http: tokio::sync::watch::Sender::new(false),
         started: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs_f64())
@@ -160,7 +164,7 @@ pub async fn serve(launch: Launch) -> i32 {
         None
     };
     let app = router(st.clone());
-    let server_task = listener.map(|ls| spawn_http(ls, app.clone()));
+    let server_task = listener.map(|ls| spawn_http(ls, app.clone(), &st));
 
     // The load: port closed (SGLang, vLLM) for load_ms; faults fire here.
     logs::loading(&st.launch);
@@ -210,14 +214,14 @@ pub async fn serve(launch: Launch) -> i32 {
         super::faults::memory_hog(&st.launch);
     }
 
-    let server_task = match (server_task, vllm_socket) {
+    let _server_task = match (server_task, vllm_socket) {
         (Some(t), _) => t,
         (None, Some(sock)) => {
             // vLLM logs its routes and uvicorn's startup, then listens.
             st.phase.store(READY, Ordering::SeqCst);
             logs::ready(&st.launch, &addr);
             match listen(sock) {
-                Ok(ls) => spawn_http(ls, app),
+                Ok(ls) => spawn_http(ls, app, &st),
                 Err(e) => {
                     eprintln!("{}", vllm::bind_failed(&e));
                     return 1;
@@ -225,7 +229,7 @@ pub async fn serve(launch: Launch) -> i32 {
             }
         }
         (None, None) => match bind(addr.clone()).await {
-            Ok(ls) => spawn_http(ls, app),
+            Ok(ls) => spawn_http(ls, app, &st),
             Err(e) => {
                 logs::line(st.launch.flavour, "error", &e);
                 return 1;
@@ -283,48 +287,108 @@ pub async fn serve(launch: Launch) -> i32 {
             0
         }
         Flavour::Vllm => {
+            // vLLM 0.32 (vllm/real/sigterm-load.*): the API server stops its engine client
+            // first, then uvicorn. `--shutdown-timeout 0` (the default) kills the engine at
+            // once: the requests in flight, streamed or not, get nothing more and are never
+            // finished, and the process waits for their clients to go. `--shutdown-timeout N`
+            // lets them finish for up to N s; meanwhile /health still answers 200 and every new
+            // request gets a 500 ("cannot schedule new futures after shutdown"), and so it does
+            // during the engine's teardown after the drain.
             let timeout = st.launch.vllm.as_deref().map(vllm::Vllm::shutdown_timeout).unwrap_or(0);
             let api = |at: &str, msg: &str| logs::vllm_log("APIServer", "info", at, msg);
+            let core = |at: &str, msg: &str| logs::vllm_log("EngineCore", "info", at, msg);
             api("launcher.py:254", "[shutdown] API server: shutdown triggered");
             let mode = if timeout == 0 { "abort" } else { "drain" };
             api(
                 "launcher.py:270",
                 &format!("[shutdown] API server: stopping engine client mode={mode} timeout={timeout}s"),
             );
-            // --shutdown-timeout N lets requests finish for up to N s; then, or at once (the
-            // default 0), the engine stops and the requests left never complete.
-            let deadline = tokio::time::Instant::now() + Duration::from_secs(timeout);
-            while st.in_flight() > 0 && tokio::time::Instant::now() < deadline {
-                tokio::time::sleep(Duration::from_millis(50)).await;
+            api("core_client.py:770", &format!("[shutdown] MPClient: start timeout={timeout}s"));
+            api("core_client.py:772", "[shutdown] MPClient: stopping engine manager");
+            api("utils.py:628", "[shutdown] Process manager: send sigterm to process EngineCore");
+            let mut drained = false;
+            if timeout > 0 {
+                core("core.py:1454", "[shutdown] EngineCore: trigger received signal=SIGTERM");
+                core("core.py:1635", &format!("[shutdown] EngineCore: start mode=drain timeout={timeout}s"));
+                let n = st.in_flight();
+                if n > 0 {
+                    core(
+                        "core.py:1655",
+                        &format!("[shutdown] EngineCore: draining in-flight requests count={n} timeout={timeout}s"),
+                    );
+                }
+                drained = tokio::time::timeout(Duration::from_secs(timeout), clients_gone(&st)).await.is_ok();
             }
-            st.aborted.store(true, Ordering::SeqCst);
+            if drained {
+                core("core.py:1666", "[shutdown] EngineCore: request processing complete; starting resource teardown");
+                core("core.py:1499", "[shutdown] EngineCore: exiting busy loop");
+                tokio::time::sleep(Duration::from_millis(st.launch.knobs.teardown_ms)).await;
+            } else {
+                st.abort.send_replace(true);
+                let warn = |at: &str, msg: &str| logs::vllm_log("APIServer", "warning", at, msg);
+                warn("utils.py:648", "[shutdown] Process manager: force killing remaining processes count=1");
+                warn(
+                    "utils.py:653",
+                    &format!(
+                        "[shutdown] Process manager: force killing remaining process EngineCore pid {}",
+                        std::process::id() + 1
+                    ),
+                );
+            }
+            api("core_client.py:774", "[shutdown] MPClient: engine manager stopped");
+            api("core_client.py:775", "[shutdown] MPClient: cleaning up background resources");
+            api("core_client.py:777", "[shutdown] MPClient: complete");
             api("launcher.py:279", "[shutdown] API server: engine client stopped");
             api("launcher.py:282", "[shutdown] API server: signalling HTTP server shutdown");
             api("launcher.py:304", "[shutdown] API server: shutting down FastAPI HTTP server");
-            server_task.abort();
+            st.close_http.send_replace(true);
             logs::uvicorn("Shutting down");
-            // uvicorn waits for the connections of those requests: until their clients go.
             if st.in_flight() > 0 {
                 logs::uvicorn("Waiting for connections to close. (CTRL+C to force quit)");
-                while st.in_flight() > 0 {
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
+                clients_gone(&st).await;
             }
             logs::uvicorn("Waiting for application shutdown.");
             logs::uvicorn("Application shutdown complete.");
             0
         }
         Flavour::LlamaCpp => {
-            // llama-server terminates its task queue at once.
+            // llama-server (llama-cpp/sigterm/): its task loop stops at once, so the requests
+            // in flight get no more tokens, and its HTTP server stops, so new connections are
+            // refused; it exits when the HTTP threads of those requests are done, i.e. when
+            // their clients have gone. A second SIGTERM ends it at once, exit 1.
+            st.abort.send_replace(true);
             logs::line(Flavour::LlamaCpp, "info", "srv    operator(): operator(): cleaning up before exit...");
-            0
+            st.close_http.send_replace(true);
+            tokio::select! {
+                _ = clients_gone(&st) => 0,
+                _ = sigterm.recv() => {
+                    eprintln!("Received second interrupt, terminating immediately.");
+                    1
+                }
+            }
         }
     }
 }
 
-/// Serves `app` on `ls`, with each request's peer address (vLLM's access log).
-fn spawn_http(ls: tokio::net::TcpListener, app: Router) -> tokio::task::JoinHandle<std::io::Result<()>> {
-    tokio::spawn(axum::serve(ls, app.into_make_service_with_connect_info::<SocketAddr>()).into_future())
+/// Serves `app` on `ls`, with each request's peer address (vLLM's access log), until
+/// `close_http`.
+fn spawn_http(ls: tokio::net::TcpListener, app: Router, st: &St) -> tokio::task::JoinHandle<std::io::Result<()>> {
+    let mut close = st.close_http.subscribe();
+    tokio::spawn(
+        axum::serve(ls, app.into_make_service_with_connect_info::<SocketAddr>())
+            .with_graceful_shutdown(async move {
+                let _ = close.wait_for(|c| *c).await;
+            })
+            .into_future(),
+    )
+}
+
+/// Waits until no request is in flight: their clients went away (the engine answers them no
+/// more).
+async fn clients_gone(st: &St) {
+    while st.in_flight() > 0 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// A TCP socket bound to `addr` (`SO_REUSEADDR`, as vLLM's) that does not listen yet.
@@ -449,6 +513,9 @@ async fn access_log(State(st): State<St>, req: axum::extract::Request, next: axu
     if on && let Some(peer) = peer {
         let s = r.status();
         logs::uvicorn(&format!("{peer} - {line} {} {}", s.as_u16(), s.canonical_reason().unwrap_or("")));
+    }
+    if let Some(AsgiException(e)) = r.extensions().get::<AsgiException>() {
+        eprintln!("{e}");
     }
     r
 }
@@ -743,6 +810,8 @@ const WORDS: &[&str] = &[" the", " model", " speaks", " slowly", " and", " every
 /// from the server's request set when dropped (finished or cancelled).
 struct Req {
     st: St,
+    /// The server's number of it (llama.cpp's task id).
+    n: u64,
     rid: String,
     permit: Option<tokio::sync::OwnedSemaphorePermit>,
     /// This request's verify steps so far (its `spec_verify_ct`).
@@ -759,7 +828,7 @@ impl Req {
         let permit = st.slots.clone().acquire_owned().await.expect("the slot semaphore is never closed");
         st.queued.fetch_sub(1, Ordering::SeqCst);
         st.running.fetch_add(1, Ordering::SeqCst);
-        Req { st: st.clone(), rid, permit: Some(permit), verify: Arc::new(AtomicU64::new(0)) }
+        Req { st: st.clone(), n, rid, permit: Some(permit), verify: Arc::new(AtomicU64::new(0)) }
     }
 }
 
@@ -769,6 +838,10 @@ impl Drop for Req {
             self.st.running.fetch_sub(1, Ordering::SeqCst);
         }
         self.st.finished.fetch_add(1, Ordering::SeqCst);
+        if self.st.launch.flavour == Flavour::LlamaCpp && *self.st.abort.borrow() {
+            // Its client went away after the stop (`llama-cpp/sigterm/sigterm-load.default.log`).
+            logs::line(Flavour::LlamaCpp, "warning", &format!("srv          stop: cancel task, id_task = {}", self.n));
+        }
         self.st.rids.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.rid);
     }
 }
@@ -875,19 +948,26 @@ fn token_stream(
             g.i += 1;
             Some(chunk(&g.req, g.i, &g.text, w, g.i == max).unwrap_or_default())
         };
-        // vLLM after SIGTERM: its engine is gone, the request never goes on.
-        let stalled = g.req.st.aborted.load(Ordering::SeqCst);
+        let mut abort = g.req.st.abort.subscribe();
         async move {
-            if stalled {
-                std::future::pending::<()>().await;
+            step.as_ref()?;
+            let pace = async {
+                if let Some(at) = wait_until {
+                    tokio::time::sleep_until(at).await;
+                }
+                if let Some(d) = wait_for {
+                    tokio::time::sleep(d).await;
+                }
+            };
+            tokio::select! {
+                biased;
+                _ = async { abort.wait_for(|a| *a).await.is_ok() } => {
+                    // The engine stopped: this request never goes on (until its client goes).
+                    std::future::pending::<()>().await;
+                }
+                _ = pace => {}
             }
-            if let Some(at) = wait_until {
-                tokio::time::sleep_until(at).await;
-            }
-            if let Some(d) = wait_for {
-                tokio::time::sleep(d).await;
-            }
-            if step.is_some() && !g.ended {
+            if !g.ended {
                 g.req.st.generated.fetch_add(1, Ordering::SeqCst);
             }
             step.map(|c| (c, g))
@@ -1000,6 +1080,35 @@ async fn openai_completions(State(st): State<St>, body: Bytes) -> Response {
     .into_response()
 }
 
+/// An exception uvicorn logs after the access line of the request that raised it.
+#[derive(Clone)]
+struct AsgiException(&'static str);
+
+/// A request vLLM receives after SIGTERM: its tokenizer's thread pool is shut down
+/// (`vllm/real/sigterm-load.drain.*`).
+fn vllm_rejected_in_shutdown() -> Response {
+    let body = r#"{"error":{"message":"cannot schedule new futures after shutdown","type":"InternalServerError","param":null,"code":500}}"#;
+    let mut r = (StatusCode::INTERNAL_SERVER_ERROR, [(header::CONTENT_TYPE, "application/json")], body).into_response();
+    r.extensions_mut().insert(AsgiException(
+        "ERROR:    Exception in ASGI application
+Traceback (most recent call last):
+  File \"/opt/vllm/lib/python3.11/site-packages/uvicorn/protocols/http/httptools_impl.py\", line 420, in run_asgi
+    result = await app(  # type: ignore[func-returns-value]
+             ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^
+  File \"/opt/vllm/lib/python3.11/site-packages/vllm/utils/async_utils.py\", line 41, in _async_wrapper
+    return loop.run_in_executor(executor=executor, func=p_func)
+           ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^
+  File \"uvloop/loop.pyx\", line 2758, in uvloop.loop.Loop.run_in_executor
+  File \"/opt/vllm/lib/python3.11/site-packages/vllm/renderers/base.py\", line 94, in submit
+    return self._inner.submit(fn, *args, **kwargs)
+           ^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^^
+  File \"/usr/lib/python3.11/concurrent/futures/thread.py\", line 167, in submit
+    raise RuntimeError('cannot schedule new futures after shutdown')
+RuntimeError: cannot schedule new futures after shutdown",
+    ));
+    r
+}
+
 /// vLLM 0.32's `/v1/completions`: its reply's fields, its stream's chunks (the last with the
 /// system fingerprint), `text/event-stream; charset=utf-8`.
 async fn vllm_completions(
@@ -1010,6 +1119,9 @@ async fn vllm_completions(
     stream: bool,
     prompt_tokens: u64,
 ) -> Response {
+    if st.phase() == DRAINING {
+        return vllm_rejected_in_shutdown();
+    }
     let model = body["model"].as_str().map(str::to_string).unwrap_or_else(|| v.served_names()[0].clone());
     st.prompt_tokens.fetch_add(prompt_tokens, Ordering::SeqCst);
     let req = Req::start(st).await;

@@ -4,7 +4,7 @@
 //! files (`store`) and its log stream (`log`).
 //!
 //! It decides nothing: what to do with what it reads is the core's (`crate::core`), and the
-//! reconciler reaches these parts only through `crate::host`.
+//! reconciler reaches these parts only through the host boundary (`host/`).
 
 pub mod atomic;
 pub mod cgroup;

@@ -11,6 +11,7 @@ pub mod progress;
 mod prune;
 mod shutdown;
 mod steps;
+mod waits;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

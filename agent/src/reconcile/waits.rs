@@ -1,0 +1,205 @@
+//! The apply's waits on the host: until a stopped unit settles, until a started server is ready
+//! (or shows that it will not be).
+
+use super::act::{Background, Target};
+use super::*;
+use crate::core::plan::{self, Stopping};
+use crate::core::timing::readiness_backoff;
+use crate::core::timing::{self};
+use crate::host::{Host, Watch};
+use crate::machine::probe::Health;
+use crate::machine::systemd::{ActiveState, UnitProps};
+use anyhow::Result;
+use std::sync::Arc;
+use tokio::time::Instant;
+
+/// A question to the server that a reset connection or a moment's overload may fail: asked up to
+/// three times, a second apart, while the process specd started still runs (a server that died
+/// is not asked again: its error stands, and the crash is named).
+pub(super) async fn answered<T, F, Fut>(ask: F, runs: impl Fn() -> bool) -> Result<T, String>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<T, String>>,
+{
+    let mut last = String::new();
+    for attempt in 0..timing::ASK_ATTEMPTS {
+        if attempt > 0 {
+            if !runs() {
+                break;
+            }
+            tokio::time::sleep(timing::ASK_PAUSE).await;
+        }
+        match ask().await {
+            Ok(v) => return Ok(v),
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
+}
+
+/// After the cgroup emptied: wait for systemd to settle the unit as stopped, and stop it again
+/// if something restarted it meanwhile.
+pub(super) async fn wait_stopped_state<H: Host>(
+    ctx: &Ctx<H>,
+    unit: &str,
+    deadline: Instant,
+) -> Result<UnitProps, String> {
+    let mut restops = 0;
+    // Subscribed before the first look: a change between the look and the wait is not lost.
+    let mut changes = ctx.host.watch(unit).await;
+    loop {
+        let props = ctx.host.show(unit).await.map_err(|e| format!("{e:#}"))?;
+        match plan::stopping(props.active_state, &props.sub_state, props.main_pid, restops) {
+            Stopping::Stopped => {
+                if !ctx.host.populated(&props.control_group) {
+                    return Ok(props);
+                }
+                // Stopped, and a process entered the cgroup after it emptied (a stop-post
+                // command...): until it is empty again, which is no change of the unit's state.
+                if let Err(left) = ctx.host.wait_empty(&props.control_group, deadline, || {}).await {
+                    let pids: Vec<String> = left.iter().map(|l| l.pid.to_string()).collect();
+                    return Err(format!("{unit} is stopped but pids {} stay in its cgroup", pids.join(", ")));
+                }
+                continue;
+            }
+            Stopping::KeepsStarting => {
+                return Err(format!(
+                    "{unit} keeps being started again while specd stops it ({}/{})",
+                    props.active_state, props.sub_state
+                ));
+            }
+            Stopping::StopAgain => {
+                restops += 1;
+                (ctx.events)(
+                    unit,
+                    &Event::Warning(format!(
+                        "{unit} was started again while stopping ({}); stopping it again",
+                        props.sub_state
+                    )),
+                );
+                ctx.host.stop(unit, true).await.map_err(|e| format!("{e:#}"))?;
+                continue;
+            }
+            Stopping::Settling => {}
+        }
+        if Instant::now() >= deadline {
+            return Err(format!("{unit} did not reach a stopped state ({}/{})", props.active_state, props.sub_state));
+        }
+        // Systemd's next change of the unit; a process leaving the cgroup may come after it.
+        tokio::select! {
+            _ = changes.changed() => {}
+            _ = tokio::time::sleep_until(deadline) => {}
+        }
+    }
+}
+
+/// Why a wait for readiness ended without it: the server's fault (it exited, answered a 4xx, or
+/// was not ready in time), or the host's (systemd could not be asked how the unit is).
+pub(super) enum Waited {
+    Spec(String),
+    Host(String),
+}
+
+/// Poll the readiness endpoint until 200, with a short capped backoff, while checking that the
+/// process specd started is still the one running.
+pub(super) async fn wait_ready<H: Host>(
+    ctx: &Ctx<H>,
+    unit: &str,
+    t: &Target<'_>,
+    pid: u32,
+    invocation: &str,
+) -> Result<(), Waited> {
+    use backon::Retryable;
+    let emit = |e: Event| (ctx.events)(unit, &e);
+    emit(Event::Phase(format!("waiting for {}{} (up to {}s)", t.base_url, t.endpoint, t.readiness.as_secs())));
+    let url = format!("{}{}", t.base_url, t.endpoint);
+    let started = Instant::now();
+    let deadline = started + t.readiness;
+    let last_check = std::sync::Mutex::new(Instant::now());
+    let last_note = std::sync::Mutex::new(Instant::now());
+    // What the server last wrote, read off the poll's path (a journal read may take a moment),
+    // once per waiting line.
+    let said = Arc::new(std::sync::Mutex::new(String::new()));
+    let _reader = {
+        let (host, invocation, said) = (ctx.host.clone(), invocation.to_string(), said.clone());
+        Background(tokio::spawn(async move {
+            tokio::time::sleep(timing::SAID_FIRST).await;
+            loop {
+                if let Some(l) = host.last_said(&invocation).await {
+                    *crate::core::guard::lock(&said) = format!(" ({l})");
+                }
+                tokio::time::sleep(timing::WAITING_NOTE).await;
+            }
+        }))
+    };
+    #[derive(Debug)]
+    enum Wait {
+        Loading(String),
+        Fatal(String),
+        /// systemd could not be asked (its connection lost past `host::RECONNECT_WITHIN`).
+        Host(String),
+    }
+    let attempt = || async {
+        let why = match ctx.host.health(&url).await {
+            Health::Ready => return Ok(()),
+            // A 4xx: no such endpoint, or one that wants what specd does not send. Waiting
+            // will not make it answer 200.
+            Health::Error(e) => return Err(Wait::Fatal(e)),
+            // A refused, reset or closed connection, a 503: not ready yet. Only the process
+            // ending is fatal (a failing load closes connections while it exits).
+            Health::Loading(why) => why,
+        };
+        let now = Instant::now();
+        let exited = !ctx.host.alive(pid);
+        let due = exited || { now.duration_since(*last_check.lock().unwrap()) >= timing::ALIVE_EVERY };
+        if due {
+            *last_check.lock().unwrap() = now;
+            // The process is gone: let systemd settle the unit so its result can be told (its
+            // next change, subscribed to before the look).
+            let mut changes = match exited {
+                true => Some(ctx.host.watch(unit).await),
+                false => None,
+            };
+            let mut props = ctx.host.show(unit).await.map_err(|e| Wait::Host(format!("{e:#}")))?;
+            let settle = Instant::now() + timing::EXIT_SETTLE;
+            while let Some(c) = changes.as_mut().filter(|_| props.main_pid == pid) {
+                tokio::select! {
+                    _ = c.changed() => {}
+                    _ = tokio::time::sleep_until(settle) => break,
+                }
+                props = ctx.host.show(unit).await.map_err(|e| Wait::Host(format!("{e:#}")))?;
+            }
+            if exited
+                || props.main_pid != pid
+                || !matches!(props.active_state, ActiveState::Active | ActiveState::Activating)
+            {
+                return Err(Wait::Fatal(format!(
+                    "the server exited while loading (Result={}, status {}, {} restarts)",
+                    props.result,
+                    props.exit_status(),
+                    props.n_restarts
+                )));
+            }
+        }
+        if now >= deadline {
+            return Err(Wait::Fatal(format!("not ready after {}s ({why})", t.readiness.as_secs())));
+        }
+        let note_due = { now.duration_since(*last_note.lock().unwrap()) >= timing::WAITING_NOTE };
+        if note_due {
+            *last_note.lock().unwrap() = now;
+            // With what the server says it is doing, when it says anything.
+            let said = crate::core::guard::lock(&said).clone();
+            emit(Event::Waiting(format!("loading: {}s{said}", started.elapsed().as_secs())));
+        }
+        Err(Wait::Loading(why))
+    };
+    let backoff = readiness_backoff();
+    match attempt.retry(backoff).sleep(tokio::time::sleep).when(|e| matches!(e, Wait::Loading(_))).await {
+        Ok(()) => {
+            emit(Event::Progress(format!("ready after {:.1}s", started.elapsed().as_secs_f64())));
+            Ok(())
+        }
+        Err(Wait::Fatal(m)) | Err(Wait::Loading(m)) => Err(Waited::Spec(m)),
+        Err(Wait::Host(m)) => Err(Waited::Host(m)),
+    }
+}

@@ -17,10 +17,10 @@ pub mod fleet;
 pub mod model;
 pub mod pyrepr;
 mod render;
+mod reserved;
 mod resolve;
 mod secrets;
 pub mod sweep;
-mod units;
 mod validate;
 
 pub use diag::{Diagnostic, Diagnostics, Severity};
@@ -30,8 +30,8 @@ pub use render::{
     HEADER, RenderedUnit, command_line, exec_start, exec_start_value, parse_command_line, parse_environment, render,
     service_assignments, sha256_hex,
 };
+pub use reserved::reserved_unit;
 pub use resolve::{ExpectedArg, Policy, Readiness, Server, Service, Spec, Speculative, Weights, base_url_of_argv};
-pub use units::reserved_unit;
 pub use validate::unit_name_problem;
 
 use diag::{Pos, SourceMap};

@@ -9,11 +9,9 @@
 //! times as `SPECD_VLLM_FAILING_STARTS` says, once by default), drift (reported, then healed), and
 //! a sweep over the draft size. Each step prints how long it took.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 
 const UNIT: &str = "smol-vllm.service";
 

@@ -2,14 +2,22 @@
 //! applied to it while the other unit's is), resume it (applied), roll it back (the previous good
 //! unit runs, and stays while the source does not move; a new commit moves it forward).
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use specd_e2e::BoxConfig;
 
-impl Fleet {
+/// The fleet of these tests, with their own helpers.
+struct HoldFleet(Fleet);
+
+impl std::ops::Deref for HoldFleet {
+    type Target = Fleet;
+    fn deref(&self) -> &Fleet {
+        &self.0
+    }
+}
+
+impl HoldFleet {
     fn spec(&self, unit: &str, port: u16, steps: u32) -> String {
         let service =
             "  service: {restart: always, timeout_stop_sec: 5, environment: {SPECD_STANDIN_LOAD_MS: \"200\"}}\n";
@@ -81,7 +89,7 @@ impl Fleet {
 
 #[test]
 fn suspend_resume_and_rollback_with_a_pin() {
-    let f = Fleet::new();
+    let f = HoldFleet(Fleet::new());
     let (a, b) = (f.e.port, free_port());
     f.commit(&[("a.yaml", &f.spec("model-a.service", a, 5)), ("b.yaml", &f.spec("model-b.service", b, 5))], "5");
     f.start_agent();
@@ -175,7 +183,7 @@ fn suspend_resume_and_rollback_with_a_pin() {
     let (ok, out) = f.specd(&["rollback", "model-a.service", "--to", "0000ffff"]);
     assert!(!ok && out.contains("no good unit 0000ffff is recorded"), "{out}");
     assert_eq!(f.steps(a), Some(9));
-    f.e.b.shutdown().unwrap();
+    f.0.e.b.shutdown().unwrap();
 }
 
 /// Two boots over the same unit directory and state: the server specd applied comes back by

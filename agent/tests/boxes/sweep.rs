@@ -3,13 +3,11 @@
 //! the apply path, a point that dies recorded with its verdict, kill -9 and --resume, a running
 //! agent that keeps its hands off the swept unit); a real llama-server sweep over the draft size.
 
-mod common;
-
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use specd::parts::sweep::{Api as LoadApi, BUILTIN_PROMPTS, Level as LoadLevel, LevelResult, run as run_load};
 use specd_spec::Engine;
 

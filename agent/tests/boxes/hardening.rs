@@ -1,15 +1,13 @@
 //! The shipped agent unit's sandbox, as systemd rates it: `systemd-analyze security` of
 //! packaging/specd.service stays at an exposure of 4.0 or less ("OK" on systemd's scale). The
-//! end-to-end tests run the agent under the same settings (`common::shipped_service`), so none of
+//! end-to-end tests run the agent under the same settings (`crate::common::shipped_service`), so none of
 //! them is bought by breaking the agent. Here too: what no other test does under the sandbox.
-
-mod common;
 
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 
 /// The most exposure the shipped unit may have (systemd's scale, 0.0 to 10.0).
 const MOST: f64 = 4.0;

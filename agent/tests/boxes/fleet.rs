@@ -1,10 +1,8 @@
 //! A fleet on one machine: six hosts (each a systemd box with its own host name, state, units
 //! and agent under the shipped sandbox) follow one git remote, and a real Prometheus scrapes
 //! them all; the promoter (`specd promote`, `specd fleet`) runs on the machine as a CI job
-//! would. The harness is `common::fleet`. The tests take turns: six boxes each are enough for
+//! would. The harness is `crate::common::fleet`. The tests take turns: six boxes each are enough for
 //! a small machine.
-
-mod common;
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -13,10 +11,10 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use specd_spec::fleet::{Record, RolloutState};
 
-use common::fleet::{
+use crate::common::fleet::{
     FLEET_FILE, FleetSetup, Hosts, JOB, LLM, LLM_FILE, RecordCommit, Timeline, canary_then_the_rest, fleet_file,
 };
-use common::{http_get, wait_for};
+use crate::common::{http_get, wait_for};
 
 /// One fleet at a time.
 static TURN: Mutex<()> = Mutex::new(());
@@ -114,7 +112,7 @@ fn six_hosts_follow_one_remote_each_on_its_own_port_and_prometheus_sees_them_all
     fleet.wait_runs(SMALL, &c2, CONVERGE);
     assert_eq!(fleet.served(SMALL).unwrap()["speculative_num_steps"], 5);
     let d = fleet.specd(SMALL, &["diagnose", "llm.service", "--json"]);
-    assert!(String::from_utf8_lossy(&d.stdout).contains("cuda-oom"), "{}", common::text(&d));
+    assert!(String::from_utf8_lossy(&d.stdout).contains("cuda-oom"), "{}", crate::common::text(&d));
     eprintln!("third commit on five hosts, rolled back on the sixth, {:?} after the push", pushed.elapsed());
 
     // An agent stopped: Prometheus finds its target down, the others up; started, up again.

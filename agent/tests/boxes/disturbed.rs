@@ -3,11 +3,9 @@
 //! through; `specd apply` and `specd rollback` asked to stop (Ctrl-C, SIGTERM, a dropped ssh
 //! session) at each phase leave the unit serving, old or new.
 
-mod common;
-
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 
 const UNIT: &str = "sglang-qwen.service";
 

@@ -425,11 +425,11 @@ fn in_box_entry() {
 fn in_box(b: &SystemdBox, unit: &str, call: &str) -> String {
     let exe = std::env::current_exe().unwrap();
     let out = b.exec_env(
-        &[exe.to_str().unwrap(), "--ignored", "--exact", "in_box_entry", "--nocapture", "--test-threads=1"],
+        &[exe.to_str().unwrap(), "--ignored", "--exact", "diagnose::in_box_entry", "--nocapture", "--test-threads=1"],
         &[("SPECD_DIAG_UNIT", unit), ("SPECD_DIAG_CALL", call)],
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
-    match stdout.lines().find_map(|l| l.strip_prefix("test in_box_entry ... ")) {
+    match stdout.lines().find_map(|l| l.strip_prefix("test diagnose::in_box_entry ... ")) {
         Some(line) => line.to_string(),
         None => panic!("{stdout}\n{}", String::from_utf8_lossy(&out.stderr)),
     }

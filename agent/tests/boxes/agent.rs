@@ -2,13 +2,11 @@
 //! uncommitted edits and bad commits do not, a branch never goes backwards, several units
 //! reconcile concurrently, hand edits are healed, and a killed agent converges after restart.
 
-mod common;
-
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use common::*;
+use crate::common::*;
 
 impl Fleet {
     fn spec(&self, unit: &str, port: u16, steps: u32, load_ms: u32, extra: &str) -> String {

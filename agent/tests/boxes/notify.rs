@@ -3,14 +3,12 @@
 //! spec or the webhook's token never appears in a body, and a dead receiver delays nothing and
 //! gets its notices once it answers; an https webhook of a private CA, its bodies signed.
 
-mod common;
-
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 
 const SECRET: &str = "hf_notify_secret_5e1a";
 const TOKEN: &str = "hook-token-7f3c";
@@ -62,7 +60,17 @@ fn receiver(listener: TcpListener) -> mpsc::Receiver<Delivery> {
     rx
 }
 
-impl Fleet {
+/// The fleet of these tests, with their own helpers.
+struct NotifyFleet(Fleet);
+
+impl std::ops::Deref for NotifyFleet {
+    type Target = Fleet;
+    fn deref(&self) -> &Fleet {
+        &self.0
+    }
+}
+
+impl NotifyFleet {
     fn spec(&self, steps: u32, env: &str) -> String {
         let service = format!(
             "  service: {{restart: always, timeout_stop_sec: 5, allow_literal_secrets: true, environment: {{HF_TOKEN: \"{SECRET}\", {env}SPECD_STANDIN_LOAD_MS: \"200\"}}}}\n"
@@ -96,7 +104,7 @@ impl Fleet {
 
 #[test]
 fn a_rollback_is_delivered_once_without_secrets_and_a_dead_receiver_delays_nothing() {
-    let f = Fleet::new();
+    let f = NotifyFleet(Fleet::new());
     let live = TcpListener::bind("127.0.0.1:0").unwrap();
     let live_port = live.local_addr().unwrap().port();
     let rx = receiver(live);
@@ -168,7 +176,7 @@ fn a_rollback_is_delivered_once_without_secrets_and_a_dead_receiver_delays_nothi
     })
     .unwrap();
     assert_eq!(f.metric("specd_notifications_dropped_total"), Some(0));
-    f.e.b.shutdown().unwrap();
+    f.0.e.b.shutdown().unwrap();
 }
 
 /// `specd apply` tells the webhooks of the agent config too, and its notice is delivered before
@@ -214,7 +222,7 @@ fn specd_apply_delivers_its_notice_before_it_exits() {
 /// during the stop, not lost with the process.
 #[test]
 fn a_notice_queued_when_the_agent_stops_is_delivered_during_the_stop() {
-    let f = Fleet::new();
+    let f = NotifyFleet(Fleet::new());
     // Nothing listens here until the agent is stopping.
     let port = free_port();
     f.start_agent(&format!("notify:\n  webhooks:\n    - url: http://127.0.0.1:{port}/hook\n"));
@@ -241,7 +249,7 @@ fn a_notice_queued_when_the_agent_stops_is_delivered_during_the_stop() {
         f.e.b.prop(AGENT, "ActiveState").is_ok_and(|s| s == "inactive")
     })
     .unwrap();
-    f.e.b.shutdown().unwrap();
+    f.0.e.b.shutdown().unwrap();
 }
 
 /// An https receiver with a certificate of the test's own CA, that checks each body's

@@ -4,14 +4,12 @@
 //! HTTP API, compared with what `specd status --json`, git and the unit's history say. One box,
 //! one agent and one Prometheus for every check; Prometheus scrapes and evaluates every second.
 
-mod common;
-
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use common::*;
+use crate::common::*;
 use specd_e2e::Prometheus;
 
 const UNIT: &str = "qwen.service";

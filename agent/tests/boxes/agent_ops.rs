@@ -2,16 +2,24 @@
 //! commit signatures gate what the running agent deploys, and an https remote with a private
 //! certificate and a token is followed.
 
-mod common;
-
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use specd_e2e::ssh_key;
 
-impl Fleet {
+/// The fleet of these tests, with their own helpers.
+struct OpsFleet(Fleet);
+
+impl std::ops::Deref for OpsFleet {
+    type Target = Fleet;
+    fn deref(&self) -> &Fleet {
+        &self.0
+    }
+}
+
+impl OpsFleet {
     fn spec(&self, steps: u32) -> String {
         let service =
             "  service: {restart: always, timeout_stop_sec: 5, environment: {SPECD_STANDIN_LOAD_MS: \"200\"}}\n";
@@ -69,7 +77,7 @@ impl Fleet {
 /// deadlock would leave it) is killed by systemd and started again, and systemd says why.
 #[test]
 fn a_hung_agent_is_killed_by_the_watchdog_and_restarted() {
-    let f = Fleet::new();
+    let f = OpsFleet(Fleet::new());
     f.commit(5, None);
     f.start_agent("", "WatchdogSec=3\n");
     f.wait_steps(5);
@@ -100,14 +108,14 @@ fn a_hung_agent_is_killed_by_the_watchdog_and_restarted() {
     wait_until("status to be green", Duration::from_secs(30), || f.e.specd(&["status"]).status.code() == Some(0))
         .unwrap_or_else(|err| panic!("{err}\n{}", f.status()));
     assert_eq!(f.e.main_pid("qwen.service"), server, "the server was not restarted");
-    f.e.b.shutdown().unwrap();
+    f.0.e.b.shutdown().unwrap();
 }
 
 /// With `verify_ssh_allowed_signers`, the running agent deploys only commits signed by an
 /// allowed key; an unsigned or wrongly signed head is refused, and `status` names the commit.
 #[test]
 fn the_running_agent_deploys_only_commits_signed_by_an_allowed_key() {
-    let f = Fleet::new();
+    let f = OpsFleet(Fleet::new());
     let good = ssh_key(f.dir.path(), "good");
     let evil = ssh_key(f.dir.path(), "evil");
     let allowed = f.dir.path().join("allowed_signers");
@@ -131,7 +139,7 @@ fn the_running_agent_deploys_only_commits_signed_by_an_allowed_key() {
     let st = f.wait_status("the signed head to be deployed", |s| !s.contains("head not deployed"));
     assert!(st.contains(&format!("deployed commit {}", &c3[..12])), "{st}");
     assert!(f.journal().contains("signature verified"), "{}", f.journal());
-    f.e.b.shutdown().unwrap();
+    f.0.e.b.shutdown().unwrap();
 }
 
 /// git's smart HTTP over TLS: `git http-backend` behind Python's http.server, which asks for
@@ -214,7 +222,7 @@ server.serve_forever()
 /// a pushed commit follows.
 #[test]
 fn an_https_remote_with_a_private_certificate_and_a_token_deploys() {
-    let f = Fleet::new();
+    let f = OpsFleet(Fleet::new());
     let d = f.dir.path();
     let run = |cmd: &mut Command| {
         let out = cmd.output().unwrap();
@@ -269,5 +277,5 @@ fn an_https_remote_with_a_private_certificate_and_a_token_deploys() {
     git(&f.repo, &["push", "-q", "origin", "main"]);
     f.wait_steps(7);
     f.wait_status("the pushed commit to be deployed", |s| s.contains(&format!("deployed commit {}", &c2[..12])));
-    f.e.b.shutdown().unwrap();
+    f.0.e.b.shutdown().unwrap();
 }

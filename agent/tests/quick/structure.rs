@@ -308,26 +308,12 @@ fn check(files: &[(String, String)], max: usize, known: &[(&str, &str, &str)]) -
     errors
 }
 
-fn read_dir_rs(dir: &Path, root: &Path, out: &mut Vec<(String, String)>) {
-    let mut entries: Vec<_> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()).collect();
-    entries.sort();
-    for p in entries {
-        if p.is_dir() {
-            read_dir_rs(&p, root, out);
-        } else if p.extension().is_some_and(|x| x == "rs") {
-            let rel = p.strip_prefix(root).unwrap().to_string_lossy().into_owned();
-            out.push((rel, std::fs::read_to_string(&p).unwrap()));
-        }
-    }
-}
-
 #[test]
 fn no_production_function_is_over_150_lines() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
     let mut files = Vec::new();
     for src in ["agent/src", "spec/src"] {
-        let mut crate_files = Vec::new();
-        read_dir_rs(&root.join(src), &root.join(src), &mut crate_files);
+        let crate_files = crate::source::rust_files(&root.join(src));
         assert!(crate_files.len() > 10, "read {} files from {src}", crate_files.len());
         files.extend(crate_files.into_iter().map(|(p, t)| (format!("{src}/{p}"), t)));
     }
@@ -447,24 +433,29 @@ fn a_known_long_function_passes_and_a_stale_entry_fails() {
 #[test]
 fn the_reconciler_concludes_nothing_and_times_nothing_itself() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let text = std::fs::read_to_string(root.join("src/reconcile.rs")).unwrap();
-    let code = code_only(&text);
-    let code = code.split("#[cfg(test)]").next().unwrap();
-    let words: Vec<&str> = code.split(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':' || c == '{')).collect();
-    let mut found = Vec::new();
-    for (i, line) in code.lines().enumerate() {
-        let squeezed: String = line.split_whitespace().collect::<Vec<_>>().join(" ");
-        for bad in ["Report {", "Duration::from_", "Duration::ZERO", "Duration::MAX", "Duration::new"] {
-            if squeezed.contains(bad) {
-                found.push(format!("src/reconcile.rs:{}: {bad}", i + 1));
+    // The driver: everything of reconcile/ but its tests, its context and how its events read.
+    let driver = crate::source::rust_files(&root.join("src/reconcile"))
+        .into_iter()
+        .filter(|(rel, _)| !["faults.rs", "context.rs", "progress.rs"].contains(&rel.as_str()));
+    let (mut words, mut found) = (0, Vec::new());
+    for (rel, text) in driver {
+        let code = code_only(&text);
+        let code = code.split("#[cfg(test)]").next().unwrap();
+        words += code.split(|c: char| !(c.is_alphanumeric() || c == '_' || c == ':' || c == '{')).count();
+        for (i, line) in code.lines().enumerate() {
+            let squeezed: String = line.split_whitespace().collect::<Vec<_>>().join(" ");
+            for bad in ["Report {", "Duration::from_", "Duration::ZERO", "Duration::MAX", "Duration::new"] {
+                if squeezed.contains(bad) {
+                    found.push(format!("src/reconcile/{rel}:{}: {bad}", i + 1));
+                }
             }
         }
     }
-    assert!(words.len() > 1000, "read the reconciler ({} words)", words.len());
-    assert!(found.is_empty(), "decide these in conclude.rs or timing.rs:\n{}", found.join("\n"));
+    assert!(words > 1000, "read the reconciler ({words} words)");
+    assert!(found.is_empty(), "decide these in core/conclude.rs or core/timing.rs:\n{}", found.join("\n"));
 }
 
-/// The ways a value of `timing.rs` may be written in ARCHITECTURE.md's table.
+/// The ways a value of `timing.rs` may be written in docs/reference.md's table.
 fn spellings(value: &str) -> Vec<String> {
     let number = |s: &str| s.trim().replace('_', "").parse::<u64>().ok();
     if value == "Duration::ZERO" {
@@ -492,11 +483,28 @@ fn spellings(value: &str) -> Vec<String> {
     vec![format!("{n} times"), format!("{n} re-"), format!("up to {n}"), format!("most {n}")]
 }
 
-/// The rows of ARCHITECTURE.md's timing table.
-fn timing_table() -> Vec<String> {
-    let arch = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../ARCHITECTURE.md")).unwrap();
-    let section = arch.split("## Timing policies").nth(1).unwrap();
+/// The rows of a table of docs/reference.md, the one under `heading`.
+pub fn reference_table(heading: &str) -> Vec<String> {
+    let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/reference.md")).unwrap();
+    let section =
+        text.split(&format!("## {heading}\n")).nth(1).unwrap_or_else(|| panic!("no {heading} in docs/reference.md"));
+    let section = section.split("\n## ").next().unwrap();
     section.lines().filter(|l| l.starts_with('|')).map(str::to_string).collect()
+}
+
+/// The rows of docs/reference.md's timing table.
+fn timing_table() -> Vec<String> {
+    reference_table("Timing policies")
+}
+
+/// The name a constant of `rel` (a path under `src/`) goes by in the tables: its file's name, or
+/// its folder's for a `mod.rs` (`control::CONTROL_ANSWER_WITHIN`, `dbus::SETUP_TIMEOUT`).
+fn module_of(rel: &str) -> String {
+    let mut parts: Vec<&str> = rel.trim_end_matches(".rs").split('/').collect();
+    if parts.last() == Some(&"mod") {
+        parts.pop();
+    }
+    parts.last().unwrap().to_string()
 }
 
 /// The row that names `named` (`` `module::NAME` ``) says `value` (a constant's Rust
@@ -519,10 +527,9 @@ fn the_timing_table_names_every_other_duration_constant_with_its_value() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let table = timing_table();
     let (mut consts, mut errors) = (0, Vec::new());
-    let mut files = Vec::new();
-    read_dir_rs(&root.join("src"), &root.join("src"), &mut files);
+    let files = crate::source::rust_files(&root.join("src"));
     for (rel, text) in files {
-        let module = rel.split('/').next().unwrap().trim_end_matches(".rs").to_string();
+        let module = module_of(&rel);
         if ["timing", "faults"].contains(&module.as_str()) || rel.ends_with("tests.rs") || rel.ends_with("fake.rs") {
             continue;
         }
@@ -541,13 +548,13 @@ fn the_timing_table_names_every_other_duration_constant_with_its_value() {
         }
     }
     assert!(consts >= 8, "read {consts} duration constants outside timing.rs");
-    assert!(errors.is_empty(), "ARCHITECTURE.md's timing table:\n{}", errors.join("\n"));
+    assert!(errors.is_empty(), "docs/reference.md's timing table:\n{}", errors.join("\n"));
 }
 
 #[test]
 fn the_timing_table_names_every_constant_of_timing_rs_with_its_value() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let timing = std::fs::read_to_string(root.join("src/timing.rs")).unwrap();
+    let timing = std::fs::read_to_string(root.join("src/core/timing.rs")).unwrap();
     let table = timing_table();
     let (mut consts, mut errors) = (0, Vec::new());
     for line in timing.lines() {
@@ -558,5 +565,142 @@ fn the_timing_table_names_every_constant_of_timing_rs_with_its_value() {
         errors.extend(said_in(&table, &format!("`timing::{name}`"), value).err());
     }
     assert!(consts >= 20, "read {consts} constants of timing.rs");
-    assert!(errors.is_empty(), "ARCHITECTURE.md's timing table:\n{}", errors.join("\n"));
+    assert!(errors.is_empty(), "docs/reference.md's timing table:\n{}", errors.join("\n"));
+}
+
+/// The production code of `dir` (a folder under the agent's `src/`): each file with its tests
+/// cut off (`#[cfg(test)]` onwards, and the files of tests and of the fake host left out),
+/// comments and string contents blanked.
+fn production_code(dir: &str) -> Vec<(String, String)> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src").join(dir);
+    crate::source::rust_files(&root)
+        .into_iter()
+        .filter(|(rel, _)| !(rel.ends_with("tests.rs") || rel.ends_with("fake.rs") || rel.ends_with("faults.rs")))
+        .map(|(rel, text)| {
+            let code = code_only(&text);
+            let code = code.split("#[cfg(test)]").next().unwrap_or_default().to_string();
+            (format!("{dir}/{rel}"), code)
+        })
+        .collect()
+}
+
+/// The core decides; it does not touch the machine: no file, process, socket, runtime, HTTP or
+/// git in its production code.
+#[test]
+fn the_core_does_no_io() {
+    let files = production_code("core");
+    assert!(files.len() >= 10, "read {} files of core/", files.len());
+    let mut found = Vec::new();
+    for (rel, code) in &files {
+        for (i, line) in code.lines().enumerate() {
+            for io in ["tokio", "std::fs", "nix::", "reqwest", "git2", "std::process", "std::net", "std::os", "libc::"]
+            {
+                if line.contains(io) {
+                    found.push(format!("src/{rel}:{}: {io}", i + 1));
+                }
+            }
+        }
+    }
+    assert!(found.is_empty(), "core/ must not know the machine:\n{}", found.join("\n"));
+}
+
+/// Variables named in a reference row: every `` `NAME` `` of capitals (`SPECD_STANDIN_*` as
+/// its prefix).
+fn variables(rows: &[String]) -> Vec<String> {
+    let mut out = Vec::new();
+    for row in rows {
+        let first = row.split('|').nth(1).unwrap_or_default();
+        for part in first.split('`').skip(1).step_by(2) {
+            if part.chars().all(|c| c.is_ascii_uppercase() || c == '_' || c == '*') && part.len() > 2 {
+                out.push(part.trim_end_matches('*').to_string());
+            }
+        }
+    }
+    out
+}
+
+/// Every environment variable specd's production code reads is in the reference's table; every
+/// variable the table names is read somewhere in the project (its code, its tests, its scripts,
+/// its package), or by a library specd relies on for it (said in the row).
+#[test]
+fn the_environment_table_names_every_variable_read_and_only_those() {
+    let rows = reference_table("Environment variables");
+    let named = variables(&rows);
+    assert!(named.len() >= 20, "read {} variables from the table", named.len());
+    let mut errors = Vec::new();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for (rel, text) in crate::source::rust_files(&root.join("src")) {
+        if rel.ends_with("tests.rs") || rel.ends_with("fake.rs") {
+            continue;
+        }
+        let text = text.split("#[cfg(test)]").next().unwrap_or_default();
+        for (i, line) in text.lines().enumerate() {
+            // Reads: std's, clap's `env =`, tracing's filter; not `Command::env`, which sets one
+            // for a child.
+            for key in ["var(\"", "var_os(\"", "from_env(\"", "env = \""] {
+                for part in line.split(key).skip(1) {
+                    let name: String = part.chars().take_while(|c| c.is_ascii_uppercase() || *c == '_').collect();
+                    if !name.is_empty() && !named.contains(&name) {
+                        errors.push(format!("src/{rel}:{}: {name} is read but not in the table", i + 1));
+                    }
+                }
+            }
+        }
+    }
+    // Read by a library specd relies on, not by its own code: systemd's protocol (sd-notify) and
+    // reqwest's proxies.
+    let by_libraries = ["NOTIFY_SOCKET", "WATCHDOG_USEC", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY"];
+    let mut everything = String::new();
+    for dir in ["agent/src", "agent/tests", "agent/examples", "spec", "tests/src", "tests/tests", "debian"] {
+        for (_, text) in crate::source::rust_files(&root.join("..").join(dir)) {
+            everything.push_str(&text);
+        }
+    }
+    for f in std::fs::read_dir(root.join("../scripts")).unwrap() {
+        everything.push_str(&std::fs::read_to_string(f.unwrap().path()).unwrap_or_default());
+    }
+    everything.push_str(&std::fs::read_to_string(root.join("../debian/rules")).unwrap_or_default());
+    for v in &named {
+        if !by_libraries.contains(&v.as_str()) && !everything.contains(v.as_str()) {
+            errors.push(format!("{v} is in the table but nothing reads it"));
+        }
+    }
+    assert!(errors.is_empty(), "docs/reference.md's environment table:\n{}", errors.join("\n"));
+}
+
+/// Every file or directory specd makes in its state directory is a row of the reference's table,
+/// and every row is one the code makes.
+#[test]
+fn the_state_files_table_names_every_file_of_the_state_directory() {
+    let rows = reference_table("State files");
+    let first = |row: &String| {
+        let path = row.split('`').nth(1).unwrap_or_default().to_string();
+        path.split('/').next().unwrap_or_default().split(".json").next().unwrap_or_default().to_string()
+    };
+    let listed: Vec<String> = rows.iter().map(first).filter(|p| !p.is_empty() && p != "path" && p != "-").collect();
+    assert!(listed.len() >= 8, "read {} rows", listed.len());
+    let mut errors = Vec::new();
+    let mut made = Vec::new();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    for (rel, text) in crate::source::rust_files(&root) {
+        let text = text.split("#[cfg(test)]").next().unwrap_or_default();
+        for key in ["state_dir.join(\"", "store.dir.join(\"", "self.dir.join(\"", "state_dir().join(\""] {
+            for part in text.split(key).skip(1) {
+                let name = part.split('"').next().unwrap_or_default();
+                let stem = name.split('/').next().unwrap_or_default().split(".json").next().unwrap_or_default();
+                made.push(stem.to_string());
+                if !listed.iter().any(|l| l == stem) {
+                    errors.push(format!("src/{rel}: `{name}` is made in the state directory but is in no row"));
+                }
+            }
+        }
+    }
+    for l in &listed {
+        let in_code =
+            made.contains(l) || crate::source::rust_files(&root).iter().any(|(_, t)| t.contains(&format!("\"{l}")));
+        if !in_code {
+            errors.push(format!("`{l}` is a row but the code makes no such file"));
+        }
+    }
+    assert!(errors.is_empty(), "docs/reference.md's state files table:\n{}", errors.join("\n"));
 }

@@ -1,0 +1,3 @@
+//! The tool tier of the harness: a real HAProxy in front of stand-ins rolled by hand. No root.
+
+mod lb_roll;

@@ -1,5 +1,26 @@
 //! Whether a hold on a unit keeps the agent's hands off it now: pure, decided from the hold, the
 //! time, whether the sweep's process lives and the source's desired unit hash.
+//!
+//! A unit's state carries at most one hold: `specd suspend UNIT [--for D] [--reason R]`
+//! (Suspend), `specd rollback UNIT [--to HASH]` (Pin) or a running `specd sweep` (Sweep, with its
+//! process's pid and start time: a later process that got the same pid is not the sweep). It is
+//! set and cleared only under the unit's lock, and both are history entries. Everyone who asks —
+//! the agent's worker and its reconcile, a hand apply, `rollback`, `suspend`, `resume`, a sweep —
+//! asks [`effective`], through the host's gate (`Host::hold_effect`, `Host::hold_in_effect`);
+//! no other code reads a hold's `until` or process.
+//!
+//! - A Suspend or a live Sweep keeps the agent's hands off: it records the source's desired state
+//!   and observes (`status` and the metrics show the drift), nothing more.
+//! - A Pin keeps it off while the source's desired unit is the one it had when pinned, and ends
+//!   once the source has a new one. A rollback's pin names the rollback's process until that
+//!   unit serves, so a rollback killed half-way leaves no pin over a unit that is down.
+//! - A hold past its `until`, or whose process is gone, has ended: cleared, and the agent acts. A
+//!   hold that names no process (a suspend, a pin) is in effect until its `until`, `specd resume`
+//!   or (a pin) the source's new unit. A sweep's hold lasts 2 h and is pushed on every 30 min;
+//!   the sweep's exit wakes the unit's worker through a pidfd.
+//! - A hand `specd apply` is not stopped by a Suspend or a Pin, and is refused while a live sweep
+//!   holds the unit. The agent asks again under the unit's lock, so a hold set while its
+//!   reconcile waited for the lock makes it observe only.
 
 use serde::{Deserialize, Serialize};
 

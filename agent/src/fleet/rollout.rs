@@ -2,6 +2,32 @@
 //! branch's head, the evidence (what Prometheus says each host runs and measured) and the
 //! time, the one next step of a rollout — or why it waits. `specd promote` gathers the inputs,
 //! calls [`decide`], writes the step as one commit; `specd fleet status` narrates [`positions`].
+//!
+//! With a fleet file (`fleet.yaml` beside the specs), a host deploys the revision the promotion
+//! record gives it (`promotions.yaml` on the record branch), not the head. The record: `target`
+//! (the head rolled out), `released` (the last revision every wave passed; hosts no wave selects
+//! run it), `state`, and per wave its `good` revision, its `promoted` hosts (given the target),
+//! `converged` (every host good: the bake starts) and `baked`; a `halt` with host, unit, gate
+//! and evidence. A host belongs to the first wave that selects it. One step per pass:
+//!
+//! - no record: adopt the head as released; the waves changed: rewave; a new head: a new rollout
+//!   (a wave that baked the previous target keeps it; an automatic halt is superseded, a
+//!   person's is not);
+//! - in the first wave not baked: a failed gate on a host halts the rollout. The failing host
+//!   goes back to the wave's good revision at once, the wave's other promoted hosts after it as
+//!   `max_unavailable` leaves room (hosts not good count as unavailable); later waves never see
+//!   the target. Else as many healthy hosts are promoted as `max_unavailable` allows; all
+//!   promoted and good: converged; `bake` later: baked; every wave baked: complete;
+//! - a host of a converged wave that is not good, or one that joined it, clears `converged`: the
+//!   bake starts again once all are good. A wave that selects no host Prometheus knows waits.
+//!
+//! Gates: `converge_within`, `applied` (the target quarantined), `spec` (the target does not
+//! resolve for the host), `args_verified` (also at every scrape of the bake), `speculation_proven`,
+//! `accept_length`/`accept_rate` floors (absolute, and a fraction of the previous revision's
+//! figure on the same host and unit), `no_deaths`. No evidence never advances and never halts a
+//! wave. Time is whole seconds; a bake passes only once a whole second after `converged + bake`
+//! began, never shorter than asked. Two promoters that take the same step in the same second
+//! write byte-identical commits; a second apart, one push is rejected and that pass reads again.
 
 use std::collections::BTreeMap;
 

@@ -1,6 +1,6 @@
 //! The machine's parts as specd drives them, each behind a small API: systemd over its D-Bus
 //! (`systemd`, on specd's own client `dbus`), cgroups (`cgroup`), processes (`process`), the
-//! servers' HTTP (`probe`), atomic files (`files`), per-unit locks (`lock`), specd's own state
+//! servers' HTTP (`probe`), atomic files (`atomic`), per-unit locks (`lock`), specd's own state
 //! files (`store`) and its log stream (`log`).
 //!
 //! It decides nothing: what to do with what it reads is the core's (`crate::core`), and the

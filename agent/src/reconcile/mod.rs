@@ -1,6 +1,23 @@
 //! The reconciler: observe → pure plan → act → record, one reconcile per unit at a time (a flock
 //! per unit across processes). Shaped like kube-rs: [`reconcile`] returns the next [`Action`],
 //! and [`error_policy`] turns an error into one.
+//!
+//! The apply sequence (`steps`): `Drain → Stop → WaitStopped → [RemoveDropIns] → WriteUnit →
+//! Reload → Start → VerifyCmdline → WaitReady → [Enable | Disable] → VerifyArgs →
+//! VerifySpeculation`. Before anything is stopped, a plan that would stop a serving instance asks
+//! the host whether the desired unit can start at all (the pre-flight, looking while the drain
+//! runs; the first step that changes anything waits for it): a problem refuses the plan and
+//! nothing is stopped. Stopped means the unit's cgroup is empty; the unit file is written to a
+//! temp file, fsynced and renamed; the reload is checked (`NeedDaemonReload=no`, the fragment);
+//! the start is proved (the main process's argv, the server's own reported args, a short
+//! generation that drafts). A failure after the write is `recovery::after`'s to decide: the spec
+//! failed → roll back to the last good unit by the same sequence without the drain and the
+//! checks that belong to the new spec (`restore`), and quarantine the hash; the host failed →
+//! start the last good unit again; processes linger → start nothing over them. An apply is
+//! recorded before it acts (`in_progress`), so a kill anywhere leaves what the next run
+//! finishes. Asked to stop (`shutdown`), an apply stops at once only while it has changed
+//! nothing; once the old instance is stopped it goes on until the new one (or the last good
+//! one) is started.
 
 mod act;
 pub mod context;

@@ -1,6 +1,6 @@
 //! Where desired states come from: the git repository the agent follows (`git`: fetch, read a
 //! commit's specs, the no-rewind and signature gates, the fleet file and the promotion record),
-//! what a read of it deploys on this host (`follow`), and spec files on disk (`files`, for the
+//! what a read of it deploys on this host (`follow`), and spec files on disk (`spec_files`, for the
 //! one-shot commands).
 //!
 //! It may not act on the host: it returns desired states and why a head is refused; the

@@ -704,3 +704,43 @@ fn the_state_files_table_names_every_file_of_the_state_directory() {
     }
     assert!(errors.is_empty(), "docs/reference.md's state files table:\n{}", errors.join("\n"));
 }
+
+/// ARCHITECTURE.md is a codemap a newcomer reads in a sitting: at most 250 lines, naming every
+/// folder and every file that stands alone in a crate's `src/`, and every test it cites exists.
+#[test]
+fn the_codemap_is_short_names_every_part_and_cites_tests_that_exist() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let arch = std::fs::read_to_string(root.join("ARCHITECTURE.md")).unwrap();
+    let mut errors = Vec::new();
+    let lines = arch.lines().count();
+    if lines > 250 {
+        errors.push(format!("ARCHITECTURE.md has {lines} lines (at most 250: reference tables go to docs/)"));
+    }
+    for src in ["agent/src", "spec/src"] {
+        for e in std::fs::read_dir(root.join(src)).unwrap() {
+            let name = e.unwrap().file_name().to_string_lossy().into_owned();
+            let stem = name.trim_end_matches(".rs");
+            if ["main", "lib", "mod"].contains(&stem) || name.starts_with('.') {
+                continue;
+            }
+            if !arch.contains(stem) {
+                errors.push(format!("ARCHITECTURE.md does not name {src}/{name}"));
+            }
+        }
+    }
+    // Every test function the codemap cites (a `snake_case` name of five words or more).
+    let mut tests = String::new();
+    for dir in ["agent", "spec", "tests"] {
+        for (_, text) in crate::source::rust_files(&root.join(dir)) {
+            tests.push_str(&text);
+        }
+    }
+    for cited in arch.split('`').skip(1).step_by(2) {
+        let name = cited.rsplit("::").next().unwrap_or(cited);
+        let looks_like_test = name.split('_').count() >= 5 && name.chars().all(|c| c.is_ascii_lowercase() || c == '_');
+        if looks_like_test && !tests.contains(&format!("fn {name}(")) {
+            errors.push(format!("ARCHITECTURE.md cites `{cited}`, which is no test"));
+        }
+    }
+    assert!(errors.is_empty(), "{}", errors.join("\n"));
+}

@@ -824,4 +824,91 @@ mod tests {
             }
         }
     }
+
+    /// The reference's table of metrics (docs/reference.md): each row's name, type and labels.
+    fn reference_metrics() -> BTreeMap<String, (String, BTreeSet<String>)> {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let text = std::fs::read_to_string(root.join("docs/reference.md")).unwrap();
+        let section = text.split("## Metrics\n").nth(1).unwrap().split("\n## ").next().unwrap();
+        let mut rows = BTreeMap::new();
+        for row in section.lines().filter(|l| l.starts_with("| `")) {
+            let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+            let name = cells[1].trim_matches('`').to_string();
+            // Labels named in backticks, but those in parentheses: what the agent config adds.
+            let fixed = cells[3].split('(').next().unwrap_or_default();
+            let labels: BTreeSet<String> = fixed.split('`').skip(1).step_by(2).map(str::to_string).collect();
+            rows.insert(name, (cells[2].to_string(), labels));
+        }
+        rows
+    }
+
+    /// Every series the agent serves (every family registered, each with a sample) is a row of the
+    /// reference with its type and its labels, and every row is served: the table an operator
+    /// reads is the registry.
+    #[test]
+    fn every_metric_served_is_in_the_reference_with_its_type_and_labels() {
+        let m = Metrics::default();
+        m.reconciled("q.service", SyncStatus::InSync, "applied", 0.5, true);
+        m.source_read();
+        m.source_revision("c1");
+        m.host_info("h", &BTreeMap::new());
+        m.down("q.service", false);
+        m.hold("q.service", None);
+        let f = UnitFigures {
+            deployed: Some(("c1".into(), "h1".into())),
+            args_verified: Some(true),
+            accept_length: Some(3.0),
+            accept_rate: Some(0.7),
+            quarantined: false,
+        };
+        m.unit("q.service", &f);
+        m.died("q.service", &[Verdict::Crash]);
+        m.register_notices(&crate::notify::Counters::default());
+        let text = m.render();
+        // The families and their types, then each sample's name (a histogram's by its family)
+        // and labels.
+        let mut types = BTreeMap::new();
+        for l in text.lines().filter_map(|l| l.strip_prefix("# TYPE ")) {
+            let (family, kind) = l.split_once(' ').unwrap();
+            types.insert(family.to_string(), kind.to_string());
+        }
+        let mut served: BTreeMap<String, (String, BTreeSet<String>)> = BTreeMap::new();
+        for l in text.lines().filter(|l| !l.starts_with('#') && !l.is_empty()) {
+            let name = l.split(['{', ' ']).next().unwrap();
+            let family = types
+                .keys()
+                .filter(|f| name.starts_with(f.as_str()))
+                .max_by_key(|f| f.len())
+                .unwrap_or_else(|| panic!("{name} has no family"));
+            if name.ends_with("_created") {
+                continue;
+            }
+            let kind = types[family].clone();
+            let shown = if kind == "histogram" { family.clone() } else { name.to_string() };
+            let labels = l.split_once('{').map(|(_, rest)| rest.split_once('}').unwrap().0).unwrap_or_default();
+            let names = labels.split(',').filter_map(|kv| kv.split_once('=')).map(|(k, _)| k.to_string());
+            let entry = served.entry(shown).or_insert_with(|| (kind, BTreeSet::new()));
+            entry.1.extend(names.filter(|k| k != "le"));
+        }
+        let table = reference_metrics();
+        let mut errors = Vec::new();
+        for (name, (kind, labels)) in &served {
+            match table.get(name) {
+                None => errors.push(format!("{name} ({kind}) is served but is no row")),
+                Some((k, l)) => {
+                    if k != kind {
+                        errors.push(format!("{name} is a {kind}, its row says {k}"));
+                    }
+                    if l != labels {
+                        errors.push(format!("{name} has the labels {labels:?}, its row says {l:?}"));
+                    }
+                }
+            }
+        }
+        for name in table.keys().filter(|n| !served.contains_key(*n)) {
+            errors.push(format!("{name} is a row but is not served"));
+        }
+        assert!(served.len() >= 20, "{text}");
+        assert!(errors.is_empty(), "docs/reference.md's metrics:\n{}", errors.join("\n"));
+    }
 }

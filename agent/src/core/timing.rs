@@ -1,5 +1,5 @@
 //! The timing policy: every duration and limit the reconciler, the agent and the sweep wait, ask
-//! or requeue by, in one place. ARCHITECTURE.md's timing table names each of them (a test checks
+//! or requeue by, in one place. docs/reference.md's timing table names each of them (a test checks
 //! that it does, with its value). An adapter's own bound on its protocol (a D-Bus call, a
 //! webhook's attempt) stays beside that protocol, and is in the table too.
 

@@ -1,5 +1,5 @@
 //! Prometheus metrics of the agent, served as OpenMetrics text on its read-only endpoint
-//! (`listen.rs`). Every name, type and label is in ARCHITECTURE.md's table of metrics; the alert
+//! (`listen.rs`). Every name, type and label is in docs/reference.md's table of metrics; the alert
 //! rules and the Grafana dashboard under `monitoring/` name only these (checked by
 //! `every_name_in_the_rules_and_the_dashboard_is_served`).
 //!

@@ -422,43 +422,14 @@ pub fn main() -> ExitCode {
             run_on(rt, sweep::run(&dirs, sweep::Options { file, resume, write, out, json }))
         }
         Command::Run { config, repo, branch, path, hostname, labels, interval, listen, control_socket } => {
-            run_async(async move {
-                let mut cfg = AgentConfig::load(&config)?;
-                cfg.repo = repo.or(cfg.repo);
-                cfg.branch = branch.or(cfg.branch);
-                cfg.path = path.or(cfg.path);
-                cfg.hostname = hostname.or(cfg.hostname);
-                cfg.labels.0.extend(labels);
-                cfg.interval = interval.or(cfg.interval);
-                cfg.listen = listen.or(cfg.listen);
-                cfg.control_socket = control_socket.or(cfg.control_socket);
-                let dirs = Dirs {
-                    state_dir: cfg.state_dir.clone().unwrap_or(dirs.state_dir),
-                    unit_dir: cfg.unit_dir.clone().unwrap_or(dirs.unit_dir),
-                };
-                daemon::run(daemon::RunOptions { config: cfg, dirs }).await?;
-                Ok(0)
-            })
+            let flags = RunFlags { repo, branch, path, hostname, labels, interval, listen, control_socket };
+            run_async(run_agent(dirs, config, flags))
         }
         Command::Promote { repo, watch, interval, common } => run_async(async move {
             let opts = promoter(&dirs, repo, common)?;
             crate::fleet::promote::promote(&opts, watch.then(|| std::time::Duration::from_secs(interval.max(1)))).await
         }),
-        Command::Fleet { command } => run_async(async move {
-            match command {
-                FleetCommand::Status { repo, common } => {
-                    crate::fleet::promote::status(&promoter(&dirs, repo, common)?).await
-                }
-                FleetCommand::Halt { repo, reason, by, common } => {
-                    let opts = promoter(&dirs, repo, common)?;
-                    crate::fleet::promote::by_hand(&opts, &crate::fleet::promote::person(by), Some(&reason)).await
-                }
-                FleetCommand::Resume { repo, by, common } => {
-                    let opts = promoter(&dirs, repo, common)?;
-                    crate::fleet::promote::by_hand(&opts, &crate::fleet::promote::person(by), None).await
-                }
-            }
-        }),
+        Command::Fleet { command } => run_async(fleet(dirs, command)),
         Command::Reconcile { unit, socket, config } => {
             run_async(commands::control::ask_reconcile(config::control_socket(socket, &config), unit))
         }
@@ -485,11 +456,7 @@ pub fn main() -> ExitCode {
         },
         Command::Render { file, host, hash } => render(&file, host.as_deref(), hash),
         Command::Schema { kind } => {
-            match kind {
-                SchemaKind::InferenceService => print!("{}", specd_spec::json_schema()),
-                SchemaKind::Sweep => print!("{}", specd_spec::sweep::json_schema()),
-                SchemaKind::Fleet => print!("{}", specd_spec::fleet::json_schema()),
-            }
+            print!("{}", schema(kind));
             ExitCode::SUCCESS
         }
         Command::Completions { shell } => {
@@ -503,6 +470,62 @@ pub fn main() -> ExitCode {
                 ExitCode::from(2)
             }
         },
+    }
+}
+
+/// What `specd run`'s flags override in the agent config.
+struct RunFlags {
+    repo: Option<String>,
+    branch: Option<String>,
+    path: Option<String>,
+    hostname: Option<String>,
+    labels: Vec<(String, String)>,
+    interval: Option<u64>,
+    listen: Option<String>,
+    control_socket: Option<PathBuf>,
+}
+
+/// `specd run`: the agent config at `config` with the flags over it (a label is added, or
+/// replaces the config's value), and the directories it names over the global flags.
+async fn run_agent(dirs: Dirs, config: PathBuf, f: RunFlags) -> anyhow::Result<u8> {
+    let mut cfg = AgentConfig::load(&config)?;
+    cfg.repo = f.repo.or(cfg.repo);
+    cfg.branch = f.branch.or(cfg.branch);
+    cfg.path = f.path.or(cfg.path);
+    cfg.hostname = f.hostname.or(cfg.hostname);
+    cfg.labels.0.extend(f.labels);
+    cfg.interval = f.interval.or(cfg.interval);
+    cfg.listen = f.listen.or(cfg.listen);
+    cfg.control_socket = f.control_socket.or(cfg.control_socket);
+    let dirs = Dirs {
+        state_dir: cfg.state_dir.clone().unwrap_or(dirs.state_dir),
+        unit_dir: cfg.unit_dir.clone().unwrap_or(dirs.unit_dir),
+    };
+    daemon::run(daemon::RunOptions { config: cfg, dirs }).await?;
+    Ok(0)
+}
+
+/// `specd fleet status|halt|resume`.
+async fn fleet(dirs: Dirs, command: FleetCommand) -> anyhow::Result<u8> {
+    match command {
+        FleetCommand::Status { repo, common } => crate::fleet::promote::status(&promoter(&dirs, repo, common)?).await,
+        FleetCommand::Halt { repo, reason, by, common } => {
+            let opts = promoter(&dirs, repo, common)?;
+            crate::fleet::promote::by_hand(&opts, &crate::fleet::promote::person(by), Some(&reason)).await
+        }
+        FleetCommand::Resume { repo, by, common } => {
+            let opts = promoter(&dirs, repo, common)?;
+            crate::fleet::promote::by_hand(&opts, &crate::fleet::promote::person(by), None).await
+        }
+    }
+}
+
+/// The JSON Schema `specd schema --kind KIND` prints.
+fn schema(kind: SchemaKind) -> String {
+    match kind {
+        SchemaKind::InferenceService => specd_spec::json_schema(),
+        SchemaKind::Sweep => specd_spec::sweep::json_schema(),
+        SchemaKind::Fleet => specd_spec::fleet::json_schema(),
     }
 }
 

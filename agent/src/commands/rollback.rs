@@ -74,14 +74,6 @@ pub(super) async fn rollback_on<H: Host>(
 ) -> Result<u8> {
     let mut doc = RollbackJson { unit: unit.clone(), ..Default::default() };
     let say = |line: &str| if json { eprintln!("{line}") } else { println!("{line}") };
-    let refuse = |mut doc: RollbackJson, why: String| -> Result<u8> {
-        eprintln!("specd: {why}");
-        if json {
-            doc.error = Some(why);
-            print_json(&doc)?;
-        }
-        Ok(1)
-    };
     let Some(st) = known_unit(&ctx.store, &unit)? else {
         if json {
             doc.error = Some(format!("{unit}: specd has no state for this unit; nothing was changed"));
@@ -90,12 +82,12 @@ pub(super) async fn rollback_on<H: Host>(
         return Ok(1);
     };
     if let Some(why) = live_sweep(&ctx.host, &st) {
-        return refuse(doc, format!("refused: {unit}: {why}; nothing was changed"));
+        return refuse(doc, json, format!("refused: {unit}: {why}; nothing was changed"));
     }
     let deployed = ctx.host.read(&crate::host::unit_path(&ctx.unit_dir, &unit))?.map(|b| specd_spec::sha256_hex(&b));
     let target = match rollback_target(&st, deployed.as_deref(), to.as_deref()) {
         Ok(t) => t.clone(),
-        Err(e) => return refuse(doc, format!("{unit}: {e}; nothing was changed")),
+        Err(e) => return refuse(doc, json, format!("{unit}: {e}; nothing was changed")),
     };
     let d = DesiredState::new(target.spec.clone(), target.source.clone());
     doc.to = Some(RollbackTo {
@@ -111,17 +103,7 @@ pub(super) async fn rollback_on<H: Host>(
             short(&target.sha256)
         ));
     }
-    // The desired unit the source had when pinned: a second rollback keeps the first's.
-    let desired_at_pin = match &st.hold {
-        Some(h) if h.kind == store::HoldKind::Pin => h.desired_at_pin.clone(),
-        _ => st.desired.as_ref().map(|r| r.sha256.clone()),
-    };
-    let hold = store::Hold {
-        reason,
-        pinned_sha256: Some(d.unit.sha256.clone()),
-        desired_at_pin,
-        ..store::Hold::new(store::HoldKind::Pin, operator("specd rollback"), ctx.host.now())
-    };
+    let hold = pin(&st, &d.unit.sha256, reason, ctx.host.now());
     // Pinned first, so that an agent that runs does not move it forward meanwhile; but only
     // while this process lives until the unit serves: killed half-way (or quit by a second
     // signal), its pin ends with it, and the agent puts the source's unit back.
@@ -153,18 +135,7 @@ pub(super) async fn rollback_on<H: Host>(
     doc.verdict = Some(report.verdict.clone());
     doc.previous_instance = report.stop_verdict.clone();
     let runs = crate::core::sync::runs_spec(report.outcome, report.plan.sync);
-    let code = if runs {
-        // It serves: the pin no longer ends with this process.
-        ctx.store.set_hold_if(&unit, hold.clone(), |h| *h == pending).await?;
-        say(&format!("{unit}: {}", hold.describe()));
-        doc.pinned = true;
-        doc.hold = Some(hold);
-        0
-    } else {
-        ctx.store.clear_hold_if(&unit, "the rollback to it did not run", |h| *h == pending).await?;
-        say(&format!("{unit}: not pinned (the rollback did not run)"));
-        1
-    };
+    let code = settle_pin(ctx, &unit, (hold, &pending), runs, say, &mut doc).await?;
     if control_post(&socket, Some(&unit)).await.is_ok() {
         say(&format!("asked the running agent to reconcile {unit}"));
     }
@@ -173,6 +144,56 @@ pub(super) async fn rollback_on<H: Host>(
         print_json(&doc)?;
     }
     Ok(code)
+}
+
+/// Nothing was changed, and `why` (on stderr, and the document's `error`): exit 1.
+fn refuse(mut doc: RollbackJson, json: bool, why: String) -> Result<u8> {
+    eprintln!("specd: {why}");
+    if json {
+        doc.error = Some(why);
+        print_json(&doc)?;
+    }
+    Ok(1)
+}
+
+/// The pin a rollback to unit `sha256` leaves (for `reason`), made at `now`: it remembers the
+/// desired unit the source had when pinned, so that a second rollback keeps the first's.
+fn pin(st: &store::UnitState, sha256: &str, reason: Option<String>, now: u64) -> store::Hold {
+    let desired_at_pin = match &st.hold {
+        Some(h) if h.kind == store::HoldKind::Pin => h.desired_at_pin.clone(),
+        _ => st.desired.as_ref().map(|r| r.sha256.clone()),
+    };
+    store::Hold {
+        reason,
+        pinned_sha256: Some(sha256.to_string()),
+        desired_at_pin,
+        ..store::Hold::new(store::HoldKind::Pin, operator("specd rollback"), now)
+    }
+}
+
+/// After the rollback's apply: when the unit `runs` its earlier good unit, the `pending` pin
+/// (which ends with this process) becomes `hold`, which does not; else it is cleared. What
+/// became of it is said (`say`). The exit code: 0 pinned, 1 not.
+async fn settle_pin<H: Host>(
+    ctx: &Ctx<H>,
+    unit: &str,
+    (hold, pending): (store::Hold, &store::Hold),
+    runs: bool,
+    say: impl Fn(&str),
+    doc: &mut RollbackJson,
+) -> Result<u8> {
+    if runs {
+        // It serves: the pin no longer ends with this process.
+        ctx.store.set_hold_if(unit, hold.clone(), |h| h == pending).await?;
+        say(&format!("{unit}: {}", hold.describe()));
+        doc.pinned = true;
+        doc.hold = Some(hold);
+        Ok(0)
+    } else {
+        ctx.store.clear_hold_if(unit, "the rollback to it did not run", |h| h == pending).await?;
+        say(&format!("{unit}: not pinned (the rollback did not run)"));
+        Ok(1)
+    }
 }
 
 /// The good unit `specd rollback` goes back to: the newest kept one that is not deployed, or

@@ -2,7 +2,7 @@
 //! would check after (the exit code, what status says, what serves).
 
 use crate::core::plan::SyncStatus;
-use crate::host::Host;
+use crate::host::{Host, ServiceManager};
 use crate::machine::store::{self, Source, SourceState, Store};
 use crate::reconcile::context::{self, Dirs};
 use crate::reconcile::{Ctx, Event, Shutdown};
@@ -27,7 +27,7 @@ fn only_a_live_sweep_stops_a_hand_apply() {
     assert!(why.contains("held by a sweep by specd sweep qwen-mtp-steps") && why.contains("stop the sweep"), "{why}");
     // The sweep's pid, now another process's (it started at another time): not live.
     let me = std::process::id();
-    let started = crate::host::pid_start(me).unwrap();
+    let started = crate::machine::process::pid_start(me).unwrap();
     let at = |start| store::Hold { pid_start: Some(start), ..hold(store::HoldKind::Sweep, Some(me)) };
     assert!(live_sweep(&st(at(started))).is_some());
     assert_eq!(live_sweep(&st(at(started + 1))), None);

@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::core::timing;
+use crate::host::{Journal, Server};
 use crate::machine::store::{Outcome, Source};
 use crate::reconcile::{self, Ctx, DesiredState, Shutdown};
 use crate::sweep::loadgen::Level;
@@ -48,7 +49,7 @@ pub(super) fn level_line(l: &loadgen::LevelResult) -> String {
 }
 
 /// `max_running_requests` as the server reports it (the engine facts' `Reported` row).
-pub(super) async fn reported_max_running<H: SweepHost>(host: &H, spec: &Spec, invocation: &str) -> Option<Value> {
+pub(super) async fn reported_max_running<H: Server>(host: &H, spec: &Spec, invocation: &str) -> Option<Value> {
     let facts = specd_spec::engine_facts(spec.engine);
     let row = facts.reported.iter().find(|r| r.field == "server.max_running_requests")?;
     let info = host.reported_args(&spec.base_url(), spec, invocation).await?.ok()?;
@@ -57,7 +58,7 @@ pub(super) async fn reported_max_running<H: SweepHost>(host: &H, spec: &Spec, in
 
 /// The verdict on how an instance ended (`None`: the unit's newest that ended), for the record:
 /// (verdict, summary).
-pub(super) async fn verdict_of<H: SweepHost>(
+pub(super) async fn verdict_of<H: Journal>(
     host: &H,
     unit: &str,
     invocation: Option<&str>,

@@ -4,7 +4,7 @@ use super::edit::{set_value, yaml_scalar};
 use super::hold::SweepHold;
 use super::results::read_results;
 use crate::core::timing;
-use crate::host::Host;
+use crate::host::{Host, Processes};
 use crate::machine::store::{Hold, HoldKind, Outcome, Store};
 use crate::reconcile::context::Dirs;
 use crate::reconcile::{self, DesiredState, Shutdown};

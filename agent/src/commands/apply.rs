@@ -1,9 +1,12 @@
 //! `specd apply -f FILE...` (and `specd validate --on-host`, the same pre-flight without the apply).
 
 use super::*;
-use crate::core::plan::{self, SyncStatus};
+use crate::core::plan;
+use crate::core::record;
+use crate::core::record::Source;
+use crate::core::sync::SyncStatus;
 use crate::host::Host;
-use crate::machine::store::{self, Source, SourceState};
+use crate::machine::store::SourceState;
 use crate::reconcile::context::{self, Dirs};
 use crate::reconcile::progress::{self, Sink};
 use crate::reconcile::{self, DesiredState, Shutdown};
@@ -41,7 +44,7 @@ pub struct AppliedUnit {
     pub steps: Vec<plan::Step>,
     /// `applied`, `started`, `rolled-back`, `failed`, `refused`; null when nothing was done (in
     /// sync, or a dry run).
-    pub outcome: Option<store::Outcome>,
+    pub outcome: Option<record::Outcome>,
     /// The unit runs its spec (a dry run: would be made to).
     pub ok: bool,
     /// The reconcile's one line for a person.
@@ -229,7 +232,7 @@ struct Said {
 fn applied_unit(
     d: &DesiredState,
     file: &Path,
-    report: Result<reconcile::Report, reconcile::ReconcileError>,
+    report: Result<Report, reconcile::ReconcileError>,
     reverts: Option<String>,
     said: Said,
 ) -> Result<(AppliedUnit, u8)> {
@@ -297,7 +300,7 @@ fn applied_unit(
 /// `None` when no agent follows one, or it wants this very unit. The agent's unit is the newest
 /// one it asked for or applied from a commit.
 pub(super) fn agent_reverts(
-    st: &store::UnitState,
+    st: &record::UnitState,
     follows: Option<&SourceState>,
     hand_sha: &str,
 ) -> Option<(String, String)> {

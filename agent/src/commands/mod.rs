@@ -20,8 +20,12 @@ use anyhow::Result;
 use serde::Serialize;
 use specd_spec::short;
 
+use crate::core::conclude::Report;
+use crate::core::hold;
+use crate::core::record;
+use crate::core::record::Source;
 use crate::host::Host;
-use crate::machine::store::{self, Source, Store};
+use crate::machine::store::Store;
 use crate::reconcile::context::{self, hostname};
 use crate::reconcile::{self, DesiredState, Shutdown};
 use crate::source::spec_files;
@@ -64,7 +68,7 @@ async fn each_at_once<H: Host>(
     ctx: &Arc<reconcile::Ctx<H>>,
     all: &[Arc<DesiredState>],
     dry_run: bool,
-) -> Vec<Result<reconcile::Report, reconcile::ReconcileError>> {
+) -> Vec<Result<Report, reconcile::ReconcileError>> {
     let tasks: Vec<_> = all
         .iter()
         .map(|d| {
@@ -119,8 +123,8 @@ fn hash(h: &Option<String>) -> &str {
 /// Why a hand apply (or a new hold) must wait: a sweep's hold on the unit is in effect (the one
 /// hold gate, [`Host::hold_in_effect`]: its process runs and it has not expired; one that names
 /// no process until it expires).
-fn live_sweep<H: Host>(host: &H, st: &store::UnitState) -> Option<String> {
-    let h = st.hold.as_ref().filter(|h| h.kind == store::HoldKind::Sweep)?;
+fn live_sweep<H: Host>(host: &H, st: &record::UnitState) -> Option<String> {
+    let h = st.hold.as_ref().filter(|h| h.kind == hold::HoldKind::Sweep)?;
     matches!(host.hold_in_effect(Some(h)), crate::core::hold::HoldEffect::HandsOff(_))
         .then(|| format!("{} (stop the sweep first)", h.describe()))
 }
@@ -147,7 +151,7 @@ fn operator(command: &str) -> String {
 }
 
 /// The unit must be one specd has state for (a typo suspends nothing).
-fn known_unit(store: &Store, unit: &str) -> Result<Option<store::UnitState>> {
+fn known_unit(store: &Store, unit: &str) -> Result<Option<record::UnitState>> {
     let units = store.units()?;
     if !units.iter().any(|u| u == unit) {
         eprintln!(

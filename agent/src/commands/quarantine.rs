@@ -1,6 +1,7 @@
 //! `specd unquarantine UNIT`: a quarantined unit hash may be tried again.
 
 use super::control::control_post;
+use crate::core::record;
 use crate::machine::store::{self, Store};
 use crate::reconcile::context::Dirs;
 use anyhow::Result;
@@ -33,11 +34,11 @@ pub async fn unquarantine(dirs: &Dirs, unit: String, socket: PathBuf) -> Result<
             q.reason
         );
         println!("{message}");
-        st.record(store::HistoryEntry {
+        st.record(record::HistoryEntry {
             time: store::now(),
             sha256: q.sha256,
             source: q.source,
-            outcome: store::Outcome::Unquarantined,
+            outcome: record::Outcome::Unquarantined,
             message,
             stop_verdict: None,
             duration_ms: 0,

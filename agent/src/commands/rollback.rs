@@ -3,8 +3,10 @@
 
 use super::control::control_post;
 use super::*;
+use crate::core::hold;
+use crate::core::record;
+use crate::core::record::Source;
 use crate::host::Host;
-use crate::machine::store::{self, Source};
 use crate::reconcile::context::{self, Dirs};
 use crate::reconcile::progress::{self, Sink};
 use crate::reconcile::{self, Ctx, DesiredState};
@@ -26,14 +28,14 @@ pub struct RollbackJson {
     pub to: Option<RollbackTo>,
     /// `applied`, `started`, `rolled-back`, `failed`, `refused`; null when nothing was done
     /// (it already ran).
-    pub outcome: Option<store::Outcome>,
+    pub outcome: Option<record::Outcome>,
     pub verdict: Option<String>,
     /// How the instance it stopped ended, when that was not a clean stop.
     pub previous_instance: Option<String>,
     /// The pin is in place: the agent leaves the unit there until the source has a new desired
     /// unit or `specd resume`.
     pub pinned: bool,
-    pub hold: Option<store::Hold>,
+    pub hold: Option<hold::Hold>,
 }
 
 #[derive(Debug, Serialize)]
@@ -108,13 +110,13 @@ pub(super) async fn rollback_on<H: Host>(
     // while this process lives until the unit serves: killed half-way (or quit by a second
     // signal), its pin ends with it, and the agent puts the source's unit back.
     let (me, started) = ctx.host.me();
-    let pending = store::Hold { pid: Some(me), pid_start: started, ..hold.clone() };
+    let pending = hold::Hold { pid: Some(me), pid_start: started, ..hold.clone() };
     ctx.store.set_hold(&unit, pending.clone()).await?;
     say(&format!(
         "{unit}: rolling back to unit {} ({}, good at {})",
         short(&d.unit.sha256),
         d.source.as_ref().map_or("no source".into(), |s| s.to_string()),
-        store::format_time(target.time)
+        record::format_time(target.time)
     ));
     let t0 = std::time::Instant::now();
     let report = reconcile::reconcile(ctx, &d, false).await;
@@ -158,16 +160,16 @@ fn refuse(mut doc: RollbackJson, json: bool, why: String) -> Result<u8> {
 
 /// The pin a rollback to unit `sha256` leaves (for `reason`), made at `now`: it remembers the
 /// desired unit the source had when pinned, so that a second rollback keeps the first's.
-fn pin(st: &store::UnitState, sha256: &str, reason: Option<String>, now: u64) -> store::Hold {
+fn pin(st: &record::UnitState, sha256: &str, reason: Option<String>, now: u64) -> hold::Hold {
     let desired_at_pin = match &st.hold {
-        Some(h) if h.kind == store::HoldKind::Pin => h.desired_at_pin.clone(),
+        Some(h) if h.kind == hold::HoldKind::Pin => h.desired_at_pin.clone(),
         _ => st.desired.as_ref().map(|r| r.sha256.clone()),
     };
-    store::Hold {
+    hold::Hold {
         reason,
         pinned_sha256: Some(sha256.to_string()),
         desired_at_pin,
-        ..store::Hold::new(store::HoldKind::Pin, operator("specd rollback"), now)
+        ..hold::Hold::new(hold::HoldKind::Pin, operator("specd rollback"), now)
     }
 }
 
@@ -177,7 +179,7 @@ fn pin(st: &store::UnitState, sha256: &str, reason: Option<String>, now: u64) ->
 async fn settle_pin<H: Host>(
     ctx: &Ctx<H>,
     unit: &str,
-    (hold, pending): (store::Hold, &store::Hold),
+    (hold, pending): (hold::Hold, &hold::Hold),
     runs: bool,
     say: impl Fn(&str),
     doc: &mut RollbackJson,
@@ -199,16 +201,16 @@ async fn settle_pin<H: Host>(
 /// The good unit `specd rollback` goes back to: the newest kept one that is not deployed, or
 /// the one whose hash starts with `to`.
 pub(super) fn rollback_target<'a>(
-    st: &'a store::UnitState,
+    st: &'a record::UnitState,
     deployed: Option<&str>,
     to: Option<&str>,
-) -> Result<&'a store::DesiredRecord, String> {
+) -> Result<&'a record::DesiredRecord, String> {
     let kept = || {
         let v: Vec<String> = st
             .good_specs
             .iter()
             .rev()
-            .map(|g| format!("{} ({})", short(&g.sha256), store::format_time(g.time)))
+            .map(|g| format!("{} ({})", short(&g.sha256), record::format_time(g.time)))
             .collect();
         if v.is_empty() { "none".to_string() } else { v.join(", ") }
     };
@@ -223,7 +225,7 @@ pub(super) fn rollback_target<'a>(
                 [one] => Ok(one),
                 [] if st.history.iter().any(|h| h.sha256.starts_with(&p)) => Err(format!(
                     "unit {p} is in the history, but specd keeps the specs of the last {} good units only, and it is not one of them (kept: {})",
-                    store::GOOD_SPECS_MAX,
+                    record::GOOD_SPECS_MAX,
                     kept()
                 )),
                 [] => Err(format!("no good unit {p} is recorded (kept: {})", kept())),

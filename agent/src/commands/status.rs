@@ -1,10 +1,14 @@
 //! `specd status`: each unit as the host runs it, against what specd recorded.
 
 use super::*;
-use crate::core::plan::{self, SyncStatus};
+use crate::core::hold;
+use crate::core::plan;
+use crate::core::record;
+use crate::core::record::Source;
+use crate::core::sync::SyncStatus;
 use crate::core::timing;
 use crate::host::Host;
-use crate::machine::store::{self, Source, SourceState};
+use crate::machine::store::SourceState;
 use crate::reconcile::context::{self, Dirs};
 use crate::reconcile::{self, Ctx, DesiredState, Event, Shutdown};
 use anyhow::{Context, Result};
@@ -33,16 +37,16 @@ pub struct UnitStatus {
     /// else the deployed one (a refused, quarantined or held desired unit never ran here).
     pub cmdline_of: CmdlineOf,
     pub arg_mismatches: Vec<String>,
-    pub last_result: Option<store::HistoryEntry>,
+    pub last_result: Option<record::HistoryEntry>,
     pub error: Option<String>,
     /// How the last instance that ended, ended (`specd diagnose` has the evidence).
     pub last_ended: Option<String>,
     /// What the last speculation proof of the deployed unit measured.
-    pub speculation: Option<store::SpeculationRecord>,
+    pub speculation: Option<record::SpeculationRecord>,
     /// Why the service is not running, when it is not.
     pub down: Option<String>,
     /// A hold that keeps the agent's hands off the unit (suspend, pin, sweep).
-    pub hold: Option<store::Hold>,
+    pub hold: Option<hold::Hold>,
 }
 
 /// The unit whose `ExecStart=` `status` compares the running process with.
@@ -87,7 +91,7 @@ impl std::fmt::Display for ServiceHealth {
 /// recorded (or `override_desired`, a spec given with `--file`).
 pub(super) async fn unit_status<H: Host>(
     ctx: &Ctx<H>,
-    st: &store::UnitState,
+    st: &record::UnitState,
     override_desired: Option<&DesiredState>,
 ) -> Result<UnitStatus> {
     let desired = match (override_desired, &st.desired) {
@@ -135,7 +139,7 @@ pub(super) async fn unit_status<H: Host>(
 
 /// A unit specd has state for but no desired state recorded: out of sync, and what systemd
 /// says of it.
-async fn no_desired_state<H: Host>(ctx: &Ctx<H>, st: &store::UnitState) -> Result<UnitStatus> {
+async fn no_desired_state<H: Host>(ctx: &Ctx<H>, st: &record::UnitState) -> Result<UnitStatus> {
     let props = ctx.host.show(&st.unit).await?;
     Ok(UnitStatus {
         unit: st.unit.clone(),
@@ -165,7 +169,7 @@ async fn no_desired_state<H: Host>(ctx: &Ctx<H>, st: &store::UnitState) -> Resul
 /// is `applying` now (its phase said first), and its last try of `d` (a failed one's message
 /// said last).
 fn sync_and_reasons(
-    st: &store::UnitState,
+    st: &record::UnitState,
     d: &DesiredState,
     p: plan::Plan,
     applying: bool,
@@ -198,7 +202,7 @@ fn sync_and_reasons(
 /// yet) the `ExecStart=` of the file on disk.
 fn compared_argv<H: Host>(
     ctx: &Ctx<H>,
-    st: &store::UnitState,
+    st: &record::UnitState,
     d: &DesiredState,
     deployed_sha256: Option<&str>,
 ) -> Result<(CmdlineOf, Option<Vec<String>>)> {
@@ -214,7 +218,7 @@ fn compared_argv<H: Host>(
 /// from the journal.
 async fn last_ended<H: Host>(
     ctx: &Ctx<H>,
-    st: &store::UnitState,
+    st: &record::UnitState,
     props: &crate::machine::systemd::UnitProps,
 ) -> Option<String> {
     match crate::core::sync::recorded_ending(
@@ -344,11 +348,11 @@ pub(super) fn print_status(s: &UnitStatus) {
     }
     if let Some(h) = &s.hold {
         let what = match h.kind {
-            store::HoldKind::Suspend => "the agent observes and reports drift only; a hand `specd apply` still applies",
-            store::HoldKind::Pin => {
+            hold::HoldKind::Suspend => "the agent observes and reports drift only; a hand `specd apply` still applies",
+            hold::HoldKind::Pin => {
                 "the agent leaves this unit until the source has a new desired unit or `specd resume`"
             }
-            store::HoldKind::Sweep => "the agent observes only; `specd apply` is refused while the sweep runs",
+            hold::HoldKind::Sweep => "the agent observes only; `specd apply` is refused while the sweep runs",
         };
         println!("  hold: {} ({what})", h.describe());
     }
@@ -363,7 +367,7 @@ pub(super) fn print_status(s: &UnitStatus) {
         println!(
             "  speculation: {} (measured {} after readiness: {})",
             r.measured.figure(),
-            store::format_time(r.time),
+            record::format_time(r.time),
             r.measured.evidence.join(", ")
         );
     }
@@ -371,7 +375,7 @@ pub(super) fn print_status(s: &UnitStatus) {
         println!("  last ended: {v}");
     }
     if let Some(h) = &s.last_result {
-        println!("  last: {} {}", store::format_time(h.time), h.message);
+        println!("  last: {} {}", record::format_time(h.time), h.message);
         if let Some(v) = &h.stop_verdict {
             println!("  last stop: {v}");
         }

@@ -4,6 +4,7 @@
 use serde::Serialize;
 use specd_spec::{DriftPolicy, short};
 
+use crate::core::sync::SyncStatus;
 use crate::core::unit_state::{ActiveState, LoadState, SubState, UnitFileState};
 
 /// What specd saw on the host for one unit.
@@ -52,42 +53,6 @@ pub struct Desired {
     pub verify_speculation: bool,
     /// `service.enabled`: the unit starts at boot.
     pub enabled: bool,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-pub enum SyncStatus {
-    InSync,
-    OutOfSync,
-    Drifted,
-    Progressing,
-    Failed,
-    /// systemd has the unit masked (`LoadState=masked`): specd changes nothing and never unmasks.
-    Masked,
-}
-
-impl SyncStatus {
-    /// Every status, in the order the metrics list them.
-    pub const ALL: [SyncStatus; 6] = [
-        SyncStatus::InSync,
-        SyncStatus::OutOfSync,
-        SyncStatus::Drifted,
-        SyncStatus::Progressing,
-        SyncStatus::Failed,
-        SyncStatus::Masked,
-    ];
-}
-
-impl std::fmt::Display for SyncStatus {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            SyncStatus::InSync => "InSync",
-            SyncStatus::OutOfSync => "OutOfSync",
-            SyncStatus::Drifted => "Drifted",
-            SyncStatus::Progressing => "Progressing",
-            SyncStatus::Failed => "Failed",
-            SyncStatus::Masked => "Masked",
-        })
-    }
 }
 
 /// One step of an apply, in the order they run.

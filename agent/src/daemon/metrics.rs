@@ -20,9 +20,10 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
 
-use crate::core::plan::SyncStatus;
+use crate::core::hold::HoldKind;
+use crate::core::record::{Source, UnitState};
+use crate::core::sync::SyncStatus;
 use crate::diagnose::Verdict;
-use crate::machine::store::{HoldKind, Source, UnitState};
 
 type Labels = Vec<(String, String)>;
 type FloatGauge = Gauge<f64, AtomicU64>;
@@ -539,7 +540,7 @@ pub async fn instances(unit: &str, current: &str, within: std::time::Duration) -
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::machine::store::{GoodUnit, Quarantined, SpeculationRecord};
+    use crate::core::record::{GoodUnit, Quarantined, SpeculationRecord};
 
     /// The value of the one sample named `name` with exactly `labels` (`None`: no such sample).
     pub(crate) fn sample(text: &str, name: &str, labels: &str) -> Option<f64> {
@@ -572,12 +573,12 @@ mod tests {
         }
     }
 
-    fn applied(sha: &str) -> crate::machine::store::HistoryEntry {
-        crate::machine::store::HistoryEntry {
+    fn applied(sha: &str) -> crate::core::record::HistoryEntry {
+        crate::core::record::HistoryEntry {
             time: 1,
             sha256: sha.into(),
             source: None,
-            outcome: crate::machine::store::Outcome::Applied,
+            outcome: crate::core::record::Outcome::Applied,
             message: String::new(),
             stop_verdict: None,
             duration_ms: 1,

@@ -5,9 +5,10 @@ use super::worker::worker;
 use super::*;
 use crate::config::AgentConfig;
 use crate::core::guard::{catch, lock};
+use crate::core::record::Source;
 use crate::daemon::metrics::Metrics;
 use crate::host::RealHost;
-use crate::machine::store::{self, Source, SourceState};
+use crate::machine::store::{self, SourceState};
 use crate::reconcile::{self, Ctx, DesiredState};
 use crate::source::follow::{Evaluation, Follower, evaluate, read_commit};
 use crate::source::git::GitSource;
@@ -208,7 +209,7 @@ pub(super) fn manage_gate(
     desired: Vec<DesiredState>,
     pattern: Option<&str>,
 ) -> (Vec<DesiredState>, Vec<(DesiredState, String)>) {
-    let own = crate::core::owner::own_unit();
+    let own = crate::machine::process::own_unit();
     let (mut managed, mut refused) = (Vec::new(), Vec::new());
     for d in desired {
         match crate::core::owner::may_manage(&d.spec.unit, own.as_deref(), pattern) {

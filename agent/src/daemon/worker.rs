@@ -3,11 +3,13 @@
 
 use super::triggers::jitter;
 use super::*;
-use crate::core::plan::SyncStatus;
+use crate::core::conclude::{Action, Report};
+use crate::core::record;
+use crate::core::record::Outcome;
+use crate::core::sync::SyncStatus;
 use crate::core::timing;
 use crate::daemon::metrics::Metrics;
-use crate::machine::store::{self, Outcome};
-use crate::reconcile::{self, Action, Ctx, DesiredState};
+use crate::reconcile::{self, Ctx, DesiredState};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{Notify, watch};
@@ -75,7 +77,7 @@ async fn reconcile_apart<H: AgentHost>(
     ctx: &Arc<Ctx<H>>,
     d: &Arc<DesiredState>,
     dry_run: bool,
-) -> Result<reconcile::Report, reconcile::ReconcileError> {
+) -> Result<Report, reconcile::ReconcileError> {
     let run = {
         let (ctx, d) = (ctx.clone(), d.clone());
         tokio::spawn(async move { reconcile::reconcile(&ctx, &d, dry_run).await })
@@ -90,7 +92,7 @@ impl<H: AgentHost> UnitWorker<H> {
     /// Under a hold: what the source wants now is recorded (status compares the host with it: a
     /// held unit still shows its drift), and nothing is done about it.
     async fn record_desired(&self, d: &DesiredState) {
-        let rec = store::DesiredRecord {
+        let rec = record::DesiredRecord {
             sha256: d.unit.sha256.clone(),
             source: d.source.clone(),
             time: self.ctx.host.now(),
@@ -103,7 +105,7 @@ impl<H: AgentHost> UnitWorker<H> {
 
     /// After a reconcile that only observed, the unit being held (`why`): its figures, said once
     /// per hold and sync status, not at every look. The sync status it left.
-    fn observed(&mut self, r: &reconcile::Report, why: &str, t0: Instant) -> SyncStatus {
+    fn observed(&mut self, r: &Report, why: &str, t0: Instant) -> SyncStatus {
         self.failures = 0;
         let now = sync_after(r);
         self.metrics.reconciled(&self.unit, now, "held", t0.elapsed().as_secs_f64(), false);
@@ -117,7 +119,7 @@ impl<H: AgentHost> UnitWorker<H> {
 
     /// After a reconcile that acted: its figures, its verdict in the log and to the webhooks, and
     /// when to come back (`None`: at the next change). The sync status it left.
-    async fn acted(&mut self, d: &DesiredState, r: &reconcile::Report, t0: Instant) -> (Option<Duration>, SyncStatus) {
+    async fn acted(&mut self, d: &DesiredState, r: &Report, t0: Instant) -> (Option<Duration>, SyncStatus) {
         self.last_held = None;
         let failed = matches!(r.outcome, Some(Outcome::Failed | Outcome::RolledBack));
         let result = r.outcome.map_or("none".to_string(), |o| format!("{o:?}").to_lowercase());
@@ -221,7 +223,7 @@ impl<H: AgentHost> UnitWorker<H> {
 /// The sync status after a reconcile, not the one it started from (`sync::status`: the worker
 /// holds the unit's lock for its reconciles, and its metrics follow what they do, not the
 /// history).
-pub(super) fn sync_after(r: &reconcile::Report) -> crate::core::plan::SyncStatus {
+pub(super) fn sync_after(r: &Report) -> SyncStatus {
     crate::core::sync::status(crate::core::sync::Seen {
         planned: r.plan.sync,
         outcome: r.outcome,
@@ -247,7 +249,7 @@ impl Looks {
         ctx: &Ctx<H>,
         metrics: &Metrics,
         d: &DesiredState,
-        sync: crate::core::plan::SyncStatus,
+        sync: SyncStatus,
     ) {
         let unit = &d.spec.unit;
         record_figures(ctx, metrics, d, sync);
@@ -275,13 +277,13 @@ pub(super) fn record_figures<H: crate::host::Host>(
     ctx: &Ctx<H>,
     metrics: &Metrics,
     d: &DesiredState,
-    sync: crate::core::plan::SyncStatus,
+    sync: SyncStatus,
 ) {
     let unit = &d.spec.unit;
     match ctx.store.peek(unit) {
         Ok(st) => {
             let checks_args = reconcile::desired_of(&ctx.unit_dir, d).verify_args;
-            let in_sync = sync == crate::core::plan::SyncStatus::InSync;
+            let in_sync = sync == SyncStatus::InSync;
             metrics.unit(unit, &crate::daemon::metrics::UnitFigures::of(&st, &d.unit.sha256, checks_args, in_sync));
         }
         Err(e) => tracing::warn!(unit = %unit, "reading its state for the metrics: {e:#}"),

@@ -20,9 +20,10 @@ use tokio::time::Instant;
 
 use super::{Host, Journal, Processes, Server, ServiceManager, UnitFiles, Watch};
 use crate::core::speculation::Speculation;
+use crate::core::unit_state::{ActiveState, LoadState, UnitFileState};
 use crate::machine::cgroup::Lingering;
 use crate::machine::probe::Health;
-use crate::machine::systemd::{ActiveState, LoadState, UnitFileState, UnitProps};
+use crate::machine::systemd::UnitProps;
 
 /// What goes wrong at a planned call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

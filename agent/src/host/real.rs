@@ -122,7 +122,7 @@ impl Processes for RealHost {
     }
 
     fn own_unit(&self) -> Option<String> {
-        crate::core::owner::own_unit()
+        crate::machine::process::own_unit()
     }
 
     fn populated(&self, cg: &str) -> bool {

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
 
-pub use crate::core::unit_state::{ActiveState, LoadState, ServiceResult, SubState, UnitFileState};
+use crate::core::unit_state::{ActiveState, LoadState, ServiceResult, SubState, UnitFileState};
 use crate::machine::dbus::{Address, Bus, Message, Value};
 
 /// The properties specd reads.

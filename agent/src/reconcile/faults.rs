@@ -10,9 +10,11 @@ use std::sync::Arc;
 
 use specd_spec::Spec;
 
+use crate::core::conclude::{Action, Report, Serving};
+use crate::core::record::Outcome;
 use crate::host::fake::{Crashed, FAULTS, FakeHost, Fault, LOAD};
-use crate::machine::store::{Outcome, Store};
-use crate::reconcile::{self, Action, Ctx, DesiredState, Report, Serving, Shutdown};
+use crate::machine::store::Store;
+use crate::reconcile::{self, Ctx, DesiredState, Shutdown};
 
 const UNIT: &str = "sglang-qwen.service";
 

@@ -3,11 +3,12 @@
 
 use super::*;
 use crate::core::plan::{self, Desired, Observed};
+use crate::core::record::UnitState;
 use crate::core::timing::{self};
+use crate::core::unit_state::{ActiveState, LoadState};
 use crate::host::{Host, UnitFiles, unit_path};
 use crate::machine::probe::{self, Health};
-use crate::machine::store::UnitState;
-use crate::machine::systemd::{ActiveState, LoadState, UnitProps};
+use crate::machine::systemd::UnitProps;
 use anyhow::Result;
 use std::path::{Path, PathBuf};
 

@@ -2,9 +2,9 @@
 //! (a failed point with its diagnosis).
 
 use super::*;
+use crate::core::record::{Outcome, Source};
 use crate::core::timing;
 use crate::host::{Journal, Server};
-use crate::machine::store::{Outcome, Source};
 use crate::reconcile::{self, Ctx, DesiredState, Shutdown};
 use crate::sweep::loadgen::Level;
 use crate::sweep::report::{PointOutcome, PointResult};

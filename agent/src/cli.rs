@@ -131,18 +131,10 @@ pub enum Command {
         host: Option<String>,
     },
     /// Run the agent: follow a git repository and reconcile every unit it holds a spec for.
+    #[command(mut_args(run_repo_help))]
     Run {
-        /// The agent's configuration file.
-        #[arg(long, default_value = "/etc/specd/agent.yaml")]
-        config: PathBuf,
-        /// The config repository (a path or URL); overrides the config file.
-        #[arg(long)]
-        repo: Option<String>,
-        #[arg(long)]
-        branch: Option<String>,
-        /// A spec file or directory of specs in the repository.
-        #[arg(long)]
-        path: Option<String>,
+        #[command(flatten)]
+        repo: RepoArgs,
         /// Hostname for host overlays.
         #[arg(long)]
         hostname: Option<String>,
@@ -326,7 +318,7 @@ fn unit_arg(v: &str) -> Result<String, String> {
     }
 }
 
-/// The repository a promoter command works on: the agent config's, or flags.
+/// The repository a command works on (the agent's, a promoter's): the agent config's, or flags.
 #[derive(clap::Args, Debug, Clone)]
 pub struct RepoArgs {
     /// An agent configuration file: its repository, branch, path and credentials.
@@ -376,17 +368,35 @@ pub enum FleetCommand {
     },
 }
 
+/// `specd run`'s own words for the repository flags it shares with the promoter's commands (the
+/// whole agent config is the agent's; no fleet file is read beside its specs). In place, so that
+/// the flags keep their order in the completions.
+fn run_repo_help(a: clap::Arg) -> clap::Arg {
+    match a.get_id().as_str() {
+        "config" => a.help("The agent's configuration file"),
+        "path" => a.help("A spec file or directory of specs in the repository"),
+        _ => a,
+    }
+}
+
+impl RepoArgs {
+    /// The agent config at `--config`, its repository, branch and path overridden by the flags.
+    fn config(self) -> anyhow::Result<AgentConfig> {
+        let mut cfg = AgentConfig::load(&self.config)?;
+        cfg.repo = self.repo.or(cfg.repo);
+        cfg.branch = self.branch.or(cfg.branch);
+        cfg.path = self.path.or(cfg.path);
+        Ok(cfg)
+    }
+}
+
 /// The promoter's options from its flags.
 fn promoter(
     dirs: &Dirs,
     repo: RepoArgs,
     common: crate::fleet::promote::Common,
 ) -> anyhow::Result<crate::fleet::promote::Options> {
-    let mut cfg = AgentConfig::load(&repo.config)?;
-    cfg.repo = repo.repo.or(cfg.repo);
-    cfg.branch = repo.branch.or(cfg.branch);
-    cfg.path = repo.path.or(cfg.path);
-    crate::fleet::promote::options(&cfg, dirs.state_dir.join("promote"), common)
+    crate::fleet::promote::options(&repo.config()?, dirs.state_dir.join("promote"), common)
 }
 
 /// The documents `specd schema` describes.
@@ -421,9 +431,9 @@ pub fn main() -> ExitCode {
             rt.worker_threads(2);
             run_on(rt, sweep::run(&dirs, sweep::Options { file, resume, write, out, json }))
         }
-        Command::Run { config, repo, branch, path, hostname, labels, interval, listen, control_socket } => {
-            let flags = RunFlags { repo, branch, path, hostname, labels, interval, listen, control_socket };
-            run_async(run_agent(dirs, config, flags))
+        Command::Run { repo, hostname, labels, interval, listen, control_socket } => {
+            let flags = RunFlags { hostname, labels, interval, listen, control_socket };
+            run_async(run_agent(dirs, repo, flags))
         }
         Command::Promote { repo, watch, interval, common } => run_async(async move {
             let opts = promoter(&dirs, repo, common)?;
@@ -473,11 +483,8 @@ pub fn main() -> ExitCode {
     }
 }
 
-/// What `specd run`'s flags override in the agent config.
+/// What `specd run`'s flags override in the agent config, besides its repository.
 struct RunFlags {
-    repo: Option<String>,
-    branch: Option<String>,
-    path: Option<String>,
     hostname: Option<String>,
     labels: Vec<(String, String)>,
     interval: Option<u64>,
@@ -485,13 +492,10 @@ struct RunFlags {
     control_socket: Option<PathBuf>,
 }
 
-/// `specd run`: the agent config at `config` with the flags over it (a label is added, or
-/// replaces the config's value), and the directories it names over the global flags.
-async fn run_agent(dirs: Dirs, config: PathBuf, f: RunFlags) -> anyhow::Result<u8> {
-    let mut cfg = AgentConfig::load(&config)?;
-    cfg.repo = f.repo.or(cfg.repo);
-    cfg.branch = f.branch.or(cfg.branch);
-    cfg.path = f.path.or(cfg.path);
+/// `specd run`: the agent config with the flags over it (a label is added, or replaces the
+/// config's value), and the directories it names over the global flags.
+async fn run_agent(dirs: Dirs, repo: RepoArgs, f: RunFlags) -> anyhow::Result<u8> {
+    let mut cfg = repo.config()?;
     cfg.hostname = f.hostname.or(cfg.hostname);
     cfg.labels.0.extend(f.labels);
     cfg.interval = f.interval.or(cfg.interval);

@@ -42,15 +42,11 @@ pub struct AppliedUnit {
     pub sync: Option<SyncStatus>,
     pub reasons: Vec<String>,
     pub steps: Vec<plan::Step>,
-    /// `applied`, `started`, `rolled-back`, `failed`, `refused`; null when nothing was done (in
-    /// sync, or a dry run).
-    pub outcome: Option<record::Outcome>,
     /// The unit runs its spec (a dry run: would be made to).
     pub ok: bool,
-    /// The reconcile's one line for a person.
-    pub verdict: Option<String>,
-    /// How the instance it stopped ended, when that was not a clean stop.
-    pub previous_instance: Option<String>,
+    /// What the reconcile did.
+    #[serde(flatten)]
+    pub reconcile: ReconcileJson,
     /// specd itself failed for this unit.
     pub error: Option<String>,
     /// The agent that follows a repository on this host wants another unit here: what it will
@@ -105,10 +101,7 @@ pub(super) async fn apply_on<H: Host>(
                 eprintln!("specd: {r}");
             }
             eprintln!("specd: nothing was changed on this host");
-            if json {
-                doc.error = Some(format!("{}; nothing was changed on this host", refusals.join("; ")));
-                print_json(&doc)?;
-            }
+            print_failed(doc, json, format!("{}; nothing was changed on this host", refusals.join("; ")))?;
             return Ok(1);
         }
     }
@@ -124,21 +117,7 @@ pub(super) async fn apply_on<H: Host>(
         code = code.max(c);
         doc.units.push(u);
     }
-    if json {
-        doc.ok = code == 0;
-        print_json(&doc)?;
-    }
-    Ok(code)
-}
-
-/// Nothing was changed on this host, and `why` (on stderr, and the document's `error`): exit 1.
-fn refuse(mut doc: ApplyJson, json: bool, why: String) -> Result<u8> {
-    eprintln!("specd: {why}");
-    if json {
-        doc.error = Some(why);
-        print_json(&doc)?;
-    }
-    Ok(1)
+    finish(doc, json, code)
 }
 
 /// Every file read into its desired state, or why none may be applied: a bad file (its
@@ -245,10 +224,8 @@ fn applied_unit(
         sync: None,
         reasons: vec![],
         steps: vec![],
-        outcome: None,
         ok: false,
-        verdict: None,
-        previous_instance: None,
+        reconcile: ReconcileJson::default(),
         error: None,
         agent_reverts: None,
     };
@@ -279,10 +256,8 @@ fn applied_unit(
     u.sync = Some(report.plan.sync);
     u.reasons = report.plan.reasons.clone();
     u.steps = report.plan.steps.clone();
-    u.outcome = report.outcome;
     u.ok = ok;
-    u.verdict = Some(report.verdict.clone());
-    u.previous_instance = report.stop_verdict.clone();
+    u.reconcile = ReconcileJson::of(&report);
     // Said again with the result when the hand unit now runs: it will not for long.
     if runs && !dry_run {
         if let Some(why) = &reverts

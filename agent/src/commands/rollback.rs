@@ -26,12 +26,9 @@ pub struct RollbackJson {
     pub error: Option<String>,
     /// The good unit rolled back to.
     pub to: Option<RollbackTo>,
-    /// `applied`, `started`, `rolled-back`, `failed`, `refused`; null when nothing was done
-    /// (it already ran).
-    pub outcome: Option<record::Outcome>,
-    pub verdict: Option<String>,
-    /// How the instance it stopped ended, when that was not a clean stop.
-    pub previous_instance: Option<String>,
+    /// What the reconcile that applied it did.
+    #[serde(flatten)]
+    pub reconcile: ReconcileJson,
     /// The pin is in place: the agent leaves the unit there until the source has a new desired
     /// unit or `specd resume`.
     pub pinned: bool,
@@ -77,10 +74,7 @@ pub(super) async fn rollback_on<H: Host>(
     let mut doc = RollbackJson { unit: unit.clone(), ..Default::default() };
     let say = |line: &str| if json { eprintln!("{line}") } else { println!("{line}") };
     let Some(st) = known_unit(&ctx.store, &unit)? else {
-        if json {
-            doc.error = Some(format!("{unit}: specd has no state for this unit; nothing was changed"));
-            print_json(&doc)?;
-        }
+        print_failed(doc, json, format!("{unit}: specd has no state for this unit; nothing was changed"))?;
         return Ok(1);
     };
     if let Some(why) = live_sweep(&ctx.host, &st) {
@@ -123,39 +117,21 @@ pub(super) async fn rollback_on<H: Host>(
     progress::flush_progress();
     let report = match report {
         Ok(r) => r,
-        Err(e) if json => {
-            doc.error = Some(format!("{e:#}"));
-            print_json(&doc)?;
+        Err(e) => {
+            print_failed(doc, json, format!("{e:#}"))?;
             return Err(e.into());
         }
-        Err(e) => return Err(e.into()),
     };
     say(&report.verdict);
     crate::notify::after_reconcile(ctx, &d, &report, t0.elapsed()).await;
     crate::notify::flush(std::time::Duration::from_secs(30)).await;
-    doc.outcome = report.outcome;
-    doc.verdict = Some(report.verdict.clone());
-    doc.previous_instance = report.stop_verdict.clone();
+    doc.reconcile = ReconcileJson::of(&report);
     let runs = crate::core::sync::runs_spec(report.outcome, report.plan.sync);
     let code = settle_pin(ctx, &unit, (hold, &pending), runs, say, &mut doc).await?;
     if control_post(&socket, Some(&unit)).await.is_ok() {
         say(&format!("asked the running agent to reconcile {unit}"));
     }
-    if json {
-        doc.ok = code == 0;
-        print_json(&doc)?;
-    }
-    Ok(code)
-}
-
-/// Nothing was changed, and `why` (on stderr, and the document's `error`): exit 1.
-fn refuse(mut doc: RollbackJson, json: bool, why: String) -> Result<u8> {
-    eprintln!("specd: {why}");
-    if json {
-        doc.error = Some(why);
-        print_json(&doc)?;
-    }
-    Ok(1)
+    finish(doc, json, code)
 }
 
 /// The pin a rollback to unit `sha256` leaves (for `reason`), made at `now`: it remembers the

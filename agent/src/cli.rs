@@ -131,18 +131,10 @@ pub enum Command {
         host: Option<String>,
     },
     /// Run the agent: follow a git repository and reconcile every unit it holds a spec for.
+    #[command(mut_args(run_repo_help))]
     Run {
-        /// The agent's configuration file.
-        #[arg(long, default_value = "/etc/specd/agent.yaml")]
-        config: PathBuf,
-        /// The config repository (a path or URL); overrides the config file.
-        #[arg(long)]
-        repo: Option<String>,
-        #[arg(long)]
-        branch: Option<String>,
-        /// A spec file or directory of specs in the repository.
-        #[arg(long)]
-        path: Option<String>,
+        #[command(flatten)]
+        repo: RepoArgs,
         /// Hostname for host overlays.
         #[arg(long)]
         hostname: Option<String>,
@@ -326,7 +318,7 @@ fn unit_arg(v: &str) -> Result<String, String> {
     }
 }
 
-/// The repository a promoter command works on: the agent config's, or flags.
+/// The repository a command works on (the agent's, a promoter's): the agent config's, or flags.
 #[derive(clap::Args, Debug, Clone)]
 pub struct RepoArgs {
     /// An agent configuration file: its repository, branch, path and credentials.
@@ -376,17 +368,35 @@ pub enum FleetCommand {
     },
 }
 
+/// `specd run`'s own words for the repository flags it shares with the promoter's commands (the
+/// whole agent config is the agent's; no fleet file is read beside its specs). In place, so that
+/// the flags keep their order in the completions.
+fn run_repo_help(a: clap::Arg) -> clap::Arg {
+    match a.get_id().as_str() {
+        "config" => a.help("The agent's configuration file"),
+        "path" => a.help("A spec file or directory of specs in the repository"),
+        _ => a,
+    }
+}
+
+impl RepoArgs {
+    /// The agent config at `--config`, its repository, branch and path overridden by the flags.
+    fn config(self) -> anyhow::Result<AgentConfig> {
+        let mut cfg = AgentConfig::load(&self.config)?;
+        cfg.repo = self.repo.or(cfg.repo);
+        cfg.branch = self.branch.or(cfg.branch);
+        cfg.path = self.path.or(cfg.path);
+        Ok(cfg)
+    }
+}
+
 /// The promoter's options from its flags.
 fn promoter(
     dirs: &Dirs,
     repo: RepoArgs,
     common: crate::fleet::promote::Common,
 ) -> anyhow::Result<crate::fleet::promote::Options> {
-    let mut cfg = AgentConfig::load(&repo.config)?;
-    cfg.repo = repo.repo.or(cfg.repo);
-    cfg.branch = repo.branch.or(cfg.branch);
-    cfg.path = repo.path.or(cfg.path);
-    crate::fleet::promote::options(&cfg, dirs.state_dir.join("promote"), common)
+    crate::fleet::promote::options(&repo.config()?, dirs.state_dir.join("promote"), common)
 }
 
 /// The documents `specd schema` describes.
@@ -421,44 +431,15 @@ pub fn main() -> ExitCode {
             rt.worker_threads(2);
             run_on(rt, sweep::run(&dirs, sweep::Options { file, resume, write, out, json }))
         }
-        Command::Run { config, repo, branch, path, hostname, labels, interval, listen, control_socket } => {
-            run_async(async move {
-                let mut cfg = AgentConfig::load(&config)?;
-                cfg.repo = repo.or(cfg.repo);
-                cfg.branch = branch.or(cfg.branch);
-                cfg.path = path.or(cfg.path);
-                cfg.hostname = hostname.or(cfg.hostname);
-                cfg.labels.0.extend(labels);
-                cfg.interval = interval.or(cfg.interval);
-                cfg.listen = listen.or(cfg.listen);
-                cfg.control_socket = control_socket.or(cfg.control_socket);
-                let dirs = Dirs {
-                    state_dir: cfg.state_dir.clone().unwrap_or(dirs.state_dir),
-                    unit_dir: cfg.unit_dir.clone().unwrap_or(dirs.unit_dir),
-                };
-                daemon::run(daemon::RunOptions { config: cfg, dirs }).await?;
-                Ok(0)
-            })
+        Command::Run { repo, hostname, labels, interval, listen, control_socket } => {
+            let flags = RunFlags { hostname, labels, interval, listen, control_socket };
+            run_async(run_agent(dirs, repo, flags))
         }
         Command::Promote { repo, watch, interval, common } => run_async(async move {
             let opts = promoter(&dirs, repo, common)?;
             crate::fleet::promote::promote(&opts, watch.then(|| std::time::Duration::from_secs(interval.max(1)))).await
         }),
-        Command::Fleet { command } => run_async(async move {
-            match command {
-                FleetCommand::Status { repo, common } => {
-                    crate::fleet::promote::status(&promoter(&dirs, repo, common)?).await
-                }
-                FleetCommand::Halt { repo, reason, by, common } => {
-                    let opts = promoter(&dirs, repo, common)?;
-                    crate::fleet::promote::by_hand(&opts, &crate::fleet::promote::person(by), Some(&reason)).await
-                }
-                FleetCommand::Resume { repo, by, common } => {
-                    let opts = promoter(&dirs, repo, common)?;
-                    crate::fleet::promote::by_hand(&opts, &crate::fleet::promote::person(by), None).await
-                }
-            }
-        }),
+        Command::Fleet { command } => run_async(fleet(dirs, command)),
         Command::Reconcile { unit, socket, config } => {
             run_async(commands::control::ask_reconcile(config::control_socket(socket, &config), unit))
         }
@@ -485,11 +466,7 @@ pub fn main() -> ExitCode {
         },
         Command::Render { file, host, hash } => render(&file, host.as_deref(), hash),
         Command::Schema { kind } => {
-            match kind {
-                SchemaKind::InferenceService => print!("{}", specd_spec::json_schema()),
-                SchemaKind::Sweep => print!("{}", specd_spec::sweep::json_schema()),
-                SchemaKind::Fleet => print!("{}", specd_spec::fleet::json_schema()),
-            }
+            print!("{}", schema(kind));
             ExitCode::SUCCESS
         }
         Command::Completions { shell } => {
@@ -503,6 +480,56 @@ pub fn main() -> ExitCode {
                 ExitCode::from(2)
             }
         },
+    }
+}
+
+/// What `specd run`'s flags override in the agent config, besides its repository.
+struct RunFlags {
+    hostname: Option<String>,
+    labels: Vec<(String, String)>,
+    interval: Option<u64>,
+    listen: Option<String>,
+    control_socket: Option<PathBuf>,
+}
+
+/// `specd run`: the agent config with the flags over it (a label is added, or replaces the
+/// config's value), and the directories it names over the global flags.
+async fn run_agent(dirs: Dirs, repo: RepoArgs, f: RunFlags) -> anyhow::Result<u8> {
+    let mut cfg = repo.config()?;
+    cfg.hostname = f.hostname.or(cfg.hostname);
+    cfg.labels.0.extend(f.labels);
+    cfg.interval = f.interval.or(cfg.interval);
+    cfg.listen = f.listen.or(cfg.listen);
+    cfg.control_socket = f.control_socket.or(cfg.control_socket);
+    let dirs = Dirs {
+        state_dir: cfg.state_dir.clone().unwrap_or(dirs.state_dir),
+        unit_dir: cfg.unit_dir.clone().unwrap_or(dirs.unit_dir),
+    };
+    daemon::run(daemon::RunOptions { config: cfg, dirs }).await?;
+    Ok(0)
+}
+
+/// `specd fleet status|halt|resume`.
+async fn fleet(dirs: Dirs, command: FleetCommand) -> anyhow::Result<u8> {
+    match command {
+        FleetCommand::Status { repo, common } => crate::fleet::promote::status(&promoter(&dirs, repo, common)?).await,
+        FleetCommand::Halt { repo, reason, by, common } => {
+            let opts = promoter(&dirs, repo, common)?;
+            crate::fleet::promote::by_hand(&opts, &crate::fleet::promote::person(by), Some(&reason)).await
+        }
+        FleetCommand::Resume { repo, by, common } => {
+            let opts = promoter(&dirs, repo, common)?;
+            crate::fleet::promote::by_hand(&opts, &crate::fleet::promote::person(by), None).await
+        }
+    }
+}
+
+/// The JSON Schema `specd schema --kind KIND` prints.
+fn schema(kind: SchemaKind) -> String {
+    match kind {
+        SchemaKind::InferenceService => specd_spec::json_schema(),
+        SchemaKind::Sweep => specd_spec::sweep::json_schema(),
+        SchemaKind::Fleet => specd_spec::fleet::json_schema(),
     }
 }
 

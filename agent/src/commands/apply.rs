@@ -1,9 +1,12 @@
 //! `specd apply -f FILE...` (and `specd validate --on-host`, the same pre-flight without the apply).
 
 use super::*;
-use crate::core::plan::{self, SyncStatus};
+use crate::core::plan;
+use crate::core::record;
+use crate::core::record::Source;
+use crate::core::sync::SyncStatus;
 use crate::host::Host;
-use crate::machine::store::{self, Source, SourceState};
+use crate::machine::store::SourceState;
 use crate::reconcile::context::{self, Dirs};
 use crate::reconcile::progress::{self, Sink};
 use crate::reconcile::{self, DesiredState, Shutdown};
@@ -11,7 +14,7 @@ use crate::source::spec_files;
 use anyhow::Result;
 use serde::Serialize;
 use specd_spec::short;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 /// `specd apply --json`: one document on stdout. `ok` is true exactly when the exit code is 0.
@@ -39,15 +42,11 @@ pub struct AppliedUnit {
     pub sync: Option<SyncStatus>,
     pub reasons: Vec<String>,
     pub steps: Vec<plan::Step>,
-    /// `applied`, `started`, `rolled-back`, `failed`, `refused`; null when nothing was done (in
-    /// sync, or a dry run).
-    pub outcome: Option<store::Outcome>,
     /// The unit runs its spec (a dry run: would be made to).
     pub ok: bool,
-    /// The reconcile's one line for a person.
-    pub verdict: Option<String>,
-    /// How the instance it stopped ended, when that was not a clean stop.
-    pub previous_instance: Option<String>,
+    /// What the reconcile did.
+    #[serde(flatten)]
+    pub reconcile: ReconcileJson,
     /// specd itself failed for this unit.
     pub error: Option<String>,
     /// The agent that follows a repository on this host wants another unit here: what it will
@@ -80,79 +79,108 @@ pub(super) async fn apply_on<H: Host>(
     shutdown: impl FnOnce() -> Shutdown,
 ) -> Result<u8> {
     let mut doc = ApplyJson { dry_run, ..Default::default() };
-    let refuse = |mut doc: ApplyJson, why: String| -> Result<u8> {
-        eprintln!("specd: {why}");
-        if json {
-            doc.error = Some(why);
-            print_json(&doc)?;
-        }
-        Ok(1)
+    let all = match read_specs(files, host, &mut doc.diagnostics)? {
+        Ok(all) => all,
+        Err(why) => return refuse(doc, json, why),
     };
-    let mut all: Vec<DesiredState> = Vec::new();
-    let mut bad = Vec::new();
-    for f in files {
-        match desired(f, host.clone())? {
-            Ok(d) => all.push(d),
-            Err(d) => {
-                doc.diagnostics.extend(spec_files::diagnostics_json(&d.0));
-                bad.push(f.display().to_string());
-            }
-        }
-    }
-    if !bad.is_empty() {
-        return refuse(doc, format!("{} not valid; nothing was changed on this host", bad.join(", ")));
-    }
-    for (i, d) in all.iter().enumerate() {
-        if let Some(j) = all[..i].iter().position(|e| e.spec.unit == d.spec.unit) {
-            let why = format!(
-                "{} and {} both define {}; nothing was changed on this host",
-                files[j].display(),
-                files[i].display(),
-                d.spec.unit
-            );
-            return refuse(doc, why);
-        }
-    }
     let ctx = Arc::new(context::ctx_on(machine, dirs, progress::events(Sink::Stderr), shutdown()));
     // A live sweep's hold refuses a hand apply (not the sweep's own).
     if !dry_run {
         for d in &all {
             let unit = &d.spec.unit;
             if let Some(why) = live_sweep(&ctx.host, &ctx.store.peek(unit)?).filter(|_| !sweeps_own(&ctx.store, unit)) {
-                return refuse(doc, format!("refused: {unit}: {why}; nothing was changed on this host"));
+                return refuse(doc, json, format!("refused: {unit}: {why}; nothing was changed on this host"));
             }
         }
     }
     let all: Vec<Arc<DesiredState>> = all.into_iter().map(Arc::new).collect();
-    // What a reconcile would refuse (a unit file specd did not write, a unit specd never
-    // manages) is found for every unit before any is changed.
     if !dry_run && all.len() > 1 {
-        let quiet = Arc::new(reconcile::Ctx { events: Arc::new(|_: &str, _: &reconcile::Event| {}), ..(*ctx).clone() });
-        let mut refusals = Vec::new();
-        for (d, r) in all.iter().zip(each_at_once(&quiet, &all, true).await) {
-            match r {
-                Ok(r) if r.refused => refusals.push(r.verdict),
-                Ok(_) => {}
-                Err(e) => refusals.push(format!("{}: {e:#}", d.spec.unit)),
-            }
-        }
+        let refusals = would_refuse(&ctx, &all).await;
         if !refusals.is_empty() {
             for r in &refusals {
                 eprintln!("specd: {r}");
             }
             eprintln!("specd: nothing was changed on this host");
-            if json {
-                doc.error = Some(format!("{}; nothing was changed on this host", refusals.join("; ")));
-                print_json(&doc)?;
-            }
+            print_failed(doc, json, format!("{}; nothing was changed on this host", refusals.join("; ")))?;
             return Ok(1);
         }
     }
-    // A hand apply on a host whose agent follows a repository lasts until the agent's next look,
-    // unless a hold keeps it away: said before a long load, and in the result.
+    let reverts = reverted_by_the_agent(&ctx, dirs, &all, dry_run)?;
+    let done = each_at_once(&ctx, &all, dry_run).await;
+    progress::flush_progress();
+    crate::notify::flush(std::time::Duration::from_secs(30)).await;
+    let mut code = 0;
+    let many = done.len() > 1;
+    for (((d, report), file), reverts) in all.iter().zip(done).zip(files).zip(reverts) {
+        let said = Said { many, json, dry_run };
+        let (u, c) = applied_unit(d, file, report, reverts, said)?;
+        code = code.max(c);
+        doc.units.push(u);
+    }
+    finish(doc, json, code)
+}
+
+/// Every file read into its desired state, or why none may be applied: a bad file (its
+/// problems into `diagnostics`), or two files for one unit.
+fn read_specs(
+    files: &[PathBuf],
+    host: Option<String>,
+    diagnostics: &mut Vec<serde_json::Value>,
+) -> Result<Result<Vec<DesiredState>, String>> {
+    let mut all: Vec<DesiredState> = Vec::new();
+    let mut bad = Vec::new();
+    for f in files {
+        match desired(f, host.clone())? {
+            Ok(d) => all.push(d),
+            Err(d) => {
+                diagnostics.extend(spec_files::diagnostics_json(&d.0));
+                bad.push(f.display().to_string());
+            }
+        }
+    }
+    if !bad.is_empty() {
+        return Ok(Err(format!("{} not valid; nothing was changed on this host", bad.join(", "))));
+    }
+    for (i, d) in all.iter().enumerate() {
+        if let Some(j) = all[..i].iter().position(|e| e.spec.unit == d.spec.unit) {
+            return Ok(Err(format!(
+                "{} and {} both define {}; nothing was changed on this host",
+                files[j].display(),
+                files[i].display(),
+                d.spec.unit
+            )));
+        }
+    }
+    Ok(Ok(all))
+}
+
+/// What a reconcile would refuse (a unit file specd did not write, a unit specd never manages),
+/// found for every unit before any is changed: a dry run of each, quiet.
+async fn would_refuse<H: Host>(ctx: &Arc<reconcile::Ctx<H>>, all: &[Arc<DesiredState>]) -> Vec<String> {
+    let quiet = Arc::new(reconcile::Ctx { events: Arc::new(|_: &str, _: &reconcile::Event| {}), ..(**ctx).clone() });
+    let mut refusals = Vec::new();
+    for (d, r) in all.iter().zip(each_at_once(&quiet, all, true).await) {
+        match r {
+            Ok(r) if r.refused => refusals.push(r.verdict),
+            Ok(_) => {}
+            Err(e) => refusals.push(format!("{}: {e:#}", d.spec.unit)),
+        }
+    }
+    refusals
+}
+
+/// A hand apply on a host whose agent follows a repository lasts until the agent's next look,
+/// unless a hold keeps it away: for each unit, what the agent will do (said on stderr before a
+/// long load, unless a dry run).
+fn reverted_by_the_agent<H: Host>(
+    ctx: &reconcile::Ctx<H>,
+    dirs: &Dirs,
+    all: &[Arc<DesiredState>],
+    dry_run: bool,
+) -> Result<Vec<Option<String>>> {
     let follows = SourceState::load(&dirs.state_dir);
     let mut reverts = Vec::new();
-    for d in &all {
+    for d in all {
         let st = ctx.store.peek(&d.spec.unit)?;
         let r = agent_reverts(&st, follows.as_ref(), &d.unit.sha256)
             .filter(|(sha, _)| {
@@ -164,79 +192,82 @@ pub(super) async fn apply_on<H: Host>(
         }
         reverts.push(r);
     }
-    let done = each_at_once(&ctx, &all, dry_run).await;
-    progress::flush_progress();
-    crate::notify::flush(std::time::Duration::from_secs(30)).await;
-    let mut code = 0;
-    let many = done.len() > 1;
-    for (((d, report), file), reverts) in all.iter().zip(done).zip(files).zip(reverts) {
-        let unit = &d.spec.unit;
-        let mut u = AppliedUnit {
-            unit: unit.clone(),
-            file: file.display().to_string(),
-            sha256: d.unit.sha256.clone(),
-            sync: None,
-            reasons: vec![],
-            steps: vec![],
-            outcome: None,
-            ok: false,
-            verdict: None,
-            previous_instance: None,
-            error: None,
-            agent_reverts: None,
-        };
-        let report = match report {
-            Ok(r) => r,
-            Err(e) if many || json => {
-                if !json {
-                    eprintln!("specd: error: {unit}: {e:#}");
-                }
-                u.error = Some(format!("{e:#}"));
-                doc.units.push(u);
-                code = 2;
-                continue;
+    Ok(reverts)
+}
+
+/// How an apply speaks of each unit: one of several (each line names its unit), as one JSON
+/// document (nothing but it on stdout), a dry run.
+#[derive(Clone, Copy)]
+struct Said {
+    many: bool,
+    json: bool,
+    dry_run: bool,
+}
+
+/// One unit's result, said (without `--json`) and as its JSON, with its exit code: 0 when it runs
+/// its spec (a dry run: would be made to), 1 otherwise, 2 when specd itself failed for it (an
+/// error of a lone unit without `--json` is the command's error). `reverts`: what the agent
+/// will do to it.
+fn applied_unit(
+    d: &DesiredState,
+    file: &Path,
+    report: Result<Report, reconcile::ReconcileError>,
+    reverts: Option<String>,
+    said: Said,
+) -> Result<(AppliedUnit, u8)> {
+    let Said { many, json, dry_run } = said;
+    let unit = &d.spec.unit;
+    let mut u = AppliedUnit {
+        unit: unit.clone(),
+        file: file.display().to_string(),
+        sha256: d.unit.sha256.clone(),
+        sync: None,
+        reasons: vec![],
+        steps: vec![],
+        ok: false,
+        reconcile: ReconcileJson::default(),
+        error: None,
+        agent_reverts: None,
+    };
+    let report = match report {
+        Ok(r) => r,
+        Err(e) if many || json => {
+            if !json {
+                eprintln!("specd: error: {unit}: {e:#}");
             }
-            Err(e) => return Err(e.into()),
-        };
-        if !json {
-            if let Some(v) = &report.stop_verdict {
-                println!("note: {unit}: the previous instance was {v}");
-            }
-            match many && !report.verdict.contains(unit.as_str()) {
-                true => println!("{unit}: {}", report.verdict),
-                false => println!("{}", report.verdict),
-            }
+            u.error = Some(format!("{e:#}"));
+            return Ok((u, 2));
         }
-        // 0: the unit runs the spec (or, dry run, would be made to); 1: anything else.
-        let would = |sync| matches!(sync, SyncStatus::OutOfSync | SyncStatus::Drifted) && !report.refused;
-        let ok = crate::core::sync::runs_spec(report.outcome, report.plan.sync)
-            || (dry_run && report.outcome.is_none() && would(report.plan.sync));
-        if !ok {
-            code = code.max(1);
+        Err(e) => return Err(e.into()),
+    };
+    if !json {
+        if let Some(v) = &report.stop_verdict {
+            println!("note: {unit}: the previous instance was {v}");
         }
-        u.sync = Some(report.plan.sync);
-        u.reasons = report.plan.reasons.clone();
-        u.steps = report.plan.steps.clone();
-        u.outcome = report.outcome;
-        u.ok = ok;
-        u.verdict = Some(report.verdict.clone());
-        u.previous_instance = report.stop_verdict.clone();
-        // Said again with the result when the hand unit now runs: it will not for long.
-        if crate::core::sync::runs_spec(report.outcome, report.plan.sync) && !dry_run {
-            if let Some(why) = &reverts
-                && !json
-            {
-                println!("note: {why}");
-            }
-            u.agent_reverts = reverts;
+        match many && !report.verdict.contains(unit.as_str()) {
+            true => println!("{unit}: {}", report.verdict),
+            false => println!("{}", report.verdict),
         }
-        doc.units.push(u);
     }
-    if json {
-        doc.ok = code == 0;
-        print_json(&doc)?;
+    // 0: the unit runs the spec (or, dry run, would be made to); 1: anything else.
+    let would = |sync| matches!(sync, SyncStatus::OutOfSync | SyncStatus::Drifted) && !report.refused;
+    let runs = crate::core::sync::runs_spec(report.outcome, report.plan.sync);
+    let ok = runs || (dry_run && report.outcome.is_none() && would(report.plan.sync));
+    u.sync = Some(report.plan.sync);
+    u.reasons = report.plan.reasons.clone();
+    u.steps = report.plan.steps.clone();
+    u.ok = ok;
+    u.reconcile = ReconcileJson::of(&report);
+    // Said again with the result when the hand unit now runs: it will not for long.
+    if runs && !dry_run {
+        if let Some(why) = &reverts
+            && !json
+        {
+            println!("note: {why}");
+        }
+        u.agent_reverts = reverts;
     }
-    Ok(code)
+    Ok((u, if ok { 0 } else { 1 }))
 }
 
 /// What the agent that follows a repository on this host (`follows`: its source state) will do
@@ -244,7 +275,7 @@ pub(super) async fn apply_on<H: Host>(
 /// `None` when no agent follows one, or it wants this very unit. The agent's unit is the newest
 /// one it asked for or applied from a commit.
 pub(super) fn agent_reverts(
-    st: &store::UnitState,
+    st: &record::UnitState,
     follows: Option<&SourceState>,
     hand_sha: &str,
 ) -> Option<(String, String)> {

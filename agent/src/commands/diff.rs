@@ -57,11 +57,8 @@ pub async fn diff(dirs: &Dirs, file: &Path, host: Option<String>, json: bool) ->
     let d = match desired(file, host)? {
         Ok(d) => d,
         Err(diags) => {
-            if json {
-                doc.error = Some(format!("{} is not a valid spec; nothing was compared", file.display()));
-                doc.diagnostics = spec_files::diagnostics_json(&diags.0);
-                print_json(&doc)?;
-            }
+            doc.diagnostics = spec_files::diagnostics_json(&diags.0);
+            print_failed(doc, json, format!("{} is not a valid spec; nothing was compared", file.display()))?;
             return Ok(2);
         }
     };
@@ -130,9 +127,5 @@ pub async fn diff(dirs: &Dirs, file: &Path, host: Option<String>, json: bool) ->
         println!("(the server at {base} is not ready)");
     }
     doc.differs = differs;
-    if json {
-        doc.ok = !differs;
-        print_json(&doc)?;
-    }
-    Ok(u8::from(differs))
+    finish(doc, json, u8::from(differs))
 }

@@ -1,6 +1,7 @@
 //! `specd history UNIT`: what specd did to a unit, newest last.
 
-use crate::machine::store::{self, Store};
+use crate::core::record;
+use crate::machine::store::Store;
 use crate::reconcile::context::Dirs;
 use anyhow::Result;
 use specd_spec::short;
@@ -35,7 +36,7 @@ pub async fn history(dirs: &Dirs, unit: Option<String>, json: bool) -> Result<u8
         let src = h.source.as_ref().map_or("-".into(), |s| s.to_string());
         println!(
             "{}  {u}  {:<11} unit {}  {src}",
-            store::format_time(h.time),
+            record::format_time(h.time),
             format!("{:?}", h.outcome),
             short(&h.sha256)
         );

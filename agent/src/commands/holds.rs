@@ -2,6 +2,7 @@
 
 use super::control::notify_agent;
 use super::*;
+use crate::core::hold;
 use crate::machine::store::{self, Store};
 use crate::reconcile::context::Dirs;
 use anyhow::Result;
@@ -56,12 +57,12 @@ pub async fn suspend(
         return Ok(1);
     }
     let since = store::now();
-    let hold = store::Hold {
+    let hold = hold::Hold {
         until: for_.map(|d| since + d.as_secs()),
         reason,
-        ..store::Hold::new(store::HoldKind::Suspend, operator("specd suspend"), since)
+        ..hold::Hold::new(hold::HoldKind::Suspend, operator("specd suspend"), since)
     };
-    if let Some(old) = st.hold.as_ref().filter(|h| h.kind == store::HoldKind::Pin) {
+    if let Some(old) = st.hold.as_ref().filter(|h| h.kind == hold::HoldKind::Pin) {
         println!("{unit}: replaces the pin ({}); `specd resume` ends both", old.describe());
     }
     store.set_hold(&unit, hold.clone()).await?;

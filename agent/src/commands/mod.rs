@@ -20,8 +20,12 @@ use anyhow::Result;
 use serde::Serialize;
 use specd_spec::short;
 
+use crate::core::conclude::Report;
+use crate::core::hold;
+use crate::core::record;
+use crate::core::record::Source;
 use crate::host::Host;
-use crate::machine::store::{self, Source, Store};
+use crate::machine::store::Store;
 use crate::reconcile::context::{self, hostname};
 use crate::reconcile::{self, DesiredState, Shutdown};
 use crate::source::spec_files;
@@ -58,13 +62,82 @@ fn print_json(doc: &impl Serialize) -> Result<()> {
     Ok(())
 }
 
+/// A command's one `--json` document (`apply`, `diff`, `rollback`): its `ok` is true exactly when
+/// the exit code is 0, and its `error` says why nothing was done, or specd's own failure.
+trait JsonDoc: Serialize {
+    fn set_ok(&mut self, ok: bool);
+    fn set_error(&mut self, error: String);
+}
+
+macro_rules! json_doc {
+    ($($doc:ty),*) => {$(
+        impl JsonDoc for $doc {
+            fn set_ok(&mut self, ok: bool) {
+                self.ok = ok;
+            }
+            fn set_error(&mut self, error: String) {
+                self.error = Some(error);
+            }
+        }
+    )*};
+}
+json_doc!(apply::ApplyJson, diff::DiffJson, rollback::RollbackJson);
+
+/// With `--json`, the document with its `error`, which the exit code that follows is not 0 for.
+fn print_failed(mut doc: impl JsonDoc, json: bool, error: String) -> Result<()> {
+    if json {
+        doc.set_error(error);
+        print_json(&doc)?;
+    }
+    Ok(())
+}
+
+/// Nothing was done, and `why`: said on stderr, and with `--json` as the document's `error`.
+/// Exit 1.
+fn refuse(doc: impl JsonDoc, json: bool, why: String) -> Result<u8> {
+    eprintln!("specd: {why}");
+    print_failed(doc, json, why)?;
+    Ok(1)
+}
+
+/// The command ends with exit `code`: with `--json`, its document first, `ok` when it is 0.
+fn finish(mut doc: impl JsonDoc, json: bool, code: u8) -> Result<u8> {
+    if json {
+        doc.set_ok(code == 0);
+        print_json(&doc)?;
+    }
+    Ok(code)
+}
+
+/// What a reconcile did to a unit, as `apply --json` (each unit) and `rollback --json` say it.
+#[derive(Debug, Default, Serialize)]
+pub struct ReconcileJson {
+    /// `applied`, `started`, `rolled-back`, `failed`, `refused`; null when nothing was done (in
+    /// sync, already running it, or a dry run).
+    pub outcome: Option<record::Outcome>,
+    /// The reconcile's one line for a person.
+    pub verdict: Option<String>,
+    /// How the instance it stopped ended, when that was not a clean stop.
+    pub previous_instance: Option<String>,
+}
+
+impl ReconcileJson {
+    fn of(r: &Report) -> ReconcileJson {
+        ReconcileJson {
+            outcome: r.outcome,
+            verdict: Some(r.verdict.clone()),
+            previous_instance: r.stop_verdict.clone(),
+        }
+    }
+}
+
 /// Reconcile every unit at once (each in a task of its own: a panic is that unit's error, and
 /// the others go on), and send each one's notice; the reports in the order of `all`.
 async fn each_at_once<H: Host>(
     ctx: &Arc<reconcile::Ctx<H>>,
     all: &[Arc<DesiredState>],
     dry_run: bool,
-) -> Vec<Result<reconcile::Report, reconcile::ReconcileError>> {
+) -> Vec<Result<Report, reconcile::ReconcileError>> {
     let tasks: Vec<_> = all
         .iter()
         .map(|d| {
@@ -119,8 +192,8 @@ fn hash(h: &Option<String>) -> &str {
 /// Why a hand apply (or a new hold) must wait: a sweep's hold on the unit is in effect (the one
 /// hold gate, [`Host::hold_in_effect`]: its process runs and it has not expired; one that names
 /// no process until it expires).
-fn live_sweep<H: Host>(host: &H, st: &store::UnitState) -> Option<String> {
-    let h = st.hold.as_ref().filter(|h| h.kind == store::HoldKind::Sweep)?;
+fn live_sweep<H: Host>(host: &H, st: &record::UnitState) -> Option<String> {
+    let h = st.hold.as_ref().filter(|h| h.kind == hold::HoldKind::Sweep)?;
     matches!(host.hold_in_effect(Some(h)), crate::core::hold::HoldEffect::HandsOff(_))
         .then(|| format!("{} (stop the sweep first)", h.describe()))
 }
@@ -147,7 +220,7 @@ fn operator(command: &str) -> String {
 }
 
 /// The unit must be one specd has state for (a typo suspends nothing).
-fn known_unit(store: &Store, unit: &str) -> Result<Option<store::UnitState>> {
+fn known_unit(store: &Store, unit: &str) -> Result<Option<record::UnitState>> {
     let units = store.units()?;
     if !units.iter().any(|u| u == unit) {
         eprintln!(

@@ -1,6 +1,7 @@
 //! `specd unquarantine UNIT`: a quarantined unit hash may be tried again.
 
-use super::control::control_post;
+use super::control::notify_agent;
+use crate::core::record;
 use crate::machine::store::{self, Store};
 use crate::reconcile::context::Dirs;
 use anyhow::Result;
@@ -33,11 +34,11 @@ pub async fn unquarantine(dirs: &Dirs, unit: String, socket: PathBuf) -> Result<
             q.reason
         );
         println!("{message}");
-        st.record(store::HistoryEntry {
+        st.record(record::HistoryEntry {
             time: store::now(),
             sha256: q.sha256,
             source: q.source,
-            outcome: store::Outcome::Unquarantined,
+            outcome: record::Outcome::Unquarantined,
             message,
             stop_verdict: None,
             duration_ms: 0,
@@ -46,8 +47,6 @@ pub async fn unquarantine(dirs: &Dirs, unit: String, socket: PathBuf) -> Result<
     store.save(&st)?;
     drop(lock);
     // A running agent tries it now (none may run: then the next apply or agent start does).
-    if control_post(&socket, Some(unit)).await.is_ok() {
-        println!("asked the running agent to reconcile {unit}");
-    }
+    notify_agent(&socket, unit).await;
     Ok(0)
 }

@@ -3,8 +3,10 @@
 
 use super::control::control_post;
 use super::*;
+use crate::core::hold;
+use crate::core::record;
+use crate::core::record::Source;
 use crate::host::Host;
-use crate::machine::store::{self, Source};
 use crate::reconcile::context::{self, Dirs};
 use crate::reconcile::progress::{self, Sink};
 use crate::reconcile::{self, Ctx, DesiredState};
@@ -24,16 +26,13 @@ pub struct RollbackJson {
     pub error: Option<String>,
     /// The good unit rolled back to.
     pub to: Option<RollbackTo>,
-    /// `applied`, `started`, `rolled-back`, `failed`, `refused`; null when nothing was done
-    /// (it already ran).
-    pub outcome: Option<store::Outcome>,
-    pub verdict: Option<String>,
-    /// How the instance it stopped ended, when that was not a clean stop.
-    pub previous_instance: Option<String>,
+    /// What the reconcile that applied it did.
+    #[serde(flatten)]
+    pub reconcile: ReconcileJson,
     /// The pin is in place: the agent leaves the unit there until the source has a new desired
     /// unit or `specd resume`.
     pub pinned: bool,
-    pub hold: Option<store::Hold>,
+    pub hold: Option<hold::Hold>,
 }
 
 #[derive(Debug, Serialize)]
@@ -74,28 +73,17 @@ pub(super) async fn rollback_on<H: Host>(
 ) -> Result<u8> {
     let mut doc = RollbackJson { unit: unit.clone(), ..Default::default() };
     let say = |line: &str| if json { eprintln!("{line}") } else { println!("{line}") };
-    let refuse = |mut doc: RollbackJson, why: String| -> Result<u8> {
-        eprintln!("specd: {why}");
-        if json {
-            doc.error = Some(why);
-            print_json(&doc)?;
-        }
-        Ok(1)
-    };
     let Some(st) = known_unit(&ctx.store, &unit)? else {
-        if json {
-            doc.error = Some(format!("{unit}: specd has no state for this unit; nothing was changed"));
-            print_json(&doc)?;
-        }
+        print_failed(doc, json, format!("{unit}: specd has no state for this unit; nothing was changed"))?;
         return Ok(1);
     };
     if let Some(why) = live_sweep(&ctx.host, &st) {
-        return refuse(doc, format!("refused: {unit}: {why}; nothing was changed"));
+        return refuse(doc, json, format!("refused: {unit}: {why}; nothing was changed"));
     }
     let deployed = ctx.host.read(&crate::host::unit_path(&ctx.unit_dir, &unit))?.map(|b| specd_spec::sha256_hex(&b));
     let target = match rollback_target(&st, deployed.as_deref(), to.as_deref()) {
         Ok(t) => t.clone(),
-        Err(e) => return refuse(doc, format!("{unit}: {e}; nothing was changed")),
+        Err(e) => return refuse(doc, json, format!("{unit}: {e}; nothing was changed")),
     };
     let d = DesiredState::new(target.spec.clone(), target.source.clone());
     doc.to = Some(RollbackTo {
@@ -111,83 +99,94 @@ pub(super) async fn rollback_on<H: Host>(
             short(&target.sha256)
         ));
     }
-    // The desired unit the source had when pinned: a second rollback keeps the first's.
-    let desired_at_pin = match &st.hold {
-        Some(h) if h.kind == store::HoldKind::Pin => h.desired_at_pin.clone(),
-        _ => st.desired.as_ref().map(|r| r.sha256.clone()),
-    };
-    let hold = store::Hold {
-        reason,
-        pinned_sha256: Some(d.unit.sha256.clone()),
-        desired_at_pin,
-        ..store::Hold::new(store::HoldKind::Pin, operator("specd rollback"), ctx.host.now())
-    };
+    let hold = pin(&st, &d.unit.sha256, reason, ctx.host.now());
     // Pinned first, so that an agent that runs does not move it forward meanwhile; but only
     // while this process lives until the unit serves: killed half-way (or quit by a second
     // signal), its pin ends with it, and the agent puts the source's unit back.
     let (me, started) = ctx.host.me();
-    let pending = store::Hold { pid: Some(me), pid_start: started, ..hold.clone() };
+    let pending = hold::Hold { pid: Some(me), pid_start: started, ..hold.clone() };
     ctx.store.set_hold(&unit, pending.clone()).await?;
     say(&format!(
         "{unit}: rolling back to unit {} ({}, good at {})",
         short(&d.unit.sha256),
         d.source.as_ref().map_or("no source".into(), |s| s.to_string()),
-        store::format_time(target.time)
+        record::format_time(target.time)
     ));
     let t0 = std::time::Instant::now();
     let report = reconcile::reconcile(ctx, &d, false).await;
     progress::flush_progress();
     let report = match report {
         Ok(r) => r,
-        Err(e) if json => {
-            doc.error = Some(format!("{e:#}"));
-            print_json(&doc)?;
+        Err(e) => {
+            print_failed(doc, json, format!("{e:#}"))?;
             return Err(e.into());
         }
-        Err(e) => return Err(e.into()),
     };
     say(&report.verdict);
     crate::notify::after_reconcile(ctx, &d, &report, t0.elapsed()).await;
     crate::notify::flush(std::time::Duration::from_secs(30)).await;
-    doc.outcome = report.outcome;
-    doc.verdict = Some(report.verdict.clone());
-    doc.previous_instance = report.stop_verdict.clone();
+    doc.reconcile = ReconcileJson::of(&report);
     let runs = crate::core::sync::runs_spec(report.outcome, report.plan.sync);
-    let code = if runs {
-        // It serves: the pin no longer ends with this process.
-        ctx.store.set_hold_if(&unit, hold.clone(), |h| *h == pending).await?;
-        say(&format!("{unit}: {}", hold.describe()));
-        doc.pinned = true;
-        doc.hold = Some(hold);
-        0
-    } else {
-        ctx.store.clear_hold_if(&unit, "the rollback to it did not run", |h| *h == pending).await?;
-        say(&format!("{unit}: not pinned (the rollback did not run)"));
-        1
-    };
+    let code = settle_pin(ctx, &unit, (hold, &pending), runs, say, &mut doc).await?;
     if control_post(&socket, Some(&unit)).await.is_ok() {
         say(&format!("asked the running agent to reconcile {unit}"));
     }
-    if json {
-        doc.ok = code == 0;
-        print_json(&doc)?;
+    finish(doc, json, code)
+}
+
+/// The pin a rollback to unit `sha256` leaves (for `reason`), made at `now`: it remembers the
+/// desired unit the source had when pinned, so that a second rollback keeps the first's.
+fn pin(st: &record::UnitState, sha256: &str, reason: Option<String>, now: u64) -> hold::Hold {
+    let desired_at_pin = match &st.hold {
+        Some(h) if h.kind == hold::HoldKind::Pin => h.desired_at_pin.clone(),
+        _ => st.desired.as_ref().map(|r| r.sha256.clone()),
+    };
+    hold::Hold {
+        reason,
+        pinned_sha256: Some(sha256.to_string()),
+        desired_at_pin,
+        ..hold::Hold::new(hold::HoldKind::Pin, operator("specd rollback"), now)
     }
-    Ok(code)
+}
+
+/// After the rollback's apply: when the unit `runs` its earlier good unit, the `pending` pin
+/// (which ends with this process) becomes `hold`, which does not; else it is cleared. What
+/// became of it is said (`say`). The exit code: 0 pinned, 1 not.
+async fn settle_pin<H: Host>(
+    ctx: &Ctx<H>,
+    unit: &str,
+    (hold, pending): (hold::Hold, &hold::Hold),
+    runs: bool,
+    say: impl Fn(&str),
+    doc: &mut RollbackJson,
+) -> Result<u8> {
+    if runs {
+        // It serves: the pin no longer ends with this process.
+        ctx.store.set_hold_if(unit, hold.clone(), |h| h == pending).await?;
+        say(&format!("{unit}: {}", hold.describe()));
+        doc.pinned = true;
+        doc.hold = Some(hold);
+        Ok(0)
+    } else {
+        ctx.store.clear_hold_if(unit, "the rollback to it did not run", |h| h == pending).await?;
+        say(&format!("{unit}: not pinned (the rollback did not run)"));
+        Ok(1)
+    }
 }
 
 /// The good unit `specd rollback` goes back to: the newest kept one that is not deployed, or
 /// the one whose hash starts with `to`.
 pub(super) fn rollback_target<'a>(
-    st: &'a store::UnitState,
+    st: &'a record::UnitState,
     deployed: Option<&str>,
     to: Option<&str>,
-) -> Result<&'a store::DesiredRecord, String> {
+) -> Result<&'a record::DesiredRecord, String> {
     let kept = || {
         let v: Vec<String> = st
             .good_specs
             .iter()
             .rev()
-            .map(|g| format!("{} ({})", short(&g.sha256), store::format_time(g.time)))
+            .map(|g| format!("{} ({})", short(&g.sha256), record::format_time(g.time)))
             .collect();
         if v.is_empty() { "none".to_string() } else { v.join(", ") }
     };
@@ -202,7 +201,7 @@ pub(super) fn rollback_target<'a>(
                 [one] => Ok(one),
                 [] if st.history.iter().any(|h| h.sha256.starts_with(&p)) => Err(format!(
                     "unit {p} is in the history, but specd keeps the specs of the last {} good units only, and it is not one of them (kept: {})",
-                    store::GOOD_SPECS_MAX,
+                    record::GOOD_SPECS_MAX,
                     kept()
                 )),
                 [] => Err(format!("no good unit {p} is recorded (kept: {})", kept())),

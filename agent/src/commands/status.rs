@@ -1,10 +1,14 @@
 //! `specd status`: each unit as the host runs it, against what specd recorded.
 
 use super::*;
-use crate::core::plan::{self, SyncStatus};
+use crate::core::hold;
+use crate::core::plan;
+use crate::core::record;
+use crate::core::record::Source;
+use crate::core::sync::SyncStatus;
 use crate::core::timing;
 use crate::host::Host;
-use crate::machine::store::{self, Source, SourceState};
+use crate::machine::store::SourceState;
 use crate::reconcile::context::{self, Dirs};
 use crate::reconcile::{self, Ctx, DesiredState, Event, Shutdown};
 use anyhow::{Context, Result};
@@ -33,16 +37,16 @@ pub struct UnitStatus {
     /// else the deployed one (a refused, quarantined or held desired unit never ran here).
     pub cmdline_of: CmdlineOf,
     pub arg_mismatches: Vec<String>,
-    pub last_result: Option<store::HistoryEntry>,
+    pub last_result: Option<record::HistoryEntry>,
     pub error: Option<String>,
     /// How the last instance that ended, ended (`specd diagnose` has the evidence).
     pub last_ended: Option<String>,
     /// What the last speculation proof of the deployed unit measured.
-    pub speculation: Option<store::SpeculationRecord>,
+    pub speculation: Option<record::SpeculationRecord>,
     /// Why the service is not running, when it is not.
     pub down: Option<String>,
     /// A hold that keeps the agent's hands off the unit (suspend, pin, sweep).
-    pub hold: Option<store::Hold>,
+    pub hold: Option<hold::Hold>,
 }
 
 /// The unit whose `ExecStart=` `status` compares the running process with.
@@ -83,9 +87,11 @@ impl std::fmt::Display for ServiceHealth {
     }
 }
 
+/// What `status` says of one unit: the host as it runs it against the desired state specd
+/// recorded (or `override_desired`, a spec given with `--file`).
 pub(super) async fn unit_status<H: Host>(
     ctx: &Ctx<H>,
-    st: &store::UnitState,
+    st: &record::UnitState,
     override_desired: Option<&DesiredState>,
 ) -> Result<UnitStatus> {
     let desired = match (override_desired, &st.desired) {
@@ -93,64 +99,13 @@ pub(super) async fn unit_status<H: Host>(
         (None, Some(rec)) => Some(DesiredState::new(rec.spec.clone(), rec.source.clone())),
         (None, None) => None,
     };
-    let Some(d) = desired else {
-        let props = ctx.host.show(&st.unit).await?;
-        return Ok(UnitStatus {
-            unit: st.unit.clone(),
-            sync: SyncStatus::OutOfSync,
-            health: ServiceHealth::Unknown,
-            reasons: vec!["no desired state recorded".into()],
-            desired_sha256: None,
-            deployed_sha256: None,
-            source: None,
-            applied_source: st.last_good.as_ref().and_then(|g| g.source.clone()),
-            active_state: props.active_state.to_string(),
-            sub_state: props.sub_state.to_string(),
-            main_pid: props.main_pid,
-            cmdline_matches: None,
-            cmdline_of: CmdlineOf::Deployed,
-            arg_mismatches: vec![],
-            last_result: st.history.last().cloned(),
-            error: None,
-            last_ended: None,
-            speculation: None,
-            down: None,
-            hold: st.hold.clone(),
-        });
-    };
+    let Some(d) = desired else { return no_desired_state(ctx, st).await };
     let (o, props) = reconcile::observe(ctx, &d, st, true).await?;
     let p = plan::plan(&o, &reconcile::desired_of(&ctx.unit_dir, &d));
-    let mut reasons = p.reasons.clone();
     let applying = crate::machine::lock::UnitLock::held(&ctx.store.locks_dir(), &st.unit);
-    let last = st.history.last().filter(|h| h.sha256 == d.unit.sha256);
-    let sync = crate::core::sync::status(crate::core::sync::Seen {
-        planned: p.sync,
-        outcome: None,
-        applying,
-        last_try: last.map(|h| h.outcome),
-    });
-    if applying {
-        reasons.insert(
-            0,
-            format!("an apply is running ({})", st.in_progress.as_ref().map_or("?".into(), |p| p.phase.to_string())),
-        );
-    }
-    // Failed by its last try: that try's message says why.
-    if let Some(last) = last.filter(|h| crate::core::sync::failed_try(h.outcome) && sync == SyncStatus::Failed)
-        && !reasons.iter().any(|r| r.contains(&last.message))
-    {
-        reasons.push(last.message.clone());
-    }
+    let (sync, reasons) = sync_and_reasons(st, &d, p, applying);
     let health = ServiceHealth::of(o.ready, props.active_state);
-    // The process runs the deployed unit: the desired one when it is deployed; otherwise (the
-    // desired unit refused, quarantined, held or not applied yet) the file on disk.
-    let deployed_is_desired = o.deployed_sha256.as_deref() == Some(d.unit.sha256.as_str());
-    let (cmdline_of, argv) = if deployed_is_desired {
-        (CmdlineOf::Desired, Some(d.spec.argv.clone()))
-    } else {
-        let text = ctx.host.read(&crate::host::unit_path(&ctx.unit_dir, &st.unit))?;
-        (CmdlineOf::Deployed, text.and_then(|t| specd_spec::exec_start(&String::from_utf8_lossy(&t))))
-    };
+    let (cmdline_of, argv) = compared_argv(ctx, st, &d, o.deployed_sha256.as_deref())?;
     let down = (health == ServiceHealth::Down)
         .then(|| crate::core::sync::down_reason(st.history.last(), props.active_state, &props.sub_state));
     Ok(UnitStatus {
@@ -172,17 +127,7 @@ pub(super) async fn unit_status<H: Host>(
         arg_mismatches: o.arg_mismatches.clone(),
         last_result: st.history.last().cloned(),
         error: None,
-        // Recorded when specd saw the last instance end, while the one after it still runs;
-        // otherwise (a restart specd did not make, or no record yet) read from the journal.
-        last_ended: match crate::core::sync::recorded_ending(
-            st.last_ended.as_ref(),
-            &props.invocation_id,
-            props.active_state,
-            props.main_pid,
-        ) {
-            Some(said) => said,
-            None => ctx.host.ending(&st.unit, "", timing::LAST_ENDED_WITHIN).await.map(|e| e.summary),
-        },
+        last_ended: last_ended(ctx, st, &props).await,
         // The proof of the running unit's speculation (a measurement of an older hash is not it).
         speculation: st
             .speculation
@@ -190,6 +135,101 @@ pub(super) async fn unit_status<H: Host>(
             .filter(|r| o.deployed_sha256.as_deref() == Some(r.sha256.as_str()))
             .cloned(),
     })
+}
+
+/// A unit specd has state for but no desired state recorded: out of sync, and what systemd
+/// says of it.
+async fn no_desired_state<H: Host>(ctx: &Ctx<H>, st: &record::UnitState) -> Result<UnitStatus> {
+    let props = ctx.host.show(&st.unit).await?;
+    Ok(UnitStatus {
+        unit: st.unit.clone(),
+        sync: SyncStatus::OutOfSync,
+        health: ServiceHealth::Unknown,
+        reasons: vec!["no desired state recorded".into()],
+        desired_sha256: None,
+        deployed_sha256: None,
+        source: None,
+        applied_source: st.last_good.as_ref().and_then(|g| g.source.clone()),
+        active_state: props.active_state.to_string(),
+        sub_state: props.sub_state.to_string(),
+        main_pid: props.main_pid,
+        cmdline_matches: None,
+        cmdline_of: CmdlineOf::Deployed,
+        arg_mismatches: vec![],
+        last_result: st.history.last().cloned(),
+        error: None,
+        last_ended: None,
+        speculation: None,
+        down: None,
+        hold: st.hold.clone(),
+    })
+}
+
+/// The unit's sync status and why, from the plan `p` for the desired state `d`, an apply that
+/// is `applying` now (its phase said first), and its last try of `d` (a failed one's message
+/// said last).
+fn sync_and_reasons(
+    st: &record::UnitState,
+    d: &DesiredState,
+    p: plan::Plan,
+    applying: bool,
+) -> (SyncStatus, Vec<String>) {
+    let mut reasons = p.reasons;
+    let last = st.history.last().filter(|h| h.sha256 == d.unit.sha256);
+    let sync = crate::core::sync::status(crate::core::sync::Seen {
+        planned: p.sync,
+        outcome: None,
+        applying,
+        last_try: last.map(|h| h.outcome),
+    });
+    if applying {
+        reasons.insert(
+            0,
+            format!("an apply is running ({})", st.in_progress.as_ref().map_or("?".into(), |p| p.phase.to_string())),
+        );
+    }
+    // Failed by its last try: that try's message says why.
+    if let Some(last) = last.filter(|h| crate::core::sync::failed_try(h.outcome) && sync == SyncStatus::Failed)
+        && !reasons.iter().any(|r| r.contains(&last.message))
+    {
+        reasons.push(last.message.clone());
+    }
+    (sync, reasons)
+}
+
+/// The argv the running process is compared with: the desired unit's when it is deployed
+/// (`deployed_sha256`); otherwise (the desired unit refused, quarantined, held or not applied
+/// yet) the `ExecStart=` of the file on disk.
+fn compared_argv<H: Host>(
+    ctx: &Ctx<H>,
+    st: &record::UnitState,
+    d: &DesiredState,
+    deployed_sha256: Option<&str>,
+) -> Result<(CmdlineOf, Option<Vec<String>>)> {
+    if deployed_sha256 == Some(d.unit.sha256.as_str()) {
+        return Ok((CmdlineOf::Desired, Some(d.spec.argv.clone())));
+    }
+    let text = ctx.host.read(&crate::host::unit_path(&ctx.unit_dir, &st.unit))?;
+    Ok((CmdlineOf::Deployed, text.and_then(|t| specd_spec::exec_start(&String::from_utf8_lossy(&t)))))
+}
+
+/// How the unit's last instance that ended, ended: recorded when specd saw it end, while the
+/// one after it still runs; otherwise (a restart specd did not make, or no record yet) read
+/// from the journal.
+async fn last_ended<H: Host>(
+    ctx: &Ctx<H>,
+    st: &record::UnitState,
+    props: &crate::machine::systemd::UnitProps,
+) -> Option<String> {
+    match crate::core::sync::recorded_ending(
+        st.last_ended.as_ref(),
+        &props.invocation_id,
+        props.active_state,
+        props.main_pid,
+    ) {
+        Some(said) => said,
+        None => ctx.host.ending(&st.unit, "", timing::LAST_ENDED_WITHIN).await.map(|e| e.summary),
+    }
 }
 
 /// `specd status [-f FILE]`: every unit specd has state for (or the file's), as the host runs it.
@@ -308,11 +348,11 @@ pub(super) fn print_status(s: &UnitStatus) {
     }
     if let Some(h) = &s.hold {
         let what = match h.kind {
-            store::HoldKind::Suspend => "the agent observes and reports drift only; a hand `specd apply` still applies",
-            store::HoldKind::Pin => {
+            hold::HoldKind::Suspend => "the agent observes and reports drift only; a hand `specd apply` still applies",
+            hold::HoldKind::Pin => {
                 "the agent leaves this unit until the source has a new desired unit or `specd resume`"
             }
-            store::HoldKind::Sweep => "the agent observes only; `specd apply` is refused while the sweep runs",
+            hold::HoldKind::Sweep => "the agent observes only; `specd apply` is refused while the sweep runs",
         };
         println!("  hold: {} ({what})", h.describe());
     }
@@ -327,7 +367,7 @@ pub(super) fn print_status(s: &UnitStatus) {
         println!(
             "  speculation: {} (measured {} after readiness: {})",
             r.measured.figure(),
-            store::format_time(r.time),
+            record::format_time(r.time),
             r.measured.evidence.join(", ")
         );
     }
@@ -335,7 +375,7 @@ pub(super) fn print_status(s: &UnitStatus) {
         println!("  last ended: {v}");
     }
     if let Some(h) = &s.last_result {
-        println!("  last: {} {}", store::format_time(h.time), h.message);
+        println!("  last: {} {}", record::format_time(h.time), h.message);
         if let Some(v) = &h.stop_verdict {
             println!("  last stop: {v}");
         }

@@ -1,9 +1,12 @@
 //! The commands on the fake host and tokio's paused clock: what a person runs, and what they
 //! would check after (the exit code, what status says, what serves).
 
-use crate::core::plan::SyncStatus;
-use crate::host::Host;
-use crate::machine::store::{self, Source, SourceState, Store};
+use crate::core::hold;
+use crate::core::record;
+use crate::core::record::Source;
+use crate::core::sync::SyncStatus;
+use crate::host::{Host, ServiceManager};
+use crate::machine::store::{self, SourceState, Store};
 use crate::reconcile::context::{self, Dirs};
 use crate::reconcile::{Ctx, Event, Shutdown};
 use std::path::{Path, PathBuf};
@@ -19,31 +22,31 @@ use crate::core::unit_state::ActiveState;
 
 #[test]
 fn only_a_live_sweep_stops_a_hand_apply() {
-    let hold = |kind, pid| store::Hold { pid, ..store::Hold::new(kind, "specd sweep qwen-mtp-steps", 0) };
-    let st = |h| store::UnitState { unit: "a.service".into(), hold: Some(h), ..Default::default() };
+    let hold = |kind, pid| hold::Hold { pid, ..hold::Hold::new(kind, "specd sweep qwen-mtp-steps", 0) };
+    let st = |h| record::UnitState { unit: "a.service".into(), hold: Some(h), ..Default::default() };
     let host = this_host();
-    let live_sweep = |st: &store::UnitState| live_sweep(&host, st);
-    let why = live_sweep(&st(hold(store::HoldKind::Sweep, Some(std::process::id())))).unwrap();
+    let live_sweep = |st: &record::UnitState| live_sweep(&host, st);
+    let why = live_sweep(&st(hold(hold::HoldKind::Sweep, Some(std::process::id())))).unwrap();
     assert!(why.contains("held by a sweep by specd sweep qwen-mtp-steps") && why.contains("stop the sweep"), "{why}");
     // The sweep's pid, now another process's (it started at another time): not live.
     let me = std::process::id();
-    let started = crate::host::pid_start(me).unwrap();
-    let at = |start| store::Hold { pid_start: Some(start), ..hold(store::HoldKind::Sweep, Some(me)) };
+    let started = crate::machine::process::pid_start(me).unwrap();
+    let at = |start| hold::Hold { pid_start: Some(start), ..hold(hold::HoldKind::Sweep, Some(me)) };
     assert!(live_sweep(&st(at(started))).is_some());
     assert_eq!(live_sweep(&st(at(started + 1))), None);
     let mut gone = std::process::Command::new("true").spawn().unwrap();
     let pid = gone.id();
     gone.wait().unwrap();
-    assert_eq!(live_sweep(&st(hold(store::HoldKind::Sweep, Some(pid)))), None);
+    assert_eq!(live_sweep(&st(hold(hold::HoldKind::Sweep, Some(pid)))), None);
     // Past its end, even with its process alive (a sweep that hung): the agent's again.
-    let expired = store::Hold { until: Some(1), ..hold(store::HoldKind::Sweep, Some(me)) };
+    let expired = hold::Hold { until: Some(1), ..hold(hold::HoldKind::Sweep, Some(me)) };
     assert_eq!(live_sweep(&st(expired)), None);
     // One that names no process (an older specd's): in effect until it expires, as the agent
     // sees it.
-    assert!(live_sweep(&st(hold(store::HoldKind::Sweep, None))).is_some());
-    assert_eq!(live_sweep(&st(store::Hold { until: Some(1), ..hold(store::HoldKind::Sweep, None) })), None);
-    assert_eq!(live_sweep(&st(hold(store::HoldKind::Suspend, None))), None);
-    assert_eq!(live_sweep(&st(hold(store::HoldKind::Pin, None))), None);
+    assert!(live_sweep(&st(hold(hold::HoldKind::Sweep, None))).is_some());
+    assert_eq!(live_sweep(&st(hold::Hold { until: Some(1), ..hold(hold::HoldKind::Sweep, None) })), None);
+    assert_eq!(live_sweep(&st(hold(hold::HoldKind::Suspend, None))), None);
+    assert_eq!(live_sweep(&st(hold(hold::HoldKind::Pin, None))), None);
 }
 
 #[tokio::test]
@@ -51,7 +54,7 @@ async fn the_sweep_s_own_applies_are_its_own() {
     let d = tempfile::tempdir().unwrap();
     let store = Store::new(d.path());
     assert!(!sweeps_own(&store, "a.service"), "no hold");
-    let hold = |pid| store::Hold { pid: Some(pid), ..store::Hold::new(store::HoldKind::Sweep, "specd sweep s", 0) };
+    let hold = |pid| hold::Hold { pid: Some(pid), ..hold::Hold::new(hold::HoldKind::Sweep, "specd sweep s", 0) };
     store.set_hold("a.service", hold(std::process::id())).await.unwrap();
     assert!(sweeps_own(&store, "a.service"), "the holding process itself");
     store.set_hold("a.service", hold(nix::unistd::getppid().as_raw().unsigned_abs())).await.unwrap();
@@ -70,15 +73,15 @@ fn durations_are_numbers_with_units() {
     }
 }
 
-fn good(sha: &str, time: u64) -> store::DesiredRecord {
+fn good(sha: &str, time: u64) -> record::DesiredRecord {
     let text = include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/llama-cpp-qwen-draft.yaml"));
     let spec = specd_spec::parse("t.yaml", text).and_then(|p| p.resolve(None)).unwrap();
-    store::DesiredRecord { sha256: sha.into(), source: None, time, spec }
+    record::DesiredRecord { sha256: sha.into(), source: None, time, spec }
 }
 
 #[test]
 fn a_rollback_goes_to_the_newest_good_unit_not_deployed_or_the_one_named() {
-    let mut st = store::UnitState { unit: "t.service".into(), ..Default::default() };
+    let mut st = record::UnitState { unit: "t.service".into(), ..Default::default() };
     assert!(rollback_target(&st, None, None).unwrap_err().contains("no earlier good unit"));
     st.good_specs = vec![good("aaaa1111", 1), good("aaaa2222", 2), good("bbbb3333", 3)];
     assert_eq!(rollback_target(&st, Some("bbbb3333"), None).unwrap().sha256, "aaaa2222");
@@ -88,11 +91,11 @@ fn a_rollback_goes_to_the_newest_good_unit_not_deployed_or_the_one_named() {
     assert!(rollback_target(&st, None, Some("aaaa")).unwrap_err().contains("more than one"));
     assert!(rollback_target(&st, None, Some("abc")).unwrap_err().contains("at least 4 hex digits"));
     assert!(rollback_target(&st, None, Some("dddd")).unwrap_err().contains("no good unit dddd"));
-    st.history.push(store::HistoryEntry {
+    st.history.push(record::HistoryEntry {
         time: 0,
         sha256: "dddd0000".into(),
         source: None,
-        outcome: store::Outcome::Applied,
+        outcome: record::Outcome::Applied,
         message: String::new(),
         stop_verdict: None,
         duration_ms: 0,
@@ -104,16 +107,16 @@ fn a_rollback_goes_to_the_newest_good_unit_not_deployed_or_the_one_named() {
 fn a_hand_apply_of_another_unit_than_the_agent_s_is_said_to_be_reverted() {
     let commit = Source::Commit { repo: "/srv/specs".into(), commit: "c".repeat(40), path: "q.yaml".into() };
     let agent = SourceState { repo: "/srv/specs".into(), ..SourceState::default() };
-    let entry = |sha: &str, source: Option<Source>| store::HistoryEntry {
+    let entry = |sha: &str, source: Option<Source>| record::HistoryEntry {
         time: 1,
         sha256: sha.into(),
         source,
-        outcome: store::Outcome::Applied,
+        outcome: record::Outcome::Applied,
         message: String::new(),
         stop_verdict: None,
         duration_ms: 0,
     };
-    let st = store::UnitState {
+    let st = record::UnitState {
         unit: UNIT.into(),
         history: vec![entry(&"a".repeat(64), Some(commit.clone()))],
         ..Default::default()
@@ -127,7 +130,7 @@ fn a_hand_apply_of_another_unit_than_the_agent_s_is_said_to_be_reverted() {
     // The agent's own unit, no agent on this host, or one that never deployed this unit: nothing to say.
     assert!(agent_reverts(&st, Some(&agent), &"a".repeat(64)).is_none());
     assert!(agent_reverts(&st, None, &"b".repeat(64)).is_none());
-    let by_hand = store::UnitState { history: vec![entry(&"a".repeat(64), None)], ..st.clone() };
+    let by_hand = record::UnitState { history: vec![entry(&"a".repeat(64), None)], ..st.clone() };
     assert!(agent_reverts(&by_hand, Some(&agent), &"b".repeat(64)).is_none());
 }
 
@@ -286,7 +289,7 @@ async fn a_rollback_goes_back_to_an_earlier_good_unit_and_pins_it() {
     assert_eq!(rollback_on(&ctx, UNIT.into(), None, None, no_agent.clone(), false).await.unwrap(), 0);
     assert_eq!(f.host.serving(), Some(f.argv(3)));
     let pin = ctx.store.peek(UNIT).unwrap().hold.unwrap();
-    assert_eq!((pin.kind, pin.pinned_sha256.as_deref(), pin.pid), (store::HoldKind::Pin, Some(v1_sha.as_str()), None));
+    assert_eq!((pin.kind, pin.pinned_sha256.as_deref(), pin.pid), (hold::HoldKind::Pin, Some(v1_sha.as_str()), None));
     // The pin keeps the agent out while the source still wants v2, and is no command's
     // business.
     assert!(matches!(f.host.hold_effect(Some(&pin), &v2_sha), crate::core::hold::HoldEffect::HandsOff(_)));

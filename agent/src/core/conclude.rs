@@ -7,9 +7,10 @@ use std::time::Duration;
 
 use specd_spec::short;
 
-use crate::core::plan::{Observed, Plan, Step, SyncStatus};
+use crate::core::plan::{Observed, Plan, Step};
 use crate::core::record::{GoodUnit, HistoryEntry, Outcome, Source, UnitState};
 use crate::core::recovery::{Decision, Restore};
+use crate::core::sync::SyncStatus;
 use crate::core::timing;
 use crate::core::unit_state::{ActiveState, SubState};
 

@@ -24,6 +24,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::core::record::format_time;
+
 /// What kind of hold keeps the agent's hands off a unit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -168,12 +170,6 @@ pub fn effective(hold: Option<&Hold>, now: u64, pid_alive: bool, desired_sha: Op
             )),
         },
     }
-}
-
-/// `2026-12-02T11:18:00Z` for unix seconds.
-pub fn format_time(secs: u64) -> String {
-    let (y, m, d, h, mi, s) = specd_spec::utc(secs);
-    format!("{y:04}-{m:02}-{d:02}T{h:02}:{mi:02}:{s:02}Z")
 }
 
 #[cfg(test)]

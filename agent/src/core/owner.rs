@@ -11,7 +11,7 @@ pub fn reserved(unit: &str, own: Option<&str>) -> Option<&'static str> {
     specd_spec::reserved_unit(unit)
 }
 
-pub use specd_spec::glob_match;
+use specd_spec::glob_match;
 
 /// Whether the agent may manage `unit`: not reserved, and matching `pattern` (default: any).
 pub fn may_manage(unit: &str, own: Option<&str>, pattern: Option<&str>) -> Result<(), String> {
@@ -56,16 +56,6 @@ pub fn foreign(
         }
         None => None,
     }
-}
-
-/// The unit specd runs in (from `/proc/self/cgroup`), when it runs as a service.
-pub fn own_unit() -> Option<String> {
-    let cg = std::fs::read_to_string("/proc/self/cgroup").ok()?;
-    cg.lines()
-        .filter_map(|l| l.rsplit(':').next())
-        .flat_map(|p| p.rsplit('/'))
-        .find(|c| c.ends_with(".service"))
-        .map(str::to_string)
 }
 
 #[cfg(test)]

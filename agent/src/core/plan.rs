@@ -4,6 +4,7 @@
 use serde::Serialize;
 use specd_spec::{DriftPolicy, short};
 
+use crate::core::sync::SyncStatus;
 use crate::core::unit_state::{ActiveState, LoadState, SubState, UnitFileState};
 
 /// What specd saw on the host for one unit.
@@ -52,42 +53,6 @@ pub struct Desired {
     pub verify_speculation: bool,
     /// `service.enabled`: the unit starts at boot.
     pub enabled: bool,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-pub enum SyncStatus {
-    InSync,
-    OutOfSync,
-    Drifted,
-    Progressing,
-    Failed,
-    /// systemd has the unit masked (`LoadState=masked`): specd changes nothing and never unmasks.
-    Masked,
-}
-
-impl SyncStatus {
-    /// Every status, in the order the metrics list them.
-    pub const ALL: [SyncStatus; 6] = [
-        SyncStatus::InSync,
-        SyncStatus::OutOfSync,
-        SyncStatus::Drifted,
-        SyncStatus::Progressing,
-        SyncStatus::Failed,
-        SyncStatus::Masked,
-    ];
-}
-
-impl std::fmt::Display for SyncStatus {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            SyncStatus::InSync => "InSync",
-            SyncStatus::OutOfSync => "OutOfSync",
-            SyncStatus::Drifted => "Drifted",
-            SyncStatus::Progressing => "Progressing",
-            SyncStatus::Failed => "Failed",
-            SyncStatus::Masked => "Masked",
-        })
-    }
 }
 
 /// One step of an apply, in the order they run.
@@ -197,18 +162,73 @@ pub fn plan(o: &Observed, d: &Desired) -> Plan {
     if let Some(p) = masked_or_quarantined(o, d) {
         return p;
     }
-    let mut reasons = Vec::new();
-    let file_differs = o.deployed_sha256.as_deref() != Some(d.sha256.as_str());
-    let running = o.active_state.may_run() || o.main_pid > 0;
-    let loaded_elsewhere =
-        o.load_state == LoadState::Loaded && !o.fragment_path.is_empty() && o.fragment_path != d.fragment_path;
-    let stale_cmdline = running && o.main_cmdline.as_ref().is_some_and(|c| !runs_argv(c, &d.argv));
+    let g = Gaps::of(o, d);
+    let (mut reasons, drift) = differences(o, d, &g);
+    // An apply that died part-way is finished, whatever the drift policy: the differences are
+    // its own half-done steps.
+    if o.interrupted {
+        reasons.push("an earlier apply of this spec was interrupted; finishing it".to_string());
+        reasons.extend(drift);
+        return Plan { sync: SyncStatus::Progressing, reasons, steps: finish(o, d, &g), toward: Toward::Desired };
+    }
+    if g.file_differs && g.new_spec {
+        reasons.extend(drift);
+        return Plan {
+            sync: SyncStatus::OutOfSync,
+            reasons,
+            steps: full(o, d, g.running, true),
+            toward: Toward::Desired,
+        };
+    }
+    if !drift.is_empty() {
+        let steps = match d.drift {
+            DriftPolicy::Heal => full(o, d, g.running, g.file_differs),
+            DriftPolicy::Report => vec![],
+        };
+        return Plan { sync: SyncStatus::Drifted, reasons: drift, steps, toward: Toward::Desired };
+    }
 
-    // Is the difference a new desired state (deploy) or the host moving away from it (drift)?
-    let new_spec = o.written_sha256.as_deref() != Some(d.sha256.as_str());
+    // The host has the desired unit, loaded. What is its service doing?
+    with_boot_step(by_state(o, d), o, d)
+}
+
+/// How the host stands against the desired unit, derived once from what was observed.
+struct Gaps {
+    /// The unit file on disk is not the desired unit.
+    file_differs: bool,
+    /// The desired unit is not the one specd last wrote: a new desired state (a deploy), not
+    /// the host moving away from it (drift).
+    new_spec: bool,
+    /// The service runs, or has a process.
+    running: bool,
+    /// systemd loads the unit from another file than specd writes.
+    loaded_elsewhere: bool,
+    /// The running process's command line is not the desired argv.
+    stale_cmdline: bool,
+}
+
+impl Gaps {
+    fn of(o: &Observed, d: &Desired) -> Gaps {
+        let running = o.active_state.may_run() || o.main_pid > 0;
+        Gaps {
+            file_differs: o.deployed_sha256.as_deref() != Some(d.sha256.as_str()),
+            new_spec: o.written_sha256.as_deref() != Some(d.sha256.as_str()),
+            running,
+            loaded_elsewhere: o.load_state == LoadState::Loaded
+                && !o.fragment_path.is_empty()
+                && o.fragment_path != d.fragment_path,
+            stale_cmdline: running && o.main_cmdline.as_ref().is_some_and(|c| !runs_argv(c, &d.argv)),
+        }
+    }
+}
+
+/// What differs, said: the reasons of a deploy (a new desired state), and the drift (the host
+/// moved away from the desired state).
+fn differences(o: &Observed, d: &Desired, g: &Gaps) -> (Vec<String>, Vec<String>) {
+    let mut reasons = Vec::new();
     let mut drift = Vec::new();
-    if file_differs {
-        match (&o.deployed_sha256, new_spec) {
+    if g.file_differs {
+        match (&o.deployed_sha256, g.new_spec) {
             (None, true) => reasons.push("the unit file does not exist yet".to_string()),
             (Some(h), true) => {
                 reasons.push(format!("the spec changed: deployed unit {} → desired {}", short(h), short(&d.sha256)))
@@ -224,80 +244,58 @@ pub fn plan(o: &Observed, d: &Desired) -> Plan {
     if !o.drop_ins.is_empty() {
         drift.push(format!("drop-ins change the unit: {}", o.drop_ins.join(", ")));
     }
-    if o.need_daemon_reload && !file_differs {
+    if o.need_daemon_reload && !g.file_differs {
         drift.push("systemd runs an older load of the unit file (NeedDaemonReload=yes)".to_string());
     }
-    if loaded_elsewhere {
+    if g.loaded_elsewhere {
         drift.push(format!("systemd loads the unit from {} instead of {}", o.fragment_path, d.fragment_path));
     }
-    if stale_cmdline && !file_differs {
+    if g.stale_cmdline && !g.file_differs {
         drift.push("the running process was not started from the deployed unit (its command line differs)".to_string());
     }
-    if !o.arg_mismatches.is_empty() && d.verify_args && !file_differs {
+    if !o.arg_mismatches.is_empty() && d.verify_args && !g.file_differs {
         drift.push(format!("the server reports args that differ from the spec: {}", o.arg_mismatches.join("; ")));
     }
+    (reasons, drift)
+}
 
-    let full = |running: bool, write: bool, drop_ins: bool| {
-        let mut s = Vec::new();
-        if running {
-            s.push(Step::Drain);
-        }
-        s.extend([Step::Stop, Step::WaitStopped]);
-        if drop_ins {
-            s.push(Step::RemoveDropIns);
-        }
-        if write {
-            s.push(Step::WriteUnit);
-        }
-        s.extend([Step::Reload, Step::Start, Step::VerifyCmdline, Step::WaitReady]);
-        s.extend(boot_step(o, d, true));
-        s.extend(verify_after_ready(d));
-        s
-    };
-
-    // An apply that died part-way is finished, whatever the drift policy: the differences are
-    // its own half-done steps. A server it already started from the desired unit is not restarted.
-    if o.interrupted {
-        let resumable = !file_differs
-            && !o.need_daemon_reload
-            && !loaded_elsewhere
-            && o.drop_ins.is_empty()
-            && running
-            && o.main_cmdline.as_ref().is_some_and(|c| runs_argv(c, &d.argv));
-        let mut steps = if resumable {
-            vec![Step::VerifyCmdline, Step::WaitReady]
-        } else {
-            full(running, file_differs, !o.drop_ins.is_empty())
-        };
-        if resumable {
-            steps.extend(boot_step(o, d, false));
-            steps.extend(verify_after_ready(d));
-        }
-        reasons.push("an earlier apply of this spec was interrupted; finishing it".to_string());
-        reasons.extend(drift);
-        return Plan { sync: SyncStatus::Progressing, reasons, steps, toward: Toward::Desired };
+/// Every step of an apply: drain (when `running`), stop, wait for the empty cgroup, remove the
+/// drop-ins (when there are), write the unit (when `write`), reload, start, verify, wait for
+/// readiness, enable or disable it, and the checks after readiness.
+fn full(o: &Observed, d: &Desired, running: bool, write: bool) -> Vec<Step> {
+    let mut s = Vec::new();
+    if running {
+        s.push(Step::Drain);
     }
-
-    let spec_change = file_differs && new_spec;
-    if spec_change {
-        reasons.extend(drift);
-        return Plan {
-            sync: SyncStatus::OutOfSync,
-            reasons,
-            steps: full(running, true, !o.drop_ins.is_empty()),
-            toward: Toward::Desired,
-        };
+    s.extend([Step::Stop, Step::WaitStopped]);
+    if !o.drop_ins.is_empty() {
+        s.push(Step::RemoveDropIns);
     }
-    if !drift.is_empty() {
-        let steps = match d.drift {
-            DriftPolicy::Heal => full(running, file_differs, !o.drop_ins.is_empty()),
-            DriftPolicy::Report => vec![],
-        };
-        return Plan { sync: SyncStatus::Drifted, reasons: drift, steps, toward: Toward::Desired };
+    if write {
+        s.push(Step::WriteUnit);
     }
+    s.extend([Step::Reload, Step::Start, Step::VerifyCmdline, Step::WaitReady]);
+    s.extend(boot_step(o, d, true));
+    s.extend(verify_after_ready(d));
+    s
+}
 
-    // The host has the desired unit, loaded. What is its service doing?
-    with_boot_step(by_state(o, d), o, d)
+/// The steps that finish an interrupted apply. A server it already started from the desired
+/// unit is not restarted: it is verified and waited for.
+fn finish(o: &Observed, d: &Desired, g: &Gaps) -> Vec<Step> {
+    let resumable = !g.file_differs
+        && !o.need_daemon_reload
+        && !g.loaded_elsewhere
+        && o.drop_ins.is_empty()
+        && g.running
+        && o.main_cmdline.as_ref().is_some_and(|c| runs_argv(c, &d.argv));
+    if !resumable {
+        return full(o, d, g.running, g.file_differs);
+    }
+    let mut steps = vec![Step::VerifyCmdline, Step::WaitReady];
+    steps.extend(boot_step(o, d, false));
+    steps.extend(verify_after_ready(d));
+    steps
 }
 
 /// A mask (a person's decision, or a runtime one: neither drift to heal nor a unit to start;

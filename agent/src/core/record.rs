@@ -4,6 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::core::hold::Hold;
 use crate::core::plan::Step;
 
 /// How many history entries are kept per unit.
@@ -11,7 +12,8 @@ pub const HISTORY_MAX: usize = 200;
 
 /// `2026-12-02T11:18:00Z` for unix seconds.
 pub fn format_time(secs: u64) -> String {
-    crate::core::hold::format_time(secs)
+    let (y, m, d, h, mi, s) = specd_spec::utc(secs);
+    format!("{y:04}-{m:02}-{d:02}T{h:02}:{mi:02}:{s:02}Z")
 }
 
 /// Where a desired state came from.
@@ -59,8 +61,6 @@ pub enum Outcome {
 
 /// How many specs of past good units are kept per unit (the targets of `specd rollback`).
 pub const GOOD_SPECS_MAX: usize = 8;
-
-pub use crate::core::hold::{Hold, HoldKind};
 
 /// A unit that ran and passed verification: the rollback target.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

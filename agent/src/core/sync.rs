@@ -2,9 +2,47 @@
 //! JSON), and whether the unit runs its spec (the exit code of `apply` and `rollback`): pure,
 //! one place each, from what `plan` found and what the reconcile did.
 
-use crate::core::plan::SyncStatus;
+use serde::Serialize;
+
 use crate::core::record::{HistoryEntry, LastEnded, Outcome};
 use crate::core::unit_state::{ActiveState, SubState};
+
+/// A unit's sync status.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum SyncStatus {
+    InSync,
+    OutOfSync,
+    Drifted,
+    Progressing,
+    Failed,
+    /// systemd has the unit masked (`LoadState=masked`): specd changes nothing and never unmasks.
+    Masked,
+}
+
+impl SyncStatus {
+    /// Every status, in the order the metrics list them.
+    pub const ALL: [SyncStatus; 6] = [
+        SyncStatus::InSync,
+        SyncStatus::OutOfSync,
+        SyncStatus::Drifted,
+        SyncStatus::Progressing,
+        SyncStatus::Failed,
+        SyncStatus::Masked,
+    ];
+}
+
+impl std::fmt::Display for SyncStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            SyncStatus::InSync => "InSync",
+            SyncStatus::OutOfSync => "OutOfSync",
+            SyncStatus::Drifted => "Drifted",
+            SyncStatus::Progressing => "Progressing",
+            SyncStatus::Failed => "Failed",
+            SyncStatus::Masked => "Masked",
+        })
+    }
+}
 
 /// What is known of a unit when its sync status is said.
 #[derive(Clone, Copy, Debug)]

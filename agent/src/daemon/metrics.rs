@@ -20,9 +20,10 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
 
-use crate::core::plan::SyncStatus;
+use crate::core::hold::HoldKind;
+use crate::core::record::{Source, UnitState};
+use crate::core::sync::SyncStatus;
 use crate::diagnose::Verdict;
-use crate::machine::store::{HoldKind, Source, UnitState};
 
 type Labels = Vec<(String, String)>;
 type FloatGauge = Gauge<f64, AtomicU64>;
@@ -78,135 +79,92 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    /// The agent's metrics; `version` is `specd_build_info`'s.
+    /// The agent's metrics; `version` is `specd_build_info`'s. Each is registered as its field
+    /// is made, in the order written here (a struct expression's order), which is the order
+    /// they are served in.
     pub fn new(version: &str) -> Self {
-        let mut r = Registry::with_prefix("specd");
-        let build = Info::new(vec![
-            ("version".to_string(), version.to_string()),
-            ("revision".to_string(), env!("SPECD_REVISION").to_string()),
-            ("arch".to_string(), std::env::consts::ARCH.to_string()),
-        ]);
-        r.register(
-            "build",
-            "The running specd: its version, the commit it was built from and its CPU architecture (value 1)",
-            build,
-        );
-        let sync = Family::<Labels, Gauge>::default();
-        let last_reconcile = Family::<Labels, FloatGauge>::default();
-        let reconciles = Family::<Labels, Counter>::default();
-        let failures = Family::<Labels, Counter>::default();
-        let duration =
-            Family::<Labels, Histogram>::new_with_constructor(|| Histogram::new(exponential_buckets(0.01, 2.0, 18)));
-        r.register("unit_sync", "1 for the unit's current sync status, 0 for the others", sync.clone());
-        r.register(
-            "reconcile_last_timestamp_seconds",
-            "Unix time of the unit's last reconcile (a held unit's look included)",
-            last_reconcile.clone(),
-        );
-        r.register("reconciles", "Reconciles by result", reconciles.clone());
-        r.register("reconcile_failures", "Reconciles that failed or rolled back", failures.clone());
-        r.register("reconcile_duration_seconds", "Duration of reconciles", duration.clone());
-        let source_reads = Counter::default();
-        r.register("source_reads", "Reads of the source (fetch, gate, specs)", source_reads.clone());
-        let source_info = Family::<Labels, Gauge>::default();
-        r.register(
-            "source_info",
-            "The commit the agent deploys (the source's accepted commit) as the revision label, value 1",
-            source_info.clone(),
-        );
-        let source_success = FloatGauge::default();
-        r.register(
-            "source_last_success_timestamp_seconds",
-            "Unix time of the last read of the source that reached its head (a remote: fetched); 0 before the first",
-            source_success.clone(),
-        );
-        let poll_interval = FloatGauge::default();
-        r.register(
-            "source_poll_interval_seconds",
-            "How often the source is fetched (a remote); 0 when it is watched instead (a local repository)",
-            poll_interval.clone(),
-        );
-        let resync_interval = FloatGauge::default();
-        r.register(
-            "resync_interval_seconds",
-            "How often every unit is looked at whatever happens; 0 when only changes make the agent look",
-            resync_interval.clone(),
-        );
-        let down = Family::<Labels, Gauge>::default();
-        r.register("unit_down", "1 when the unit's service is not running after its last reconcile", down.clone());
-        let hold = Family::<Labels, Gauge>::default();
-        r.register(
-            "unit_hold",
-            "1 for the kind of hold (suspend, pin, sweep) that keeps the agent's hands off the unit",
-            hold.clone(),
-        );
-        let unit_info = Family::<Labels, Gauge>::default();
-        r.register(
-            "unit_info",
-            "The unit that runs, verified: the commit it came from (revision) and its unit file's sha256 (unit_hash), value 1",
-            unit_info.clone(),
-        );
-        let args_verified = Family::<Labels, Gauge>::default();
-        r.register(
-            "unit_args_verified",
-            "1 when the unit runs its desired unit and the server's own report of its args matched the spec; only for specs whose args are checked",
-            args_verified.clone(),
-        );
-        let accept_length = Family::<Labels, FloatGauge>::default();
-        r.register(
-            "unit_accept_length",
-            "Tokens per target verification pass in the last speculation proof of the unit that runs",
-            accept_length.clone(),
-        );
-        let accept_rate = Family::<Labels, FloatGauge>::default();
-        r.register(
-            "unit_accept_rate",
-            "Accepted / drafted tokens in the last speculation proof of the unit that runs (0 to 1)",
-            accept_rate.clone(),
-        );
-        let quarantined = Family::<Labels, Gauge>::default();
-        r.register(
-            "unit_quarantined",
-            "1 when the unit's desired unit hash is quarantined (it failed; not tried again until it changes or is unquarantined)",
-            quarantined.clone(),
-        );
-        let deaths = Family::<Labels, Counter>::default();
-        r.register(
-            "unit_deaths",
-            "Instances of the unit that died (every ending but a clean stop), by the diagnosis verdict",
-            deaths.clone(),
-        );
-        let last_death = Family::<Labels, Gauge>::default();
-        r.register(
-            "unit_last_death_timestamp_seconds",
-            "When the agent counted the newest death of the unit's instances (Unix seconds), by its verdict; one series per unit",
-            last_death.clone(),
-        );
-        Metrics {
-            registry: Mutex::new(r),
-            sync,
-            last_reconcile,
-            reconciles,
-            failures,
-            duration,
-            down,
-            hold,
-            source_reads,
-            source_info,
+        let mut r = registry(version);
+        let mut m = Metrics {
+            registry: Mutex::default(),
+            sync: served(&mut r, "unit_sync", "1 for the unit's current sync status, 0 for the others"),
+            last_reconcile: served(
+                &mut r,
+                "reconcile_last_timestamp_seconds",
+                "Unix time of the unit's last reconcile (a held unit's look included)",
+            ),
+            reconciles: served(&mut r, "reconciles", "Reconciles by result"),
+            failures: served(&mut r, "reconcile_failures", "Reconciles that failed or rolled back"),
+            duration: served_with(&mut r, "reconcile_duration_seconds", "Duration of reconciles", || {
+                Family::<Labels, Histogram>::new_with_constructor(|| Histogram::new(exponential_buckets(0.01, 2.0, 18)))
+            }),
+            source_reads: served(&mut r, "source_reads", "Reads of the source (fetch, gate, specs)"),
+            source_info: served(
+                &mut r,
+                "source_info",
+                "The commit the agent deploys (the source's accepted commit) as the revision label, value 1",
+            ),
             source_revision: Mutex::new(None),
-            source_success,
-            poll_interval,
-            resync_interval,
-            unit_info,
+            source_success: served(
+                &mut r,
+                "source_last_success_timestamp_seconds",
+                "Unix time of the last read of the source that reached its head (a remote: fetched); 0 before the first",
+            ),
+            poll_interval: served(
+                &mut r,
+                "source_poll_interval_seconds",
+                "How often the source is fetched (a remote); 0 when it is watched instead (a local repository)",
+            ),
+            resync_interval: served(
+                &mut r,
+                "resync_interval_seconds",
+                "How often every unit is looked at whatever happens; 0 when only changes make the agent look",
+            ),
+            down: served(&mut r, "unit_down", "1 when the unit's service is not running after its last reconcile"),
+            hold: served(
+                &mut r,
+                "unit_hold",
+                "1 for the kind of hold (suspend, pin, sweep) that keeps the agent's hands off the unit",
+            ),
+            unit_info: served(
+                &mut r,
+                "unit_info",
+                "The unit that runs, verified: the commit it came from (revision) and its unit file's sha256 (unit_hash), value 1",
+            ),
             unit_info_now: Mutex::new(BTreeMap::new()),
-            args_verified,
-            accept_length,
-            accept_rate,
-            quarantined,
-            deaths,
-            last_death,
+            args_verified: served(
+                &mut r,
+                "unit_args_verified",
+                "1 when the unit runs its desired unit and the server's own report of its args matched the spec; only for specs whose args are checked",
+            ),
+            accept_length: served(
+                &mut r,
+                "unit_accept_length",
+                "Tokens per target verification pass in the last speculation proof of the unit that runs",
+            ),
+            accept_rate: served(
+                &mut r,
+                "unit_accept_rate",
+                "Accepted / drafted tokens in the last speculation proof of the unit that runs (0 to 1)",
+            ),
+            quarantined: served(
+                &mut r,
+                "unit_quarantined",
+                "1 when the unit's desired unit hash is quarantined (it failed; not tried again until it changes or is unquarantined)",
+            ),
+            deaths: served(
+                &mut r,
+                "unit_deaths",
+                "Instances of the unit that died (every ending but a clean stop), by the diagnosis verdict",
+            ),
+            last_death: served(
+                &mut r,
+                "unit_last_death_timestamp_seconds",
+                "When the agent counted the newest death of the unit's instances (Unix seconds), by its verdict; one series per unit",
+            ),
             last_death_now: Mutex::new(BTreeMap::new()),
-        }
+        };
+        m.registry = Mutex::new(r);
+        m
     }
 
     /// `specd_host_info{host, <label>...}`: the host the agent runs on, by its hostname and the
@@ -233,6 +191,41 @@ impl Metrics {
         );
         r.register("notifications_dropped", "Webhook notices dropped unsent from a full queue", c.dropped.clone());
     }
+}
+
+/// specd's registry: every name under `specd_`, and first `specd_build_info` (`version`, the
+/// commit it was built from, the CPU architecture).
+fn registry(version: &str) -> Registry {
+    let mut r = Registry::with_prefix("specd");
+    let build = Info::new(vec![
+        ("version".to_string(), version.to_string()),
+        ("revision".to_string(), env!("SPECD_REVISION").to_string()),
+        ("arch".to_string(), std::env::consts::ARCH.to_string()),
+    ]);
+    r.register(
+        "build",
+        "The running specd: its version, the commit it was built from and its CPU architecture (value 1)",
+        build,
+    );
+    r
+}
+
+/// A new metric, registered under `name` with its `help`: the registry serves it, and the
+/// agent keeps a handle on it to update.
+fn served<M: prometheus_client::registry::Metric + Clone + Default>(r: &mut Registry, name: &str, help: &str) -> M {
+    served_with(r, name, help, M::default)
+}
+
+/// [`served`], the metric made by `make`.
+fn served_with<M: prometheus_client::registry::Metric + Clone>(
+    r: &mut Registry,
+    name: &str,
+    help: &str,
+    make: impl FnOnce() -> M,
+) -> M {
+    let m = make();
+    r.register(name, help, m.clone());
+    m
 }
 
 fn unit(u: &str) -> Labels {
@@ -547,7 +540,7 @@ pub async fn instances(unit: &str, current: &str, within: std::time::Duration) -
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::machine::store::{GoodUnit, Quarantined, SpeculationRecord};
+    use crate::core::record::{GoodUnit, Quarantined, SpeculationRecord};
 
     /// The value of the one sample named `name` with exactly `labels` (`None`: no such sample).
     pub(crate) fn sample(text: &str, name: &str, labels: &str) -> Option<f64> {
@@ -580,12 +573,12 @@ mod tests {
         }
     }
 
-    fn applied(sha: &str) -> crate::machine::store::HistoryEntry {
-        crate::machine::store::HistoryEntry {
+    fn applied(sha: &str) -> crate::core::record::HistoryEntry {
+        crate::core::record::HistoryEntry {
             time: 1,
             sha256: sha.into(),
             source: None,
-            outcome: crate::machine::store::Outcome::Applied,
+            outcome: crate::core::record::Outcome::Applied,
             message: String::new(),
             stop_verdict: None,
             duration_ms: 1,

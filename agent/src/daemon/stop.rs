@@ -5,6 +5,7 @@
 use super::units::Units;
 use super::*;
 use crate::core::timing;
+use crate::host::{Processes, ServiceManager};
 use crate::reconcile::{self, Shutdown};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -32,7 +33,7 @@ pub(super) async fn stop(units: Units, stop_tx: watch::Sender<bool>, endpoints: 
 
 /// The service the agent runs as: the unit of its cgroup, if the agent is its main process (not
 /// a `specd run` started by hand in a terminal, whose cgroup may be a user manager's unit).
-pub(super) async fn own_main_unit<H: AgentHost>(host: &H) -> Option<String> {
+pub(super) async fn own_main_unit<H: Processes + ServiceManager>(host: &H) -> Option<String> {
     let unit = host.own_unit()?;
     let props = host.show(&unit).await.ok()?;
     (props.main_pid == std::process::id()).then_some(unit)

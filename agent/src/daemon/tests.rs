@@ -3,9 +3,11 @@
 use super::stop::{StopTimeout, join_at_stop, join_within};
 use super::triggers::ForcedReads;
 use super::worker::{record_figures, sync_after, worker};
+use crate::core::conclude::Report;
+use crate::core::record::{Outcome, Source};
 use crate::core::timing;
 use crate::daemon::metrics::Metrics;
-use crate::machine::store::{Outcome, Source, Store};
+use crate::machine::store::Store;
 use crate::reconcile::{self, Ctx, DesiredState, Shutdown};
 use std::sync::Arc;
 use std::time::Duration;
@@ -88,7 +90,7 @@ async fn each_unit_metric_follows_the_reconcile_outcomes() {
     host.serves(&old.spec, false);
     host.serves(&new.spec, true);
     let m = Metrics::default();
-    let look = |d: &DesiredState, r: &reconcile::Report| {
+    let look = |d: &DesiredState, r: &Report| {
         let sync = sync_after(r);
         m.reconciled(UNIT, sync, "x", 0.1, false);
         record_figures(&ctx, &m, d, sync);

@@ -5,9 +5,10 @@ use super::worker::worker;
 use super::*;
 use crate::config::AgentConfig;
 use crate::core::guard::{catch, lock};
+use crate::core::record::Source;
 use crate::daemon::metrics::Metrics;
 use crate::host::RealHost;
-use crate::machine::store::{self, Source, SourceState};
+use crate::machine::store::{self, SourceState};
 use crate::reconcile::{self, Ctx, DesiredState};
 use crate::source::follow::{Evaluation, Follower, evaluate, read_commit};
 use crate::source::git::GitSource;
@@ -45,58 +46,21 @@ pub(super) struct Units {
 impl Units {
     /// Read the head of the source and hand each unit its desired state, if the head may deploy.
     pub(super) async fn sync_source(&mut self, read: Read) {
-        let Units { src, cfg, hostname, state_dir, ctx, metrics, workers, last_head, .. } = self;
-        let store = &ctx.store;
         let started = Instant::now();
-        metrics.source_read();
-        let prev = SourceState::load(state_dir).unwrap_or_default();
-        let s2 = src.clone();
-        let accepted = prev.accepted_commit.clone();
-        let allow_rewind = cfg.allow_rewind;
-        let (host, labels, record) = (hostname.to_string(), cfg.labels.0.clone(), prev.accepted_record.clone());
-        let res = tokio::task::spawn_blocking(move || {
-            let s = lock(&s2);
-            let who = Follower { host: &host, labels: &labels, record: record.as_deref() };
-            catch(|| evaluate(&s, accepted.as_deref(), allow_rewind, who))
-        })
-        .await;
-        let eval = match res {
-            Ok(Ok(e)) => e,
-            Ok(Err(e)) => Evaluation {
-                head: None,
-                error: Some(format!("the source: internal error while reading specs: {e}; nothing changed")),
-                desired: vec![],
-                fleet: None,
-            },
-            Err(e) => Evaluation {
-                head: None,
-                error: Some(format!("the source: internal error while reading specs: {e}; nothing changed")),
-                desired: vec![],
-                fleet: None,
-            },
-        };
-        let eval = gate_units(eval, cfg.manage_units.as_deref());
-        let mut st = SourceState {
-            repo: cfg.repo.clone().unwrap_or_default(),
-            followed: lock(src).followed(),
-            accepted_commit: prev.accepted_commit.clone(),
-            head_commit: eval.head.clone(),
-            error: eval.error.clone(),
-            time: store::now(),
-            orphans: prev.orphans.clone(),
-            fleet: eval.fleet.clone(),
-            accepted_record: prev.accepted_record.clone(),
-        };
+        self.metrics.source_read();
+        let prev = SourceState::load(&self.state_dir).unwrap_or_default();
+        let eval = gate_units(self.evaluate(&prev).await, self.cfg.manage_units.as_deref());
+        let st = self.source_state(&prev, &eval);
         if eval.head.is_some() {
-            metrics.source_reached(st.time);
+            self.metrics.source_reached(st.time);
         }
         if let Some(accepted) = &prev.accepted_commit {
-            metrics.source_revision(accepted);
+            self.metrics.source_revision(accepted);
         }
-        if read == Read::IfHeadMoved && eval.seen() == *last_head && eval.error.is_none() {
+        if read == Read::IfHeadMoved && eval.seen() == self.last_head && eval.error.is_none() {
             return;
         }
-        *last_head = eval.seen();
+        self.last_head = eval.seen();
         if let Some(e) = eval.error.as_deref().or(eval.waiting()) {
             match eval.error {
                 Some(_) => tracing::error!(commit = eval.head.as_deref().unwrap_or("-"), "not deployed: {e}"),
@@ -105,69 +69,127 @@ impl Units {
             }
             // Bad commit: the source's state says why (every unit's status shows it); change
             // nothing. A unit's own state is written only by its reconciles.
-            let _ = st.save(state_dir);
+            let _ = st.save(&self.state_dir);
             // Starting with a head that may not deploy: keep the units on the accepted commit (finish
             // interrupted applies, start stopped units) rather than leaving them unreconciled.
-            if workers.is_empty()
-                && let Some(acc) = prev.accepted_commit.as_deref().and_then(|a| git2::Oid::from_str(a).ok())
-            {
-                let (s2, host) = (src.clone(), hostname.to_string());
-                let fallback = tokio::task::spawn_blocking(move || read_commit(&lock(&s2), acc, &host)).await;
-                // The accepted commit passes the same gate as a new head (manage_units may have
-                // been narrowed since it was accepted); its other units are kept running.
-                let fallback = fallback.map(|r| {
-                    r.map(|desired| {
-                        let (managed, refused) = manage_gate(desired, cfg.manage_units.as_deref());
-                        for (d, e) in refused {
-                            tracing::warn!("the accepted commit's {}: {e}; left alone", d.spec.unit);
-                        }
-                        managed
-                    })
-                });
-                match fallback {
-                    Ok(Ok(desired)) => {
-                        tracing::info!(commit = %short(&acc.to_string()), "reconciling the units of the accepted commit");
-                        for d in desired {
-                            ensure_worker(workers, d, ctx, metrics);
-                        }
-                    }
-                    Ok(Err(e)) => tracing::error!("the accepted commit cannot be read either: {e}"),
-                    Err(e) => tracing::error!("reading the accepted commit panicked: {e}"),
-                }
+            if self.workers.is_empty() {
+                self.keep_accepted(&prev).await;
             }
             return;
         }
+        self.deploy(eval, &prev, st, started);
+    }
+
+    /// The source's head as it stands, evaluated for this host off the async thread (git reads
+    /// block); a panic of the read is an error of the read, and nothing changes.
+    async fn evaluate(&self, prev: &SourceState) -> Evaluation {
+        let src = self.src.clone();
+        let accepted = prev.accepted_commit.clone();
+        let allow_rewind = self.cfg.allow_rewind;
+        let (host, labels, record) = (self.hostname.clone(), self.cfg.labels.0.clone(), prev.accepted_record.clone());
+        let res = tokio::task::spawn_blocking(move || {
+            let s = lock(&src);
+            let who = Follower { host: &host, labels: &labels, record: record.as_deref() };
+            catch(|| evaluate(&s, accepted.as_deref(), allow_rewind, who))
+        })
+        .await;
+        let internal = |e: &dyn std::fmt::Display| Evaluation {
+            head: None,
+            error: Some(format!("the source: internal error while reading specs: {e}; nothing changed")),
+            desired: vec![],
+            fleet: None,
+        };
+        match res {
+            Ok(Ok(e)) => e,
+            Ok(Err(e)) => internal(&e),
+            Err(e) => internal(&e),
+        }
+    }
+
+    /// The source's state after this read, before it deploys anything: what was accepted stays
+    /// accepted.
+    fn source_state(&self, prev: &SourceState, eval: &Evaluation) -> SourceState {
+        SourceState {
+            repo: self.cfg.repo.clone().unwrap_or_default(),
+            followed: lock(&self.src).followed(),
+            accepted_commit: prev.accepted_commit.clone(),
+            head_commit: eval.head.clone(),
+            error: eval.error.clone(),
+            time: store::now(),
+            orphans: prev.orphans.clone(),
+            fleet: eval.fleet.clone(),
+            accepted_record: prev.accepted_record.clone(),
+        }
+    }
+
+    /// At a start on a head that may not deploy: a worker for each unit of the commit accepted
+    /// before, which passes the same gate as a new head (manage_units may have been narrowed
+    /// since it was accepted); its other units are kept running.
+    async fn keep_accepted(&mut self, prev: &SourceState) {
+        let Some(acc) = prev.accepted_commit.as_deref().and_then(|a| git2::Oid::from_str(a).ok()) else { return };
+        let (src, host) = (self.src.clone(), self.hostname.clone());
+        let fallback = tokio::task::spawn_blocking(move || read_commit(&lock(&src), acc, &host)).await;
+        let fallback = fallback.map(|r| {
+            r.map(|desired| {
+                let (managed, refused) = manage_gate(desired, self.cfg.manage_units.as_deref());
+                for (d, e) in refused {
+                    tracing::warn!("the accepted commit's {}: {e}; left alone", d.spec.unit);
+                }
+                managed
+            })
+        });
+        match fallback {
+            Ok(Ok(desired)) => {
+                tracing::info!(commit = %short(&acc.to_string()), "reconciling the units of the accepted commit");
+                for d in desired {
+                    ensure_worker(&mut self.workers, d, &self.ctx, &self.metrics);
+                }
+            }
+            Ok(Err(e)) => tracing::error!("the accepted commit cannot be read either: {e}"),
+            Err(e) => tracing::error!("reading the accepted commit panicked: {e}"),
+        }
+    }
+
+    /// Deploy a read that may: accept its revision, hand each unit its desired state, and orphan
+    /// or prune the units specd manages that it has no spec for; then save the source's state.
+    fn deploy(&mut self, eval: Evaluation, prev: &SourceState, mut st: SourceState, started: Instant) {
         // The head, or with a fleet file the revision the promotion record assigns this host.
         let commit = eval.revision().unwrap_or_default().to_string();
         st.accepted_commit = Some(commit.clone());
         st.accepted_record = eval.fleet.as_ref().and_then(|f| f.record.clone());
-        metrics.source_revision(&commit);
+        self.metrics.source_revision(&commit);
         let mut seen = Vec::new();
         for d in eval.desired {
             seen.push(d.spec.unit.clone());
-            ensure_worker(workers, d, ctx, metrics);
+            ensure_worker(&mut self.workers, d, &self.ctx, &self.metrics);
         }
+        let orphans = self.let_go(&seen, prev, &commit);
+        st.orphans = if self.cfg.prune { vec![] } else { orphans };
+        let _ = st.save(&self.state_dir);
+        tracing::info!(commit = %short(&commit), units = seen.len(), ms = started.elapsed().as_millis() as u64, "source read");
+    }
 
-        // Units specd manages that this commit has no spec for: orphaned (left running) or pruned.
-        let managed = store.units().unwrap_or_default();
+    /// Units specd manages that the deployed commit has no spec for (`seen` are those it has):
+    /// their workers end, and each is pruned (`prune: true`) or orphaned (left running). The
+    /// orphans.
+    fn let_go(&mut self, seen: &[String], prev: &SourceState, commit: &str) -> Vec<String> {
+        let managed = self.ctx.store.units().unwrap_or_default();
         let orphans: Vec<String> = managed.into_iter().filter(|u| !seen.contains(u)).collect();
         for u in &orphans {
-            if let Some(w) = workers.remove(u) {
+            if let Some(w) = self.workers.remove(u) {
                 // Its worker ends after the reconcile it may be in (it sees its sender gone).
                 drop(w.desired);
-                metrics.forget(u);
+                self.metrics.forget(u);
             }
-            if cfg.prune {
+            if self.cfg.prune {
                 // In the background, under the unit's lock: a stop may take TimeoutStopSec.
-                let (ctx, u) = (ctx.clone(), u.clone());
+                let (ctx, u) = (self.ctx.clone(), u.clone());
                 tokio::spawn(async move { reconcile::prune(&ctx, &u).await });
             } else if !prev.orphans.contains(u) {
-                tracing::warn!(unit = %u, "orphaned: its spec is gone from {}; left running (set prune: true to remove it)", short(&commit));
+                tracing::warn!(unit = %u, "orphaned: its spec is gone from {}; left running (set prune: true to remove it)", short(commit));
             }
         }
-        st.orphans = if cfg.prune { vec![] } else { orphans };
-        let _ = st.save(state_dir);
-        tracing::info!(commit = %short(&commit), units = seen.len(), ms = started.elapsed().as_millis() as u64, "source read");
+        orphans
     }
 
     pub(super) fn poke(&self, unit: &str) {
@@ -187,7 +209,7 @@ pub(super) fn manage_gate(
     desired: Vec<DesiredState>,
     pattern: Option<&str>,
 ) -> (Vec<DesiredState>, Vec<(DesiredState, String)>) {
-    let own = crate::core::owner::own_unit();
+    let own = crate::machine::process::own_unit();
     let (mut managed, mut refused) = (Vec::new(), Vec::new());
     for d in desired {
         match crate::core::owner::may_manage(&d.spec.unit, own.as_deref(), pattern) {

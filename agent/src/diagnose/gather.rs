@@ -194,7 +194,7 @@ fn context_query(view: &UnitView, since_us: u64) -> JournalQuery {
 pub async fn gather_raw_from<S: JournalSource>(src: &S, unit: &str, max_instances: usize) -> Result<Raw> {
     let show = src.show(unit).await?;
     let view = parse_show(&show);
-    if view.props.load_state == crate::machine::systemd::LoadState::NotFound && view.props.invocation_id.is_empty() {
+    if view.props.load_state == crate::core::unit_state::LoadState::NotFound && view.props.invocation_id.is_empty() {
         bail!("{unit}: no such unit");
     }
     // systemd's lines about the unit and specd's markers (small), then each instance's own

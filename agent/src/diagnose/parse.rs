@@ -10,7 +10,7 @@ const STOP_DEP_PROPS: &[&str] = &["BindsTo", "PartOf", "Requires", "Requisite"];
 
 /// `2026-12-02T11:48:22.110Z` for microseconds since the epoch.
 pub fn format_us(us: u64) -> String {
-    let s = crate::machine::store::format_time(us / 1_000_000);
+    let s = crate::core::record::format_time(us / 1_000_000);
     format!("{}.{:03}Z", s.trim_end_matches('Z'), (us % 1_000_000) / 1000)
 }
 

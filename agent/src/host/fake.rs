@@ -18,11 +18,12 @@ use serde_json::Value;
 use specd_spec::{Engine, Spec};
 use tokio::time::Instant;
 
-use super::{Host, Watch};
+use super::{Host, Journal, Processes, Server, ServiceManager, UnitFiles, Watch};
 use crate::core::speculation::Speculation;
+use crate::core::unit_state::{ActiveState, LoadState, UnitFileState};
 use crate::machine::cgroup::Lingering;
 use crate::machine::probe::Health;
-use crate::machine::systemd::{ActiveState, LoadState, UnitFileState, UnitProps};
+use crate::machine::systemd::UnitProps;
 
 /// What goes wrong at a planned call.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -716,7 +717,7 @@ impl FakeHost {
 }
 
 /// systemd's calls go through [`super::reconnecting`], as the real host's do.
-impl Host for FakeHost {
+impl ServiceManager for FakeHost {
     async fn show(&self, unit: &str) -> Result<UnitProps> {
         super::reconnecting("show", || self.show_once(unit)).await
     }
@@ -749,7 +750,9 @@ impl Host for FakeHost {
         assert_eq!(unit, self.unit);
         FakeWatch { host: self.clone(), rx: self.changes.subscribe(), timer }
     }
+}
 
+impl Processes for FakeHost {
     fn alive(&self, pid: u32) -> bool {
         let _ = self.enter("alive");
         pid == 0 || self.w().procs.get(&pid).is_some_and(|p| p.alive)
@@ -766,10 +769,6 @@ impl Host for FakeHost {
         while self.w().procs.get(&pid).is_some_and(|p| p.alive) {
             let _ = rx.changed().await;
         }
-    }
-
-    fn now(&self) -> u64 {
-        EPOCH + self.born.elapsed().as_secs()
     }
 
     fn own_unit(&self) -> Option<String> {
@@ -829,7 +828,9 @@ impl Host for FakeHost {
             tokio::time::sleep_until(wake.max(Instant::now() + Duration::from_millis(1))).await;
         }
     }
+}
 
+impl UnitFiles for FakeHost {
     fn read(&self, path: &Path) -> Result<Option<Vec<u8>>> {
         self.sync_call("read")?;
         Ok(self.w().files.get(path).cloned())
@@ -862,7 +863,9 @@ impl Host for FakeHost {
         self.w().files.remove(path);
         Ok(())
     }
+}
 
+impl Server for FakeHost {
     async fn health(&self, url: &str) -> Health {
         if let Some(h) = self.call("health", HTTP, |e| Health::Loading(format!("{url}: {e}"))).await {
             return h;
@@ -920,7 +923,9 @@ impl Host for FakeHost {
             Speculation::default()
         })
     }
+}
 
+impl Journal for FakeHost {
     fn note(&self, _unit: &str, _action: &str, _invocation: &str, _message: &str) {
         let _ = self.enter("note");
     }
@@ -929,21 +934,6 @@ impl Host for FakeHost {
         // A loading server says so.
         let n = u32::from_str_radix(invocation, 16).ok()?;
         (self.w().unit.invocation == n).then(|| format!("loading the model (instance {n})"))
-    }
-
-    async fn preflight(
-        &self,
-        _spec: &Spec,
-        unit_text: &str,
-        _drop_ins: &[String],
-        _cgroup: &str,
-        _state_dir: &Path,
-    ) -> crate::preflight::Outcome {
-        let lag = self.w().preflight_lag;
-        tokio::time::sleep(lag).await;
-        let argv = specd_spec::exec_start(unit_text).unwrap_or_default();
-        let problems = self.w().preflight.iter().filter(|(a, _)| *a == argv).map(|(_, p)| p.clone()).collect();
-        crate::preflight::Outcome { problems, notes: Vec::new() }
     }
 
     async fn ending(&self, _unit: &str, invocation: &str, _within: Duration) -> Option<super::Ending> {
@@ -966,6 +956,27 @@ impl Host for FakeHost {
                 engine_error: None,
             }
         })
+    }
+}
+
+impl Host for FakeHost {
+    fn now(&self) -> u64 {
+        EPOCH + self.born.elapsed().as_secs()
+    }
+
+    async fn preflight(
+        &self,
+        _spec: &Spec,
+        unit_text: &str,
+        _drop_ins: &[String],
+        _cgroup: &str,
+        _state_dir: &Path,
+    ) -> crate::preflight::Outcome {
+        let lag = self.w().preflight_lag;
+        tokio::time::sleep(lag).await;
+        let argv = specd_spec::exec_start(unit_text).unwrap_or_default();
+        let problems = self.w().preflight.iter().filter(|(a, _)| *a == argv).map(|(_, p)| p.clone()).collect();
+        crate::preflight::Outcome { problems, notes: Vec::new() }
     }
 }
 

@@ -1,7 +1,12 @@
-//! The host, as the reconciler sees it: one boundary for every effect an apply has or depends on
-//! (the service manager, the process table and cgroups, unit files, the server's HTTP endpoints,
-//! the journal). [`RealHost`] is the machine; the reconciler's tests drive the same code on an
-//! in-memory host that can fail at any call (`host::fake`).
+//! The host, as the reconciler sees it: one boundary for every effect an apply has or depends on,
+//! in roles: the service manager ([`ServiceManager`]), the process table and cgroups
+//! ([`Processes`]), unit files ([`UnitFiles`]), the server's HTTP endpoints ([`Server`]), the
+//! journal ([`Journal`]). [`Host`] is their sum, with what ties them: the wall clock, the
+//! pre-flight (which looks at files, processes and ports at once) and the hold gate (a clock and
+//! a process). Code that drives a unit is generic over `H: Host`; what needs one role names it.
+//!
+//! [`RealHost`] is the machine (`real`); the reconciler's tests drive the same code on an
+//! in-memory host that can fail at any call (`fake`).
 //!
 //! specd's own state files are read and saved through [`crate::machine::store::StateFiles`] (the disk,
 //! or the fake host). Time is tokio's clock (tests pause it) for waits, and [`Host::now`] for the
@@ -16,18 +21,24 @@ use serde_json::Value;
 use specd_spec::{Engine, Spec};
 use tokio::time::Instant;
 
+use crate::core::hold::{Hold, HoldEffect};
 use crate::core::speculation::Speculation;
 use crate::core::timing;
-use crate::machine::atomic;
-use crate::machine::cgroup::{self, Layout, Lingering};
-use crate::machine::probe::{Health, Probe};
-use crate::machine::systemd::{Systemd, UnitProps};
+use crate::machine::cgroup::Lingering;
+use crate::machine::probe::Health;
+use crate::machine::systemd::UnitProps;
 use crate::preflight;
 
-/// Cheap to clone (a handle): background reads during an apply hold their own.
-pub trait Host: Clone + Send + Sync + 'static {
-    // The service manager.
+#[cfg(test)]
+pub mod fake;
+mod real;
 
+pub use real::{RealHost, reported_args};
+
+/// The service manager: systemd, as specd drives one unit (its properties, its jobs, its
+/// enablement, its changes). Every call may be asked again on a new connection
+/// ([`reconnecting`]).
+pub trait ServiceManager {
     /// The unit's properties, as systemd reports them now.
     fn show(&self, unit: &str) -> impl Future<Output = Result<UnitProps>> + Send;
     /// Start the unit and wait for the start job (an error: the job failed).
@@ -44,30 +55,18 @@ pub trait Host: Clone + Send + Sync + 'static {
     fn enable(&self, unit: &str) -> impl Future<Output = Result<()>> + Send;
     /// `systemctl disable`: it no longer starts at boot.
     fn disable(&self, unit: &str) -> impl Future<Output = Result<()>> + Send;
+}
 
-    // Processes and cgroups.
-
+/// The process table and cgroups: a unit's processes (alive, their command line, the cgroup
+/// emptied), a hold's process (a sweep's), and this process itself.
+pub trait Processes {
     /// The process exists and has not exited; pid 0 (not known) counts as alive.
     fn alive(&self, pid: u32) -> bool;
     /// A hold's process (a sweep's) still runs: its pid, started at its start time when known.
-    fn holder_alive(&self, hold: &crate::core::hold::Hold) -> bool;
+    fn holder_alive(&self, hold: &Hold) -> bool;
     /// Until a hold's process (a sweep's) has exited (a pidfd where the kernel has them, else a
     /// look every few seconds); never, for a hold without one.
-    fn holder_exit(&self, hold: &crate::core::hold::Hold) -> impl Future<Output = ()> + Send;
-    /// The wall clock, unix seconds (a hold's expiry is a time of day).
-    fn now(&self) -> u64;
-
-    /// The one hold gate, for the agent (its worker and its reconcile): the effect of a unit's
-    /// `hold` now for a source whose desired unit is `desired_sha` ([`crate::core::hold::effective`]:
-    /// a hold that names no process is in effect until it expires).
-    fn hold_effect(&self, hold: Option<&crate::core::hold::Hold>, desired_sha: &str) -> crate::core::hold::HoldEffect {
-        hold_effect(self, hold, Some(desired_sha))
-    }
-    /// The same gate for a one-shot command (a hand apply, rollback, suspend, resume, a sweep),
-    /// which does not follow the source: a pin holds until it expires or is resumed.
-    fn hold_in_effect(&self, hold: Option<&crate::core::hold::Hold>) -> crate::core::hold::HoldEffect {
-        hold_effect(self, hold, None)
-    }
+    fn holder_exit(&self, hold: &Hold) -> impl Future<Output = ()> + Send;
     /// This process, as a hold names it: its pid and start time (a sweep's hold, a rollback's
     /// pending pin).
     fn me(&self) -> (u32, Option<u64>);
@@ -85,9 +84,10 @@ pub trait Host: Clone + Send + Sync + 'static {
         deadline: Instant,
         tick: impl FnMut() + Send,
     ) -> impl Future<Output = Result<(), Vec<Lingering>>> + Send;
+}
 
-    // Unit files.
-
+/// Unit files and drop-ins in the unit directory: read, replaced at once, masked, moved aside.
+pub trait UnitFiles {
     fn read(&self, path: &Path) -> Result<Option<Vec<u8>>>;
     /// Replace the file at once: a reader sees the old or the new bytes, never a mix.
     fn write(&self, path: &Path, bytes: &[u8]) -> Result<()>;
@@ -98,9 +98,11 @@ pub trait Host: Clone + Send + Sync + 'static {
     fn clean_temps(&self, dir: &Path, name: &str);
     /// Move a file into `dest` (a private copy), then remove it.
     fn move_aside(&self, path: &Path, dest: &Path) -> Result<()>;
+}
 
-    // The server.
-
+/// The inference server's HTTP endpoints: readiness, its own report of its args, its load, the
+/// proof that it drafts.
+pub trait Server {
     fn health(&self, url: &str) -> impl Future<Output = Health> + Send;
     /// The server's own report of the args it runs with (`None`: the engine has none): its
     /// endpoint's answer, or the line of the instance's log that lists them (`invocation`).
@@ -114,9 +116,36 @@ pub trait Host: Clone + Send + Sync + 'static {
     fn running_requests(&self, base_url: &str, engine: Engine) -> impl Future<Output = Option<u64>> + Send;
     /// One short generation and the engine's evidence of drafting.
     fn speculation(&self, base_url: &str, spec: &Spec) -> impl Future<Output = Result<Speculation, String>> + Send;
+}
 
-    // What can be known before a start.
+/// The journal: what specd says of a unit, and what it tells of an instance (how it ended, what
+/// it said last).
+pub trait Journal {
+    /// Say in the unit's journal who acts on it and why (`specd diagnose` reads it).
+    fn note(&self, unit: &str, action: &str, invocation: &str, message: &str);
+    /// How an instance ended, once the journal shows it (up to `within`); `None` when the
+    /// journal does not tell.
+    fn ending(&self, unit: &str, invocation: &str, within: Duration) -> impl Future<Output = Option<Ending>> + Send;
+    /// The last line an instance wrote (what a loading server says it is doing), if any.
+    fn last_said(&self, invocation: &str) -> impl Future<Output = Option<String>> + Send;
+}
 
+/// The whole boundary: its roles, and what ties them. Cheap to clone (a handle): background
+/// reads during an apply hold their own.
+pub trait Host: ServiceManager + Processes + UnitFiles + Server + Journal + Clone + Send + Sync + 'static {
+    /// The wall clock, unix seconds (a hold's expiry is a time of day).
+    fn now(&self) -> u64;
+    /// The one hold gate, for the agent (its worker and its reconcile): the effect of a unit's
+    /// `hold` now for a source whose desired unit is `desired_sha` ([`crate::core::hold::effective`]:
+    /// a hold that names no process is in effect until it expires).
+    fn hold_effect(&self, hold: Option<&Hold>, desired_sha: &str) -> HoldEffect {
+        hold_effect(self, hold, Some(desired_sha))
+    }
+    /// The same gate for a one-shot command (a hand apply, rollback, suspend, resume, a sweep),
+    /// which does not follow the source: a pin holds until it expires or is resumed.
+    fn hold_in_effect(&self, hold: Option<&Hold>) -> HoldEffect {
+        hold_effect(self, hold, None)
+    }
     /// Whether a unit text can start on this host, by looking at it without starting it (its
     /// program, model paths, files, user, port...: `preflight`), with the drop-ins that will
     /// apply to it (`drop_ins`, paths); `cgroup` is the unit's own (a port its running instance
@@ -129,58 +158,13 @@ pub trait Host: Clone + Send + Sync + 'static {
         cgroup: &str,
         state_dir: &Path,
     ) -> impl Future<Output = preflight::Outcome> + Send;
-
-    // The journal.
-
-    /// Say in the unit's journal who acts on it and why (`specd diagnose` reads it).
-    fn note(&self, unit: &str, action: &str, invocation: &str, message: &str);
-    /// How an instance ended, once the journal shows it (up to `within`); `None` when the
-    /// journal does not tell.
-    fn ending(&self, unit: &str, invocation: &str, within: Duration) -> impl Future<Output = Option<Ending>> + Send;
-    /// The last line an instance wrote (what a loading server says it is doing), if any.
-    fn last_said(&self, invocation: &str) -> impl Future<Output = Option<String>> + Send;
 }
 
-/// See [`Host::watch`].
+/// See [`ServiceManager::watch`].
 pub trait Watch: Send {
     /// Until the unit's state changed since the watch began or since the last call. If the
     /// connection to systemd is lost, every 20 ms.
     fn changed(&mut self) -> impl Future<Output = ()> + Send;
-}
-
-/// A unit's changes, out of all of systemd's `PropertiesChanged` signals.
-pub struct UnitWatch {
-    unit: String,
-    changes: Option<crate::machine::systemd::UnitChanges>,
-}
-
-impl Watch for UnitWatch {
-    async fn changed(&mut self) {
-        if let Some(c) = self.changes.as_mut() {
-            while let Some(u) = c.next().await {
-                if u == self.unit {
-                    return;
-                }
-            }
-            self.changes = None;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-/// The machine: systemd over D-Bus, `/proc` and the cgroup tree, the file system, HTTP to the
-/// server, journald.
-#[derive(Clone)]
-pub struct RealHost {
-    pub systemd: Systemd,
-    pub layout: Layout,
-    pub probe: Probe,
-}
-
-impl RealHost {
-    pub fn new(layout: Layout) -> RealHost {
-        RealHost { systemd: Systemd::default(), layout, probe: Probe::default() }
-    }
 }
 
 /// A call to systemd, asked again on a new connection while the old one was [lost]
@@ -207,192 +191,9 @@ pub async fn reconnecting<T, F: Future<Output = Result<T>>>(what: &str, call: im
     }
 }
 
-impl Host for RealHost {
-    async fn show(&self, unit: &str) -> Result<UnitProps> {
-        reconnecting("reading a unit's properties", || self.systemd.show(unit)).await
-    }
-
-    async fn start(&self, unit: &str) -> Result<()> {
-        reconnecting("starting a unit", || self.systemd.start(unit)).await
-    }
-
-    async fn stop(&self, unit: &str, wait: bool) -> Result<()> {
-        reconnecting("stopping a unit", || self.systemd.stop(unit, wait)).await
-    }
-
-    async fn daemon_reload(&self) -> Result<()> {
-        reconnecting("daemon-reload", || self.systemd.daemon_reload()).await
-    }
-
-    type Watch = UnitWatch;
-
-    async fn watch(&self, unit: &str) -> UnitWatch {
-        let changes = match self.systemd.state_changes().await {
-            Ok(c) => Some(c),
-            Err(e) => {
-                tracing::warn!(unit, "no signals from systemd ({e:#}): its state is looked at every 20 ms");
-                None
-            }
-        };
-        UnitWatch { unit: unit.to_string(), changes }
-    }
-
-    async fn enable(&self, unit: &str) -> Result<()> {
-        reconnecting("enabling a unit", || self.systemd.enable(unit)).await
-    }
-
-    async fn disable(&self, unit: &str) -> Result<()> {
-        reconnecting("disabling a unit", || self.systemd.disable(unit)).await
-    }
-
-    fn alive(&self, pid: u32) -> bool {
-        cgroup::alive(pid)
-    }
-
-    fn cmdline(&self, pid: u32) -> Option<Vec<String>> {
-        cgroup::cmdline(pid)
-    }
-
-    fn holder_alive(&self, hold: &crate::core::hold::Hold) -> bool {
-        holder_alive(hold)
-    }
-
-    async fn holder_exit(&self, hold: &crate::core::hold::Hold) {
-        let Some(pid) = hold.pid else { return std::future::pending().await };
-        match exited(pid, hold.pid_start) {
-            Some(exit) => exit.await,
-            None => tokio::time::sleep(timing::HOLDER_RECHECK).await,
-        }
-    }
-
-    fn now(&self) -> u64 {
-        crate::machine::store::now()
-    }
-
-    fn me(&self) -> (u32, Option<u64>) {
-        let me = std::process::id();
-        (me, pid_start(me))
-    }
-
-    fn own_unit(&self) -> Option<String> {
-        crate::core::owner::own_unit()
-    }
-
-    fn populated(&self, cg: &str) -> bool {
-        self.layout.populated(cg)
-    }
-
-    async fn wait_empty(&self, cg: &str, deadline: Instant, tick: impl FnMut() + Send) -> Result<(), Vec<Lingering>> {
-        cgroup::wait_empty(&self.layout, cg, deadline, tick).await
-    }
-
-    fn read(&self, path: &Path) -> Result<Option<Vec<u8>>> {
-        atomic::read_opt(path)
-    }
-
-    fn write(&self, path: &Path, bytes: &[u8]) -> Result<()> {
-        atomic::atomic_write(path, bytes, 0o644)
-    }
-
-    fn exists(&self, path: &Path) -> bool {
-        path.exists()
-    }
-
-    fn is_mask(&self, path: &Path) -> bool {
-        std::fs::read_link(path).is_ok_and(|t| t == Path::new("/dev/null"))
-    }
-
-    fn clean_temps(&self, dir: &Path, name: &str) {
-        atomic::clean_temps(dir, name)
-    }
-
-    fn move_aside(&self, path: &Path, dest: &Path) -> Result<()> {
-        use anyhow::Context;
-        if let Some(dir) = dest.parent() {
-            atomic::ensure_private_dir(dir)?;
-        }
-        // The copy is the owner's only (a drop-in may set secrets).
-        std::fs::copy(path, dest)
-            .and_then(|_| std::fs::set_permissions(dest, std::os::unix::fs::PermissionsExt::from_mode(0o600)))
-            .and_then(|_| std::fs::remove_file(path))
-            .with_context(|| format!("moving {} aside", path.display()))
-    }
-
-    async fn health(&self, url: &str) -> Health {
-        self.probe.health(url).await
-    }
-
-    async fn reported_args(&self, base_url: &str, spec: &Spec, invocation: &str) -> Option<Result<Value, String>> {
-        reported_args(&self.probe, base_url, spec, invocation).await
-    }
-
-    async fn running_requests(&self, base_url: &str, engine: Engine) -> Option<u64> {
-        self.probe.running_requests(base_url, engine).await
-    }
-
-    async fn speculation(&self, base_url: &str, spec: &Spec) -> Result<Speculation, String> {
-        self.probe.speculation(base_url, spec).await
-    }
-
-    fn note(&self, unit: &str, action: &str, invocation: &str, message: &str) {
-        let _ = crate::diagnose::journal_note(unit, action, Some(invocation), message);
-    }
-
-    async fn preflight(
-        &self,
-        spec: &Spec,
-        unit_text: &str,
-        drop_ins: &[String],
-        cgroup: &str,
-        state_dir: &Path,
-    ) -> preflight::Outcome {
-        preflight::on_this_host(spec, unit_text, drop_ins, cgroup, state_dir).await.1
-    }
-
-    async fn last_said(&self, invocation: &str) -> Option<String> {
-        crate::diagnose::last_said(invocation).await
-    }
-
-    async fn ending(&self, unit: &str, invocation: &str, within: Duration) -> Option<Ending> {
-        let d = if invocation.is_empty() {
-            tokio::time::timeout(within, crate::diagnose::last_verdict(unit)).await.ok().flatten()
-        } else {
-            crate::diagnose::instance_verdict(unit, invocation, within).await
-        };
-        d.map(|d| Ending {
-            clean: d.verdict == crate::diagnose::Verdict::CleanStop,
-            verdict: d.verdict.as_str().to_string(),
-            summary: d.summary,
-            engine_error: d.engine_error,
-        })
-    }
-}
-
-/// The server's own report of the args it runs with (`None`: the engine has none): the JSON its
-/// endpoint answers, or the Python dict its instance logged at start (`invocation`).
-pub async fn reported_args(
-    probe: &crate::machine::probe::Probe,
-    base_url: &str,
-    spec: &Spec,
-    invocation: &str,
-) -> Option<Result<Value, String>> {
-    use specd_spec::ArgsReport;
-    Some(match spec.args_report() {
-        ArgsReport::None => return None,
-        ArgsReport::Endpoint(path) => probe.json(&format!("{base_url}{path}")).await,
-        ArgsReport::LogLine(marker) => crate::diagnose::first_said(invocation, marker).await.and_then(|said| {
-            specd_spec::pyrepr::parse(&said).map_err(|e| format!("the logged args ({marker}…) do not read: {e}"))
-        }),
-    })
-}
-
 /// [`Host::hold_effect`] and [`Host::hold_in_effect`]: the pure decision, with the hold's
 /// process looked at on `host` (when it names one).
-fn hold_effect<H: Host>(
-    host: &H,
-    hold: Option<&crate::core::hold::Hold>,
-    desired_sha: Option<&str>,
-) -> crate::core::hold::HoldEffect {
+fn hold_effect<H: Host>(host: &H, hold: Option<&Hold>, desired_sha: Option<&str>) -> HoldEffect {
     let alive = hold.is_some_and(|h| h.pid.is_some() && host.holder_alive(h));
     crate::core::hold::effective(hold, host.now(), alive, desired_sha)
 }
@@ -412,14 +213,4 @@ pub struct Ending {
 /// Where a unit's file lives in a unit directory.
 pub fn unit_path(unit_dir: &Path, unit: &str) -> PathBuf {
     unit_dir.join(unit)
-}
-
-#[cfg(test)]
-pub mod fake;
-
-pub use crate::machine::process::{exited, pid_start, same_process};
-
-/// A hold's process (a sweep's) still runs: the same pid, started at the same time.
-pub fn holder_alive(h: &crate::core::hold::Hold) -> bool {
-    h.pid.is_some_and(|p| same_process(p, h.pid_start))
 }

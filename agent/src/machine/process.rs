@@ -1,6 +1,7 @@
 //! A process by its pid: whether it runs, when it started (so that a later process that got the
-//! same pid is not taken for it), and its exit, watched through a pidfd. Below the host: the
-//! holds (a sweep's, a rollback's), the agent's wake-ups and the pre-flight's tests use it.
+//! same pid is not taken for it), and its exit, watched through a pidfd; and the unit this
+//! process runs in. Below the host: the holds (a sweep's, a rollback's), the agent's wake-ups
+//! and the pre-flight's tests use it.
 
 use std::future::Future;
 
@@ -14,6 +15,16 @@ pub fn pid_alive(pid: u32) -> bool {
         Ok(()) => true,
         Err(e) => e == nix::errno::Errno::EPERM,
     }
+}
+
+/// The unit this process runs in (from `/proc/self/cgroup`), when it runs as a service.
+pub fn own_unit() -> Option<String> {
+    let cg = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    cg.lines()
+        .filter_map(|l| l.rsplit(':').next())
+        .flat_map(|p| p.rsplit('/'))
+        .find(|c| c.ends_with(".service"))
+        .map(str::to_string)
 }
 
 /// Process `pid`'s state letter and start time (clock ticks after boot), from `/proc/PID/stat`

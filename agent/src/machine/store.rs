@@ -8,9 +8,10 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
+use crate::core::hold::Hold;
 use crate::machine::atomic;
 
-pub use crate::core::record::*;
+use crate::core::record::{DesiredRecord, HistoryEntry, Outcome, UnitState};
 
 pub fn now() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
@@ -390,6 +391,8 @@ impl SourceState {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::hold::HoldKind;
+    use crate::core::record::{GOOD_SPECS_MAX, HISTORY_MAX, Quarantined, format_time};
 
     #[test]
     fn times_format_as_utc() {

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result, anyhow, bail};
 
-pub use crate::core::unit_state::{ActiveState, LoadState, ServiceResult, SubState, UnitFileState};
+use crate::core::unit_state::{ActiveState, LoadState, ServiceResult, SubState, UnitFileState};
 use crate::machine::dbus::{Address, Bus, Message, Value};
 
 /// The properties specd reads.
@@ -563,6 +563,8 @@ mod bus_tests {
         std::fs::write(path, text).unwrap();
     }
 
+    const DIR: &str = "/etc/systemd/system";
+
     #[test]
     #[ignore = "runs inside a systemd box, started by dbus_and_systemctl_show_agree"]
     fn inside_the_box() {
@@ -570,55 +572,74 @@ mod bus_tests {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         let sd = Systemd::default();
         assert_eq!(sd.bus, Bus::new(Address::Peer(crate::machine::dbus::SYSTEMD_PRIVATE.into())));
-        let show = |unit: &str| rt.block_on(sd.show(unit)).unwrap();
-        let by_systemctl = |unit: &str| UnitProps::parse(&systemctl(&["show", unit, "-p", &PROPS.join(",")]));
-        let dir = "/etc/systemd/system";
-        write(&format!("{dir}/run.service"), "[Service]\nExecStart=/bin/sleep 1000\n");
-        write(&format!("{dir}/run.service.d/10-env.conf"), "[Service]\nEnvironment=A=1\n");
-        write(&format!("{dir}/killed.service"), "[Service]\nType=oneshot\nExecStart=/bin/sh -c 'kill -9 $$$$'\n");
+        write(&format!("{DIR}/run.service"), "[Service]\nExecStart=/bin/sleep 1000\n");
+        write(&format!("{DIR}/run.service.d/10-env.conf"), "[Service]\nEnvironment=A=1\n");
+        write(&format!("{DIR}/killed.service"), "[Service]\nType=oneshot\nExecStart=/bin/sh -c 'kill -9 $$$$'\n");
         rt.block_on(sd.daemon_reload()).unwrap();
         systemctl(&["mask", "masked.service"]);
 
-        // Running, through the D-Bus start (which waits for the job).
+        started_failed_absent_and_masked(&rt, &sd);
+        a_changed_file_needs_a_reload(&rt, &sd);
+        reloads_asked_together_each_load_their_caller_s_file(&rt, &sd);
+        enabled_and_disabled(&rt, &sd);
+        stopped(&rt, &sd);
+    }
+
+    /// The unit's properties read over D-Bus.
+    fn show(rt: &tokio::runtime::Runtime, sd: &Systemd, unit: &str) -> UnitProps {
+        rt.block_on(sd.show(unit)).unwrap()
+    }
+
+    /// The unit's properties as `systemctl show` prints them.
+    fn by_systemctl(unit: &str) -> UnitProps {
+        UnitProps::parse(&systemctl(&["show", unit, "-p", &PROPS.join(",")]))
+    }
+
+    /// Running, through the D-Bus start (which waits for the job); a start job that fails; a
+    /// unit systemd has no file for, and a masked one.
+    fn started_failed_absent_and_masked(rt: &tokio::runtime::Runtime, sd: &Systemd) {
         rt.block_on(sd.start("run.service")).unwrap();
-        let p = show("run.service");
+        let p = show(rt, sd, "run.service");
         assert_eq!(p.active_state, ActiveState::Active);
         assert!(p.main_pid > 0 && p.invocation_id.len() == 32, "{p:?}");
-        assert_eq!(p.drop_in_paths, vec![format!("{dir}/run.service.d/10-env.conf")]);
+        assert_eq!(p.drop_in_paths, vec![format!("{DIR}/run.service.d/10-env.conf")]);
         assert_eq!(p, by_systemctl("run.service"));
 
         // A start job that fails names its result; the unit failed with a signal.
         let e = rt.block_on(sd.start("killed.service")).unwrap_err();
         assert!(format!("{e:#}").contains("starting killed.service: the job ended with result 'failed'"), "{e:#}");
-        let p = show("killed.service");
+        let p = show(rt, sd, "killed.service");
         assert_eq!(
             (p.active_state, p.result.clone(), p.exit_status().as_str()),
             (ActiveState::Failed, ServiceResult::Signal, "9/KILL")
         );
         assert_eq!(p, by_systemctl("killed.service"));
 
-        // A unit systemd has no file for, and a masked one.
-        let p = show("nothere.service");
+        let p = show(rt, sd, "nothere.service");
         assert_eq!(p.load_state, LoadState::NotFound);
         assert_eq!(p, by_systemctl("nothere.service"));
-        let p = show("masked.service");
+        let p = show(rt, sd, "masked.service");
         assert!(p.is_masked(), "{p:?}");
         assert_eq!(p, by_systemctl("masked.service"));
         let e = rt.block_on(sd.start("masked.service")).unwrap_err();
         assert!(format!("{e:#}").contains("org.freedesktop.systemd1.UnitMasked"), "{e:#}");
+    }
 
-        // A changed file is seen as NeedDaemonReload (the unit is loaded while it runs).
-        write(&format!("{dir}/run.service"), "[Service]\nExecStart=/bin/sleep 999\n");
-        let p = show("run.service");
+    /// A changed file is seen as NeedDaemonReload (the unit is loaded while it runs).
+    fn a_changed_file_needs_a_reload(rt: &tokio::runtime::Runtime, sd: &Systemd) {
+        write(&format!("{DIR}/run.service"), "[Service]\nExecStart=/bin/sleep 999\n");
+        let p = show(rt, sd, "run.service");
         assert!(p.need_daemon_reload, "{p:?}");
         assert_eq!(p, by_systemctl("run.service"));
         rt.block_on(sd.daemon_reload()).unwrap();
-        assert!(!show("run.service").need_daemon_reload);
+        assert!(!show(rt, sd, "run.service").need_daemon_reload);
+    }
 
-        // Reloads asked together are shared, and each caller's file is loaded when its call
-        // returns, also when it wrote while another caller's reload ran.
+    /// Reloads asked together are shared, and each caller's file is loaded when its call
+    /// returns, also when it wrote while another caller's reload ran.
+    fn reloads_asked_together_each_load_their_caller_s_file(rt: &tokio::runtime::Runtime, sd: &Systemd) {
         for i in 0..8 {
-            write(&format!("{dir}/c{i}.service"), "[Service]\nExecStart=/bin/sleep 1000\n");
+            write(&format!("{DIR}/c{i}.service"), "[Service]\nExecStart=/bin/sleep 1000\n");
         }
         rt.block_on(sd.daemon_reload()).unwrap();
         for i in 0..8 {
@@ -632,7 +653,7 @@ mod bus_tests {
                     // Some write while an earlier caller's reload runs (one takes ~20 ms).
                     tokio::time::sleep(Duration::from_millis(4 * i)).await;
                     let unit = format!("c{i}.service");
-                    write(&format!("{dir}/{unit}"), &format!("[Service]\nExecStart=/bin/sleep {}\n", 2000 + i));
+                    write(&format!("{DIR}/{unit}"), &format!("[Service]\nExecStart=/bin/sleep {}\n", 2000 + i));
                     sd.daemon_reload().await.unwrap();
                     let p = sd.show(&unit).await.unwrap();
                     (unit, p)
@@ -643,31 +664,35 @@ mod bus_tests {
         for (unit, p) in changed {
             assert!(!p.need_daemon_reload, "{unit} was not reloaded when its reload returned: {p:?}");
         }
+    }
 
-        // Enabled and disabled over D-Bus, as `systemctl is-enabled` sees it.
+    /// Enabled and disabled over D-Bus, as `systemctl is-enabled` sees it.
+    fn enabled_and_disabled(rt: &tokio::runtime::Runtime, sd: &Systemd) {
         write(
-            &format!("{dir}/inst.service"),
+            &format!("{DIR}/inst.service"),
             "[Service]\nExecStart=/bin/sleep 1000\n[Install]\nWantedBy=multi-user.target\n",
         );
         rt.block_on(sd.daemon_reload()).unwrap();
         rt.block_on(sd.enable("inst.service")).unwrap();
         assert_eq!(systemctl(&["is-enabled", "inst.service"]).trim(), "enabled");
-        assert_eq!(show("inst.service").unit_file_state, UnitFileState::Enabled);
+        assert_eq!(show(rt, sd, "inst.service").unit_file_state, UnitFileState::Enabled);
         rt.block_on(sd.disable("inst.service")).unwrap();
         let o = std::process::Command::new("systemctl").args(["is-enabled", "inst.service"]).output().unwrap();
         assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "disabled");
         let e = rt.block_on(sd.enable("nofile.service")).unwrap_err();
         assert!(format!("{e:#}").starts_with("enabling nofile.service: "), "{e:#}");
+    }
 
-        // Stopped, waiting for the stop job (no process left running when it returns; systemd
-        // may send JobRemoved before it reaps the exited process, a zombie for a moment).
-        let pid = show("run.service").main_pid;
+    /// Stopped, waiting for the stop job (no process left running when it returns; systemd may
+    /// send JobRemoved before it reaps the exited process, a zombie for a moment).
+    fn stopped(rt: &tokio::runtime::Runtime, sd: &Systemd) {
+        let pid = show(rt, sd, "run.service").main_pid;
         rt.block_on(sd.stop("run.service", true)).unwrap();
         let state = std::fs::read_to_string(format!("/proc/{pid}/stat"))
             .map(|s| s.rsplit_once(") ").map(|(_, r)| r[..1].to_string()).unwrap_or_default())
             .unwrap_or_else(|_| "gone".into());
         assert!(matches!(state.as_str(), "gone" | "Z" | "X"), "pid {pid} is still there, state {state}");
-        let p = show("run.service");
+        let p = show(rt, sd, "run.service");
         assert!(p.is_stopped(), "{p:?}");
         assert_eq!(p, by_systemctl("run.service"));
     }

@@ -23,9 +23,10 @@ use prometheus_client::metrics::counter::Counter;
 use serde::Serialize;
 
 use crate::config::{NotifyEvent, Webhook};
+use crate::core::conclude::Report;
 use crate::core::guard::lock;
-use crate::machine::store::{Outcome, Source};
-use crate::reconcile::{Ctx, DesiredState, Report};
+use crate::core::record::{Outcome, Source};
+use crate::reconcile::{Ctx, DesiredState};
 
 /// Notices kept per webhook while it cannot be reached; the oldest goes first.
 pub const QUEUE: usize = 64;
@@ -273,9 +274,9 @@ pub async fn after_reconcile<H: crate::host::Host>(ctx: &Ctx<H>, d: &DesiredStat
     // After a failure, what the reconcile found as it concluded (its verdict says the same);
     // else systemd, now.
     let up = match &r.serving {
-        Some(crate::reconcile::Serving::Up) => true,
-        Some(crate::reconcile::Serving::Down { .. }) => false,
-        Some(crate::reconcile::Serving::Unknown) | None => {
+        Some(crate::core::conclude::Serving::Up) => true,
+        Some(crate::core::conclude::Serving::Down { .. }) => false,
+        Some(crate::core::conclude::Serving::Unknown) | None => {
             ctx.host.show(&d.spec.unit).await.is_ok_and(|p| p.active_state.is_up())
         }
     };
@@ -398,7 +399,7 @@ fn causes<'a>(e: &'a (dyn std::error::Error + 'static)) -> impl Iterator<Item = 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::reconcile::Action;
+    use crate::core::conclude::Action;
 
     fn desired() -> DesiredState {
         let yaml = "apiVersion: specd/v1\nkind: InferenceService\nmetadata: {name: q}\nspec:\n  unit: q.service\n  engine: sglang\n  model: /m\n  service:\n    allow_literal_secrets: true\n    environment: {HF_TOKEN: hf_very_secret}\n";
@@ -410,7 +411,7 @@ mod tests {
     fn report(outcome: Option<Outcome>) -> Report {
         Report {
             plan: crate::core::plan::Plan {
-                sync: crate::core::plan::SyncStatus::Failed,
+                sync: crate::core::sync::SyncStatus::Failed,
                 reasons: vec![],
                 steps: vec![],
                 toward: crate::core::plan::Toward::Desired,

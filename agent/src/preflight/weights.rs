@@ -593,6 +593,32 @@ struct TensorInfo {
 /// one within the file.
 fn gguf<R: Read + Seek>(f: R, len: u64) -> Result<Gguf, Wrong> {
     let mut r = Reader { r: BufReader::with_capacity(1 << 16, f), at: 0, len };
+    let (n_tensors, n_kv) = gguf_counts(&mut r)?;
+    let kv = gguf_key_values(&mut r, n_kv)?;
+    let infos = tensor_infos(&mut r, n_tensors)?;
+    let data = r.at.next_multiple_of(kv.alignment);
+    let last_end = tensors_end(&infos, data, kv.alignment, len)?;
+    if last_end > len {
+        return Err(Wrong::Broken(format!(
+            "{}, but its header says its tensors end at {}: cut short by {} ({INTERRUPTED})",
+            size(len),
+            size(last_end),
+            size(last_end - len)
+        )));
+    }
+    let split = match (kv.split_no, kv.split_count) {
+        (Some(no), Some(count)) if no >= count => {
+            return Err(Wrong::Broken(format!("its header says it is part {} of {count}: corrupt", u32::from(no) + 1)));
+        }
+        (no, Some(count)) => Some((no.unwrap_or(0), count)),
+        _ => None,
+    };
+    Ok(Gguf { split })
+}
+
+/// A GGUF header's start: its magic, a version llama.cpp loads, and its counts of tensors and
+/// of key-values (in that order).
+fn gguf_counts<R: Read + Seek>(r: &mut Reader<R>) -> Result<(u64, u64), Wrong> {
     let broken = |m: String| Err(Wrong::Broken(m));
     if r.bytes::<4>("its magic")? != *b"GGUF" {
         return broken("it does not start with GGUF's magic: not a GGUF file".into());
@@ -610,8 +636,21 @@ fn gguf<R: Read + Seek>(f: R, len: u64) -> Result<Gguf, Wrong> {
     if n_kv > u64::from(u32::MAX) || n_tensors > u64::from(u32::MAX) {
         return broken(format!("its header counts {n_tensors} tensors and {n_kv} key-values: corrupt"));
     }
-    let mut alignment = 32u64;
-    let (mut split_no, mut split_count) = (None, None);
+    Ok((n_tensors, n_kv))
+}
+
+/// What a GGUF header's key-values say of its layout and its part of a split model.
+struct KeyValues {
+    /// `general.alignment`: the data's, and each tensor's (32 unless it says).
+    alignment: u64,
+    split_no: Option<u16>,
+    split_count: Option<u16>,
+}
+
+/// The `n_kv` key-values of a GGUF header: those the layout depends on read and checked, the
+/// others skipped.
+fn gguf_key_values<R: Read + Seek>(r: &mut Reader<R>, n_kv: u64) -> Result<KeyValues, Wrong> {
+    let mut kv = KeyValues { alignment: 32, split_no: None, split_count: None };
     for _ in 0..n_kv {
         let key = r.string("a key of", GGUF_NAME_MAX)?;
         let t = r.u32("a type of")?;
@@ -619,34 +658,42 @@ fn gguf<R: Read + Seek>(f: R, len: u64) -> Result<Gguf, Wrong> {
             ("general.alignment", ty::UINT32) => {
                 let a = r.u32("its alignment")?;
                 if a == 0 || !a.is_power_of_two() {
-                    return broken(format!(
+                    return Err(Wrong::Broken(format!(
                         "its general.alignment is {a}, not a power of two, which llama.cpp refuses: corrupt"
-                    ));
+                    )));
                 }
-                alignment = u64::from(a);
+                kv.alignment = u64::from(a);
             }
             ("general.alignment", t) => {
-                return broken(format!(
+                return Err(Wrong::Broken(format!(
                     "its general.alignment has the type {t}, not UINT32, which llama.cpp refuses: corrupt"
-                ));
+                )));
             }
-            ("split.no", ty::UINT16) => split_no = Some(u16::from_le_bytes(r.bytes::<2>("split.no")?)),
-            ("split.count", ty::UINT16) => split_count = Some(u16::from_le_bytes(r.bytes::<2>("split.count")?)),
+            ("split.no", ty::UINT16) => kv.split_no = Some(u16::from_le_bytes(r.bytes::<2>("split.no")?)),
+            ("split.count", ty::UINT16) => kv.split_count = Some(u16::from_le_bytes(r.bytes::<2>("split.count")?)),
             (k, t) => r.skip_value(t, k)?,
         }
     }
-    let mut infos = Vec::with_capacity(n_tensors.min(1 << 16) as usize);
-    for _ in 0..n_tensors {
+    Ok(kv)
+}
+
+/// The `n` tensor infos of a GGUF header: name, shape (at most 4 dimensions, none negative),
+/// ggml type and offset in the data.
+fn tensor_infos<R: Read + Seek>(r: &mut Reader<R>, n: u64) -> Result<Vec<TensorInfo>, Wrong> {
+    let mut infos = Vec::with_capacity(n.min(1 << 16) as usize);
+    for _ in 0..n {
         let name = r.string("a tensor name of", GGUF_NAME_MAX)?;
         let n_dims = r.u32("a tensor's dimensions")?;
         if n_dims > 4 {
-            return broken(format!("its tensor {name} has {n_dims} dimensions; GGUF has at most 4: corrupt"));
+            return Err(Wrong::Broken(format!(
+                "its tensor {name} has {n_dims} dimensions; GGUF has at most 4: corrupt"
+            )));
         }
         let mut ne = [1u64; 4];
         for d in ne.iter_mut().take(n_dims as usize) {
             let v = r.u64("a tensor's dimension")?;
             if v > i64::MAX as u64 {
-                return broken(format!("its tensor {name} has a negative dimension: corrupt"));
+                return Err(Wrong::Broken(format!("its tensor {name} has a negative dimension: corrupt")));
             }
             *d = v;
         }
@@ -654,11 +701,18 @@ fn gguf<R: Read + Seek>(f: R, len: u64) -> Result<Gguf, Wrong> {
         let offset = r.u64("a tensor's offset")?;
         infos.push(TensorInfo { name, ne, ggml_type, offset });
     }
-    let data = r.at.next_multiple_of(alignment);
+    Ok(infos)
+}
+
+/// Where the tensors' data ends in a file of `len` bytes whose data starts at `data`: each
+/// tensor of a type specd knows, whole blocks in a row, at the running sum of the `alignment`ed
+/// sizes before it. Only the tensors' data must be there (the padding after the last one need
+/// not).
+fn tensors_end(infos: &[TensorInfo], data: u64, alignment: u64, len: u64) -> Result<u64, Wrong> {
+    let broken = |m: String| Err(Wrong::Broken(m));
     let mut expected = 0u64;
-    // Only the tensors' data must be there (the padding after the last one need not).
     let mut last_end = 0;
-    for t in &infos {
+    for t in infos {
         let name = &t.name;
         let Some((block, bytes)) = ggml_block(t.ggml_type) else {
             return Err(Wrong::Unknown(format!(
@@ -693,22 +747,7 @@ fn gguf<R: Read + Seek>(f: R, len: u64) -> Result<Gguf, Wrong> {
         last_end = data.saturating_add(expected).saturating_add(nbytes);
         expected = expected.saturating_add(nbytes.next_multiple_of(alignment));
     }
-    if last_end > len {
-        return broken(format!(
-            "{}, but its header says its tensors end at {}: cut short by {} ({INTERRUPTED})",
-            size(len),
-            size(last_end),
-            size(last_end - len)
-        ));
-    }
-    let split = match (split_no, split_count) {
-        (Some(no), Some(count)) if no >= count => {
-            return broken(format!("its header says it is part {} of {count}: corrupt", u32::from(no) + 1));
-        }
-        (no, Some(count)) => Some((no.unwrap_or(0), count)),
-        _ => None,
-    };
-    Ok(Gguf { split })
+    Ok(last_end)
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -8,10 +8,11 @@ use super::*;
 pub use crate::core::conclude::Serving;
 use crate::core::conclude::{self, Conclusion, Recovered, Restored};
 use crate::core::plan::{self, Observed, Plan, Step, Toward};
+use crate::core::record;
+use crate::core::record::{GoodUnit, InProgress, Phase, Quarantined, UnitState};
 use crate::core::recovery::{self, FaultKind, LastGood, Recovery, Restore};
 use crate::core::timing::{self, SpecWaits};
 use crate::host::{Host, unit_path};
-use crate::machine::store::{self, GoodUnit, InProgress, Phase, Quarantined, UnitState};
 use crate::machine::systemd::UnitProps;
 use anyhow::Result;
 use specd_spec::{Spec, base_url_of_argv, exec_start, short};
@@ -57,11 +58,11 @@ impl StopRecord {
     }
 
     /// What `status` shows as the last ending while the instance started after it runs.
-    pub(super) fn last_ended(&self) -> Option<store::LastEnded> {
+    pub(super) fn last_ended(&self) -> Option<record::LastEnded> {
         if self.followed_by.is_empty() || (self.ended.is_none() && !self.first) {
             return None;
         }
-        Some(store::LastEnded { summary: self.ended.clone(), followed_by: self.followed_by.clone() })
+        Some(record::LastEnded { summary: self.ended.clone(), followed_by: self.followed_by.clone() })
     }
 }
 

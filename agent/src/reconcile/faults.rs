@@ -10,9 +10,11 @@ use std::sync::Arc;
 
 use specd_spec::Spec;
 
+use crate::core::conclude::{Action, Report, Serving};
+use crate::core::record::Outcome;
 use crate::host::fake::{Crashed, FAULTS, FakeHost, Fault, LOAD};
-use crate::machine::store::{Outcome, Store};
-use crate::reconcile::{self, Action, Ctx, DesiredState, Report, Serving, Shutdown};
+use crate::machine::store::Store;
+use crate::reconcile::{self, Ctx, DesiredState, Shutdown};
 
 const UNIT: &str = "sglang-qwen.service";
 
@@ -131,7 +133,7 @@ async fn prepared(old: &DesiredState, new: &DesiredState, a: Apply) -> World {
     let w = serving(old, new, a.new_fails).await;
     w.host.set_enabled(a.enabled);
     if a.drop_in {
-        crate::host::Host::write(&w.host, &w.drop_in(), DROP_IN.as_bytes()).unwrap();
+        crate::host::UnitFiles::write(&w.host, &w.drop_in(), DROP_IN.as_bytes()).unwrap();
     }
     w
 }
@@ -257,7 +259,7 @@ async fn check_converges(w: &World, old: &DesiredState, new: &DesiredState, faul
             again.verdict,
             w.said()
         );
-        assert!(!crate::host::Host::exists(&w.host, &w.drop_in()), "{case}: the drop-in is still there");
+        assert!(!crate::host::UnitFiles::exists(&w.host, &w.drop_in()), "{case}: the drop-in is still there");
     }
 }
 
@@ -631,7 +633,7 @@ async fn a_unit_that_does_not_run_is_started_whatever_its_pre_flight_says() {
             message: "port 30000 is held by pid 7".into(),
         },
     );
-    crate::host::Host::stop(&w.host, UNIT, true).await.unwrap();
+    crate::host::ServiceManager::stop(&w.host, UNIT, true).await.unwrap();
     let r = w.reconcile(&new).await.unwrap().unwrap();
     assert_eq!(r.outcome, Some(Outcome::Applied), "{}", r.verdict);
 }

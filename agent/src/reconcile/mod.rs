@@ -37,11 +37,13 @@ use anyhow::Result;
 use specd_spec::{RenderedUnit, Spec};
 
 use crate::core::conclude::{self, Subject};
-pub use crate::core::conclude::{Action, Report, Serving};
+use crate::core::conclude::{Action, Report};
 use crate::core::plan::{self, Plan, Step, Toward};
+use crate::core::record;
+use crate::core::record::{Source, UnitState};
 use crate::host::{Host, unit_path};
 use crate::machine::lock::UnitLock;
-use crate::machine::store::{self, Source, Store, UnitState};
+use crate::machine::store::Store;
 use crate::machine::systemd::UnitProps;
 
 use crate::core::timing::{self};
@@ -137,7 +139,7 @@ pub async fn reconcile<H: Host>(ctx: &Ctx<H>, d: &DesiredState, dry_run: bool) -
     // says it, and a look again at a unit it refused (recorded only when it finds something
     // new) is all there is to do: those look first, and write nothing before.
     let look = held.is_none() && preflight_needed(&plan, &props, dry_run);
-    let again = st.history.last().is_some_and(|h| h.sha256 == d.unit.sha256 && h.outcome == store::Outcome::Refused);
+    let again = st.history.last().is_some_and(|h| h.sha256 == d.unit.sha256 && h.outcome == record::Outcome::Refused);
     let refusal = match look && (dry_run || again) {
         true => preflight_refusal(ctx, d, &plan, &props).await,
         false => None,
@@ -146,7 +148,7 @@ pub async fn reconcile<H: Host>(ctx: &Ctx<H>, d: &DesiredState, dry_run: bool) -
         return Ok(conclude::observed_only(plan, held, refusal));
     }
     ctx.host.clean_temps(&ctx.unit_dir, &unit);
-    st.desired = Some(store::DesiredRecord {
+    st.desired = Some(record::DesiredRecord {
         sha256: d.unit.sha256.clone(),
         source: d.source.clone(),
         time: ctx.host.now(),

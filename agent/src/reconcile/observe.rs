@@ -3,11 +3,12 @@
 
 use super::*;
 use crate::core::plan::{self, Desired, Observed};
+use crate::core::record::UnitState;
 use crate::core::timing::{self};
-use crate::host::{Host, unit_path};
+use crate::core::unit_state::{ActiveState, LoadState};
+use crate::host::{Host, UnitFiles, unit_path};
 use crate::machine::probe::{self, Health};
-use crate::machine::store::UnitState;
-use crate::machine::systemd::{ActiveState, LoadState, UnitProps};
+use crate::machine::systemd::UnitProps;
 use anyhow::Result;
 use std::path::{Path, PathBuf};
 
@@ -70,7 +71,7 @@ pub async fn observe<H: Host>(
 
 /// A link of the unit to `/dev/null` (a mask) in the unit directory, `/etc/systemd/system` or
 /// `/run/systemd/system` (`systemctl mask --runtime`).
-pub fn mask_link(host: &impl Host, unit_dir: &Path, unit: &str) -> Option<PathBuf> {
+pub fn mask_link(host: &impl UnitFiles, unit_dir: &Path, unit: &str) -> Option<PathBuf> {
     [unit_dir, Path::new("/etc/systemd/system"), Path::new("/run/systemd/system")]
         .iter()
         .map(|d| d.join(unit))
@@ -80,7 +81,7 @@ pub fn mask_link(host: &impl Host, unit_dir: &Path, unit: &str) -> Option<PathBu
 /// Drop-ins of this unit's own `<unit>.d/` directories. Shared ones (`service.d/`, prefix
 /// drop-ins like `sglang-.service.d/`) belong to the host's configuration of every service and are
 /// neither drift nor specd's to remove.
-pub fn own_drop_ins(host: &impl Host, props: &UnitProps, unit: &str) -> Vec<String> {
+pub fn own_drop_ins(host: &impl UnitFiles, props: &UnitProps, unit: &str) -> Vec<String> {
     let own = format!("{unit}.d");
     props
         .drop_in_paths

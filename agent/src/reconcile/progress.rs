@@ -204,7 +204,8 @@ fn reasons(p: &Plan) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::core::plan::{Step, SyncStatus};
+    use crate::core::plan::Step;
+    use crate::core::sync::SyncStatus;
 
     /// The events of an apply whose server loads for `load` seconds (a waiting line every 2 s),
     /// fed to `lines`: what it writes.

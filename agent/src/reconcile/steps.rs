@@ -8,12 +8,14 @@ use super::waits::{Waited, answered, wait_ready, wait_stopped_state};
 use super::*;
 use crate::core::conclude::Cancelled;
 use crate::core::plan::Step;
+use crate::core::record;
+use crate::core::record::{Phase, UnitState};
 use crate::core::recovery::{self, Death, FaultKind, Restore};
 use crate::core::timing::{self};
+use crate::core::unit_state::{LoadState, ServiceResult};
 use crate::host::{Host, unit_path};
 use crate::machine::probe::{self};
-use crate::machine::store::{self, Phase, UnitState};
-use crate::machine::systemd::{LoadState, ServiceResult, UnitProps};
+use crate::machine::systemd::UnitProps;
 use anyhow::Result;
 use specd_spec::short;
 use std::path::{Path, PathBuf};
@@ -570,7 +572,7 @@ impl<H: Host> Run<'_, H> {
         }
         emit(Event::Progress(format!("the server speculates: {}", measured.figure())));
         st.speculation =
-            Some(store::SpeculationRecord { sha256: t.sha256.to_string(), time: ctx.host.now(), measured });
+            Some(record::SpeculationRecord { sha256: t.sha256.to_string(), time: ctx.host.now(), measured });
         Ok(())
     }
 

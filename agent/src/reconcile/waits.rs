@@ -6,9 +6,10 @@ use super::*;
 use crate::core::plan::{self, Stopping};
 use crate::core::timing::readiness_backoff;
 use crate::core::timing::{self};
+use crate::core::unit_state::ActiveState;
 use crate::host::{Host, Watch};
 use crate::machine::probe::Health;
-use crate::machine::systemd::{ActiveState, UnitProps};
+use crate::machine::systemd::UnitProps;
 use anyhow::Result;
 use std::sync::Arc;
 use tokio::time::Instant;
@@ -117,28 +118,7 @@ pub(super) async fn wait_ready<H: Host>(
     let deadline = started + t.readiness;
     let last_check = std::sync::Mutex::new(Instant::now());
     let last_note = std::sync::Mutex::new(Instant::now());
-    // What the server last wrote, read off the poll's path (a journal read may take a moment),
-    // once per waiting line.
-    let said = Arc::new(std::sync::Mutex::new(String::new()));
-    let _reader = {
-        let (host, invocation, said) = (ctx.host.clone(), invocation.to_string(), said.clone());
-        Background(tokio::spawn(async move {
-            tokio::time::sleep(timing::SAID_FIRST).await;
-            loop {
-                if let Some(l) = host.last_said(&invocation).await {
-                    *crate::core::guard::lock(&said) = format!(" ({l})");
-                }
-                tokio::time::sleep(timing::WAITING_NOTE).await;
-            }
-        }))
-    };
-    #[derive(Debug)]
-    enum Wait {
-        Loading(String),
-        Fatal(String),
-        /// systemd could not be asked (its connection lost past `host::RECONNECT_WITHIN`).
-        Host(String),
-    }
+    let (said, _reader) = last_said(&ctx.host, invocation);
     let attempt = || async {
         let why = match ctx.host.health(&url).await {
             Health::Ready => return Ok(()),
@@ -154,32 +134,7 @@ pub(super) async fn wait_ready<H: Host>(
         let due = exited || { now.duration_since(*last_check.lock().unwrap()) >= timing::ALIVE_EVERY };
         if due {
             *last_check.lock().unwrap() = now;
-            // The process is gone: let systemd settle the unit so its result can be told (its
-            // next change, subscribed to before the look).
-            let mut changes = match exited {
-                true => Some(ctx.host.watch(unit).await),
-                false => None,
-            };
-            let mut props = ctx.host.show(unit).await.map_err(|e| Wait::Host(format!("{e:#}")))?;
-            let settle = Instant::now() + timing::EXIT_SETTLE;
-            while let Some(c) = changes.as_mut().filter(|_| props.main_pid == pid) {
-                tokio::select! {
-                    _ = c.changed() => {}
-                    _ = tokio::time::sleep_until(settle) => break,
-                }
-                props = ctx.host.show(unit).await.map_err(|e| Wait::Host(format!("{e:#}")))?;
-            }
-            if exited
-                || props.main_pid != pid
-                || !matches!(props.active_state, ActiveState::Active | ActiveState::Activating)
-            {
-                return Err(Wait::Fatal(format!(
-                    "the server exited while loading (Result={}, status {}, {} restarts)",
-                    props.result,
-                    props.exit_status(),
-                    props.n_restarts
-                )));
-            }
+            still_loading(ctx, unit, pid, exited).await?;
         }
         if now >= deadline {
             return Err(Wait::Fatal(format!("not ready after {}s ({why})", t.readiness.as_secs())));
@@ -202,4 +157,64 @@ pub(super) async fn wait_ready<H: Host>(
         Err(Wait::Fatal(m)) | Err(Wait::Loading(m)) => Err(Waited::Spec(m)),
         Err(Wait::Host(m)) => Err(Waited::Host(m)),
     }
+}
+
+/// One look at a server that does not answer 200 yet.
+#[derive(Debug)]
+enum Wait {
+    /// Not ready yet: asked again.
+    Loading(String),
+    /// It never will be.
+    Fatal(String),
+    /// systemd could not be asked (its connection lost past `host::RECONNECT_WITHIN`).
+    Host(String),
+}
+
+/// What the instance `invocation` last wrote, as ` (its line)` (empty before it writes),
+/// read in the background off the poll's path (a journal read may take a moment), once per
+/// waiting line, while the returned task is kept.
+fn last_said<H: Host>(host: &H, invocation: &str) -> (Arc<std::sync::Mutex<String>>, Background<()>) {
+    let said = Arc::new(std::sync::Mutex::new(String::new()));
+    let reader = {
+        let (host, invocation, said) = (host.clone(), invocation.to_string(), said.clone());
+        Background(tokio::spawn(async move {
+            tokio::time::sleep(timing::SAID_FIRST).await;
+            loop {
+                if let Some(l) = host.last_said(&invocation).await {
+                    *crate::core::guard::lock(&said) = format!(" ({l})");
+                }
+                tokio::time::sleep(timing::WAITING_NOTE).await;
+            }
+        }))
+    };
+    (said, reader)
+}
+
+/// The process specd started (`pid`) is still the unit's, and the unit still starting or
+/// active; else the server exited while loading (`Fatal`, with systemd's result). A process
+/// that `exited` is given a moment for systemd to settle the unit, so that its result can be
+/// told (its next change, subscribed to before the look).
+async fn still_loading<H: Host>(ctx: &Ctx<H>, unit: &str, pid: u32, exited: bool) -> Result<(), Wait> {
+    let mut changes = match exited {
+        true => Some(ctx.host.watch(unit).await),
+        false => None,
+    };
+    let mut props = ctx.host.show(unit).await.map_err(|e| Wait::Host(format!("{e:#}")))?;
+    let settle = Instant::now() + timing::EXIT_SETTLE;
+    while let Some(c) = changes.as_mut().filter(|_| props.main_pid == pid) {
+        tokio::select! {
+            _ = c.changed() => {}
+            _ = tokio::time::sleep_until(settle) => break,
+        }
+        props = ctx.host.show(unit).await.map_err(|e| Wait::Host(format!("{e:#}")))?;
+    }
+    if exited || props.main_pid != pid || !matches!(props.active_state, ActiveState::Active | ActiveState::Activating) {
+        return Err(Wait::Fatal(format!(
+            "the server exited while loading (Result={}, status {}, {} restarts)",
+            props.result,
+            props.exit_status(),
+            props.n_restarts
+        )));
+    }
+    Ok(())
 }

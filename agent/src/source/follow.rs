@@ -13,7 +13,8 @@ use specd_spec::fleet::{ParsedFleet, RECORD_FILE, Record};
 use specd_spec::short;
 
 use crate::core::guard::catch;
-use crate::machine::store::{FleetPosition, Source};
+use crate::core::record::Source;
+use crate::machine::store::FleetPosition;
 use crate::reconcile::DesiredState;
 use crate::source::git::GitSource;
 

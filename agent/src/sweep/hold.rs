@@ -2,8 +2,9 @@
 //! sweep runs, ended with it.
 
 use super::*;
+use crate::core::hold::{Hold, HoldKind};
 use crate::core::timing;
-use crate::machine::store::{Hold, HoldKind, Store};
+use crate::machine::store::Store;
 use anyhow::Result;
 
 /// The sweep's hold on its unit: a running agent leaves the unit alone while this process lives

@@ -219,29 +219,81 @@ async fn campaign<H: SweepHost>(
         return Err(e);
     }
     let results = this_sweeps_results(&p, &results_path)?;
-    let at = p.parsed.objective_concurrency();
-    let limits = sw.spec.objective.constraints.limits();
-    let winner = report::best(&results, goal(sw.spec.objective.maximize), at, &limits);
-    let target = after_target(&p, &unit, &before, winner, ran.interrupted);
-    doc.interrupted = ran.interrupted;
-    doc.after = Some(
-        match (&target, sw.spec.after, winner) {
-            (None, _, _) => "last-point",
-            (Some(_), After::Best, Some(_)) if !ran.interrupted => "best",
-            (Some(_), _, _) => "restore",
-        }
-        .to_string(),
-    );
-    let mut code = if ran.interrupted { 130 } else { 0 };
-    doc.after_ok = apply_after(&final_ctx, target, &unit).await?;
-    if !doc.after_ok {
-        code = 1;
-    }
+    let judged = Judged::of(&p, &results);
+    let after_ok = leave(&final_ctx, &p, &unit, &before, &judged, ran.interrupted, doc).await?;
     hold.release(&final_ctx.store).await;
+    let code = match (ran.interrupted, after_ok) {
+        (_, false) => 1,
+        (true, true) => 130,
+        (false, true) => 0,
+    };
+    summarize(&p, o, &results, &judged, &results_path, doc)?;
+    Ok(code)
+}
 
-    // What a person reads (with --json: what a program reads).
-    let plotted = write_reports(&p, &results, winner, at, &limits, !o.json)?;
-    let goal_name = goal(sw.spec.objective.maximize).name();
+/// The sweep's records judged under its objective: the concurrency it is read at, its limits,
+/// and the best point (`None`: none met it).
+struct Judged<'a> {
+    at: u32,
+    limits: Vec<(&'static str, f64)>,
+    winner: Option<&'a PointResult>,
+}
+
+impl<'a> Judged<'a> {
+    fn of(p: &Prepared, results: &'a [PointResult]) -> Judged<'a> {
+        let objective = &p.parsed.sweep.spec.objective;
+        let at = p.parsed.objective_concurrency();
+        let limits = objective.constraints.limits();
+        let winner = report::best(results, goal(objective.maximize), at, &limits);
+        Judged { at, limits, winner }
+    }
+}
+
+/// What a sweep leaves its unit on, by the name the summary gives it: `last-point` when there is
+/// nothing to apply after the points (`has_target` false: specd had not deployed the unit
+/// before), `best` when the sweep asks for its winner, has one and ran to its end, else
+/// `restore`.
+fn after_name(has_target: bool, after: After, has_winner: bool, interrupted: bool) -> &'static str {
+    match (has_target, after, has_winner) {
+        (false, _, _) => "last-point",
+        (true, After::Best, true) if !interrupted => "best",
+        (true, _, _) => "restore",
+    }
+}
+
+/// Leave the host on a verified unit after the points: the one before the sweep, or the
+/// winner, applied through the same apply path. Whether that apply verified its unit.
+async fn leave<H: SweepHost>(
+    ctx: &Ctx<H>,
+    p: &Prepared,
+    unit: &str,
+    before: &restore::Before,
+    judged: &Judged<'_>,
+    interrupted: bool,
+    doc: &mut Summary,
+) -> Result<bool> {
+    let target = after_target(p, unit, before, judged.winner, interrupted);
+    doc.interrupted = interrupted;
+    let name = after_name(target.is_some(), p.parsed.sweep.spec.after, judged.winner.is_some(), interrupted);
+    doc.after = Some(name.to_string());
+    doc.after_ok = apply_after(ctx, target, unit).await?;
+    Ok(doc.after_ok)
+}
+
+/// What a person reads (with --json: what a program reads): the reports written, the summary's
+/// files, objective and records, and the best point with the spec change that applies it.
+fn summarize(
+    p: &Prepared,
+    o: &Options,
+    results: &[PointResult],
+    judged: &Judged<'_>,
+    results_path: &Path,
+    doc: &mut Summary,
+) -> Result<()> {
+    let Judged { at, limits, winner } = judged;
+    let objective = &p.parsed.sweep.spec.objective;
+    let plotted = write_reports(p, results, *winner, *at, limits, !o.json)?;
+    let goal_name = goal(objective.maximize).name();
     doc.recorded = results.len();
     doc.files = Some(Files {
         results: results_path.display().to_string(),
@@ -250,16 +302,16 @@ async fn campaign<H: SweepHost>(
         plot: plotted.then(|| p.out.join("plot.svg").display().to_string()),
     });
     doc.objective = Some(Objective {
-        maximize: sw.spec.objective.maximize,
-        concurrency: at,
+        maximize: objective.maximize,
+        concurrency: *at,
         limits: limits.iter().map(|(k, v)| (k.to_string(), *v)).collect(),
     });
-    doc.results = results.clone();
+    doc.results = results.to_vec();
     let Some(w) = winner else {
         if !o.json {
-            println!("no point met the objective ({goal_name} at concurrency {at}{})", limits_text(&limits));
+            println!("no point met the objective ({goal_name} at concurrency {at}{})", limits_text(limits));
         }
-        return Ok(code);
+        return Ok(());
     };
     let wp = p.points.iter().find(|pt| pt.index == w.index).expect("the winner is a point");
     doc.best = Some(Best {
@@ -269,10 +321,9 @@ async fn campaign<H: SweepHost>(
         unit_sha256: wp.unit.sha256.clone(),
     });
     if !o.json {
-        println!("best: {} ({goal_name} at concurrency {at}{})", wp.label, limits_text(&limits));
+        println!("best: {} ({goal_name} at concurrency {at}{})", wp.label, limits_text(limits));
     }
-    offer_best(&p, wp, o.write, doc, o.json)?;
-    Ok(code)
+    offer_best(p, wp, o.write, doc, o.json)
 }
 
 /// The sweep's answer to SIGINT/SIGTERM: the point in progress stops at its next safe point, then

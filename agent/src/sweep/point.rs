@@ -2,8 +2,9 @@
 //! (a failed point with its diagnosis).
 
 use super::*;
+use crate::core::record::{Outcome, Source};
 use crate::core::timing;
-use crate::machine::store::{Outcome, Source};
+use crate::host::{Journal, Server};
 use crate::reconcile::{self, Ctx, DesiredState, Shutdown};
 use crate::sweep::loadgen::Level;
 use crate::sweep::report::{PointOutcome, PointResult};
@@ -48,7 +49,7 @@ pub(super) fn level_line(l: &loadgen::LevelResult) -> String {
 }
 
 /// `max_running_requests` as the server reports it (the engine facts' `Reported` row).
-pub(super) async fn reported_max_running<H: SweepHost>(host: &H, spec: &Spec, invocation: &str) -> Option<Value> {
+pub(super) async fn reported_max_running<H: Server>(host: &H, spec: &Spec, invocation: &str) -> Option<Value> {
     let facts = specd_spec::engine_facts(spec.engine);
     let row = facts.reported.iter().find(|r| r.field == "server.max_running_requests")?;
     let info = host.reported_args(&spec.base_url(), spec, invocation).await?.ok()?;
@@ -57,7 +58,7 @@ pub(super) async fn reported_max_running<H: SweepHost>(host: &H, spec: &Spec, in
 
 /// The verdict on how an instance ended (`None`: the unit's newest that ended), for the record:
 /// (verdict, summary).
-pub(super) async fn verdict_of<H: SweepHost>(
+pub(super) async fn verdict_of<H: Journal>(
     host: &H,
     unit: &str,
     invocation: Option<&str>,
@@ -93,32 +94,14 @@ pub(super) async fn point<H: SweepHost>(
         levels: vec![],
         time: 0,
     };
-    let d = DesiredState::new(pt.spec.clone(), Some(Source::File { path: p.base_path.display().to_string() }));
     let t0 = Instant::now();
-    let report = reconcile::reconcile(ctx, &d, false).await;
-    if shutdown.is_set() {
-        return Ok(None);
-    }
-    let report = match report {
-        Ok(rep) => rep,
-        Err(e) => {
-            r.outcome = PointOutcome::ApplyFailed;
-            r.summary = Some(format!("{e:#}"));
+    match apply_point(ctx, p, pt, shutdown, &mut r).await {
+        Applied::Interrupted => return Ok(None),
+        Applied::Failed => {
             r.time = ctx.host.now();
             return Ok(Some(r));
         }
-    };
-    let ok = matches!(report.outcome, Some(Outcome::Applied | Outcome::Started))
-        || (report.outcome.is_none() && report.plan.steps.is_empty());
-    if !ok {
-        // The failed instance is the newest that ended (the rollback's runs).
-        let (v, s) = verdict_of(&ctx.host, unit, None).await;
-        eprintln!("[{i}/{n}] {}: {}", pt.label, report.verdict);
-        r.outcome = PointOutcome::ApplyFailed;
-        r.verdict = v;
-        r.summary = s.or(Some(report.verdict));
-        r.time = ctx.host.now();
-        return Ok(Some(r));
+        Applied::Verified => {}
     }
     r.apply_s = Some(t0.elapsed().as_secs_f64());
     let props = ctx.host.show(unit).await?;
@@ -130,32 +113,110 @@ pub(super) async fn point<H: SweepHost>(
         r.apply_s.unwrap_or(0.0),
         r.proof.as_deref().map_or(String::new(), |f| format!(" ({f})"))
     );
+    if load_point(ctx, p, pt, &props, shutdown, &mut r).await? == Loaded::Interrupted {
+        return Ok(None);
+    }
+    r.time = ctx.host.now();
+    Ok(Some(r))
+}
+
+/// How a point's apply ended.
+enum Applied {
+    /// A signal came during it: nothing is recorded.
+    Interrupted,
+    /// It did not leave the point's unit running and verified: `r` says why.
+    Failed,
+    /// The point's unit runs, verified.
+    Verified,
+}
+
+/// The point's apply, through the reconciler as `specd apply` does; a failed one's outcome and
+/// diagnosis go into `r`.
+async fn apply_point<H: SweepHost>(
+    ctx: &Ctx<H>,
+    p: &Prepared,
+    pt: &Point,
+    shutdown: &Shutdown,
+    r: &mut PointResult,
+) -> Applied {
+    let d = DesiredState::new(pt.spec.clone(), Some(Source::File { path: p.base_path.display().to_string() }));
+    let report = reconcile::reconcile(ctx, &d, false).await;
+    if shutdown.is_set() {
+        return Applied::Interrupted;
+    }
+    let report = match report {
+        Ok(rep) => rep,
+        Err(e) => {
+            r.outcome = PointOutcome::ApplyFailed;
+            r.summary = Some(format!("{e:#}"));
+            return Applied::Failed;
+        }
+    };
+    let ok = matches!(report.outcome, Some(Outcome::Applied | Outcome::Started))
+        || (report.outcome.is_none() && report.plan.steps.is_empty());
+    if !ok {
+        // The failed instance is the newest that ended (the rollback's runs).
+        let (v, s) = verdict_of(&ctx.host, &pt.spec.unit, None).await;
+        eprintln!("[{}/{}] {}: {}", pt.index + 1, p.points.len(), pt.label, report.verdict);
+        r.outcome = PointOutcome::ApplyFailed;
+        r.verdict = v;
+        r.summary = s.or(Some(report.verdict));
+        return Applied::Failed;
+    }
+    Applied::Verified
+}
+
+/// How a point's load ended.
+#[derive(Debug, PartialEq, Eq)]
+enum Loaded {
+    /// A signal came during it: nothing is recorded.
+    Interrupted,
+    /// Every level ran, or the server died under one (`r` says so).
+    Done,
+}
+
+/// The load of one concurrency level on the point's server, as the sweep's `load` says.
+fn level(p: &Prepared, pt: &Point, concurrency: u32) -> Level {
     let load = &p.parsed.sweep.spec.load;
     let api = match load.api.for_engine(pt.spec.engine) {
         sweep::Api::Generate => loadgen::Api::Generate,
         _ => loadgen::Api::Completions,
     };
-    for &c in &load.concurrency {
-        let (requests, duration) = match load.amount() {
-            Amount::Requests(n) => (n, None),
-            Amount::Duration(d) => (0, Some(d)),
-        };
-        let level = Level {
-            base_url: pt.spec.base_url(),
-            engine: pt.spec.engine,
-            api,
-            model: Some(pt.spec.server.served_model_name.clone().unwrap_or_else(|| pt.spec.model.clone())),
-            concurrency: c,
-            requests,
-            duration,
-            warmup: load.warmup,
-            max_tokens: load.max_tokens,
-            prompts: p.prompts.clone(),
-            timeout: Duration::from_secs(300),
-        };
+    let (requests, duration) = match load.amount() {
+        Amount::Requests(n) => (n, None),
+        Amount::Duration(d) => (0, Some(d)),
+    };
+    Level {
+        base_url: pt.spec.base_url(),
+        engine: pt.spec.engine,
+        api,
+        model: Some(pt.spec.server.served_model_name.clone().unwrap_or_else(|| pt.spec.model.clone())),
+        concurrency,
+        requests,
+        duration,
+        warmup: load.warmup,
+        max_tokens: load.max_tokens,
+        prompts: p.prompts.clone(),
+        timeout: Duration::from_secs(300),
+    }
+}
+
+/// Load the verified instance `props` at each concurrency level, its results into `r`, until
+/// the server dies under the load (then `r` says how it ended).
+async fn load_point<H: SweepHost>(
+    ctx: &Ctx<H>,
+    p: &Prepared,
+    pt: &Point,
+    props: &crate::machine::systemd::UnitProps,
+    shutdown: &Shutdown,
+    r: &mut PointResult,
+) -> Result<Loaded> {
+    let unit = &pt.spec.unit;
+    for &c in &p.parsed.sweep.spec.load.concurrency {
+        let level = level(p, pt, c);
         let l = tokio::select! {
             l = ctx.host.load(&level) => l,
-            _ = shutdown.wait() => return Ok(None),
+            _ = shutdown.wait() => return Ok(Loaded::Interrupted),
         };
         eprintln!("{}", level_line(&l));
         r.levels.push(l);
@@ -170,6 +231,5 @@ pub(super) async fn point<H: SweepHost>(
             break;
         }
     }
-    r.time = ctx.host.now();
-    Ok(Some(r))
+    Ok(Loaded::Done)
 }

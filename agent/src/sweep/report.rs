@@ -318,30 +318,73 @@ pub fn svg(results: &[PointResult], title: &str, winner: Option<usize>) -> Resul
 
 type DrawResult = Result<(), Box<dyn std::error::Error>>;
 
+/// The plot's frame, from the records alone: where each point stands on the x axis, the
+/// concurrency levels (one line each), and each panel's height.
+struct Frame {
+    xa: XAxis,
+    xs: Vec<f64>,
+    xr: std::ops::Range<f64>,
+    levels: Vec<u32>,
+    /// The lower panel shows the accept length (some engine gave one), else the accept rate.
+    use_length: bool,
+    ymax_throughput: f64,
+    ymax_accept: f64,
+}
+
+impl Frame {
+    fn of(results: &[PointResult]) -> Frame {
+        let xa = XAxis::of(results);
+        let mut levels: Vec<u32> = results.iter().flat_map(|r| r.levels.iter().map(|l| l.concurrency)).collect();
+        levels.sort_unstable();
+        levels.dedup();
+        let xs: Vec<f64> = results.iter().enumerate().map(|(i, r)| xa.x(r, i)).collect();
+        let (xmin, xmax) = xs.iter().fold((f64::MAX, f64::MIN), |(a, b), x| (a.min(*x), b.max(*x)));
+        let (xmin, xmax) = if xs.is_empty() { (0.0, 1.0) } else { (xmin, xmax) };
+        let pad = ((xmax - xmin) * 0.06).max(0.5);
+        let use_length = results.iter().flat_map(|r| &r.levels).any(|l| l.accept_length.is_some());
+        let mut f = Frame {
+            xa,
+            xs,
+            xr: (xmin - pad)..(xmax + pad),
+            levels,
+            use_length,
+            ymax_throughput: 0.0,
+            ymax_accept: 0.0,
+        };
+        let levels = || results.iter().flat_map(|r| &r.levels);
+        f.ymax_throughput = levels().map(|l| l.throughput).fold(0.0, f64::max).max(1.0) * 1.12;
+        let ymax_a = levels().filter_map(|l| f.accept(l)).fold(0.0, f64::max);
+        f.ymax_accept = if use_length { ymax_a.max(1.0) * 1.15 } else { 105.0 };
+        f
+    }
+
+    /// The lower panel's figure of a level: its accept length, or its accept rate in percent.
+    fn accept(&self, l: &LevelResult) -> Option<f64> {
+        if self.use_length { l.accept_length } else { l.accept_rate.map(|r| r * 100.0) }
+    }
+
+    /// A level's figure in the upper panel (throughput) or the lower one.
+    fn y(&self, l: &LevelResult, is_throughput: bool) -> Option<f64> {
+        if is_throughput { Some(l.throughput) } else { self.accept(l) }
+    }
+}
+
+type Chart<'a, 'b> = ChartContext<
+    'a,
+    SVGBackend<'b>,
+    Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>,
+>;
+
 fn draw(out: &mut String, results: &[PointResult], title: &str, winner: Option<usize>) -> DrawResult {
-    let xa = XAxis::of(results);
-    let mut levels: Vec<u32> = results.iter().flat_map(|r| r.levels.iter().map(|l| l.concurrency)).collect();
-    levels.sort_unstable();
-    levels.dedup();
-    let xs: Vec<f64> = results.iter().enumerate().map(|(i, r)| xa.x(r, i)).collect();
-    let (xmin, xmax) = xs.iter().fold((f64::MAX, f64::MIN), |(a, b), x| (a.min(*x), b.max(*x)));
-    let (xmin, xmax) = if xs.is_empty() { (0.0, 1.0) } else { (xmin, xmax) };
-    let pad = ((xmax - xmin) * 0.06).max(0.5);
-    let xr = (xmin - pad)..(xmax + pad);
-
-    let use_length = results.iter().flat_map(|r| &r.levels).any(|l| l.accept_length.is_some());
-    let accept = |l: &LevelResult| if use_length { l.accept_length } else { l.accept_rate.map(|r| r * 100.0) };
-    let ymax_t = results.iter().flat_map(|r| &r.levels).map(|l| l.throughput).fold(0.0, f64::max).max(1.0) * 1.12;
-    let ymax_a = results.iter().flat_map(|r| &r.levels).filter_map(accept).fold(0.0, f64::max);
-    let ymax_a = if use_length { ymax_a.max(1.0) * 1.15 } else { 105.0 };
-
+    let frame = Frame::of(results);
     let root = SVGBackend::with_string(out, (900, 720)).into_drawing_area();
     root.fill(&WHITE)?;
     let root = root.titled(title, ("sans-serif", 22).into_font().color(&RGBColor(30, 30, 30)))?;
     let (top, bottom) = root.split_vertically(360);
+    let accept_label = if frame.use_length { "accept length (tokens per verify step)" } else { "accept rate (%)" };
     let panels = [
-        (top, "aggregate throughput (output tok/s)", ymax_t, true),
-        (bottom, if use_length { "accept length (tokens per verify step)" } else { "accept rate (%)" }, ymax_a, false),
+        (top, "aggregate throughput (output tok/s)", frame.ymax_throughput, true),
+        (bottom, accept_label, frame.ymax_accept, false),
     ];
     for (area, ylabel, ymax, is_throughput) in panels {
         let mut chart = ChartBuilder::on(&area)
@@ -349,88 +392,14 @@ fn draw(out: &mut String, results: &[PointResult], title: &str, winner: Option<u
             .margin_right(28)
             .x_label_area_size(44)
             .y_label_area_size(70)
-            .build_cartesian_2d(xr.clone(), 0.0..ymax)?;
-        let labels = xa.labels.clone();
-        let numeric = xa.numeric;
-        let xfmt = move |x: &f64| {
-            if numeric {
-                if (x - x.round()).abs() < 1e-9 { format!("{x:.0}") } else { format!("{x:.2}") }
-            } else {
-                let i = x.round();
-                if (x - i).abs() < 1e-9 && i >= 0.0 {
-                    labels.get(i as usize).cloned().unwrap_or_default()
-                } else {
-                    String::new()
-                }
-            }
-        };
-        let n_ticks = if xa.numeric { 12 } else { results.len().max(1) * 2 + 1 };
-        chart
-            .configure_mesh()
-            .x_desc(if is_throughput { "" } else { xa.name.as_str() })
-            .y_desc(ylabel)
-            .x_labels(n_ticks)
-            .x_label_formatter(&xfmt)
-            .y_label_formatter(&|y| if is_throughput { format!("{y:.0}") } else { format!("{y:.1}") })
-            .light_line_style(RGBColor(247, 247, 247))
-            .bold_line_style(RGBColor(215, 215, 215))
-            .axis_desc_style(("sans-serif", 15))
-            .label_style(("sans-serif", 13))
-            .draw()?;
-        for (k, c) in levels.iter().enumerate() {
-            let colour = PALETTE[k % PALETTE.len()];
-            let pts: Vec<(f64, f64)> = results
-                .iter()
-                .zip(&xs)
-                .filter_map(|(r, x)| {
-                    let l = r.level(*c).filter(|l| l.requests > 0)?;
-                    let y = if is_throughput { Some(l.throughput) } else { accept(l) }?;
-                    Some((*x, y))
-                })
-                .collect();
-            if pts.is_empty() {
-                continue;
-            }
-            chart
-                .draw_series(LineSeries::new(pts.clone(), colour.stroke_width(3)))?
-                .label(format!("concurrency {c}"))
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 22, y)], colour.stroke_width(3)));
-            chart.draw_series(pts.iter().map(|p| Circle::new(*p, 5, colour.filled())))?;
-        }
-        // The winner: a ring around its points.
+            .build_cartesian_2d(frame.xr.clone(), 0.0..ymax)?;
+        mesh(&mut chart, &frame, results.len(), ylabel, is_throughput)?;
+        level_lines(&mut chart, &frame, results, is_throughput)?;
         if let Some(w) = winner.and_then(|w| results.iter().position(|r| r.index == w)) {
-            let r = &results[w];
-            let ring: Vec<(f64, f64)> = r
-                .levels
-                .iter()
-                .filter_map(|l| if is_throughput { Some(l.throughput) } else { accept(l) })
-                .map(|y| (xs[w], y))
-                .collect();
-            let series =
-                chart.draw_series(ring.iter().map(|p| Circle::new(*p, 10, RGBColor(30, 30, 30).stroke_width(2))))?;
-            if is_throughput {
-                series
-                    .label(format!("best: {}", r.label))
-                    .legend(|(x, y)| Circle::new((x + 11, y), 7, RGBColor(30, 30, 30).stroke_width(2)));
-            }
+            winner_ring(&mut chart, &frame, &results[w], frame.xs[w], is_throughput)?;
         }
-        // Failed points: a red cross on the axis, with the verdict.
-        let failed: Vec<(f64, String)> = results
-            .iter()
-            .zip(&xs)
-            .filter(|(r, _)| r.outcome != PointOutcome::Measured)
-            .map(|(r, x)| (*x, r.verdict.clone().unwrap_or_else(|| r.outcome.as_str().into())))
-            .collect();
-        let y0 = ymax * 0.04;
-        chart.draw_series(failed.iter().map(|(x, _)| Cross::new((*x, y0), 8, FAILED.stroke_width(3))))?;
-        chart.draw_series(failed.iter().map(|(x, v)| {
-            Text::new(
-                v.clone(),
-                (*x, ymax * 0.11),
-                ("sans-serif", 14).into_font().color(&FAILED).pos(Pos::new(HPos::Center, VPos::Center)),
-            )
-        }))?;
-        if is_throughput && !levels.is_empty() {
+        failed_points(&mut chart, &frame, results, ymax)?;
+        if is_throughput && !frame.levels.is_empty() {
             chart
                 .configure_series_labels()
                 .position(SeriesLabelPosition::UpperLeft)
@@ -441,6 +410,95 @@ fn draw(out: &mut String, results: &[PointResult], title: &str, winner: Option<u
         }
     }
     root.present()?;
+    Ok(())
+}
+
+/// A panel's axes and grid: the swept field's values (or the points' labels) below, `ylabel`
+/// beside; the field's name under the lower panel only.
+fn mesh(chart: &mut Chart, frame: &Frame, points: usize, ylabel: &str, is_throughput: bool) -> DrawResult {
+    let labels = frame.xa.labels.clone();
+    let numeric = frame.xa.numeric;
+    let xfmt = move |x: &f64| {
+        if numeric {
+            if (x - x.round()).abs() < 1e-9 { format!("{x:.0}") } else { format!("{x:.2}") }
+        } else {
+            let i = x.round();
+            if (x - i).abs() < 1e-9 && i >= 0.0 {
+                labels.get(i as usize).cloned().unwrap_or_default()
+            } else {
+                String::new()
+            }
+        }
+    };
+    let n_ticks = if numeric { 12 } else { points.max(1) * 2 + 1 };
+    chart
+        .configure_mesh()
+        .x_desc(if is_throughput { "" } else { frame.xa.name.as_str() })
+        .y_desc(ylabel)
+        .x_labels(n_ticks)
+        .x_label_formatter(&xfmt)
+        .y_label_formatter(&|y| if is_throughput { format!("{y:.0}") } else { format!("{y:.1}") })
+        .light_line_style(RGBColor(247, 247, 247))
+        .bold_line_style(RGBColor(215, 215, 215))
+        .axis_desc_style(("sans-serif", 15))
+        .label_style(("sans-serif", 13))
+        .draw()?;
+    Ok(())
+}
+
+/// One line per concurrency level, through the points measured at it, each in its colour.
+fn level_lines(chart: &mut Chart, frame: &Frame, results: &[PointResult], is_throughput: bool) -> DrawResult {
+    for (k, c) in frame.levels.iter().enumerate() {
+        let colour = PALETTE[k % PALETTE.len()];
+        let pts: Vec<(f64, f64)> = results
+            .iter()
+            .zip(&frame.xs)
+            .filter_map(|(r, x)| {
+                let l = r.level(*c).filter(|l| l.requests > 0)?;
+                Some((*x, frame.y(l, is_throughput)?))
+            })
+            .collect();
+        if pts.is_empty() {
+            continue;
+        }
+        chart
+            .draw_series(LineSeries::new(pts.clone(), colour.stroke_width(3)))?
+            .label(format!("concurrency {c}"))
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 22, y)], colour.stroke_width(3)));
+        chart.draw_series(pts.iter().map(|p| Circle::new(*p, 5, colour.filled())))?;
+    }
+    Ok(())
+}
+
+/// The winner `r`, at `x`: a ring around its points (in the legend of the upper panel).
+fn winner_ring(chart: &mut Chart, frame: &Frame, r: &PointResult, x: f64, is_throughput: bool) -> DrawResult {
+    let ring: Vec<(f64, f64)> = r.levels.iter().filter_map(|l| frame.y(l, is_throughput)).map(|y| (x, y)).collect();
+    let series = chart.draw_series(ring.iter().map(|p| Circle::new(*p, 10, RGBColor(30, 30, 30).stroke_width(2))))?;
+    if is_throughput {
+        series
+            .label(format!("best: {}", r.label))
+            .legend(|(x, y)| Circle::new((x + 11, y), 7, RGBColor(30, 30, 30).stroke_width(2)));
+    }
+    Ok(())
+}
+
+/// Failed points: a red cross on the axis of a panel `ymax` high, with the verdict.
+fn failed_points(chart: &mut Chart, frame: &Frame, results: &[PointResult], ymax: f64) -> DrawResult {
+    let failed: Vec<(f64, String)> = results
+        .iter()
+        .zip(&frame.xs)
+        .filter(|(r, _)| r.outcome != PointOutcome::Measured)
+        .map(|(r, x)| (*x, r.verdict.clone().unwrap_or_else(|| r.outcome.as_str().into())))
+        .collect();
+    let y0 = ymax * 0.04;
+    chart.draw_series(failed.iter().map(|(x, _)| Cross::new((*x, y0), 8, FAILED.stroke_width(3))))?;
+    chart.draw_series(failed.iter().map(|(x, v)| {
+        Text::new(
+            v.clone(),
+            (*x, ymax * 0.11),
+            ("sans-serif", 14).into_font().color(&FAILED).pos(Pos::new(HPos::Center, VPos::Center)),
+        )
+    }))?;
     Ok(())
 }
 

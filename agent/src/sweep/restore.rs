@@ -2,8 +2,8 @@
 //! point through the apply path.
 
 use super::*;
+use crate::core::record::{Outcome, Source};
 use crate::machine::atomic;
-use crate::machine::store::{Outcome, Source};
 use crate::reconcile::{self, Ctx, DesiredState};
 use crate::sweep::report::PointResult;
 use anyhow::{Context, Result};

@@ -3,9 +3,11 @@
 use super::edit::{set_value, yaml_scalar};
 use super::hold::SweepHold;
 use super::results::read_results;
+use crate::core::hold::{Hold, HoldKind};
+use crate::core::record::Outcome;
 use crate::core::timing;
-use crate::host::Host;
-use crate::machine::store::{Hold, HoldKind, Outcome, Store};
+use crate::host::{Host, Processes};
+use crate::machine::store::Store;
 use crate::reconcile::context::Dirs;
 use crate::reconcile::{self, DesiredState, Shutdown};
 use crate::sweep::report::PointOutcome;

@@ -287,23 +287,7 @@ fn document(c: &mut Ctx, doc: &Document) {
 }
 
 fn build(c: &mut Ctx, doc: &Document, l: &SpecLayer, overlay: Option<String>) -> Option<Spec> {
-    // unit
-    let unit = match &l.unit {
-        None => {
-            c.err("unit", "is required: the systemd unit specd owns, e.g. `sglang-qwen.service`");
-            None
-        }
-        Some(u) if unit_name_problem(u).is_some() => {
-            c.err("unit", unit_name_problem(u).unwrap_or_default());
-            None
-        }
-        Some(u) if reserved_unit(u).is_some() => {
-            let why = reserved_unit(u).unwrap_or_default();
-            c.err("unit", format!("{} is reserved for {why}; a spec may not manage the host's own units", shown(u)));
-            None
-        }
-        Some(u) => Some(u.clone()),
-    };
+    let unit = unit(c, l);
     let engine = l.engine;
     if engine.is_none() {
         c.err("engine", "is required: one of sglang, vllm, llama-cpp");
@@ -319,46 +303,9 @@ fn build(c: &mut Ctx, doc: &Document, l: &SpecLayer, overlay: Option<String>) ->
         }
     };
     let engine = engine?;
-
-    // command
     let command = match &l.command {
         Some(cmd) => {
-            if cmd.is_empty() {
-                c.err("command", "may not be empty; leave it out for the engine's default");
-            }
-            for (i, w) in cmd.iter().enumerate() {
-                c.text(&format!("command[{i}]"), w);
-            }
-            if let Some(prog) = cmd.first() {
-                let bare = !prog.is_empty()
-                    && prog.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
-                    && prog.bytes().all(|b| b.is_ascii_alphanumeric() || b"._+-".contains(&b));
-                if !(prog.starts_with('/') || bare) {
-                    c.err(
-                        "command[0]",
-                        format!(
-                            "{} must be an absolute path or a bare program name that systemd looks up",
-                            shown(prog)
-                        ),
-                    );
-                } else if prog.len() > MAX_COMPONENT && bare {
-                    c.err(
-                        "command[0]",
-                        format!("is {} bytes long; the limit for a program name is {MAX_COMPONENT} bytes", prog.len()),
-                    );
-                } else if prog.starts_with('/') && c.abs_path("command[0]", prog) {
-                    // systemd refuses these in the executable's path ("Executable name contains
-                    // special characters"), and does not unescape `$$` there.
-                    if let Some(ch) = prog.chars().find(|ch| matches!(ch, '"' | '\'' | '\\' | '$')) {
-                        c.err(
-                            "command[0]",
-                            format!("the program's path may not contain {ch:?}: systemd refuses quotes and backslashes there and does not expand `$`"),
-                        );
-                    } else if prog.ends_with('/') {
-                        c.err("command[0]", "the program's path ends in `/`: it names a directory");
-                    }
-                }
-            }
+            command(c, cmd);
             cmd.clone()
         }
         None => engine::default_command(engine),
@@ -412,6 +359,63 @@ fn build(c: &mut Ctx, doc: &Document, l: &SpecLayer, overlay: Option<String>) ->
     })
 }
 
+/// `spec.unit`: given, a name a unit may have, and none of the host's own units.
+fn unit(c: &mut Ctx, l: &SpecLayer) -> Option<String> {
+    match &l.unit {
+        None => {
+            c.err("unit", "is required: the systemd unit specd owns, e.g. `sglang-qwen.service`");
+            None
+        }
+        Some(u) if unit_name_problem(u).is_some() => {
+            c.err("unit", unit_name_problem(u).unwrap_or_default());
+            None
+        }
+        Some(u) if reserved_unit(u).is_some() => {
+            let why = reserved_unit(u).unwrap_or_default();
+            c.err("unit", format!("{} is reserved for {why}; a spec may not manage the host's own units", shown(u)));
+            None
+        }
+        Some(u) => Some(u.clone()),
+    }
+}
+
+/// `spec.command`, when given: not empty, each word text a unit line may hold, and a program
+/// systemd runs (an absolute path it accepts, or a bare name it looks up).
+fn command(c: &mut Ctx, cmd: &[String]) {
+    if cmd.is_empty() {
+        c.err("command", "may not be empty; leave it out for the engine's default");
+    }
+    for (i, w) in cmd.iter().enumerate() {
+        c.text(&format!("command[{i}]"), w);
+    }
+    let Some(prog) = cmd.first() else { return };
+    let bare = !prog.is_empty()
+        && prog.bytes().next().is_some_and(|b| b.is_ascii_alphanumeric())
+        && prog.bytes().all(|b| b.is_ascii_alphanumeric() || b"._+-".contains(&b));
+    if !(prog.starts_with('/') || bare) {
+        c.err(
+            "command[0]",
+            format!("{} must be an absolute path or a bare program name that systemd looks up", shown(prog)),
+        );
+    } else if prog.len() > MAX_COMPONENT && bare {
+        c.err(
+            "command[0]",
+            format!("is {} bytes long; the limit for a program name is {MAX_COMPONENT} bytes", prog.len()),
+        );
+    } else if prog.starts_with('/') && c.abs_path("command[0]", prog) {
+        // systemd refuses these in the executable's path ("Executable name contains special
+        // characters"), and does not unescape `$$` there.
+        if let Some(ch) = prog.chars().find(|ch| matches!(ch, '"' | '\'' | '\\' | '$')) {
+            c.err(
+                "command[0]",
+                format!("the program's path may not contain {ch:?}: systemd refuses quotes and backslashes there and does not expand `$`"),
+            );
+        } else if prog.ends_with('/') {
+            c.err("command[0]", "the program's path ends in `/`: it names a directory");
+        }
+    }
+}
+
 /// Literal secrets in what lands on the server's command line: a flag that takes one, followed
 /// by a value, and any value in a well-known credential format (`secrets`).
 fn argv_secrets(c: &mut Ctx, engine: Engine, l: &SpecLayer) {
@@ -439,7 +443,7 @@ fn argv_secrets(c: &mut Ctx, engine: Engine, l: &SpecLayer) {
 fn server(c: &mut Ctx, engine: Engine, l: &SpecLayer) -> Option<Server> {
     let s = l.server.clone().unwrap_or_default();
     let mut ok = true;
-    let host = s.host.unwrap_or_else(|| "127.0.0.1".into());
+    let host = s.host.clone().unwrap_or_else(|| "127.0.0.1".into());
     if host.is_empty() || host.len() > 253 || !host.bytes().all(|b| b.is_ascii_alphanumeric() || b".:-_".contains(&b)) {
         c.err("server.host", format!("{} is not an address or hostname", shown(&host)));
         ok = false;
@@ -470,12 +474,38 @@ fn server(c: &mut Ctx, engine: Engine, l: &SpecLayer) -> Option<Server> {
         c.err("server.mem_fraction_static", format!("must be in (0, 1], got {f}"));
         ok = false;
     }
+    ok &= engine_options(c, engine, &s);
+    if let Some(n) = &s.served_model_name {
+        ok &= c.text_max("server.served_model_name", n, MAX_NAME);
+        if n.is_empty() {
+            c.err("server.served_model_name", "may not be empty");
+            ok = false;
+        }
+    }
+    let extra = s.extra_args.unwrap_or_default();
+    ok &= extra_args(c, engine, &extra);
+    ok.then_some(Server {
+        host,
+        port,
+        tp_size: s.tp_size,
+        mem_fraction_static: s.mem_fraction_static,
+        max_running_requests: s.max_running_requests,
+        context_length: s.context_length,
+        n_gpu_layers: s.n_gpu_layers,
+        served_model_name: s.served_model_name,
+        extra_args: extra,
+    })
+}
+
+/// The server options of another engine than `engine` are not set. Whether none is.
+fn engine_options(c: &mut Ctx, engine: Engine, s: &crate::model::ServerLayer) -> bool {
     let not_for = |c: &mut Ctx, p: &str, set: bool, why: &str| {
         if set {
             c.err(p, format!("is not an option of {}: {why}", engine.as_str()));
         }
         !set
     };
+    let mut ok = true;
     match engine {
         Engine::LlamaCpp => {
             ok &= not_for(
@@ -495,16 +525,15 @@ fn server(c: &mut Ctx, engine: Engine, l: &SpecLayer) -> Option<Server> {
             ok &= not_for(c, "server.n_gpu_layers", s.n_gpu_layers.is_some(), "it is a llama-cpp option");
         }
     }
-    if let Some(n) = &s.served_model_name {
-        ok &= c.text_max("server.served_model_name", n, MAX_NAME);
-        if n.is_empty() {
-            c.err("server.served_model_name", "may not be empty");
-            ok = false;
-        }
-    }
-    let extra = s.extra_args.unwrap_or_default();
+    ok
+}
+
+/// `server.extra_args`: text a unit line may hold, and none of the flags specd renders itself
+/// (nor an abbreviation of one), `--config`, or a flag the engine removed. Whether all pass.
+fn extra_args(c: &mut Ctx, engine: Engine, extra: &[String]) -> bool {
     let owned = engine::owned_flags(engine);
     let removed = engine::removed_flags(engine);
+    let mut ok = true;
     for (i, w) in extra.iter().enumerate() {
         let p = format!("server.extra_args[{i}]");
         if !c.text(&p, w) {
@@ -534,17 +563,7 @@ fn server(c: &mut Ctx, engine: Engine, l: &SpecLayer) -> Option<Server> {
             ok = false;
         }
     }
-    ok.then_some(Server {
-        host,
-        port,
-        tp_size: s.tp_size,
-        mem_fraction_static: s.mem_fraction_static,
-        max_running_requests: s.max_running_requests,
-        context_length: s.context_length,
-        n_gpu_layers: s.n_gpu_layers,
-        served_model_name: s.served_model_name,
-        extra_args: extra,
-    })
+    ok
 }
 
 fn service(c: &mut Ctx, doc: &Document, engine: Engine, l: &SpecLayer) -> Option<Service> {

@@ -120,9 +120,14 @@ impl Writer {
         }
     }
 
+    /// A fixed-size value, little-endian, aligned to its own size (as every D-Bus fixed type is).
+    fn fixed(&mut self, bytes: &[u8]) {
+        self.pad(bytes.len());
+        self.buf.extend_from_slice(bytes);
+    }
+
     pub(super) fn u32(&mut self, v: u32) {
-        self.pad(4);
-        self.buf.extend_from_slice(&v.to_le_bytes());
+        self.fixed(&v.to_le_bytes());
     }
 
     pub(super) fn string(&mut self, s: &str) {
@@ -141,31 +146,13 @@ impl Writer {
         match v {
             Value::Byte(b) => self.buf.push(*b),
             Value::Bool(b) => self.u32(*b as u32),
-            Value::I16(n) => {
-                self.pad(2);
-                self.buf.extend_from_slice(&n.to_le_bytes())
-            }
-            Value::U16(n) => {
-                self.pad(2);
-                self.buf.extend_from_slice(&n.to_le_bytes())
-            }
-            Value::I32(n) => {
-                self.pad(4);
-                self.buf.extend_from_slice(&n.to_le_bytes())
-            }
+            Value::I16(n) => self.fixed(&n.to_le_bytes()),
+            Value::U16(n) => self.fixed(&n.to_le_bytes()),
+            Value::I32(n) => self.fixed(&n.to_le_bytes()),
             Value::U32(n) | Value::Fd(n) => self.u32(*n),
-            Value::I64(n) => {
-                self.pad(8);
-                self.buf.extend_from_slice(&n.to_le_bytes())
-            }
-            Value::U64(n) => {
-                self.pad(8);
-                self.buf.extend_from_slice(&n.to_le_bytes())
-            }
-            Value::Double(d) => {
-                self.pad(8);
-                self.buf.extend_from_slice(&d.to_le_bytes())
-            }
+            Value::I64(n) => self.fixed(&n.to_le_bytes()),
+            Value::U64(n) => self.fixed(&n.to_le_bytes()),
+            Value::Double(d) => self.fixed(&d.to_le_bytes()),
             Value::Str(s) | Value::Path(s) => self.string(s),
             Value::Signature(s) => self.signature(s),
             Value::Array(elem, items) => {

@@ -34,7 +34,9 @@ pub fn written_by_specd(text: &[u8]) -> bool {
 /// Whose unit this is, when it is not specd's: a file at `path` (the unit dir) without specd's
 /// header, or a unit systemd loads from a file elsewhere (a package's unit in
 /// `/usr/lib/systemd/system`, a runtime unit in `/run`), which a file written at `path` would
-/// shadow. `None` when there is no such unit or the file is specd's.
+/// shadow. `None` when there is no such unit or the file is specd's. `fragment_path` is the
+/// file systemd loaded the unit from, empty when there is none or it is gone since (the caller
+/// looks, through the host).
 pub fn foreign(
     path: &std::path::Path,
     file: Option<&[u8]>,
@@ -49,8 +51,7 @@ pub fn foreign(
         None if load_state != crate::core::unit_state::LoadState::NotFound
             && !fragment_path.is_empty()
             && fragment_path != "/dev/null"
-            && std::path::Path::new(fragment_path) != path
-            && std::path::Path::new(fragment_path).exists() =>
+            && std::path::Path::new(fragment_path) != path =>
         {
             Some(format!("systemd loads it from {fragment_path}, a unit file specd did not write"))
         }
@@ -104,17 +105,13 @@ mod tests {
             foreign(p, Some(ours.as_bytes()), crate::core::unit_state::LoadState::Loaded, p.to_str().unwrap()),
             None
         );
-        let d = tempfile::tempdir().unwrap();
-        let vendor = d.path().join("nginx.service");
-        std::fs::write(&vendor, "[Service]\nExecStart=/bin/true\n").unwrap();
-        let e = foreign(p, None, crate::core::unit_state::LoadState::Loaded, vendor.to_str().unwrap()).unwrap();
-        assert_eq!(e, format!("systemd loads it from {}, a unit file specd did not write", vendor.display()));
+        let vendor = "/usr/lib/systemd/system/nginx.service";
+        let e = foreign(p, None, crate::core::unit_state::LoadState::Loaded, vendor).unwrap();
+        assert_eq!(e, format!("systemd loads it from {vendor}, a unit file specd did not write"));
         // specd's own file deleted before a daemon-reload, or a package removed: nothing to take over.
         assert_eq!(foreign(p, None, crate::core::unit_state::LoadState::Loaded, p.to_str().unwrap()), None);
-        assert_eq!(
-            foreign(p, None, crate::core::unit_state::LoadState::Loaded, "/usr/lib/systemd/system/gone.service"),
-            None
-        );
+        // A package removed since systemd loaded its file: the caller passes no fragment.
+        assert_eq!(foreign(p, None, crate::core::unit_state::LoadState::Loaded, ""), None);
         let e = foreign(
             p,
             Some(b"[Service]\nExecStart=/bin/true\n"),

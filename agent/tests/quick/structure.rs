@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 use std::path::Path;
 
 /// The most lines a production function may have, its `fn` line and closing brace included.
-const MAX_LINES: usize = 150;
+const MAX_LINES: usize = 100;
 
 /// Functions over [`MAX_LINES`] today (file, name), each with what stands in the way. An entry
 /// that is no longer needed fails the test too, so this list only shrinks.
@@ -309,7 +309,7 @@ fn check(files: &[(String, String)], max: usize, known: &[(&str, &str, &str)]) -
 }
 
 #[test]
-fn no_production_function_is_over_150_lines() {
+fn no_production_function_is_over_100_lines() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
     let mut files = Vec::new();
     for src in ["agent/src", "spec/src"] {
@@ -593,8 +593,24 @@ fn the_core_does_no_io() {
     let mut found = Vec::new();
     for (rel, code) in &files {
         for (i, line) in code.lines().enumerate() {
-            for io in ["tokio", "std::fs", "nix::", "reqwest", "git2", "std::process", "std::net", "std::os", "libc::"]
-            {
+            for io in [
+                "tokio",
+                "std::fs",
+                "nix::",
+                "reqwest",
+                "git2",
+                "std::process",
+                "std::net",
+                "std::os",
+                "libc::",
+                ".exists()",
+                ".is_file()",
+                ".is_dir()",
+                ".metadata()",
+                ".canonicalize()",
+                "SystemTime::now",
+                "Instant::now",
+            ] {
                 if line.contains(io) {
                     found.push(format!("src/{rel}:{}: {io}", i + 1));
                 }

@@ -588,61 +588,14 @@ fn service(c: &mut Ctx, doc: &Document, engine: Engine, l: &SpecLayer) -> Option
         c.raw_path("service.working_directory", w);
     }
     let env = s.environment.clone().unwrap_or_default();
-    let literal_secrets_allowed = s.allow_literal_secrets.unwrap_or(false);
-    for (k, v) in &env {
-        let p = format!("service.environment.{k}");
-        let key_ok = k.bytes().next().is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
-            && k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
-        if !key_ok {
-            c.err(&p, format!("{} is not a valid environment variable name ([A-Za-z_][A-Za-z0-9_]*)", shown(k)));
-        } else if k.len() > MAX_NAME {
-            c.err(&p, format!("the variable name is {} bytes long; the limit is {MAX_NAME} bytes", k.len()));
-        }
-        if v.len() > MAX_TEXT {
-            c.err(&p, format!("is {} bytes long; the limit is {MAX_TEXT} bytes", v.len()));
-        } else if let Some(ch) = v.chars().find(|c| c.is_control()) {
-            c.err(&p, format!("contains the control character {ch:?}; it could inject a line into the unit file"));
-        } else if key_ok && looks_secret(k) && !v.is_empty() && !literal_secrets_allowed {
-            c.err(
-                &p,
-                format!(
-                    "{k} looks like a secret: a literal value here is readable by every local user in the unit file and specd's state. Put `{k}=...` in a root-only file listed in service.environment_files, or pass the file as service.credentials (`$CREDENTIALS_DIRECTORY/NAME`); set service.allow_literal_secrets: true if it is not secret"
-                ),
-            );
-        } else if key_ok
-            && !literal_secrets_allowed
-            && let Some(what) = secrets::credential_in(v)
-        {
-            c.err(
-                &p,
-                format!(
-                    "the value looks like {what}: a literal one here is readable by every local user in the unit file and specd's state. Put `{k}=...` in a root-only file listed in service.environment_files, or pass the file as service.credentials (`$CREDENTIALS_DIRECTORY/NAME`); set service.allow_literal_secrets: true if it is not secret"
-                ),
-            );
-        }
-    }
+    environment(c, &env, s.allow_literal_secrets.unwrap_or(false));
     let environment_files = s.environment_files.clone().unwrap_or_default();
     for (i, f) in environment_files.iter().enumerate() {
         // A leading `-`: systemd ignores the file when it does not exist.
         c.raw_path(&format!("service.environment_files[{i}]"), f.strip_prefix('-').unwrap_or(f));
     }
     let credentials = s.credentials.clone().unwrap_or_default();
-    for (name, path) in &credentials {
-        let p = format!("service.credentials.{name}");
-        if !credential_name_ok(name) {
-            c.err(
-                &p,
-                format!(
-                    "{} is not a credential name: 1-{MAX_NAME} letters, digits, `_`, `-` or `.` (it becomes a file name in $CREDENTIALS_DIRECTORY)",
-                    shown(name)
-                ),
-            );
-        }
-        // systemd takes the source only in normal form (`path_is_normalized()`).
-        if c.raw_path(&p, path) && (path.contains("//") || path.contains("/./") || path.ends_with("/.")) {
-            c.err(&p, format!("{} is not in normal form: systemd refuses `//` and `.` components here", shown(path)));
-        }
-    }
+    credentials_of(c, &credentials);
     if let Some(m) = &s.memory_max
         && let Some(why) = memory_max_problem(m, engine)
     {
@@ -681,6 +634,63 @@ fn service(c: &mut Ctx, doc: &Document, engine: Engine, l: &SpecLayer) -> Option
         memory_max: s.memory_max,
         enabled: s.enabled.unwrap_or(true),
     })
+}
+
+/// `service.environment`: names systemd takes, values that add no line to the unit, and no
+/// literal secret unless the spec allows them.
+fn environment(c: &mut Ctx, env: &BTreeMap<String, String>, literal_secrets_allowed: bool) {
+    for (k, v) in env {
+        let p = format!("service.environment.{k}");
+        let key_ok = k.bytes().next().is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
+            && k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+        if !key_ok {
+            c.err(&p, format!("{} is not a valid environment variable name ([A-Za-z_][A-Za-z0-9_]*)", shown(k)));
+        } else if k.len() > MAX_NAME {
+            c.err(&p, format!("the variable name is {} bytes long; the limit is {MAX_NAME} bytes", k.len()));
+        }
+        if v.len() > MAX_TEXT {
+            c.err(&p, format!("is {} bytes long; the limit is {MAX_TEXT} bytes", v.len()));
+        } else if let Some(ch) = v.chars().find(|c| c.is_control()) {
+            c.err(&p, format!("contains the control character {ch:?}; it could inject a line into the unit file"));
+        } else if key_ok && looks_secret(k) && !v.is_empty() && !literal_secrets_allowed {
+            c.err(
+                &p,
+                format!(
+                    "{k} looks like a secret: a literal value here is readable by every local user in the unit file and specd's state. Put `{k}=...` in a root-only file listed in service.environment_files, or pass the file as service.credentials (`$CREDENTIALS_DIRECTORY/NAME`); set service.allow_literal_secrets: true if it is not secret"
+                ),
+            );
+        } else if key_ok
+            && !literal_secrets_allowed
+            && let Some(what) = secrets::credential_in(v)
+        {
+            c.err(
+                &p,
+                format!(
+                    "the value looks like {what}: a literal one here is readable by every local user in the unit file and specd's state. Put `{k}=...` in a root-only file listed in service.environment_files, or pass the file as service.credentials (`$CREDENTIALS_DIRECTORY/NAME`); set service.allow_literal_secrets: true if it is not secret"
+                ),
+            );
+        }
+    }
+}
+
+/// `service.credentials`: names that become file names, sources in systemd's normal form.
+fn credentials_of(c: &mut Ctx, credentials: &BTreeMap<String, String>) {
+    for (name, path) in credentials {
+        let p = format!("service.credentials.{name}");
+        if !credential_name_ok(name) {
+            c.err(
+                &p,
+                format!(
+                    "{} is not a credential name: 1-{MAX_NAME} letters, digits, `_`, `-` or `.` (it becomes a file name in $CREDENTIALS_DIRECTORY)",
+                    shown(name)
+                ),
+            );
+        }
+        // systemd takes the source only in normal form (`path_is_normalized()`).
+        if c.raw_path(&p, path) && (path.contains("//") || path.contains("/./") || path.ends_with("/.")) {
+            c.err(&p, format!("{} is not in normal form: systemd refuses `//` and `.` components here", shown(path)));
+        }
+    }
 }
 
 fn readiness(c: &mut Ctx, engine: Engine, l: &SpecLayer, service: Option<&Service>) -> Option<Readiness> {

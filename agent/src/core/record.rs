@@ -109,6 +109,14 @@ pub struct InProgress {
     pub wrote: bool,
 }
 
+impl InProgress {
+    /// Whether the apply may have changed the host: past its start and its drain (which stops
+    /// nothing; the pre-flight looks meanwhile). One killed before is no apply to finish.
+    pub fn may_have_changed(&self) -> bool {
+        !matches!(self.phase, Phase::Starting | Phase::At(Step::Drain))
+    }
+}
+
 /// Where an apply in progress is: starting, or at a step (written as `starting` or the step's
 /// name, as `status` shows it; a name this version does not know reads as `starting`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

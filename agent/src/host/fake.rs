@@ -123,6 +123,8 @@ struct World {
     preflight_lag: Duration,
     /// Until then, the serving instance has a request in flight.
     busy_until: Option<Instant>,
+    /// Stops asked for while the serving instance had a request in flight.
+    stops_while_busy: u32,
 }
 
 /// What the fault plan says about this call.
@@ -315,6 +317,11 @@ impl FakeHost {
     /// The serving instance has a request in flight for `d` from now.
     pub fn busy_for(&self, d: Duration) {
         self.w().busy_until = Some(Instant::now() + d);
+    }
+
+    /// How many stops were asked for while the serving instance had a request in flight.
+    pub fn stops_while_busy(&self) -> u32 {
+        self.w().stops_while_busy
     }
 
     /// A process outside the unit (a sweep's), alive until [`FakeHost::end_holder`].
@@ -661,6 +668,9 @@ impl FakeHost {
         let exit = {
             let mut w = self.w();
             w.stops += 1;
+            if w.busy_until.is_some_and(|t| Instant::now() < t) {
+                w.stops_while_busy += 1;
+            }
             let main = w.unit.main_pid;
             let exits = Instant::now() + w.exit_after_term.unwrap_or(EXIT_AFTER_TERM);
             match w.procs.get_mut(&main).filter(|p| p.alive) {

@@ -155,7 +155,7 @@ pub(super) async fn act<H: Host>(
 
     // An apply of this same unit that was interrupted (killed, the agent stopped): it may have
     // stopped the old instance and written the new unit already, so this run is its second half.
-    let resumed = st.in_progress.as_ref().filter(|p| p.sha256 == d.unit.sha256);
+    let resumed = st.in_progress.as_ref().filter(|p| p.sha256 == d.unit.sha256 && p.may_have_changed());
     let resumed_wrote = resumed.is_some_and(|p| p.wrote);
     let resumed = resumed.is_some();
     st.in_progress = Some(InProgress {

@@ -620,6 +620,72 @@ async fn the_pre_flight_looks_while_the_drain_waits_and_the_stop_waits_for_both(
     assert!(w.store().peek(UNIT).unwrap().in_progress.is_none());
 }
 
+/// A pre-flight that outlasts the drain: a request that came while it looked finishes before the
+/// stop (the drain is asked again, within its budget), and a stop asked for while it looks ends
+/// the apply there, nothing stopped.
+#[tokio::test(start_paused = true)]
+async fn a_request_that_comes_while_the_pre_flight_looks_is_drained_before_the_stop() {
+    let (old, new) = (desired(5), desired(10));
+    let w = serving(&old, &new, false).await;
+    w.host.preflight_lag(std::time::Duration::from_secs(3));
+    // The drain finds nothing in flight at once; a request comes at 2 s and ends at 4 s.
+    let host = w.host.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+        host.busy_for(std::time::Duration::from_secs(2));
+    });
+    let r = w.reconcile(&new).await.unwrap().unwrap();
+    assert_eq!(r.outcome, Some(Outcome::Applied), "{}", r.verdict);
+    assert_eq!(w.host.stops_while_busy(), 0, "stopped with a request in flight\n{}", w.said());
+
+    // Asked to stop while the look goes on after the drain: nothing is stopped, nothing recorded
+    // as in progress.
+    let w = serving(&old, &new, false).await;
+    w.host.preflight_lag(std::time::Duration::from_secs(60));
+    let (tx, shutdown) = Shutdown::new();
+    let ctx = Ctx { shutdown, ..w.ctx() };
+    tokio::spawn(async move {
+        tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+        let _ = tx.send(true);
+    });
+    let before = w.host.stops_and_starts();
+    let t0 = tokio::time::Instant::now();
+    let r = reconcile::reconcile(&ctx, &new, false).await.unwrap();
+    assert!(t0.elapsed() < std::time::Duration::from_secs(10), "waited for the look: {:?}", t0.elapsed());
+    assert!(r.verdict.contains("nothing was changed"), "{}", r.verdict);
+    assert_eq!(w.host.stops_and_starts(), before);
+    assert!(w.store().peek(UNIT).unwrap().in_progress.is_none());
+}
+
+/// An apply killed while it drains and looks changed nothing: the next run is a fresh apply (not
+/// the second half of one that may have stopped the old instance), so asked to stop in its own
+/// drain it stops there.
+#[tokio::test(start_paused = true)]
+async fn an_apply_killed_in_its_drain_left_nothing_to_finish() {
+    let (old, new) = (desired(5), desired(10));
+    let w = serving(&old, &new, false).await;
+    w.host.preflight_lag(std::time::Duration::from_secs(30));
+    // Killed 2 s in: the run is dropped where it is (not spawned: a kill leaves no task behind).
+    let ctx = w.ctx();
+    assert!(
+        tokio::time::timeout(std::time::Duration::from_secs(2), reconcile::reconcile(&ctx, &new, false)).await.is_err()
+    );
+    let left = w.store().peek(UNIT).unwrap().in_progress.expect("the apply's record, as a kill leaves it");
+    assert!(!left.may_have_changed(), "{left:?}");
+    w.host.preflight_lag(std::time::Duration::ZERO);
+    w.host.busy_for(std::time::Duration::from_secs(60));
+    let (tx, shutdown) = Shutdown::new();
+    let ctx = Ctx { shutdown, ..w.ctx() };
+    tokio::spawn(async move {
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        let _ = tx.send(true);
+    });
+    let before = w.host.stops_and_starts();
+    let r = reconcile::reconcile(&ctx, &new, false).await.unwrap();
+    assert!(r.verdict.contains("nothing was changed"), "{}", r.verdict);
+    assert_eq!(w.host.stops_and_starts(), before);
+}
+
 /// With nothing serving, there is nothing to protect: the start is tried, and its failure is
 /// rolled back and told as any other.
 #[tokio::test(start_paused = true)]

@@ -264,27 +264,52 @@ impl<H: Host> Run<'_, H> {
     }
 
     /// The drain, and the pre-flight's look alongside it: both done, or the first to fail (a
-    /// refusal ends the drain: nothing is stopped).
+    /// refusal ends the drain: nothing is stopped). Asked to stop while the look goes on after
+    /// the drain, the run stops there (nothing is stopped yet). A look that outlasts the drain
+    /// is followed by the drain again, for what is left of its budget: requests that came while
+    /// it looked finish before the stop.
     pub(super) async fn drain_and_look(&mut self) -> Result<(), StepFailure> {
         let Some(gate) = self.gate.take() else { return self.drain().await };
+        let deadline = Instant::now() + self.t.drain;
+        let shutdown = self.ctx.shutdown.clone();
         let look = async {
-            match gate.await {
-                Some(verdict) => Err(StepFailure { step: Step::Drain, message: verdict, cause: Cause::Refused }),
-                None => Ok(()),
+            let t0 = Instant::now();
+            tokio::select! {
+                verdict = gate => match verdict {
+                    Some(verdict) => Err(StepFailure { step: Step::Drain, message: verdict, cause: Cause::Refused }),
+                    None => Ok(t0.elapsed()),
+                },
+                () = shutdown.wait() => Err(StepFailure::cancelled(Step::Drain, Cancelled::Unchanged)),
             }
         };
-        tokio::try_join!(self.drain(), look).map(drop)
+        let drained = async {
+            self.drain_until(deadline).await?;
+            Ok::<_, StepFailure>(Instant::now())
+        };
+        // A refusal (or a request to stop) ends the drain at once; the drain's end waits for the look.
+        let (drained_at, _) = tokio::try_join!(drained, look)?;
+        if Instant::now().duration_since(drained_at) > timing::DRAIN_POLL {
+            self.drain_until(deadline).await?;
+        }
+        Ok(())
     }
 
     pub(super) async fn drain(&mut self) -> Result<(), StepFailure> {
+        let deadline = Instant::now() + self.t.drain;
+        self.drain_until(deadline).await
+    }
+
+    /// Until the server has no request in flight, or `deadline` (then it says how many are left
+    /// and goes on); asked at least once.
+    async fn drain_until(&mut self, deadline: Instant) -> Result<(), StepFailure> {
         let (ctx, unit, t, step) = (self.ctx, self.unit, self.t, Step::Drain);
         let emit = |e: Event| (ctx.events)(unit, &e);
         let Some(spec) = t.mode.spec() else { return Ok(()) };
         if t.drain.is_zero() {
             return Ok(());
         }
-        emit(Event::Phase(format!("draining in-flight requests (up to {}s)", t.drain.as_secs())));
-        let deadline = Instant::now() + t.drain;
+        let left = deadline.saturating_duration_since(Instant::now());
+        emit(Event::Phase(format!("draining in-flight requests (up to {}s)", left.as_secs_f64().round())));
         loop {
             self.stops_here(step)?;
             match ctx.host.running_requests(&t.old_url, spec.engine).await {

@@ -776,8 +776,8 @@ mod tests {
         assert_eq!(sample(&t, "specd_reconciles_total", "unit=\"q.service\",result=\"reported\""), Some(1.0));
     }
 
-    /// Every sample name an agent serves once each of its metrics has a value.
-    pub(crate) fn served_names() -> BTreeSet<String> {
+    /// An agent's metrics, each with a value (the notices' counters registered too).
+    fn filled() -> Metrics {
         let m = Metrics::default();
         m.reconciled("q.service", SyncStatus::InSync, "applied", 0.5, true);
         m.source_read();
@@ -794,7 +794,14 @@ mod tests {
         };
         m.unit("q.service", &f);
         m.died("q.service", &[Verdict::Crash]);
-        m.render()
+        m.register_notices(&crate::notify::Counters::default());
+        m
+    }
+
+    /// Every sample name an agent serves once each of its metrics has a value.
+    pub(crate) fn served_names() -> BTreeSet<String> {
+        filled()
+            .render()
             .lines()
             .filter(|l| !l.starts_with('#'))
             .filter_map(|l| l.split([' ', '{']).next())
@@ -840,24 +847,7 @@ mod tests {
     /// reads is the registry.
     #[test]
     fn every_metric_served_is_in_the_reference_with_its_type_and_labels() {
-        let m = Metrics::default();
-        m.reconciled("q.service", SyncStatus::InSync, "applied", 0.5, true);
-        m.source_read();
-        m.source_revision("c1");
-        m.host_info("h", &BTreeMap::new());
-        m.down("q.service", false);
-        m.hold("q.service", None);
-        let f = UnitFigures {
-            deployed: Some(("c1".into(), "h1".into())),
-            args_verified: Some(true),
-            accept_length: Some(3.0),
-            accept_rate: Some(0.7),
-            quarantined: false,
-        };
-        m.unit("q.service", &f);
-        m.died("q.service", &[Verdict::Crash]);
-        m.register_notices(&crate::notify::Counters::default());
-        let text = m.render();
+        let text = filled().render();
         // The families and their types, then each sample's name (a histogram's by its family)
         // and labels.
         let mut types = BTreeMap::new();

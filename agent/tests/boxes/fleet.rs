@@ -137,7 +137,7 @@ fn six_hosts_follow_one_remote_each_on_its_own_port_and_prometheus_sees_them_all
     fleet.wait_scraped(Duration::from_secs(30));
 
     fleet.shutdown().unwrap();
-    eprintln!("e2e_fleet: {:?} in all", t0.elapsed());
+    eprintln!("fleet: {:?} in all", t0.elapsed());
 }
 
 /// How long each wave bakes in these tests, in seconds.

@@ -118,13 +118,13 @@ impl Clock {
 
     fn lap(&mut self, name: &str) {
         let took = self.step.elapsed();
-        eprintln!("e2e_vllm: {name}: {took:.1?}");
+        eprintln!("vllm: {name}: {took:.1?}");
         self.done.push((name.to_string(), took));
         self.step = Instant::now();
     }
 
     fn summary(&self) {
-        eprintln!("e2e_vllm: steps:");
+        eprintln!("vllm: steps:");
         for (name, took) in &self.done {
             eprintln!("  {:>7.1}s  {name}", took.as_secs_f64());
         }

@@ -99,6 +99,7 @@ fn a_rollback_goes_to_the_newest_good_unit_not_deployed_or_the_one_named() {
         message: String::new(),
         stop_verdict: None,
         duration_ms: 0,
+        startup: None,
     });
     assert!(rollback_target(&st, None, Some("dddd")).unwrap_err().contains("keeps the specs of the last 8"));
 }
@@ -115,6 +116,7 @@ fn a_hand_apply_of_another_unit_than_the_agent_s_is_said_to_be_reverted() {
         message: String::new(),
         stop_verdict: None,
         duration_ms: 0,
+        startup: None,
     };
     let st = record::UnitState {
         unit: UNIT.into(),

@@ -59,6 +59,11 @@ pub const EXIT_SETTLE: Duration = Duration::from_secs(2);
 pub const WAITING_NOTE: Duration = Duration::from_secs(2);
 /// The last line a loading server wrote is first read after this (most load in less).
 pub const SAID_FIRST: Duration = Duration::from_millis(1500);
+/// Once a started server answered ready, the journal is read for the rest of the lines that time
+/// its start (the ready line may reach it after the answer) for up to this long…
+pub const STARTUP_LINES_WITHIN: Duration = Duration::from_secs(2);
+/// …a read this often.
+pub const STARTUP_LINES_AGAIN: Duration = Duration::from_millis(200);
 
 // The agent, the host and the sweep.
 

@@ -582,6 +582,7 @@ mod tests {
             message: String::new(),
             stop_verdict: None,
             duration_ms: 1,
+            startup: None,
         }
     }
 

@@ -959,3 +959,21 @@ fn real_llama_server_bad_values_quote_the_argument_parser() {
         "error while handling argument \"--spec-draft-n-max\": invalid value",
     );
 }
+
+/// What an instance said, as `journalctl -o json --output-fields=MESSAGE` gives it: each message
+/// (bytes too) with its monotonic time, and the last cursor to read on from.
+#[test]
+fn an_instance_s_lines_are_read_with_their_monotonic_times_and_the_cursor() {
+    let text = concat!(
+        r#"{"__CURSOR":"s=a;i=1","__REALTIME_TIMESTAMP":"1796206680000000","__MONOTONIC_TIMESTAMP":"5000100","_BOOT_ID":"b","MESSAGE":"Load weight begin."}"#,
+        "\n",
+        r#"{"__CURSOR":"s=a;i=2","__MONOTONIC_TIMESTAMP":"5000200","MESSAGE":[76,111,97,100,233]}"#,
+        "\n",
+        r#"{"__CURSOR":"s=a;i=3","__MONOTONIC_TIMESTAMP":"5000300"}"#,
+        "\nnot json\n"
+    );
+    let (lines, cursor) = super::parse::said_lines(text);
+    assert_eq!(lines, [(5_000_100, "Load weight begin.".to_string()), (5_000_200, "Load\u{fffd}".to_string())]);
+    assert_eq!(cursor.as_deref(), Some("s=a;i=3"));
+    assert_eq!(super::parse::said_lines(""), (vec![], None));
+}

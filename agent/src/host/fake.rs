@@ -67,6 +67,9 @@ struct Proc {
     /// Told to stop: exits then (unless it lingers).
     exits_at: Option<Instant>,
     lingers: bool,
+    /// When it was started, and the instance it is (the unit's invocation number).
+    started: Instant,
+    invocation: u32,
 }
 
 #[derive(Debug, Default)]
@@ -229,6 +232,31 @@ impl FakeHost {
         tokio::time::sleep(lag).await;
     }
 
+    /// The monotonic clock (µs) at `t`: a boot's worth of time before the host was made.
+    fn mono(&self, t: Instant) -> u64 {
+        1_000_000_000 + t.saturating_duration_since(self.born).as_micros() as u64
+    }
+
+    /// What instance `n` has said so far, as its engine says it (the spec it serves): the line
+    /// that begins each phase of its start (`specd_spec::startup`), spread over its load, then
+    /// its ready line; a server that fails to load says its error instead, when it dies.
+    fn lines_of(&self, n: u32) -> Vec<(u64, String)> {
+        let w = self.w();
+        let Some(p) = w.procs.values().find(|p| p.invocation == n) else { return Vec::new() };
+        let Some(spec) = w.specs.iter().find(|s| s.argv == p.argv) else { return Vec::new() };
+        let log = &specd_spec::engine_facts(spec.engine).startup;
+        let k = log.phases.len() as u32 + 1;
+        let mut out: Vec<(Instant, String)> =
+            log.phases.iter().zip(1..).map(|(m, i)| (p.started + LOAD * i / k, m.markers[0].to_string())).collect();
+        out.push((p.ready_at, log.ready.to_string()));
+        if let Some(d) = p.dies_at {
+            out.retain(|(t, _)| *t < d);
+            out.push((d, FAILED_LOAD.to_string()));
+        }
+        let now = Instant::now();
+        out.into_iter().filter(|(t, _)| *t <= now).map(|(t, l)| (self.mono(t), l)).collect()
+    }
+
     pub fn new(unit: &str, unit_dir: &Path) -> FakeHost {
         let w = World { next_pid: 100, ..Default::default() };
         let host = FakeHost {
@@ -334,6 +362,8 @@ impl FakeHost {
             dies_at: None,
             exits_at: None,
             lingers: false,
+            started: now,
+            invocation: 0,
         };
         w.procs.insert(pid, p);
         pid
@@ -604,7 +634,7 @@ impl FakeHost {
             fragment_path: if u.loaded.is_some() { self.path().display().to_string() } else { String::new() },
             drop_in_paths: drop_in_paths.map(|p| p.display().to_string()).collect(),
             invocation_id: if u.invocation > 0 { format!("{:032x}", u.invocation) } else { String::new() },
-            exec_main_start_mono: 0,
+            exec_main_start_mono: w.procs.get(&u.main_pid).map_or(0, |p| self.mono(p.started)),
             unit_file_state: match (u.loaded.is_some(), u.enabled) {
                 (false, _) => UnitFileState::Unknown,
                 (true, true) => UnitFileState::Enabled,
@@ -631,6 +661,7 @@ impl FakeHost {
         let pid = w.next_pid;
         w.next_pid += 1;
         let lingers = w.lingering;
+        let invocation = w.unit.invocation + 1;
         w.procs.insert(
             pid,
             Proc {
@@ -641,6 +672,8 @@ impl FakeHost {
                 dies_at: fails.then(|| now + LOAD / 2),
                 exits_at: None,
                 lingers,
+                started: now,
+                invocation,
             },
         );
         w.unit.invocation += 1;
@@ -930,10 +963,12 @@ impl Journal for FakeHost {
         let _ = self.enter("note");
     }
 
-    async fn last_said(&self, invocation: &str) -> Option<String> {
-        // A loading server says so.
+    async fn said(&self, invocation: &str, cursor: Option<&str>) -> Option<super::Said> {
+        self.call("said", Duration::from_secs(1), |_| ()).await.map_or(Some(()), |_| None)?;
         let n = u32::from_str_radix(invocation, 16).ok()?;
-        (self.w().unit.invocation == n).then(|| format!("loading the model (instance {n})"))
+        let lines = self.lines_of(n);
+        let from = cursor.and_then(|c| c.parse::<usize>().ok()).unwrap_or(0).min(lines.len());
+        Some(super::Said { lines: lines[from..].to_vec(), cursor: Some(lines.len().to_string()) })
     }
 
     async fn ending(&self, _unit: &str, invocation: &str, _within: Duration) -> Option<super::Ending> {
@@ -962,6 +997,10 @@ impl Journal for FakeHost {
 impl Host for FakeHost {
     fn now(&self) -> u64 {
         EPOCH + self.born.elapsed().as_secs()
+    }
+
+    fn monotonic_us(&self) -> u64 {
+        self.mono(Instant::now())
     }
 
     async fn preflight(

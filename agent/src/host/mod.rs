@@ -126,8 +126,18 @@ pub trait Journal {
     /// How an instance ended, once the journal shows it (up to `within`); `None` when the
     /// journal does not tell.
     fn ending(&self, unit: &str, invocation: &str, within: Duration) -> impl Future<Output = Option<Ending>> + Send;
-    /// The last line an instance wrote (what a loading server says it is doing), if any.
-    fn last_said(&self, invocation: &str) -> impl Future<Output = Option<String>> + Send;
+    /// What an instance wrote after `cursor` (from its first line when `None`), each line with
+    /// the monotonic time (µs, [`Host::monotonic_us`]'s clock) the journal took it; `None` when
+    /// the journal did not answer. A loading server's lines: what it is doing, and the phases
+    /// of its start.
+    fn said(&self, invocation: &str, cursor: Option<&str>) -> impl Future<Output = Option<Said>> + Send;
+}
+
+/// What an instance wrote since a cursor, and the cursor to read on from.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Said {
+    pub lines: Vec<(u64, String)>,
+    pub cursor: Option<String>,
 }
 
 /// The whole boundary: its roles, and what ties them. Cheap to clone (a handle): background
@@ -135,6 +145,9 @@ pub trait Journal {
 pub trait Host: ServiceManager + Processes + UnitFiles + Server + Journal + Clone + Send + Sync + 'static {
     /// The wall clock, unix seconds (a hold's expiry is a time of day).
     fn now(&self) -> u64;
+    /// The monotonic clock, µs: systemd's `ExecMainStartTimestampMonotonic` and the journal's
+    /// lines are on it (a start's phases).
+    fn monotonic_us(&self) -> u64;
     /// The one hold gate, for the agent (its worker and its reconcile): the effect of a unit's
     /// `hold` now for a source whose desired unit is `desired_sha` ([`crate::core::hold::effective`]:
     /// a hold that names no process is in effect until it expires).

@@ -191,8 +191,9 @@ impl Journal for RealHost {
         let _ = crate::diagnose::journal_note(unit, action, Some(invocation), message);
     }
 
-    async fn last_said(&self, invocation: &str) -> Option<String> {
-        crate::diagnose::last_said(invocation).await
+    async fn said(&self, invocation: &str, cursor: Option<&str>) -> Option<super::Said> {
+        let (lines, cursor) = crate::diagnose::said(invocation, cursor).await?;
+        Some(super::Said { lines, cursor })
     }
 
     async fn ending(&self, unit: &str, invocation: &str, within: Duration) -> Option<Ending> {
@@ -213,6 +214,10 @@ impl Journal for RealHost {
 impl Host for RealHost {
     fn now(&self) -> u64 {
         crate::machine::store::now()
+    }
+
+    fn monotonic_us(&self) -> u64 {
+        crate::machine::process::monotonic_us()
     }
 
     async fn preflight(

@@ -42,6 +42,8 @@ pub(super) struct StopRecord {
     pub(super) followed_by: String,
     /// There was no instance to stop (the unit's first start).
     pub(super) first: bool,
+    /// The start the run made, timed (its history entry keeps it).
+    pub(super) startup: Option<record::Startup>,
 }
 
 impl StopRecord {
@@ -79,6 +81,8 @@ pub(super) struct Target<'a> {
     pub(super) stop_budget: Duration,
     pub(super) timeout_stop: Duration,
     pub(super) drain: Duration,
+    /// Whose lines tell the phases of its start.
+    pub(super) engine: specd_spec::Engine,
     pub(super) mode: Mode<'a>,
     /// The instance being replaced may not serve (a rollback replaces a failed one; an
     /// interrupted apply may have stopped it): asked to stop, the run still starts the next one.
@@ -120,6 +124,7 @@ impl<'a> Target<'a> {
             stop_budget: waits.stop_budget,
             timeout_stop: waits.timeout_stop,
             drain: waits.drain,
+            engine: d.spec.engine,
             mode: Mode::Apply(&d.spec),
             not_serving: resumed,
         }
@@ -197,7 +202,8 @@ pub(super) async fn act<H: Host>(
         st.last_ended = Some(l);
     }
     let ms = started.elapsed().as_millis() as u64;
-    let c = match result {
+    let startup = stop.startup.take();
+    let mut c = match result {
         Ok(()) if conclude::enablement_only(plan) => {
             let now = ctx.host.show(unit).await.ok().and_then(|p| plan::enabled_of(p.unit_file_state));
             conclude::enablement(plan, unit, d.spec.service.enabled, now)
@@ -214,10 +220,13 @@ pub(super) async fn act<H: Host>(
         }
         Err(f) => {
             let failed_instance = stop.followed_by.clone();
-            let c = failed(ctx, st, d, f, plan, (resumed, resumed_wrote), &mut stop_verdict, &failed_instance).await;
+            let mut c =
+                failed(ctx, st, d, f, plan, (resumed, resumed_wrote), &mut stop_verdict, &failed_instance).await;
+            c.change.startup = startup;
             return Ok((c, stop_verdict, started.elapsed().as_millis() as u64));
         }
     };
+    c.change.startup = startup;
     Ok((c, stop_verdict, ms))
 }
 
@@ -423,6 +432,8 @@ pub(super) async fn restore<H: Host>(
         stop_budget: waits.stop_budget,
         timeout_stop: waits.timeout_stop,
         drain: timing::RESTORE_DRAIN,
+        // The last good unit is the desired spec's engine's, as a rule: its lines are read so.
+        engine: d.spec.engine,
         mode: Mode::Restore(why),
         // What it stops has failed already: asked to stop, it still puts the good unit back.
         not_serving: true,

@@ -684,3 +684,39 @@ async fn a_unit_verified_before_is_never_quarantined_by_its_server_being_killed(
         assert_eq!(w.host.serving().as_ref(), Some(&new.spec.argv), "{case}: {}\n{}", again.verdict, w.said());
     }
 }
+
+/// An apply times the start it made by the phases its server's own lines tell (the fake says
+/// the engine's markers over its load): they add up to the start as specd measured it, less at
+/// most one readiness poll; the unit's record and the apply's history entry keep them, and the
+/// apply's progress says them. A start that dies while loading is recorded where it ended.
+#[tokio::test(start_paused = true)]
+async fn an_apply_times_its_start_by_the_phases_its_server_tells() {
+    let (old, new) = (desired(3), desired(4));
+    let w = serving(&old, &new, false).await;
+    let r = w.reconcile(&new).await.unwrap().unwrap();
+    assert_eq!(r.outcome, Some(Outcome::Applied), "{}", r.verdict);
+    let st = w.store().peek(UNIT).unwrap();
+    let s = st.startup.clone().expect("the start is recorded");
+    assert!(s.ready && s.sha256 == new.unit.sha256, "{s:?}");
+    let names: Vec<&str> = s.phases.iter().map(|p| p.phase.as_str()).collect();
+    assert_eq!(names, ["process", "weights", "engine", "api"], "SGLang's phases, a draft's added to them");
+    let sum: u64 = s.phases.iter().map(|p| p.ms).sum();
+    assert_eq!(sum, LOAD.as_millis() as u64, "from the exec to the ready line: {s:?}");
+    assert!(s.ms >= sum && s.ms - sum <= crate::core::timing::READY_EVERY.as_millis() as u64, "{s:?}");
+    assert_eq!(st.history.last().and_then(|h| h.startup.as_ref()), Some(&s));
+    assert!(w.said().contains(&format!("Progress(\"{}\")", s.describe())), "{}", w.said());
+
+    let bad = desired(5);
+    w.host.serves(&bad.spec, true);
+    let r = w.reconcile(&bad).await.unwrap().unwrap();
+    assert_eq!(r.outcome, Some(Outcome::RolledBack), "{}", r.verdict);
+    let st = w.store().peek(UNIT).unwrap();
+    let h = st.history.iter().rfind(|h| h.sha256 == bad.unit.sha256).unwrap();
+    let died = h.startup.clone().expect("the failed start is recorded");
+    assert!(!died.ready, "{died:?}");
+    // It died halfway through its load: after the engine's second phase began.
+    assert_eq!(died.phases.last().map(|p| p.phase.as_str()), Some("engine"), "{died:?}");
+    assert!(died.describe().ends_with("it ended in phase engine"), "{}", died.describe());
+    // The unit's record has the last start: the rollback's, ready.
+    assert!(st.startup.as_ref().is_some_and(|s| s.ready && s.sha256 == new.unit.sha256), "{:?}", st.startup);
+}

@@ -125,6 +125,17 @@ impl Timeline {
     }
 }
 
+/// The start of an instance whose engine is not known (`specd diagnose` reads any unit's
+/// journal): the timeline of the engine whose lines tell the most phases, when any tells one.
+pub fn of_any_engine<'a>(start_us: u64, lines: &[(u64, &'a str)]) -> Option<(crate::Engine, Timeline)> {
+    use crate::Engine;
+    [Engine::Sglang, Engine::Vllm, Engine::LlamaCpp]
+        .into_iter()
+        .map(|e| (e, timeline(&crate::engine_facts(e).startup, start_us, lines.iter().copied())))
+        .filter(|(_, t)| t.told() > 0)
+        .max_by_key(|(_, t)| t.told())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -179,6 +190,17 @@ mod tests {
         assert_eq!(t.ready_us, Some(20));
         let t = timeline(&LOG, 0, [(10, "load begin"), (20, "all loaded"), (30, "http up")]);
         assert_eq!(t.ready_us, None);
+    }
+
+    #[test]
+    fn the_engine_is_the_one_whose_lines_tell_the_most() {
+        let llama = [
+            (5, "I srv    load_model: loading model '/m.gguf'"),
+            (9, "I cmn  init: llama threadpool init, n_threads = 2"),
+        ];
+        let (e, t) = of_any_engine(0, &llama).unwrap();
+        assert_eq!((e, t.current().phase, t.current().from_us), (crate::Engine::LlamaCpp, "warmup", 9));
+        assert!(of_any_engine(0, &[(5, "hello")]).is_none());
     }
 
     #[test]

@@ -283,6 +283,9 @@ pub fn classify(ev: &Evidence) -> Diagnosis {
     }
     let story = narrate::narrate(verdict, ev, &f);
     notes.extend(story.notes);
+    if let (false, Some(note)) = (f.live, narrate::start_phase(&f)) {
+        notes.push(note);
+    }
     if verdict != Verdict::StaleConfigStart
         && let Some(s) = &f.stale
     {

@@ -127,7 +127,7 @@ impl Timeline {
 
 /// The start of an instance whose engine is not known (`specd diagnose` reads any unit's
 /// journal): the timeline of the engine whose lines tell the most phases, when any tells one.
-pub fn of_any_engine<'a>(start_us: u64, lines: &[(u64, &'a str)]) -> Option<(crate::Engine, Timeline)> {
+pub fn of_any_engine(start_us: u64, lines: &[(u64, &str)]) -> Option<(crate::Engine, Timeline)> {
     use crate::Engine;
     [Engine::Sglang, Engine::Vllm, Engine::LlamaCpp]
         .into_iter()

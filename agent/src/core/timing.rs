@@ -47,6 +47,13 @@ pub const ASK_PAUSE: Duration = Duration::from_secs(1);
 /// again at most this many times in one apply.
 pub const RESTOPS: u32 = 3;
 
+/// Before a start, the GPUs its `CUDA_VISIBLE_DEVICES` names are waited for to have the memory
+/// free that it claims (the driver frees a stopped instance's a moment after its processes are
+/// gone) for up to this long (`core::gpu`); memory still held then is not started over…
+pub const GPU_MEMORY_WITHIN: Duration = Duration::from_secs(30);
+/// …asked of `nvidia-smi` this often.
+pub const GPU_MEMORY_EVERY: Duration = Duration::from_millis(500);
+
 /// Readiness: asked first after this, then every…
 pub const READY_FIRST: Duration = Duration::from_millis(5);
 /// …this long.

@@ -18,7 +18,7 @@ use serde_json::Value;
 use specd_spec::{Engine, Spec};
 use tokio::time::Instant;
 
-use super::{Host, Journal, Processes, Server, ServiceManager, UnitFiles, Watch};
+use super::{Devices, Host, Journal, Processes, Server, ServiceManager, UnitFiles, Watch};
 use crate::core::speculation::Speculation;
 use crate::core::unit_state::{ActiveState, LoadState, UnitFileState};
 use crate::machine::cgroup::Lingering;
@@ -126,6 +126,8 @@ struct World {
     preflight_lag: Duration,
     /// Until then, the serving instance has a request in flight.
     busy_until: Option<Instant>,
+    /// What `nvidia-smi` answers, in turn (the last one again and again); empty: no NVIDIA device.
+    gpu_answers: std::collections::VecDeque<Result<String, String>>,
 }
 
 /// What the fault plan says about this call.
@@ -338,6 +340,12 @@ impl FakeHost {
     /// A pre-flight takes `lag`.
     pub fn preflight_lag(&self, lag: Duration) {
         self.w().preflight_lag = lag;
+    }
+
+    /// The host has NVIDIA GPUs, and `nvidia-smi` answers these, one a look (the last one to
+    /// every look after).
+    pub fn gpus(&self, answers: &[Result<&str, &str>]) {
+        self.w().gpu_answers = answers.iter().map(|a| a.map(str::to_string).map_err(str::to_string)).collect();
     }
 
     /// The serving instance has a request in flight for `d` from now.
@@ -991,6 +999,19 @@ impl Journal for FakeHost {
                 engine_error: None,
             }
         })
+    }
+}
+
+impl Devices for FakeHost {
+    async fn gpu_memory(&self) -> Option<Result<String, String>> {
+        if self.w().gpu_answers.is_empty() {
+            return None;
+        }
+        if let Some(e) = self.call("gpu_memory", crate::machine::gpu::NVIDIA_SMI_WITHIN, |e| e).await {
+            return Some(Err(e));
+        }
+        let mut w = self.w();
+        if w.gpu_answers.len() > 1 { w.gpu_answers.pop_front() } else { w.gpu_answers.front().cloned() }
     }
 }
 

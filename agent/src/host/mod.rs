@@ -1,7 +1,7 @@
 //! The host, as the reconciler sees it: one boundary for every effect an apply has or depends on,
 //! in roles: the service manager ([`ServiceManager`]), the process table and cgroups
 //! ([`Processes`]), unit files ([`UnitFiles`]), the server's HTTP endpoints ([`Server`]), the
-//! journal ([`Journal`]). [`Host`] is their sum, with what ties them: the wall clock, the
+//! journal ([`Journal`]), the GPUs ([`Devices`]). [`Host`] is their sum, with what ties them: the wall clock, the
 //! pre-flight (which looks at files, processes and ports at once) and the hold gate (a clock and
 //! a process). Code that drives a unit is generic over `H: Host`; what needs one role names it.
 //!
@@ -140,9 +140,18 @@ pub struct Said {
     pub cursor: Option<String>,
 }
 
+/// The machine's devices: the GPUs' memory.
+pub trait Devices {
+    /// What `nvidia-smi` says of the GPUs' memory (the lines of `machine::gpu::QUERY`, read by
+    /// `core::gpu`); `None` on a host without NVIDIA devices, `Err` when it could not be asked.
+    fn gpu_memory(&self) -> impl Future<Output = Option<Result<String, String>>> + Send;
+}
+
 /// The whole boundary: its roles, and what ties them. Cheap to clone (a handle): background
 /// reads during an apply hold their own.
-pub trait Host: ServiceManager + Processes + UnitFiles + Server + Journal + Clone + Send + Sync + 'static {
+pub trait Host:
+    ServiceManager + Processes + UnitFiles + Server + Journal + Devices + Clone + Send + Sync + 'static
+{
     /// The wall clock, unix seconds (a hold's expiry is a time of day).
     fn now(&self) -> u64;
     /// The monotonic clock, µs: systemd's `ExecMainStartTimestampMonotonic` and the journal's

@@ -9,7 +9,7 @@ use serde_json::Value;
 use specd_spec::{Engine, Spec};
 use tokio::time::Instant;
 
-use super::{Ending, Host, Journal, Processes, Server, ServiceManager, UnitFiles, Watch, reconnecting};
+use super::{Devices, Ending, Host, Journal, Processes, Server, ServiceManager, UnitFiles, Watch, reconnecting};
 use crate::core::hold::Hold;
 use crate::core::speculation::Speculation;
 use crate::core::timing;
@@ -208,6 +208,12 @@ impl Journal for RealHost {
             summary: d.summary,
             engine_error: d.engine_error,
         })
+    }
+}
+
+impl Devices for RealHost {
+    async fn gpu_memory(&self) -> Option<Result<String, String>> {
+        crate::machine::gpu::memory(Path::new("/dev")).await
     }
 }
 

@@ -83,6 +83,8 @@ pub(super) struct Target<'a> {
     pub(super) drain: Duration,
     /// Whose lines tell the phases of its start.
     pub(super) engine: specd_spec::Engine,
+    /// The share of each GPU's memory its server claims (`None`: its engine does not say).
+    pub(super) gpu_share: Option<f64>,
     pub(super) mode: Mode<'a>,
     /// The instance being replaced may not serve (a rollback replaces a failed one; an
     /// interrupted apply may have stopped it): asked to stop, the run still starts the next one.
@@ -125,10 +127,22 @@ impl<'a> Target<'a> {
             timeout_stop: waits.timeout_stop,
             drain: waits.drain,
             engine: d.spec.engine,
+            gpu_share: gpu_share(&d.spec),
             mode: Mode::Apply(&d.spec),
             not_serving: resumed,
         }
     }
+}
+
+/// The share of each GPU's memory a server of `spec` claims: the spec's
+/// `server.mem_fraction_static`, else its engine's default where the engine facts pin one
+/// (vLLM's `--gpu-memory-utilization` 0.92); `None` when neither says.
+pub(super) fn gpu_share(spec: &Spec) -> Option<f64> {
+    let pinned = || {
+        let r = specd_spec::engine_facts(spec.engine).reported.iter().find(|r| r.field == "server.mem_fraction_static");
+        r.and_then(|r| r.default).and_then(|d| d.parse::<f64>().ok())
+    };
+    spec.server.mem_fraction_static.or_else(pinned)
 }
 
 /// The pre-flight's look, to be waited for before the first step that changes anything: the
@@ -434,6 +448,7 @@ pub(super) async fn restore<H: Host>(
         drain: timing::RESTORE_DRAIN,
         // The last good unit is the desired spec's engine's, as a rule: its lines are read so.
         engine: d.spec.engine,
+        gpu_share: gpu_share(&d.spec),
         mode: Mode::Restore(why),
         // What it stops has failed already: asked to stop, it still puts the good unit back.
         not_serving: true,

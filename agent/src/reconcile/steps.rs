@@ -4,7 +4,7 @@
 use super::act::{Background, Gate, Mode, StopRecord, Target};
 use super::observe::own_drop_ins;
 use super::shutdown::CarriedGuard;
-use super::waits::{StartClock, Waited, answered, wait_ready, wait_stopped_state};
+use super::waits::{StartClock, Waited, answered, wait_gpus_free, wait_ready, wait_stopped_state};
 use super::*;
 use crate::core::conclude::Cancelled;
 use crate::core::plan::Step;
@@ -495,6 +495,8 @@ impl<H: Host> Run<'_, H> {
     pub(super) async fn start(&mut self) -> Result<(), StepFailure> {
         let (ctx, unit, step) = (self.ctx, self.unit, Step::Start);
         let emit = |e: Event| (ctx.events)(unit, &e);
+        // Not over GPU memory still held: that start would fail, and be taken for the spec's.
+        wait_gpus_free(ctx, unit, self.t).await.map_err(|m| StepFailure::host(step, m))?;
         emit(Event::Phase(format!("starting {unit}")));
         self.start_called_us = ctx.host.monotonic_us();
         let r = ctx.host.start(unit).await;

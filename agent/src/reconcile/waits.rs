@@ -96,6 +96,57 @@ pub(super) async fn wait_stopped_state<H: Host>(
     }
 }
 
+/// Before a start: until each GPU the unit's `CUDA_VISIBLE_DEVICES` names has the memory free
+/// that the start claims (`core::gpu`), asked every [`timing::GPU_MEMORY_EVERY`] for up to
+/// [`timing::GPU_MEMORY_WITHIN`]; `Err`: why the start is not made (memory still held then).
+/// Nothing is waited for nor said on a host without NVIDIA devices or for a unit that names no
+/// GPU; what cannot be checked is said, and the start goes on.
+pub(super) async fn wait_gpus_free<H: Host>(ctx: &Ctx<H>, unit: &str, t: &Target<'_>) -> Result<(), String> {
+    use crate::core::gpu::{Look, look};
+    let emit = |e: Event| (ctx.events)(unit, &e);
+    let Some(cvd) = cuda_visible_devices(t.text) else { return Ok(()) };
+    let (started, within) = (Instant::now(), timing::GPU_MEMORY_WITHIN);
+    let mut waited = false;
+    loop {
+        let Some(answer) = ctx.host.gpu_memory().await else { return Ok(()) };
+        let last = started.elapsed() >= within;
+        match look(answer.as_deref().map_err(String::as_str), &cvd, t.gpu_share, last, within.as_secs()) {
+            Look::Free => {
+                if waited {
+                    let s = started.elapsed().as_secs_f64();
+                    emit(Event::Progress(format!("GPU {cvd}: memory free after {s:.1}s")));
+                }
+                return Ok(());
+            }
+            Look::Warn(w) => {
+                emit(Event::Warning(w));
+                return Ok(());
+            }
+            Look::Refuse(why) => return Err(why),
+            Look::Held(held) => {
+                if !waited {
+                    waited = true;
+                    let s = within.as_secs();
+                    emit(Event::Phase(format!("waiting for GPU {cvd} to free its memory (up to {s}s)")));
+                }
+                emit(Event::Waiting(format!("GPU memory held: {}", held.join("; "))));
+            }
+        }
+        tokio::time::sleep(timing::GPU_MEMORY_EVERY).await;
+    }
+}
+
+/// The value of `CUDA_VISIBLE_DEVICES` a unit text sets (its last `Environment=` of it).
+fn cuda_visible_devices(text: &str) -> Option<String> {
+    specd_spec::service_assignments(text)
+        .into_iter()
+        .filter(|(k, _)| k == "Environment")
+        .filter_map(|(_, v)| specd_spec::parse_environment(&v))
+        .filter(|(k, _)| k == "CUDA_VISIBLE_DEVICES")
+        .map(|(_, v)| v)
+        .next_back()
+}
+
 /// Why a wait for readiness ended without it: the server's fault (it exited, answered a 4xx, or
 /// was not ready in time), or the host's (systemd could not be asked how the unit is).
 pub(super) enum Waited {

@@ -69,6 +69,9 @@ impl Algorithm {
 pub(super) struct Digests {
     #[serde(default)]
     pub(super) files: Vec<Known>,
+    /// Those this look read, not saved yet.
+    #[serde(skip)]
+    read: Vec<Known>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -92,17 +95,40 @@ impl Known {
 }
 
 impl Digests {
-    pub(super) fn load(file: &Path) -> Digests {
-        std::fs::read(file).ok().and_then(|b| serde_json::from_slice(&b).ok()).unwrap_or_default()
+    /// What `state_dir`'s file remembers (nothing, when it cannot be read).
+    pub(super) fn load(state_dir: &Path) -> Digests {
+        std::fs::read(state_dir.join(DIGESTS_FILE))
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or_default()
     }
 
-    /// Written atomically; a state directory specd cannot write (a user's `validate --on-host`)
-    /// leaves it unwritten. Two applies that write it at once keep one's digests: the other's
-    /// are computed again when asked.
-    pub(super) fn save(&self, file: &Path) {
-        if let Ok(bytes) = serde_json::to_vec_pretty(self) {
-            let _ = crate::machine::atomic::atomic_write(file, &bytes, 0o600);
+    /// The digests this look read added to `state_dir`'s file as it is now (another look may
+    /// have saved its own since this one loaded it: both are kept), under the file's lock
+    /// (`locks/weight-digests.json.lock`), the temporary files of a save killed before its
+    /// rename removed first; written atomically. A state directory specd cannot write (a
+    /// user's `validate --on-host`) leaves it unwritten.
+    pub(super) fn save(&mut self, state_dir: &Path) {
+        let Ok(_lock) = crate::machine::lock::UnitLock::acquire_blocking(&state_dir.join("locks"), DIGESTS_FILE) else {
+            return;
+        };
+        crate::machine::atomic::clean_temps(state_dir, DIGESTS_FILE);
+        let mut now = Digests::load(state_dir);
+        for k in self.read.drain(..) {
+            now.add(k);
         }
+        if let Ok(bytes) = serde_json::to_vec_pretty(&now) {
+            let _ = crate::machine::atomic::atomic_write(&state_dir.join(DIGESTS_FILE), &bytes, 0o600);
+        }
+    }
+
+    /// `k` remembered in place of what was known of its file, the oldest forgotten past
+    /// [`DIGESTS_KEPT`].
+    fn add(&mut self, k: Known) {
+        self.files.retain(|o| (o.dev, o.ino) != (k.dev, k.ino) || o.algorithm != k.algorithm);
+        self.files.push(k);
+        let over = self.files.len().saturating_sub(DIGESTS_KEPT);
+        self.files.drain(..over);
     }
 
     /// The digest of the host's file `path`, remembered or read.
@@ -116,8 +142,7 @@ impl Digests {
         let digest = algorithm.digest(&mut f, &real)?;
         // The identity after the read: a file written meanwhile is not remembered as read.
         if f.metadata().is_ok_and(|after| after.mtime() == meta.mtime() && after.mtime_nsec() == meta.mtime_nsec()) {
-            self.files.retain(|k| (k.dev, k.ino) != (meta.dev(), meta.ino()) || k.algorithm != algorithm);
-            self.files.push(Known {
+            let k = Known {
                 dev: meta.dev(),
                 ino: meta.ino(),
                 size: meta.size(),
@@ -126,9 +151,9 @@ impl Digests {
                 algorithm,
                 digest: digest.clone(),
                 path: path.display().to_string(),
-            });
-            let over = self.files.len().saturating_sub(DIGESTS_KEPT);
-            self.files.drain(..over);
+            };
+            self.add(k.clone());
+            self.read.push(k);
         }
         Ok((digest, true))
     }
@@ -146,8 +171,7 @@ pub(super) fn verified(
     state_dir: Option<&Path>,
 ) -> Vec<Found> {
     let mut out = Vec::new();
-    let file = state_dir.map(|d| d.join(DIGESTS_FILE));
-    let mut digests = file.as_deref().map(Digests::load).unwrap_or_default();
+    let mut digests = state_dir.map(Digests::load).unwrap_or_default();
     let mut changed = false;
     let mut unnamed = Vec::new();
     for l in loads {
@@ -168,9 +192,9 @@ pub(super) fn verified(
                 // read it again.
                 if read
                     && algorithm == Algorithm::Sha256
-                    && let Some(f) = &file
+                    && let Some(d) = state_dir
                 {
-                    digests.save(f);
+                    digests.save(d);
                     changed = false;
                 }
                 if got != want {
@@ -188,8 +212,8 @@ pub(super) fn verified(
             Err(e) => out.push(Found::Note(format!("not verified: {}: {e}", l.said))),
         }
     }
-    if changed && let Some(f) = &file {
-        digests.save(f);
+    if changed && let Some(d) = state_dir {
+        digests.save(d);
     }
     if let Some(first) = unnamed.first() {
         let p = path.display();

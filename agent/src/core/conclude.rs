@@ -137,6 +137,8 @@ pub struct Change {
     pub record: Option<Outcome>,
     /// Said by the failed server: added to the desired hash's quarantine reason.
     pub quarantine_said: Option<String>,
+    /// The start this reconcile made of the desired unit, timed: kept with its history entry.
+    pub startup: Option<crate::core::record::Startup>,
 }
 
 /// The end of a reconcile.
@@ -193,6 +195,7 @@ impl Conclusion {
                 message: self.verdict.clone(),
                 stop_verdict,
                 duration_ms: ms,
+                startup: c.startup.clone(),
             });
         }
     }
@@ -340,7 +343,7 @@ pub fn settled(st: &UnitState, plan: &Plan, s: &Subject, o: &Observed) -> Conclu
         outcome,
         verdict,
         action,
-        change: Change { finished, good, written: good, record: outcome.filter(|_| !repeated), quarantine_said: None },
+        change: Change { finished, good, written: good, record: outcome.filter(|_| !repeated), ..Change::default() },
         refused: false,
         serving: None,
         acted: false,

@@ -192,6 +192,7 @@ impl Store {
             message,
             stop_verdict: None,
             duration_ms: 0,
+            startup: None,
         });
         st.hold = Some(hold);
         self.save(&st)
@@ -244,6 +245,7 @@ impl Store {
             message: format!("HoldCleared: {unit}: no longer {}: {why}", h.describe()),
             stop_verdict: None,
             duration_ms: 0,
+            startup: None,
         });
         self.save(&st)?;
         Ok(Some(h))
@@ -415,6 +417,7 @@ mod tests {
                 message: String::new(),
                 stop_verdict: None,
                 duration_ms: 0,
+                startup: None,
             });
         }
         assert_eq!(st.history.len(), HISTORY_MAX);
@@ -507,6 +510,7 @@ mod tests {
             message: String::new(),
             stop_verdict: None,
             duration_ms: 0,
+            startup: None,
         }
     }
 

@@ -4,7 +4,7 @@
 use super::act::{Background, Gate, Mode, StopRecord, Target};
 use super::observe::own_drop_ins;
 use super::shutdown::CarriedGuard;
-use super::waits::{Waited, answered, wait_ready, wait_stopped_state};
+use super::waits::{StartClock, Waited, answered, wait_gpus_free, wait_ready, wait_stopped_state};
 use super::*;
 use crate::core::conclude::Cancelled;
 use crate::core::plan::Step;
@@ -107,6 +107,9 @@ pub(super) async fn run_steps<H: Host>(
         after_start: None,
         ready_pid: None,
         started_invocation: String::new(),
+        start_called_us: 0,
+        exec_us: 0,
+        startup: None,
         changed: t.not_serving,
         // A run that starts nothing finishes an apply whose instance was started already.
         started: t.not_serving && !steps.contains(&Step::Start),
@@ -114,6 +117,10 @@ pub(super) async fn run_steps<H: Host>(
     };
     let r = run.steps(st, steps, stop).await;
     stop.followed_by = std::mem::take(&mut run.started_invocation);
+    if let Some(s) = run.startup.take() {
+        st.startup = Some(s.clone());
+        stop.startup = Some(s);
+    }
     let Err(f) = r else { return Ok(()) };
     let refused = matches!(f.cause, Cause::Refused);
     if refused || f.cancelled_at().is_some() || !recovery::may_be_a_death(f.step, f.fault(), run.ready_pid.is_some()) {
@@ -181,6 +188,12 @@ pub(super) struct Run<'a, H: Host> {
     pub(super) ready_pid: Option<u32>,
     /// The invocation ID of the instance this run started.
     pub(super) started_invocation: String,
+    /// When this run started the unit, and systemd's exec of its main process (the host's
+    /// monotonic µs; 0: not known).
+    pub(super) start_called_us: u64,
+    pub(super) exec_us: u64,
+    /// The start this run made, timed once its wait for readiness ended.
+    pub(super) startup: Option<crate::core::record::Startup>,
     /// This run (or the one it finishes) stopped, wrote or started something: asked to stop, it
     /// goes on until [`Run::started`].
     pub(super) changed: bool,
@@ -507,7 +520,10 @@ impl<H: Host> Run<'_, H> {
     pub(super) async fn start(&mut self) -> Result<(), StepFailure> {
         let (ctx, unit, step) = (self.ctx, self.unit, Step::Start);
         let emit = |e: Event| (ctx.events)(unit, &e);
+        // Not over GPU memory still held: that start would fail, and be taken for the spec's.
+        wait_gpus_free(ctx, unit, self.t).await.map_err(|m| StepFailure::host(step, m))?;
         emit(Event::Phase(format!("starting {unit}")));
+        self.start_called_us = ctx.host.monotonic_us();
         let r = ctx.host.start(unit).await;
         let props = ctx.host.show(unit).await.map_err(|e| StepFailure::host(step, format!("{e:#}")))?;
         if let Err(e) = r {
@@ -522,6 +538,7 @@ impl<H: Host> Run<'_, H> {
         }
         self.started_pid = props.main_pid;
         self.started_invocation = props.invocation_id.clone();
+        self.exec_us = props.exec_main_start_mono;
         self.after_start = Some(props);
         Ok(())
     }
@@ -547,6 +564,7 @@ impl<H: Host> Run<'_, H> {
         if self.started_pid == 0 {
             self.started_pid = pid;
             self.started_invocation = props.invocation_id.clone();
+            self.exec_us = props.exec_main_start_mono;
         }
         match ctx.host.cmdline(pid) {
             Some(c) if crate::core::plan::runs_argv(&c, &t.argv) => {
@@ -569,13 +587,22 @@ impl<H: Host> Run<'_, H> {
 
     pub(super) async fn wait_ready(&mut self) -> Result<(), StepFailure> {
         let (ctx, unit, t, step) = (self.ctx, self.unit, self.t, Step::WaitReady);
-        tokio::select! {
-            r = wait_ready(ctx, unit, t, self.started_pid, &self.started_invocation) => r.map_err(|w| match w {
-                Waited::Spec(m) => StepFailure::spec(step, m),
-                Waited::Host(m) => StepFailure::host(step, m),
-            })?,
+        // A run that finishes an apply whose instance was started already times it from the exec.
+        let clock = StartClock {
+            invocation: self.started_invocation.clone(),
+            engine: t.engine,
+            called_us: if self.start_called_us > 0 { self.start_called_us } else { self.exec_us },
+            exec_us: self.exec_us,
+        };
+        let (r, startup) = tokio::select! {
+            r = wait_ready(ctx, unit, t, self.started_pid, &clock) => r,
             _ = ctx.shutdown.stopping(self.changed, self.started) => return Err(self.stops_here(step).unwrap_err()),
-        }
+        };
+        self.startup = Some(startup);
+        r.map_err(|w| match w {
+            Waited::Spec(m) => StepFailure::spec(step, m),
+            Waited::Host(m) => StepFailure::host(step, m),
+        })?;
         self.ready_pid = Some(self.started_pid);
         Ok(())
     }

@@ -59,6 +59,7 @@ fn the_rules_load_and_pass_promtool_s_tests_with_a_firing_and_a_quiet_case_per_a
         "SpecdUnitDrifted",
         "SpecdUnitNotVerified",
         "SpecdAcceptLengthDropped",
+        "SpecdStartSlower",
     ] {
         assert!(alerts.iter().any(|x| x == a), "no alert {a} in {RULES}");
     }

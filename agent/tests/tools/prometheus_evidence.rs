@@ -103,6 +103,8 @@ struct Figures {
     crashes: u32,
     /// The kind of hold on the unit, if any.
     hold: Option<&'static str>,
+    /// How long the last start of the unit took (`specd_unit_start_duration_seconds`).
+    start: f64,
 }
 
 impl Figures {
@@ -124,6 +126,10 @@ impl Figures {
         if let Some(r) = self.rate {
             t += &format!("# TYPE specd_unit_accept_rate gauge\nspecd_unit_accept_rate{{unit=\"{UNIT}\"}} {r}\n");
         }
+        t += &format!(
+            "# TYPE specd_unit_start_duration_seconds gauge\nspecd_unit_start_duration_seconds{{unit=\"{UNIT}\"}} {}\n",
+            self.start
+        );
         t += "# TYPE specd_unit_hold gauge\n";
         for kind in ["suspend", "pin", "sweep"] {
             let v = u8::from(self.hold == Some(kind));
@@ -156,6 +162,7 @@ impl Figures {
             accept_rate: self.rate,
             last_death: (self.crashes > 0).then(|| "crash".to_string()),
             hold: self.hold.map(String::from),
+            start_seconds: Some(self.start),
             ..Default::default()
         };
         HostEvidence {
@@ -227,6 +234,7 @@ fn the_evidence_is_what_prometheus_scraped_from_each_host_through_a_rollout() {
         rate: Some(0.7),
         crashes: 0,
         hold: None,
+        start: 41.5,
     };
     // b's unit is suspended by hand.
     let b1 = Figures { host: "b", labels: ",gpu=\"a100\"", hold: Some("suspend"), ..a1.clone() };
@@ -262,7 +270,7 @@ fn the_evidence_is_what_prometheus_scraped_from_each_host_through_a_rollout() {
     // before are REV1's.
     wait_until("a second after the first evidence", WITHIN, || unix_now() > t0 + 1).unwrap();
     let at = unix_now();
-    let a2 = Figures { revision: REV2, unit_hash: "h2", length: 2.0, rate: Some(0.5), ..a1.clone() };
+    let a2 = Figures { revision: REV2, unit_hash: "h2", length: 2.0, rate: Some(0.5), start: 83.25, ..a1.clone() };
     // b's new engine reports no accept rate: its old one does not come back.
     let b2 = Figures { labels: b1.labels, host: "b", rate: None, ..a2.clone() };
     a.set(a2.text());
@@ -277,6 +285,7 @@ fn the_evidence_is_what_prometheus_scraped_from_each_host_through_a_rollout() {
         let mut h = f.evidence();
         let u = h.units.get_mut(UNIT).unwrap();
         (u.previous_accept_length, u.previous_accept_rate) = (Some(3.5), Some(0.7));
+        u.previous_start_seconds = Some(41.5);
         h
     };
     assert_eq!(ev.hosts["a"], promoted(&a2));

@@ -321,6 +321,39 @@ fn no_production_function_is_over_100_lines() {
     assert!(errors.is_empty(), "functions too long:\n{}", errors.join("\n"));
 }
 
+/// The longest a production file may be: past it, a file holds more than one thing to decide.
+const MAX_FILE_LINES: usize = 800;
+
+/// A production file's lines: all before its first `#[cfg(test)]`; files only the tests build
+/// (`tests.rs`, the fake host, the fault matrix) are exempt.
+fn production_lines(rel: &str, text: &str) -> Option<usize> {
+    let test_only = ["tests.rs", "fake.rs", "faults.rs"].iter().any(|t| rel == *t || rel.ends_with(&format!("/{t}")));
+    (!test_only).then(|| text.split("#[cfg(test)]").next().unwrap_or_default().lines().count())
+}
+
+#[test]
+fn no_production_file_is_over_800_lines() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let mut long = Vec::new();
+    for src in ["agent/src", "spec/src"] {
+        for (rel, text) in crate::source::rust_files(&root.join(src)) {
+            match production_lines(&rel, &text) {
+                Some(n) if n > MAX_FILE_LINES => long.push(format!("{src}/{rel}: {n} lines")),
+                _ => {}
+            }
+        }
+    }
+    assert!(
+        long.is_empty(),
+        "production files over {MAX_FILE_LINES} lines (split them along their seams):\n{}",
+        long.join("\n")
+    );
+    // The rule itself: a long file counts, its tests do not.
+    let body = "fn f() {}\n".repeat(MAX_FILE_LINES);
+    assert_eq!(production_lines("a/b.rs", &format!("{body}#[cfg(test)]\nmod tests {{}}\n")), Some(MAX_FILE_LINES));
+    assert_eq!(production_lines("a/tests.rs", &body), None);
+}
+
 // The checker itself, on small files made up here.
 
 fn files(list: &[(&str, &str)]) -> Vec<(String, String)> {

@@ -247,6 +247,12 @@ pub fn cannot_start(unit: &str, sha256: &str, problems: &str) -> String {
     )
 }
 
+/// The verdict refusing a plan that would stop a serving instance whose load balancers could not
+/// be told `drain` (`why`): stopping it would cut the requests they keep sending.
+pub fn not_told(unit: &str, why: &str) -> String {
+    format!("{REFUSED} {unit}: its load balancers could not be told drain ({why}); nothing was stopped or changed")
+}
+
 /// A dry run, or the agent's look at a unit a hold keeps its hands off: what would be done (or
 /// refused), nothing done.
 pub fn observed_only(plan: Plan, held: Option<String>, refusal: Option<String>) -> Report {
@@ -336,14 +342,18 @@ pub fn settled(st: &UnitState, plan: &Plan, s: &Subject, o: &Observed) -> Conclu
     };
     // A drift that is only reported is recorded once, not at every resync.
     let repeated = st.history.last().is_some_and(|h| h.outcome == Outcome::Reported && h.message == verdict);
+    // The last good unit a rollback started may still load: looked at again until it serves.
+    let loading = rolled_back && o.ready != Some(true);
     let action = match plan.sync {
         SyncStatus::Progressing => Action::Requeue(timing::PROGRESSING_AGAIN),
+        _ if loading => Action::Requeue(timing::PROGRESSING_AGAIN),
         _ => Action::AwaitChange,
     };
-    // Ready when it runs its desired unit (in sync) or the last good one it was rolled back to;
-    // a unit still starting (Progressing) keeps what it was told; else as observed.
+    // Ready when it runs its desired unit (in sync) or the last good one it was rolled back to,
+    // ready; one still starting keeps what it was told (`drain` after a stop); else as observed.
     let serving = match plan.sync {
         SyncStatus::InSync => After::Ready,
+        _ if loading => After::Keep,
         _ if rolled_back => After::Ready,
         SyncStatus::Progressing => After::Keep,
         _ => After::Observed,

@@ -111,6 +111,7 @@ pub(super) async fn run_steps<H: Host>(
         // A run that starts nothing finishes an apply whose instance was started already.
         started: t.not_serving && !steps.contains(&Step::Start),
         carried: None,
+        marked: false,
     };
     let r = run.steps(st, steps, stop).await;
     stop.followed_by = std::mem::take(&mut run.started_invocation);
@@ -188,6 +189,8 @@ pub(super) struct Run<'a, H: Host> {
     pub(super) started: bool,
     /// From its old instance's stop on: the run's place among those the agent's stop waits for.
     pub(super) carried: Option<CarriedGuard>,
+    /// This run told the unit's load balancers `drain`.
+    pub(super) marked: bool,
 }
 
 impl<H: Host> Run<'_, H> {
@@ -276,15 +279,28 @@ impl<H: Host> Run<'_, H> {
         tokio::try_join!(self.drain(), look).map(drop)
     }
 
+    /// The drain: the load balancers told `drain` and waited for until they saw it (see
+    /// `balancers`), then the requests in flight, all within the drain budget.
     pub(super) async fn drain(&mut self) -> Result<(), StepFailure> {
         let (ctx, unit, t, step) = (self.ctx, self.unit, self.t, Step::Drain);
         let emit = |e: Event| (ctx.events)(unit, &e);
         let Some(spec) = t.mode.spec() else { return Ok(()) };
+        let deadline = Instant::now() + t.drain;
+        if !t.drain.is_zero() {
+            emit(Event::Phase(format!(
+                "draining (up to {}s): the load balancers told drain, then the requests in flight",
+                t.drain.as_secs()
+            )));
+        }
+        let mark = self.mark_drain().map_err(|e| StepFailure {
+            step,
+            message: crate::core::conclude::not_told(unit, &format!("{e:#}")),
+            cause: Cause::Refused,
+        })?;
+        self.wait_for_balancers(mark).await?;
         if t.drain.is_zero() {
             return Ok(());
         }
-        emit(Event::Phase(format!("draining in-flight requests (up to {}s)", t.drain.as_secs())));
-        let deadline = Instant::now() + t.drain;
         loop {
             self.stops_here(step)?;
             match ctx.host.running_requests(&t.old_url, spec.engine).await {
@@ -324,6 +340,12 @@ impl<H: Host> Run<'_, H> {
         if props.load_state == LoadState::NotFound && !props.is_running() {
             // No unit yet: nothing to stop.
             return Ok(());
+        }
+        // Its load balancers told first, if the drain did not (an instance that does not serve).
+        if !self.marked
+            && let Err(e) = self.mark_drain()
+        {
+            emit(Event::Warning(format!("could not tell {unit}'s load balancers drain ({e:#}); stopping it anyway")));
         }
         // Say in the unit's journal who stops it and why (`specd diagnose` reads it).
         let (action, note) = match t.mode {

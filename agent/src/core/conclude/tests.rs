@@ -131,6 +131,11 @@ fn a_rollback_interrupted_while_the_last_good_unit_loads_is_recorded_when_the_ne
         c.verdict,
         "RolledBack: q.service: the last good unit bbbbbbbbbbbb runs again (the rollback specd was interrupted in is finished); spec aaaaaaaaaaaa stays quarantined"
     );
+    // Still loading: its load balancers keep `drain`, and it is looked at again until it serves.
+    assert_eq!((c.change.serving.clone(), c.action), (After::Keep, Action::Requeue(timing::PROGRESSING_AGAIN)));
+    let ready = Observed { ready: Some(true), active_state: ActiveState::Active, ..good_runs.clone() };
+    let c = settled(&st, &quarantined, &s, &ready);
+    assert_eq!((c.change.serving, c.action), (After::Ready, Action::AwaitChange));
     // Recorded once: the run after has nothing in progress.
     let after = UnitState { in_progress: None, ..st.clone() };
     assert_eq!(settled(&after, &quarantined, &s, &good_runs).outcome, None);

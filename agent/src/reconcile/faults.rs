@@ -493,6 +493,8 @@ async fn a_fault_at_any_call_of_a_prune_still_leaves_the_unit_stopped_disabled_a
             assert_eq!(w.host.alive_count(), 0, "{case}: a process of the pruned unit is alive");
             assert!(!w.host.enabled(), "{case}: the pruned unit still starts at boot");
             assert_eq!(w.host.unit_file(), None, "{case}: the pruned unit's file is still there");
+            assert_eq!(w.host.lb_state().map(|s| s.word()), Some(Word::Down), "{case}: its load balancers");
+            assert_eq!(w.host.lb_violations(), Vec::<String>::new(), "{case}: stopped while told ready");
             cases += 1;
         }
     }

@@ -184,8 +184,8 @@ impl PollLog {
     }
 
     /// A poll from `addr` at `now_ms`, answered `word`. Whether the log should be written at once
-    /// (a new load balancer, or one now answered ready where it was not, or the reverse: what an
-    /// apply waits for); otherwise its writer may wait ([`timing::POLL_LOG_EVERY`]).
+    /// (a new load balancer, or one answered other than ready: what an apply waits for, during a
+    /// drain only); otherwise its writer may wait ([`timing::POLL_LOG_EVERY`]).
     pub fn record(&mut self, kind: CheckKind, addr: &str, now_ms: u64, word: Word) -> bool {
         let key = PollLog::key(kind, addr);
         let urgent = match self.pollers.get_mut(&key) {
@@ -195,7 +195,7 @@ impl PollLog {
                 p.last_ms = now_ms;
                 p.streak = if turned { 1 } else { p.streak.saturating_add(1) };
                 p.answered = word;
-                turned
+                turned || word != Word::Ready
             }
             None => {
                 let p = Poller { kind, addr: addr.to_string(), last_ms: now_ms, gap_ms: 0, answered: word, streak: 1 };

@@ -52,7 +52,7 @@ impl LoadBalancers for RealHost {
     }
 
     fn now_ms(&self) -> u64 {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+        crate::machine::store::now_ms()
     }
 }
 

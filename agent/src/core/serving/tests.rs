@@ -62,10 +62,11 @@ fn a_poll_is_written_at_once_when_its_balancer_is_new_or_its_word_turns() {
     assert!(poll(Word::Ready, 0), "a new load balancer");
     assert!(!poll(Word::Ready, 500), "the same answer again");
     assert!(poll(Word::Drain, 500), "drain, where it was ready");
-    assert!(!poll(Word::Down, 500), "down after drain: still not ready");
-    assert!(poll(Word::Ready, 500));
+    assert!(poll(Word::Down, 500), "every answer but ready: what an apply waits for");
+    assert!(poll(Word::Ready, 500), "ready again");
+    assert!(!poll(Word::Ready, 500));
     let p = &log.pollers["agent-check 10.0.0.5"];
-    assert_eq!((p.last_ms, p.gap_ms, p.answered, p.streak), (MARK + 2000, 500, Word::Ready, 1));
+    assert_eq!((p.last_ms, p.gap_ms, p.answered, p.streak), (MARK + 2500, 500, Word::Ready, 2));
     // Bounded: the oldest goes.
     for i in 0..(POLLERS_KEPT as u64 + 5) {
         log.record(CheckKind::Http, &format!("10.1.0.{i}"), MARK + 10_000 + i, Word::Ready);

@@ -20,7 +20,7 @@ use specd_e2e::traffic::{Api, Load, Summary, Traffic};
 use crate::common::*;
 
 const UNITS: [&str; 2] = ["llm-a.service", "llm-b.service"];
-const T: Duration = Duration::from_secs(60);
+const T: Duration = Duration::from_secs(120);
 
 /// A vLLM stand-in on `port` with ngram speculation of `steps`, its drain budget 8 s: 200 tokens
 /// a second, loaded in half a second.
@@ -56,11 +56,15 @@ enum Asks {
     Nothing,
 }
 
+/// A unit's spec on a port with `num_steps`.
+type SpecOf = Box<dyn Fn(&str, u16, u32) -> String>;
+
 /// The agent in a box running both units, and HAProxy in front of them.
 struct Rig {
     f: Fleet,
     ports: [u16; 2],
     h: Haproxy,
+    spec: SpecOf,
 }
 
 fn commit(f: &Fleet, unit: &str, text: &str, msg: &str) {
@@ -87,8 +91,14 @@ fn wait_applied(f: &Fleet, unit: &str, n: usize) -> Value {
 }
 
 impl Rig {
+    /// The vLLM stand-in.
     fn new(asks: Asks) -> Rig {
         let f = Fleet::new();
+        let standin = f.e.standin.clone();
+        Rig::with(asks, f, Box::new(move |unit, port, steps| spec(&standin, unit, port, steps)))
+    }
+
+    fn with(asks: Asks, f: Fleet, spec: SpecOf) -> Rig {
         let ports = [free_port(), free_port()];
         let agent_check = free_port();
         f.e.b
@@ -98,7 +108,7 @@ impl Rig {
             )
             .unwrap();
         for (unit, port) in UNITS.iter().zip(ports) {
-            commit(&f, unit, &spec(&f.e.standin, unit, port, 3), "steps 3");
+            commit(&f, unit, &spec(unit, port, 3), "steps 3");
         }
         f.run_agent(&f.repo.display().to_string(), "", "");
         for unit in UNITS {
@@ -124,26 +134,30 @@ impl Rig {
         for unit in UNITS {
             h.wait_status(unit.trim_end_matches(".service"), Status::Up, T).unwrap();
         }
-        Rig { f, ports, h }
+        Rig { f, ports, h, spec }
     }
 
-    /// Both units changed one after the other (`num_steps` 3 → 4) under streaming load through
-    /// HAProxy; the traffic's sum and each apply's last history entry.
-    fn roll(&self, asks: Asks) -> (Summary, Vec<Value>) {
+    /// The stand-in's load through HAProxy.
+    fn load(&self) -> Load {
         // 16 clients of 50-token streams (a quarter of a second of decoding each at 200 tokens a
         // second, about half a second a request with the rest): about 30 requests a second, each
         // server holding several at any time.
-        let load = Load {
+        Load {
             clients: 16,
             max_tokens: 50,
             timeout: Duration::from_secs(3),
             ..Load::new(self.h.port(), Api::OpenAiCompletions)
-        };
+        }
+    }
+
+    /// Both units changed one after the other (`num_steps` 3 → 4) under streaming `load` through
+    /// HAProxy; the traffic's sum and each apply's last history entry.
+    fn roll(&self, asks: Asks, load: Load) -> (Summary, Vec<Value>) {
         let t = Traffic::start(load);
         t.wait_successes(40, T).unwrap();
         let mut applied = Vec::new();
         for (unit, port) in UNITS.iter().zip(self.ports) {
-            commit(&self.f, unit, &spec(&self.f.e.standin, unit, port, 4), "steps 4");
+            commit(&self.f, unit, &(self.spec)(unit, port, 4), "steps 4");
             let st = wait_applied(&self.f, unit, 2);
             applied.push(st["history"].as_array().unwrap().last().unwrap().clone());
             t.wait_successes(40, T).unwrap();
@@ -172,7 +186,7 @@ fn applied_each(applied: &[Value], said: &str) {
 #[test]
 fn a_change_behind_haproxy_asking_the_agent_loses_no_request_and_today_s_path_does() {
     let r = Rig::new(Asks::AgentCheck);
-    let (s, applied) = r.roll(Asks::AgentCheck);
+    let (s, applied) = r.roll(Asks::AgentCheck, r.load());
     let said = r.agent_said();
     applied_each(&applied, &said);
     assert!(said.matches("1 load balancer (127.0.0.1) saw drain after").count() >= 2, "{said}");
@@ -183,7 +197,7 @@ fn a_change_behind_haproxy_asking_the_agent_loses_no_request_and_today_s_path_do
     drop(r);
 
     let today = Rig::new(Asks::Nothing);
-    let (t, applied) = today.roll(Asks::Nothing);
+    let (t, applied) = today.roll(Asks::Nothing, today.load());
     let said = today.agent_said();
     // The server keeps taking requests while it drains (its /health stays 200, as vLLM's does):
     // its stop runs into TimeoutStopSec and systemd kills it with requests in flight, which
@@ -216,7 +230,7 @@ fn a_change_behind_haproxy_asking_the_agent_loses_no_request_and_today_s_path_do
 #[test]
 fn a_change_behind_an_http_check_of_the_agent_loses_no_request() {
     let r = Rig::new(Asks::HttpCheck);
-    let (s, applied) = r.roll(Asks::HttpCheck);
+    let (s, applied) = r.roll(Asks::HttpCheck, r.load());
     let said = r.agent_said();
     applied_each(&applied, &said);
     assert!(said.matches("1 load balancer (127.0.0.1 (HTTP check)) saw drain after").count() >= 2, "{said}");
@@ -248,4 +262,46 @@ fn an_apply_of_a_unit_nothing_polls_says_nothing_keeps_traffic_away() {
     assert!(text(&o).contains("load balancers: told ready (for "), "{}", text(&o));
     assert!(text(&o).contains("no load balancer polled it in the last 5 min"), "{}", text(&o));
     e.b.shutdown().unwrap();
+}
+
+/// The real llama-server (two instances of the small GGUF, each its own draft model, one slot
+/// each) behind HAProxy asking the agent by agent-check: a change of both units' draft length
+/// (3 → 4) loses no request and ends no stop in SIGKILL. llama-server stops generating at its
+/// SIGTERM: only the drain before it keeps the requests it holds.
+#[test]
+fn a_change_of_the_real_llama_server_behind_haproxy_asking_the_agent_loses_no_request() {
+    let l = real_llama();
+    let f = Fleet::binding(&[&l.cache]);
+    let r = Rig::with(
+        Asks::AgentCheck,
+        f,
+        Box::new(move |unit, port, steps| {
+            let drafting = format!("  speculative: {{draft_model: {}, num_steps: {steps}}}\n", l.gguf);
+            let tail = "  service: {timeout_start_sec: 120, timeout_stop_sec: 30, drain_timeout_sec: 20}\n";
+            l.spec(unit, port, &drafting, "")
+                .replace(
+                    "metadata: {name: smol}",
+                    &format!("metadata: {{name: {}}}", unit.trim_end_matches(".service")),
+                )
+                .replace("  service: {timeout_start_sec: 120, timeout_stop_sec: 30}\n", tail)
+        }),
+    );
+    // Short completions: the engine runs on one thread of a small machine.
+    let load = Load {
+        clients: 6,
+        max_tokens: 8,
+        timeout: Duration::from_secs(20),
+        ..Load::new(r.h.port(), Api::OpenAiCompletions)
+    };
+    let (s, applied) = r.roll(Asks::AgentCheck, load);
+    let said = r.agent_said();
+    applied_each(&applied, &said);
+    assert!(said.matches("1 load balancer (127.0.0.1) saw drain after").count() >= 2, "{said}");
+    println!(
+        "real llama-server, agent-check: {} sent, {} failed, longest gap {:.2} s",
+        s.sent,
+        s.failed_total(),
+        s.longest_gap.as_secs_f64()
+    );
+    assert_eq!(s.failed_total(), 0, "{s}");
 }

@@ -100,6 +100,11 @@ pub struct Fleet {
 
 impl Fleet {
     pub fn new() -> Fleet {
+        Fleet::binding(&[])
+    }
+
+    /// [`Fleet::new`], the box also binding `extra` at their paths (e.g. the real engines' cache).
+    pub fn binding(extra: &[&std::path::Path]) -> Fleet {
         // Under /tmp, as everything is in a clone in a temporary directory: the box binds it, and
         // the agent, whose /tmp is its own (the shipped PrivateTmp=yes), sees it through the
         // harness's drop-in (start_agent_unit). Every test of the agent's proves it so.
@@ -107,7 +112,9 @@ impl Fleet {
         let repo = dir.path().join("config");
         std::fs::create_dir_all(repo.join("specs")).unwrap();
         git(&repo, &["init", "-q"]);
-        let cfg = specd_e2e::BoxConfig { binds: vec![dir.path().to_path_buf()], ..Default::default() };
+        let mut binds = vec![dir.path().to_path_buf()];
+        binds.extend(extra.iter().map(|p| p.to_path_buf()));
+        let cfg = specd_e2e::BoxConfig { binds, ..Default::default() };
         let e = Env::from_box(
             SystemdBox::boot_with(cfg).expect("boot a private systemd (the end-to-end tests run as root)"),
         );

@@ -305,3 +305,81 @@ fn a_change_of_the_real_llama_server_behind_haproxy_asking_the_agent_loses_no_re
     );
     assert_eq!(s.failed_total(), 0, "{s}");
 }
+
+/// Three hosts (boxes, each its agent answering HAProxy's agent-check for its `llm.service`)
+/// behind one HAProxy, a change rolled through a fleet's waves one host at a time by the
+/// promoter: no request lost, no stop ending in SIGKILL, each host's apply waited for HAProxy to
+/// see drain.
+#[test]
+fn three_hosts_behind_one_haproxy_lose_no_request_through_a_fleet_rollout() {
+    use crate::common::fleet::{FLEET_FILE, FleetSetup, Hosts, LLM, LLM_FILE};
+    use specd_spec::fleet::RolloutState;
+    let fleet = Hosts::boot(FleetSetup::of(3));
+    let agent_checks: Vec<u16> = fleet.hosts().iter().map(|_| free_port()).collect();
+    for (h, port) in fleet.hosts().iter().zip(&agent_checks) {
+        let cfg = h.b.read_to_string("/run/agent.yaml").unwrap();
+        h.b.write_file("/run/agent.yaml", format!("{cfg}load_balancer: {{agent_check: 127.0.0.1:{port}}}\n")).unwrap();
+    }
+    let llm = |steps: u32| {
+        let mut s = fleet.llm(steps);
+        for n in fleet.names() {
+            s = s.on(&n, "service: {timeout_stop_sec: 20, drain_timeout_sec: 8}");
+        }
+        s.text()
+    };
+    let waves = "apiVersion: specd/v1\nkind: Fleet\nmetadata: {name: gpus}\nspec:\n  waves:\n    - {name: canary, hosts: [gpu-01], bake: 2s}\n    - {name: rest, hosts: ['gpu-*'], max_unavailable: 1, bake: 2s}\n";
+    let c1 = fleet.commit(&[(LLM_FILE, &llm(3)), (FLEET_FILE, waves)], "llm: steps 3; a fleet");
+    fleet.start_agents();
+    wait_for("gpu-03 to wait for a promotion", T, || {
+        let o = fleet.specd("gpu-03", &["status"]);
+        String::from_utf8_lossy(&o.stdout).contains("waiting for a promotion").then_some(())
+    })
+    .unwrap();
+    fleet.promote();
+    fleet.wait_all_run(&c1, T);
+
+    let servers = fleet
+        .hosts()
+        .iter()
+        .zip(&agent_checks)
+        .map(|(h, port)| Server::new(h.name(), h.server_port).with_agent_sending(*port, LLM))
+        .collect();
+    let h = Haproxy::start(&Config::new(servers)).unwrap_or_else(|e| panic!("{e:#}"));
+    for n in fleet.names() {
+        h.wait_status(&n, Status::Up, T).unwrap();
+    }
+    let load = Load {
+        clients: 16,
+        max_tokens: 50,
+        timeout: Duration::from_secs(3),
+        ..Load::new(h.port(), Api::OpenAiCompletions)
+    };
+    let t = Traffic::start(load);
+    t.wait_successes(40, T).unwrap();
+    let c2 = fleet.commit(&[(LLM_FILE, &llm(5))], "llm: steps 5");
+    let promoter = fleet.promote_watch("promoter");
+    fleet.wait_record("the rollout to complete", Duration::from_secs(240), |r| {
+        r.state == RolloutState::Complete && r.released == c2
+    });
+    fleet.wait_all_run(&c2, T);
+    t.wait_successes(40, T).unwrap();
+    let s = t.stop();
+    drop(promoter);
+    println!("three hosts, fleet rollout, agent-check: {s}");
+    for hb in fleet.hosts() {
+        let said = hb.b.journal(AGENT).unwrap_or_default();
+        let st: Value =
+            serde_json::from_str(&hb.b.read_to_string(&format!("/var/lib/specd/units/{LLM}.json")).unwrap()).unwrap();
+        let last = st["history"].as_array().unwrap().last().unwrap().clone();
+        assert_eq!(
+            (&last["outcome"], &last["source"]["commit"]),
+            (&Value::from("applied"), &Value::from(c2.clone())),
+            "{}: {last}",
+            hb.name()
+        );
+        assert!(last["stop_verdict"].is_null(), "{}: {last}", hb.name());
+        assert!(said.contains("1 load balancer (127.0.0.1) saw drain after"), "{}: {said}", hb.name());
+    }
+    assert_eq!(s.failed_total(), 0, "{s}");
+    assert!(s.rate() >= 20.0, "{s}");
+}

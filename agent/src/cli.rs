@@ -419,11 +419,15 @@ pub fn main() -> ExitCode {
     });
     match cli.command {
         Command::Apply { file, dry_run, json, host, config } => run_async(async move {
-            let _answers = (!dry_run).then(|| {
+            let answers = (!dry_run).then(|| {
                 install_notifier(&config);
                 answer_load_balancers(&config)
             });
-            commands::apply::apply(&dirs, &file, host, dry_run, json).await
+            let done = commands::apply::apply(&dirs, &file, host, dry_run, json).await;
+            if let Some(a) = answers {
+                a.finish().await;
+            }
+            done
         }),
         Command::Status { json, file, host } => run_async(commands::status::status(&dirs, json, file.as_deref(), host)),
         Command::Diff { file, host, json } => run_async(commands::diff::diff(&dirs, &file, host, json)),
@@ -431,8 +435,10 @@ pub fn main() -> ExitCode {
             let mut rt = tokio::runtime::Builder::new_multi_thread();
             rt.worker_threads(2);
             run_on(rt, async move {
-                let _answers = answer_load_balancers(std::path::Path::new(config::DEFAULT_PATH));
-                sweep::run(&dirs, sweep::Options { file, resume, write, out, json }).await
+                let answers = answer_load_balancers(std::path::Path::new(config::DEFAULT_PATH));
+                let done = sweep::run(&dirs, sweep::Options { file, resume, write, out, json }).await;
+                answers.finish().await;
+                done
             })
         }
         Command::Run { repo, hostname, labels, interval, listen, control_socket } => {
@@ -458,8 +464,12 @@ pub fn main() -> ExitCode {
         }
         Command::Rollback { unit, to, reason, socket, config, json } => run_async(async move {
             install_notifier(&config);
-            let _answers = answer_load_balancers(&config);
-            commands::rollback::rollback(&dirs, unit, to, reason, config::control_socket(socket, &config), json).await
+            let answers = answer_load_balancers(&config);
+            let done =
+                commands::rollback::rollback(&dirs, unit, to, reason, config::control_socket(socket, &config), json)
+                    .await;
+            answers.finish().await;
+            done
         }),
         Command::History { unit, json } => run_async(commands::history::history(&dirs, unit, json)),
         Command::Diagnose { unit, json } => run_async(commands::diagnose::run(unit.as_deref(), json, &dirs.state_dir)),
@@ -613,8 +623,8 @@ fn answer_load_balancers(config: &std::path::Path) -> crate::lb::Endpoints {
     crate::reconcile::context::set_balancers(cfg.load_balancer.balancers());
     let answers = crate::lb::Answers::new(crate::machine::serving::ServingFiles::host());
     let mut out = crate::lb::serve_one_shot(&cfg.load_balancer, &answers);
-    if let Some(h) = daemon::listen::serve_checks(&cfg.listen(), answers) {
-        out.push(h);
+    if let Some(h) = daemon::listen::serve_checks(&cfg.listen(), answers.clone()) {
+        out.push(h, &answers);
     }
     out
 }

@@ -136,6 +136,18 @@ pub fn answered(state: Option<&ServingState>) -> Word {
     state.map_or(Word::Down, ServingState::word)
 }
 
+/// The load balancers still polling (each within three of its intervals) whose last answer was
+/// not the unit's state now: what a one-shot command waits for before it stops answering them
+/// (HAProxy keeps an agent's last word, e.g. `drain`, while nothing answers).
+pub fn unread(log: &PollLog, state: Option<&ServingState>, now_ms: u64) -> Vec<String> {
+    let word = answered(state);
+    log.pollers
+        .values()
+        .filter(|p| now_ms.saturating_sub(p.last_ms) <= window(p) && p.answered != word)
+        .map(|p| p.addr.clone())
+        .collect()
+}
+
 /// A reason on one line of printable characters, at most 200 of them (an agent-check reply is
 /// one line; HAProxy shows it on its stats page).
 fn one_line(why: &str) -> String {

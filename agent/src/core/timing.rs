@@ -41,6 +41,10 @@ pub const LB_LOOK: Duration = Duration::from_millis(100);
 pub const POLLER_GONE_LEAST: Duration = Duration::from_secs(10);
 /// …and at most this long.
 pub const POLLER_GONE_MOST: Duration = Duration::from_secs(120);
+/// A one-shot command that answered the load balancers stays, at most this long, until each
+/// still polling has read the state it leaves (`serving::unread`): HAProxy keeps an agent's last
+/// word (a `drain`) while nothing answers.
+pub const ONE_SHOT_LINGER: Duration = Duration::from_secs(10);
 /// The serving process writes a unit's poll log at once when a load balancer is new or is answered
 /// another word; otherwise at most this often.
 pub const POLL_LOG_EVERY: Duration = Duration::from_secs(1);

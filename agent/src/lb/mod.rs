@@ -56,6 +56,21 @@ impl Answers {
         }
         state
     }
+
+    /// The load balancers, by unit, that have not read the state this process leaves
+    /// (`serving::unread`), as `addr (unit)`.
+    pub fn unread(&self) -> Vec<String> {
+        let now_ms = crate::machine::store::now_ms();
+        let logs = lock(&self.logs);
+        logs.iter()
+            .flat_map(|(unit, (log, _))| {
+                let state = self.files.read(unit);
+                crate::core::serving::unread(log, state.as_ref(), now_ms)
+                    .into_iter()
+                    .map(move |a| format!("{a} ({unit})"))
+            })
+            .collect()
+    }
 }
 
 /// The unit a load balancer names (HAProxy's server name, or the URL's last part): a unit name,
@@ -67,18 +82,44 @@ pub fn unit_of(name: &str) -> Option<String> {
 
 /// What a one-shot command serves while it runs: stopped when dropped.
 #[derive(Default)]
-pub struct Endpoints(Vec<tokio::task::JoinHandle<()>>);
+pub struct Endpoints {
+    served: Vec<tokio::task::JoinHandle<()>>,
+    answers: Option<Arc<Answers>>,
+}
 
 impl Endpoints {
-    /// One more, stopped with the others.
-    pub fn push(&mut self, h: tokio::task::JoinHandle<()>) {
-        self.0.push(h);
+    /// One more, stopped with the others, answering with `answers`.
+    pub fn push(&mut self, h: tokio::task::JoinHandle<()>, answers: &Arc<Answers>) {
+        self.served.push(h);
+        self.answers = Some(answers.clone());
+    }
+
+    /// At the command's end: stays until every load balancer still polling has read the state
+    /// the command leaves (at most [`timing::ONE_SHOT_LINGER`]), then stops answering. One that
+    /// has not is named: HAProxy keeps the last word it read (a `drain`) until something answers.
+    pub async fn finish(self) {
+        let Some(answers) = self.answers.as_ref().filter(|_| !self.served.is_empty()) else { return };
+        let t0 = Instant::now();
+        loop {
+            let unread = answers.unread();
+            if unread.is_empty() {
+                return;
+            }
+            if t0.elapsed() >= timing::ONE_SHOT_LINGER {
+                return tracing::warn!(
+                    "{} did not read what this command leaves within {} s: it keeps the last word it read until the agent or another command answers it",
+                    unread.join(", "),
+                    timing::ONE_SHOT_LINGER.as_secs()
+                );
+            }
+            tokio::time::sleep(timing::LB_LOOK).await;
+        }
     }
 }
 
 impl Drop for Endpoints {
     fn drop(&mut self) {
-        for h in &self.0 {
+        for h in &self.served {
             h.abort();
         }
     }
@@ -91,7 +132,7 @@ pub fn serve_one_shot(cfg: &LoadBalancerConfig, answers: &Arc<Answers>) -> Endpo
     let mut out = Endpoints::default();
     if let Some(addr) = cfg.agent_check {
         match agent_check::serve(addr, answers.clone()) {
-            Ok(h) => out.0.push(h),
+            Ok(h) => out.push(h, answers),
             Err(e) if in_use(&e) => {}
             Err(e) => tracing::warn!("load_balancer.agent_check {addr}: {e:#}; not answered by this command"),
         }

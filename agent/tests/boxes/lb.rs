@@ -383,3 +383,61 @@ fn three_hosts_behind_one_haproxy_lose_no_request_through_a_fleet_rollout() {
     assert_eq!(s.failed_total(), 0, "{s}");
     assert!(s.rate() >= 20.0, "{s}");
 }
+
+/// No agent runs: each `specd apply` answers HAProxy's agent-check itself while it runs. Both
+/// units changed one after the other by one-shot applies under load: each apply stays until
+/// HAProxy has read that its unit is ready again (HAProxy keeps an agent's last word when
+/// nothing answers), so the second drain never leaves HAProxy with no server, and no request
+/// fails.
+#[test]
+fn one_shot_applies_behind_haproxy_leave_it_sending_to_each_unit_again() {
+    let e = Env::new();
+    let ports = [free_port(), free_port()];
+    let agent_check = free_port();
+    // Between commands nothing answers HAProxy, so an apply cannot know it before it polls: the
+    // settle time gives it two of its intervals to show up.
+    e.b.write_file(
+        "/run/agent.yaml",
+        format!("load_balancer: {{agent_check: 127.0.0.1:{agent_check}, settle_sec: 1}}\n"),
+    )
+    .unwrap();
+    let apply = |i: usize, steps: u32| {
+        let file = e.put(&format!("{i}-{steps}.yaml"), &spec(&e.standin, UNITS[i], ports[i], steps));
+        let o = e.specd(&["apply", "--config", "/run/agent.yaml", "-f", &file]);
+        assert!(o.status.success(), "{}", text(&o));
+        text(&o)
+    };
+    for i in 0..2 {
+        apply(i, 3);
+    }
+    let servers = UNITS
+        .iter()
+        .zip(ports)
+        .map(|(u, p)| Server::new(u.trim_end_matches(".service"), p).with_agent(agent_check))
+        .collect();
+    let h = Haproxy::start(&Config::new(servers)).unwrap_or_else(|e| panic!("{e:#}"));
+    for u in UNITS {
+        h.wait_status(u.trim_end_matches(".service"), Status::Up, T).unwrap();
+    }
+    let load = Load {
+        clients: 16,
+        max_tokens: 50,
+        timeout: Duration::from_secs(3),
+        ..Load::new(h.port(), Api::OpenAiCompletions)
+    };
+    let t = Traffic::start(load);
+    t.wait_successes(40, T).unwrap();
+    for i in 0..2 {
+        let out = apply(i, 4);
+        assert!(out.contains("1 load balancer (127.0.0.1) saw drain after"), "{out}");
+        // What HAProxy shows once the apply has ended: the unit taking requests again.
+        let name = UNITS[i].trim_end_matches(".service");
+        let st = h.server(name).unwrap();
+        assert_eq!(st.status, Status::Up, "{name} after its apply: {st:?}\n{out}");
+    }
+    t.wait_successes(40, T).unwrap();
+    let s = t.stop();
+    println!("one-shot applies, agent-check: {s}");
+    assert_eq!(s.failed_total(), 0, "{s}");
+    e.b.shutdown().unwrap();
+}

@@ -215,3 +215,27 @@ fn observed_ready_only_when_its_ready_server_runs_a_verified_unit_systemd_loaded
     );
     assert_eq!(resolve(&After::Observed, &running(true), Some(&argv), 5), Some(ServingState::Ready { since: 5 }));
 }
+
+/// What a one-shot command waits for at its end: each load balancer still polling that was last
+/// answered another word than the unit's state now.
+#[test]
+fn a_one_shot_command_waits_for_each_load_balancer_still_polling_to_read_what_it_leaves() {
+    let ready = ServingState::Ready { since: 1 };
+    let mut log = PollLog::default();
+    // HAProxy every 500 ms, last told drain; a second one gone (its last poll 30 s ago).
+    for i in 0..4 {
+        log.record(CheckKind::AgentCheck, "10.0.0.5", MARK + i * 500, Word::Drain);
+    }
+    log.record(CheckKind::AgentCheck, "10.0.0.9", MARK - 30_000, Word::Drain);
+    let now = MARK + 2_000;
+    assert_eq!(unread(&log, Some(&ready), now), ["10.0.0.5"]);
+    // The state it leaves is what it last told: nothing to wait for.
+    assert_eq!(unread(&log, Some(&drain()), now), Vec::<String>::new());
+    // Its next poll reads ready.
+    log.record(CheckKind::AgentCheck, "10.0.0.5", now, Word::Ready);
+    assert_eq!(unread(&log, Some(&ready), now + 100), Vec::<String>::new());
+    // No state is answered down: one told ready must read it.
+    assert_eq!(unread(&log, None, now + 100), ["10.0.0.5"]);
+    // One that stopped polling for three of its intervals (at least 10 s) is not waited for.
+    assert_eq!(unread(&log, None, now + 10_001), Vec::<String>::new());
+}

@@ -427,11 +427,11 @@ fn one_shot_applies_behind_haproxy_leave_it_sending_to_each_unit_again() {
     };
     let t = Traffic::start(load);
     t.wait_successes(40, T).unwrap();
-    for i in 0..2 {
+    for (i, unit) in UNITS.iter().enumerate() {
         let out = apply(i, 4);
         assert!(out.contains("1 load balancer (127.0.0.1) saw drain after"), "{out}");
         // What HAProxy shows once the apply has ended: the unit taking requests again.
-        let name = UNITS[i].trim_end_matches(".service");
+        let name = unit.trim_end_matches(".service");
         let st = h.server(name).unwrap();
         assert_eq!(st.status, Status::Up, "{name} after its apply: {st:?}\n{out}");
     }

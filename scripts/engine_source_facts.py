@@ -970,6 +970,56 @@ def sglang_algorithms(idx: Index, outdir: str, version: str):
             f.write(f"{n} -> EAGLE\n")
 
 
+# SGLang's own start-up lines specd times a start by (sglang/srt/...): (module, text a line says).
+SGLANG_STARTUP_LINES = [
+    ("sglang.srt.model_executor.model_runner", "Load weight begin."),
+    ("sglang.srt.model_executor.model_runner", "Load weight end."),
+    ("sglang.srt.mem_cache.kv_cache_configurator", "Memory pool end."),
+    ("sglang.srt.model_executor.model_runner_components.startup_weight_load", "Load weight end."),
+    ("sglang.srt.model_executor.model_runner_components.cuda_graph_setup", "Capture {capture_name} "),
+    ("sglang.srt.managers.scheduler", "max_total_num_tokens="),
+    ("sglang.srt.entrypoints.http_server", "The server is fired up and ready to roll!"),
+]
+
+
+def _logged_text(node: ast.AST) -> str | None:
+    """A string constant or an f-string as its text, `{expr}` (with its format) for each field."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if not isinstance(node, ast.JoinedStr):
+        return None
+    out = []
+    for v in node.values:
+        if isinstance(v, ast.Constant):
+            out.append(str(v.value))
+        elif isinstance(v, ast.FormattedValue):
+            spec = _logged_text(v.format_spec) if v.format_spec is not None else None
+            out.append("{" + ast.unparse(v.value) + (":" + spec if spec else "") + "}")
+    return "".join(out)
+
+
+def sglang_startup_lines(idx: Index, outdir: str, version: str):
+    """startup_lines.txt: each start-up line of SGLANG_STARTUP_LINES as the source writes it:
+    `file:line<TAB>text`, the text of its string or f-string (a field as `{expr}`)."""
+    rows = []
+    for module, needle in SGLANG_STARTUP_LINES:
+        hits = []
+        for n in ast.walk(idx.tree(module)):
+            text = _logged_text(n)
+            if text is not None and needle in text:
+                hits.append((n.lineno, text))
+        # An f-string's constant parts are constants too: keep the whole string only.
+        hits = [h for h in hits if not any(o != h and h[1] in o[1] for o in hits)]
+        if not hits:
+            raise Unresolved(f"{needle!r} in {idx.rel(module)}")
+        rows += [f"{idx.rel(module)}:{line}\t{text}" for line, text in sorted(set(hits))]
+    with open(os.path.join(outdir, "startup_lines.txt"), "w") as f:
+        f.write(f"# sglang {version}: the start-up lines specd times a start by, as the source writes them\n")
+        f.write("# file:line<TAB>text (an f-string's field as {expr}); uvicorn's `Uvicorn running on` is uvicorn's\n")
+        for r in rows:
+            f.write(r + "\n")
+
+
 def main_sglang(root, outdir, version):
     idx = Index(root, "sglang")
     args, fields = sglang_args(idx)
@@ -1001,6 +1051,7 @@ def main_sglang(root, outdir, version):
     write_templates(idx, outdir, templates)
 
     sglang_algorithms(idx, outdir, version)
+    sglang_startup_lines(idx, outdir, version)
 
     metrics = scan_metrics(idx, package_modules_mentioning(idx, '"sglang:', "sglang.srt"), "sglang:")
     write_metrics(os.path.join(outdir, "metrics.txt"), metrics, [

@@ -116,7 +116,7 @@ fn hand_written(b: &SystemdBox, units: &[String], ports: &[u16], load_ms: u32) -
         hand.push_str(&format!("{unit}) port={port} i={i};;\n"));
     }
     hand.push_str(
-        &format!("esac\nsystemctl stop $1 && cp /run/units/$i-$2.service /etc/systemd/system/$1 && systemctl daemon-reload && systemctl start $1 && until curl -sf -o /dev/null http://127.0.0.1:$port/health_generate; do sleep 0.01; done || exit 1\nif [ \"$3\" = proof ]; then curl -sf -o /dev/null -d '{{\"text\": \"proof\", \"sampling_params\": {{\"max_new_tokens\": {}, \"temperature\": 0}}}}' http://127.0.0.1:$port/generate || exit 1; fi\n", specd::parts::machine::TOKENS),
+        &format!("esac\nsystemctl stop $1 && cp /run/units/$i-$2.service /etc/systemd/system/$1 && systemctl daemon-reload && systemctl start $1 && until curl -sf -o /dev/null http://127.0.0.1:$port/health_generate; do sleep 0.01; done || exit 1\nif [ \"$3\" = proof ]; then curl -sf -o /dev/null -d '{{\"text\": \"proof\", \"sampling_params\": {{\"max_new_tokens\": {}, \"temperature\": 0}}}}' http://127.0.0.1:$port/generate || exit 1; fi\n", specd::parts::core::TOKENS),
     );
     b.write_file("/run/hand.sh", hand)
 }
@@ -199,7 +199,7 @@ fn apply_overhead(n: usize, runs: usize, load_ms: u32) -> anyhow::Result<()> {
     println!("| hand-written: stop; cp; daemon-reload; start; poll every 10 ms | {mh:.3} | {:.3} |", pct(&mut h, 0.9));
     println!(
         "| hand-written, then the speculation proof's one {}-token generation | {mhp:.3} | {:.3} |",
-        specd::parts::machine::TOKENS,
+        specd::parts::core::TOKENS,
         pct(&mut hp, 0.9)
     );
     let each = if n == 1 { "" } else { ", one process per unit" };
@@ -255,7 +255,7 @@ fn readiness_lag(runs: usize) -> anyhow::Result<()> {
             let op = || async {
                 if probe.health(&url).await == specd::parts::machine::Health::Ready { Ok(()) } else { Err(()) }
             };
-            op.retry(specd::parts::machine::readiness_backoff()).sleep(tokio::time::sleep).await.ok();
+            op.retry(specd::parts::core::readiness_backoff()).sleep(tokio::time::sleep).await.ok();
             let noticed = Instant::now();
             let t = truth.await.unwrap();
             noticed.saturating_duration_since(t).as_secs_f64() * 1000.0

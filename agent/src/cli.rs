@@ -337,7 +337,8 @@ pub struct RepoArgs {
 #[derive(Subcommand, Debug)]
 pub enum FleetCommand {
     /// Every host × unit: wave, the revision given and deployed, standing, args verified,
-    /// accept length, deaths; the rollout's position and what it waits for. Exit 1 when halted.
+    /// accept length, deaths; the rollout's position and what it waits for. Exit 1 when halted, 2
+    /// when it cannot tell (no evidence: the hosts only Prometheus knows are missing).
     Status {
         #[command(flatten)]
         repo: RepoArgs,

@@ -52,11 +52,14 @@ pub mod parts {
     pub mod preflight {
         pub use crate::preflight::{Check, checks, run};
     }
-    /// What the benchmarks time specd's own looks with: readiness, the unit properties it
-    /// reads, the speculation proof's length.
-    pub mod machine {
+    /// The core's figures the benchmarks wait and ask by: the readiness poll's backoff, the
+    /// speculation proof's length.
+    pub mod core {
         pub use crate::core::speculation::TOKENS;
         pub use crate::core::timing::readiness_backoff;
+    }
+    /// What the benchmarks time specd's own looks with: readiness, the unit properties it reads.
+    pub mod machine {
         pub use crate::machine::probe::{Health, Probe};
         pub use crate::machine::systemd::PROPS;
     }

@@ -6,6 +6,7 @@
 
 use crate::model::Engine;
 use crate::resolve::{Server, Speculative};
+use crate::startup::{PhaseMark, StartupLog};
 
 /// Everything specd knows about one engine, in one place. Validation, rendering, the checks of a
 /// running server, the drain and the speculation proof all read this table; a test
@@ -54,6 +55,13 @@ pub struct EngineFacts {
     /// refuses a smaller one (systemd would kill the server while it loads, again at each
     /// restart). A floor, not an estimate: the model's weights come on top.
     pub min_memory_max: u64,
+    /// How a start reads in the engine's own log: the lines that begin each phase, the line that
+    /// says it serves (`crate::startup`).
+    pub startup: StartupLog,
+}
+
+const fn phase(phase: &'static str, markers: &'static [&'static str]) -> PhaseMark {
+    PhaseMark { phase, markers }
 }
 
 /// A flag that takes a secret (an API key, a token, a password).
@@ -222,6 +230,20 @@ const SGLANG: EngineFacts = EngineFacts {
     // Three processes (tokenizer manager, scheduler, detokenizer) each import torch, and the
     // scheduler makes a CUDA context: past 1 GiB of host memory before the first weight loads.
     min_memory_max: 1 << 30,
+    // SGLang 0.5.23's own lines (tests/fixtures/engines/sglang/startup_lines.txt, from its
+    // source): a model runner loads its weights (model_runner.py), sizes its memory pool and
+    // captures its CUDA graphs; a draft model's runner does the same after the target's; then
+    // uvicorn serves and a warm-up request runs before the ready line (http_server.py).
+    startup: StartupLog {
+        phases: &[
+            phase("weights", &["Load weight begin."]),
+            phase("engine", &["Load weight end."]),
+            phase("weights", &["Load weight begin."]),
+            phase("engine", &["Load weight end."]),
+            phase("api", &["Uvicorn running on "]),
+        ],
+        ready: "The server is fired up and ready to roll!",
+    },
 };
 
 const VLLM: EngineFacts = EngineFacts {
@@ -328,6 +350,20 @@ const VLLM: EngineFacts = EngineFacts {
     // The API server and the engine core are two processes that each import torch; the core
     // makes a CUDA context: past 1 GiB of host memory before the first weight loads.
     min_memory_max: 1 << 30,
+    // vLLM 0.32 (tests/fixtures/engines/vllm/startup/: whole starts on a CPU, eager and
+    // compiled, and the GPU's lines from its source): the worker loads the model
+    // (`{cpu,gpu}_model_runner.py`), the GPU runner says `Model loading took` after the model and
+    // its draft (a CPU runner only its loader's `Loading weights took`); the engine core profiles,
+    // compiles, sizes the KV cache and captures graphs (`core.py`: `init engine … took`); the API
+    // server comes up until uvicorn's startup is complete.
+    startup: StartupLog {
+        phases: &[
+            phase("weights", &["Starting to load model "]),
+            phase("engine", &["Model loading took ", "Loading weights took "]),
+            phase("api", &["init engine (profile, create kv cache, warmup model) took "]),
+        ],
+        ready: "Application startup complete.",
+    },
 };
 
 const LLAMA_CPP: EngineFacts = EngineFacts {
@@ -407,6 +443,20 @@ const LLAMA_CPP: EngineFacts = EngineFacts {
     // The server and its ggml backends, a model's weights (the smallest GGUFs that answer at
     // all are tens of MiB) and its KV cache and compute buffers: no model serves under 64 MiB.
     min_memory_max: 64 << 20,
+    // llama-server b11434 at its default verbosity (tests/fixtures/engines/llama-cpp/startup/):
+    // the model and its context are made (`load_model: loading model`), the context's threads
+    // start and an empty warm-up run follows (`llama threadpool init`); a draft model loads after
+    // (`loading draft model`); the slots are set up until `model loaded`, and it says where it
+    // listens (its HTTP server answered 503 since its start).
+    startup: StartupLog {
+        phases: &[
+            phase("weights", &["load_model: loading model '"]),
+            phase("warmup", &["llama threadpool init"]),
+            phase("weights", &["loading draft model '"]),
+            phase("api", &["llama_server: model loaded"]),
+        ],
+        ready: "llama_server: listening on ",
+    },
 };
 
 /// The facts of one engine.

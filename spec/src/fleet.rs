@@ -5,7 +5,7 @@
 //! name, glob or the labels an agent declares, and says how many of them may be unavailable at
 //! once and how long they must stay good (the bake) before the next wave starts. The gates say
 //! what "good" means: the engine runs the spec with its args verified, speculation proven at an
-//! accept length not below a floor, no death.
+//! accept length not below a floor, a start not slower than a ceiling, no death.
 //!
 //! The promotion record (`promotions.yaml` on the record branch) is what `specd promote` writes
 //! and every agent reads: the revision each wave's hosts run. It is the only writer's.
@@ -124,6 +124,10 @@ pub struct Gates {
     /// Floors on the accept rate (0..1) a speculating unit reaches.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub accept_rate: Option<Floor>,
+    /// A ceiling on how long a unit's start takes on the new revision: from specd's start of
+    /// the unit to its server's first ready answer, as the host's agent measured it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub startup_within: Option<Ceiling>,
     /// No death of a server (crash, OOM, CUDA OOM…) from its promotion to the end of the bake.
     /// Default true.
     #[serde(default = "yes")]
@@ -142,6 +146,7 @@ impl Default for Gates {
             speculation_proven: true,
             accept_length: None,
             accept_rate: None,
+            startup_within: None,
             no_deaths: true,
             converge_within: converge_default(),
         }
@@ -180,6 +185,43 @@ impl Floor {
             && now < f * p
         {
             return Some(format!("{now:.3} < {f} × {p:.3} (the previous revision's)"));
+        }
+        None
+    }
+}
+
+/// A ceiling: an absolute most, and/or a multiple of what the previous revision measured on the
+/// same host and unit.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Ceiling {
+    /// E.g. `10m`: no start longer than that.
+    #[serde(
+        default,
+        deserialize_with = "opt_duration",
+        serialize_with = "opt_duration_text",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(with = "Option<String>")]
+    pub max: Option<Duration>,
+    /// E.g. `1.5`: no start longer than 1.5 × the previous revision's (at least 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub of_previous: Option<f64>,
+}
+
+impl Ceiling {
+    /// Why `now` (seconds) is above this ceiling, if it is (`previous`: the previous revision's
+    /// figure).
+    pub fn above(&self, now: f64, previous: Option<f64>) -> Option<String> {
+        if let Some(max) = self.max
+            && now > max.as_secs_f64()
+        {
+            return Some(format!("{now:.1}s > max {}s", max.as_secs()));
+        }
+        if let (Some(f), Some(p)) = (self.of_previous, previous)
+            && now > f * p
+        {
+            return Some(format!("{now:.1}s > {f} × {p:.1}s (the previous revision's)"));
         }
         None
     }
@@ -316,6 +358,24 @@ fn validate(f: &Fleet, map: &SourceMap) -> Vec<Diagnostic> {
             err(&format!("spec.gates.{name}.of_previous"), format!("must be a fraction above 0, at most 1; got {p}"));
         }
     }
+    if let Some(c) = &g.startup_within {
+        if c.max.is_none() && c.of_previous.is_none() {
+            err("spec.gates.startup_within", "needs `max` or `of_previous` (or both)".into());
+        }
+        if c.max.is_some_and(|m| m.is_zero()) {
+            err("spec.gates.startup_within.max", "must be at least 1s".into());
+        }
+        if let Some(p) = c.of_previous
+            && (!p.is_finite() || p < 1.0)
+        {
+            err(
+                "spec.gates.startup_within.of_previous",
+                format!(
+                    "must be a factor of at least 1 (1.5: half again as long as the previous revision's start); got {p}"
+                ),
+            );
+        }
+    }
     if g.converge_within.is_zero() {
         err("spec.gates.converge_within", "must be at least 1s".into());
     }
@@ -359,6 +419,18 @@ fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
 
 fn duration_text<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_str(&format!("{}s", d.as_secs()))
+}
+
+fn opt_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    let v = Value::deserialize(d)?;
+    crate::sweep::duration_of(&v, "(the longest a start may take)")
+}
+
+fn opt_duration_text<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+    match d {
+        Some(d) => duration_text(d, s),
+        None => s.serialize_none(),
+    }
 }
 
 // --- the promotion record ----------------------------------------------------------------------
@@ -434,7 +506,7 @@ pub struct Halt {
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub unit: String,
     /// The gate that failed (`converge`, `args_verified`, `speculation_proven`,
-    /// `accept_length`, `accept_rate`, `no_deaths`, `applied`), or `manual`.
+    /// `accept_length`, `accept_rate`, `startup_within`, `no_deaths`, `applied`), or `manual`.
     pub gate: String,
     /// What was seen: the figures, the verdict.
     pub evidence: String,

@@ -20,6 +20,7 @@ mod render;
 mod reserved;
 mod resolve;
 mod secrets;
+pub mod startup;
 pub mod sweep;
 mod validate;
 

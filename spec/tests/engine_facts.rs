@@ -336,3 +336,96 @@ fn vllm_logs_the_args_specd_expects() {
         assert!(r.pointer("/speculative_config/method").is_some(), "{f}: {r}");
     }
 }
+
+/// A whole start recorded from a real engine (`startup/startup-NAME.log`): each line with the
+/// µs since the launch it arrived at.
+fn timed_start(engine: &str, name: &str) -> Vec<(u64, String)> {
+    read(engine, &format!("startup/startup-{name}.log"))
+        .lines()
+        .map(|l| {
+            let (t, line) = l.trim_start().split_once(' ').unwrap_or_else(|| panic!("not `seconds line`: {l:?}"));
+            ((t.parse::<f64>().unwrap() * 1e6).round() as u64, line.to_string())
+        })
+        .collect()
+}
+
+/// The starts of the real vLLM (eager and compiled) and llama-server (with and without a draft),
+/// read by the table: every phase told in order, the ready line found just before the first
+/// /health 200, and the phases adding up to within 10 % of the start as measured from the
+/// launch to that 200 (the time before the process's first line is the `process` phase's).
+#[test]
+fn the_real_engines_starts_read_as_their_phases() {
+    use specd_spec::startup::timeline;
+    let cases = [
+        (Engine::Vllm, "eager", ["process", "weights", "engine", "api"]),
+        (Engine::Vllm, "compile", ["process", "weights", "engine", "api"]),
+        (Engine::LlamaCpp, "default", ["process", "weights", "warmup", "api"]),
+        (Engine::LlamaCpp, "draft", ["process", "weights", "warmup", "api"]),
+    ];
+    for (engine, name, want) in cases {
+        let lines = timed_start(dir(engine), name);
+        let measured = json(dir(engine), "startup/startup.json")[name]["ready_seconds"].as_f64().unwrap();
+        let t = timeline(&engine_facts(engine).startup, 0, lines.iter().map(|(t, l)| (*t, l.as_str())));
+        let phases = t.phases(None);
+        let names: Vec<&str> = phases.iter().map(|p| p.0).collect();
+        assert_eq!(names, want, "{engine:?} {name}");
+        let ready = t.ready_us.unwrap_or_else(|| panic!("{engine:?} {name}: no ready line")) as f64 / 1e6;
+        assert!(
+            ready <= measured && measured - ready < 0.1,
+            "{engine:?} {name}: ready line at {ready} s, 200 at {measured} s"
+        );
+        let sum = phases.iter().map(|p| p.1).sum::<u64>() as f64 / 1e6;
+        assert!(
+            (sum - measured).abs() <= 0.1 * measured,
+            "{engine:?} {name}: phases {phases:?} add up to {sum} s of {measured} s"
+        );
+        assert!(phases.iter().all(|p| p.1 > 0), "{engine:?} {name}: a phase told took no time: {phases:?}");
+    }
+    // The draft's weights come after the model's warm-up: its span is the weights phase's too.
+    let draft = timed_start("llama-cpp", "draft");
+    let t = timeline(&engine_facts(Engine::LlamaCpp).startup, 0, draft.iter().map(|(t, l)| (*t, l.as_str())));
+    let spans: Vec<&str> = t.spans.iter().map(|s| s.phase).collect();
+    assert_eq!(spans, ["process", "weights", "warmup", "weights", "api"]);
+}
+
+/// Every text the table reads a start by is one the engine says: in a recorded start, or where
+/// its source logs it (vLLM's GPU-only lines; SGLang's, which runs only on a GPU; uvicorn's).
+#[test]
+fn the_startup_markers_are_the_engines_own_lines() {
+    let said = |engine: Engine| -> String {
+        let mut text = String::new();
+        match engine {
+            Engine::Vllm => {
+                for f in ["startup/startup-eager.log", "startup/startup-compile.log", "startup/source-lines.txt"] {
+                    text += &read("vllm", f);
+                }
+            }
+            Engine::LlamaCpp => {
+                for f in ["startup/startup-default.log", "startup/startup-draft.log"] {
+                    text += &read("llama-cpp", f);
+                }
+            }
+            Engine::Sglang => {
+                text += &read("sglang", "startup_lines.txt");
+                // uvicorn's own line, as the uvicorn in vLLM's install writes it.
+                text += &read("vllm", "startup/source-lines.txt");
+            }
+        }
+        text
+    };
+    for e in [Engine::Sglang, Engine::Vllm, Engine::LlamaCpp] {
+        let text = said(e);
+        let log = &engine_facts(e).startup;
+        let markers = log.phases.iter().flat_map(|p| p.markers.iter()).chain([&log.ready]);
+        for m in markers {
+            assert!(text.contains(m), "{e:?}: no line of the real engine says {m:?}");
+        }
+        for p in log.phases {
+            assert!(
+                specd_spec::startup::PHASES.iter().any(|(n, _)| *n == p.phase),
+                "{e:?}: {} is not a phase",
+                p.phase
+            );
+        }
+    }
+}

@@ -30,6 +30,7 @@ spec:
       bake: 1h
   gates:
     accept_length: {min: 1.5, of_previous: 0.8}
+    startup_within: {max: 10m, of_previous: 1.5}
 ";
 
 fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
@@ -60,6 +61,11 @@ fn a_host_belongs_to_the_first_wave_that_selects_it() {
         "1.600 < 0.8 × 2.500 (the previous revision's)"
     );
     assert_eq!(g.accept_length.as_ref().unwrap().below(2.1, Some(2.5)), None);
+    let within = g.startup_within.as_ref().unwrap();
+    assert_eq!(within.above(601.0, None).unwrap(), "601.0s > max 600s");
+    assert_eq!(within.above(61.0, Some(30.0)).unwrap(), "61.0s > 1.5 × 30.0s (the previous revision's)");
+    assert_eq!(within.above(44.0, Some(30.0)), None);
+    assert_eq!(within.above(44.0, None), None, "no previous start: the absolute ceiling only");
     assert!(fleet::is_fleet(FLEET));
     assert!(!fleet::is_fleet("kind: Sweep\n"));
 }
@@ -86,6 +92,18 @@ fn every_problem_is_located() {
         ("{gpu: h100}", "{gpu-model: h100}", "spec.waves[1].labels.gpu-model: `gpu-model` is not a label name"),
         ("of_previous: 0.8", "of_previous: 1.5", "spec.gates.accept_length.of_previous: must be a fraction"),
         ("{min: 1.5, of_previous: 0.8}", "{}", "spec.gates.accept_length: needs `min` or `of_previous`"),
+        (
+            "{max: 10m, of_previous: 1.5}",
+            "{}",
+            "fleet.yaml:20:21: spec.gates.startup_within: needs `max` or `of_previous`",
+        ),
+        (
+            "of_previous: 1.5}",
+            "of_previous: 0.9}",
+            "spec.gates.startup_within.of_previous: must be a factor of at least 1",
+        ),
+        ("{max: 10m,", "{max: 0s,", "fleet.yaml:20:27: spec.gates.startup_within.max: must be at least 1s"),
+        ("{max: 10m,", "{max: 10,", "spec.gates.startup_within.max: expected a duration"),
         ("kind: Fleet", "kind: Fleat", "fleet.yaml:2:7: kind: must be `Fleet`"),
         (
             "      bake: 1h\n",

@@ -51,8 +51,11 @@ pub fn debian_root(suite: &str, packages: &[&str]) -> Result<(PathBuf, bool)> {
     let tmp = dir.join(format!(".making-{suite}-{}", std::process::id()));
     let _ = fs::remove_dir_all(&tmp);
     let mirror = std::env::var("SPECD_DEBIAN_MIRROR").unwrap_or_else(|_| MIRROR_DEFAULT.into());
-    let out = Command::new("mmdebstrap")
-        .args(["--variant=minbase", "--mode=root", "--quiet"])
+    // In a mount namespace of its own: the mounts it makes in the root while it installs (/dev,
+    // /proc, /sys) never show on the host, where a systemd box's teardown, running at the same
+    // time in another test, would find them.
+    let out = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "mmdebstrap", "--variant=minbase", "--mode=root", "--quiet"])
         .arg(format!("--include={}", sorted.join(",")))
         .arg(suite)
         .arg(&tmp)

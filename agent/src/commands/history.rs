@@ -44,6 +44,9 @@ pub async fn history(dirs: &Dirs, unit: Option<String>, json: bool) -> Result<u8
         if let Some(v) = &h.stop_verdict {
             println!("    previous instance: {v}");
         }
+        if let Some(s) = &h.startup {
+            println!("    start: {}", s.describe());
+        }
     }
     if all.is_empty() {
         println!("no applies recorded");

@@ -42,6 +42,7 @@ pub async fn unquarantine(dirs: &Dirs, unit: String, socket: PathBuf) -> Result<
             message,
             stop_verdict: None,
             duration_ms: 0,
+            startup: None,
         });
     }
     store.save(&st)?;

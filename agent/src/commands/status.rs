@@ -44,6 +44,8 @@ pub struct UnitStatus {
     pub last_ended: Option<String>,
     /// What the last speculation proof of the deployed unit measured.
     pub speculation: Option<record::SpeculationRecord>,
+    /// The last start specd made of the unit, timed by phase (`unit_hash`: which unit it started).
+    pub startup: Option<record::Startup>,
     /// Why the service is not running, when it is not.
     pub down: Option<String>,
     /// A hold that keeps the agent's hands off the unit (suspend, pin, sweep).
@@ -144,6 +146,7 @@ pub(super) async fn unit_status<H: Host>(
             .as_ref()
             .filter(|r| o.deployed_sha256.as_deref() == Some(r.sha256.as_str()))
             .cloned(),
+        startup: st.startup.clone(),
     })
 }
 
@@ -170,6 +173,7 @@ async fn no_desired_state<H: Host>(ctx: &Ctx<H>, st: &record::UnitState) -> Resu
         error: None,
         last_ended: None,
         speculation: None,
+        startup: st.startup.clone(),
         down: None,
         hold: st.hold.clone(),
         serving: ctx.host.serving_state(&st.unit),
@@ -419,6 +423,14 @@ pub(super) fn print_status(s: &UnitStatus) {
             r.measured.figure(),
             record::format_time(r.time),
             r.measured.evidence.join(", ")
+        );
+    }
+    if let Some(r) = &s.startup {
+        println!(
+            "  last start: unit {} {} ({})",
+            specd_spec::short(&r.sha256),
+            r.describe(),
+            record::format_time(r.time)
         );
     }
     if let Some(v) = &s.last_ended {

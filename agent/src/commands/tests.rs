@@ -99,6 +99,7 @@ fn a_rollback_goes_to_the_newest_good_unit_not_deployed_or_the_one_named() {
         message: String::new(),
         stop_verdict: None,
         duration_ms: 0,
+        startup: None,
     });
     assert!(rollback_target(&st, None, Some("dddd")).unwrap_err().contains("keeps the specs of the last 8"));
 }
@@ -115,6 +116,7 @@ fn a_hand_apply_of_another_unit_than_the_agent_s_is_said_to_be_reverted() {
         message: String::new(),
         stop_verdict: None,
         duration_ms: 0,
+        startup: None,
     };
     let st = record::UnitState {
         unit: UNIT.into(),
@@ -229,6 +231,14 @@ async fn status_says_each_state_of_a_unit_and_exits_0_only_in_sync_and_healthy()
         (code, s.sync, s.health, s.cmdline_matches, s.cmdline_of),
         (0, SyncStatus::InSync, ServiceHealth::Healthy, Some(true), CmdlineOf::Desired)
     );
+    // The last start, timed by phase, in the status and its JSON.
+    let start = s.startup.clone().expect("the last start");
+    assert!(start.ready, "{start:?}");
+    let json = serde_json::to_value(&s).unwrap();
+    let phases: Vec<&str> =
+        json["startup"]["phases"].as_array().unwrap().iter().map(|p| p["phase"].as_str().unwrap()).collect();
+    assert_eq!(phases, ["process", "weights", "engine", "api"], "{json}");
+    assert_eq!(json["startup"]["ms"], serde_json::json!(start.ms));
     // What its load balancers are told, and who polls it.
     assert_eq!(s.serving.as_ref().map(|s| s.word()), Some(crate::core::serving::Word::Ready), "{s:?}");
     assert!(s.polled_by.is_empty(), "{s:?}");
@@ -245,6 +255,9 @@ async fn status_says_each_state_of_a_unit_and_exits_0_only_in_sync_and_healthy()
     assert_eq!((s.cmdline_matches, s.cmdline_of), (Some(true), CmdlineOf::Deployed), "{s:?}");
     let last = s.last_result.as_ref().unwrap();
     assert!(s.reasons.contains(&last.message), "{:?}", s.reasons);
+    // Its failed start, in its history entry, ended in a phase; the last start is the rollback's.
+    assert!(last.startup.as_ref().is_some_and(|s| !s.ready && !s.phases.is_empty()), "{last:?}");
+    assert!(s.startup.as_ref().is_some_and(|r| r.ready && Some(&r.sha256) == s.deployed_sha256.as_ref()), "{s:?}");
     // The instance before the one that serves died loading: said while its successor runs.
     assert!(s.last_ended.as_deref().is_some_and(|e| e.starts_with("crash")), "{s:?}");
 

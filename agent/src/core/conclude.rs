@@ -140,6 +140,8 @@ pub struct Change {
     pub quarantine_said: Option<String>,
     /// The serving state the unit's load balancers are told now (`serving::After`).
     pub serving: After,
+    /// The start this reconcile made of the desired unit, timed: kept with its history entry.
+    pub startup: Option<crate::core::record::Startup>,
 }
 
 /// The end of a reconcile.
@@ -196,6 +198,7 @@ impl Conclusion {
                 message: self.verdict.clone(),
                 stop_verdict,
                 duration_ms: ms,
+                startup: c.startup.clone(),
             });
         }
     }
@@ -367,8 +370,8 @@ pub fn settled(st: &UnitState, plan: &Plan, s: &Subject, o: &Observed) -> Conclu
             good,
             written: good,
             record: outcome.filter(|_| !repeated),
-            quarantine_said: None,
             serving,
+            ..Change::default()
         },
         refused: false,
         serving: None,

@@ -95,6 +95,57 @@ pub struct HistoryEntry {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stop_verdict: Option<String>,
     pub duration_ms: u64,
+    /// The start this apply made of its unit, timed by phase.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub startup: Option<Startup>,
+}
+
+/// A start of a unit's server, timed: from specd's start of the unit until the server answered
+/// ready (or until the wait for it ended: it died, or was not ready in time), and the phases the
+/// engine's own lines told (`specd_spec::startup`), which add up to about that.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Startup {
+    /// The unit started (its hash).
+    pub sha256: String,
+    /// When the wait ended (unix seconds).
+    pub time: u64,
+    /// It answered ready.
+    pub ready: bool,
+    /// From the start of the unit to the first ready answer (or the end of the wait).
+    pub ms: u64,
+    /// Each phase the engine's lines told, in order, and how long it took; empty when they
+    /// told none (another log format, a verbosity that hides them, a journal that did not
+    /// answer). The last one of a start that was not ready is where it ended.
+    pub phases: Vec<PhaseTime>,
+}
+
+/// One phase of a start.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PhaseTime {
+    /// `process`, `weights`, `engine`, `warmup`, `api` (`specd_spec::startup::PHASES`).
+    pub phase: String,
+    pub ms: u64,
+}
+
+impl Startup {
+    /// The phases as a person reads them: `process 13.7s, weights 0.3s, engine 6.1s, api 2.4s`.
+    pub fn phases_text(&self) -> String {
+        let p: Vec<String> = self.phases.iter().map(|p| format!("{} {:.1}s", p.phase, p.ms as f64 / 1e3)).collect();
+        p.join(", ")
+    }
+
+    /// What `status` and `history` say of it.
+    pub fn describe(&self) -> String {
+        let how = if self.ready { "ready after" } else { "ended after" };
+        let mut s = format!("{how} {:.1}s", self.ms as f64 / 1e3);
+        if !self.phases.is_empty() {
+            s.push_str(&format!(" ({})", self.phases_text()));
+        }
+        if let (false, Some(last)) = (self.ready, self.phases.last()) {
+            s.push_str(&format!("; it ended in phase {}", last.phase));
+        }
+        s
+    }
 }
 
 /// An apply that started and has not finished (yet, or ever: the process died).
@@ -107,6 +158,14 @@ pub struct InProgress {
     /// This apply wrote the desired unit file (its WriteUnit step finished).
     #[serde(default)]
     pub wrote: bool,
+}
+
+impl InProgress {
+    /// Whether the apply may have changed the host: past its start and its drain (which stops
+    /// nothing; the pre-flight looks meanwhile). One killed before is no apply to finish.
+    pub fn may_have_changed(&self) -> bool {
+        !matches!(self.phase, Phase::Starting | Phase::At(Step::Drain))
+    }
 }
 
 /// Where an apply in progress is: starting, or at a step (written as `starting` or the step's
@@ -170,6 +229,9 @@ pub struct UnitState {
     /// at most [`GOOD_SPECS_MAX`]: what `specd rollback` re-applies.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub good_specs: Vec<DesiredRecord>,
+    /// The last start specd made of the unit (an apply's or a rollback's), timed by phase.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub startup: Option<Startup>,
 }
 
 /// The verdict on the last instance that ended, and the instance that followed it: true while

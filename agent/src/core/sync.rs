@@ -191,6 +191,7 @@ mod tests {
             message: "the try's message".into(),
             stop_verdict: None,
             duration_ms: 0,
+            startup: None,
         };
         let plain = "the service is not running (inactive/dead)";
         assert_eq!(down_reason(None, ActiveState::Inactive, &sub), plain);

@@ -61,6 +61,13 @@ pub const ASK_PAUSE: Duration = Duration::from_secs(1);
 /// again at most this many times in one apply.
 pub const RESTOPS: u32 = 3;
 
+/// Before a start, the GPUs its `CUDA_VISIBLE_DEVICES` names are waited for to have the memory
+/// free that it claims (the driver frees a stopped instance's a moment after its processes are
+/// gone) for up to this long (`core::gpu`); memory still held then is not started over…
+pub const GPU_MEMORY_WITHIN: Duration = Duration::from_secs(30);
+/// …asked of `nvidia-smi` this often.
+pub const GPU_MEMORY_EVERY: Duration = Duration::from_millis(500);
+
 /// Readiness: asked first after this, then every…
 pub const READY_FIRST: Duration = Duration::from_millis(5);
 /// …this long.
@@ -73,6 +80,11 @@ pub const EXIT_SETTLE: Duration = Duration::from_secs(2);
 pub const WAITING_NOTE: Duration = Duration::from_secs(2);
 /// The last line a loading server wrote is first read after this (most load in less).
 pub const SAID_FIRST: Duration = Duration::from_millis(1500);
+/// Once a started server answered ready, the journal is read for the rest of the lines that time
+/// its start (the ready line may reach it after the answer) for up to this long…
+pub const STARTUP_LINES_WITHIN: Duration = Duration::from_secs(2);
+/// …a read this often.
+pub const STARTUP_LINES_AGAIN: Duration = Duration::from_millis(200);
 
 // The agent, the host and the sweep.
 

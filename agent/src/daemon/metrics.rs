@@ -61,6 +61,10 @@ pub struct Metrics {
     serving: Family<Labels, Gauge>,
     serving_units: Mutex<std::collections::BTreeSet<String>>,
     serving_files: Mutex<Option<crate::machine::serving::ServingFiles>>,
+    /// `specd_unit_startup_seconds{unit,phase}`: the last start's phases, the labels of now.
+    startup: Family<Labels, FloatGauge>,
+    startup_now: Mutex<BTreeMap<String, Vec<Labels>>>,
+    start_duration: Family<Labels, FloatGauge>,
 }
 
 const HOLDS: [HoldKind; 3] = [HoldKind::Suspend, HoldKind::Pin, HoldKind::Sweep];
@@ -83,6 +87,10 @@ impl Default for Metrics {
         Metrics::new(env!("CARGO_PKG_VERSION"))
     }
 }
+
+const SERVING_HELP: &str = "1 for what the unit's load balancers are told now (ready, drain, down), 0 for the others";
+const STARTUP_HELP: &str =
+    "The phases of the last start of the unit that runs, as the engine's own lines tell them (seconds each)";
 
 impl Metrics {
     /// The agent's metrics; `version` is `specd_build_info`'s. Each is registered as its field
@@ -168,13 +176,21 @@ impl Metrics {
                 "When the agent counted the newest death of the unit's instances (Unix seconds), by its verdict; one series per unit",
             ),
             last_death_now: Mutex::new(BTreeMap::new()),
-            serving: served(
-                &mut r,
-                "unit_serving",
-                "1 for what the unit's load balancers are told now (ready, drain, down), 0 for the others",
-            ),
+            serving: served(&mut r, "unit_serving", SERVING_HELP),
             serving_units: Mutex::default(),
             serving_files: Mutex::default(),
+            // Gauges of the last start, not histograms: a start is rare (an apply, a rollback),
+            // and what is asked of it is its own figure against the same unit's start before
+            // (the fleet's `startup_within`, the alert on a slower start), which Prometheus has
+            // as the gauge's value before it changed; a histogram would mix the starts of two
+            // revisions in its rates and blur a figure within its bucket.
+            startup: served(&mut r, "unit_startup_seconds", STARTUP_HELP),
+            startup_now: Mutex::new(BTreeMap::new()),
+            start_duration: served(
+                &mut r,
+                "unit_start_duration_seconds",
+                "How long the last start of the unit that runs took: from specd's start of the unit to the server's first ready answer",
+            ),
         };
         m.registry = Mutex::new(r);
         m
@@ -356,8 +372,35 @@ impl Metrics {
             }
         }
         self.quarantined.get_or_create(&unit(u)).set(i64::from(f.quarantined));
+        self.started(u, f.startup.as_ref());
         for v in DEATH_VERDICTS {
             let _ = self.deaths.get_or_create(&with(u, "verdict", v.as_str()));
+        }
+    }
+
+    /// The last start's figures: a series per phase it told (those of an earlier start that it
+    /// did not tell removed), and its whole duration; none without a start of the unit that runs.
+    fn started(&self, u: &str, s: Option<&crate::core::record::Startup>) {
+        let phases: Vec<(Labels, f64)> = s
+            .map(|s| s.phases.iter().map(|p| (with(u, "phase", &p.phase), p.ms as f64 / 1e3)).collect())
+            .unwrap_or_default();
+        let mut now = crate::core::guard::lock(&self.startup_now);
+        for old in now.remove(u).unwrap_or_default() {
+            if !phases.iter().any(|(l, _)| *l == old) {
+                self.startup.remove(&old);
+            }
+        }
+        for (l, v) in &phases {
+            self.startup.get_or_create(l).set(*v);
+        }
+        now.insert(u.to_string(), phases.into_iter().map(|(l, _)| l).collect());
+        match s {
+            Some(s) => {
+                self.start_duration.get_or_create(&unit(u)).set(s.ms as f64 / 1e3);
+            }
+            None => {
+                self.start_duration.remove(&unit(u));
+            }
         }
     }
 
@@ -388,6 +431,7 @@ impl Metrics {
         if let Some(l) = crate::core::guard::lock(&self.last_death_now).remove(u) {
             self.last_death.remove(&l);
         }
+        self.started(u, None);
         for s in SyncStatus::ALL {
             self.sync.remove(&with(u, "status", &s.to_string()));
         }
@@ -441,6 +485,8 @@ pub struct UnitFigures {
     pub accept_length: Option<f64>,
     pub accept_rate: Option<f64>,
     pub quarantined: bool,
+    /// The last start of the unit that runs, once it was ready.
+    pub startup: Option<crate::core::record::Startup>,
 }
 
 impl UnitFigures {
@@ -450,7 +496,8 @@ impl UnitFigures {
     /// The args are verified when the desired unit runs and an apply or start of it passed
     /// (every start of a spec whose args are checked is followed by that check, and a look at
     /// a running server that finds its args changed makes it Drifted, not in sync). The
-    /// speculation figures are the last proof's, when it measured the unit that runs.
+    /// speculation figures are the last proof's, when it measured the unit that runs; the start
+    /// figures the last start's, when it started the unit that runs and it was ready.
     pub fn of(st: &UnitState, desired_sha: &str, checks_args: bool, in_sync: bool) -> UnitFigures {
         let running = st.last_good.as_ref();
         let deployed = running.map(|g| {
@@ -471,6 +518,7 @@ impl UnitFigures {
             accept_length: proof.and_then(|p| p.measured.accept_length),
             accept_rate: proof.and_then(|p| p.measured.accept_rate),
             quarantined: st.quarantined(desired_sha).is_some(),
+            startup: st.startup.clone().filter(|s| s.ready && running.is_some_and(|g| g.sha256 == s.sha256)),
         }
     }
 }
@@ -619,6 +667,7 @@ mod tests {
             message: String::new(),
             stop_verdict: None,
             duration_ms: 1,
+            startup: None,
         }
     }
 
@@ -700,6 +749,7 @@ mod tests {
                 accept_length: Some(3.25),
                 accept_rate: Some(0.75),
                 quarantined: false,
+                startup: None,
             }
         );
         // A spec whose args are not checked has no such series.
@@ -743,6 +793,57 @@ mod tests {
         let t = m.render();
         assert!(!t.contains("unit=\"q.service\",revision"), "{t}");
         assert_eq!(sample(&t, "specd_unit_quarantined", "unit=\"q.service\""), None, "{t}");
+    }
+
+    fn start(sha: &str, ready: bool, phases: &[(&str, u64)]) -> crate::core::record::Startup {
+        crate::core::record::Startup {
+            sha256: sha.into(),
+            time: 1,
+            ready,
+            ms: phases.iter().map(|p| p.1).sum::<u64>() + 40,
+            phases: phases
+                .iter()
+                .map(|(p, ms)| crate::core::record::PhaseTime { phase: p.to_string(), ms: *ms })
+                .collect(),
+        }
+    }
+
+    /// `specd_unit_startup_seconds{unit,phase}` is the last start of the unit that runs, a series
+    /// per phase it told (a phase an earlier start told and this one did not is gone), with
+    /// `specd_unit_start_duration_seconds` its whole start; a start of another unit (a failed
+    /// apply's) or one that was not ready is not it.
+    #[test]
+    fn the_last_start_s_phases_are_a_gauge_each_of_the_unit_that_runs() {
+        let mut st = UnitState { unit: "q.service".into(), last_good: Some(good("h1", "c1")), ..Default::default() };
+        st.startup =
+            Some(start("h1", true, &[("process", 13_700), ("weights", 300), ("engine", 6_200), ("api", 2_500)]));
+        let m = Metrics::default();
+        m.unit("q.service", &UnitFigures::of(&st, "h1", true, true));
+        let t = m.render();
+        assert!(
+            t.contains(
+                "# TYPE specd_unit_startup_seconds gauge
+"
+            ),
+            "{t}"
+        );
+        let phase =
+            |t: &str, p: &str| sample(t, "specd_unit_startup_seconds", &format!("unit=\"q.service\",phase=\"{p}\""));
+        assert_eq!(phase(&t, "weights"), Some(0.3), "{t}");
+        assert_eq!(phase(&t, "engine"), Some(6.2), "{t}");
+        assert_eq!(sample(&t, "specd_unit_start_duration_seconds", "unit=\"q.service\""), Some(22.74), "{t}");
+        // A llama.cpp start after it: its own phases only.
+        st.startup = Some(start("h1", true, &[("process", 10), ("weights", 150), ("warmup", 40), ("api", 1)]));
+        m.unit("q.service", &UnitFigures::of(&st, "h1", true, true));
+        let t = m.render();
+        assert_eq!(series(&t, "specd_unit_startup_seconds").len(), 4, "{t}");
+        assert_eq!((phase(&t, "engine"), phase(&t, "warmup")), (None, Some(0.04)), "{t}");
+        // A start of h2 that died: not the start of the unit that runs (h1).
+        st.startup = Some(start("h2", false, &[("process", 10), ("weights", 150)]));
+        m.unit("q.service", &UnitFigures::of(&st, "h2", true, false));
+        let t = m.render();
+        assert!(series(&t, "specd_unit_startup_seconds").is_empty(), "{t}");
+        assert_eq!(sample(&t, "specd_unit_start_duration_seconds", "unit=\"q.service\""), None, "{t}");
     }
 
     #[test]
@@ -838,8 +939,8 @@ mod tests {
         assert!(series(&m.render(), "specd_unit_serving").is_empty());
     }
 
-    /// Every sample name an agent serves once each of its metrics has a value.
-    pub(crate) fn served_names() -> BTreeSet<String> {
+    /// An agent's metrics, each with a value (the notices' counters registered too).
+    fn filled() -> Metrics {
         let m = Metrics::default();
         m.reconciled("q.service", SyncStatus::InSync, "applied", 0.5, true);
         m.source_read();
@@ -854,10 +955,18 @@ mod tests {
             accept_length: Some(3.0),
             accept_rate: Some(0.7),
             quarantined: false,
+            startup: Some(start("h1", true, &[("process", 1_000), ("weights", 2_000)])),
         };
         m.unit("q.service", &f);
         m.died("q.service", &[Verdict::Crash]);
-        m.render()
+        m.register_notices(&crate::notify::Counters::default());
+        m
+    }
+
+    /// Every sample name an agent serves once each of its metrics has a value.
+    pub(crate) fn served_names() -> BTreeSet<String> {
+        filled()
+            .render()
             .lines()
             .filter(|l| !l.starts_with('#'))
             .filter_map(|l| l.split([' ', '{']).next())
@@ -903,25 +1012,7 @@ mod tests {
     /// reads is the registry.
     #[test]
     fn every_metric_served_is_in_the_reference_with_its_type_and_labels() {
-        let m = Metrics::default();
-        m.reconciled("q.service", SyncStatus::InSync, "applied", 0.5, true);
-        m.source_read();
-        m.source_revision("c1");
-        m.host_info("h", &BTreeMap::new());
-        m.down("q.service", false);
-        m.hold("q.service", None);
-        m.serving("q.service", Word::Drain);
-        let f = UnitFigures {
-            deployed: Some(("c1".into(), "h1".into())),
-            args_verified: Some(true),
-            accept_length: Some(3.0),
-            accept_rate: Some(0.7),
-            quarantined: false,
-        };
-        m.unit("q.service", &f);
-        m.died("q.service", &[Verdict::Crash]);
-        m.register_notices(&crate::notify::Counters::default());
-        let text = m.render();
+        let text = filled().render();
         // The families and their types, then each sample's name (a histogram's by its family)
         // and labels.
         let mut types = BTreeMap::new();

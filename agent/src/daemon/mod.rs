@@ -113,6 +113,7 @@ pub async fn run(opts: RunOptions) -> Result<()> {
         ctx,
         metrics,
         workers: BTreeMap::new(),
+        leaving: Vec::new(),
         last_head: None,
     };
     units.sync_source(Read::Always).await;

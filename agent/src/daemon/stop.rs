@@ -19,7 +19,7 @@ pub(super) async fn stop(units: Units, stop_tx: watch::Sender<bool>, endpoints: 
     tracing::info!("stopping: applies in progress stop at their next safe point");
     let _ = stop_tx.send(true);
     let mut timeout = StopTimeout::new(&units.ctx.unit_dir, units.own_unit.as_deref());
-    let handles = units.workers.into_iter().map(|(u, w)| (u, w.handle)).collect();
+    let handles = units.workers.into_iter().map(|(u, w)| (u, w.handle)).chain(units.leaving).collect();
     let late = join_at_stop(handles, &units.ctx.shutdown, |wait, carried| timeout.extend(wait, carried)).await;
     for u in late {
         tracing::warn!(unit = %u, "did not reach a safe point within the agent's stop; left as the agent exits");

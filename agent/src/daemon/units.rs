@@ -40,6 +40,9 @@ pub(super) struct Units {
     pub(super) ctx: Arc<Ctx<RealHost>>,
     pub(super) metrics: Arc<Metrics>,
     pub(super) workers: BTreeMap<String, Worker>,
+    /// Work on units the head no longer has that may still run: their workers finishing the
+    /// reconcile they were in, and prunes. The agent's stop waits for them as for the workers.
+    pub(super) leaving: Vec<(String, tokio::task::JoinHandle<()>)>,
     pub(super) last_head: Option<String>,
 }
 
@@ -175,16 +178,21 @@ impl Units {
     fn let_go(&mut self, seen: &[String], prev: &SourceState, commit: &str) -> Vec<String> {
         let managed = self.ctx.store.units().unwrap_or_default();
         let orphans: Vec<String> = managed.into_iter().filter(|u| !seen.contains(u)).collect();
+        self.leaving.retain(|(_, h)| !h.is_finished());
         for u in &orphans {
             if let Some(w) = self.workers.remove(u) {
                 // Its worker ends after the reconcile it may be in (it sees its sender gone).
                 drop(w.desired);
+                self.leaving.push((u.clone(), w.handle));
                 self.metrics.forget(u);
             }
             if self.cfg.prune {
                 // In the background, under the unit's lock: a stop may take TimeoutStopSec.
-                let (ctx, u) = (self.ctx.clone(), u.clone());
-                tokio::spawn(async move { reconcile::prune(&ctx, &u).await });
+                let (ctx, unit) = (self.ctx.clone(), u.clone());
+                let h = tokio::spawn(async move {
+                    reconcile::prune(&ctx, &unit).await;
+                });
+                self.leaving.push((u.clone(), h));
             } else if !prev.orphans.contains(u) {
                 tracing::warn!(unit = %u, "orphaned: its spec is gone from {}; left running (set prune: true to remove it)", short(commit));
             }

@@ -265,6 +265,16 @@ pub(super) struct Facts<'a> {
     /// The server's CUDA OOM messages, with what each one means.
     pub cuda: Vec<(&'a Line, &'static str)>,
     pub stale: Option<Stale<'a>>,
+    /// It never said it serves: the phase of its start its own lines told last, and when that
+    /// began (µs) (`specd_spec::startup`, the engine whose lines tell the most).
+    pub start_phase: Option<(&'static str, u64)>,
+}
+
+/// The phase a start that never said it serves was in last, and when it began.
+fn start_phase(svc: &[&Line], started: Option<u64>) -> Option<(&'static str, u64)> {
+    let lines: Vec<(u64, &str)> = svc.iter().map(|l| (l.time_us, l.message.as_str())).collect();
+    let (_, t) = specd_spec::startup::of_any_engine(started?, &lines)?;
+    t.ready_us.is_none().then(|| (t.current().phase, t.current().from_us))
 }
 
 impl<'a> Facts<'a> {
@@ -322,6 +332,7 @@ impl<'a> Facts<'a> {
             }),
             kernel_killed: ev.kernel.iter().find(|l| l.message.contains("Killed process ")),
             stale: Stale::of(ev, started),
+            start_phase: start_phase(&svc, started),
             lines,
             sys,
             svc,

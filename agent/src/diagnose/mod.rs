@@ -283,6 +283,9 @@ pub fn classify(ev: &Evidence) -> Diagnosis {
     }
     let story = narrate::narrate(verdict, ev, &f);
     notes.extend(story.notes);
+    if let (false, Some(note)) = (f.live, narrate::start_phase(&f)) {
+        notes.push(note);
+    }
     if verdict != Verdict::StaleConfigStart
         && let Some(s) = &f.stale
     {
@@ -314,18 +317,32 @@ pub async fn last_verdict(unit: &str) -> Option<Diagnosis> {
     ev.iter().rev().map(classify).find(|d| d.verdict.is_ending() && d.ended.is_some())
 }
 
-/// The last line an instance wrote to its output (what a loading server says it is doing), from
-/// the journal, within a second; `None` when it said nothing (or the journal did not answer).
-pub async fn last_said(invocation: &str) -> Option<String> {
+/// How long a read of what an instance said may take ([`said`]).
+const SAID_WITHIN: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// What an instance wrote to its output after the journal's `cursor` (from its first line when
+/// `None`): each line with the monotonic time (µs) the journal received it, and the cursor to
+/// read on from (the last line's, or `cursor` when none came). `None`: the journal did not answer
+/// within a second.
+pub async fn said(invocation: &str, cursor: Option<&str>) -> Option<(Vec<(u64, String)>, Option<String>)> {
     if invocation.is_empty() || !invocation.bytes().all(|b| b.is_ascii_hexdigit()) {
         return None;
     }
-    let args = [format!("_SYSTEMD_INVOCATION_ID={invocation}"), "-n1".into(), "-ocat".into(), "--no-pager".into()];
+    // `--all`: a line over 4096 bytes (vLLM's engine config) would be null without it.
+    let mut args = vec![
+        format!("_SYSTEMD_INVOCATION_ID={invocation}"),
+        "-ojson".into(),
+        "--output-fields=MESSAGE".into(),
+        "--all".into(),
+        "--no-pager".into(),
+    ];
+    if let Some(c) = cursor {
+        args.push(format!("--after-cursor={c}"));
+    }
     let run = tokio::process::Command::new("journalctl").args(&args).kill_on_drop(true).output();
-    let out = tokio::time::timeout(std::time::Duration::from_secs(1), run).await.ok()?.ok()?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    let line = text.lines().map(str::trim).rfind(|l| !l.is_empty())?;
-    Some(line.chars().take(160).collect())
+    let out = tokio::time::timeout(SAID_WITHIN, run).await.ok()?.ok()?;
+    let (lines, last) = parse::said_lines(&String::from_utf8_lossy(&out.stdout));
+    Some((lines, last.or_else(|| cursor.map(str::to_string))))
 }
 
 /// How long `first_said` reads an instance's journal for its line.

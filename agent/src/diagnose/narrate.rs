@@ -16,6 +16,19 @@ pub(super) struct Story {
     pub notes: Vec<String>,
 }
 
+/// Where an instance that ended had got in its start, when it never said it serves: `it ended
+/// while starting, in phase weights (3.2s into it, 45.0s after its start)`.
+pub(super) fn start_phase(f: &Facts) -> Option<String> {
+    let (phase, from) = f.start_phase?;
+    let (start, end) = (f.started?, f.ended?);
+    let s = |us: u64| us as f64 / 1e6;
+    Some(format!(
+        "it ended while starting, in phase {phase} ({:.1}s into it, {:.1}s after its start)",
+        s(end.saturating_sub(from)),
+        s(end.saturating_sub(start))
+    ))
+}
+
 /// Tells the story of verdict `v` on the instance `ev`, whose facts are `f`.
 pub(super) fn narrate(v: Verdict, ev: &Evidence, f: &Facts) -> Story {
     let mut c = Cites::default();

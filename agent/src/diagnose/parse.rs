@@ -27,6 +27,21 @@ fn json_str(v: &serde_json::Value) -> Option<String> {
     }
 }
 
+/// An instance's lines from `journalctl -o json --output-fields=MESSAGE`: each message with its
+/// `__MONOTONIC_TIMESTAMP` (µs), and the last entry's `__CURSOR`.
+pub fn said_lines(text: &str) -> (Vec<(u64, String)>, Option<String>) {
+    let mut cursor = None;
+    let mut out = Vec::new();
+    for v in text.lines().filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()) {
+        let f = |k: &str| v.get(k).and_then(json_str);
+        cursor = f("__CURSOR").or(cursor);
+        if let (Some(t), Some(m)) = (f("__MONOTONIC_TIMESTAMP").and_then(|t| t.parse().ok()), f("MESSAGE")) {
+            out.push((t, m));
+        }
+    }
+    (out, cursor)
+}
+
 /// Parses `journalctl -o json` output (one object a line; other lines are skipped).
 pub fn parse_journal_json(text: &str) -> Vec<Line> {
     text.lines()

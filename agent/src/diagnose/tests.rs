@@ -959,3 +959,65 @@ fn real_llama_server_bad_values_quote_the_argument_parser() {
         "error while handling argument \"--spec-draft-n-max\": invalid value",
     );
 }
+
+/// What an instance said, as `journalctl -o json --output-fields=MESSAGE` gives it: each message
+/// (bytes too) with its monotonic time, and the last cursor to read on from.
+#[test]
+fn an_instance_s_lines_are_read_with_their_monotonic_times_and_the_cursor() {
+    let text = concat!(
+        r#"{"__CURSOR":"s=a;i=1","__REALTIME_TIMESTAMP":"1796206680000000","__MONOTONIC_TIMESTAMP":"5000100","_BOOT_ID":"b","MESSAGE":"Load weight begin."}"#,
+        "\n",
+        r#"{"__CURSOR":"s=a;i=2","__MONOTONIC_TIMESTAMP":"5000200","MESSAGE":[76,111,97,100,233]}"#,
+        "\n",
+        r#"{"__CURSOR":"s=a;i=3","__MONOTONIC_TIMESTAMP":"5000300"}"#,
+        "\nnot json\n"
+    );
+    let (lines, cursor) = super::parse::said_lines(text);
+    assert_eq!(lines, [(5_000_100, "Load weight begin.".to_string()), (5_000_200, "Load\u{fffd}".to_string())]);
+    assert_eq!(cursor.as_deref(), Some("s=a;i=3"));
+    assert_eq!(super::parse::said_lines(""), (vec![], None));
+}
+
+/// A start that died says in which phase of its start it ended (the engine told by whose lines
+/// tell the most): the real vLLM's lines up to its weights, then its loader's traceback; a start
+/// that said it serves and crashed later says nothing of the kind.
+#[test]
+fn a_start_that_died_says_in_which_phase() {
+    let real = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../tests/fixtures/engines/vllm/startup/startup-eager.log"),
+    )
+    .unwrap();
+    let mut lines = vec![sys(0, "Started x.service.")];
+    for (i, l) in real.lines().map(|l| l.trim_start().split_once(' ').unwrap().1).enumerate() {
+        if l.contains("Loading weights took") {
+            break;
+        }
+        lines.push(Line { time_us: 1_000_000 + i as u64 * 100_000, ..svc(0, l) });
+    }
+    let loading = lines.last().unwrap().time_us;
+    let mut died = lines.clone();
+    died.push(Line { time_us: loading + 2_000_000, ..svc(0, "safetensors_rust.SafetensorError: Error while deserializing header: incomplete metadata, file not fully covered") });
+    died.push(Line {
+        time_us: loading + 3_000_000,
+        ..sys(0, "x.service: Main process exited, code=exited, status=1/FAILURE")
+    });
+    died.push(Line { time_us: loading + 3_000_000, ..sys(0, "x.service: Failed with result 'exit-code'.") });
+    let d = classify(&ev(died));
+    let from = lines.iter().find(|l| l.message.contains("Starting to load model")).unwrap().time_us;
+    let into = (loading + 3_000_000 - from) as f64 / 1e6;
+    let after = (loading + 3_000_000) as f64 / 1e6;
+    let want = format!("it ended while starting, in phase weights ({into:.1}s into it, {after:.1}s after its start)");
+    assert!(d.notes.contains(&want), "{want}\n{d:#?}");
+    let rendered = render_text(&d);
+    assert_contains(&rendered, "in phase weights");
+    // Ready, then crashed: no phase.
+    let mut served = lines;
+    served.push(Line { time_us: loading + 1_000_000, ..svc(0, "INFO:     Application startup complete.") });
+    served.push(Line {
+        time_us: loading + 9_000_000,
+        ..sys(0, "x.service: Main process exited, code=killed, status=11/SEGV")
+    });
+    let d = classify(&ev(served));
+    assert!(!d.notes.iter().any(|n| n.contains("while starting")), "{d:#?}");
+}

@@ -204,6 +204,7 @@ struct Now {
     quarantined: Vec<Sample>,
     accept_length: Vec<Sample>,
     accept_rate: Vec<Sample>,
+    start: Vec<Sample>,
     hold: Vec<Sample>,
     last_death: Vec<Sample>,
     serving: Vec<Sample>,
@@ -220,9 +221,10 @@ struct Since {
 /// The answers about the hosts promoted at one time.
 struct Promotion {
     hosts: BTreeSet<String>,
-    /// The accept figures a second before.
+    /// The accept figures and the last start a second before.
     length: Vec<Sample>,
     rate: Vec<Sample>,
+    start: Vec<Sample>,
     /// The deaths since, by verdict.
     deaths: Vec<Sample>,
 }
@@ -270,6 +272,7 @@ async fn ask(p: &Prometheus, record: Option<&Record>, now: u64) -> Result<(Now, 
         quarantined: p.query(&last_known("specd_unit_quarantined"), at).await?,
         accept_length: p.query(&last_known("specd_unit_accept_length"), at).await?,
         accept_rate: p.query(&last_known("specd_unit_accept_rate"), at).await?,
+        start: p.query(&last_known("specd_unit_start_duration_seconds"), at).await?,
         hold: p.query(&last_known("specd_unit_hold"), at).await?,
         last_death: p.query(&last_known("specd_unit_last_death_timestamp_seconds"), at).await?,
         serving: p.query(&last_known("specd_unit_serving"), at).await?,
@@ -280,9 +283,10 @@ async fn ask(p: &Prometheus, record: Option<&Record>, now: u64) -> Result<(Now, 
         let before = Some(t.saturating_sub(1));
         let length = p.query("specd_unit_accept_length", before).await?;
         let rate = p.query("specd_unit_accept_rate", before).await?;
+        let start = p.query("specd_unit_start_duration_seconds", before).await?;
         let range = now.saturating_sub(t).max(1);
         let deaths = p.query(&deaths_since(range), at).await?;
-        since.promotions.push(Promotion { hosts, length, rate, deaths });
+        since.promotions.push(Promotion { hosts, length, rate, start, deaths });
     }
     for (c, hosts) in converged {
         let range = now.saturating_sub(c).max(1);
@@ -339,6 +343,11 @@ fn fold(a: &Now, since: &Since, now: u64, stale_after: u64) -> Evidence {
     for s in a.accept_rate.iter().filter(|s| s.value.is_finite()) {
         if let Some(u) = unit_mut(&mut ev, &by_target, s) {
             u.accept_rate = Some(s.value);
+        }
+    }
+    for s in a.start.iter().filter(|s| s.value.is_finite()) {
+        if let Some(u) = unit_mut(&mut ev, &by_target, s) {
+            u.start_seconds = Some(s.value);
         }
     }
     for s in a.hold.iter().filter(|s| s.value == 1.0) {
@@ -427,7 +436,8 @@ fn down(up: Option<f64>, sampled: Option<f64>, now: u64, stale_after: u64, targe
 /// The figures of a rollout in progress, on the hosts they are about (only units the host
 /// reports now).
 fn fold_since(ev: &mut Evidence, by_target: &BTreeMap<Target, String>, since: &Since) {
-    for Promotion { hosts, length, rate, deaths } in &since.promotions {
+    for Promotion { hosts, length, rate, start, deaths } in &since.promotions {
+        on_units(ev, by_target, hosts, start, |u, s| u.previous_start_seconds = s.value.is_finite().then_some(s.value));
         on_units(ev, by_target, hosts, length, |u, s| {
             u.previous_accept_length = s.value.is_finite().then_some(s.value)
         });

@@ -24,7 +24,8 @@
 //! Gates: `converge_within`, `applied` (the target quarantined), `spec` (the target does not
 //! resolve for the host), `args_verified` (also at every scrape of the bake), `speculation_proven`,
 //! `accept_length`/`accept_rate` floors (absolute, and a fraction of the previous revision's
-//! figure on the same host and unit), `no_deaths`. No evidence never advances and never halts a
+//! figure on the same host and unit), `startup_within` (a ceiling on the start, absolute and a
+//! multiple of the previous revision's start on the same host and unit), `no_deaths`. No evidence never advances and never halts a
 //! wave. Time is whole seconds; a bake passes only once a whole second after `converged + bake`
 //! began, never shorter than asked. Two promoters that take the same step in the same second
 //! write byte-identical commits; a second apart, one push is rejected and that pass reads again.
@@ -78,6 +79,10 @@ pub struct UnitEvidence {
     /// The figures just before the host was promoted (the previous revision's).
     pub previous_accept_length: Option<f64>,
     pub previous_accept_rate: Option<f64>,
+    /// How long the last start of the unit that runs took, seconds
+    /// (`specd_unit_start_duration_seconds`), and the same just before the host was promoted.
+    pub start_seconds: Option<f64>,
+    pub previous_start_seconds: Option<f64>,
     /// Deaths since the host was promoted, by verdict (`increase(specd_unit_deaths_total[…])`).
     pub deaths_since_promotion: BTreeMap<String, f64>,
     /// The verdict of the newest death the agent counted (`specd_unit_last_death_timestamp_seconds`).
@@ -242,7 +247,7 @@ fn runs(e: &HostEvidence, rev: &str, expected: &[ExpectedUnit], args_verified: b
 }
 
 /// A gate the promoted host failed, whatever its convergence: a unit quarantined, a death, args
-/// unverified during the bake, an accept figure below its floor.
+/// unverified during the bake, a start slower than its ceiling, an accept figure below its floor.
 fn failed_on_target(
     e: &HostEvidence,
     record: &Record,
@@ -268,6 +273,11 @@ fn failed_on_target(
             return fail("args_verified", "its args were not verified at every scrape of the bake".into());
         }
         let runs_it = u.unit_hash.as_deref() == Some(x.unit_hash.as_str());
+        if let (true, Some(ceiling), Some(now)) = (runs_it && on_target, &gates.startup_within, u.start_seconds)
+            && let Some(why) = ceiling.above(now, u.previous_start_seconds)
+        {
+            return fail("startup_within", why);
+        }
         if !(x.speculates && runs_it && on_target) {
             continue;
         }

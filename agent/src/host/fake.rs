@@ -18,7 +18,7 @@ use serde_json::Value;
 use specd_spec::{Engine, Spec};
 use tokio::time::Instant;
 
-use super::{Host, Journal, LoadBalancers, Processes, Server, ServiceManager, UnitFiles, Watch};
+use super::{Devices, Host, Journal, LoadBalancers, Processes, Server, ServiceManager, UnitFiles, Watch};
 use crate::core::serving::{CheckKind, PollLog, ServingState, Word};
 use crate::core::speculation::Speculation;
 use crate::core::unit_state::{ActiveState, LoadState, UnitFileState};
@@ -68,6 +68,9 @@ struct Proc {
     /// Told to stop: exits then (unless it lingers).
     exits_at: Option<Instant>,
     lingers: bool,
+    /// When it was started, and the instance it is (the unit's invocation number).
+    started: Instant,
+    invocation: u32,
 }
 
 #[derive(Debug, Default)]
@@ -124,6 +127,10 @@ struct World {
     preflight_lag: Duration,
     /// Until then, the serving instance has a request in flight.
     busy_until: Option<Instant>,
+    /// Stops asked for while the serving instance had a request in flight.
+    stops_while_busy: u32,
+    /// What `nvidia-smi` answers, in turn (the last one again and again); empty: no NVIDIA device.
+    gpu_answers: std::collections::VecDeque<Result<String, String>>,
     /// What the unit's load balancers are told, and each word they were told since, when.
     lb_state: Option<ServingState>,
     lb_told: Vec<(Instant, Word)>,
@@ -252,6 +259,31 @@ impl FakeHost {
         tokio::time::sleep(lag).await;
     }
 
+    /// The monotonic clock (µs) at `t`: a boot's worth of time before the host was made.
+    fn mono(&self, t: Instant) -> u64 {
+        1_000_000_000 + t.saturating_duration_since(self.born).as_micros() as u64
+    }
+
+    /// What instance `n` has said so far, as its engine says it (the spec it serves): the line
+    /// that begins each phase of its start (`specd_spec::startup`), spread over its load, then
+    /// its ready line; a server that fails to load says its error instead, when it dies.
+    fn lines_of(&self, n: u32) -> Vec<(u64, String)> {
+        let w = self.w();
+        let Some(p) = w.procs.values().find(|p| p.invocation == n) else { return Vec::new() };
+        let Some(spec) = w.specs.iter().find(|s| s.argv == p.argv) else { return Vec::new() };
+        let log = &specd_spec::engine_facts(spec.engine).startup;
+        let k = log.phases.len() as u32 + 1;
+        let mut out: Vec<(Instant, String)> =
+            log.phases.iter().zip(1..).map(|(m, i)| (p.started + LOAD * i / k, m.markers[0].to_string())).collect();
+        out.push((p.ready_at, log.ready.to_string()));
+        if let Some(d) = p.dies_at {
+            out.retain(|(t, _)| *t < d);
+            out.push((d, FAILED_LOAD.to_string()));
+        }
+        let now = Instant::now();
+        out.into_iter().filter(|(t, _)| *t <= now).map(|(t, l)| (self.mono(t), l)).collect()
+    }
+
     pub fn new(unit: &str, unit_dir: &Path) -> FakeHost {
         let w = World { next_pid: 100, ..Default::default() };
         let host = FakeHost {
@@ -335,9 +367,20 @@ impl FakeHost {
         self.w().preflight_lag = lag;
     }
 
+    /// The host has NVIDIA GPUs, and `nvidia-smi` answers these, one a look (the last one to
+    /// every look after).
+    pub fn gpus(&self, answers: &[Result<&str, &str>]) {
+        self.w().gpu_answers = answers.iter().map(|a| a.map(str::to_string).map_err(str::to_string)).collect();
+    }
+
     /// The serving instance has a request in flight for `d` from now.
     pub fn busy_for(&self, d: Duration) {
         self.w().busy_until = Some(Instant::now() + d);
+    }
+
+    /// How many stops were asked for while the serving instance had a request in flight.
+    pub fn stops_while_busy(&self) -> u32 {
+        self.w().stops_while_busy
     }
 
     /// A load balancer at `addr` polls the unit every `every` from now on, by `kind`.
@@ -402,6 +445,8 @@ impl FakeHost {
             dies_at: None,
             exits_at: None,
             lingers: false,
+            started: now,
+            invocation: 0,
         };
         w.procs.insert(pid, p);
         pid
@@ -678,7 +723,7 @@ impl FakeHost {
             fragment_path: if u.loaded.is_some() { self.path().display().to_string() } else { String::new() },
             drop_in_paths: drop_in_paths.map(|p| p.display().to_string()).collect(),
             invocation_id: if u.invocation > 0 { format!("{:032x}", u.invocation) } else { String::new() },
-            exec_main_start_mono: 0,
+            exec_main_start_mono: w.procs.get(&u.main_pid).map_or(0, |p| self.mono(p.started)),
             unit_file_state: match (u.loaded.is_some(), u.enabled) {
                 (false, _) => UnitFileState::Unknown,
                 (true, true) => UnitFileState::Enabled,
@@ -705,6 +750,7 @@ impl FakeHost {
         let pid = w.next_pid;
         w.next_pid += 1;
         let lingers = w.lingering;
+        let invocation = w.unit.invocation + 1;
         w.procs.insert(
             pid,
             Proc {
@@ -715,6 +761,8 @@ impl FakeHost {
                 dies_at: fails.then(|| now + LOAD / 2),
                 exits_at: None,
                 lingers,
+                started: now,
+                invocation,
             },
         );
         w.unit.invocation += 1;
@@ -745,6 +793,9 @@ impl FakeHost {
                 w.lb_violations.push(format!("pid {main} was stopped while its load balancers were told {told:?}"));
             }
             w.stops += 1;
+            if w.busy_until.is_some_and(|t| Instant::now() < t) {
+                w.stops_while_busy += 1;
+            }
             let main = w.unit.main_pid;
             let exits = Instant::now() + w.exit_after_term.unwrap_or(EXIT_AFTER_TERM);
             match w.procs.get_mut(&main).filter(|p| p.alive) {
@@ -1014,10 +1065,12 @@ impl Journal for FakeHost {
         let _ = self.enter("note");
     }
 
-    async fn last_said(&self, invocation: &str) -> Option<String> {
-        // A loading server says so.
+    async fn said(&self, invocation: &str, cursor: Option<&str>) -> Option<super::Said> {
+        self.call("said", Duration::from_secs(1), |_| ()).await.map_or(Some(()), |_| None)?;
         let n = u32::from_str_radix(invocation, 16).ok()?;
-        (self.w().unit.invocation == n).then(|| format!("loading the model (instance {n})"))
+        let lines = self.lines_of(n);
+        let from = cursor.and_then(|c| c.parse::<usize>().ok()).unwrap_or(0).min(lines.len());
+        Some(super::Said { lines: lines[from..].to_vec(), cursor: Some(lines.len().to_string()) })
     }
 
     async fn ending(&self, _unit: &str, invocation: &str, _within: Duration) -> Option<super::Ending> {
@@ -1040,6 +1093,19 @@ impl Journal for FakeHost {
                 engine_error: None,
             }
         })
+    }
+}
+
+impl Devices for FakeHost {
+    async fn gpu_memory(&self) -> Option<Result<String, String>> {
+        if self.w().gpu_answers.is_empty() {
+            return None;
+        }
+        if let Some(e) = self.call("gpu_memory", crate::machine::gpu::NVIDIA_SMI_WITHIN, |e| e).await {
+            return Some(Err(e));
+        }
+        let mut w = self.w();
+        if w.gpu_answers.len() > 1 { w.gpu_answers.pop_front() } else { w.gpu_answers.front().cloned() }
     }
 }
 
@@ -1095,6 +1161,10 @@ impl LoadBalancers for FakeHost {
 impl Host for FakeHost {
     fn now(&self) -> u64 {
         EPOCH + self.born.elapsed().as_secs()
+    }
+
+    fn monotonic_us(&self) -> u64 {
+        self.mono(Instant::now())
     }
 
     async fn preflight(

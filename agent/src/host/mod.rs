@@ -1,8 +1,8 @@
 //! The host, as the reconciler sees it: one boundary for every effect an apply has or depends on,
 //! in roles: the service manager ([`ServiceManager`]), the process table and cgroups
 //! ([`Processes`]), unit files ([`UnitFiles`]), the server's HTTP endpoints ([`Server`]), the
-//! journal ([`Journal`]), what the unit's load balancers are told and their polls
-//! ([`LoadBalancers`]). [`Host`] is their sum, with what ties them: the wall clock, the
+//! journal ([`Journal`]), the GPUs ([`Devices`]), what the unit's load balancers are told and
+//! their polls ([`LoadBalancers`]). [`Host`] is their sum, with what ties them: the wall clock, the
 //! pre-flight (which looks at files, processes and ports at once) and the hold gate (a clock and
 //! a process). Code that drives a unit is generic over `H: Host`; what needs one role names it.
 //!
@@ -128,8 +128,25 @@ pub trait Journal {
     /// How an instance ended, once the journal shows it (up to `within`); `None` when the
     /// journal does not tell.
     fn ending(&self, unit: &str, invocation: &str, within: Duration) -> impl Future<Output = Option<Ending>> + Send;
-    /// The last line an instance wrote (what a loading server says it is doing), if any.
-    fn last_said(&self, invocation: &str) -> impl Future<Output = Option<String>> + Send;
+    /// What an instance wrote after `cursor` (from its first line when `None`), each line with
+    /// the monotonic time (µs, [`Host::monotonic_us`]'s clock) the journal took it; `None` when
+    /// the journal did not answer. A loading server's lines: what it is doing, and the phases
+    /// of its start.
+    fn said(&self, invocation: &str, cursor: Option<&str>) -> impl Future<Output = Option<Said>> + Send;
+}
+
+/// What an instance wrote since a cursor, and the cursor to read on from.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Said {
+    pub lines: Vec<(u64, String)>,
+    pub cursor: Option<String>,
+}
+
+/// The machine's devices: the GPUs' memory.
+pub trait Devices {
+    /// What `nvidia-smi` says of the GPUs' memory (the lines of `machine::gpu::QUERY`, read by
+    /// `core::gpu`); `None` on a host without NVIDIA devices, `Err` when it could not be asked.
+    fn gpu_memory(&self) -> impl Future<Output = Option<Result<String, String>>> + Send;
 }
 
 /// What a unit's load balancers are told (its serving state) and what specd saw of them (the log
@@ -150,10 +167,13 @@ pub trait LoadBalancers {
 /// The whole boundary: its roles, and what ties them. Cheap to clone (a handle): background
 /// reads during an apply hold their own.
 pub trait Host:
-    ServiceManager + Processes + UnitFiles + Server + Journal + LoadBalancers + Clone + Send + Sync + 'static
+    ServiceManager + Processes + UnitFiles + Server + Journal + Devices + LoadBalancers + Clone + Send + Sync + 'static
 {
     /// The wall clock, unix seconds (a hold's expiry is a time of day).
     fn now(&self) -> u64;
+    /// The monotonic clock, µs: systemd's `ExecMainStartTimestampMonotonic` and the journal's
+    /// lines are on it (a start's phases).
+    fn monotonic_us(&self) -> u64;
     /// The one hold gate, for the agent (its worker and its reconcile): the effect of a unit's
     /// `hold` now for a source whose desired unit is `desired_sha` ([`crate::core::hold::effective`]:
     /// a hold that names no process is in effect until it expires).

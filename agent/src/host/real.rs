@@ -9,7 +9,9 @@ use serde_json::Value;
 use specd_spec::{Engine, Spec};
 use tokio::time::Instant;
 
-use super::{Ending, Host, Journal, LoadBalancers, Processes, Server, ServiceManager, UnitFiles, Watch, reconnecting};
+use super::{
+    Devices, Ending, Host, Journal, LoadBalancers, Processes, Server, ServiceManager, UnitFiles, Watch, reconnecting,
+};
 use crate::core::hold::Hold;
 use crate::core::serving::{PollLog, ServingState};
 use crate::core::speculation::Speculation;
@@ -212,8 +214,9 @@ impl Journal for RealHost {
         let _ = crate::diagnose::journal_note(unit, action, Some(invocation), message);
     }
 
-    async fn last_said(&self, invocation: &str) -> Option<String> {
-        crate::diagnose::last_said(invocation).await
+    async fn said(&self, invocation: &str, cursor: Option<&str>) -> Option<super::Said> {
+        let (lines, cursor) = crate::diagnose::said(invocation, cursor).await?;
+        Some(super::Said { lines, cursor })
     }
 
     async fn ending(&self, unit: &str, invocation: &str, within: Duration) -> Option<Ending> {
@@ -231,9 +234,19 @@ impl Journal for RealHost {
     }
 }
 
+impl Devices for RealHost {
+    async fn gpu_memory(&self) -> Option<Result<String, String>> {
+        crate::machine::gpu::memory(Path::new("/dev")).await
+    }
+}
+
 impl Host for RealHost {
     fn now(&self) -> u64 {
         crate::machine::store::now()
+    }
+
+    fn monotonic_us(&self) -> u64 {
+        crate::machine::process::monotonic_us()
     }
 
     async fn preflight(

@@ -47,6 +47,15 @@ impl UnitLock {
         }
     }
 
+    /// Wait for the lock, blocking this thread: for a lock held a moment (a small file's save),
+    /// from code that runs on a blocking thread already.
+    pub fn acquire_blocking(dir: &Path, unit: &str) -> Result<UnitLock> {
+        match Flock::lock(open(dir, unit)?, FlockArg::LockExclusive) {
+            Ok(l) => Ok(UnitLock { _lock: l }),
+            Err((_, e)) => Err(e).context("flock"),
+        }
+    }
+
     /// Wait for the lock (on a blocking thread).
     pub async fn acquire(dir: &Path, unit: &str) -> Result<UnitLock> {
         let f = open(dir, unit)?;

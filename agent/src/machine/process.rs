@@ -81,6 +81,18 @@ pub fn exited(pid: u32, start: Option<u64>) -> Option<std::pin::Pin<Box<dyn Futu
     }))
 }
 
+/// `CLOCK_MONOTONIC` in µs: the clock of systemd's `…TimestampMonotonic` properties and of the
+/// journal's `__MONOTONIC_TIMESTAMP`.
+pub fn monotonic_us() -> u64 {
+    let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes one timespec into `t`.
+    let r = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) };
+    if r != 0 {
+        return 0;
+    }
+    t.tv_sec as u64 * 1_000_000 + t.tv_nsec as u64 / 1000
+}
+
 #[cfg(test)]
 mod pid_tests {
     use super::*;

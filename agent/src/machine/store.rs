@@ -197,6 +197,7 @@ impl Store {
             message,
             stop_verdict: None,
             duration_ms: 0,
+            startup: None,
         });
         st.hold = Some(hold);
         self.save(&st)
@@ -249,6 +250,7 @@ impl Store {
             message: format!("HoldCleared: {unit}: no longer {}: {why}", h.describe()),
             stop_verdict: None,
             duration_ms: 0,
+            startup: None,
         });
         self.save(&st)?;
         Ok(Some(h))
@@ -420,6 +422,7 @@ mod tests {
                 message: String::new(),
                 stop_verdict: None,
                 duration_ms: 0,
+                startup: None,
             });
         }
         assert_eq!(st.history.len(), HISTORY_MAX);
@@ -512,6 +515,7 @@ mod tests {
             message: String::new(),
             stop_verdict: None,
             duration_ms: 0,
+            startup: None,
         }
     }
 

@@ -297,7 +297,7 @@ pub(super) fn look_working_directory(
 }
 
 pub(super) fn look_gpus(indices: &[u32], dev: &Path) -> Vec<Found> {
-    let devices = nvidia_devices(dev);
+    let devices = crate::machine::gpu::nvidia_devices(dev);
     let named: Vec<String> = indices.iter().map(u32::to_string).collect();
     let d = dev.display();
     if devices.is_empty() {
@@ -319,15 +319,4 @@ pub(super) fn look_gpus(indices: &[u32], dev: &Path) -> Vec<Found> {
         absent.join(", "),
         list.join(", ")
     ))]
-}
-
-/// The numbers of the `nvidiaN` device nodes (not `nvidiactl`, `nvidia-uvm`...), sorted.
-pub(super) fn nvidia_devices(dev: &Path) -> Vec<u32> {
-    let mut out: Vec<u32> = std::fs::read_dir(dev)
-        .map(|rd| {
-            rd.flatten().filter_map(|e| e.file_name().to_str()?.strip_prefix("nvidia")?.parse::<u32>().ok()).collect()
-        })
-        .unwrap_or_default();
-    out.sort_unstable();
-    out
 }

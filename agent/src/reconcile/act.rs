@@ -42,6 +42,8 @@ pub(super) struct StopRecord {
     pub(super) followed_by: String,
     /// There was no instance to stop (the unit's first start).
     pub(super) first: bool,
+    /// The start the run made, timed (its history entry keeps it).
+    pub(super) startup: Option<record::Startup>,
 }
 
 impl StopRecord {
@@ -79,6 +81,10 @@ pub(super) struct Target<'a> {
     pub(super) stop_budget: Duration,
     pub(super) timeout_stop: Duration,
     pub(super) drain: Duration,
+    /// Whose lines tell the phases of its start.
+    pub(super) engine: specd_spec::Engine,
+    /// The share of each GPU's memory its server claims (`None`: its engine does not say).
+    pub(super) gpu_share: Option<f64>,
     pub(super) mode: Mode<'a>,
     /// The instance being replaced may not serve (a rollback replaces a failed one; an
     /// interrupted apply may have stopped it): asked to stop, the run still starts the next one.
@@ -120,10 +126,23 @@ impl<'a> Target<'a> {
             stop_budget: waits.stop_budget,
             timeout_stop: waits.timeout_stop,
             drain: waits.drain,
+            engine: d.spec.engine,
+            gpu_share: gpu_share(&d.spec),
             mode: Mode::Apply(&d.spec),
             not_serving: resumed,
         }
     }
+}
+
+/// The share of each GPU's memory a server of `spec` claims: the spec's
+/// `server.mem_fraction_static`, else its engine's default where the engine facts pin one
+/// (vLLM's `--gpu-memory-utilization` 0.92); `None` when neither says.
+pub(super) fn gpu_share(spec: &Spec) -> Option<f64> {
+    let pinned = || {
+        let r = specd_spec::engine_facts(spec.engine).reported.iter().find(|r| r.field == "server.mem_fraction_static");
+        r.and_then(|r| r.default).and_then(|d| d.parse::<f64>().ok())
+    };
+    spec.server.mem_fraction_static.or_else(pinned)
 }
 
 /// The pre-flight's look, to be waited for before the first step that changes anything: the
@@ -155,7 +174,7 @@ pub(super) async fn act<H: Host>(
 
     // An apply of this same unit that was interrupted (killed, the agent stopped): it may have
     // stopped the old instance and written the new unit already, so this run is its second half.
-    let resumed = st.in_progress.as_ref().filter(|p| p.sha256 == d.unit.sha256);
+    let resumed = st.in_progress.as_ref().filter(|p| p.sha256 == d.unit.sha256 && p.may_have_changed());
     let resumed_wrote = resumed.is_some_and(|p| p.wrote);
     let resumed = resumed.is_some();
     st.in_progress = Some(InProgress {
@@ -197,7 +216,8 @@ pub(super) async fn act<H: Host>(
         st.last_ended = Some(l);
     }
     let ms = started.elapsed().as_millis() as u64;
-    let c = match result {
+    let startup = stop.startup.take();
+    let mut c = match result {
         Ok(()) if conclude::enablement_only(plan) => {
             let now = ctx.host.show(unit).await.ok().and_then(|p| plan::enabled_of(p.unit_file_state));
             conclude::enablement(plan, unit, d.spec.service.enabled, now)
@@ -214,10 +234,13 @@ pub(super) async fn act<H: Host>(
         }
         Err(f) => {
             let failed_instance = stop.followed_by.clone();
-            let c = failed(ctx, st, d, f, plan, (resumed, resumed_wrote), &mut stop_verdict, &failed_instance).await;
+            let mut c =
+                failed(ctx, st, d, f, plan, (resumed, resumed_wrote), &mut stop_verdict, &failed_instance).await;
+            c.change.startup = startup;
             return Ok((c, stop_verdict, started.elapsed().as_millis() as u64));
         }
     };
+    c.change.startup = startup;
     Ok((c, stop_verdict, ms))
 }
 
@@ -425,6 +448,9 @@ pub(super) async fn restore<H: Host>(
         stop_budget: waits.stop_budget,
         timeout_stop: waits.timeout_stop,
         drain: timing::RESTORE_DRAIN,
+        // The last good unit is the desired spec's engine's, as a rule: its lines are read so.
+        engine: d.spec.engine,
+        gpu_share: gpu_share(&d.spec),
         mode: Mode::Restore(why),
         // What it stops has failed already: asked to stop, it still puts the good unit back.
         not_serving: true,

@@ -665,6 +665,72 @@ async fn the_pre_flight_looks_while_the_drain_waits_and_the_stop_waits_for_both(
     assert!(w.store().peek(UNIT).unwrap().in_progress.is_none());
 }
 
+/// A pre-flight that outlasts the drain: a request that came while it looked finishes before the
+/// stop (the drain is asked again, within its budget), and a stop asked for while it looks ends
+/// the apply there, nothing stopped.
+#[tokio::test(start_paused = true)]
+async fn a_request_that_comes_while_the_pre_flight_looks_is_drained_before_the_stop() {
+    let (old, new) = (desired(5), desired(10));
+    let w = serving(&old, &new, false).await;
+    w.host.preflight_lag(std::time::Duration::from_secs(3));
+    // The drain finds nothing in flight at once; a request comes at 2 s and ends at 4 s.
+    let host = w.host.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+        host.busy_for(std::time::Duration::from_secs(2));
+    });
+    let r = w.reconcile(&new).await.unwrap().unwrap();
+    assert_eq!(r.outcome, Some(Outcome::Applied), "{}", r.verdict);
+    assert_eq!(w.host.stops_while_busy(), 0, "stopped with a request in flight\n{}", w.said());
+
+    // Asked to stop while the look goes on after the drain: nothing is stopped, nothing recorded
+    // as in progress.
+    let w = serving(&old, &new, false).await;
+    w.host.preflight_lag(std::time::Duration::from_secs(60));
+    let (tx, shutdown) = Shutdown::new();
+    let ctx = Ctx { shutdown, ..w.ctx() };
+    tokio::spawn(async move {
+        tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+        let _ = tx.send(true);
+    });
+    let before = w.host.stops_and_starts();
+    let t0 = tokio::time::Instant::now();
+    let r = reconcile::reconcile(&ctx, &new, false).await.unwrap();
+    assert!(t0.elapsed() < std::time::Duration::from_secs(10), "waited for the look: {:?}", t0.elapsed());
+    assert!(r.verdict.contains("nothing was changed"), "{}", r.verdict);
+    assert_eq!(w.host.stops_and_starts(), before);
+    assert!(w.store().peek(UNIT).unwrap().in_progress.is_none());
+}
+
+/// An apply killed while it drains and looks changed nothing: the next run is a fresh apply (not
+/// the second half of one that may have stopped the old instance), so asked to stop in its own
+/// drain it stops there.
+#[tokio::test(start_paused = true)]
+async fn an_apply_killed_in_its_drain_left_nothing_to_finish() {
+    let (old, new) = (desired(5), desired(10));
+    let w = serving(&old, &new, false).await;
+    w.host.preflight_lag(std::time::Duration::from_secs(30));
+    // Killed 2 s in: the run is dropped where it is (not spawned: a kill leaves no task behind).
+    let ctx = w.ctx();
+    assert!(
+        tokio::time::timeout(std::time::Duration::from_secs(2), reconcile::reconcile(&ctx, &new, false)).await.is_err()
+    );
+    let left = w.store().peek(UNIT).unwrap().in_progress.expect("the apply's record, as a kill leaves it");
+    assert!(!left.may_have_changed(), "{left:?}");
+    w.host.preflight_lag(std::time::Duration::ZERO);
+    w.host.busy_for(std::time::Duration::from_secs(60));
+    let (tx, shutdown) = Shutdown::new();
+    let ctx = Ctx { shutdown, ..w.ctx() };
+    tokio::spawn(async move {
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        let _ = tx.send(true);
+    });
+    let before = w.host.stops_and_starts();
+    let r = reconcile::reconcile(&ctx, &new, false).await.unwrap();
+    assert!(r.verdict.contains("nothing was changed"), "{}", r.verdict);
+    assert_eq!(w.host.stops_and_starts(), before);
+}
+
 /// With nothing serving, there is nothing to protect: the start is tried, and its failure is
 /// rolled back and told as any other.
 #[tokio::test(start_paused = true)]
@@ -852,4 +918,146 @@ async fn an_apply_that_cannot_tell_its_load_balancers_drain_stops_nothing() {
     assert_eq!(w.host.stop_times(), []);
     assert_eq!(w.host.serving().as_ref(), Some(&old.spec.argv));
     assert_eq!(r.action, Action::Requeue(crate::core::timing::PREFLIGHT_AGAIN));
+}
+
+/// An apply times the start it made by the phases its server's own lines tell (the fake says
+/// the engine's markers over its load): they add up to the start as specd measured it, less at
+/// most one readiness poll; the unit's record and the apply's history entry keep them, and the
+/// apply's progress says them. A start that dies while loading is recorded where it ended.
+#[tokio::test(start_paused = true)]
+async fn an_apply_times_its_start_by_the_phases_its_server_tells() {
+    let (old, new) = (desired(3), desired(4));
+    let w = serving(&old, &new, false).await;
+    let r = w.reconcile(&new).await.unwrap().unwrap();
+    assert_eq!(r.outcome, Some(Outcome::Applied), "{}", r.verdict);
+    let st = w.store().peek(UNIT).unwrap();
+    let s = st.startup.clone().expect("the start is recorded");
+    assert!(s.ready && s.sha256 == new.unit.sha256, "{s:?}");
+    let names: Vec<&str> = s.phases.iter().map(|p| p.phase.as_str()).collect();
+    assert_eq!(names, ["process", "weights", "engine", "api"], "SGLang's phases, a draft's added to them");
+    let sum: u64 = s.phases.iter().map(|p| p.ms).sum();
+    assert_eq!(sum, LOAD.as_millis() as u64, "from the exec to the ready line: {s:?}");
+    assert!(s.ms >= sum && s.ms - sum <= crate::core::timing::READY_EVERY.as_millis() as u64, "{s:?}");
+    assert_eq!(st.history.last().and_then(|h| h.startup.as_ref()), Some(&s));
+    assert!(w.said().contains(&format!("Progress(\"{}\")", s.describe())), "{}", w.said());
+
+    let bad = desired(5);
+    w.host.serves(&bad.spec, true);
+    let r = w.reconcile(&bad).await.unwrap().unwrap();
+    assert_eq!(r.outcome, Some(Outcome::RolledBack), "{}", r.verdict);
+    let st = w.store().peek(UNIT).unwrap();
+    let h = st.history.iter().rfind(|h| h.sha256 == bad.unit.sha256).unwrap();
+    let died = h.startup.clone().expect("the failed start is recorded");
+    assert!(!died.ready, "{died:?}");
+    // It died halfway through its load: after the engine's second phase began.
+    assert_eq!(died.phases.last().map(|p| p.phase.as_str()), Some("engine"), "{died:?}");
+    assert!(died.describe().ends_with("it ended in phase engine"), "{}", died.describe());
+    // The unit's record has the last start: the rollback's, ready.
+    assert!(st.startup.as_ref().is_some_and(|s| s.ready && s.sha256 == new.unit.sha256), "{:?}", st.startup);
+}
+
+/// `desired(steps)` on GPUs 0 and 1, its server claiming `share` of each (SGLang's
+/// `mem_fraction_static`; `None`: the engine's own choice, which specd does not know).
+fn on_gpus(steps: u32, share: Option<f64>) -> DesiredState {
+    let mut s = spec(steps, true);
+    s.service.environment.insert("CUDA_VISIBLE_DEVICES".into(), "0,1".into());
+    s.server.mem_fraction_static = share;
+    DesiredState::new(s, None)
+}
+
+const HELD: &str = include_str!("../../tests/fixtures/nvidia-smi/held.csv");
+const FREED: &str = include_str!("../../tests/fixtures/nvidia-smi/freed.csv");
+
+/// After the old instance is gone, the start waits for the GPUs its `CUDA_VISIBLE_DEVICES` names
+/// to free the memory it claims (as nvidia-smi reports it), and says so; memory still held at
+/// the bound is the host's fault: the start is not made, the verdict says why, nothing is
+/// quarantined. An engine that does not say what it claims is started anyway, with a warning.
+#[tokio::test(start_paused = true)]
+async fn a_start_waits_for_its_gpus_memory_and_is_not_made_over_memory_still_held() {
+    let (old, new) = (on_gpus(5, Some(0.85)), on_gpus(10, Some(0.85)));
+    let w = serving(&old, &new, false).await;
+    // The driver frees the stopped instance's memory a second after its processes are gone.
+    w.host.gpus(&[Ok(HELD), Ok(HELD), Ok(HELD), Ok(FREED)]);
+    let r = w.reconcile(&new).await.unwrap().unwrap();
+    assert_eq!(r.outcome, Some(Outcome::Applied), "{}", r.verdict);
+    let said = w.said();
+    assert!(said.contains("Phase(\"waiting for GPU 0,1 to free its memory (up to 30s)\")"), "{said}");
+    assert!(
+        said.contains(
+            "GPU 0 (GPU-2762b558-7fac-024b-2b6f-209a2e06b94c): 21246 of 23034 MiB in use (the start claims 0.85 of it)"
+        ),
+        "{said}"
+    );
+    assert!(said.contains("Progress(\"GPU 0,1: memory free after 1.5s\")"), "{said}");
+
+    // Held for good (another process holds GPU 1): the new unit is not started.
+    w.host.gpus(&[Ok(HELD)]);
+    let before = w.host.stops_and_starts();
+    let t0 = tokio::time::Instant::now();
+    let r = w.reconcile(&old).await.unwrap().unwrap();
+    assert!(
+        r.verdict.contains("did not free their memory within 30s: GPU 0 (GPU-2762b558-7fac-024b-2b6f-209a2e06b94c): 21246 of 23034 MiB in use (the start claims 0.85 of it); GPU 1"),
+        "{}\n{}",
+        r.verdict,
+        w.said()
+    );
+    assert!(t0.elapsed() >= crate::core::timing::GPU_MEMORY_WITHIN, "{:?}", t0.elapsed());
+    assert_eq!(w.host.serving(), None, "started over memory still held\n{}", w.said());
+    assert_eq!(w.host.started_over_live(), 0);
+    let after = w.host.stops_and_starts();
+    assert_eq!(after.1, before.1, "no start\n{}", w.said());
+    assert_eq!(r.outcome, Some(Outcome::Failed), "{}", r.verdict);
+    assert!(r.verdict.ends_with("is DOWN (inactive/dead)"), "{}", r.verdict);
+    let st = w.store().peek(UNIT).unwrap();
+    assert!(st.quarantined(&old.unit.sha256).is_none() && st.quarantined(&new.unit.sha256).is_none());
+
+    // Freed: the next reconcile starts it.
+    w.host.gpus(&[Ok(FREED)]);
+    let r = w.reconcile(&old).await.unwrap().unwrap();
+    assert_eq!(r.outcome, Some(Outcome::Applied), "{}\n{}", r.verdict, w.said());
+    assert_eq!(w.host.serving().as_ref(), Some(&old.spec.argv));
+
+    // An engine that does not say what it claims, on GPUs still in use: started, and warned.
+    let (a, b) = (on_gpus(3, None), on_gpus(4, None));
+    let w = serving(&a, &b, false).await;
+    w.host.gpus(&[Ok(HELD)]);
+    let r = w.reconcile(&b).await.unwrap().unwrap();
+    assert_eq!(r.outcome, Some(Outcome::Applied), "{}", r.verdict);
+    assert!(w.said().contains("still in use after 30s: GPU 0"), "{}", w.said());
+}
+
+/// nvidia-smi failing, hanging or not answering at all is said, and the start goes on: what
+/// cannot be checked does not keep a unit down.
+#[tokio::test(start_paused = true)]
+async fn a_gpu_look_that_fails_or_hangs_is_said_and_the_start_goes_on() {
+    let (old, new) = (on_gpus(5, Some(0.85)), on_gpus(10, Some(0.85)));
+    for fault in [Fault::Fails, Fault::TimesOut] {
+        let w = serving(&old, &new, false).await;
+        w.host.gpus(&[Ok(FREED)]);
+        let calls = calls_with_gpus(&w, &new).await;
+        let i = calls.iter().position(|c| *c == "gpu_memory").expect("the start looks at the GPUs");
+        let w = serving(&old, &new, false).await;
+        w.host.gpus(&[Ok(FREED)]);
+        w.host.plan(i, fault);
+        let r = w.reconcile(&new).await.unwrap().unwrap();
+        assert_eq!(r.outcome, Some(Outcome::Applied), "{fault:?}: {}", r.verdict);
+        let said = w.said();
+        assert!(
+            said.contains("Warning(\"the GPUs' memory is not checked before the start: gpu_memory"),
+            "{fault:?}: {said}"
+        );
+    }
+    // The driver not loaded: nvidia-smi's own words.
+    let w = serving(&old, &new, false).await;
+    w.host.gpus(&[Err(include_str!("../../tests/fixtures/nvidia-smi/no-driver.txt").trim())]);
+    let r = w.reconcile(&new).await.unwrap().unwrap();
+    assert_eq!(r.outcome, Some(Outcome::Applied), "{}", r.verdict);
+    assert!(w.said().contains("not checked before the start: NVIDIA-SMI has failed"), "{}", w.said());
+}
+
+/// The calls of one apply of `new` (the world is used up).
+async fn calls_with_gpus(w: &World, new: &DesiredState) -> Vec<&'static str> {
+    let n0 = w.host.calls();
+    assert_eq!(w.reconcile(new).await.unwrap().unwrap().outcome, Some(Outcome::Applied));
+    w.host.call_names()[n0..].to_vec()
 }

@@ -41,7 +41,7 @@ pub async fn observe<H: Host>(
                 probe::compare_args(&d.spec.expected_server_args(), &info).iter().map(|m| m.to_string()).collect();
         }
     }
-    let interrupted = st.in_progress.as_ref().is_some_and(|p| p.sha256 == d.unit.sha256);
+    let interrupted = st.in_progress.as_ref().is_some_and(|p| p.sha256 == d.unit.sha256 && p.may_have_changed());
     let o = Observed {
         deployed_sha256: deployed.as_deref().map(specd_spec::sha256_hex),
         drop_ins: own_drop_ins(&ctx.host, &props, &d.spec.unit),

@@ -4,7 +4,7 @@
 use super::act::{Background, Gate, Mode, StopRecord, Target};
 use super::observe::own_drop_ins;
 use super::shutdown::CarriedGuard;
-use super::waits::{Waited, answered, wait_ready, wait_stopped_state};
+use super::waits::{StartClock, Waited, answered, wait_gpus_free, wait_ready, wait_stopped_state};
 use super::*;
 use crate::core::conclude::Cancelled;
 use crate::core::plan::Step;
@@ -107,6 +107,9 @@ pub(super) async fn run_steps<H: Host>(
         after_start: None,
         ready_pid: None,
         started_invocation: String::new(),
+        start_called_us: 0,
+        exec_us: 0,
+        startup: None,
         changed: t.not_serving,
         // A run that starts nothing finishes an apply whose instance was started already.
         started: t.not_serving && !steps.contains(&Step::Start),
@@ -115,6 +118,10 @@ pub(super) async fn run_steps<H: Host>(
     };
     let r = run.steps(st, steps, stop).await;
     stop.followed_by = std::mem::take(&mut run.started_invocation);
+    if let Some(s) = run.startup.take() {
+        st.startup = Some(s.clone());
+        stop.startup = Some(s);
+    }
     let Err(f) = r else { return Ok(()) };
     let refused = matches!(f.cause, Cause::Refused);
     if refused || f.cancelled_at().is_some() || !recovery::may_be_a_death(f.step, f.fault(), run.ready_pid.is_some()) {
@@ -182,6 +189,12 @@ pub(super) struct Run<'a, H: Host> {
     pub(super) ready_pid: Option<u32>,
     /// The invocation ID of the instance this run started.
     pub(super) started_invocation: String,
+    /// When this run started the unit, and systemd's exec of its main process (the host's
+    /// monotonic µs; 0: not known).
+    pub(super) start_called_us: u64,
+    pub(super) exec_us: u64,
+    /// The start this run made, timed once its wait for readiness ended.
+    pub(super) startup: Option<crate::core::record::Startup>,
     /// This run (or the one it finishes) stopped, wrote or started something: asked to stop, it
     /// goes on until [`Run::started`].
     pub(super) changed: bool,
@@ -267,40 +280,69 @@ impl<H: Host> Run<'_, H> {
     }
 
     /// The drain, and the pre-flight's look alongside it: both done, or the first to fail (a
-    /// refusal ends the drain: nothing is stopped).
+    /// refusal ends the drain: nothing is stopped). Asked to stop while the look goes on after
+    /// the drain, the run stops there (nothing is stopped yet). A look that outlasts the drain
+    /// is followed by the drain again, for what is left of its budget: requests that came while
+    /// it looked finish before the stop.
     pub(super) async fn drain_and_look(&mut self) -> Result<(), StepFailure> {
         let Some(gate) = self.gate.take() else { return self.drain().await };
+        let deadline = Instant::now() + self.t.drain;
+        let shutdown = self.ctx.shutdown.clone();
         let look = async {
-            match gate.await {
-                Some(verdict) => Err(StepFailure { step: Step::Drain, message: verdict, cause: Cause::Refused }),
-                None => Ok(()),
+            let t0 = Instant::now();
+            tokio::select! {
+                verdict = gate => match verdict {
+                    Some(verdict) => Err(StepFailure { step: Step::Drain, message: verdict, cause: Cause::Refused }),
+                    None => Ok(t0.elapsed()),
+                },
+                () = shutdown.wait() => Err(StepFailure::cancelled(Step::Drain, Cancelled::Unchanged)),
             }
         };
-        tokio::try_join!(self.drain(), look).map(drop)
+        let drained = async {
+            self.drain_until(deadline).await?;
+            Ok::<_, StepFailure>(Instant::now())
+        };
+        // A refusal (or a request to stop) ends the drain at once; the drain's end waits for the look.
+        let (drained_at, _) = tokio::try_join!(drained, look)?;
+        if Instant::now().duration_since(drained_at) > timing::DRAIN_POLL {
+            self.drain_until(deadline).await?;
+        }
+        Ok(())
     }
 
     /// The drain: the load balancers told `drain` and waited for until they saw it (see
     /// `balancers`), then the requests in flight, all within the drain budget.
     pub(super) async fn drain(&mut self) -> Result<(), StepFailure> {
+        let deadline = Instant::now() + self.t.drain;
+        self.drain_until(deadline).await
+    }
+
+    /// Until the server has no request in flight, or `deadline` (then it says how many are left
+    /// and goes on); asked at least once. The first time, its load balancers are told `drain` and
+    /// waited for first.
+    async fn drain_until(&mut self, deadline: Instant) -> Result<(), StepFailure> {
         let (ctx, unit, t, step) = (self.ctx, self.unit, self.t, Step::Drain);
         let emit = |e: Event| (ctx.events)(unit, &e);
         let Some(spec) = t.mode.spec() else { return Ok(()) };
-        let deadline = Instant::now() + t.drain;
-        if !t.drain.is_zero() {
-            emit(Event::Phase(format!(
-                "draining (up to {}s): the load balancers told drain, then the requests in flight",
-                t.drain.as_secs()
-            )));
+        if !self.marked {
+            if !t.drain.is_zero() {
+                emit(Event::Phase(format!(
+                    "draining (up to {}s): the load balancers told drain, then the requests in flight",
+                    t.drain.as_secs()
+                )));
+            }
+            let mark = self.mark_drain().map_err(|e| StepFailure {
+                step,
+                message: crate::core::conclude::not_told(unit, &format!("{e:#}")),
+                cause: Cause::Refused,
+            })?;
+            self.wait_for_balancers(mark).await?;
         }
-        let mark = self.mark_drain().map_err(|e| StepFailure {
-            step,
-            message: crate::core::conclude::not_told(unit, &format!("{e:#}")),
-            cause: Cause::Refused,
-        })?;
-        self.wait_for_balancers(mark).await?;
         if t.drain.is_zero() {
             return Ok(());
         }
+        let left = deadline.saturating_duration_since(Instant::now());
+        emit(Event::Phase(format!("draining in-flight requests (up to {}s)", left.as_secs_f64().round())));
         loop {
             self.stops_here(step)?;
             match ctx.host.running_requests(&t.old_url, spec.engine).await {
@@ -504,7 +546,10 @@ impl<H: Host> Run<'_, H> {
     pub(super) async fn start(&mut self) -> Result<(), StepFailure> {
         let (ctx, unit, step) = (self.ctx, self.unit, Step::Start);
         let emit = |e: Event| (ctx.events)(unit, &e);
+        // Not over GPU memory still held: that start would fail, and be taken for the spec's.
+        wait_gpus_free(ctx, unit, self.t).await.map_err(|m| StepFailure::host(step, m))?;
         emit(Event::Phase(format!("starting {unit}")));
+        self.start_called_us = ctx.host.monotonic_us();
         let r = ctx.host.start(unit).await;
         let props = ctx.host.show(unit).await.map_err(|e| StepFailure::host(step, format!("{e:#}")))?;
         if let Err(e) = r {
@@ -519,6 +564,7 @@ impl<H: Host> Run<'_, H> {
         }
         self.started_pid = props.main_pid;
         self.started_invocation = props.invocation_id.clone();
+        self.exec_us = props.exec_main_start_mono;
         self.after_start = Some(props);
         Ok(())
     }
@@ -544,6 +590,7 @@ impl<H: Host> Run<'_, H> {
         if self.started_pid == 0 {
             self.started_pid = pid;
             self.started_invocation = props.invocation_id.clone();
+            self.exec_us = props.exec_main_start_mono;
         }
         match ctx.host.cmdline(pid) {
             Some(c) if crate::core::plan::runs_argv(&c, &t.argv) => {
@@ -566,13 +613,22 @@ impl<H: Host> Run<'_, H> {
 
     pub(super) async fn wait_ready(&mut self) -> Result<(), StepFailure> {
         let (ctx, unit, t, step) = (self.ctx, self.unit, self.t, Step::WaitReady);
-        tokio::select! {
-            r = wait_ready(ctx, unit, t, self.started_pid, &self.started_invocation) => r.map_err(|w| match w {
-                Waited::Spec(m) => StepFailure::spec(step, m),
-                Waited::Host(m) => StepFailure::host(step, m),
-            })?,
+        // A run that finishes an apply whose instance was started already times it from the exec.
+        let clock = StartClock {
+            invocation: self.started_invocation.clone(),
+            engine: t.engine,
+            called_us: if self.start_called_us > 0 { self.start_called_us } else { self.exec_us },
+            exec_us: self.exec_us,
+        };
+        let (r, startup) = tokio::select! {
+            r = wait_ready(ctx, unit, t, self.started_pid, &clock) => r,
             _ = ctx.shutdown.stopping(self.changed, self.started) => return Err(self.stops_here(step).unwrap_err()),
-        }
+        };
+        self.startup = Some(startup);
+        r.map_err(|w| match w {
+            Waited::Spec(m) => StepFailure::spec(step, m),
+            Waited::Host(m) => StepFailure::host(step, m),
+        })?;
         self.ready_pid = Some(self.started_pid);
         Ok(())
     }

@@ -12,7 +12,8 @@ use serde_json::{Value, json};
 use specd_spec::fleet::{Record, RolloutState};
 
 use crate::common::fleet::{
-    FLEET_FILE, FleetSetup, Hosts, JOB, LLM, LLM_FILE, RecordCommit, Timeline, canary_then_the_rest, fleet_file,
+    FLEET_FILE, FleetSetup, Hosts, JOB, LLM, LLM_FILE, LlmSpec, RecordCommit, Timeline, canary_then_the_rest,
+    fleet_file,
 };
 use crate::common::{http_get, wait_for};
 
@@ -137,7 +138,7 @@ fn six_hosts_follow_one_remote_each_on_its_own_port_and_prometheus_sees_them_all
     fleet.wait_scraped(Duration::from_secs(30));
 
     fleet.shutdown().unwrap();
-    eprintln!("e2e_fleet: {:?} in all", t0.elapsed());
+    eprintln!("fleet: {:?} in all", t0.elapsed());
 }
 
 /// How long each wave bakes in these tests, in seconds.
@@ -160,8 +161,13 @@ fn fleet_on_first_revision(setup: FleetSetup) -> (Hosts, String) {
 
 /// [`fleet_on_first_revision`] with the fleet file `fleet_text`.
 fn fleet_with(setup: FleetSetup, fleet_text: &str) -> (Hosts, String) {
+    fleet_with_llm(setup, fleet_text, |f| f.llm(3))
+}
+
+/// [`fleet_with`], the first revision's spec made by `llm`.
+fn fleet_with_llm(setup: FleetSetup, fleet_text: &str, llm: impl Fn(&Hosts) -> LlmSpec) -> (Hosts, String) {
     let fleet = Hosts::boot(setup);
-    let c1 = fleet.commit(&[(LLM_FILE, &fleet.llm(3).text()), (FLEET_FILE, fleet_text)], "llm: steps 3; a fleet");
+    let c1 = fleet.commit(&[(LLM_FILE, &llm(&fleet).text()), (FLEET_FILE, fleet_text)], "llm: steps 3; a fleet");
     fleet.start_agents();
     wait_for("gpu-03 to say it waits for a promotion", CONVERGE, || {
         let o = fleet.specd("gpu-03", &["status"]);
@@ -427,6 +433,76 @@ fn a_revision_that_halves_the_accept_length_on_one_host_is_halted_by_the_accept_
     }
     let (code, st) = fleet.fleet_status();
     assert_eq!((code, &st["rollout"]["halt"]["gate"]), (1, &json!("accept_length")), "{st:#}");
+    fleet.shutdown().unwrap();
+}
+
+/// The starts (from `history --json`) of host `name` of revision `commit`: each start's whole
+/// time and its phases, in ms.
+fn starts_of(fleet: &Hosts, name: &str, commit: &str) -> Vec<(u64, BTreeMap<String, u64>)> {
+    let out = fleet.specd(name, &["history", "--json"]);
+    let all: Value =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", crate::common::text(&out)));
+    all.as_array()
+        .unwrap()
+        .iter()
+        .filter(|h| h["source"]["commit"] == commit && h["startup"].is_object())
+        .map(|h| {
+            let s = &h["startup"];
+            let phases = s["phases"].as_array().unwrap().iter();
+            (
+                s["ms"].as_u64().unwrap(),
+                phases.map(|p| (p["phase"].as_str().unwrap().to_string(), p["ms"].as_u64().unwrap())).collect(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn a_revision_that_doubles_the_start_up_on_one_host_is_halted_by_the_startup_gate() {
+    let _turn = turn();
+    // Every server loads for 2 s (a start long enough that a busy machine's noise is a small part
+    // of it); the gate holds a host's start to 1.5 × its start of the revision before.
+    let gated = format!("{}    startup_within: {{of_previous: 1.5}}\n", fleet_file(BAKE));
+    let slow = |f: &Hosts, steps| f.llm(steps).env("SPECD_STANDIN_LOAD_MS", "2000");
+    let (fleet, c1) = fleet_with_llm(FleetSetup::default(), &gated, |f| slow(f, 3));
+    // With the new revision gpu-02's server takes twice as long to load and to warm up.
+    let doubled = "service: {environment: {SPECD_STANDIN_LOAD_MS: \"4000\", SPECD_STANDIN_WARMUP_MS: \"400\"}}";
+    let c2 = fleet.commit(&[(LLM_FILE, &slow(&fleet, 5).on("gpu-02", doubled).text())], "llm: steps 5");
+    let halted = fleet.promote_until("the rollout to halt", ROLLOUT, |r| r.state == RolloutState::Halted);
+
+    let h = halted.halt.clone().unwrap();
+    assert_eq!(
+        (h.wave.as_str(), h.host.as_str(), h.unit.as_str(), h.gate.as_str()),
+        ("early", "gpu-02", LLM, "startup_within"),
+        "{h:#?}"
+    );
+    assert!(h.evidence.contains("× ") && h.evidence.contains("(the previous revision's)"), "{h:#?}");
+    // The canary baked it and keeps it; gpu-02 is back; the last wave never saw it.
+    assert_eq!(halted.wave("canary").unwrap().good, c2);
+    assert_eq!(halted.wave("early").unwrap().good, c1);
+    fleet.wait_runs("gpu-02", &c1, CONVERGE);
+    for (_, hosts, _) in &WAVES[2..] {
+        for n in *hosts {
+            assert!(!fleet.ever_applied(n, &c2), "{n} tried {c2}");
+        }
+    }
+    // What gpu-02's agent timed, by its server's own lines: the new start's weights and engine
+    // phases twice the old ones', and each start's phases adding up to within 10 % of it.
+    let (old, new) = (starts_of(&fleet, "gpu-02", &c1), starts_of(&fleet, "gpu-02", &c2));
+    let (old, new) = (&old[0], &new[0]);
+    eprintln!("gpu-02's start of c1: {old:?}; of c2: {new:?}");
+    for (ms, phases) in [old, new] {
+        let names: Vec<&str> = phases.keys().map(String::as_str).collect();
+        assert_eq!(names, ["api", "engine", "process", "weights"], "{phases:?}");
+        let sum: u64 = phases.values().sum();
+        assert!(sum.abs_diff(*ms) * 10 <= *ms, "phases {phases:?} add up to {sum} ms of {ms} ms");
+    }
+    for p in ["weights", "engine"] {
+        let ratio = new.1[p] as f64 / old.1[p] as f64;
+        assert!((1.8..2.5).contains(&ratio), "{p}: {} ms then {} ms", old.1[p], new.1[p]);
+    }
+    let (code, st) = fleet.fleet_status();
+    assert_eq!((code, &st["rollout"]["halt"]["gate"]), (1, &json!("startup_within")), "{st:#}");
     fleet.shutdown().unwrap();
 }
 

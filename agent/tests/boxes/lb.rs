@@ -271,7 +271,7 @@ fn an_apply_of_a_unit_nothing_polls_says_nothing_keeps_traffic_away() {
 #[test]
 fn a_change_of_the_real_llama_server_behind_haproxy_asking_the_agent_loses_no_request() {
     let l = real_llama();
-    let f = Fleet::binding(&[&l.cache]);
+    let f = Fleet::with_engine_cache(&l.cache);
     let r = Rig::with(
         Asks::AgentCheck,
         f,

@@ -35,9 +35,14 @@ fn cmdline(e: &Env) -> String {
 #[test]
 fn the_real_server_speculates_changes_draft_settings_and_heals_drift() {
     let l = real_llama();
-    let e = Env::with_real_llama(&l);
-    let (ok, out) = apply(&e, "a.yaml", &spec(&l, e.port, &drafting(&l, 4), ""));
+    let f = Fleet::with_engine_cache(&l.cache);
+    let e = &f.e;
+    let (ok, out) = apply(e, "a.yaml", &spec(&l, e.port, &drafting(&l, 4), ""));
     assert!(ok, "{out}");
+    // Its start, timed by llama-server's own lines: in `status --json` and the agent's metrics,
+    // the phases adding up to within 10 % of the start.
+    let (phases, ms) = agent_shows_the_start(&f, "smol.yaml", &spec(&l, e.port, &drafting(&l, 4), ""), UNIT);
+    eprintln!("llama-server's start: {ms} ms, phases {phases:?}");
     assert!(out.contains("the server speculates: accept rate"), "{out}");
     // The server's own word: its slot speculates, and a generation drafts.
     let slots = json_get(e.port, "/slots");
@@ -55,16 +60,16 @@ fn the_real_server_speculates_changes_draft_settings_and_heals_drift() {
 
     // A change of draft settings: the new process runs them and still speculates.
     let pid = e.main_pid(UNIT);
-    let (ok, out) = apply(&e, "b.yaml", &spec(&l, e.port, &drafting(&l, 8), ""));
+    let (ok, out) = apply(e, "b.yaml", &spec(&l, e.port, &drafting(&l, 8), ""));
     assert!(ok, "{out}");
     assert_ne!(e.main_pid(UNIT), pid);
-    assert!(cmdline(&e).contains("--spec-type draft-simple"), "{}", cmdline(&e));
-    assert!(cmdline(&e).contains("--spec-draft-n-max 8"), "{}", cmdline(&e));
+    assert!(cmdline(e).contains("--spec-type draft-simple"), "{}", cmdline(e));
+    assert!(cmdline(e).contains("--spec-draft-n-max 8"), "{}", cmdline(e));
     assert!(out.contains("the server speculates"), "{out}");
 
     // The same spec again: nothing restarts.
     let pid = e.main_pid(UNIT);
-    let (ok, out) = apply(&e, "b.yaml", &spec(&l, e.port, &drafting(&l, 8), ""));
+    let (ok, out) = apply(e, "b.yaml", &spec(&l, e.port, &drafting(&l, 8), ""));
     assert!(ok, "{out}");
     assert_eq!(e.main_pid(UNIT), pid, "{out}");
 
@@ -77,11 +82,11 @@ fn the_real_server_speculates_changes_draft_settings_and_heals_drift() {
     let o = e.specd(&["status"]);
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     assert!(text(&o).contains("smol.service: Drifted"), "{}", text(&o));
-    let (ok, out) = apply(&e, "b.yaml", &spec(&l, e.port, &drafting(&l, 8), ""));
+    let (ok, out) = apply(e, "b.yaml", &spec(&l, e.port, &drafting(&l, 8), ""));
     assert!(ok, "{out}");
-    assert!(cmdline(&e).contains("--spec-type draft-simple"), "{}", cmdline(&e));
+    assert!(cmdline(e).contains("--spec-type draft-simple"), "{}", cmdline(e));
     assert_eq!(json_get(e.port, "/slots")[0]["speculative"], serde_json::json!(true));
-    e.b.shutdown().unwrap();
+    f.e.b.shutdown().unwrap();
 }
 
 /// Every n-gram `--spec-type` the pinned llama-server lists, without a draft model: each is

@@ -223,5 +223,5 @@ fn prometheus_scrapes_the_agent_and_reads_back_every_figure_it_proves() {
     }
     drop(prom);
     f.e.b.shutdown().unwrap();
-    eprintln!("e2e_prometheus: {:?} in all", t0.elapsed());
+    eprintln!("prometheus: {:?} in all", t0.elapsed());
 }

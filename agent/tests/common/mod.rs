@@ -103,8 +103,12 @@ impl Fleet {
         Fleet::binding(&[])
     }
 
-    /// [`Fleet::new`], the box also binding `extra` at their paths (e.g. the real engines' cache).
-    pub fn binding(extra: &[&std::path::Path]) -> Fleet {
+    /// A fleet box that also sees the real engines' cache (`cache`, at the same path).
+    pub fn with_engine_cache(cache: &std::path::Path) -> Fleet {
+        Fleet::binding(&[cache])
+    }
+
+    fn binding(more: &[&std::path::Path]) -> Fleet {
         // Under /tmp, as everything is in a clone in a temporary directory: the box binds it, and
         // the agent, whose /tmp is its own (the shipped PrivateTmp=yes), sees it through the
         // harness's drop-in (start_agent_unit). Every test of the agent's proves it so.
@@ -113,7 +117,7 @@ impl Fleet {
         std::fs::create_dir_all(repo.join("specs")).unwrap();
         git(&repo, &["init", "-q"]);
         let mut binds = vec![dir.path().to_path_buf()];
-        binds.extend(extra.iter().map(|p| p.to_path_buf()));
+        binds.extend(more.iter().map(|p| p.to_path_buf()));
         let cfg = specd_e2e::BoxConfig { binds, ..Default::default() };
         let e = Env::from_box(
             SystemdBox::boot_with(cfg).expect("boot a private systemd (the end-to-end tests run as root)"),
@@ -356,4 +360,70 @@ impl Env {
 
 pub fn text(o: &Output) -> String {
     format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+/// The last start of `unit`, as a person checks it: `specd status --json`'s (its ms, its phases
+/// in order) and the agent's metrics at `listen` (`specd_unit_start_duration_seconds` and each
+/// `specd_unit_startup_seconds`, waited for up to 60 s). Asserts that both say the same start,
+/// that its phases come in their order, and that they add up to within 10 % of the start as
+/// specd measured it; returns the phases (name, ms) and the start's ms.
+pub fn start_shown(e: &Env, listen: u16, unit: &str) -> (Vec<(String, u64)>, u64) {
+    let o = e.specd(&["status", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|err| panic!("{err}: {}", text(&o)));
+    let units = v["units"].as_array().cloned().unwrap_or_default();
+    let u = units.iter().find(|u| u["unit"] == unit).unwrap_or_else(|| panic!("no {unit} in status: {v:#}"));
+    let s = &u["startup"];
+    assert_eq!(s["ready"], true, "{v:#}");
+    let ms = s["ms"].as_u64().unwrap_or_else(|| panic!("no start in status: {v:#}"));
+    let phases: Vec<(String, u64)> = s["phases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| (p["phase"].as_str().unwrap().to_string(), p["ms"].as_u64().unwrap()))
+        .collect();
+    let order: Vec<&str> = specd_spec::startup::PHASES.iter().map(|p| p.0).collect();
+    let at: Vec<usize> = phases.iter().map(|(p, _)| order.iter().position(|o| o == p).unwrap()).collect();
+    assert!(phases.len() >= 3 && at.windows(2).all(|w| w[0] < w[1]), "phases out of order: {phases:?}");
+    let sum: u64 = phases.iter().map(|p| p.1).sum();
+    assert!(sum.abs_diff(ms) * 10 <= ms, "status: the phases {phases:?} add up to {sum} ms of a {ms} ms start");
+
+    let series = format!("specd_unit_start_duration_seconds{{unit=\"{unit}\"}} ");
+    let metrics = wait_for("the agent's metrics of the start", Duration::from_secs(60), || {
+        let (_, m) = http_get(listen, "/metrics")?;
+        m.contains(&series).then_some(m)
+    })
+    .unwrap_or_else(|err| panic!("{err}\nagent journal:\n{}", e.b.journal(AGENT).unwrap_or_default()));
+    let value = |prefix: &str| -> Option<f64> {
+        metrics.lines().find(|l| l.starts_with(prefix))?.rsplit(' ').next()?.parse().ok()
+    };
+    let whole = value(&series).unwrap();
+    assert!((whole * 1e3 - ms as f64).abs() <= 1.0, "metrics: {whole} s, status: {ms} ms\n{metrics}");
+    let mut in_metrics = 0.0;
+    for (p, p_ms) in &phases {
+        let got = value(&format!("specd_unit_startup_seconds{{unit=\"{unit}\",phase=\"{p}\"}} "));
+        let got = got.unwrap_or_else(|| panic!("no phase {p} of {unit} in the metrics:\n{metrics}"));
+        assert!((got * 1e3 - *p_ms as f64).abs() <= 1.0, "{p}: {got} s in the metrics, {p_ms} ms in status");
+        in_metrics += got;
+    }
+    let told =
+        metrics.lines().filter(|l| l.starts_with(&format!("specd_unit_startup_seconds{{unit=\"{unit}\""))).count();
+    assert_eq!(told, phases.len(), "{metrics}");
+    assert!((in_metrics - whole).abs() * 10.0 <= whole, "metrics: phases {in_metrics} s of a {whole} s start");
+    (phases, ms)
+}
+
+/// The agent follows `spec` (committed as `specs/{name}` in the fleet's repository) until its
+/// metrics export `unit`'s last start; then [`start_shown`] is checked and the agent stopped (the
+/// unit runs on, for the test's next steps by the command line). The unit already running that
+/// spec (applied by `specd apply`) is in sync and not started again: the start shown is that one.
+pub fn agent_shows_the_start(f: &Fleet, name: &str, spec: &str, unit: &str) -> (Vec<(String, u64)>, u64) {
+    std::fs::write(f.repo.join("specs").join(name), spec).unwrap();
+    git(&f.repo, &["add", "-A"]);
+    git(&f.repo, &["commit", "-q", "-m", name]);
+    let pid = f.e.main_pid(unit);
+    f.run_agent(f.repo.to_str().unwrap(), "", "");
+    let shown = start_shown(&f.e, f.listen, unit);
+    f.e.b.systemctl_check(&["stop", AGENT]).unwrap();
+    assert_eq!(f.e.main_pid(unit), pid, "the agent started {unit} again");
+    shown
 }

@@ -12,16 +12,7 @@ use specd::parts::source::{Evaluation, Follower, GitSource, SourceConfig, evalua
 use specd_e2e::git;
 use specd_spec::fleet::{Promoted, Record, RolloutState, WaveRecord};
 
-const SPEC: &str = "apiVersion: specd/v1
-kind: InferenceService
-metadata: {name: qwen}
-spec:
-  unit: qwen.service
-  engine: sglang
-  model: /models/qwen
-  server: {port: 30000, max_running_requests: 16}
-  speculative: {algorithm: NEXTN, num_steps: STEPS, eagle_topk: 1, num_draft_tokens: DRAFT}
-";
+use crate::SPEC;
 
 const FLEET: &str = "apiVersion: specd/v1
 kind: Fleet

@@ -10,3 +10,15 @@ mod package;
 mod prometheus_evidence;
 mod publish;
 mod source;
+
+/// A unit spec of the git-source tests, its `STEPS` and `DRAFT` replaced by each commit.
+const SPEC: &str = "apiVersion: specd/v1
+kind: InferenceService
+metadata: {name: qwen}
+spec:
+  unit: qwen.service
+  engine: sglang
+  model: /models/qwen
+  server: {port: 30000, max_running_requests: 16}
+  speculative: {algorithm: NEXTN, num_steps: STEPS, eagle_topk: 1, num_draft_tokens: DRAFT}
+";

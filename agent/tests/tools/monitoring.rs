@@ -3,7 +3,7 @@
 //! has a test that fires it and one that does not, and `promtool test rules` passes them; every
 //! query of the dashboard is PromQL that Prometheus parses. That each names only metrics specd
 //! serves is `metrics::tests::every_name_in_the_rules_and_the_dashboard_is_served` (the agent's
-//! registry rendered in-process) and `e2e_prometheus` (a real agent scraped).
+//! registry rendered in-process) and `boxes::prometheus` (a real agent scraped).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -59,6 +59,7 @@ fn the_rules_load_and_pass_promtool_s_tests_with_a_firing_and_a_quiet_case_per_a
         "SpecdUnitDrifted",
         "SpecdUnitNotVerified",
         "SpecdAcceptLengthDropped",
+        "SpecdStartSlower",
     ] {
         assert!(alerts.iter().any(|x| x == a), "no alert {a} in {RULES}");
     }

@@ -2,7 +2,7 @@
 //! debhelper (from the binary cargo built for these tests, to keep CI fast) that holds what an
 //! operator expects and that lintian passes without an error or a warning; its unit passes
 //! `systemd-analyze verify` (extracted, never installed on this host), and the completions, man
-//! pages and `validate --json` are what they say. Installed and booted: tests/e2e_deb.rs.
+//! pages and `validate --json` are what they say. Installed and booted: agent/tests/boxes/deb.rs.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -105,6 +105,8 @@ struct Figures {
     hold: Option<&'static str>,
     /// What its load balancers are told.
     serving: &'static str,
+    /// How long the last start of the unit took (`specd_unit_start_duration_seconds`).
+    start: f64,
 }
 
 impl Figures {
@@ -131,6 +133,10 @@ impl Figures {
             let v = u8::from(self.serving == state);
             t += &format!("specd_unit_serving{{unit=\"{UNIT}\",state=\"{state}\"}} {v}\n");
         }
+        t += &format!(
+            "# TYPE specd_unit_start_duration_seconds gauge\nspecd_unit_start_duration_seconds{{unit=\"{UNIT}\"}} {}\n",
+            self.start
+        );
         t += "# TYPE specd_unit_hold gauge\n";
         for kind in ["suspend", "pin", "sweep"] {
             let v = u8::from(self.hold == Some(kind));
@@ -164,6 +170,7 @@ impl Figures {
             last_death: (self.crashes > 0).then(|| "crash".to_string()),
             hold: self.hold.map(String::from),
             serving: Some(self.serving.to_string()),
+            start_seconds: Some(self.start),
             ..Default::default()
         };
         HostEvidence {
@@ -236,6 +243,7 @@ fn the_evidence_is_what_prometheus_scraped_from_each_host_through_a_rollout() {
         crashes: 0,
         hold: None,
         serving: "ready",
+        start: 41.5,
     };
     // b's unit is suspended by hand, and drained for its load balancers.
     let b1 = Figures { host: "b", labels: ",gpu=\"a100\"", hold: Some("suspend"), serving: "drain", ..a1.clone() };
@@ -271,7 +279,7 @@ fn the_evidence_is_what_prometheus_scraped_from_each_host_through_a_rollout() {
     // before are REV1's.
     wait_until("a second after the first evidence", WITHIN, || unix_now() > t0 + 1).unwrap();
     let at = unix_now();
-    let a2 = Figures { revision: REV2, unit_hash: "h2", length: 2.0, rate: Some(0.5), ..a1.clone() };
+    let a2 = Figures { revision: REV2, unit_hash: "h2", length: 2.0, rate: Some(0.5), start: 83.25, ..a1.clone() };
     // b's new engine reports no accept rate: its old one does not come back.
     let b2 = Figures { labels: b1.labels, host: "b", rate: None, ..a2.clone() };
     a.set(a2.text());
@@ -286,6 +294,7 @@ fn the_evidence_is_what_prometheus_scraped_from_each_host_through_a_rollout() {
         let mut h = f.evidence();
         let u = h.units.get_mut(UNIT).unwrap();
         (u.previous_accept_length, u.previous_accept_rate) = (Some(3.5), Some(0.7));
+        u.previous_start_seconds = Some(41.5);
         h
     };
     assert_eq!(ev.hosts["a"], promoted(&a2));

@@ -7,16 +7,7 @@ use std::process::Command;
 use specd::parts::source::{GitSource, SourceConfig, Verify, evaluate};
 use specd_e2e::{git, ssh_key};
 
-const SPEC: &str = "apiVersion: specd/v1
-kind: InferenceService
-metadata: {name: qwen}
-spec:
-  unit: qwen.service
-  engine: sglang
-  model: /models/qwen
-  server: {port: 30000, max_running_requests: 16}
-  speculative: {algorithm: NEXTN, num_steps: STEPS, eagle_topk: 1, num_draft_tokens: DRAFT}
-";
+use crate::SPEC;
 
 fn spec(steps: u32) -> String {
     SPEC.replace("STEPS", &steps.to_string()).replace("DRAFT", &(steps + 1).to_string())

@@ -35,6 +35,22 @@ pub fn vllm_record(process: &str, level: &str, at: &str, msg: &str) -> String {
     msg.split('\n').map(|l| format!("{head}{l}\n")).collect()
 }
 
+/// When the process started: llama.cpp stamps each line with the time since.
+static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+
+/// Marks the process's start (the first call; `run` makes it at once).
+pub fn started() -> std::time::Instant {
+    *START.get_or_init(std::time::Instant::now)
+}
+
+/// One llama.cpp log line at its default format (common/log.cpp): the time since the start as
+/// `minutes.seconds.ms.us`, the level letter (`I`, `W`, `E`), the message.
+pub fn llama(level: char, msg: &str) {
+    let us = started().elapsed().as_micros();
+    let (m, s, ms, u) = (us / 60_000_000, us / 1_000_000 % 60, us / 1000 % 1000, us % 1000);
+    eprintln!("{m}.{s:02}.{ms:03}.{u:03} {level} {msg}");
+}
+
 /// [`vllm_record`] on stderr.
 pub fn vllm_log(process: &str, level: &str, at: &str, msg: &str) {
     eprint!("{}", vllm_record(process, level, at, msg));
@@ -64,26 +80,23 @@ pub fn loading(l: &Launch) {
                 line(l.flavour, "warning", w);
             }
             line(l.flavour, "info", &format!("server_args=ServerArgs({})", args.join(", ")));
-            line(l.flavour, "info", "Load weight begin. avail mem=78.50 GB");
         }
         Flavour::Vllm => {
             let Some(v) = &l.vllm else { return };
             vllm_log("APIServer", "info", "api_utils.py:347", &vllm::logo(&v.model()));
             vllm_log("APIServer", "info", "api_utils.py:286", &vllm::non_default_args(v));
         }
+        // b11434 at its default verbosity (llama-cpp/startup/); its model is loaded by
+        // `startup::load`.
         Flavour::LlamaCpp => {
-            line(l.flavour, "info", "build: 6700 (standin) with cc (Debian 12.2.0-14) 12.2.0 for x86_64-linux-gnu");
-            line(
-                l.flavour,
-                "info",
-                &format!("main: HTTP server is listening, hostname: {}, port: {}, http threads: 3", l.host, l.port),
-            );
-            line(l.flavour, "info", "main: loading model");
-            line(
-                l.flavour,
-                "info",
-                &format!("srv    load_model: loading model '{}'", l.args["model_path"].as_str().unwrap_or_default()),
-            );
+            llama('I', "srv  llama_server: initializing ...");
+            llama('I', "cmn  common_param: common_params_print_info: verbosity = 3 (adjust with the `-lv N` CLI arg)");
+            if l.args.get("api_key").is_none_or(Value::is_null) {
+                llama(
+                    'W',
+                    "srv  llama_server: security: no API key is set and CORS allows all origins (see https://github.com/ggml-org/llama.cpp/pull/25655)",
+                );
+            }
         }
     }
 }
@@ -111,9 +124,8 @@ pub fn ready(l: &Launch, addr: &str) {
             uvicorn("Application startup complete.");
         }
         Flavour::LlamaCpp => {
-            line(l.flavour, "info", "main: model loaded");
-            line(l.flavour, "info", &format!("main: server is listening on http://{addr} - starting the main loop"));
-            line(l.flavour, "info", "srv  update_slots: all slots are idle");
+            llama('I', "srv  llama_server: model loaded");
+            llama('I', &format!("srv  llama_server: listening on http://{addr}"));
         }
     }
 }

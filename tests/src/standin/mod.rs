@@ -7,6 +7,9 @@
 //! specd-standin llama-cpp -m M [--port P] [-c N] [-np N] [-ngl N] [--spec-draft-model D] ...
 //! ```
 //!
+//! The load (`startup.rs`) says the lines each engine says while it starts, in the real order,
+//! `LOAD_MS` spread over its phases (weights, engine set-up or warm-up, API server).
+//!
 //! Knobs: `SPECD_STANDIN_*` env vars or `--standin-*` flags (flags win):
 //! `LOAD_MS`/`--standin-load-ms` (300), `WARMUP_MS` (200, SGLang),
 //! `TOKENS_PER_SEC` (200 per request), `EXIT_CODE`, `CUDA_OOM=1`,
@@ -50,6 +53,7 @@ pub mod logs;
 pub mod perf;
 pub mod py;
 pub mod server;
+pub mod startup;
 pub mod vllm;
 
 use std::collections::BTreeMap;
@@ -57,6 +61,7 @@ use std::collections::BTreeMap;
 /// Runs the stand-in with `argv` (without the program name); returns the
 /// exit code.
 pub fn run(argv: Vec<String>) -> i32 {
+    logs::started();
     if argv.first().map(String::as_str) == Some("__linger") {
         faults::linger();
     }

@@ -192,8 +192,13 @@ pub async fn serve(launch: Launch) -> i32 {
         }
         logs::vllm_log("EngineCore", "info", "core.py:133", &vllm::engine_config(v));
     }
+    // The load, phase by phase; it may die in one. A draft larger than the memory limit dies
+    // as a real one would while it sizes its KV cache and captures CUDA graphs.
+    let too_large = st.perf.out_of_memory(&st.launch.knobs);
     tokio::select! {
-        _ = tokio::time::sleep(Duration::from_millis(st.launch.knobs.load_ms)) => {}
+        loaded = super::startup::load(&st.launch, too_large) => if let Err(code) = loaded {
+            return code;
+        },
         _ = sigterm.recv() => {
             // Before the server is up the engine has no handler of its own
             // yet: the default action, death by SIGTERM.
@@ -204,14 +209,6 @@ pub async fn serve(launch: Launch) -> i32 {
             }
             return 143;
         }
-    }
-    // The memory limit: a draft larger than it dies here, as a real one would while it sizes
-    // its KV cache and captures CUDA graphs.
-    if st.launch.knobs.cuda_oom || st.perf.out_of_memory(&st.launch.knobs) {
-        return super::faults::cuda_oom(&st.launch);
-    }
-    if st.launch.knobs.memory_hog {
-        super::faults::memory_hog(&st.launch);
     }
 
     let _server_task = match (server_task, vllm_socket) {

@@ -790,3 +790,191 @@ fn vllm_stats_lines_are_the_real_ones_and_add_up() {
     let engine = logged(&said, "loggers.py:335").expect("an Engine 000 line");
     assert_eq!(form(&engine), form(&real_engine), "{engine}");
 }
+
+/// A start recorded from a real engine (`<engine>/startup/startup-NAME.log`): its lines, each
+/// without the seconds since the launch it arrived at.
+fn real_start(engine: &str, name: &str) -> Vec<String> {
+    read_text(engine, &format!("startup/startup-{name}.log"))
+        .lines()
+        .map(|l| l.trim_start().split_once(' ').map_or("", |x| x.1).to_string())
+        .collect()
+}
+
+/// Whether `line` is what `format` writes: its literal parts in order, each field (an f-string's
+/// `{expr}`, a `%s`/`%d`/`%.2f`) any text.
+fn fits(format: &str, line: &str) -> bool {
+    let mut literals = Vec::new();
+    let (mut rest, mut depth, mut lit) = (format, 0, String::new());
+    while let Some(c) = rest.chars().next() {
+        rest = &rest[c.len_utf8()..];
+        match c {
+            '{' => depth += 1,
+            '}' if depth > 0 => {
+                depth -= 1;
+                if depth == 0 {
+                    literals.push(std::mem::take(&mut lit));
+                }
+            }
+            '%' if depth == 0 => {
+                let n = rest.find(['s', 'd', 'f']).map_or(0, |i| i + 1);
+                rest = &rest[n..];
+                literals.push(std::mem::take(&mut lit));
+            }
+            c if depth == 0 => lit.push(c),
+            _ => {}
+        }
+    }
+    literals.push(lit);
+    let (first, last) = (&literals[0], &literals[literals.len() - 1]);
+    if literals.len() == 1 {
+        return line == first;
+    }
+    if !line.starts_with(first.as_str()) || !line.ends_with(last.as_str()) {
+        return false;
+    }
+    let mut at = first.len();
+    for l in &literals[1..literals.len() - 1] {
+        match line[at..].find(l.as_str()) {
+            Some(i) => at += i + l.len(),
+            None => return false,
+        }
+    }
+    at <= line.len() - last.len()
+}
+
+/// The phases a start's lines tell, in order (a line's index for its time).
+fn phases_told(engine: specd_spec::Engine, lines: &[String]) -> Vec<&'static str> {
+    let log = &specd_spec::engine_facts(engine).startup;
+    let t = specd_spec::startup::timeline(log, 0, lines.iter().enumerate().map(|(i, l)| (i as u64, l.as_str())));
+    assert!(t.ready_us.is_some(), "{engine:?}: no ready line in {lines:#?}");
+    t.spans.iter().map(|s| s.phase).collect()
+}
+
+/// The message of a vLLM log line (after its header), or the line (uvicorn's, tqdm's).
+fn vllm_message(line: &str) -> &str {
+    match line.find("] ") {
+        Some(i) if line.starts_with('(') => &line[i + 2..],
+        _ => line,
+    }
+}
+
+/// The stand-in started as vLLM with the real starts' command lines (eager and compiled) says
+/// the lines specd times a start by as the real vLLM does (each in the real line's form, or, for
+/// the lines only a GPU says, in the form its source writes), in the order that tells the same
+/// phases.
+#[test]
+fn vllm_starts_in_the_real_phases_and_lines() {
+    let source = read_text("vllm", "startup/source-lines.txt");
+    let formats: Vec<String> = source
+        .lines()
+        .filter_map(|l| l.split_once(": ").map(|x| x.1.trim().trim_matches(['"', ',']).to_string()))
+        .collect();
+    let log = &specd_spec::engine_facts(specd_spec::Engine::Vllm).startup;
+    for name in ["eager", "compile"] {
+        let real = real_start("vllm", name);
+        let port = free_port();
+        let argv = standin_argv(&read_json("vllm", "startup/startup.json")[name]["argv"], port);
+        let (_p, file, _d) = run_standin(&argv, &[], "Application startup complete.");
+        let mine: Vec<String> = std::fs::read_to_string(&file).unwrap().lines().map(str::to_string).collect();
+        let real_marks: Vec<&str> = real.iter().filter(|l| log.marks(l)).map(|l| vllm_message(l)).collect();
+        for l in mine.iter().filter(|l| log.marks(l)) {
+            let m = vllm_message(l);
+            let as_real = real_marks.iter().any(|r| form(r) == form(m));
+            let as_source = formats.iter().any(|f| fits(f, m));
+            assert!(as_real || as_source, "{name}: the real vLLM says no such line: {m:?}\nreal: {real_marks:#?}");
+        }
+        assert_eq!(
+            phases_told(specd_spec::Engine::Vllm, &mine),
+            phases_told(specd_spec::Engine::Vllm, &real),
+            "{name}"
+        );
+    }
+}
+
+/// The stand-in started as llama-server with the real starts' command lines (with and without a
+/// draft) says every line of the real start, in its order and form (its elapsed time, level and
+/// text; the port and the numbers aside).
+#[test]
+fn llama_server_starts_with_the_real_lines() {
+    for name in ["default", "draft"] {
+        let real = real_start("llama-cpp", name);
+        let mut argv = standin_argv(&read_json("llama-cpp", "startup/startup.json")[name]["argv"], free_port());
+        argv[0] = "llama-cpp".into();
+        let (_p, file, _d) = run_standin(&argv, &[], "listening on");
+        let mine: Vec<String> = std::fs::read_to_string(&file).unwrap().lines().map(str::to_string).collect();
+        let forms = |ls: &[String]| ls.iter().map(|l| form(l)).collect::<Vec<_>>();
+        assert_eq!(forms(&mine), forms(&real), "{name}");
+        assert_eq!(phases_told(specd_spec::Engine::LlamaCpp, &mine), phases_told(specd_spec::Engine::LlamaCpp, &real));
+    }
+}
+
+/// The stand-in started as SGLang says its start-up lines as SGLang 0.5.23's source writes them
+/// (`sglang/startup_lines.txt`, uvicorn's from its source), telling its phases in order: a
+/// speculating server's draft runner loads and captures after the target's.
+#[test]
+fn sglang_starts_with_the_lines_its_source_writes() {
+    let formats: Vec<String> = read_text("sglang", "startup_lines.txt")
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split_once('\t').map(|x| x.1.to_string()))
+        .chain(
+            read_text("vllm", "startup/source-lines.txt")
+                .lines()
+                .filter(|l| l.starts_with("uvicorn/server.py") && l.contains("message = f\"Uvicorn running on"))
+                .map(|l| l.split_once("f\"").unwrap().1.trim_end_matches('"').to_string()),
+        )
+        .collect();
+    assert!(formats.iter().any(|f| f.starts_with("Uvicorn running on")), "{formats:?}");
+    let cases: [(&[&str], &[&str]); 2] = [
+        (&[], &["process", "weights", "engine", "api"]),
+        (
+            &[
+                "--speculative-algorithm",
+                "EAGLE",
+                "--speculative-draft-model-path",
+                "/d",
+                "--speculative-num-steps",
+                "3",
+                "--speculative-eagle-topk",
+                "1",
+                "--speculative-num-draft-tokens",
+                "4",
+            ],
+            &["process", "weights", "engine", "weights", "engine", "api"],
+        ),
+    ];
+    for (extra, want) in cases {
+        let port = free_port().to_string();
+        let mut argv: Vec<String> =
+            ["sglang", "--model-path", "/m", "--port", &port].iter().map(|s| s.to_string()).collect();
+        argv.extend(extra.iter().map(|s| s.to_string()));
+        let (_p, file, _d) = run_standin(&argv, &[("SPECD_STANDIN_WARMUP_MS", "20")], "fired up");
+        // SGLang's lines after its time stamp: `[2026-12-05 04:00:47] Load weight begin…`.
+        let mine: Vec<String> = std::fs::read_to_string(&file)
+            .unwrap()
+            .lines()
+            .map(|l| l.split_once("] ").map_or(l, |x| x.1).to_string())
+            .collect();
+        let said: Vec<&String> = mine
+            .iter()
+            .filter(|l| formats.iter().any(|f| f.split(['{', '%']).next().is_some_and(|head| l.starts_with(head))))
+            .collect();
+        assert!(said.len() >= want.len(), "{said:#?}");
+        for l in said {
+            assert!(formats.iter().any(|f| fits(f, l)), "SGLang's source writes no such line: {l:?}");
+        }
+        assert_eq!(phases_told(specd_spec::Engine::Sglang, &mine), want, "{extra:?}");
+    }
+}
+
+#[test]
+fn a_line_fits_the_format_that_writes_it() {
+    assert!(fits("Loading weights took %.2f seconds", "Loading weights took 0.15 seconds"));
+    assert!(fits(
+        "Load weight end. elapsed={t:.2f} s, type={type(m).__name__}, x",
+        "Load weight end. elapsed=1.00 s, type=M, x"
+    ));
+    assert!(!fits("Load weight end. elapsed={t:.2f} s", "Load weight begin. elapsed=1.00 s"));
+    assert!(fits("The server is fired up and ready to roll!", "The server is fired up and ready to roll!"));
+    assert!(!fits("a {x} b {y} c", "a 1 c"));
+}

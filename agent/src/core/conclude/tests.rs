@@ -44,6 +44,7 @@ fn entry(outcome: Outcome, message: &str) -> HistoryEntry {
         message: message.into(),
         stop_verdict: None,
         duration_ms: 0,
+        startup: None,
     }
 }
 

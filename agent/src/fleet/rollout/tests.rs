@@ -13,6 +13,7 @@ spec:
     - {name: rest, hosts: ['gpu-*'], max_unavailable: 2, bake: 30m}
   gates:
     accept_length: {min: 1.5, of_previous: 0.8}
+    startup_within: {max: 10m, of_previous: 1.5}
 ";
 
 const OLD: &str = "1111111111111111111111111111111111111111";
@@ -40,6 +41,8 @@ fn on(rev: &str, accept: f64) -> HostEvidence {
         args_verified: Some(true),
         accept_length: Some(accept),
         previous_accept_length: Some(2.5),
+        start_seconds: Some(40.0),
+        previous_start_seconds: Some(40.0),
         ..Default::default()
     };
     HostEvidence { revision: Some(rev.into()), units: [("llm.service".to_string(), unit)].into(), ..Default::default() }
@@ -224,6 +227,19 @@ fn each_gate_halts_with_its_figures() {
             "1.900 < 0.8 × 2.500 (the previous revision's)",
         ),
         (
+            "startup_within",
+            Box::new(|e| e.units.get_mut("llm.service").unwrap().start_seconds = Some(80.0)),
+            "80.0s > 1.5 × 40.0s (the previous revision's)",
+        ),
+        (
+            "startup_within",
+            Box::new(|e| {
+                let u = e.units.get_mut("llm.service").unwrap();
+                (u.start_seconds, u.previous_start_seconds) = (Some(700.0), None);
+            }),
+            "700.0s > max 600s",
+        ),
+        (
             "no_deaths",
             Box::new(|e| {
                 e.units.get_mut("llm.service").unwrap().deaths_since_promotion = [("cuda-oom".to_string(), 1.0)].into()
@@ -245,6 +261,32 @@ fn each_gate_halts_with_its_figures() {
         let halt = h.halt.unwrap();
         assert_eq!((halt.gate.as_str(), halt.evidence.as_str()), (gate, evidence));
     }
+}
+
+/// The start ceiling judges a host's start of the target only: a start half again as long as
+/// the previous revision's passes, one over it halts; a host still on the previous revision (its
+/// gauge is that revision's start), or without a previous figure under the absolute ceiling, is
+/// not held by it.
+#[test]
+fn the_start_ceiling_judges_the_start_of_the_target_against_the_previous_revision_s() {
+    let mut r = rollout();
+    promote(&mut r, 0, &["gpu-01"], T0 + 1);
+    let with_start = |rev: &str, now: f64, previous: Option<f64>| {
+        let mut h = on(rev, 2.4);
+        let u = h.units.get_mut("llm.service").unwrap();
+        (u.start_seconds, u.previous_start_seconds) = (Some(now), previous);
+        let mut ev = all_on(OLD);
+        ev.hosts.insert("gpu-01".into(), h);
+        ev
+    };
+    let (c, m) = written(step(Some(&r), NEW, &with_start(NEW, 60.0, Some(40.0)), T0 + 60));
+    assert!(c.halt.is_none() && m.contains("wave canary runs 222222222222"), "{m}");
+    let (h, _) = written(step(Some(&r), NEW, &with_start(NEW, 60.5, Some(40.0)), T0 + 60));
+    assert_eq!(h.halt.map(|x| x.gate), Some("startup_within".to_string()));
+    let (why, _) = waits(step(Some(&r), NEW, &with_start(OLD, 900.0, Some(40.0)), T0 + 60));
+    assert!(why.contains("applying 222222222222"), "not judged before it runs the target: {why}");
+    let (c, _) = written(step(Some(&r), NEW, &with_start(NEW, 500.0, None), T0 + 60));
+    assert!(c.halt.is_none(), "{:?}", c.halt);
 }
 
 #[test]

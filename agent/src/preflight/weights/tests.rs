@@ -527,7 +527,7 @@ fn verify_sha256_compares_each_file_with_the_digest_its_blob_is_named_by_and_rem
     let weights = safetensors_bytes(&TWO, 3);
     let snap = hf_cache(d.path(), &[config(), ("model.safetensors", weights.clone(), true)]);
     let look = |verify| look_at(&snap, ModelForm::FolderOrGguf, verify, Some(&state));
-    let remembered = || Digests::load(&state.join(DIGESTS_FILE)).files;
+    let remembered = || Digests::load(&state).files;
     assert_eq!(look(Verify::None), []);
     assert_eq!(remembered(), [], "nothing is read without verify");
     assert_eq!(look(Verify::Sha256), []);
@@ -721,4 +721,34 @@ fn sizes_read_as_people_count_them() {
     assert_eq!(size(269_060_552), "269.1 MB");
     assert_eq!(size(4_900_000_000), "4.9 GB");
     assert_eq!(size(u64::MAX), "18446.7 PB");
+}
+
+/// Two looks that verify at once (an apply and a `validate --on-host`, two units' applies) keep
+/// both their digests: each save adds its own to the file as it is then, under the file's lock;
+/// a temporary file a killed save left is removed by the next save.
+#[test]
+fn digests_saved_at_once_are_all_kept_and_a_killed_save_s_temp_is_removed() {
+    let d = tempfile::tempdir().unwrap();
+    let state = d.path().join("state");
+    std::fs::create_dir(&state).unwrap();
+    let (one, two) = (safetensors_bytes(&TWO, 1), safetensors_bytes(&TWO, 2));
+    let a = hf_cache(&d.path().join("a"), &[config(), ("model.safetensors", one.clone(), true)]);
+    let b = hf_cache(&d.path().join("b"), &[config(), ("model.safetensors", two.clone(), true)]);
+    let sight = Sight::Own;
+    let (mut first, mut second) = (Digests::load(&state), Digests::load(&state));
+    first.of(&sight, &a.join("model.safetensors"), Algorithm::Sha256).unwrap();
+    second.of(&sight, &b.join("model.safetensors"), Algorithm::Sha256).unwrap();
+    let killed = crate::machine::atomic::write_temp(&state.join(DIGESTS_FILE), b"{}", 0o600)
+        .unwrap()
+        .into_temp_path()
+        .keep()
+        .unwrap();
+    first.save(&state);
+    assert!(!killed.exists(), "a killed save's temp is left");
+    second.save(&state);
+    let kept: Vec<String> = Digests::load(&state).files.into_iter().map(|k| k.digest).collect();
+    assert_eq!(kept, [sha256_hex(&one), sha256_hex(&two)]);
+    assert!(state.join("locks").join(format!("{DIGESTS_FILE}.lock")).exists());
+    let left: Vec<_> = std::fs::read_dir(&state).unwrap().flatten().map(|e| e.file_name()).collect();
+    assert_eq!(left.len(), 2, "{left:?}");
 }

@@ -22,6 +22,12 @@
 //!    sha256` of the 270 MB safetensors in a Hugging Face cache by `specd validate --on-host`:
 //!    not in the page cache, in it, and remembered.
 //!
+//! 8. load balancer (`bench lb`): two units of the vLLM stand-in (which abandons its requests in
+//!    flight at SIGTERM, as vLLM does by default) behind a real HAProxy, 16 clients streaming
+//!    completions through it; both units changed one after the other by `specd apply`: the
+//!    requests sent and failed, the longest time without a success, the capacity left during
+//!    the change, and how the stops ended; with HAProxy asking specd (agent-check) and without.
+//!
 //! `SPECD_BENCH_SPECD=PATH` measures another build of specd (e.g. an older commit's) with the
 //! same bench.
 
@@ -572,6 +578,17 @@ fn main() -> anyhow::Result<()> {
     if args.iter().any(|a| a == "weights") {
         weights(20)?;
     }
+    if want("lb") {
+        println!(
+            "\n## A change under load behind HAProxy: two units, each changed by `specd apply` in turn, 16 clients of 50-token streams\n"
+        );
+        println!(
+            "| HAProxy learns of the stop by | the two applies (s) | requests | failed | longest time without a success (s) | successes/s during the change / before | stops ended by SIGKILL |"
+        );
+        println!("|---|---|---|---|---|---|---|");
+        lb_change(true)?;
+        lb_change(false)?;
+    }
     if want("fleet") {
         println!(
             "\n## Fleet rollout: 20 simulated hosts, 3 waves, bakes of 2 s, apply 500 ms, agents and promoter look every 100 ms\n"
@@ -930,5 +947,112 @@ fn weights(runs: usize) -> anyhow::Result<()> {
     row("read from the disk (not in the page cache), not remembered", &mut cold);
     row("in the page cache, not remembered", &mut warm);
     row("remembered (the second apply)", &mut known);
+    Ok(())
+}
+
+/// A vLLM stand-in spec for the load-balancer bench: 200 tokens/s, loaded in 500 ms, a drain
+/// budget of 8 s and a stop timeout of 20 s.
+fn vllm_spec(standin: &str, unit: &str, port: u16, steps: u32) -> String {
+    format!(
+        "apiVersion: specd/v1
+kind: InferenceService
+metadata: {{name: {name}}}
+spec:
+  unit: {unit}
+  engine: vllm
+  command: [{standin}, vllm, serve]
+  model: {model}
+  server: {{host: 127.0.0.1, port: {port}}}
+  speculative: {{algorithm: ngram, num_steps: {steps}, prompt_lookup_max: 3, prompt_lookup_min: 1}}
+  service:
+    timeout_stop_sec: 20
+    drain_timeout_sec: 8
+    environment: {{SPECD_STANDIN_LOAD_MS: \"500\", SPECD_STANDIN_TOKENS_PER_SEC: \"200\"}}
+",
+        name = unit.trim_end_matches(".service"),
+        model = specd_e2e::STANDIN_MODEL,
+    )
+}
+
+/// One row of the load-balancer bench: HAProxy asking the one-shot applies by agent-check
+/// (`asks`), or checking only the servers' `/health`.
+fn lb_change(asks: bool) -> anyhow::Result<()> {
+    use specd_e2e::haproxy::{Config, Haproxy, Server, Status};
+    use specd_e2e::traffic::{Api, Load, Traffic};
+    let specd = specd_bin();
+    let standin = bin_path("specd-standin").display().to_string();
+    let b = SystemdBox::boot()?;
+    let units = ["lb-a.service", "lb-b.service"];
+    let ports = [free_port(), free_port()];
+    let agent_check = free_port();
+    // No agent: each apply answers HAProxy while it runs; the settle time lets HAProxy (which
+    // found nothing answering between applies) poll before the stop.
+    b.write_file(
+        "/run/agent.yaml",
+        format!("load_balancer: {{agent_check: 127.0.0.1:{agent_check}, settle_sec: 1}}\n"),
+    )?;
+    let apply = |i: usize, steps: u32| -> anyhow::Result<()> {
+        let file = format!("/run/specs/{i}-{steps}.yaml");
+        b.write_file(&file, vllm_spec(&standin, units[i], ports[i], steps))?;
+        let o = b.exec(&[&specd, "apply", "--config", "/run/agent.yaml", "-f", &file]);
+        anyhow::ensure!(o.status.success(), "apply {file}: {}", String::from_utf8_lossy(&o.stderr));
+        Ok(())
+    };
+    for i in 0..2 {
+        apply(i, 3)?;
+    }
+    let servers = units
+        .iter()
+        .zip(ports)
+        .map(|(u, p)| {
+            let s = Server::new(u.trim_end_matches(".service"), p);
+            if asks { s.with_agent(agent_check) } else { s }
+        })
+        .collect();
+    let h = Haproxy::start(&Config::new(servers))?;
+    for u in units {
+        h.wait_status(u.trim_end_matches(".service"), Status::Up, Duration::from_secs(30))?;
+    }
+    let load = Load {
+        clients: 16,
+        max_tokens: 50,
+        timeout: Duration::from_secs(3),
+        ..Load::new(h.port(), Api::OpenAiCompletions)
+    };
+    let t = Traffic::start(load);
+    t.wait_successes(100, Duration::from_secs(60))?;
+    let (from, t0) = (t.now(), Instant::now());
+    for i in 0..2 {
+        apply(i, 4)?;
+    }
+    let (to, took) = (t.now(), t0.elapsed());
+    t.wait_successes(40, Duration::from_secs(60))?;
+    let s = t.stop();
+    let rate = |a: Duration, z: Duration| {
+        s.records.iter().filter(|r| r.ok() && r.end >= a && r.end < z).count() as f64 / (z - a).as_secs_f64()
+    };
+    let mut kills = 0;
+    for u in units {
+        let st = b.read_to_string(&format!("/var/lib/specd/units/{u}.json"))?;
+        let st: serde_json::Value = serde_json::from_str(&st)?;
+        let last = st["history"].as_array().and_then(|h| h.last()).cloned().unwrap_or_default();
+        kills += usize::from(last["stop_verdict"].as_str().is_some_and(|v| v.contains("SIGKILL")));
+    }
+    println!(
+        "| {} | {:.1} | {} | {} | {:.2} | {:.1} / {:.1} | {kills} of 2 |",
+        if asks {
+            "specd's agent-check (drain seen, then the server empty)"
+        } else {
+            "only the servers' `/health` (today's path)"
+        },
+        took.as_secs_f64(),
+        s.sent,
+        s.failed_total(),
+        s.longest_gap.as_secs_f64(),
+        rate(from, to),
+        rate(Duration::ZERO, from),
+    );
+    drop(h);
+    b.shutdown()?;
     Ok(())
 }

@@ -420,17 +420,27 @@ pub fn main() -> ExitCode {
     });
     match cli.command {
         Command::Apply { file, dry_run, json, host, config } => run_async(async move {
-            if !dry_run {
+            let answers = (!dry_run).then(|| {
                 install_notifier(&config);
+                answer_load_balancers(&config)
+            });
+            let done = commands::apply::apply(&dirs, &file, host, dry_run, json).await;
+            if let Some(a) = answers {
+                a.finish().await;
             }
-            commands::apply::apply(&dirs, &file, host, dry_run, json).await
+            done
         }),
         Command::Status { json, file, host } => run_async(commands::status::status(&dirs, json, file.as_deref(), host)),
         Command::Diff { file, host, json } => run_async(commands::diff::diff(&dirs, &file, host, json)),
         Command::Sweep { file, resume, write, out, json } => {
             let mut rt = tokio::runtime::Builder::new_multi_thread();
             rt.worker_threads(2);
-            run_on(rt, sweep::run(&dirs, sweep::Options { file, resume, write, out, json }))
+            run_on(rt, async move {
+                let answers = answer_load_balancers(std::path::Path::new(config::DEFAULT_PATH));
+                let done = sweep::run(&dirs, sweep::Options { file, resume, write, out, json }).await;
+                answers.finish().await;
+                done
+            })
         }
         Command::Run { repo, hostname, labels, interval, listen, control_socket } => {
             let flags = RunFlags { hostname, labels, interval, listen, control_socket };
@@ -455,7 +465,12 @@ pub fn main() -> ExitCode {
         }
         Command::Rollback { unit, to, reason, socket, config, json } => run_async(async move {
             install_notifier(&config);
-            commands::rollback::rollback(&dirs, unit, to, reason, config::control_socket(socket, &config), json).await
+            let answers = answer_load_balancers(&config);
+            let done =
+                commands::rollback::rollback(&dirs, unit, to, reason, config::control_socket(socket, &config), json)
+                    .await;
+            answers.finish().await;
+            done
         }),
         Command::History { unit, json } => run_async(commands::history::history(&dirs, unit, json)),
         Command::Diagnose { unit, json } => run_async(commands::diagnose::run(unit.as_deref(), json, &dirs.state_dir)),
@@ -597,6 +612,24 @@ fn validate(paths: &[PathBuf], json: bool) -> ExitCode {
 
 /// The webhooks of the agent config, for a one-shot command that applies. A config that cannot be
 /// read is a warning: the apply goes on, unannounced.
+/// For a one-shot command that stops units (`apply`, `rollback`, `sweep`): its reconciles wait
+/// for the load balancers as the agent config's `load_balancer:` says, and while it runs, where no
+/// agent answers them (their ports free), it answers them itself: the agent-check, and the HTTP
+/// checks on the agent's `listen`. What it returns stops them when dropped.
+fn answer_load_balancers(config: &std::path::Path) -> crate::lb::Endpoints {
+    let cfg = AgentConfig::load(config).unwrap_or_else(|e| {
+        tracing::warn!("{e:#}; load balancers are answered and waited for by the defaults");
+        AgentConfig::default()
+    });
+    crate::reconcile::context::set_balancers(cfg.load_balancer.balancers());
+    let answers = crate::lb::Answers::new(crate::machine::serving::ServingFiles::host());
+    let mut out = crate::lb::serve_one_shot(&cfg.load_balancer, &answers);
+    if let Some(h) = daemon::listen::serve_checks(&cfg.listen(), answers.clone()) {
+        out.push(h, &answers);
+    }
+    out
+}
+
 fn install_notifier(config: &std::path::Path) {
     match AgentConfig::load(config) {
         Ok(cfg) => {

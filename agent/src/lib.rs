@@ -11,6 +11,7 @@ mod daemon;
 mod diagnose;
 mod fleet;
 mod host;
+mod lb;
 mod machine;
 mod notify;
 mod preflight;

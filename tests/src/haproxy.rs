@@ -45,15 +45,25 @@ pub struct Server {
     pub check_port: Option<u16>,
     /// An agent-check on this port (`agent-check agent-port P agent-send "<name>\n"`).
     pub agent_port: Option<u16>,
+    /// What the agent-check sends instead of the server's name (e.g. the unit's name when
+    /// several hosts run the same unit).
+    pub agent_send: Option<String>,
 }
 
 impl Server {
     pub fn new(name: &str, port: u16) -> Server {
-        Server { name: name.to_string(), port, check_port: None, agent_port: None }
+        Server { name: name.to_string(), port, check_port: None, agent_port: None, agent_send: None }
     }
 
     pub fn with_agent(mut self, port: u16) -> Server {
         self.agent_port = Some(port);
+        self
+    }
+
+    /// An agent-check on `port` that sends `send` (and a newline).
+    pub fn with_agent_sending(mut self, port: u16, send: &str) -> Server {
+        self.agent_port = Some(port);
+        self.agent_send = Some(send.to_string());
         self
     }
 
@@ -166,7 +176,7 @@ backend llm_servers
             if let Some(p) = sv.agent_port {
                 s.push_str(&format!(
                     " agent-check agent-port {p} agent-send \"{}\\n\" agent-inter {}",
-                    sv.name,
+                    sv.agent_send.as_deref().unwrap_or(&sv.name),
                     ms(self.agent_inter)
                 ));
             }

@@ -5,6 +5,7 @@ use crate::core::hold;
 use crate::core::plan;
 use crate::core::record;
 use crate::core::record::Source;
+use crate::core::serving::{Poller, ServingState};
 use crate::core::sync::SyncStatus;
 use crate::core::timing;
 use crate::host::Host;
@@ -49,6 +50,12 @@ pub struct UnitStatus {
     pub down: Option<String>,
     /// A hold that keeps the agent's hands off the unit (suspend, pin, sweep).
     pub hold: Option<hold::Hold>,
+    /// What its load balancers are told (ready, drain, down: why, since when); `None`: nothing
+    /// yet (they are answered down).
+    pub serving: Option<ServingState>,
+    /// The load balancers that polled it lately: address, how (`agent-check`, `http`), when
+    /// (unix ms) and what they were answered.
+    pub polled_by: Vec<Poller>,
 }
 
 /// The unit whose `ExecStart=` `status` compares the running process with.
@@ -110,9 +117,12 @@ pub(super) async fn unit_status<H: Host>(
     let (cmdline_of, argv) = compared_argv(ctx, st, &d, o.deployed_sha256.as_deref())?;
     let down = (health == ServiceHealth::Down)
         .then(|| crate::core::sync::down_reason(st.history.last(), props.active_state, &props.sub_state));
+    let (serving, polled_by) = load_balancers(ctx, &st.unit);
     Ok(UnitStatus {
         down,
         hold: st.hold.clone(),
+        serving,
+        polled_by,
         unit: st.unit.clone(),
         sync,
         health,
@@ -166,8 +176,21 @@ async fn no_desired_state<H: Host>(ctx: &Ctx<H>, st: &record::UnitState) -> Resu
         startup: st.startup.clone(),
         down: None,
         hold: st.hold.clone(),
+        serving: ctx.host.serving_state(&st.unit),
+        polled_by: Vec::new(),
     })
 }
+
+/// What the unit's load balancers are told, and those that polled it within the last
+/// [`POLLED_WITHIN`].
+fn load_balancers<H: Host>(ctx: &Ctx<H>, unit: &str) -> (Option<ServingState>, Vec<Poller>) {
+    let since = ctx.host.now_ms().saturating_sub(POLLED_WITHIN.as_millis() as u64);
+    let log = ctx.host.lb_polls(unit);
+    (ctx.host.serving_state(unit), log.pollers.into_values().filter(|p| p.last_ms >= since).collect())
+}
+
+/// `status` names the load balancers that polled a unit this recently.
+const POLLED_WITHIN: std::time::Duration = std::time::Duration::from_secs(300);
 
 /// The unit's sync status and why, from the plan `p` for the desired state `d`, an apply that
 /// is `applying` now (its phase said first), and its last try of `d` (a failed one's message
@@ -324,6 +347,32 @@ pub(super) fn not_deployed(s: &SourceState, error: &str) -> String {
     }
 }
 
+/// `  load balancers: told ready (for 5 min); polled by 10.0.0.5 (agent-check, 1 s ago)`.
+fn print_load_balancers(s: &UnitStatus) {
+    let now = crate::machine::store::now_ms();
+    let told = match &s.serving {
+        Some(state) => format!("told {}", state.describe(now / 1000)),
+        None => format!("told down: {}", crate::core::serving::NO_STATE),
+    };
+    let polled = if s.polled_by.is_empty() {
+        "no load balancer polled it in the last 5 min".to_string()
+    } else {
+        let each: Vec<String> = s
+            .polled_by
+            .iter()
+            .map(|p| {
+                let kind = match p.kind {
+                    crate::core::serving::CheckKind::AgentCheck => "agent-check",
+                    crate::core::serving::CheckKind::Http => "HTTP check",
+                };
+                format!("{} ({kind}, {:.0} s ago)", p.addr, now.saturating_sub(p.last_ms) as f64 / 1000.0)
+            })
+            .collect();
+        format!("polled by {}", each.join(", "))
+    };
+    println!("  load balancers: {told}; {polled}");
+}
+
 pub(super) fn print_status(s: &UnitStatus) {
     println!("{}: {} {} ({}/{}, pid {})", s.unit, s.sync, s.health, s.active_state, s.sub_state, s.main_pid);
     println!(
@@ -350,6 +399,7 @@ pub(super) fn print_status(s: &UnitStatus) {
     if let Some(d) = &s.down {
         println!("  DOWN: {d}");
     }
+    print_load_balancers(s);
     if let Some(h) = &s.hold {
         let what = match h.kind {
             hold::HoldKind::Suspend => "the agent observes and reports drift only; a hand `specd apply` still applies",

@@ -239,6 +239,12 @@ async fn status_says_each_state_of_a_unit_and_exits_0_only_in_sync_and_healthy()
         json["startup"]["phases"].as_array().unwrap().iter().map(|p| p["phase"].as_str().unwrap()).collect();
     assert_eq!(phases, ["process", "weights", "engine", "api"], "{json}");
     assert_eq!(json["startup"]["ms"], serde_json::json!(start.ms));
+    // What its load balancers are told, and who polls it.
+    assert_eq!(s.serving.as_ref().map(|s| s.word()), Some(crate::core::serving::Word::Ready), "{s:?}");
+    assert!(s.polled_by.is_empty(), "{s:?}");
+    f.host.balancer(crate::core::serving::CheckKind::AgentCheck, "10.0.0.5", std::time::Duration::from_secs(2));
+    let (_, s) = f.status(None).await;
+    assert_eq!(s.polled_by.iter().map(|p| p.addr.as_str()).collect::<Vec<_>>(), ["10.0.0.5"], "{s:?}");
 
     // A spec that fails to load: rolled back, the old unit serves; its last try says why.
     assert_eq!(f.apply(std::slice::from_ref(&bad)).await, 1);

@@ -67,6 +67,37 @@ pub struct AgentConfig {
     /// Who hears about applies, rollbacks, quarantines and servers left down.
     #[serde(default)]
     pub notify: NotifyConfig,
+    /// How the units' load balancers are answered and waited for before a stop.
+    #[serde(default)]
+    pub load_balancer: LoadBalancerConfig,
+}
+
+/// `load_balancer:` of the agent config. Every unit's serving state is answered on `listen`
+/// (`GET /serving/<unit>`) whatever this says.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoadBalancerConfig {
+    /// Where HAProxy's agent-check is answered (`host:port`, e.g. `0.0.0.0:9540`); none: not
+    /// answered.
+    pub agent_check: Option<std::net::SocketAddr>,
+    /// With no load balancer seen polling a unit, how long an apply waits after telling it
+    /// `drain` before it stops its server (for load balancers specd cannot see). Default 0.
+    #[serde(default)]
+    pub settle_sec: u32,
+    /// How many failed HTTP checks in a row an HTTP-checking load balancer needs before it takes
+    /// a server out (HAProxy's `fall`). Default 3.
+    pub http_fall: Option<u32>,
+}
+
+impl LoadBalancerConfig {
+    /// How an apply waits for the load balancers.
+    pub fn balancers(&self) -> crate::core::serving::Balancers {
+        let d = crate::core::serving::Balancers::default();
+        crate::core::serving::Balancers {
+            settle: std::time::Duration::from_secs(self.settle_sec.into()),
+            http_fall: self.http_fall.unwrap_or(d.http_fall).max(1),
+        }
+    }
 }
 
 /// `labels:` of the agent config: each name a Prometheus label name other than `host`, each
@@ -329,8 +360,17 @@ impl<'de> Deserialize<'de> for WebhookUrl {
 
 /// Where the agent listens for control actions unless configured otherwise.
 pub const CONTROL_SOCKET: &str = "/run/specd/control.sock";
+/// The agent config's path by default.
+pub const DEFAULT_PATH: &str = "/etc/specd/agent.yaml";
+/// The agent's read-only endpoint by default.
+pub const LISTEN: &str = "127.0.0.1:9464";
 
 impl AgentConfig {
+    /// Where the agent serves its read-only endpoint (`listen`, else [`LISTEN`]).
+    pub fn listen(&self) -> String {
+        self.listen.clone().unwrap_or_else(|| LISTEN.into())
+    }
+
     pub fn load(path: &Path) -> Result<AgentConfig> {
         let text = match std::fs::read_to_string(path) {
             Ok(t) => t,
@@ -393,6 +433,22 @@ mod tests {
         let p = dir.path().join("agent.yaml");
         std::fs::write(&p, text).unwrap();
         AgentConfig::load(&p)
+    }
+
+    #[test]
+    fn the_load_balancer_section_is_read_with_its_defaults_and_a_bad_address_names_its_line() {
+        let cfg = load("repo: /r\n").unwrap();
+        assert_eq!(cfg.load_balancer.agent_check, None);
+        assert_eq!(cfg.load_balancer.balancers(), crate::core::serving::Balancers::default());
+        let cfg =
+            load("repo: /r\nload_balancer:\n  agent_check: 0.0.0.0:9540\n  settle_sec: 2\n  http_fall: 2\n").unwrap();
+        assert_eq!(cfg.load_balancer.agent_check, Some("0.0.0.0:9540".parse().unwrap()));
+        let b = cfg.load_balancer.balancers();
+        assert_eq!((b.settle, b.http_fall), (std::time::Duration::from_secs(2), 2));
+        let e = format!("{:#}", load("repo: /r\nload_balancer:\n  agent_check: localhost\n").unwrap_err());
+        assert!(e.contains("line 3") && e.contains("agent_check"), "{e}");
+        let e = format!("{:#}", load("repo: /r\nload_balancer:\n  agent_chek: 0.0.0.0:1\n").unwrap_err());
+        assert!(e.contains("agent_chek"), "{e}");
     }
 
     #[test]

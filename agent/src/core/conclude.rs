@@ -10,6 +10,7 @@ use specd_spec::short;
 use crate::core::plan::{Observed, Plan, Step};
 use crate::core::record::{GoodUnit, HistoryEntry, Outcome, Source, UnitState};
 use crate::core::recovery::{Decision, Restore};
+use crate::core::serving::After;
 use crate::core::sync::SyncStatus;
 use crate::core::timing;
 use crate::core::unit_state::{ActiveState, SubState};
@@ -137,6 +138,8 @@ pub struct Change {
     pub record: Option<Outcome>,
     /// Said by the failed server: added to the desired hash's quarantine reason.
     pub quarantine_said: Option<String>,
+    /// The serving state the unit's load balancers are told now (`serving::After`).
+    pub serving: After,
     /// The start this reconcile made of the desired unit, timed: kept with its history entry.
     pub startup: Option<crate::core::record::Startup>,
 }
@@ -247,6 +250,12 @@ pub fn cannot_start(unit: &str, sha256: &str, problems: &str) -> String {
     )
 }
 
+/// The verdict refusing a plan that would stop a serving instance whose load balancers could not
+/// be told `drain` (`why`): stopping it would cut the requests they keep sending.
+pub fn not_told(unit: &str, why: &str) -> String {
+    format!("{REFUSED} {unit}: its load balancers could not be told drain ({why}); nothing was stopped or changed")
+}
+
 /// A dry run, or the agent's look at a unit a hold keeps its hands off: what would be done (or
 /// refused), nothing done.
 pub fn observed_only(plan: Plan, held: Option<String>, refusal: Option<String>) -> Report {
@@ -276,7 +285,8 @@ pub fn refused(st: &UnitState, verdict: String) -> Conclusion {
     Conclusion {
         outcome,
         action: Action::Requeue(timing::PREFLIGHT_AGAIN),
-        change: Change { record: outcome, ..Change::default() },
+        // Nothing was stopped or changed: as it was.
+        change: Change { record: outcome, serving: After::Observed, ..Change::default() },
         refused: true,
         acted: false,
         ..Conclusion::said(verdict)
@@ -335,15 +345,34 @@ pub fn settled(st: &UnitState, plan: &Plan, s: &Subject, o: &Observed) -> Conclu
     };
     // A drift that is only reported is recorded once, not at every resync.
     let repeated = st.history.last().is_some_and(|h| h.outcome == Outcome::Reported && h.message == verdict);
+    // The last good unit a rollback started may still load: looked at again until it serves.
+    let loading = rolled_back && o.ready != Some(true);
     let action = match plan.sync {
         SyncStatus::Progressing => Action::Requeue(timing::PROGRESSING_AGAIN),
+        _ if loading => Action::Requeue(timing::PROGRESSING_AGAIN),
         _ => Action::AwaitChange,
+    };
+    // Ready when it runs its desired unit (in sync) or the last good one it was rolled back to,
+    // ready; one still starting keeps what it was told (`drain` after a stop); else as observed.
+    let serving = match plan.sync {
+        SyncStatus::InSync => After::Ready,
+        _ if loading => After::Keep,
+        _ if rolled_back => After::Ready,
+        SyncStatus::Progressing => After::Keep,
+        _ => After::Observed,
     };
     Conclusion {
         outcome,
         verdict,
         action,
-        change: Change { finished, good, written: good, record: outcome.filter(|_| !repeated), ..Change::default() },
+        change: Change {
+            finished,
+            good,
+            written: good,
+            record: outcome.filter(|_| !repeated),
+            serving,
+            ..Change::default()
+        },
         refused: false,
         serving: None,
         acted: false,
@@ -358,7 +387,7 @@ pub fn enablement(plan: &Plan, unit: &str, want: bool, now: Option<bool>) -> Con
         let verdict = format!("{}: {}; not changed yet", plan.sync, plan.reasons.join("; "));
         return Conclusion {
             action: Action::Requeue(timing::ENABLEMENT_AGAIN),
-            change: Change { finished: true, ..Change::default() },
+            change: Change { finished: true, serving: After::Observed, ..Change::default() },
             ..Conclusion::said(verdict)
         };
     }
@@ -369,7 +398,12 @@ pub fn enablement(plan: &Plan, unit: &str, want: bool, now: Option<bool>) -> Con
     };
     Conclusion {
         outcome: Some(Outcome::Applied),
-        change: Change { finished: true, record: Some(Outcome::Applied), ..Change::default() },
+        change: Change {
+            finished: true,
+            record: Some(Outcome::Applied),
+            serving: After::Observed,
+            ..Change::default()
+        },
         ..Conclusion::said(verdict)
     }
 }
@@ -397,7 +431,13 @@ pub fn applied(plan: &Plan, s: &Subject, ms: u64, resumed: bool) -> Conclusion {
     };
     Conclusion {
         outcome: Some(outcome),
-        change: Change { finished: true, good: true, record: Some(outcome), ..Change::default() },
+        change: Change {
+            finished: true,
+            good: true,
+            record: Some(outcome),
+            serving: After::Ready,
+            ..Change::default()
+        },
         ..Conclusion::said(verdict)
     }
 }
@@ -412,8 +452,10 @@ pub fn interrupted(step: Step, at: Cancelled) -> Conclusion {
             "Interrupted: stopped at a safe point before {step:?} finished, because specd is stopping; the instance it started loads on, and the next run finishes this apply"
         ),
     };
+    // Unchanged: as it was. Started: `drain` stays until the next run verifies what it started.
+    let serving = if at == Cancelled::Unchanged { After::Observed } else { After::Keep };
     Conclusion {
-        change: Change { finished: at == Cancelled::Unchanged, ..Change::default() },
+        change: Change { finished: at == Cancelled::Unchanged, serving, ..Change::default() },
         ..Conclusion::said(verdict)
     }
 }
@@ -447,9 +489,14 @@ pub fn rollback_finished(s: &Subject, good: &str, r: &Restored, serving: Serving
     if let Some(down) = serving.note(s.unit) {
         verdict.push_str(&format!("; {down}"));
     }
+    let after = match (r, &serving) {
+        (Restored::Serving, Serving::Up) => After::Ready,
+        (Restored::Cancelled(_), _) => After::Keep,
+        _ => After::Down(verdict.clone()),
+    };
     Conclusion {
         outcome: Some(outcome),
-        change: Change { finished: true, record: Some(outcome), ..Change::default() },
+        change: Change { finished: true, record: Some(outcome), serving: after, ..Change::default() },
         serving: Some(serving),
         ..Conclusion::said(verdict)
     }
@@ -467,6 +514,17 @@ pub enum Recovered {
     NoGoodUnit,
     /// The last good unit `good` was put back (why), and how that ended.
     Restored { why: Restore, good: String, end: Restored },
+}
+
+/// The serving state after a failed step's recovery `r` (`serving`: whether the service runs;
+/// `verdict`: the failure's): ready when the last good unit was put back and serves; `drain`
+/// kept while a restore stopped at a safe point (the next run finishes it); down otherwise.
+pub fn after_recovery(r: &Recovered, serving: Option<&Serving>, verdict: &str) -> After {
+    match (r, serving) {
+        (Recovered::Restored { end: Restored::Serving, .. }, Some(Serving::Up)) => After::Ready,
+        (Recovered::Restored { end: Restored::Cancelled(_), .. }, _) => After::Keep,
+        _ => After::Down(verdict.to_string()),
+    }
 }
 
 /// The outcome and verdict of a failed step (`what`: the step and its message) and its recovery.

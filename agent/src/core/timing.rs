@@ -34,6 +34,20 @@ pub const DRAIN_POLL: Duration = Duration::from_millis(500);
 /// …and the stop's progress line every second, each read at most this long.
 pub const STOPPING_POLL: Duration = Duration::from_secs(1);
 pub const STOPPING_ASK: Duration = Duration::from_millis(800);
+/// Before the stop of a serving instance, the apply reads the load balancers' polls this often,
+/// until each has seen `drain` (`serving::seen`).
+pub const LB_LOOK: Duration = Duration::from_millis(100);
+/// A load balancer polls no more when it has not for three of its intervals, at least…
+pub const POLLER_GONE_LEAST: Duration = Duration::from_secs(10);
+/// …and at most this long.
+pub const POLLER_GONE_MOST: Duration = Duration::from_secs(120);
+/// A one-shot command that answered the load balancers stays, at most this long, until each
+/// still polling has read the state it leaves (`serving::unread`): HAProxy keeps an agent's last
+/// word (a `drain`) while nothing answers.
+pub const ONE_SHOT_LINGER: Duration = Duration::from_secs(10);
+/// The serving process writes a unit's poll log at once when a load balancer is new or is answered
+/// another word; otherwise at most this often.
+pub const POLL_LOG_EVERY: Duration = Duration::from_secs(1);
 /// How long journald is waited for to tell how an instance ended.
 pub const ENDING_WITHIN: Duration = Duration::from_secs(5);
 /// How long `status` waits for the journal to say how a unit's last instance ended (when

@@ -1,5 +1,6 @@
 //! The agent's HTTP endpoints: the read-only one on TCP (`listen`: `GET /metrics`, `GET
-//! /healthz`, on any address) and control actions on a Unix socket (`POST /reconcile`).
+//! /healthz`, the load balancers' `GET /serving/<unit>`, on any address) and control actions on a
+//! Unix socket (`POST /reconcile`).
 //!
 //! No client can starve the agent through them. Each endpoint serves at most
 //! [`Limits::connections`] connections at once; one more is accepted and closed at once (never
@@ -95,11 +96,34 @@ pub fn metrics_connections(nofile: u64) -> usize {
 }
 
 /// The read-only endpoint on `listen` (any address): `GET /metrics` (OpenMetrics text),
-/// `GET /healthz`. Control actions are not served here: see [`serve_control`].
-pub async fn serve_metrics(listen: &str, metrics: Arc<Metrics>, limits: Limits) -> Result<JoinHandle<()>> {
+/// `GET /healthz`, and the units' HTTP checks (`GET /serving/<unit>`, answered by `answers`).
+/// Control actions are not served here: see [`serve_control`].
+pub async fn serve_metrics(
+    listen: &str,
+    metrics: Arc<Metrics>,
+    answers: Arc<crate::lb::Answers>,
+    limits: Limits,
+) -> Result<JoinHandle<()>> {
     let addr: std::net::SocketAddr = listen.parse().with_context(|| format!("listen address {listen:?}"))?;
     let listener = bind(addr).with_context(|| format!("binding {listen}"))?;
-    Ok(spawn("the metrics endpoint", listener, metrics_app(metrics), limits))
+    let app = metrics_app(metrics).merge(crate::lb::http::routes(answers));
+    Ok(spawn("the metrics endpoint", listener, app, limits))
+}
+
+/// For a one-shot command where no agent runs: the units' HTTP checks alone on `listen` (the
+/// agent's address, free then), under [`METRICS`]'s limits; `None` when the address is taken
+/// (the agent answers) or is none.
+pub fn serve_checks(listen: &str, answers: Arc<crate::lb::Answers>) -> Option<JoinHandle<()>> {
+    let addr: std::net::SocketAddr = listen.parse().ok()?;
+    let listener = match bind(addr).with_context(|| format!("binding {listen}")) {
+        Ok(l) => l,
+        Err(e) if crate::lb::in_use(&e) => return None,
+        Err(e) => {
+            tracing::warn!("{e:#}: the units' HTTP checks are not answered by this command");
+            return None;
+        }
+    };
+    Some(spawn("the load balancers' checks", listener, crate::lb::http::routes(answers), METRICS))
 }
 
 /// Connections the kernel may hold for the accept loop (it caps them at `net.core.somaxconn`,
@@ -156,7 +180,9 @@ pub fn serve_control(
         .flatten()
         .flatten()
         .map(|e| e.file_name())
-        .find(|n| Some(n.as_os_str()) != path.file_name())
+        // specd's own: the socket, and what the units' load balancers are told
+        // (`machine::serving::DIR`, in the default directory).
+        .find(|n| Some(n.as_os_str()) != path.file_name() && n != "serving")
     {
         anyhow::bail!(
             "control_socket {}: its directory {} holds other files ({}), and specd sets that directory's mode; put the socket in a directory of its own, such as /run/specd/control.sock",
@@ -204,12 +230,20 @@ pub fn serve_control(
 pub trait Accept: Send + 'static {
     type Io: AsyncRead + AsyncWrite + Unpin + Send + 'static;
     fn accept(&self) -> impl Future<Output = std::io::Result<Self::Io>> + Send;
+    /// The peer of a connection, when it has an address (a load balancer's poll is recorded by
+    /// it: axum's `ConnectInfo`).
+    fn peer(_io: &Self::Io) -> Option<std::net::SocketAddr> {
+        None
+    }
 }
 
 impl Accept for tokio::net::TcpListener {
     type Io = tokio::net::TcpStream;
     async fn accept(&self) -> std::io::Result<Self::Io> {
         tokio::net::TcpListener::accept(self).await.map(|(s, _)| s)
+    }
+    fn peer(io: &Self::Io) -> Option<std::net::SocketAddr> {
+        io.peer_addr().ok()
     }
 }
 
@@ -261,7 +295,11 @@ async fn accept_loop<L: Accept>(name: &'static str, listener: L, app: axum::Rout
                     );
                     refused = 0;
                 }
-                tokio::spawn(connection(io, app.clone(), limits, slot));
+                let app = match L::peer(&io) {
+                    Some(peer) => app.clone().layer(axum::Extension(axum::extract::ConnectInfo(peer))),
+                    None => app.clone(),
+                };
+                tokio::spawn(connection(io, app, limits, slot));
             }
             Err(_) => {
                 if refused == 0 {
@@ -610,6 +648,10 @@ mod tests {
         let before = mode(d.path());
         let e = serve_control(&d.path().join("control.sock"), None, |_| {}).unwrap_err();
         assert!(format!("{e:#}").contains("holds other files (other)"), "{e:#}");
+        // The load balancers' states beside the socket (`/run/specd/serving`) are specd's own.
+        let beside = d.path().join("run");
+        std::fs::create_dir_all(beside.join("serving")).unwrap();
+        serve_control(&beside.join("control.sock"), None, |_| {}).unwrap().abort();
         let e = serve_control(Path::new("/tmp/specd-control.sock"), None, |_| {}).unwrap_err();
         assert!(format!("{e:#}").contains("is shared (sticky or world-writable)"), "{e:#}");
         let own = d.path().join("specd");

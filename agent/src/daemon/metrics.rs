@@ -22,6 +22,7 @@ use prometheus_client::registry::Registry;
 
 use crate::core::hold::HoldKind;
 use crate::core::record::{Source, UnitState};
+use crate::core::serving::Word;
 use crate::core::sync::SyncStatus;
 use crate::diagnose::Verdict;
 
@@ -55,6 +56,11 @@ pub struct Metrics {
     /// `specd_unit_last_death_timestamp_seconds{unit,verdict}`: one series per unit, its labels of now.
     last_death: Family<Labels, Gauge>,
     last_death_now: Mutex<BTreeMap<String, Labels>>,
+    /// `specd_unit_serving{unit,state}`: what each unit's load balancers are told, read from
+    /// `serving_files` at each scrape for the units reconciled.
+    serving: Family<Labels, Gauge>,
+    serving_units: Mutex<std::collections::BTreeSet<String>>,
+    serving_files: Mutex<Option<crate::machine::serving::ServingFiles>>,
     /// `specd_unit_startup_seconds{unit,phase}`: the last start's phases, the labels of now.
     startup: Family<Labels, FloatGauge>,
     startup_now: Mutex<BTreeMap<String, Vec<Labels>>>,
@@ -81,6 +87,10 @@ impl Default for Metrics {
         Metrics::new(env!("CARGO_PKG_VERSION"))
     }
 }
+
+const SERVING_HELP: &str = "1 for what the unit's load balancers are told now (ready, drain, down), 0 for the others";
+const STARTUP_HELP: &str =
+    "The phases of the last start of the unit that runs, as the engine's own lines tell them (seconds each)";
 
 impl Metrics {
     /// The agent's metrics; `version` is `specd_build_info`'s. Each is registered as its field
@@ -166,16 +176,15 @@ impl Metrics {
                 "When the agent counted the newest death of the unit's instances (Unix seconds), by its verdict; one series per unit",
             ),
             last_death_now: Mutex::new(BTreeMap::new()),
+            serving: served(&mut r, "unit_serving", SERVING_HELP),
+            serving_units: Mutex::default(),
+            serving_files: Mutex::default(),
             // Gauges of the last start, not histograms: a start is rare (an apply, a rollback),
             // and what is asked of it is its own figure against the same unit's start before
             // (the fleet's `startup_within`, the alert on a slower start), which Prometheus has
             // as the gauge's value before it changed; a histogram would mix the starts of two
             // revisions in its rates and blur a figure within its bucket.
-            startup: served(
-                &mut r,
-                "unit_startup_seconds",
-                "The phases of the last start of the unit that runs, as the engine's own lines tell them (seconds each)",
-            ),
+            startup: served(&mut r, "unit_startup_seconds", STARTUP_HELP),
             startup_now: Mutex::new(BTreeMap::new()),
             start_duration: served(
                 &mut r,
@@ -259,7 +268,20 @@ fn with(u: &str, k: &str, v: &str) -> Labels {
 }
 
 impl Metrics {
+    /// Where the units' serving states are read at each scrape.
+    pub fn serving_from(&self, files: crate::machine::serving::ServingFiles) {
+        *crate::core::guard::lock(&self.serving_files) = Some(files);
+    }
+
+    /// What the unit's load balancers are told: 1 for `word`, 0 for the others.
+    pub fn serving(&self, u: &str, word: Word) {
+        for w in Word::ALL {
+            self.serving.get_or_create(&with(u, "state", w.as_str())).set(i64::from(w == word));
+        }
+    }
+
     pub fn reconciled(&self, u: &str, sync: SyncStatus, result: &str, secs: f64, failed: bool) {
+        crate::core::guard::lock(&self.serving_units).insert(u.to_string());
         for s in SyncStatus::ALL {
             self.sync.get_or_create(&with(u, "status", &s.to_string())).set(i64::from(s == sync));
         }
@@ -422,6 +444,10 @@ impl Metrics {
         for g in [&self.accept_length, &self.accept_rate, &self.last_reconcile] {
             g.remove(&unit(u));
         }
+        crate::core::guard::lock(&self.serving_units).remove(u);
+        for w in Word::ALL {
+            self.serving.remove(&with(u, "state", w.as_str()));
+        }
     }
 
     /// What [`Metrics::render`] writes: prometheus-client's text encoder writes the OpenMetrics
@@ -430,6 +456,13 @@ impl Metrics {
     pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
     pub fn render(&self) -> String {
+        // What the load balancers are told changes within reconciles (a drain): read now.
+        if let Some(files) = crate::core::guard::lock(&self.serving_files).clone() {
+            let units = crate::core::guard::lock(&self.serving_units).clone();
+            for u in units {
+                self.serving(&u, crate::core::serving::answered(files.read(&u).as_ref()));
+            }
+        }
         let mut s = String::new();
         let _ = encode(&mut s, &crate::core::guard::lock(&self.registry));
         s
@@ -881,6 +914,31 @@ mod tests {
         assert_eq!(sample(&t, "specd_reconciles_total", "unit=\"q.service\",result=\"reported\""), Some(1.0));
     }
 
+    /// What a unit's load balancers are told is read at each scrape (a drain shows while its
+    /// apply runs, not only after it), for the units the agent reconciled; no state reads as
+    /// down; a unit let go loses its series.
+    #[test]
+    fn the_serving_state_is_read_at_each_scrape_one_series_of_three_at_1() {
+        use crate::core::serving::ServingState;
+        let d = tempfile::tempdir().unwrap();
+        let files = crate::machine::serving::ServingFiles::new(d.path());
+        let m = Metrics::default();
+        m.serving_from(files.clone());
+        assert!(series(&m.render(), "specd_unit_serving").is_empty());
+        m.reconciled("q.service", SyncStatus::InSync, "applied", 0.1, false);
+        let at =
+            |t: &str, state: &str| sample(t, "specd_unit_serving", &format!("unit=\"q.service\",state=\"{state}\""));
+        let t = m.render();
+        assert_eq!((at(&t, "ready"), at(&t, "drain"), at(&t, "down")), (Some(0.0), Some(0.0), Some(1.0)));
+        files.write("q.service", &ServingState::Drain { why: "specd is stopping it".into(), since: 1 }).unwrap();
+        let t = m.render();
+        assert_eq!((at(&t, "ready"), at(&t, "drain"), at(&t, "down")), (Some(0.0), Some(1.0), Some(0.0)));
+        files.write("q.service", &ServingState::Ready { since: 2 }).unwrap();
+        assert_eq!(at(&m.render(), "ready"), Some(1.0));
+        m.forget("q.service");
+        assert!(series(&m.render(), "specd_unit_serving").is_empty());
+    }
+
     /// An agent's metrics, each with a value (the notices' counters registered too).
     fn filled() -> Metrics {
         let m = Metrics::default();
@@ -890,6 +948,7 @@ mod tests {
         m.host_info("h", &BTreeMap::new());
         m.down("q.service", false);
         m.hold("q.service", None);
+        m.serving("q.service", Word::Drain);
         let f = UnitFigures {
             deployed: Some(("c1".into(), "h1".into())),
             args_verified: Some(true),

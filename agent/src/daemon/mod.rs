@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use tokio::sync::{Notify, mpsc, watch};
 
 use crate::config::AgentConfig;
@@ -73,6 +73,7 @@ pub async fn run(opts: RunOptions) -> Result<()> {
     store.secure();
     store.clean_stale_temps();
     let (stop_tx, shutdown) = Shutdown::new();
+    context::set_balancers(cfg.load_balancer.balancers());
     let ctx = Arc::new(Ctx {
         holds: reconcile::Holds::Obeyed,
         ..context::host_ctx(&opts.dirs, progress::events(Sink::Log), shutdown)
@@ -81,6 +82,7 @@ pub async fn run(opts: RunOptions) -> Result<()> {
     StopTimeout::clear_leftover(&ctx.unit_dir, own_unit.as_deref());
     let metrics = Arc::new(Metrics::default());
     metrics.host_info(&hostname, &cfg.labels.0);
+    metrics.serving_from(crate::machine::serving::ServingFiles::host());
     let (trig_tx, trig_rx) = mpsc::unbounded_channel::<Trigger>();
 
     let cache = opts.dirs.state_dir.join("repo");
@@ -128,10 +130,12 @@ pub async fn run(opts: RunOptions) -> Result<()> {
     Ok(())
 }
 
-/// The agent's endpoints: metrics (TCP, read-only) and control actions (a Unix socket, root's
-/// or a group's).
+/// The agent's endpoints: metrics and the units' HTTP checks (TCP, read-only), HAProxy's
+/// agent-check (TCP, read-only, when configured) and control actions (a Unix socket, root's or a
+/// group's).
 struct Endpoints {
     metrics: tokio::task::JoinHandle<()>,
+    agent_check: Option<tokio::task::JoinHandle<()>>,
     control: tokio::task::JoinHandle<()>,
     socket: PathBuf,
 }
@@ -152,8 +156,16 @@ impl Endpoints {
             listen::CONTROL.connections,
             listen::RESERVED_FDS
         );
-        let addr = cfg.listen.clone().unwrap_or_else(|| "127.0.0.1:9464".into());
-        let server = listen::serve_metrics(&addr, metrics.clone(), limits).await?;
+        let addr = cfg.listen();
+        let answers = crate::lb::Answers::new(crate::machine::serving::ServingFiles::host());
+        let agent_check = match cfg.load_balancer.agent_check {
+            Some(a) => Some(
+                crate::lb::agent_check::serve(a, answers.clone())
+                    .with_context(|| format!("load_balancer.agent_check {a}"))?,
+            ),
+            None => None,
+        };
+        let server = listen::serve_metrics(&addr, metrics.clone(), answers, limits).await?;
         let socket = cfg.control_socket();
         let control = listen::serve_control(&socket, cfg.control_group.as_deref(), move |unit| match unit {
             Some(u) => {
@@ -164,12 +176,15 @@ impl Endpoints {
                 let _ = t.send(Trigger::All);
             }
         })?;
-        Ok(Endpoints { metrics: server, control, socket })
+        Ok(Endpoints { metrics: server, agent_check, control, socket })
     }
 
     /// Stop serving and remove the control socket.
     fn close(self) {
         self.metrics.abort();
+        if let Some(a) = &self.agent_check {
+            a.abort();
+        }
         self.control.abort();
         let _ = std::fs::remove_file(&self.socket);
     }

@@ -75,6 +75,7 @@ async fn each_unit_metric_follows_the_reconcile_outcomes() {
         events: Arc::new(|_: &str, _: &reconcile::Event| {}),
         shutdown: Shutdown::never(),
         holds: reconcile::Holds::Obeyed,
+        lb: Default::default(),
     };
     let spec = |steps: u32, tail: &str| {
         let yaml = format!(
@@ -236,6 +237,7 @@ async fn run_worker(
         events: Arc::new(|_: &str, _: &reconcile::Event| {}),
         shutdown,
         holds: reconcile::Holds::Obeyed,
+        lb: Default::default(),
     });
     if let Some(h) = hold(&host) {
         ctx.store.set_hold(&unit, h).await.unwrap();

@@ -207,6 +207,7 @@ struct Now {
     start: Vec<Sample>,
     hold: Vec<Sample>,
     last_death: Vec<Sample>,
+    serving: Vec<Sample>,
 }
 
 /// The answers a rollout in progress needs, for the hosts they are about.
@@ -274,6 +275,7 @@ async fn ask(p: &Prometheus, record: Option<&Record>, now: u64) -> Result<(Now, 
         start: p.query(&last_known("specd_unit_start_duration_seconds"), at).await?,
         hold: p.query(&last_known("specd_unit_hold"), at).await?,
         last_death: p.query(&last_known("specd_unit_last_death_timestamp_seconds"), at).await?,
+        serving: p.query(&last_known("specd_unit_serving"), at).await?,
     };
     let (promoted, converged) = in_progress(record);
     let mut since = Since::default();
@@ -351,6 +353,11 @@ fn fold(a: &Now, since: &Since, now: u64, stale_after: u64) -> Evidence {
     for s in a.hold.iter().filter(|s| s.value == 1.0) {
         if let (Some(kind), Some(u)) = (label(s, "kind"), unit_mut(&mut ev, &by_target, s)) {
             u.hold = Some(kind.to_string());
+        }
+    }
+    for s in a.serving.iter().filter(|s| s.value == 1.0) {
+        if let (Some(state), Some(u)) = (label(s, "state"), unit_mut(&mut ev, &by_target, s)) {
+            u.serving = Some(state.to_string());
         }
     }
     for s in &a.last_death {

@@ -311,7 +311,7 @@ fn status_json(
                             json!({"unit": u, "unit_hash": x.unit_hash, "args_verified": x.args_verified,
                                    "quarantined": x.quarantined, "accept_length": x.accept_length,
                                    "accept_rate": x.accept_rate, "deaths_since_promotion": x.deaths_since_promotion,
-                                   "last_death": x.last_death, "hold": x.hold})
+                                   "last_death": x.last_death, "hold": x.hold, "serving": x.serving})
                         })
                         .collect()
                 })
@@ -349,13 +349,14 @@ fn status_text(record: &Record, position: &(String, Option<u64>), hosts: &[HostP
         );
     }
     s.push_str(&format!(
-        "\n{:<16} {:<10} {:<14} {:<14} {:<12} {:<22} {:<9} {:<7} {:<14} {:<12} {}\n",
+        "\n{:<16} {:<10} {:<14} {:<14} {:<12} {:<22} {:<7} {:<9} {:<7} {:<14} {:<12} {}\n",
         "HOST",
         "WAVE",
         "GIVEN",
         "DEPLOYS",
         "STANDING",
         "UNIT",
+        "SERVING",
         "VERIFIED",
         "ACCEPT",
         "DIED SINCE",
@@ -368,24 +369,26 @@ fn status_text(record: &Record, position: &(String, Option<u64>), hosts: &[HostP
         let deploys = e.and_then(|e| e.revision.as_deref()).map_or("-", short).to_string();
         let wave = h.wave.as_deref().unwrap_or("(none)");
         let units: Vec<_> = e.map(|e| e.units.iter().collect()).unwrap_or_default();
-        let row = |unit: &str, verified: &str, accept: &str, deaths: &str, last: &str, hold: &str| {
-            format!(
-                "{:<16} {:<10} {:<14} {:<14} {:<12} {:<22} {:<9} {:<7} {:<14} {:<12} {}\n",
-                h.host,
-                wave,
-                given,
-                deploys,
-                h.standing.word(),
-                unit,
-                verified,
-                accept,
-                deaths,
-                last,
-                hold
-            )
-        };
+        let row =
+            |(unit, serving): (&str, &str), verified: &str, accept: &str, deaths: &str, last: &str, hold: &str| {
+                format!(
+                    "{:<16} {:<10} {:<14} {:<14} {:<12} {:<22} {:<7} {:<9} {:<7} {:<14} {:<12} {}\n",
+                    h.host,
+                    wave,
+                    given,
+                    deploys,
+                    h.standing.word(),
+                    unit,
+                    serving,
+                    verified,
+                    accept,
+                    deaths,
+                    last,
+                    hold
+                )
+            };
         if units.is_empty() {
-            s.push_str(&row("-", "-", "-", "-", "-", "-"));
+            s.push_str(&row(("-", "-"), "-", "-", "-", "-", "-"));
         }
         for (u, x) in units {
             let verified = match x.args_verified {
@@ -400,7 +403,8 @@ fn status_text(record: &Record, position: &(String, Option<u64>), hosts: &[HostP
                 x.deaths_since_promotion.keys().cloned().collect::<Vec<_>>().join(",")
             };
             let last = x.last_death.as_deref().unwrap_or("-");
-            s.push_str(&row(u, verified, &accept, &deaths, last, x.hold.as_deref().unwrap_or("-")));
+            let serving = x.serving.as_deref().unwrap_or("-");
+            s.push_str(&row((u, serving), verified, &accept, &deaths, last, x.hold.as_deref().unwrap_or("-")));
         }
         let detail = h.standing.detail();
         if !detail.is_empty() {

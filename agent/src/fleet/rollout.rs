@@ -89,6 +89,8 @@ pub struct UnitEvidence {
     pub last_death: Option<String>,
     /// The kind of hold on the unit (`specd_unit_hold`): suspend, pin or sweep.
     pub hold: Option<String>,
+    /// What its load balancers are told (`specd_unit_serving`): ready, drain or down.
+    pub serving: Option<String>,
 }
 
 /// What a host must run at a revision: each unit specd renders for it, and whether it

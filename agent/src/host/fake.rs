@@ -18,7 +18,8 @@ use serde_json::Value;
 use specd_spec::{Engine, Spec};
 use tokio::time::Instant;
 
-use super::{Devices, Host, Journal, Processes, Server, ServiceManager, UnitFiles, Watch};
+use super::{Devices, Host, Journal, LoadBalancers, Processes, Server, ServiceManager, UnitFiles, Watch};
+use crate::core::serving::{CheckKind, PollLog, ServingState, Word};
 use crate::core::speculation::Speculation;
 use crate::core::unit_state::{ActiveState, LoadState, UnitFileState};
 use crate::machine::cgroup::Lingering;
@@ -130,6 +131,28 @@ struct World {
     stops_while_busy: u32,
     /// What `nvidia-smi` answers, in turn (the last one again and again); empty: no NVIDIA device.
     gpu_answers: std::collections::VecDeque<Result<String, String>>,
+    /// What the unit's load balancers are told, and each word they were told since, when.
+    lb_state: Option<ServingState>,
+    lb_told: Vec<(Instant, Word)>,
+    /// Load balancers that poll the unit.
+    balancers: Vec<Balancer>,
+    /// What specd told the load balancers that was not true, or a stop while they were told
+    /// ready.
+    lb_violations: Vec<String>,
+    /// The main process was killed by a fault (not stopped by specd) since the last start.
+    killed: bool,
+    /// When each stop of a live server was asked for.
+    stop_times: Vec<Instant>,
+}
+
+/// A load balancer polling the unit every `every` from `from`, until `until` if it stops.
+#[derive(Clone, Debug)]
+struct Balancer {
+    kind: CheckKind,
+    addr: String,
+    every: Duration,
+    from: Instant,
+    until: Option<Instant>,
 }
 
 /// What the fault plan says about this call.
@@ -360,6 +383,51 @@ impl FakeHost {
         self.w().stops_while_busy
     }
 
+    /// A load balancer at `addr` polls the unit every `every` from now on, by `kind`.
+    pub fn balancer(&self, kind: CheckKind, addr: &str, every: Duration) {
+        let b = Balancer { kind, addr: addr.into(), every, from: Instant::now(), until: None };
+        self.w().balancers.push(b);
+    }
+
+    /// The load balancer at `addr` polls no more from now on.
+    pub fn balancer_stops(&self, addr: &str) {
+        let now = Instant::now();
+        for b in self.w().balancers.iter_mut().filter(|b| b.addr == addr) {
+            b.until = Some(now);
+        }
+    }
+
+    /// When each stop of a live server was asked for.
+    pub fn stop_times(&self) -> Vec<Instant> {
+        self.w().stop_times.clone()
+    }
+
+    /// What the unit's load balancers are told now.
+    pub fn lb_state(&self) -> Option<ServingState> {
+        self.w().lb_state.clone()
+    }
+
+    /// Each word the load balancers were told, in order.
+    pub fn lb_told(&self) -> Vec<Word> {
+        self.w().lb_told.iter().map(|(_, w)| *w).collect()
+    }
+
+    /// When the load balancers were last told `word`.
+    pub fn lb_told_at(&self, word: Word) -> Option<Instant> {
+        self.w().lb_told.iter().rev().find(|(_, w)| *w == word).map(|(t, _)| *t)
+    }
+
+    /// What specd told the load balancers that was not true, or stopped while they were told
+    /// ready (see [`LoadBalancers`]' implementation here).
+    pub fn lb_violations(&self) -> Vec<String> {
+        self.w().lb_violations.clone()
+    }
+
+    /// The fake's wall clock in ms at `t`.
+    fn ms_at(&self, t: Instant) -> u64 {
+        EPOCH * 1000 + t.saturating_duration_since(self.born).as_millis() as u64
+    }
+
     /// A process outside the unit (a sweep's), alive until [`FakeHost::end_holder`].
     pub fn spawn_holder(&self) -> u32 {
         Self::holder(&mut self.w())
@@ -396,10 +464,15 @@ impl FakeHost {
         self.w().calls.len()
     }
 
-    /// The planned fault hit the last call made so far (nothing after it could see it).
-    pub fn faulted_last(&self) -> bool {
+    /// The planned fault hit the last call of these names made so far, and none but of these
+    /// names came after it (nothing after it could see it).
+    pub fn faulted_last_of(&self, names: &[&str]) -> bool {
         let w = self.w();
-        w.plan.is_some_and(|(at, _)| at + 1 == w.calls.len())
+        w.plan.is_some_and(|(at, _)| {
+            at < w.calls.len()
+                && names.contains(&w.calls[at])
+                && w.calls[at + 1..].iter().all(|c| names.contains(c) && *c != w.calls[at])
+        })
     }
 
     pub fn call_names(&self) -> Vec<&'static str> {
@@ -512,6 +585,7 @@ impl FakeHost {
         let main = w.unit.main_pid;
         if let Some(p) = w.procs.get_mut(&main).filter(|p| p.alive) {
             p.alive = false;
+            w.killed = true;
             Self::ended(w, "signal", 2, 9);
         }
     }
@@ -692,6 +766,7 @@ impl FakeHost {
             },
         );
         w.unit.invocation += 1;
+        w.killed = false;
         w.unit.main_pid = pid;
         w.unit.active = "active";
         w.unit.sub = "running";
@@ -708,6 +783,15 @@ impl FakeHost {
         assert_eq!(unit, self.unit);
         let exit = {
             let mut w = self.w();
+            let main = w.unit.main_pid;
+            let alive = w.procs.get(&main).is_some_and(|p| p.alive);
+            if alive {
+                w.stop_times.push(Instant::now());
+            }
+            if alive && matches!(w.lb_state, Some(ServingState::Ready { .. })) {
+                let told = w.lb_state.clone();
+                w.lb_violations.push(format!("pid {main} was stopped while its load balancers were told {told:?}"));
+            }
             w.stops += 1;
             if w.busy_until.is_some_and(|t| Instant::now() < t) {
                 w.stops_while_busy += 1;
@@ -1022,6 +1106,55 @@ impl Devices for FakeHost {
         }
         let mut w = self.w();
         if w.gpu_answers.len() > 1 { w.gpu_answers.pop_front() } else { w.gpu_answers.front().cloned() }
+    }
+}
+
+/// The unit's load balancers: the state in memory (each set a call the fault plan may fail), the
+/// polls of the [`FakeHost::balancer`]s computed from when each word was told. A state set to
+/// ready while nothing serves (checked before the call's fault: a server killed at that very call
+/// died after specd looked) is a violation, as is a stop of a live server while it is ready.
+impl LoadBalancers for FakeHost {
+    fn serving_state(&self, _unit: &str) -> Option<ServingState> {
+        self.w().lb_state.clone()
+    }
+
+    fn set_serving_state(&self, unit: &str, state: &ServingState) -> Result<()> {
+        assert_eq!(unit, self.unit);
+        // A server killed after specd looked at it is not specd's to know of (the load
+        // balancer's own check is): the next reconcile sees it.
+        if state.word() == Word::Ready && self.serving().is_none() && !self.w().killed {
+            let what = format!("told ready while nothing serves: {state:?}");
+            self.w().lb_violations.push(what);
+        }
+        self.sync_call("serving_set")?;
+        let mut w = self.w();
+        w.lb_state = Some(state.clone());
+        w.lb_told.push((Instant::now(), state.word()));
+        Ok(())
+    }
+
+    fn lb_polls(&self, _unit: &str) -> PollLog {
+        if self.sync_call("lb_polls").is_err() {
+            return PollLog::default();
+        }
+        let now = Instant::now();
+        let w = self.w();
+        let word_at = |t: Instant| w.lb_told.iter().rev().find(|(at, _)| *at <= t).map_or(Word::Down, |(_, w)| *w);
+        let mut log = PollLog::default();
+        for b in &w.balancers {
+            let end = b.until.map_or(now, |u| u.min(now));
+            let Some(span) = end.checked_duration_since(b.from) else { continue };
+            let last = span.as_millis() / b.every.as_millis().max(1);
+            for k in last.saturating_sub(64)..=last {
+                let t = b.from + b.every * k as u32;
+                log.record(b.kind, &b.addr, self.ms_at(t), word_at(t));
+            }
+        }
+        log
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.ms_at(Instant::now())
     }
 }
 

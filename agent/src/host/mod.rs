@@ -1,7 +1,8 @@
 //! The host, as the reconciler sees it: one boundary for every effect an apply has or depends on,
 //! in roles: the service manager ([`ServiceManager`]), the process table and cgroups
 //! ([`Processes`]), unit files ([`UnitFiles`]), the server's HTTP endpoints ([`Server`]), the
-//! journal ([`Journal`]), the GPUs ([`Devices`]). [`Host`] is their sum, with what ties them: the wall clock, the
+//! journal ([`Journal`]), the GPUs ([`Devices`]), what the unit's load balancers are told and
+//! their polls ([`LoadBalancers`]). [`Host`] is their sum, with what ties them: the wall clock, the
 //! pre-flight (which looks at files, processes and ports at once) and the hold gate (a clock and
 //! a process). Code that drives a unit is generic over `H: Host`; what needs one role names it.
 //!
@@ -22,6 +23,7 @@ use specd_spec::{Engine, Spec};
 use tokio::time::Instant;
 
 use crate::core::hold::{Hold, HoldEffect};
+use crate::core::serving::{PollLog, ServingState};
 use crate::core::speculation::Speculation;
 use crate::core::timing;
 use crate::machine::cgroup::Lingering;
@@ -147,10 +149,25 @@ pub trait Devices {
     fn gpu_memory(&self) -> impl Future<Output = Option<Result<String, String>>> + Send;
 }
 
+/// What a unit's load balancers are told (its serving state) and what specd saw of them (the log
+/// of their polls), kept where every specd process on the host reads them: the reconciler marks
+/// a unit `drain` before it stops it and says what it left at the end; whichever process answers
+/// the load balancers records their polls.
+pub trait LoadBalancers {
+    /// The unit's serving state now (`None`: it has none).
+    fn serving_state(&self, unit: &str) -> Option<ServingState>;
+    /// Replace it: a load balancer's next poll is answered by it.
+    fn set_serving_state(&self, unit: &str, state: &ServingState) -> Result<()>;
+    /// The load balancers' polls of the unit.
+    fn lb_polls(&self, unit: &str) -> PollLog;
+    /// The wall clock in milliseconds (the polls' times).
+    fn now_ms(&self) -> u64;
+}
+
 /// The whole boundary: its roles, and what ties them. Cheap to clone (a handle): background
 /// reads during an apply hold their own.
 pub trait Host:
-    ServiceManager + Processes + UnitFiles + Server + Journal + Devices + Clone + Send + Sync + 'static
+    ServiceManager + Processes + UnitFiles + Server + Journal + Devices + LoadBalancers + Clone + Send + Sync + 'static
 {
     /// The wall clock, unix seconds (a hold's expiry is a time of day).
     fn now(&self) -> u64;

@@ -9,29 +9,52 @@ use serde_json::Value;
 use specd_spec::{Engine, Spec};
 use tokio::time::Instant;
 
-use super::{Devices, Ending, Host, Journal, Processes, Server, ServiceManager, UnitFiles, Watch, reconnecting};
+use super::{
+    Devices, Ending, Host, Journal, LoadBalancers, Processes, Server, ServiceManager, UnitFiles, Watch, reconnecting,
+};
 use crate::core::hold::Hold;
+use crate::core::serving::{PollLog, ServingState};
 use crate::core::speculation::Speculation;
 use crate::core::timing;
 use crate::machine::atomic;
 use crate::machine::cgroup::{self, Layout, Lingering};
 use crate::machine::probe::{Health, Probe};
 use crate::machine::process::{exited, pid_start, same_process};
+use crate::machine::serving::ServingFiles;
 use crate::machine::systemd::{Systemd, UnitProps};
 use crate::preflight;
 
 /// The machine: systemd over D-Bus, `/proc` and the cgroup tree, the file system, HTTP to the
-/// server, journald.
+/// server, journald, specd's runtime directory (what load balancers are told).
 #[derive(Clone)]
 pub struct RealHost {
     pub systemd: Systemd,
     pub layout: Layout,
     pub probe: Probe,
+    pub serving: ServingFiles,
 }
 
 impl RealHost {
     pub fn new(layout: Layout) -> RealHost {
-        RealHost { systemd: Systemd::default(), layout, probe: Probe::default() }
+        RealHost { systemd: Systemd::default(), layout, probe: Probe::default(), serving: ServingFiles::host() }
+    }
+}
+
+impl LoadBalancers for RealHost {
+    fn serving_state(&self, unit: &str) -> Option<ServingState> {
+        self.serving.read(unit)
+    }
+
+    fn set_serving_state(&self, unit: &str, state: &ServingState) -> Result<()> {
+        self.serving.write(unit, state)
+    }
+
+    fn lb_polls(&self, unit: &str) -> PollLog {
+        self.serving.polls(unit)
+    }
+
+    fn now_ms(&self) -> u64 {
+        crate::machine::store::now_ms()
     }
 }
 

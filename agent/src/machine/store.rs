@@ -17,6 +17,11 @@ pub fn now() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
 
+/// The wall clock in milliseconds since the epoch.
+pub fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
 /// The state of a unit specd knows nothing about yet.
 fn fresh(unit: &str) -> UnitState {
     UnitState { unit: unit.to_string(), ..Default::default() }

@@ -356,7 +356,9 @@ pub(super) async fn failed<H: Host>(
     };
     let serving = serving_now(ctx, unit).await;
     let s = subject(d);
-    conclude::failed(&s, conclude::recovered(&s, &what, &recovered), said, serving, &decision)
+    let mut c = conclude::failed(&s, conclude::recovered(&s, &what, &recovered), said, serving, &decision);
+    c.change.serving = conclude::after_recovery(&recovered, c.serving.as_ref(), &c.verdict);
+    c
 }
 
 /// Whether the unit's service runs after a failed apply or a rollback, as systemd says now.

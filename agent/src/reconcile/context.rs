@@ -4,6 +4,7 @@
 
 use std::path::PathBuf;
 
+use crate::core::serving::Balancers;
 use crate::host::RealHost;
 use crate::machine::cgroup::Layout;
 use crate::machine::store::Store;
@@ -27,6 +28,15 @@ pub fn host_ctx(dirs: &Dirs, events: Events, shutdown: Shutdown) -> Ctx<RealHost
     ctx_on(RealHost::new(Layout::host()), dirs, events, shutdown)
 }
 
+/// How this process waits for load balancers (the agent config's `load_balancer:`), set once at
+/// its start by the command that reads that config; the defaults otherwise.
+static BALANCERS: std::sync::OnceLock<Balancers> = std::sync::OnceLock::new();
+
+/// Set how this process's reconciles wait for load balancers (once: a later call changes nothing).
+pub fn set_balancers(b: Balancers) {
+    let _ = BALANCERS.set(b);
+}
+
 /// The reconcile context of a command on `host` (the machine, or the tests' fake), in `dirs`:
 /// an operator's command overrides holds.
 pub fn ctx_on<H: crate::host::Host>(host: H, dirs: &Dirs, events: Events, shutdown: Shutdown) -> Ctx<H> {
@@ -37,6 +47,7 @@ pub fn ctx_on<H: crate::host::Host>(host: H, dirs: &Dirs, events: Events, shutdo
         events,
         shutdown,
         holds: crate::reconcile::Holds::Overridden,
+        lb: BALANCERS.get().copied().unwrap_or_default(),
     }
 }
 

@@ -12,6 +12,7 @@ use specd_spec::Spec;
 
 use crate::core::conclude::{Action, Report, Serving};
 use crate::core::record::Outcome;
+use crate::core::serving::{CheckKind, ServingState, Word};
 use crate::host::fake::{Crashed, FAULTS, FakeHost, Fault, LOAD};
 use crate::machine::store::Store;
 use crate::reconcile::{self, Ctx, DesiredState, Shutdown};
@@ -57,6 +58,7 @@ impl World {
             },
             shutdown: Shutdown::never(),
             holds: reconcile::Holds::Obeyed,
+            lb: Default::default(),
         }
     }
 
@@ -116,10 +118,13 @@ struct Apply {
     new_enabled: bool,
     /// A drop-in in the unit's `.d` directory (the apply moves it aside).
     drop_in: bool,
+    /// A load balancer polls the unit (HAProxy's agent-check, every 500 ms): the drain waits
+    /// until it saw `drain`.
+    balancer: bool,
 }
 
 impl Apply {
-    const PLAIN: Apply = Apply { new_fails: false, enabled: true, new_enabled: true, drop_in: false };
+    const PLAIN: Apply = Apply { new_fails: false, enabled: true, new_enabled: true, drop_in: false, balancer: false };
 }
 
 impl World {
@@ -132,6 +137,9 @@ impl World {
 async fn prepared(old: &DesiredState, new: &DesiredState, a: Apply) -> World {
     let w = serving(old, new, a.new_fails).await;
     w.host.set_enabled(a.enabled);
+    if a.balancer {
+        w.host.balancer(CheckKind::AgentCheck, "10.0.0.5", std::time::Duration::from_millis(500));
+    }
     if a.drop_in {
         crate::host::UnitFiles::write(&w.host, &w.drop_in(), DROP_IN.as_bytes()).unwrap();
     }
@@ -165,9 +173,15 @@ fn check_faulty_run(w: &World, old: &DesiredState, new: &DesiredState, r: &Optio
         file.as_deref() == Some(old.unit.text.as_str()) || file.as_deref() == Some(new.unit.text.as_str()),
         "{case}: the unit file is neither old nor new"
     );
+    assert_eq!(w.host.lb_violations(), Vec::<String>::new(), "{case}: its load balancers were misled\n{}", w.said());
     let Some(Ok(r)) = r else { return };
     let st = w.store().peek(UNIT).unwrap();
-    let died_after = w.host.faulted_last() && w.host.call_names().last() == Some(&"state_save");
+    // The save of its record, and the word to its load balancers after it: its last calls.
+    let died_after = w.host.faulted_last_of(&["state_save", "serving_set"]);
+    // Told ready only while a verified unit serves (unless it died at the very end).
+    if matches!(w.host.lb_state(), Some(ServingState::Ready { .. })) && !died_after {
+        assert!(w.host.serving().is_some(), "{case}: told ready, and nothing serves: {}\n{}", r.verdict, w.said());
+    }
     match r.outcome {
         _ if died_after && w.host.serving().is_none() => {}
         Some(Outcome::Applied) => assert_eq!(w.host.serving().as_ref(), Some(&new.spec.argv), "{case}: {}", r.verdict),
@@ -200,9 +214,14 @@ fn check_faulty_run(w: &World, old: &DesiredState, new: &DesiredState, r: &Optio
 /// apply) leaves a server serving, the one the state says, and the one after does nothing.
 async fn check_converges(w: &World, old: &DesiredState, new: &DesiredState, fault: Fault, new_fails: bool, case: &str) {
     w.host.heal();
-    let r = w.reconcile(new).await.unwrap().unwrap_or_else(|e| panic!("{case}: the next reconcile failed: {e}"));
+    let mut r = w.reconcile(new).await.unwrap().unwrap_or_else(|e| panic!("{case}: the next reconcile failed: {e}"));
     // A server the reconcile left loading (a rollback killed after its start) has loaded by now.
     tokio::time::sleep(LOAD).await;
+    // The agent looks again at a unit it left loading, when it said so.
+    if r.action == Action::Requeue(crate::core::timing::PROGRESSING_AGAIN) {
+        tokio::time::sleep(crate::core::timing::PROGRESSING_AGAIN).await;
+        r = w.reconcile(new).await.unwrap().unwrap_or_else(|e| panic!("{case}: the requeued reconcile failed: {e}"));
+    }
     let serving = w.host.serving();
     assert_eq!(w.host.started_over_live(), 0, "{case}: a new instance was started over a live one\n{}", w.said());
     let st = w.store().peek(UNIT).unwrap();
@@ -230,6 +249,16 @@ async fn check_converges(w: &World, old: &DesiredState, new: &DesiredState, faul
         );
     }
     assert!(st.in_progress.is_none(), "{case}: an apply is still recorded in progress: {}", r.verdict);
+    // It serves again: never left drain.
+    assert_eq!(
+        w.host.lb_state().map(|s| s.word()),
+        Some(Word::Ready),
+        "{case}: it serves, and its load balancers are told {:?}: {}\n{}",
+        w.host.lb_state(),
+        r.verdict,
+        w.said()
+    );
+    assert_eq!(w.host.lb_violations(), Vec::<String>::new(), "{case}: its load balancers were misled\n{}", w.said());
     // What was done is in the history as what it was, however many runs it took: the new unit
     // applied, or rolled back from.
     let want = if serving.as_ref() == Some(&new.spec.argv) { Outcome::Applied } else { Outcome::RolledBack };
@@ -334,6 +363,20 @@ async fn matrix(a: Apply) {
 #[tokio::test(start_paused = true)]
 async fn a_fault_at_any_call_of_an_apply_leaves_the_host_old_or_new_and_the_next_reconcile_converges() {
     matrix(Apply::PLAIN).await;
+}
+
+/// The same with a load balancer polling the unit: the drain waits until it saw `drain`, and
+/// whatever the fault, it is never told ready while nothing serves, never while the old server
+/// is stopped, and is told ready again once a unit serves.
+#[tokio::test(start_paused = true)]
+async fn a_fault_at_any_call_of_an_apply_behind_a_load_balancer_never_misleads_it_and_converges_ready() {
+    matrix(Apply { balancer: true, ..Apply::PLAIN }).await;
+}
+
+/// The same for a failing apply behind a load balancer: rolled back, and ready again.
+#[tokio::test(start_paused = true)]
+async fn a_fault_at_any_call_of_a_failing_apply_behind_a_load_balancer_converges_ready() {
+    matrix(Apply { balancer: true, new_fails: true, ..Apply::PLAIN }).await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -450,6 +493,8 @@ async fn a_fault_at_any_call_of_a_prune_still_leaves_the_unit_stopped_disabled_a
             assert_eq!(w.host.alive_count(), 0, "{case}: a process of the pruned unit is alive");
             assert!(!w.host.enabled(), "{case}: the pruned unit still starts at boot");
             assert_eq!(w.host.unit_file(), None, "{case}: the pruned unit's file is still there");
+            assert_eq!(w.host.lb_state().map(|s| s.word()), Some(Word::Down), "{case}: its load balancers");
+            assert_eq!(w.host.lb_violations(), Vec::<String>::new(), "{case}: stopped while told ready");
             cases += 1;
         }
     }
@@ -749,6 +794,130 @@ async fn a_unit_verified_before_is_never_quarantined_by_its_server_being_killed(
         tokio::time::sleep(LOAD).await;
         assert_eq!(w.host.serving().as_ref(), Some(&new.spec.argv), "{case}: {}\n{}", again.verdict, w.said());
     }
+}
+
+/// Behind a load balancer (an agent-check every 500 ms), an apply tells it `drain` before the stop
+/// and stops only once it polled and was answered so, says so, and tells it ready once the new
+/// unit is verified.
+#[tokio::test(start_paused = true)]
+async fn an_apply_behind_a_load_balancer_stops_only_once_it_saw_drain_and_tells_it_ready_after() {
+    let (old, new) = (desired(5), desired(10));
+    let w = serving(&old, &new, false).await;
+    assert_eq!(w.host.lb_told(), [Word::Ready], "the first apply's end");
+    let every = std::time::Duration::from_millis(500);
+    w.host.balancer(CheckKind::AgentCheck, "10.0.0.5", every);
+    // Its polls are at 0, 500 ms, 1 s...: the mark comes between two.
+    tokio::time::sleep(std::time::Duration::from_millis(120)).await;
+    let r = w.reconcile(&new).await.unwrap().unwrap();
+    assert_eq!(r.outcome, Some(Outcome::Applied), "{}", r.verdict);
+    let (mark, stop) = (w.host.lb_told_at(Word::Drain).unwrap(), w.host.stop_times()[0]);
+    // The next poll after the mark is at 500 ms; the apply looks every 100 ms.
+    let waited = stop - mark;
+    assert!(waited >= std::time::Duration::from_millis(380), "stopped {waited:?} after the mark\n{}", w.said());
+    assert!(waited <= std::time::Duration::from_millis(500), "stopped {waited:?} after the mark\n{}", w.said());
+    assert!(w.said().contains("Progress(\"1 load balancer (10.0.0.5) saw drain after 0.4 s\")"), "{}", w.said());
+    assert_eq!(w.host.lb_told(), [Word::Ready, Word::Drain, Word::Ready]);
+    assert_eq!(w.host.lb_violations(), Vec::<String>::new());
+}
+
+/// With no load balancer polling (the defaults: no settle time), the drain marks the unit and
+/// waits for nobody; the apply says that nothing keeps traffic away during the stop.
+#[tokio::test(start_paused = true)]
+async fn with_no_load_balancer_an_apply_says_nothing_keeps_traffic_away_and_waits_for_nobody() {
+    let (old, new) = (desired(5), desired(10));
+    let w = serving(&old, &new, false).await;
+    let r = w.reconcile(&new).await.unwrap().unwrap();
+    assert_eq!(r.outcome, Some(Outcome::Applied), "{}", r.verdict);
+    assert_eq!(w.host.stop_times()[0], w.host.lb_told_at(Word::Drain).unwrap(), "{}", w.said());
+    assert!(
+        w.said().contains("Progress(\"no load balancer polls this unit: nothing keeps traffic away during the stop\")"),
+        "{}",
+        w.said()
+    );
+    // A settle time (load_balancer.settle_sec) is waited when none polls.
+    let ctx = Ctx {
+        lb: crate::core::serving::Balancers { settle: std::time::Duration::from_secs(2), http_fall: 3 },
+        ..w.ctx()
+    };
+    let r = reconcile::reconcile(&ctx, &old, false).await.unwrap();
+    assert_eq!(r.outcome, Some(Outcome::Applied), "{}", r.verdict);
+    let (mark, stop) = (w.host.lb_told_at(Word::Drain).unwrap(), w.host.stop_times()[1]);
+    assert_eq!(stop - mark, std::time::Duration::from_secs(2), "{}", w.said());
+    assert!(w.said().contains("waited the settle time of 2 s"), "{}", w.said());
+}
+
+/// A load balancer that stops polling at the mark is waited for no longer than the drain budget
+/// (`drain_timeout_sec: 5`, shorter than the 10 s after which it counts as gone), and the apply
+/// warns that it did not see drain.
+#[tokio::test(start_paused = true)]
+async fn a_load_balancer_that_never_sees_drain_holds_the_stop_no_longer_than_the_drain_budget() {
+    let (old, new) = (desired(5), desired(10));
+    let w = serving(&old, &new, false).await;
+    w.host.balancer(CheckKind::AgentCheck, "10.0.0.5", std::time::Duration::from_millis(500));
+    tokio::time::sleep(std::time::Duration::from_millis(1200)).await;
+    w.host.balancer_stops("10.0.0.5");
+    let r = w.reconcile(&new).await.unwrap().unwrap();
+    assert_eq!(r.outcome, Some(Outcome::Applied), "{}", r.verdict);
+    let (mark, stop) = (w.host.lb_told_at(Word::Drain).unwrap(), w.host.stop_times()[0]);
+    let waited = stop - mark;
+    assert!(
+        waited >= std::time::Duration::from_secs(5) && waited < std::time::Duration::from_millis(5200),
+        "{waited:?}"
+    );
+    assert!(
+        w.said().contains(
+            "Warning(\"1 of 1 load balancer (10.0.0.5) did not see drain within 5.0 s (drain_timeout_sec 5 s)"
+        ),
+        "{}",
+        w.said()
+    );
+}
+
+/// A plan the pre-flight refuses while the drain waits (the unit cannot start here) stops
+/// nothing, and its load balancers are told ready again: the old unit serves on.
+#[tokio::test(start_paused = true)]
+async fn a_refusal_during_the_drain_tells_the_load_balancers_ready_again() {
+    let (old, new) = (desired(5), desired(10));
+    let w = serving(&old, &new, false).await;
+    w.host.balancer(CheckKind::AgentCheck, "10.0.0.5", std::time::Duration::from_millis(500));
+    w.host.lacks(
+        &new.spec,
+        crate::preflight::Problem {
+            check: crate::preflight::CheckKind::Model,
+            message: "the model /models/qwen does not exist".into(),
+        },
+    );
+    w.host.preflight_lag(std::time::Duration::from_millis(300));
+    let r = w.reconcile(&new).await.unwrap().unwrap();
+    assert_eq!(r.outcome, Some(Outcome::Refused), "{}", r.verdict);
+    assert_eq!(w.host.stop_times(), []);
+    assert_eq!(w.host.lb_told(), [Word::Ready, Word::Drain, Word::Ready], "{}", w.said());
+    assert_eq!(w.host.serving().as_ref(), Some(&old.spec.argv));
+}
+
+/// An apply whose load balancers cannot be told drain (specd's runtime directory unwritable)
+/// refuses to stop the serving instance: nothing changes, and it is looked at again.
+#[tokio::test(start_paused = true)]
+async fn an_apply_that_cannot_tell_its_load_balancers_drain_stops_nothing() {
+    let (old, new) = (desired(5), desired(10));
+    let w = serving(&old, &new, false).await;
+    let probe = serving(&old, &new, false).await;
+    let n0 = probe.host.calls();
+    probe.reconcile(&new).await.unwrap().unwrap();
+    let at = probe.host.call_names()[n0..].iter().position(|c| *c == "serving_set").unwrap();
+    w.host.plan(at, Fault::Fails);
+    let r = w.reconcile(&new).await.unwrap().unwrap();
+    assert_eq!(r.outcome, Some(Outcome::Refused), "{}", r.verdict);
+    assert!(
+        r.verdict.contains(
+            "its load balancers could not be told drain (serving_set: injected failure); nothing was stopped"
+        ),
+        "{}",
+        r.verdict
+    );
+    assert_eq!(w.host.stop_times(), []);
+    assert_eq!(w.host.serving().as_ref(), Some(&old.spec.argv));
+    assert_eq!(r.action, Action::Requeue(crate::core::timing::PREFLIGHT_AGAIN));
 }
 
 /// An apply times the start it made by the phases its server's own lines tell (the fake says

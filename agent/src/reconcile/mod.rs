@@ -20,6 +20,7 @@
 //! one) is started.
 
 mod act;
+mod balancers;
 pub mod context;
 #[cfg(test)]
 mod faults;
@@ -41,6 +42,7 @@ use crate::core::conclude::{Action, Report};
 use crate::core::plan::{self, Plan, Step, Toward};
 use crate::core::record;
 use crate::core::record::{Source, UnitState};
+use crate::core::serving::Balancers;
 use crate::host::{Host, unit_path};
 use crate::machine::lock::UnitLock;
 use crate::machine::store::Store;
@@ -77,6 +79,9 @@ pub struct Ctx<H: Host> {
     /// Whether a unit's hold stops this context's reconciles from acting (the agent's), or not
     /// (an operator's command, a sweep: they decided to act on the unit).
     pub holds: Holds,
+    /// How the unit's load balancers are waited for before a serving instance is stopped (the
+    /// agent config's `load_balancer:`).
+    pub lb: Balancers,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -145,6 +150,10 @@ pub async fn reconcile<H: Host>(ctx: &Ctx<H>, d: &DesiredState, dry_run: bool) -
         false => None,
     };
     if dry_run || held.is_some() {
+        if !dry_run {
+            // Held, as it runs: what its load balancers are told follows what it runs.
+            let _ = balancers::tell(ctx, d, &st, &o, &crate::core::serving::After::Observed);
+        }
         return Ok(conclude::observed_only(plan, held, refusal));
     }
     ctx.host.clean_temps(&ctx.unit_dir, &unit);
@@ -173,7 +182,16 @@ pub async fn reconcile<H: Host>(ctx: &Ctx<H>, d: &DesiredState, dry_run: bool) -
         // What was done on the host is done; say it, and that it is not recorded.
         c.unsaved(&e);
     }
-    Ok(c.report(plan, stop_verdict))
+    let told = balancers::tell(ctx, d, &st, &o, &c.change.serving);
+    let mut report = c.report(plan, stop_verdict);
+    if let Err(e) = told {
+        // Left as it was (`drain` after a stop): told again at the next look, soon.
+        emit(Event::Warning(format!("could not tell {unit}'s load balancers what it serves ({e:#}); trying again")));
+        if report.action == Action::AwaitChange {
+            report.action = Action::Requeue(timing::FAILED_AGAIN);
+        }
+    }
+    Ok(report)
 }
 
 /// The desired state as the ending is concluded on.

@@ -2,6 +2,7 @@
 //! its file and state set aside.
 
 use super::*;
+use crate::core::serving::ServingState;
 use crate::core::timing::{self};
 use crate::host::{Host, unit_path};
 use crate::machine::cgroup::Lingering;
@@ -47,6 +48,11 @@ pub async fn prune<H: Host>(ctx: &Ctx<H>, unit: &str) {
         unit,
         "pruning: its spec is gone; stopping and disabling it, and moving its unit file to the state dir"
     );
+    // Its load balancers first: no new request goes to a server about to stop.
+    let down = ServingState::Down { why: "its spec is gone (prune: true)".into(), since: ctx.host.now() };
+    if let Err(e) = ctx.host.set_serving_state(unit, &down) {
+        return tracing::error!(unit, "pruning: telling its load balancers it is down: {e:#}; not stopped");
+    }
     let before = ctx.host.show(unit).await.unwrap_or_default();
     ctx.host.note(unit, "prune", &before.invocation_id, &format!("specd: stopping {unit}: its spec is gone (prune)"));
     if let Err(lingering) = stop_until_empty(ctx, unit, &before).await {

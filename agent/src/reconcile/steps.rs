@@ -114,6 +114,7 @@ pub(super) async fn run_steps<H: Host>(
         // A run that starts nothing finishes an apply whose instance was started already.
         started: t.not_serving && !steps.contains(&Step::Start),
         carried: None,
+        marked: false,
     };
     let r = run.steps(st, steps, stop).await;
     stop.followed_by = std::mem::take(&mut run.started_invocation);
@@ -201,6 +202,8 @@ pub(super) struct Run<'a, H: Host> {
     pub(super) started: bool,
     /// From its old instance's stop on: the run's place among those the agent's stop waits for.
     pub(super) carried: Option<CarriedGuard>,
+    /// This run told the unit's load balancers `drain`.
+    pub(super) marked: bool,
 }
 
 impl<H: Host> Run<'_, H> {
@@ -307,17 +310,34 @@ impl<H: Host> Run<'_, H> {
         Ok(())
     }
 
+    /// The drain: the load balancers told `drain` and waited for until they saw it (see
+    /// `balancers`), then the requests in flight, all within the drain budget.
     pub(super) async fn drain(&mut self) -> Result<(), StepFailure> {
         let deadline = Instant::now() + self.t.drain;
         self.drain_until(deadline).await
     }
 
     /// Until the server has no request in flight, or `deadline` (then it says how many are left
-    /// and goes on); asked at least once.
+    /// and goes on); asked at least once. The first time, its load balancers are told `drain` and
+    /// waited for first.
     async fn drain_until(&mut self, deadline: Instant) -> Result<(), StepFailure> {
         let (ctx, unit, t, step) = (self.ctx, self.unit, self.t, Step::Drain);
         let emit = |e: Event| (ctx.events)(unit, &e);
         let Some(spec) = t.mode.spec() else { return Ok(()) };
+        if !self.marked {
+            if !t.drain.is_zero() {
+                emit(Event::Phase(format!(
+                    "draining (up to {}s): the load balancers told drain, then the requests in flight",
+                    t.drain.as_secs()
+                )));
+            }
+            let mark = self.mark_drain().map_err(|e| StepFailure {
+                step,
+                message: crate::core::conclude::not_told(unit, &format!("{e:#}")),
+                cause: Cause::Refused,
+            })?;
+            self.wait_for_balancers(mark).await?;
+        }
         if t.drain.is_zero() {
             return Ok(());
         }
@@ -362,6 +382,12 @@ impl<H: Host> Run<'_, H> {
         if props.load_state == LoadState::NotFound && !props.is_running() {
             // No unit yet: nothing to stop.
             return Ok(());
+        }
+        // Its load balancers told first, if the drain did not (an instance that does not serve).
+        if !self.marked
+            && let Err(e) = self.mark_drain()
+        {
+            emit(Event::Warning(format!("could not tell {unit}'s load balancers drain ({e:#}); stopping it anyway")));
         }
         // Say in the unit's journal who stops it and why (`specd diagnose` reads it).
         let (action, note) = match t.mode {

@@ -13,6 +13,7 @@ mod diagnose;
 mod disturbed;
 mod fleet;
 mod hardening;
+mod lb;
 mod llama;
 mod notify;
 mod ops;

@@ -24,6 +24,8 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("source", &["source"]),
     ("config", &["config"]),
     ("notify", &["notify"]),
+    // The answers to the units' load balancers (agent-check, HTTP checks).
+    ("lb", &["lb"]),
     // The one-shot commands, then what runs on top of them: sweeps, the fleet's promoter, the agent.
     ("commands", &["commands"]),
     ("above", &["sweep", "fleet", "daemon"]),

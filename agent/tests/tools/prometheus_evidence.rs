@@ -103,6 +103,8 @@ struct Figures {
     crashes: u32,
     /// The kind of hold on the unit, if any.
     hold: Option<&'static str>,
+    /// What its load balancers are told.
+    serving: &'static str,
     /// How long the last start of the unit took (`specd_unit_start_duration_seconds`).
     start: f64,
 }
@@ -125,6 +127,11 @@ impl Figures {
         }
         if let Some(r) = self.rate {
             t += &format!("# TYPE specd_unit_accept_rate gauge\nspecd_unit_accept_rate{{unit=\"{UNIT}\"}} {r}\n");
+        }
+        t += "# TYPE specd_unit_serving gauge\n";
+        for state in ["ready", "drain", "down"] {
+            let v = u8::from(self.serving == state);
+            t += &format!("specd_unit_serving{{unit=\"{UNIT}\",state=\"{state}\"}} {v}\n");
         }
         t += &format!(
             "# TYPE specd_unit_start_duration_seconds gauge\nspecd_unit_start_duration_seconds{{unit=\"{UNIT}\"}} {}\n",
@@ -162,6 +169,7 @@ impl Figures {
             accept_rate: self.rate,
             last_death: (self.crashes > 0).then(|| "crash".to_string()),
             hold: self.hold.map(String::from),
+            serving: Some(self.serving.to_string()),
             start_seconds: Some(self.start),
             ..Default::default()
         };
@@ -234,10 +242,11 @@ fn the_evidence_is_what_prometheus_scraped_from_each_host_through_a_rollout() {
         rate: Some(0.7),
         crashes: 0,
         hold: None,
+        serving: "ready",
         start: 41.5,
     };
-    // b's unit is suspended by hand.
-    let b1 = Figures { host: "b", labels: ",gpu=\"a100\"", hold: Some("suspend"), ..a1.clone() };
+    // b's unit is suspended by hand, and drained for its load balancers.
+    let b1 = Figures { host: "b", labels: ",gpu=\"a100\"", hold: Some("suspend"), serving: "drain", ..a1.clone() };
     // c's spec has no args checked, its engine reports no accept rate, its new unit failed.
     let c1 = Figures { host: "c", labels: "", verified: None, quarantined: 1, length: 2.9, rate: None, ..a1.clone() };
     let (a, b, mut c) = (Agent::serve(200, a1.text()), Agent::serve(200, b1.text()), Agent::serve(200, c1.text()));

@@ -76,7 +76,10 @@ fn an_apply_that_replaced_something_is_applied_and_one_that_only_started_is_star
         let c = applied(&plan(SyncStatus::OutOfSync, steps), &s, 12_345, false);
         assert_eq!(c.outcome, Some(want), "{steps:?}");
         assert_eq!(c.verdict, "Applied: q.service runs unit aaaaaaaaaaaa (no source), verified and ready in 12.3s");
-        assert_eq!(c.change, Change { finished: true, good: true, record: Some(want), ..Change::default() });
+        assert_eq!(
+            c.change,
+            Change { finished: true, good: true, record: Some(want), serving: After::Ready, ..Change::default() }
+        );
         assert_eq!(c.action, Action::AwaitChange);
         assert!(c.acted && !c.refused);
     }
@@ -129,6 +132,11 @@ fn a_rollback_interrupted_while_the_last_good_unit_loads_is_recorded_when_the_ne
         c.verdict,
         "RolledBack: q.service: the last good unit bbbbbbbbbbbb runs again (the rollback specd was interrupted in is finished); spec aaaaaaaaaaaa stays quarantined"
     );
+    // Still loading: its load balancers keep `drain`, and it is looked at again until it serves.
+    assert_eq!((c.change.serving.clone(), c.action), (After::Keep, Action::Requeue(timing::PROGRESSING_AGAIN)));
+    let ready = Observed { ready: Some(true), active_state: ActiveState::Active, ..good_runs.clone() };
+    let c = settled(&st, &quarantined, &s, &ready);
+    assert_eq!((c.change.serving, c.action), (After::Ready, Action::AwaitChange));
     // Recorded once: the run after has nothing in progress.
     let after = UnitState { in_progress: None, ..st.clone() };
     assert_eq!(settled(&after, &quarantined, &s, &good_runs).outcome, None);
@@ -205,7 +213,16 @@ fn settling_records_a_drift_once_a_recovery_and_a_unit_found_good() {
     let st = UnitState { history: vec![entry(Outcome::Failed, "Failed")], ..UnitState::default() };
     let c = settled(&st, &plan(SyncStatus::InSync, &[]), &s, &Observed::default());
     assert_eq!(c.verdict, "InSync: q.service runs unit aaaaaaaaaaaa and is ready");
-    assert_eq!(c.change, Change { good: true, written: true, record: Some(Outcome::Started), ..Change::default() });
+    assert_eq!(
+        c.change,
+        Change {
+            good: true,
+            written: true,
+            record: Some(Outcome::Started),
+            serving: After::Ready,
+            ..Change::default()
+        }
+    );
     assert!(!c.acted);
 
     // Progressing: looked at again soon; an interrupted apply of this unit with nothing left is over,
@@ -423,4 +440,49 @@ fn up_is_active_activating_or_reloading_and_anything_else_is_down() {
         assert_eq!(Serving::of(Some((a, SubState::Dead))), Serving::Down { active: a, sub: SubState::Dead });
     }
     assert_eq!(Serving::of(None), Serving::Unknown);
+}
+
+/// What the unit's load balancers are told at the end of each kind of reconcile: ready only when
+/// it runs a verified unit (applied, in sync, rolled back and serving), `drain` kept while an apply
+/// or a restore stopped after its start (the next run finishes it), as observed when nothing was
+/// changed, down otherwise.
+#[test]
+fn every_conclusion_tells_the_load_balancers_ready_only_for_a_verified_unit() {
+    let s = subject();
+    let st = UnitState::default();
+    let o = Observed::default();
+    let steps = [Step::Drain, Step::Stop, Step::WaitStopped, Step::WriteUnit, Step::Start, Step::WaitReady];
+    let cases: Vec<(&str, Conclusion, After)> = vec![
+        ("applied", applied(&plan(SyncStatus::OutOfSync, &steps), &s, 1, false), After::Ready),
+        ("in sync", settled(&st, &plan(SyncStatus::InSync, &[]), &s, &o), After::Ready),
+        ("progressing", settled(&st, &plan(SyncStatus::Progressing, &[]), &s, &o), After::Keep),
+        ("drifted", settled(&st, &plan(SyncStatus::Drifted, &[]), &s, &o), After::Observed),
+        ("refused", refused(&st, "Refused: x".into()), After::Observed),
+        ("refused at the drain", refused_at_the_drain(&st, "Refused: x".into()), After::Observed),
+        ("interrupted unchanged", interrupted(Step::Drain, Cancelled::Unchanged), After::Observed),
+        ("interrupted after its start", interrupted(Step::WaitReady, Cancelled::Started), After::Keep),
+        (
+            "enabled",
+            enablement(&plan(SyncStatus::OutOfSync, &[Step::Enable]), "q.service", true, Some(true)),
+            After::Observed,
+        ),
+        ("rolled back", rollback_finished(&s, GOOD, &Restored::Serving, Serving::Up), After::Ready),
+        ("rollback stopped", rollback_finished(&s, GOOD, &Restored::Cancelled(Step::Start), Serving::Up), After::Keep),
+    ];
+    for (what, c, want) in cases {
+        assert_eq!(c.change.serving, want, "{what}: {}", c.verdict);
+    }
+    let failed = rollback_finished(&s, GOOD, &Restored::Failed(Step::Start, "exit 1".into()), down());
+    assert_eq!(failed.change.serving, After::Down(failed.verdict.clone()));
+    let restored = |end| Recovered::Restored { why: Restore::Rollback, good: GOOD.into(), end };
+    assert_eq!(after_recovery(&restored(Restored::Serving), Some(&Serving::Up), "v"), After::Ready);
+    assert_eq!(after_recovery(&restored(Restored::Serving), Some(&down()), "v"), After::Down("v".into()));
+    assert_eq!(after_recovery(&restored(Restored::Cancelled(Step::Start)), None, "v"), After::Keep);
+    for r in [
+        Recovered::Retried { known_good: true },
+        Recovered::NoGoodUnit,
+        restored(Restored::Failed(Step::Start, "x".into())),
+    ] {
+        assert_eq!(after_recovery(&r, Some(&Serving::Up), "v"), After::Down("v".into()), "{r:?}");
+    }
 }

@@ -1,0 +1,443 @@
+//! No request lost to a change: a real HAProxy (Debian's 2.6, a plain process of the test) in
+//! front of two units the agent runs in a box (the vLLM stand-in, which abandons its requests in
+//! flight at SIGTERM, as vLLM does by default), streaming completions sent through it
+//! continuously (at least 20 a second), every request counted (`specd_e2e::traffic`).
+//!
+//! Both units are changed one after the other by commits (their `num_steps`). With HAProxy asking
+//! the agent (agent-check, or an HTTP check of `/serving/<unit>`), every apply tells it `drain`,
+//! waits until it saw it and the server holds no request, and only then stops the server: no
+//! request fails, no stop ends in SIGKILL. The same load against the same change with HAProxy
+//! checking only the servers' own `/health` (today's path) loses the requests the stopped server
+//! held; both are counted and printed. A unit nothing polls says so in its apply's output.
+
+use std::time::Duration;
+
+use serde_json::Value;
+use specd_e2e::STANDIN_MODEL;
+use specd_e2e::haproxy::{Config, Haproxy, Server, Status};
+use specd_e2e::traffic::{Api, Load, Summary, Traffic};
+
+use crate::common::*;
+
+const UNITS: [&str; 2] = ["llm-a.service", "llm-b.service"];
+const T: Duration = Duration::from_secs(120);
+
+/// A vLLM stand-in on `port` with ngram speculation of `steps`, its drain budget 8 s: 200 tokens
+/// a second, loaded in half a second.
+fn spec(standin: &str, unit: &str, port: u16, steps: u32) -> String {
+    format!(
+        "apiVersion: specd/v1
+kind: InferenceService
+metadata: {{name: {name}}}
+spec:
+  unit: {unit}
+  engine: vllm
+  command: [{standin}, vllm, serve]
+  model: {STANDIN_MODEL}
+  server: {{host: 127.0.0.1, port: {port}}}
+  speculative: {{algorithm: ngram, num_steps: {steps}, prompt_lookup_max: 3, prompt_lookup_min: 1}}
+  service:
+    timeout_stop_sec: 20
+    drain_timeout_sec: 8
+    environment: {{SPECD_STANDIN_LOAD_MS: \"500\", SPECD_STANDIN_TOKENS_PER_SEC: \"200\"}}
+",
+        name = unit.trim_end_matches(".service"),
+    )
+}
+
+/// How HAProxy learns what a unit is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Asks {
+    /// Its agent-check, answered by the agent (and the servers' own `/health`).
+    AgentCheck,
+    /// An HTTP check of the agent's `GET /serving/<unit>` alone.
+    HttpCheck,
+    /// Only the servers' own `/health`: today's path.
+    Nothing,
+}
+
+/// A unit's spec on a port with `num_steps`.
+type SpecOf = Box<dyn Fn(&str, u16, u32) -> String>;
+
+/// The agent in a box running both units, and HAProxy in front of them.
+struct Rig {
+    f: Fleet,
+    ports: [u16; 2],
+    h: Haproxy,
+    spec: SpecOf,
+}
+
+fn commit(f: &Fleet, unit: &str, text: &str, msg: &str) {
+    std::fs::write(f.repo.join("specs").join(format!("{unit}.yaml")), text).unwrap();
+    git(&f.repo, &["add", "-A"]);
+    git(&f.repo, &["commit", "-q", "-m", msg]);
+}
+
+fn state(f: &Fleet, unit: &str) -> Value {
+    let path = format!("/var/lib/specd/units/{unit}.json");
+    f.e.b.read_to_string(&path).ok().and_then(|t| serde_json::from_str(&t).ok()).unwrap_or_default()
+}
+
+/// Until `unit` has `n` entries in its history, none in progress, and its load balancers are
+/// told ready.
+fn wait_applied(f: &Fleet, unit: &str, n: usize) -> Value {
+    let told = format!("/run/specd/serving/{unit}.json");
+    wait_for(&format!("{n} applies of {unit}, told ready"), T, || {
+        let st = state(f, unit);
+        let ready = f.e.b.read_to_string(&told).is_ok_and(|t| t.contains("\"state\":\"ready\""));
+        (st["in_progress"].is_null() && st["history"].as_array().is_some_and(|h| h.len() >= n) && ready).then_some(st)
+    })
+    .unwrap_or_else(|e| panic!("{e}\nagent journal:\n{}", f.e.b.journal(AGENT).unwrap_or_default()))
+}
+
+impl Rig {
+    /// The vLLM stand-in.
+    fn new(asks: Asks) -> Rig {
+        let f = Fleet::new();
+        let standin = f.e.standin.clone();
+        Rig::with(asks, f, Box::new(move |unit, port, steps| spec(&standin, unit, port, steps)))
+    }
+
+    fn with(asks: Asks, f: Fleet, spec: SpecOf) -> Rig {
+        let ports = [free_port(), free_port()];
+        let agent_check = free_port();
+        f.e.b
+            .write_file(
+                "/run/agent.yaml",
+                format!("load_balancer: {{agent_check: 127.0.0.1:{agent_check}, http_fall: 2}}\n"),
+            )
+            .unwrap();
+        for (unit, port) in UNITS.iter().zip(ports) {
+            commit(&f, unit, &spec(unit, port, 3), "steps 3");
+        }
+        f.run_agent(&f.repo.display().to_string(), "", "");
+        for unit in UNITS {
+            wait_applied(&f, unit, 1);
+        }
+        let servers = UNITS
+            .iter()
+            .zip(ports)
+            .map(|(unit, port)| {
+                let s = Server::new(unit.trim_end_matches(".service"), port);
+                match asks {
+                    Asks::AgentCheck => s.with_agent(agent_check),
+                    Asks::HttpCheck => s.with_check_port(f.listen),
+                    Asks::Nothing => s,
+                }
+            })
+            .collect();
+        let mut cfg = Config::new(servers);
+        if asks == Asks::HttpCheck {
+            cfg.check_path = "/serving/{server}".into();
+        }
+        let h = Haproxy::start(&cfg).unwrap_or_else(|e| panic!("{e:#}"));
+        for unit in UNITS {
+            h.wait_status(unit.trim_end_matches(".service"), Status::Up, T).unwrap();
+        }
+        Rig { f, ports, h, spec }
+    }
+
+    /// The stand-in's load through HAProxy.
+    fn load(&self) -> Load {
+        // 16 clients of 50-token streams (a quarter of a second of decoding each at 200 tokens a
+        // second, about half a second a request with the rest): about 30 requests a second, each
+        // server holding several at any time.
+        Load {
+            clients: 16,
+            max_tokens: 50,
+            timeout: Duration::from_secs(3),
+            ..Load::new(self.h.port(), Api::OpenAiCompletions)
+        }
+    }
+
+    /// Both units changed one after the other (`num_steps` 3 → 4) under streaming `load` through
+    /// HAProxy; the traffic's sum and each apply's last history entry.
+    fn roll(&self, asks: Asks, load: Load) -> (Summary, Vec<Value>) {
+        let t = Traffic::start(load);
+        t.wait_successes(40, T).unwrap();
+        let mut applied = Vec::new();
+        for (unit, port) in UNITS.iter().zip(self.ports) {
+            commit(&self.f, unit, &(self.spec)(unit, port, 4), "steps 4");
+            let st = wait_applied(&self.f, unit, 2);
+            applied.push(st["history"].as_array().unwrap().last().unwrap().clone());
+            t.wait_successes(40, T).unwrap();
+        }
+        let s = t.stop();
+        println!("{asks:?}: {s}");
+        (s, applied)
+    }
+
+    fn agent_said(&self) -> String {
+        self.f.e.b.journal(AGENT).unwrap_or_default()
+    }
+}
+
+fn applied_each(applied: &[Value], said: &str) {
+    for a in applied {
+        assert_eq!(a["outcome"], "applied", "{a}\n{said}");
+        // Stopped by its SIGTERM, not by systemd's SIGKILL after TimeoutStopSec.
+        assert!(a["stop_verdict"].is_null(), "{a}");
+    }
+}
+
+/// HAProxy asking the agent by agent-check: both changes lose no request and end no stop in
+/// SIGKILL; each apply said that HAProxy saw drain. The same change with HAProxy checking only
+/// the servers (today's path) loses requests: counted and printed.
+#[test]
+fn a_change_behind_haproxy_asking_the_agent_loses_no_request_and_today_s_path_does() {
+    let r = Rig::new(Asks::AgentCheck);
+    let (s, applied) = r.roll(Asks::AgentCheck, r.load());
+    let said = r.agent_said();
+    applied_each(&applied, &said);
+    assert!(said.matches("1 load balancer (127.0.0.1) saw drain after").count() >= 2, "{said}");
+    assert_eq!(s.failed_total(), 0, "{s}");
+    assert!(s.rate() >= 20.0, "the load the issue asks for: {s}");
+    // The other server serves meanwhile: no outage a user would see.
+    assert!(s.longest_gap < Duration::from_secs(1), "{s}");
+    drop(r);
+
+    let today = Rig::new(Asks::Nothing);
+    let (t, applied) = today.roll(Asks::Nothing, today.load());
+    let said = today.agent_said();
+    // The server keeps taking requests while it drains (its /health stays 200, as vLLM's does):
+    // its stop runs into TimeoutStopSec and systemd kills it with requests in flight, which
+    // specd's history says.
+    for a in &applied {
+        assert_eq!(a["outcome"], "applied", "{a}\n{said}");
+    }
+    let killed: Vec<&str> = applied.iter().filter_map(|a| a["stop_verdict"].as_str()).collect();
+    assert!(killed.iter().any(|v| v.contains("stopped by SIGKILL after TimeoutStopSec")), "{applied:?}");
+    assert!(
+        said.matches("no load balancer polls this unit: nothing keeps traffic away during the stop").count() >= 2,
+        "{said}"
+    );
+    println!(
+        "agent-check: {} sent, {} failed, longest gap {:.2} s; today's path: {} sent, {} failed {:?}, longest gap {:.2} s; {killed:?}",
+        s.sent,
+        s.failed_total(),
+        s.longest_gap.as_secs_f64(),
+        t.sent,
+        t.failed_total(),
+        t.failed,
+        t.longest_gap.as_secs_f64()
+    );
+    assert!(t.failed_total() > 0, "today's path lost nothing: {t}");
+}
+
+/// HAProxy's HTTP check of the agent's `GET /serving/<unit>` (what nginx, Envoy, Traefik and cloud
+/// load balancers do): the apply waits for its two failed checks in a row (`http_fall: 2`), and
+/// no request is lost either.
+#[test]
+fn a_change_behind_an_http_check_of_the_agent_loses_no_request() {
+    let r = Rig::new(Asks::HttpCheck);
+    let (s, applied) = r.roll(Asks::HttpCheck, r.load());
+    let said = r.agent_said();
+    applied_each(&applied, &said);
+    assert!(said.matches("1 load balancer (127.0.0.1 (HTTP check)) saw drain after").count() >= 2, "{said}");
+    assert_eq!(s.failed_total(), 0, "{s}");
+    assert!(s.rate() >= 20.0, "{s}");
+    let (code, body) = http_get(r.f.listen, "/serving/llm-a.service").unwrap();
+    assert_eq!((code, body.as_str()), (200, "ready\n"));
+}
+
+/// A one-shot `specd apply` of a unit nothing polls says that nothing keeps traffic away during
+/// its stop; `specd status` shows what its load balancers are told.
+#[test]
+fn an_apply_of_a_unit_nothing_polls_says_nothing_keeps_traffic_away() {
+    let e = Env::new();
+    let port = free_port();
+    let file = e.put("a.yaml", &spec(&e.standin, UNITS[0], port, 3));
+    let o = e.specd(&["apply", "--config", "/run/agent.yaml", "-f", &file]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(!text(&o).contains("nothing keeps traffic away"), "nothing was stopped: {}", text(&o));
+    let file = e.put("a.yaml", &spec(&e.standin, UNITS[0], port, 4));
+    let o = e.specd(&["apply", "--config", "/run/agent.yaml", "-f", &file]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("no load balancer polls this unit: nothing keeps traffic away during the stop"),
+        "{}",
+        text(&o)
+    );
+    let o = e.specd(&["status"]);
+    assert!(text(&o).contains("load balancers: told ready (for "), "{}", text(&o));
+    assert!(text(&o).contains("no load balancer polled it in the last 5 min"), "{}", text(&o));
+    e.b.shutdown().unwrap();
+}
+
+/// The real llama-server (two instances of the small GGUF, each its own draft model, one slot
+/// each) behind HAProxy asking the agent by agent-check: a change of both units' draft length
+/// (3 → 4) loses no request and ends no stop in SIGKILL. llama-server stops generating at its
+/// SIGTERM: only the drain before it keeps the requests it holds.
+#[test]
+fn a_change_of_the_real_llama_server_behind_haproxy_asking_the_agent_loses_no_request() {
+    let l = real_llama();
+    let f = Fleet::with_engine_cache(&l.cache);
+    let r = Rig::with(
+        Asks::AgentCheck,
+        f,
+        Box::new(move |unit, port, steps| {
+            let drafting = format!("  speculative: {{draft_model: {}, num_steps: {steps}}}\n", l.gguf);
+            let tail = "  service: {timeout_start_sec: 120, timeout_stop_sec: 30, drain_timeout_sec: 20}\n";
+            l.spec(unit, port, &drafting, "")
+                .replace(
+                    "metadata: {name: smol}",
+                    &format!("metadata: {{name: {}}}", unit.trim_end_matches(".service")),
+                )
+                .replace("  service: {timeout_start_sec: 120, timeout_stop_sec: 30}\n", tail)
+        }),
+    );
+    // Short completions: the engine runs on one thread of a small machine.
+    let load = Load {
+        clients: 6,
+        max_tokens: 8,
+        timeout: Duration::from_secs(20),
+        ..Load::new(r.h.port(), Api::OpenAiCompletions)
+    };
+    let (s, applied) = r.roll(Asks::AgentCheck, load);
+    let said = r.agent_said();
+    applied_each(&applied, &said);
+    assert!(said.matches("1 load balancer (127.0.0.1) saw drain after").count() >= 2, "{said}");
+    println!(
+        "real llama-server, agent-check: {} sent, {} failed, longest gap {:.2} s",
+        s.sent,
+        s.failed_total(),
+        s.longest_gap.as_secs_f64()
+    );
+    assert_eq!(s.failed_total(), 0, "{s}");
+}
+
+/// Three hosts (boxes, each its agent answering HAProxy's agent-check for its `llm.service`)
+/// behind one HAProxy, a change rolled through a fleet's waves one host at a time by the
+/// promoter: no request lost, no stop ending in SIGKILL, each host's apply waited for HAProxy to
+/// see drain.
+#[test]
+fn three_hosts_behind_one_haproxy_lose_no_request_through_a_fleet_rollout() {
+    use crate::common::fleet::{FLEET_FILE, FleetSetup, Hosts, LLM, LLM_FILE};
+    use specd_spec::fleet::RolloutState;
+    let fleet = Hosts::boot(FleetSetup::of(3));
+    let agent_checks: Vec<u16> = fleet.hosts().iter().map(|_| free_port()).collect();
+    for (h, port) in fleet.hosts().iter().zip(&agent_checks) {
+        let cfg = h.b.read_to_string("/run/agent.yaml").unwrap();
+        h.b.write_file("/run/agent.yaml", format!("{cfg}load_balancer: {{agent_check: 127.0.0.1:{port}}}\n")).unwrap();
+    }
+    let llm = |steps: u32| {
+        let mut s = fleet.llm(steps);
+        for n in fleet.names() {
+            s = s.on(&n, "service: {timeout_stop_sec: 20, drain_timeout_sec: 8}");
+        }
+        s.text()
+    };
+    let waves = "apiVersion: specd/v1\nkind: Fleet\nmetadata: {name: gpus}\nspec:\n  waves:\n    - {name: canary, hosts: [gpu-01], bake: 2s}\n    - {name: rest, hosts: ['gpu-*'], max_unavailable: 1, bake: 2s}\n";
+    let c1 = fleet.commit(&[(LLM_FILE, &llm(3)), (FLEET_FILE, waves)], "llm: steps 3; a fleet");
+    fleet.start_agents();
+    wait_for("gpu-03 to wait for a promotion", T, || {
+        let o = fleet.specd("gpu-03", &["status"]);
+        String::from_utf8_lossy(&o.stdout).contains("waiting for a promotion").then_some(())
+    })
+    .unwrap();
+    fleet.promote();
+    fleet.wait_all_run(&c1, T);
+
+    let servers = fleet
+        .hosts()
+        .iter()
+        .zip(&agent_checks)
+        .map(|(h, port)| Server::new(h.name(), h.server_port).with_agent_sending(*port, LLM))
+        .collect();
+    let h = Haproxy::start(&Config::new(servers)).unwrap_or_else(|e| panic!("{e:#}"));
+    for n in fleet.names() {
+        h.wait_status(&n, Status::Up, T).unwrap();
+    }
+    let load = Load {
+        clients: 16,
+        max_tokens: 50,
+        timeout: Duration::from_secs(3),
+        ..Load::new(h.port(), Api::OpenAiCompletions)
+    };
+    let t = Traffic::start(load);
+    t.wait_successes(40, T).unwrap();
+    let c2 = fleet.commit(&[(LLM_FILE, &llm(5))], "llm: steps 5");
+    let promoter = fleet.promote_watch("promoter");
+    fleet.wait_record("the rollout to complete", Duration::from_secs(240), |r| {
+        r.state == RolloutState::Complete && r.released == c2
+    });
+    fleet.wait_all_run(&c2, T);
+    t.wait_successes(40, T).unwrap();
+    let s = t.stop();
+    drop(promoter);
+    println!("three hosts, fleet rollout, agent-check: {s}");
+    for hb in fleet.hosts() {
+        let said = hb.b.journal(AGENT).unwrap_or_default();
+        let st: Value =
+            serde_json::from_str(&hb.b.read_to_string(&format!("/var/lib/specd/units/{LLM}.json")).unwrap()).unwrap();
+        let last = st["history"].as_array().unwrap().last().unwrap().clone();
+        assert_eq!(
+            (&last["outcome"], &last["source"]["commit"]),
+            (&Value::from("applied"), &Value::from(c2.clone())),
+            "{}: {last}",
+            hb.name()
+        );
+        assert!(last["stop_verdict"].is_null(), "{}: {last}", hb.name());
+        assert!(said.contains("1 load balancer (127.0.0.1) saw drain after"), "{}: {said}", hb.name());
+    }
+    assert_eq!(s.failed_total(), 0, "{s}");
+    assert!(s.rate() >= 20.0, "{s}");
+}
+
+/// No agent runs: each `specd apply` answers HAProxy's agent-check itself while it runs. Both
+/// units changed one after the other by one-shot applies under load: each apply stays until
+/// HAProxy has read that its unit is ready again (HAProxy keeps an agent's last word when
+/// nothing answers), so the second drain never leaves HAProxy with no server, and no request
+/// fails.
+#[test]
+fn one_shot_applies_behind_haproxy_leave_it_sending_to_each_unit_again() {
+    let e = Env::new();
+    let ports = [free_port(), free_port()];
+    let agent_check = free_port();
+    // Between commands nothing answers HAProxy, so an apply cannot know it before it polls: the
+    // settle time gives it two of its intervals to show up.
+    e.b.write_file(
+        "/run/agent.yaml",
+        format!("load_balancer: {{agent_check: 127.0.0.1:{agent_check}, settle_sec: 1}}\n"),
+    )
+    .unwrap();
+    let apply = |i: usize, steps: u32| {
+        let file = e.put(&format!("{i}-{steps}.yaml"), &spec(&e.standin, UNITS[i], ports[i], steps));
+        let o = e.specd(&["apply", "--config", "/run/agent.yaml", "-f", &file]);
+        assert!(o.status.success(), "{}", text(&o));
+        text(&o)
+    };
+    for i in 0..2 {
+        apply(i, 3);
+    }
+    let servers = UNITS
+        .iter()
+        .zip(ports)
+        .map(|(u, p)| Server::new(u.trim_end_matches(".service"), p).with_agent(agent_check))
+        .collect();
+    let h = Haproxy::start(&Config::new(servers)).unwrap_or_else(|e| panic!("{e:#}"));
+    for u in UNITS {
+        h.wait_status(u.trim_end_matches(".service"), Status::Up, T).unwrap();
+    }
+    let load = Load {
+        clients: 16,
+        max_tokens: 50,
+        timeout: Duration::from_secs(3),
+        ..Load::new(h.port(), Api::OpenAiCompletions)
+    };
+    let t = Traffic::start(load);
+    t.wait_successes(40, T).unwrap();
+    for (i, unit) in UNITS.iter().enumerate() {
+        let out = apply(i, 4);
+        assert!(out.contains("1 load balancer (127.0.0.1) saw drain after"), "{out}");
+        // What HAProxy shows once the apply has ended: the unit taking requests again.
+        let name = unit.trim_end_matches(".service");
+        let st = h.server(name).unwrap();
+        assert_eq!(st.status, Status::Up, "{name} after its apply: {st:?}\n{out}");
+    }
+    t.wait_successes(40, T).unwrap();
+    let s = t.stop();
+    println!("one-shot applies, agent-check: {s}");
+    assert_eq!(s.failed_total(), 0, "{s}");
+    e.b.shutdown().unwrap();
+}

@@ -30,6 +30,9 @@ use std::time::{Duration, Instant};
 
 use specd_e2e::{BoxConfig, SystemdBox, bin_path, free_port, wait_until};
 
+#[path = "support/fleet_scale.rs"]
+mod fleet_scale;
+
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
     v[v.len() / 2]
@@ -548,6 +551,9 @@ fn agent_fanout(n: usize, runs: usize, load_ms: u32) -> anyhow::Result<()> {
 
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().is_some_and(|a| a == "fleet-scale") {
+        return fleet_scale_args(&args[1..]);
+    }
     let all = args.is_empty();
     let want = |s: &str| all || args.iter().any(|a| a == s);
     if want("systemd") {
@@ -585,6 +591,34 @@ fn main() -> anyhow::Result<()> {
         fleet_rollout(&[(1, 1), (5, 1), (14, 2)])?;
     }
     Ok(())
+}
+
+/// `fleet-scale [N...] [--apply-ms MS] [--bake S] [--scrape S] [--fail-rate F]`: N 100 and 1000
+/// unless given (5000 only when asked).
+fn fleet_scale_args(args: &[String]) -> anyhow::Result<()> {
+    let mut p = fleet_scale::Params {
+        hosts: 0,
+        apply: Duration::from_millis(1000),
+        bake_s: 5,
+        scrape_s: 1,
+        fail_rate: 0.0,
+    };
+    let mut counts = Vec::new();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let mut value = || it.next().ok_or_else(|| anyhow::anyhow!("{a} needs a value"));
+        match a.as_str() {
+            "--apply-ms" => p.apply = Duration::from_millis(value()?.parse()?),
+            "--bake" => p.bake_s = value()?.parse()?,
+            "--scrape" => p.scrape_s = value()?.parse()?,
+            "--fail-rate" => p.fail_rate = value()?.parse()?,
+            n => counts.push(n.parse().map_err(|_| anyhow::anyhow!("fleet-scale: {n:?} is not a host count"))?),
+        }
+    }
+    if counts.is_empty() {
+        counts = vec![100, 1000];
+    }
+    fleet_scale::bench(&counts, &p)
 }
 
 /// One revision through simulated hosts: `waves` as (hosts, max_unavailable), bakes of 2 s.

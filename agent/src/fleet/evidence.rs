@@ -216,13 +216,16 @@ struct Since {
     converged: Vec<(BTreeSet<String>, Vec<Sample>)>,
 }
 
-/// The answers about the hosts promoted at one time.
+/// The answers about the hosts promoted in one wave.
 struct Promotion {
-    hosts: BTreeSet<String>,
-    /// The accept figures a second before.
+    /// Each host, with when it was promoted.
+    hosts: BTreeMap<String, u64>,
+    /// The first of those times.
+    first: u64,
+    /// The accept figures a second before `first`: the wave's good revision's.
     length: Vec<Sample>,
     rate: Vec<Sample>,
-    /// The deaths since, by verdict.
+    /// The deaths since `first`, by verdict.
     deaths: Vec<Sample>,
 }
 
@@ -237,24 +240,51 @@ pub async fn gather(p: &Prometheus, record: Option<&Record>, now: u64, stale_aft
     }
 }
 
-/// The hosts of each unbaked wave of `record`, by the time they were promoted; and each
-/// converged unbaked wave's hosts with when it converged.
-#[allow(clippy::type_complexity)]
-fn in_progress(record: Option<&Record>) -> (BTreeMap<u64, BTreeSet<String>>, Vec<(u64, BTreeSet<String>)>) {
-    let mut promoted: BTreeMap<u64, BTreeSet<String>> = BTreeMap::new();
-    let mut converged = Vec::new();
+/// An unbaked wave of the record: its promoted hosts (with when), the first of those times,
+/// and when it converged.
+#[derive(Debug, PartialEq)]
+struct InProgress {
+    hosts: BTreeMap<String, u64>,
+    first: u64,
+    converged: Option<(u64, BTreeSet<String>)>,
+}
+
+/// The unbaked waves of `record` that promoted a host or converged.
+fn in_progress(record: Option<&Record>) -> Vec<InProgress> {
+    let mut out = Vec::new();
     for w in record.map(|r| r.waves.as_slice()).unwrap_or_default() {
         if w.baked.is_some() {
             continue;
         }
-        for p in &w.promoted {
-            promoted.entry(p.at).or_default().insert(p.host.clone());
-        }
-        if let Some(c) = w.converged {
-            converged.push((c, w.promoted.iter().map(|p| p.host.clone()).collect()));
+        let hosts: BTreeMap<String, u64> = w.promoted.iter().map(|p| (p.host.clone(), p.at)).collect();
+        let first = w.promoted.iter().map(|p| p.at).min().unwrap_or_default();
+        let converged = w.converged.map(|c| (c, hosts.keys().cloned().collect()));
+        if !hosts.is_empty() || converged.is_some() {
+            out.push(InProgress { hosts, first, converged });
         }
     }
-    (promoted, converged)
+    out
+}
+
+/// The instant queries (expression, time) about the rollout in progress, per wave of
+/// [`in_progress`]: with promoted hosts, the accept figures a second before its first promotion
+/// and the deaths since it; converged, `args_verified` at every scrape since. As many whatever
+/// the number of hosts and of their promotion times: at most four per wave.
+fn since_questions(waves: &[InProgress], now: u64) -> Vec<(String, u64)> {
+    let mut out = Vec::new();
+    for w in waves {
+        if !w.hosts.is_empty() {
+            let before = w.first.saturating_sub(1);
+            out.push(("specd_unit_accept_length".to_string(), before));
+            out.push(("specd_unit_accept_rate".to_string(), before));
+            out.push((deaths_since(now.saturating_sub(w.first).max(1)), now));
+        }
+        if let Some((c, _)) = &w.converged {
+            let range = now.saturating_sub(*c).max(1);
+            out.push((format!("min_over_time(specd_unit_args_verified[{range}s])"), now));
+        }
+    }
+    out
 }
 
 async fn ask(p: &Prometheus, record: Option<&Record>, now: u64) -> Result<(Now, Since), String> {
@@ -272,20 +302,25 @@ async fn ask(p: &Prometheus, record: Option<&Record>, now: u64) -> Result<(Now, 
         hold: p.query(&last_known("specd_unit_hold"), at).await?,
         last_death: p.query(&last_known("specd_unit_last_death_timestamp_seconds"), at).await?,
     };
-    let (promoted, converged) = in_progress(record);
-    let mut since = Since::default();
-    for (t, hosts) in promoted {
-        let before = Some(t.saturating_sub(1));
-        let length = p.query("specd_unit_accept_length", before).await?;
-        let rate = p.query("specd_unit_accept_rate", before).await?;
-        let range = now.saturating_sub(t).max(1);
-        let deaths = p.query(&deaths_since(range), at).await?;
-        since.promotions.push(Promotion { hosts, length, rate, deaths });
+    let waves = in_progress(record);
+    let mut answered = Vec::new();
+    for (expr, t) in since_questions(&waves, now) {
+        answered.push(p.query(&expr, Some(t)).await?);
     }
-    for (c, hosts) in converged {
-        let range = now.saturating_sub(c).max(1);
-        let min = p.query(&format!("min_over_time(specd_unit_args_verified[{range}s])"), at).await?;
-        since.converged.push((hosts, min));
+    let mut answered = answered.into_iter();
+    let mut since = Since::default();
+    for w in waves {
+        if !w.hosts.is_empty() {
+            let (length, rate, deaths) = (
+                answered.next().unwrap_or_default(),
+                answered.next().unwrap_or_default(),
+                answered.next().unwrap_or_default(),
+            );
+            since.promotions.push(Promotion { hosts: w.hosts, first: w.first, length, rate, deaths });
+        }
+        if let Some((_, hosts)) = w.converged {
+            since.converged.push((hosts, answered.next().unwrap_or_default()));
+        }
     }
     Ok((answers, since))
 }
@@ -349,7 +384,7 @@ fn fold(a: &Now, since: &Since, now: u64, stale_after: u64) -> Evidence {
             u.last_death = Some(v.to_string());
         }
     }
-    fold_since(&mut ev, &by_target, since);
+    fold_since(&mut ev, &by_target, since, &a.last_death);
     ev
 }
 
@@ -418,37 +453,52 @@ fn down(up: Option<f64>, sampled: Option<f64>, now: u64, stale_after: u64, targe
 }
 
 /// The figures of a rollout in progress, on the hosts they are about (only units the host
-/// reports now).
-fn fold_since(ev: &mut Evidence, by_target: &BTreeMap<Target, String>, since: &Since) {
-    for Promotion { hosts, length, rate, deaths } in &since.promotions {
-        on_units(ev, by_target, hosts, length, |u, s| {
+/// reports now). The deaths were counted since the wave's first promotion: a host promoted
+/// later has died since its own only when its newest death was counted at or after it
+/// (`last_death`: `specd_unit_last_death_timestamp_seconds`).
+fn fold_since(ev: &mut Evidence, by_target: &BTreeMap<Target, String>, since: &Since, last_death: &[Sample]) {
+    let mut died_at: BTreeMap<(String, String), f64> = BTreeMap::new();
+    for s in last_death {
+        if let (Some(name), Some(unit)) = (by_target.get(&target_of(s)), label(s, "unit")) {
+            died_at.insert((name.clone(), unit.to_string()), s.value);
+        }
+    }
+    for Promotion { hosts, first, length, rate, deaths } in &since.promotions {
+        let promoted = |h: &str| hosts.contains_key(h);
+        on_units(ev, by_target, promoted, length, |_, u, s| {
             u.previous_accept_length = s.value.is_finite().then_some(s.value)
         });
-        on_units(ev, by_target, hosts, rate, |u, s| u.previous_accept_rate = s.value.is_finite().then_some(s.value));
-        on_units(ev, by_target, hosts, deaths, |u, s| {
-            if let Some(v) = label(s, "verdict").filter(|_| s.value > 0.5) {
+        on_units(ev, by_target, promoted, rate, |_, u, s| {
+            u.previous_accept_rate = s.value.is_finite().then_some(s.value)
+        });
+        on_units(ev, by_target, promoted, deaths, |h, u, s| {
+            let at = hosts.get(h).copied().unwrap_or_default();
+            let unit = label(s, "unit").unwrap_or_default();
+            let since_its_own = at <= *first
+                || died_at.get(&(h.to_string(), unit.to_string())).is_some_and(|t| *t >= at as f64);
+            if let Some(v) = label(s, "verdict").filter(|_| s.value > 0.5 && since_its_own) {
                 u.deaths_since_promotion.insert(v.to_string(), s.value);
             }
         });
     }
     for (hosts, min) in &since.converged {
-        on_units(ev, by_target, hosts, min, |u, s| u.verified_throughout = Some(s.value == 1.0));
+        on_units(ev, by_target, |h| hosts.contains(h), min, |_, u, s| u.verified_throughout = Some(s.value == 1.0));
     }
 }
 
-/// `set` on the unit each sample is about, when its target is one of `hosts`.
+/// `set` on the unit each sample is about (with its host's name), when its host is one `of`.
 fn on_units(
     ev: &mut Evidence,
     by_target: &BTreeMap<Target, String>,
-    hosts: &BTreeSet<String>,
+    of: impl Fn(&str) -> bool,
     samples: &[Sample],
-    mut set: impl FnMut(&mut UnitEvidence, &Sample),
+    mut set: impl FnMut(&str, &mut UnitEvidence, &Sample),
 ) {
     for s in samples {
-        let Some(name) = by_target.get(&target_of(s)).filter(|n| hosts.contains(*n)) else { continue };
+        let Some(name) = by_target.get(&target_of(s)).filter(|n| of(n)) else { continue };
         let Some(unit) = label(s, "unit") else { continue };
         if let Some(u) = ev.hosts.get_mut(name).and_then(|h| h.units.get_mut(unit)) {
-            set(u, s);
+            set(name, u, s);
         }
     }
 }
@@ -506,6 +556,32 @@ mod tests {
         assert_eq!(hosts["gpu1"].labels, BTreeMap::from([("gpu".to_string(), "h100".to_string())]));
         let why = hosts["gpu1"].down.as_deref().unwrap();
         assert!(why.contains("a:9 (job specd)") && why.contains("b:9 (job specd)"), "{why}");
+    }
+
+    /// A wave of `n` hosts promoted one per second from 1000 (and converged at `converged`),
+    /// after a baked canary.
+    fn rolling(n: usize, converged: Option<u64>) -> Record {
+        use specd_spec::fleet::{Promoted, WaveRecord};
+        let rev = "a".repeat(40);
+        let promoted = (0..n).map(|i| Promoted { host: format!("h{i:04}"), at: 1000 + i as u64 }).collect();
+        let canary = WaveRecord { baked: Some(900), ..WaveRecord::at("canary", &rev) };
+        let rest = WaveRecord { promoted, converged, ..WaveRecord::at("rest", &rev) };
+        Record { target: rev.clone(), released: rev, waves: vec![canary, rest], ..Default::default() }
+    }
+
+    #[test]
+    fn the_questions_about_a_rollout_are_as_many_for_ten_hosts_as_for_a_thousand() {
+        let questions = |n, converged| since_questions(&in_progress(Some(&rolling(n, converged))), 5000);
+        for converged in [None, Some(4000)] {
+            let (ten, thousand) = (questions(10, converged), questions(1000, converged));
+            assert_eq!(ten.len(), thousand.len(), "{ten:?}\n{thousand:?}");
+            assert_eq!(ten.len(), 3 + usize::from(converged.is_some()), "{ten:?}");
+        }
+        // The figures before the wave's first promotion, the deaths since it.
+        let q = questions(1000, None);
+        assert_eq!(q[0], ("specd_unit_accept_length".to_string(), 999));
+        assert_eq!(q[2], (deaths_since(4000), 5000));
+        assert!(in_progress(Some(&rolling(0, None))).is_empty());
     }
 
     #[test]

@@ -16,7 +16,8 @@ use specd_spec::short;
 
 use crate::fleet::evidence::{self, Prometheus};
 use crate::fleet::publish::{self, Pushed, Signing};
-use crate::fleet::rollout::{self, Evidence, ExpectedUnit, HostPosition, Inputs, Step};
+use crate::fleet::rollout::{self, Evidence, ExpectedUnit, Inputs, Step};
+use crate::fleet::status::View;
 use crate::source::git::{GitSource, SourceConfig};
 
 /// How many times a pass reads again after losing a race to another promoter.
@@ -251,9 +252,11 @@ pub async fn by_hand(opts: &Options, person: &str, halt: Option<&str>) -> Result
     bail!("the promotion record moved under this command {RACES} times in a row; try again")
 }
 
-/// `specd fleet status`: every host × unit and the rollout's position. Exit 1 when halted, 2
-/// when Prometheus could not be asked (the list then lacks the hosts only it knows).
-pub async fn status(opts: &Options) -> Result<u8> {
+/// `specd fleet status`: the rollout's position, its waves summarized, and the units of the
+/// hosts `only` names (of every host when it names none and the fleet is small; see
+/// [`crate::fleet::status`]). Exit 1 when halted, 2 when Prometheus could not be asked (the list
+/// then lacks the hosts only it knows).
+pub async fn status(opts: &Options, only: &[String]) -> Result<u8> {
     let Some((src, l)) = blocking_look(opts).await? else {
         bail!("the followed branch's head has no fleet file: there is no fleet to show")
     };
@@ -261,7 +264,7 @@ pub async fn status(opts: &Options) -> Result<u8> {
         bail!("{} has no promotion record yet: run `specd promote` first", l.branch)
     };
     let ev = evidence(opts, Some(record)).await;
-    let (record, json) = (record.clone(), opts.json);
+    let (record, json, only) = (record.clone(), opts.json, only.to_vec());
     tokio::task::spawn_blocking(move || {
         let r = Renderer { src: &src, specs: Default::default() };
         let expected = |h: &str, rev: &str| r.units(h, rev);
@@ -281,136 +284,17 @@ pub async fn status(opts: &Options) -> Result<u8> {
             }
         };
         let hosts = rollout::positions(&inputs, &record);
+        let view = View { record: &record, position: &position, hosts: &hosts, evidence: &ev, only: &only };
         if json {
-            println!("{}", serde_json::to_string_pretty(&status_json(&record, &position, &hosts, &ev)).expect("json"));
+            println!("{}", serde_json::to_string_pretty(&view.json()?).expect("json"));
         } else {
-            print!("{}", status_text(&record, &position, &hosts, &ev));
+            print!("{}", view.text()?);
         }
         // Without evidence it cannot tell: the hosts only Prometheus knows (selected by labels or
         // a pattern, and not promoted yet) are missing from the list.
         Ok(if ev.unavailable.is_some() { 2 } else { u8::from(record.state == RolloutState::Halted) })
     })
     .await?
-}
-
-fn status_json(
-    record: &Record,
-    position: &(String, Option<u64>),
-    hosts: &[HostPosition],
-    ev: &Evidence,
-) -> serde_json::Value {
-    let hosts: Vec<_> = hosts
-        .iter()
-        .map(|h| {
-            let e = ev.hosts.get(&h.host);
-            let units: Vec<_> = e
-                .map(|e| {
-                    e.units
-                        .iter()
-                        .map(|(u, x)| {
-                            json!({"unit": u, "unit_hash": x.unit_hash, "args_verified": x.args_verified,
-                                   "quarantined": x.quarantined, "accept_length": x.accept_length,
-                                   "accept_rate": x.accept_rate, "deaths_since_promotion": x.deaths_since_promotion,
-                                   "last_death": x.last_death, "hold": x.hold})
-                        })
-                        .collect()
-                })
-                .unwrap_or_default();
-            json!({"host": h.host, "wave": h.wave, "given": h.given, "promoted": h.promoted,
-                   "deploys": e.and_then(|e| e.revision.clone()), "standing": h.standing.word(),
-                   "detail": h.standing.detail(), "units": units})
-        })
-        .collect();
-    json!({
-        "rollout": {"target": record.target, "released": record.released, "state": record.state,
-                    "started": record.started, "halt": record.halt, "waits": position.0, "until": position.1},
-        "evidence": ev.unavailable,
-        "hosts": hosts,
-    })
-}
-
-fn status_text(record: &Record, position: &(String, Option<u64>), hosts: &[HostPosition], ev: &Evidence) -> String {
-    let state = match record.state {
-        RolloutState::Progressing => "progressing",
-        RolloutState::Complete => "complete",
-        RolloutState::Halted => "HALTED",
-    };
-    let mut s = format!(
-        "rollout of {} {state} (started {}), released {}\n  {}\n",
-        short(&record.target),
-        rollout::stamp(record.started),
-        short(&record.released),
-        position.0
-    );
-    if let Some(why) = &ev.unavailable {
-        s.push_str(&format!("  evidence: none ({why})\n"));
-        s.push_str(
-            "  hosts listed: those the fleet file names and those the record promoted; hosts a wave selects by labels or a pattern are known only to Prometheus\n",
-        );
-    }
-    s.push_str(&format!(
-        "\n{:<16} {:<10} {:<14} {:<14} {:<12} {:<22} {:<9} {:<7} {:<14} {:<12} {}\n",
-        "HOST",
-        "WAVE",
-        "GIVEN",
-        "DEPLOYS",
-        "STANDING",
-        "UNIT",
-        "VERIFIED",
-        "ACCEPT",
-        "DIED SINCE",
-        "LAST DEATH",
-        "HOLD"
-    ));
-    for h in hosts {
-        let e = ev.hosts.get(&h.host);
-        let given = format!("{}{}", short(&h.given), if h.promoted { "*" } else { "" });
-        let deploys = e.and_then(|e| e.revision.as_deref()).map_or("-", short).to_string();
-        let wave = h.wave.as_deref().unwrap_or("(none)");
-        let units: Vec<_> = e.map(|e| e.units.iter().collect()).unwrap_or_default();
-        let row = |unit: &str, verified: &str, accept: &str, deaths: &str, last: &str, hold: &str| {
-            format!(
-                "{:<16} {:<10} {:<14} {:<14} {:<12} {:<22} {:<9} {:<7} {:<14} {:<12} {}\n",
-                h.host,
-                wave,
-                given,
-                deploys,
-                h.standing.word(),
-                unit,
-                verified,
-                accept,
-                deaths,
-                last,
-                hold
-            )
-        };
-        if units.is_empty() {
-            s.push_str(&row("-", "-", "-", "-", "-", "-"));
-        }
-        for (u, x) in units {
-            let verified = match x.args_verified {
-                Some(true) => "yes",
-                Some(false) => "NO",
-                None => "-",
-            };
-            let accept = x.accept_length.map_or("-".to_string(), |a| format!("{a:.2}"));
-            let deaths = if x.deaths_since_promotion.is_empty() {
-                "-".to_string()
-            } else {
-                x.deaths_since_promotion.keys().cloned().collect::<Vec<_>>().join(",")
-            };
-            let last = x.last_death.as_deref().unwrap_or("-");
-            s.push_str(&row(u, verified, &accept, &deaths, last, x.hold.as_deref().unwrap_or("-")));
-        }
-        let detail = h.standing.detail();
-        if !detail.is_empty() {
-            s.push_str(&format!("    {detail}\n"));
-        }
-    }
-    if record.state == RolloutState::Halted {
-        s.push_str(&format!("\n{}\n", rollout::halted_why(record)));
-    }
-    s
 }
 
 /// The person a halt or resume is written by: `--by`, else the sudo user or the user, at this host.

@@ -1,7 +1,7 @@
 //! The promoter's evidence, read from a real Prometheus that scrapes every host's agent: a
 //! small client of its HTTP API ([`Prometheus::query`]) and [`gather`], which asks it a fixed
-//! handful of instant queries (one per metric, never one per host) and folds the answers into
-//! one [`Evidence`] for the whole fleet.
+//! handful of instant queries (one per metric, never one per host; all at once) and folds the
+//! answers into one [`Evidence`] for the whole fleet.
 //!
 //! A host is known by its agent's `specd_host_info{host, <its labels>}`; its other series are
 //! joined to it by the `job` and `instance` labels Prometheus adds to everything it scrapes.
@@ -287,39 +287,68 @@ fn since_questions(waves: &[InProgress], now: u64) -> Vec<(String, u64)> {
     out
 }
 
-async fn ask(p: &Prometheus, record: Option<&Record>, now: u64) -> Result<(Now, Since), String> {
-    let at = Some(now);
-    let answers = Now {
-        hosts: p.query(&last_known("specd_host_info"), at).await?,
-        up: p.query("up", at).await?,
-        up_at: p.query("timestamp(up)", at).await?,
-        source: p.query(&last_known("specd_source_info"), at).await?,
-        unit_info: p.query(&last_known("specd_unit_info"), at).await?,
-        args_verified: p.query(&last_known("specd_unit_args_verified"), at).await?,
-        quarantined: p.query(&last_known("specd_unit_quarantined"), at).await?,
-        accept_length: p.query(&last_known("specd_unit_accept_length"), at).await?,
-        accept_rate: p.query(&last_known("specd_unit_accept_rate"), at).await?,
-        hold: p.query(&last_known("specd_unit_hold"), at).await?,
-        last_death: p.query(&last_known("specd_unit_last_death_timestamp_seconds"), at).await?,
-    };
-    let waves = in_progress(record);
-    let mut answered = Vec::new();
-    for (expr, t) in since_questions(&waves, now) {
-        answered.push(p.query(&expr, Some(t)).await?);
+/// The figures asked at `now`, each of the whole fleet, in the order [`Now`] keeps them.
+fn now_questions(now: u64) -> Vec<(String, u64)> {
+    let known = |m: &str| (last_known(m), now);
+    vec![
+        known("specd_host_info"),
+        ("up".to_string(), now),
+        ("timestamp(up)".to_string(), now),
+        known("specd_source_info"),
+        known("specd_unit_info"),
+        known("specd_unit_args_verified"),
+        known("specd_unit_quarantined"),
+        known("specd_unit_accept_length"),
+        known("specd_unit_accept_rate"),
+        known("specd_unit_hold"),
+        known("specd_unit_last_death_timestamp_seconds"),
+    ]
+}
+
+/// Every question asked at once (a pass waits for the slowest, not for their sum); the answers
+/// in the questions' order, or the first error in that order.
+async fn ask_all(p: &Prometheus, questions: Vec<(String, u64)>) -> Result<Vec<Vec<Sample>>, String> {
+    let mut set = tokio::task::JoinSet::new();
+    let n = questions.len();
+    for (i, (expr, t)) in questions.into_iter().enumerate() {
+        let p = p.clone();
+        set.spawn(async move { (i, p.query(&expr, Some(t)).await) });
     }
-    let mut answered = answered.into_iter();
+    let mut answers: Vec<Option<Result<Vec<Sample>, String>>> = (0..n).map(|_| None).collect();
+    while let Some(done) = set.join_next().await {
+        let (i, a) = done.map_err(|e| format!("asking Prometheus at {}: {e}", p.url()))?;
+        answers[i] = Some(a);
+    }
+    answers.into_iter().map(|a| a.unwrap_or_else(|| Err("a question was not answered".into()))).collect()
+}
+
+async fn ask(p: &Prometheus, record: Option<&Record>, now: u64) -> Result<(Now, Since), String> {
+    let waves = in_progress(record);
+    let mut questions = now_questions(now);
+    questions.extend(since_questions(&waves, now));
+    let mut answered = ask_all(p, questions).await?.into_iter();
+    let mut next = || answered.next().unwrap_or_default();
+    let answers = Now {
+        hosts: next(),
+        up: next(),
+        up_at: next(),
+        source: next(),
+        unit_info: next(),
+        args_verified: next(),
+        quarantined: next(),
+        accept_length: next(),
+        accept_rate: next(),
+        hold: next(),
+        last_death: next(),
+    };
     let mut since = Since::default();
     for w in waves {
         if !w.hosts.is_empty() {
-            let (length, rate, deaths) = (
-                answered.next().unwrap_or_default(),
-                answered.next().unwrap_or_default(),
-                answered.next().unwrap_or_default(),
-            );
+            let (length, rate, deaths) = (next(), next(), next());
             since.promotions.push(Promotion { hosts: w.hosts, first: w.first, length, rate, deaths });
         }
         if let Some((_, hosts)) = w.converged {
-            since.converged.push((hosts, answered.next().unwrap_or_default()));
+            since.converged.push((hosts, next()));
         }
     }
     Ok((answers, since))

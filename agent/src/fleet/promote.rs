@@ -74,32 +74,60 @@ fn blocking_look(opts: &Options) -> impl std::future::Future<Output = Result<Opt
     async move { tokio::task::spawn_blocking(move || look(&opts)).await? }
 }
 
-/// The units a host runs at a revision, rendered from that revision's specs (cached per revision).
+/// The units a host runs at a revision, rendered from that revision's specs: each revision's
+/// files read and parsed once, and rendered once for every host without an overlay of its own
+/// (they all resolve alike); a host with an overlay is rendered for itself.
 struct Renderer<'a> {
     src: &'a GitSource,
-    specs: std::cell::RefCell<BTreeMap<String, Result<Vec<crate::source::git::SpecFile>, String>>>,
+    revisions: std::cell::RefCell<BTreeMap<String, Result<std::rc::Rc<Revision>, String>>>,
+}
+
+/// A revision's specs, parsed, and the units of a host without an overlay.
+struct Revision {
+    specs: Vec<specd_spec::ParsedSpec>,
+    common: Result<Vec<ExpectedUnit>, String>,
+}
+
+/// The units of `specs` for `host` (`None`: a host without an overlay).
+fn render_all(specs: &[specd_spec::ParsedSpec], host: Option<&str>) -> Result<Vec<ExpectedUnit>, String> {
+    let mut out = Vec::new();
+    for parsed in specs {
+        let spec = parsed.resolve(host).map_err(|d| d.to_string())?;
+        let unit = specd_spec::render(&spec);
+        out.push(ExpectedUnit { unit: unit.unit.clone(), unit_hash: unit.sha256.clone(), speculates: spec.speculates() });
+    }
+    Ok(out)
+}
+
+impl Revision {
+    /// The units of `host`: its own rendering when a spec has an overlay for it, else the common.
+    fn units(&self, host: &str) -> Result<Vec<ExpectedUnit>, String> {
+        if self.specs.iter().any(|s| s.document.hosts.contains_key(host)) {
+            render_all(&self.specs, Some(host))
+        } else {
+            self.common.clone()
+        }
+    }
 }
 
 impl Renderer<'_> {
-    fn units(&self, host: &str, rev: &str) -> Result<Vec<ExpectedUnit>, String> {
-        let mut cache = self.specs.borrow_mut();
-        let files = cache.entry(rev.to_string()).or_insert_with(|| {
+    fn revision(&self, rev: &str) -> Result<std::rc::Rc<Revision>, String> {
+        let mut cache = self.revisions.borrow_mut();
+        let r = cache.entry(rev.to_string()).or_insert_with(|| {
             let oid = Oid::from_str(rev).map_err(|e| e.to_string())?;
-            self.src.read_specs(oid).map_err(|e| format!("{e:#}"))
+            let files = self.src.read_specs(oid).map_err(|e| format!("{e:#}"))?;
+            let specs = files
+                .iter()
+                .map(|f| specd_spec::parse(&f.path, &f.text).map_err(|d| d.to_string()))
+                .collect::<Result<Vec<_>, String>>()?;
+            let common = render_all(&specs, None);
+            Ok(std::rc::Rc::new(Revision { specs, common }))
         });
-        let files = files.as_ref().map_err(Clone::clone)?;
-        let mut out = Vec::new();
-        for f in files {
-            let parsed = specd_spec::parse(&f.path, &f.text).map_err(|d| d.to_string())?;
-            let spec = parsed.resolve(Some(host)).map_err(|d| d.to_string())?;
-            let unit = specd_spec::render(&spec);
-            out.push(ExpectedUnit {
-                unit: unit.unit.clone(),
-                unit_hash: unit.sha256.clone(),
-                speculates: spec.speculates(),
-            });
-        }
-        Ok(out)
+        r.clone()
+    }
+
+    fn units(&self, host: &str, rev: &str) -> Result<Vec<ExpectedUnit>, String> {
+        self.revision(rev)?.units(host)
     }
 }
 
@@ -147,7 +175,7 @@ async fn pass(opts: &Options) -> Result<Passed> {
         let ev = evidence(opts, l.record.as_ref().map(|r| &r.1)).await;
         let opts2 = opts.clone();
         let wrote = tokio::task::spawn_blocking(move || -> Result<Result<Passed, ()>> {
-            let r = Renderer { src: &src, specs: Default::default() };
+            let r = Renderer { src: &src, revisions: Default::default() };
             let expected = |h: &str, rev: &str| r.units(h, rev);
             let head = l.head.to_string();
             let inputs = Inputs {
@@ -266,7 +294,7 @@ pub async fn status(opts: &Options, only: &[String]) -> Result<u8> {
     let ev = evidence(opts, Some(record)).await;
     let (record, json, only) = (record.clone(), opts.json, only.to_vec());
     tokio::task::spawn_blocking(move || {
-        let r = Renderer { src: &src, specs: Default::default() };
+        let r = Renderer { src: &src, revisions: Default::default() };
         let expected = |h: &str, rev: &str| r.units(h, rev);
         let head = l.head.to_string();
         let inputs = Inputs {
@@ -351,4 +379,23 @@ pub struct Common {
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_host_renders_as_its_own_resolution_says_with_or_without_an_overlay() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/qwen35-122b-mtp.yaml");
+        let text = std::fs::read_to_string(path).unwrap();
+        let specs = vec![specd_spec::parse("qwen.yaml", &text).unwrap()];
+        let overlaid: Vec<String> = specs[0].document.hosts.keys().cloned().collect();
+        assert!(!overlaid.is_empty());
+        let r = Revision { common: render_all(&specs, None), specs };
+        for host in overlaid.iter().map(String::as_str).chain(["gpu-77", "h0001"]) {
+            assert_eq!(r.units(host), render_all(&r.specs, Some(host)), "{host}");
+        }
+        assert_ne!(r.units(&overlaid[0]), r.units("gpu-77"));
+    }
 }

@@ -22,6 +22,11 @@
 //!    sha256` of the 270 MB safetensors in a Hugging Face cache by `specd validate --on-host`:
 //!    not in the page cache, in it, and remembered.
 //!
+//! 8. the fleet at scale (`bench fleet-scale [N...]`, not in the default run; 100 and 1,000 hosts
+//!    unless given): N hosts' exporters scraped by a real Prometheus, the promoter and `fleet
+//!    status` run as the binary against it and a bare git remote, a rollout to release and a halt
+//!    (asserted); see `support/fleet_scale.rs` for what is real and what is simulated.
+//!
 //! `SPECD_BENCH_SPECD=PATH` measures another build of specd (e.g. an older commit's) with the
 //! same bench.
 

@@ -601,13 +601,8 @@ fn main() -> anyhow::Result<()> {
 /// `fleet-scale [N...] [--apply-ms MS] [--bake S] [--scrape S] [--fail-rate F]`: N 100 and 1000
 /// unless given (5000 only when asked).
 fn fleet_scale_args(args: &[String]) -> anyhow::Result<()> {
-    let mut p = fleet_scale::Params {
-        hosts: 0,
-        apply: Duration::from_millis(1000),
-        bake_s: 5,
-        scrape_s: 1,
-        fail_rate: 0.0,
-    };
+    let mut p =
+        fleet_scale::Params { hosts: 0, apply: Duration::from_millis(1000), bake_s: 5, scrape_s: 1, fail_rate: 0.0 };
     let mut counts = Vec::new();
     let mut it = args.iter();
     while let Some(a) = it.next() {

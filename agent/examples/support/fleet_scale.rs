@@ -239,7 +239,8 @@ impl Sim {
         }
         let hosts = Arc::new(hosts);
         let port = serve(hosts.clone())?;
-        let prom = specd_e2e::Prometheus::start(&dir.path().join("prometheus"), &prometheus_config(&hosts, port, p.scrape_s))?;
+        let prom =
+            specd_e2e::Prometheus::start(&dir.path().join("prometheus"), &prometheus_config(&hosts, port, p.scrape_s))?;
         let mut sim = Sim {
             p,
             dir,
@@ -571,7 +572,7 @@ impl Sim {
     /// A revision that one host of the last wave fails: the rollout halts naming it and the
     /// gate, and the wave's hosts go back within `max_unavailable`. The halt's time from the
     /// push, and the time to every host back.
-    pub fn halt(&mut self) -> Result<(f64, f64, String)> {
+    pub fn halt(&mut self) -> Result<Halted> {
         let rest = self.ring("rest");
         let bad = rest[2];
         let good = self.record()?.context("a record")?.released;
@@ -623,14 +624,17 @@ pub fn bench(counts: &[usize], p: &Params) -> Result<()> {
     Ok(())
 }
 
-fn print_table(rows: &[(Measured, (f64, f64, String))]) {
-    let col = |f: &dyn Fn(&Measured, &(f64, f64, String)) -> String| -> String {
-        rows.iter().map(|(m, h)| f(m, h)).collect::<Vec<_>>().join(" | ")
-    };
+/// The halt: push to halt (s), every host back (s), what `fleet status` says of it.
+type Halted = (f64, f64, String);
+/// One figure of a row.
+type Figure<'a> = &'a dyn Fn(&Measured, &Halted) -> String;
+
+fn print_table(rows: &[(Measured, Halted)]) {
+    let col = |f: Figure| -> String { rows.iter().map(|(m, h)| f(m, h)).collect::<Vec<_>>().join(" | ") };
     let hdr = col(&|m, _| format!("{} hosts", m.hosts));
     println!("| figure | {hdr} |");
     println!("|---|{}", "---|".repeat(rows.len()));
-    let line = |what: &str, f: &dyn Fn(&Measured, &(f64, f64, String)) -> String| {
+    let line = |what: &str, f: Figure| {
         println!("| {what} | {} |", col(f));
     };
     line("commit to release (s)", &|m, _| format!("{:.1}", m.release_s));

@@ -503,8 +503,8 @@ fn fold_since(ev: &mut Evidence, by_target: &BTreeMap<Target, String>, since: &S
         on_units(ev, by_target, promoted, deaths, |h, u, s| {
             let at = hosts.get(h).copied().unwrap_or_default();
             let unit = label(s, "unit").unwrap_or_default();
-            let since_its_own = at <= *first
-                || died_at.get(&(h.to_string(), unit.to_string())).is_some_and(|t| *t >= at as f64);
+            let since_its_own =
+                at <= *first || died_at.get(&(h.to_string(), unit.to_string())).is_some_and(|t| *t >= at as f64);
             if let Some(v) = label(s, "verdict").filter(|_| s.value > 0.5 && since_its_own) {
                 u.deaths_since_promotion.insert(v.to_string(), s.value);
             }

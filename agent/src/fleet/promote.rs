@@ -94,7 +94,11 @@ fn render_all(specs: &[specd_spec::ParsedSpec], host: Option<&str>) -> Result<Ve
     for parsed in specs {
         let spec = parsed.resolve(host).map_err(|d| d.to_string())?;
         let unit = specd_spec::render(&spec);
-        out.push(ExpectedUnit { unit: unit.unit.clone(), unit_hash: unit.sha256.clone(), speculates: spec.speculates() });
+        out.push(ExpectedUnit {
+            unit: unit.unit.clone(),
+            unit_hash: unit.sha256.clone(),
+            speculates: spec.speculates(),
+        });
     }
     Ok(out)
 }

@@ -258,10 +258,18 @@ mod tests {
     fn fleet(n: usize) -> Vec<HostPosition> {
         (0..n)
             .map(|i| {
-                let wave = if i == 0 { "canary" } else if i <= n * 9 / 100 { "early" } else { "rest" };
+                let wave = if i == 0 {
+                    "canary"
+                } else if i <= n * 9 / 100 {
+                    "early"
+                } else {
+                    "rest"
+                };
                 let standing = match i {
                     _ if wave != "rest" => Standing::Good,
-                    _ if i == n / 2 + 7 => Standing::Failed { gate: "applied", unit: "llm.service".into(), evidence: "q".into() },
+                    _ if i == n / 2 + 7 => {
+                        Standing::Failed { gate: "applied", unit: "llm.service".into(), evidence: "q".into() }
+                    }
                     _ if i % 10 == 0 => Standing::Applying("applying".into()),
                     _ => Standing::Good,
                 };
@@ -306,7 +314,13 @@ mod tests {
     fn the_waves_are_counted_in_their_order() {
         let record = Record::default();
         let hosts = fleet(1000);
-        let v = View { record: &record, position: &(String::new(), None), hosts: &hosts, evidence: &Evidence::default(), only: &[] };
+        let v = View {
+            record: &record,
+            position: &(String::new(), None),
+            hosts: &hosts,
+            evidence: &Evidence::default(),
+            only: &[],
+        };
         let w = v.waves();
         assert_eq!(w.iter().map(|w| w.wave.as_str()).collect::<Vec<_>>(), ["canary", "early", "rest"]);
         let rest = &w[2];

@@ -614,6 +614,45 @@ mod tests {
     }
 
     #[test]
+    fn a_host_promoted_after_its_wave_s_first_counts_only_the_deaths_since_its_own_promotion() {
+        let with = |h: &str, more: &[(&str, &str)]| -> Vec<(String, String)> {
+            let mut l = vec![("job", "specd"), ("instance", h), ("unit", "llm.service")];
+            l.extend_from_slice(more);
+            l.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        };
+        let s =
+            |h: &str, more: &[(&str, &str)], value: f64| Sample { labels: with(h, more).into_iter().collect(), value };
+        let info = |h: &str| Sample {
+            labels: [("job", "specd"), ("instance", h), ("host", h)]
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .into(),
+            value: 1.0,
+        };
+        // a promoted first (1000), b and c later (1010); each died once since 1000: a and c
+        // after their promotions (counted at 1005 and 1020), b before its own (at 1005).
+        let deaths: Vec<Sample> = ["a", "b", "c"].iter().map(|h| s(h, &[("verdict", "crash")], 1.0)).collect();
+        let last_death = vec![
+            s("a", &[("verdict", "crash")], 1005.0),
+            s("b", &[("verdict", "crash")], 1005.0),
+            s("c", &[("verdict", "crash")], 1020.0),
+        ];
+        let hosts = BTreeMap::from([("a".to_string(), 1000), ("b".to_string(), 1010), ("c".to_string(), 1010)]);
+        let promotion = Promotion { hosts, first: 1000, length: vec![], rate: vec![], deaths };
+        let since = Since { promotions: vec![promotion], converged: vec![] };
+        let now = Now {
+            hosts: ["a", "b", "c"].map(info).to_vec(),
+            unit_info: ["a", "b", "c"].iter().map(|h| s(h, &[("unit_hash", "x")], 1.0)).collect(),
+            last_death,
+            ..Default::default()
+        };
+        let ev = fold(&now, &since, 1030, 60);
+        let died = |h: &str| ev.hosts[h].units["llm.service"].deaths_since_promotion.clone();
+        assert_eq!(died("a"), BTreeMap::from([("crash".to_string(), 1.0)]));
+        assert_eq!(died("b"), BTreeMap::new());
+        assert_eq!(died("c"), BTreeMap::from([("crash".to_string(), 1.0)]));
+    }
+
+    #[test]
     fn a_new_url_must_be_http_with_a_host() {
         assert!(Prometheus::new("ftp://x", None).unwrap_err().to_string().contains("http:// or https://"));
         assert!(Prometheus::new("not a url", None).is_err());

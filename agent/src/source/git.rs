@@ -67,8 +67,11 @@ pub struct GitSource {
     record_branch: std::sync::Mutex<Option<String>>,
     /// What that look found, until the record's fetch uses it: the refs asked about, and where
     /// those the remote has point.
-    advertised: std::sync::Mutex<Option<(Vec<String>, BTreeMap<String, Oid>)>>,
+    advertised: std::sync::Mutex<Option<Advertised>>,
 }
+
+/// A look at the remote's refs: the refs asked about, and where those it has point.
+type Advertised = (Vec<String>, BTreeMap<String, Oid>);
 
 /// One spec file of a commit.
 #[derive(Clone, Debug)]

@@ -310,9 +310,16 @@ impl Sim {
         c
     }
 
+    /// Prometheus's own `/metrics` (a loaded Prometheus may take seconds to answer).
+    fn prom_metrics(&self) -> String {
+        specd_e2e::http(self.prom.port(), "GET", "/metrics", None, Duration::from_secs(60))
+            .map(|(_, body)| body)
+            .unwrap_or_else(|| panic!("Prometheus's /metrics: no answer within 60 s\n{}", self.prom.log()))
+    }
+
     /// A figure of Prometheus's own `/metrics` (summed over its series).
     fn prom_figure(&self, name: &str) -> f64 {
-        let (_, body) = specd_e2e::http_get(self.prom.port(), "/metrics").unwrap_or_default();
+        let body = self.prom_metrics();
         body.lines()
             .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
@@ -321,7 +328,7 @@ impl Sim {
 
     /// The instant queries Prometheus answered so far.
     fn queries(&self) -> u64 {
-        let (_, body) = specd_e2e::http_get(self.prom.port(), "/metrics").unwrap_or_default();
+        let body = self.prom_metrics();
         body.lines()
             .filter(|l| l.starts_with("prometheus_http_requests_total{") && l.contains("handler=\"/api/v1/query\""))
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())

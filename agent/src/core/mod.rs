@@ -2,8 +2,8 @@
 //! unit (`plan`), what follows a failed step (`recovery`), how a reconcile ends (`conclude`), what
 //! status a unit has (`sync`), whether a hold keeps the agent's hands off (`hold`), what is
 //! recorded per unit (`record`), every duration specd waits or asks by (`timing`), systemd's unit
-//! states as types (`unit_state`), the engine's evidence of drafting (`speculation`), which units
-//! specd may manage (`owner`).
+//! states as types (`unit_state`), the engine's evidence of drafting (`speculation`), what another
+//! draft length would give (`tune`), which units specd may manage (`owner`).
 //!
 //! It may not know the machine: no file, process, socket, clock or runtime (no `std::fs`, tokio,
 //! nix, reqwest or git2; the test `the_core_does_no_io` reads its source). Every function here
@@ -19,4 +19,5 @@ pub mod recovery;
 pub mod speculation;
 pub mod sync;
 pub mod timing;
+pub mod tune;
 pub mod unit_state;

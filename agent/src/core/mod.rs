@@ -2,14 +2,16 @@
 //! unit (`plan`), what follows a failed step (`recovery`), how a reconcile ends (`conclude`), what
 //! status a unit has (`sync`), whether a hold keeps the agent's hands off (`hold`), what is
 //! recorded per unit (`record`), every duration specd waits or asks by (`timing`), systemd's unit
-//! states as types (`unit_state`), the engine's evidence of drafting (`speculation`), what another
-//! draft length would give (`tune`), which units specd may manage (`owner`).
+//! states as types (`unit_state`), the engine's evidence of drafting (`speculation`), what an
+//! engine counted since it started (`counts`) and what another draft length would give
+//! (`tune`), which units specd may manage (`owner`).
 //!
 //! It may not know the machine: no file, process, socket, clock or runtime (no `std::fs`, tokio,
 //! nix, reqwest or git2; the test `the_core_does_no_io` reads its source). Every function here
 //! is tested on its table of cases, without a host.
 
 pub mod conclude;
+pub mod counts;
 pub mod guard;
 pub mod hold;
 pub mod owner;

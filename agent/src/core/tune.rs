@@ -159,6 +159,9 @@ pub struct Observed {
     pub accept_length: Option<f64>,
     pub decode: Option<Decode>,
     pub load: Load,
+    /// What the reading of the engine's counts assumed, in words.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
 }
 
 /// What a step costs: the target's pass `t` and, per draft position, `ρ·t`.
@@ -518,6 +521,7 @@ mod tests {
             by_position_unusable: None,
             decode: Some(Decode { steps, seconds: steps as f64 * step_s, tokens }),
             load: Load { concurrency: Some(2.0), ..Load::default() },
+            notes: vec![],
         }
     }
 
@@ -582,6 +586,7 @@ mod tests {
             by_position_unusable: Some("SGLang reports its mean accept length only".into()),
             decode: Some(Decode { steps: 500, seconds: 5.0, tokens: 1350 }),
             load: Load::default(),
+            notes: vec![],
         };
         let p = predict(&sglang, None, Goal::TokensPerSPerRequest, MIN_DRAFTS);
         assert_eq!(p.rows[2].accept_length, Some(2.7));

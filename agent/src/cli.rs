@@ -305,6 +305,10 @@ pub enum Command {
         /// record) as one JSON document on stdout instead of the table and the spec diff.
         #[arg(long)]
         json: bool,
+        /// Measure only the base spec's speculative.num_steps and the one below it (a short
+        /// calibration of the step cost for `specd tune`), whatever the matrix says.
+        #[arg(long)]
+        calibrate: bool,
     },
 }
 
@@ -426,10 +430,10 @@ pub fn main() -> ExitCode {
         }),
         Command::Status { json, file, host } => run_async(commands::status::status(&dirs, json, file.as_deref(), host)),
         Command::Diff { file, host, json } => run_async(commands::diff::diff(&dirs, &file, host, json)),
-        Command::Sweep { file, resume, write, out, json } => {
+        Command::Sweep { file, resume, write, out, json, calibrate } => {
             let mut rt = tokio::runtime::Builder::new_multi_thread();
             rt.worker_threads(2);
-            run_on(rt, sweep::run(&dirs, sweep::Options { file, resume, write, out, json }))
+            run_on(rt, sweep::run(&dirs, sweep::Options { file, resume, write, out, json, calibrate }))
         }
         Command::Run { repo, hostname, labels, interval, listen, control_socket } => {
             let flags = RunFlags { hostname, labels, interval, listen, control_socket };

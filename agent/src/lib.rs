@@ -17,6 +17,7 @@ mod preflight;
 mod reconcile;
 mod source;
 mod sweep;
+mod tune;
 
 /// The `specd` command line (the binary is only this).
 pub use cli::main;
@@ -40,6 +41,14 @@ pub mod parts {
     pub mod sweep {
         pub use crate::sweep::loadgen::{Api, BUILTIN_PROMPTS, Level, LevelResult, prompts_from_jsonl, run};
         pub use crate::sweep::report::{PointOutcome, PointResult};
+    }
+    /// `specd tune`'s model (pure), the counts it reads of an engine, its proposals' branches.
+    pub mod tune {
+        pub use crate::core::counts::{Counts, observe};
+        pub use crate::core::tune::{
+            Acceptance, Decode, Goal, MIN_DRAFTS, Observed, Prediction, Row, Verdict, predict,
+        };
+        pub use crate::tune::propose::BRANCH_PREFIX;
     }
     /// The diagnosis of an instance's end, from the journal it gathers.
     pub mod diagnose {

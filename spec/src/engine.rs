@@ -249,7 +249,10 @@ const SGLANG: EngineFacts = EngineFacts {
         server_info: "/get_server_info",
         avg_accept_length: "avg_spec_accept_length",
     },
-    counters: Counters::Sglang { verify_calls: "sglang:spec_verify_calls_total", tokens: "sglang:generation_tokens_total" },
+    counters: Counters::Sglang {
+        verify_calls: "sglang:spec_verify_calls_total",
+        tokens: "sglang:generation_tokens_total",
+    },
     // `ServerArgs` fields (sglang/srt/arg_groups/fields/serving.py); SGLang reads none of them
     // from its environment (only from argv or a `--config` file, which specd refuses).
     secret_flags: &[

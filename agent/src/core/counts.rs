@@ -247,7 +247,9 @@ fn vllm(o: &mut Observed, c: &Counts, now: f64) {
         requests: Some(requests),
         uptime_s: uptime,
     };
-    o.notes.push("the batch a step ran at: requests' decode steps over the engine's steps less one prefill a request".into());
+    o.notes.push(
+        "the batch a step ran at: requests' decode steps over the engine's steps less one prefill a request".into(),
+    );
     if o.acceptance.as_ref().is_some_and(|a| a.per_pos.len() != o.running_k as usize) {
         let n = o.acceptance.as_ref().map_or(0, |a| a.per_pos.len());
         o.by_position_unusable = Some(format!(
@@ -272,10 +274,8 @@ fn llama_cpp(o: &mut Observed, spec: &Spec, c: &Counts) {
             "llama-server's n-gram types draft up to their own length ({positions} positions counted), not speculative.num_steps: another num_steps is not predicted"
         ));
     } else if positions != o.running_k as usize {
-        o.by_position_unusable = Some(format!(
-            "llama-server counts {positions} draft positions, not the spec's num_steps {}",
-            o.running_k
-        ));
+        o.by_position_unusable =
+            Some(format!("llama-server counts {positions} draft positions, not the spec's num_steps {}", o.running_k));
     }
 }
 
@@ -358,8 +358,12 @@ mod tests {
     #[test]
     fn sglang_gives_tokens_per_verify_pass_and_nothing_by_position() {
         let text = "sglang:spec_verify_calls_total{model_name=\"m\"} 100\nsglang:generation_tokens_total{model_name=\"m\",is_streaming=\"true\"} 250\nsglang:generation_tokens_total{model_name=\"m\",is_streaming=\"false\"} 90\n";
-        let o = observe(&spec("sglang", "{algorithm: EAGLE, draft_model: /d, num_steps: 3, eagle_topk: 1, num_draft_tokens: 4}"), &Counts::read(Engine::Sglang, text), 0.0)
-            .unwrap();
+        let o = observe(
+            &spec("sglang", "{algorithm: EAGLE, draft_model: /d, num_steps: 3, eagle_topk: 1, num_draft_tokens: 4}"),
+            &Counts::read(Engine::Sglang, text),
+            0.0,
+        )
+        .unwrap();
         assert_eq!(o.accept_length, Some(3.4));
         assert!(o.by_position_unusable.unwrap().contains("nothing by draft position"));
     }
@@ -369,7 +373,10 @@ mod tests {
         let spec = spec("vllm", "{algorithm: ngram, num_steps: 4}");
         let plain = Counts::read(Engine::Vllm, VLLM_PLAIN);
         let why = observe(&spec, &plain, 0.0).unwrap_err();
-        assert!(why.contains("has no vllm:spec_decode_num_drafts_total") && why.contains("--disable-log-stats"), "{why}");
+        assert!(
+            why.contains("has no vllm:spec_decode_num_drafts_total") && why.contains("--disable-log-stats"),
+            "{why}"
+        );
         let after = Counts::read(Engine::Vllm, VLLM_NGRAM);
         let mut before = after.clone();
         before.drafts -= 2.0;

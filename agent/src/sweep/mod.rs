@@ -29,10 +29,11 @@ use crate::host::Host;
 use crate::reconcile::context::{self, Dirs};
 use crate::reconcile::{Ctx, Event, Events, Finish, Shutdown};
 use crate::sweep::report::PointResult;
+pub use edit::edit_spec;
 use hold::SweepHold;
 use point::point;
 use restore::{after_target, apply_after, before, restore};
-pub use results::{Best, Files, Objective};
+pub use results::{Best, Files, Objective, read_results};
 use results::{append, goal, limits_text, offer_best, open_results, this_sweeps_results, write_reports};
 
 /// The host a sweep runs on: the reconciler's [`Host`], and where its load goes.
@@ -137,7 +138,9 @@ fn calibration(parsed: &ParsedSweep, base: &ParsedSpec, base_name: &str) -> Resu
         format!("{base_name}: --calibrate measures speculative.num_steps and the one below it, and this spec sets none")
     })?;
     if k < 2 {
-        return Err(format!("{base_name}: --calibrate needs speculative.num_steps 2 or more (a length below it), not {k}"));
+        return Err(format!(
+            "{base_name}: --calibrate needs speculative.num_steps 2 or more (a length below it), not {k}"
+        ));
     }
     let values = vec![serde_json::Value::from(k - 1), serde_json::Value::from(k)];
     Ok(sweep::Matrix(vec![sweep::Axis { field: "speculative.num_steps".into(), values }]))

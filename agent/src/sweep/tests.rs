@@ -246,9 +246,16 @@ fn a_calibration_measures_the_running_length_and_the_one_below_it_whatever_the_m
     assert_eq!(labels(prepare(&o(false)).unwrap()), ["num_steps=2", "num_steps=5"]);
     // The base runs 3: 2, then 3 (the unit as it was, last); SGLang's draft tokens derived.
     let p = prepare(&o(true)).unwrap();
-    assert_eq!(p.points[1].spec, specd_spec::parse("qwen.yaml", BASE).unwrap().resolve(Some(&context::hostname(None))).unwrap());
+    assert_eq!(
+        p.points[1].spec,
+        specd_spec::parse("qwen.yaml", BASE).unwrap().resolve(Some(&context::hostname(None))).unwrap()
+    );
     assert_eq!(labels(p), ["num_steps=2", "num_steps=3"]);
-    std::fs::write(dir.path().join("qwen.yaml"), BASE.replace("num_steps: 3", "num_steps: 1").replace("num_draft_tokens: 4", "num_draft_tokens: 2")).unwrap();
+    std::fs::write(
+        dir.path().join("qwen.yaml"),
+        BASE.replace("num_steps: 3", "num_steps: 1").replace("num_draft_tokens: 4", "num_draft_tokens: 2"),
+    )
+    .unwrap();
     let why = prepare(&o(true)).err().unwrap();
     assert!(why.contains("--calibrate needs speculative.num_steps 2 or more"), "{why}");
 }

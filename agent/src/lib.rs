@@ -48,7 +48,7 @@ pub mod parts {
         pub use crate::core::tune::{
             Acceptance, Decode, Goal, MIN_DRAFTS, Observed, Prediction, Row, Verdict, predict,
         };
-        pub use crate::tune::propose::BRANCH_PREFIX;
+        pub use crate::tune::propose::{BRANCH_PREFIX, Options as ProposeOptions, Proposed, propose};
     }
     /// The diagnosis of an instance's end, from the journal it gathers.
     pub mod diagnose {

@@ -7,5 +7,6 @@ mod follow;
 mod monitoring;
 mod package;
 mod prometheus_evidence;
+mod propose;
 mod publish;
 mod source;

@@ -35,7 +35,9 @@ pub mod parts {
     pub mod fleet {
         pub use crate::fleet::evidence::{Prometheus, Sample, gather};
         pub use crate::fleet::publish::{Pushed, Signing, commit_record, push_record};
-        pub use crate::fleet::rollout::{Evidence, ExpectedUnit, HostEvidence, Inputs, Step, UnitEvidence, decide};
+        pub use crate::fleet::rollout::{
+            Evidence, ExpectedUnit, HostEvidence, Inputs, Served, Step, UnitEvidence, decide,
+        };
     }
     /// A sweep's load generator and its records (`results.jsonl`).
     pub mod sweep {

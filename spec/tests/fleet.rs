@@ -30,6 +30,7 @@ spec:
       bake: 1h
   gates:
     accept_length: {min: 1.5, of_previous: 0.8}
+    speculation_pays: {of_previous: 0.95}
 ";
 
 fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
@@ -60,6 +61,17 @@ fn a_host_belongs_to_the_first_wave_that_selects_it() {
         "1.600 < 0.8 × 2.500 (the previous revision's)"
     );
     assert_eq!(g.accept_length.as_ref().unwrap().below(2.1, Some(2.5)), None);
+    let pays = g.speculation_pays.as_ref().unwrap();
+    assert_eq!(pays.min_drafts, 200, "the default");
+    assert_eq!(pays.below((2.4, 200.0), (2.5, 205.0)), None);
+    assert_eq!(
+        pays.below((2.3, 200.0), (2.5, 205.0)).unwrap(),
+        "accept length 2.300 < 0.95 × 2.500 (the previous revision's, at the load it served)"
+    );
+    assert_eq!(
+        pays.below((2.5, 190.0), (2.5, 205.0)).unwrap(),
+        "decode speed 190.0 tok/s per request < 0.95 × 205.0 (the previous revision's, at the load it served)"
+    );
     assert!(fleet::is_fleet(FLEET));
     assert!(!fleet::is_fleet("kind: Sweep\n"));
 }
@@ -86,6 +98,21 @@ fn every_problem_is_located() {
         ("{gpu: h100}", "{gpu-model: h100}", "spec.waves[1].labels.gpu-model: `gpu-model` is not a label name"),
         ("of_previous: 0.8", "of_previous: 1.5", "spec.gates.accept_length.of_previous: must be a fraction"),
         ("{min: 1.5, of_previous: 0.8}", "{}", "spec.gates.accept_length: needs `min` or `of_previous`"),
+        (
+            "{of_previous: 0.95}",
+            "{of_previous: 0}",
+            "fleet.yaml:20:37: spec.gates.speculation_pays.of_previous: must be a fraction above 0, at most 1; got 0",
+        ),
+        (
+            "{of_previous: 0.95}",
+            "{of_previous: 0.9, min_drafts: 0}",
+            "spec.gates.speculation_pays.min_drafts: must be at least 1",
+        ),
+        (
+            "{of_previous: 0.95}",
+            "{min_drafts: 100}",
+            "fleet.yaml:20:24: spec.gates.speculation_pays.min_drafts: missing field `of_previous`",
+        ),
         ("kind: Fleet", "kind: Fleat", "fleet.yaml:2:7: kind: must be `Fleet`"),
         (
             "      bake: 1h\n",

@@ -18,7 +18,7 @@ use serde_json::Value;
 use specd_spec::fleet::Record;
 
 use crate::config::CaFile;
-use crate::fleet::rollout::{Evidence, HostEvidence, UnitEvidence};
+use crate::fleet::rollout::{Evidence, HostEvidence, Served, UnitEvidence};
 
 /// One question to Prometheus (connecting included) is answered within this, or it fails as
 /// unreachable. A few seconds: the promoter asks about a dozen and waits for no one.
@@ -206,6 +206,43 @@ struct Now {
     accept_rate: Vec<Sample>,
     hold: Vec<Sample>,
     last_death: Vec<Sample>,
+    served: ServedSamples,
+}
+
+/// `specd_unit_served_accept_length`, `_tokens_per_second`, `_drafts` (the agent's `tune:`).
+#[derive(Default)]
+struct ServedSamples {
+    length: Vec<Sample>,
+    tok_s: Vec<Sample>,
+    drafts: Vec<Sample>,
+}
+
+impl ServedSamples {
+    async fn ask(p: &Prometheus, at: Option<u64>, ask: impl Fn(&str) -> String) -> Result<ServedSamples, String> {
+        Ok(ServedSamples {
+            length: p.query(&ask("specd_unit_served_accept_length"), at).await?,
+            tok_s: p.query(&ask("specd_unit_served_tokens_per_second"), at).await?,
+            drafts: p.query(&ask("specd_unit_served_drafts"), at).await?,
+        })
+    }
+
+    /// Each unit's figures, where all three are known, by target and unit.
+    fn by_unit(&self) -> BTreeMap<(Target, String), Served> {
+        let mut out: BTreeMap<(Target, String), [Option<f64>; 3]> = BTreeMap::new();
+        for (i, samples) in [&self.length, &self.tok_s, &self.drafts].into_iter().enumerate() {
+            for s in samples.iter().filter(|s| s.value.is_finite()) {
+                if let Some(u) = label(s, "unit") {
+                    out.entry((target_of(s), u.to_string())).or_default()[i] = Some(s.value);
+                }
+            }
+        }
+        out.into_iter()
+            .filter_map(|(k, v)| match v {
+                [Some(accept_length), Some(tok_s), Some(drafts)] => Some((k, Served { accept_length, tok_s, drafts })),
+                _ => None,
+            })
+            .collect()
+    }
 }
 
 /// The answers a rollout in progress needs, for the hosts they are about.
@@ -224,6 +261,8 @@ struct Promotion {
     rate: Vec<Sample>,
     /// The deaths since, by verdict.
     deaths: Vec<Sample>,
+    /// What the instances served, a second before.
+    served: ServedSamples,
 }
 
 /// Everything Prometheus says about the fleet at `now` (unix seconds), and at the moments the
@@ -271,6 +310,7 @@ async fn ask(p: &Prometheus, record: Option<&Record>, now: u64) -> Result<(Now, 
         accept_rate: p.query(&last_known("specd_unit_accept_rate"), at).await?,
         hold: p.query(&last_known("specd_unit_hold"), at).await?,
         last_death: p.query(&last_known("specd_unit_last_death_timestamp_seconds"), at).await?,
+        served: ServedSamples::ask(p, at, last_known).await?,
     };
     let (promoted, converged) = in_progress(record);
     let mut since = Since::default();
@@ -280,7 +320,8 @@ async fn ask(p: &Prometheus, record: Option<&Record>, now: u64) -> Result<(Now, 
         let rate = p.query("specd_unit_accept_rate", before).await?;
         let range = now.saturating_sub(t).max(1);
         let deaths = p.query(&deaths_since(range), at).await?;
-        since.promotions.push(Promotion { hosts, length, rate, deaths });
+        let served = ServedSamples::ask(p, before, str::to_string).await?;
+        since.promotions.push(Promotion { hosts, length, rate, deaths, served });
     }
     for (c, hosts) in converged {
         let range = now.saturating_sub(c).max(1);
@@ -347,6 +388,11 @@ fn fold(a: &Now, since: &Since, now: u64, stale_after: u64) -> Evidence {
     for s in &a.last_death {
         if let (Some(v), Some(u)) = (label(s, "verdict"), unit_mut(&mut ev, &by_target, s)) {
             u.last_death = Some(v.to_string());
+        }
+    }
+    for ((target, unit), served) in a.served.by_unit() {
+        if let Some(h) = by_target.get(&target).and_then(|n| ev.hosts.get_mut(n)) {
+            h.units.entry(unit).or_default().served = Some(served);
         }
     }
     fold_since(&mut ev, &by_target, since);
@@ -420,7 +466,13 @@ fn down(up: Option<f64>, sampled: Option<f64>, now: u64, stale_after: u64, targe
 /// The figures of a rollout in progress, on the hosts they are about (only units the host
 /// reports now).
 fn fold_since(ev: &mut Evidence, by_target: &BTreeMap<Target, String>, since: &Since) {
-    for Promotion { hosts, length, rate, deaths } in &since.promotions {
+    for Promotion { hosts, length, rate, deaths, served } in &since.promotions {
+        for ((target, unit), s) in served.by_unit() {
+            let host = by_target.get(&target).filter(|n| hosts.contains(*n));
+            if let Some(u) = host.and_then(|n| ev.hosts.get_mut(n)).and_then(|h| h.units.get_mut(&unit)) {
+                u.previous_served = Some(s);
+            }
+        }
         on_units(ev, by_target, hosts, length, |u, s| {
             u.previous_accept_length = s.value.is_finite().then_some(s.value)
         });

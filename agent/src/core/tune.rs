@@ -571,7 +571,7 @@ mod tests {
         let mut o = observed(&[90, 70, 40, 10], 100, 0.014);
         o.acceptance.as_mut().unwrap().drafts = 100;
         let p = predict(&o, None, Goal::TokensPerSPerRequest, MIN_DRAFTS);
-        let Verdict::CannotTell { why } = &p.verdict else { panic!() };
+        let Verdict::CannotTell { why } = &p.verdict else { panic!("{:?}", p.verdict) };
         assert!(why.contains("only 100 drafts") && why.contains("at least 200"), "{why}");
         assert!(!matches!(predict(&o, None, Goal::TokensPerSPerRequest, 100).verdict, Verdict::CannotTell { .. }));
         // Counts by position that are not a prefix count.

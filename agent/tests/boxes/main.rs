@@ -20,4 +20,5 @@ mod prometheus;
 mod render;
 mod secrets;
 mod sweep;
+mod tune;
 mod vllm;

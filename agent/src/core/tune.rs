@@ -542,7 +542,8 @@ mod tests {
     #[test]
     fn the_step_cost_ratio_is_fitted_to_two_lengths_or_more() {
         // (points, ratio)
-        let table: &[(&[(u32, f64)], Option<f64>)] = &[
+        type Case = (&'static [(u32, f64)], Option<f64>);
+        let table: &[Case] = &[
             // t = 0.01, 0.002 a position: ρ = 0.2.
             (&[(4, 0.018), (3, 0.016)], Some(0.2)),
             (&[(1, 0.012), (2, 0.014), (3, 0.016), (4, 0.018)], Some(0.2)),

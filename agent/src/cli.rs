@@ -284,6 +284,12 @@ pub enum Command {
         #[arg(long, default_value = ".")]
         out: PathBuf,
     },
+    /// What the running instance's own counts say of its draft length: the accept length and
+    /// decode speed of each speculative.num_steps up to the running one, predicted from the
+    /// engine's acceptance by position and step time since it started (with their uncertainty
+    /// and the drafts they rest on), the best one, and the spec change that applies it. Exit 0:
+    /// keep; 1: a change is recommended; 2: it cannot tell yet.
+    Tune(TuneArgs),
     /// Run a benchmarking campaign (a `kind: Sweep` file): apply each point of its matrix
     /// through the apply path, load it at each concurrency, record the results (a point that
     /// fails is recorded with its diagnosis), then restore the unit (or apply the best point;
@@ -305,7 +311,83 @@ pub enum Command {
         /// record) as one JSON document on stdout instead of the table and the spec diff.
         #[arg(long)]
         json: bool,
+        /// Measure only the base spec's speculative.num_steps and the one below it (a short
+        /// calibration of the step cost for `specd tune`), whatever the matrix says.
+        #[arg(long)]
+        calibrate: bool,
     },
+}
+
+/// `specd tune`'s flags.
+#[derive(clap::Args, Debug)]
+pub struct TuneArgs {
+    #[arg(value_parser = unit_arg)]
+    unit: String,
+    /// A sweep file of the unit: its objective says what is best, and its records (of
+    /// speculative.num_steps alone: a sweep over it, or `specd sweep --calibrate`) calibrate the
+    /// step cost and are compared with the predictions.
+    #[arg(long)]
+    sweep: Option<PathBuf>,
+    /// The sweep's output directory [default: ./specd-sweep-NAME].
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// The spec file the change is shown against [default: the file the unit was applied from].
+    #[arg(long = "file", short = 'f')]
+    file: Option<PathBuf>,
+    /// Fewer drafts than this since the instance started: it cannot tell yet, and proposes
+    /// nothing.
+    #[arg(long, default_value_t = crate::core::tune::MIN_DRAFTS)]
+    min_drafts: u64,
+    /// The host whose overlay applies [default: this machine's name].
+    #[arg(long)]
+    host: Option<String>,
+    /// Write the recommended change as a signed commit on the branch specd-proposals/UNIT of
+    /// the repository the agent follows (never the followed branch), for a person to merge.
+    #[arg(long)]
+    propose: bool,
+    #[command(flatten)]
+    repo: RepoArgs,
+    /// Sign the proposal with this SSH private key.
+    #[arg(long)]
+    sign_ssh_key: Option<PathBuf>,
+    /// Sign the proposal with this OpenPGP key id.
+    #[arg(long)]
+    sign_gpg_key: Option<String>,
+    /// The proposal's author and committer [default: specd tune <specd@HOSTNAME>].
+    #[arg(long)]
+    author: Option<String>,
+    /// Print one JSON document on stdout instead of the table.
+    #[arg(long)]
+    json: bool,
+}
+
+impl TuneArgs {
+    fn options(self, dirs: &Dirs) -> anyhow::Result<crate::tune::Options> {
+        let host = crate::reconcile::context::hostname(self.host.clone());
+        let propose = if self.propose {
+            let cfg = self.repo.config()?;
+            let signing = crate::tune::propose::signing(self.sign_ssh_key, self.sign_gpg_key)?;
+            Some(crate::tune::propose::Options {
+                source: cfg.source()?,
+                cache: dirs.state_dir.join("propose"),
+                host: host.clone(),
+                signing,
+                author: self.author.unwrap_or_else(|| crate::tune::propose::author(&host)),
+            })
+        } else {
+            None
+        };
+        Ok(crate::tune::Options {
+            unit: self.unit,
+            json: self.json,
+            sweep: self.sweep,
+            out: self.out,
+            file: self.file,
+            min_drafts: self.min_drafts,
+            host: self.host,
+            propose,
+        })
+    }
 }
 
 /// A UNIT argument: a name a spec could give (`specd_spec::unit_name_problem`), checked before
@@ -438,16 +520,17 @@ pub fn main() -> ExitCode {
         }),
         Command::Status { json, file, host } => run_async(commands::status::status(&dirs, json, file.as_deref(), host)),
         Command::Diff { file, host, json } => run_async(commands::diff::diff(&dirs, &file, host, json)),
-        Command::Sweep { file, resume, write, out, json } => {
+        Command::Sweep { file, resume, write, out, json, calibrate } => {
             let mut rt = tokio::runtime::Builder::new_multi_thread();
             rt.worker_threads(2);
             run_on(rt, async move {
                 let answers = answer_load_balancers(std::path::Path::new(config::DEFAULT_PATH));
-                let done = sweep::run(&dirs, sweep::Options { file, resume, write, out, json }).await;
+                let done = sweep::run(&dirs, sweep::Options { file, resume, write, out, json, calibrate }).await;
                 answers.finish().await;
                 done
             })
         }
+        Command::Tune(args) => run_async(async move { crate::tune::run(&dirs, args.options(&dirs)?).await }),
         Command::Run { repo, hostname, labels, interval, listen, control_socket } => {
             let flags = RunFlags { hostname, labels, interval, listen, control_socket };
             run_async(run_agent(dirs, repo, flags))

@@ -18,6 +18,7 @@ mod preflight;
 mod reconcile;
 mod source;
 mod sweep;
+mod tune;
 
 /// The `specd` command line (the binary is only this).
 pub use cli::main;
@@ -35,7 +36,9 @@ pub mod parts {
     pub mod fleet {
         pub use crate::fleet::evidence::{Prometheus, Sample, gather};
         pub use crate::fleet::publish::{Pushed, Signing, commit_record, push_record};
-        pub use crate::fleet::rollout::{Evidence, ExpectedUnit, HostEvidence, Inputs, Step, UnitEvidence, decide};
+        pub use crate::fleet::rollout::{
+            Evidence, ExpectedUnit, HostEvidence, Inputs, Served, Step, UnitEvidence, decide,
+        };
     }
     /// The agent's exporter: the fleet simulator of the bench serves each simulated host's
     /// figures with it, as the agent does.
@@ -47,6 +50,14 @@ pub mod parts {
     pub mod sweep {
         pub use crate::sweep::loadgen::{Api, BUILTIN_PROMPTS, Level, LevelResult, prompts_from_jsonl, run};
         pub use crate::sweep::report::{PointOutcome, PointResult};
+    }
+    /// `specd tune`'s model (pure), the counts it reads of an engine, its proposals' branches.
+    pub mod tune {
+        pub use crate::core::counts::{Counts, observe};
+        pub use crate::core::tune::{
+            Acceptance, Decode, Goal, MIN_DRAFTS, Observed, Prediction, Row, Verdict, predict,
+        };
+        pub use crate::tune::propose::{BRANCH_PREFIX, Options as ProposeOptions, Proposed, propose};
     }
     /// The diagnosis of an instance's end, from the journal it gathers.
     pub mod diagnose {

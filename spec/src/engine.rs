@@ -48,6 +48,8 @@ pub struct EngineFacts {
     pub default_algorithm_with_draft: Option<&'static str>,
     /// Where the engine shows that it really speculates.
     pub evidence: Evidence,
+    /// What it counts of its drafts and decode steps since it started (`specd tune`).
+    pub counters: Counters,
     /// The flags whose value is a secret, and where the engine takes it off the command line
     /// instead. Validation refuses a literal value for them (see `allow_literal_secrets`).
     pub secret_flags: &'static [SecretFlag],
@@ -154,6 +156,41 @@ pub enum Evidence {
     Vllm { generate: &'static str, drafts: &'static str, draft_tokens: &'static str, accepted: &'static str },
 }
 
+/// The engine's own counts, in its `/metrics` (exposition names), since it started: its drafts,
+/// how far into each the target accepted, its decode steps and their time, the load it served.
+/// What `specd tune` predicts other draft lengths from.
+#[derive(Debug)]
+pub enum Counters {
+    /// vLLM (`vllm/v1/spec_decode/metrics.py`, `vllm/v1/metrics/loggers.py`): `{per_position}`
+    /// counts, per `position` label, the drafts whose first position+1 tokens were accepted;
+    /// `{step_latency}` (a histogram: `_sum`, `_count`) is observed once per request per decode
+    /// step; `{engine_steps}` (a histogram's `_count`) once per engine step, prefills included.
+    Vllm {
+        drafts: &'static str,
+        accepted: &'static str,
+        per_position: &'static str,
+        step_latency: &'static str,
+        requests: &'static str,
+        engine_steps: &'static str,
+        started: &'static str,
+    },
+    /// llama-server with `--metrics` (`tools/server/server-task.cpp`), summed as each request
+    /// ends: `{per_position}` as vLLM's; `{tokens}` and `{decode_seconds}` the tokens generated
+    /// and the slots' time generating them (from each first token); `{busy_slots}` the slots
+    /// busy per decode call, on average.
+    LlamaCpp {
+        drafts: &'static str,
+        accepted: &'static str,
+        per_position: &'static str,
+        tokens: &'static str,
+        decode_seconds: &'static str,
+        busy_slots: &'static str,
+    },
+    /// SGLang with `--enable-metrics` (`srt/observability/metrics_collector.py`): verify passes
+    /// and the tokens generated; nothing by draft position.
+    Sglang { verify_calls: &'static str, tokens: &'static str },
+}
+
 const fn vllm(name: &'static str, draft_model: Need) -> Algorithm {
     Algorithm { name, reported_as: name, draft_model }
 }
@@ -219,6 +256,10 @@ const SGLANG: EngineFacts = EngineFacts {
         tokens: "completion_tokens",
         server_info: "/get_server_info",
         avg_accept_length: "avg_spec_accept_length",
+    },
+    counters: Counters::Sglang {
+        verify_calls: "sglang:spec_verify_calls_total",
+        tokens: "sglang:generation_tokens_total",
     },
     // `ServerArgs` fields (sglang/srt/arg_groups/fields/serving.py); SGLang reads none of them
     // from its environment (only from argv or a `--config` file, which specd refuses).
@@ -341,6 +382,15 @@ const VLLM: EngineFacts = EngineFacts {
         draft_tokens: "vllm:spec_decode_num_draft_tokens_total",
         accepted: "vllm:spec_decode_num_accepted_tokens_total",
     },
+    counters: Counters::Vllm {
+        drafts: "vllm:spec_decode_num_drafts_total",
+        accepted: "vllm:spec_decode_num_accepted_tokens_total",
+        per_position: "vllm:spec_decode_num_accepted_tokens_per_pos_total",
+        step_latency: "vllm:inter_token_latency_seconds",
+        requests: "vllm:request_success_total",
+        engine_steps: "vllm:iteration_tokens_total",
+        started: "process_start_time_seconds",
+    },
     // vLLM's API server takes `args.api_key or envs.VLLM_API_KEY` (vllm/envs.py); the Hugging
     // Face token is read by huggingface_hub from HF_TOKEN.
     secret_flags: &[
@@ -433,6 +483,14 @@ const LLAMA_CPP: EngineFacts = EngineFacts {
         generate: "/completion",
         drafted: "draft_n",
         accepted: "draft_n_accepted",
+    },
+    counters: Counters::LlamaCpp {
+        drafts: "llamacpp:spec_decode_num_drafts_total",
+        accepted: "llamacpp:spec_decode_num_accepted_tokens_total",
+        per_position: "llamacpp:spec_decode_num_accepted_tokens_per_pos_total",
+        tokens: "llamacpp:tokens_predicted_total",
+        decode_seconds: "llamacpp:tokens_predicted_seconds_total",
+        busy_slots: "llamacpp:n_busy_slots_per_decode",
     },
     // `--help`: `--api-key KEY (env: LLAMA_API_KEY)`, `--api-key-file FNAME`,
     // `-hft, --hf-token TOKEN (env: HF_TOKEN)`.

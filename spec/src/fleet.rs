@@ -128,6 +128,12 @@ pub struct Gates {
     /// the unit to its server's first ready answer, as the host's agent measured it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub startup_within: Option<Ceiling>,
+    /// Speculation still pays: at the load the host serves, a speculating unit's accept length
+    /// and decode speed per request (its engine's own counts since the instance started, which
+    /// the agent exports with `tune:` in its config) are not below `of_previous` of what the
+    /// previous revision's instance served on the same host. Off unless given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub speculation_pays: Option<Pays>,
     /// No death of a server (crash, OOM, CUDA OOM…) from its promotion to the end of the bake.
     /// Default true.
     #[serde(default = "yes")]
@@ -147,6 +153,7 @@ impl Default for Gates {
             accept_length: None,
             accept_rate: None,
             startup_within: None,
+            speculation_pays: None,
             no_deaths: true,
             converge_within: converge_default(),
         }
@@ -185,6 +192,43 @@ impl Floor {
             && now < f * p
         {
             return Some(format!("{now:.3} < {f} × {p:.3} (the previous revision's)"));
+        }
+        None
+    }
+}
+
+/// The gate `speculation_pays`: the new revision's served figures against the previous one's.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Pays {
+    /// E.g. `0.95`: neither figure below 95 % of the previous revision's.
+    pub of_previous: f64,
+    /// The drafts the new instance's figures must rest on before they are judged (default
+    /// 200): until then the host is not good yet (and fails after `converge_within`).
+    #[serde(default = "pays_min_drafts")]
+    pub min_drafts: u64,
+}
+
+fn pays_min_drafts() -> u64 {
+    200
+}
+
+impl Pays {
+    /// Why speculation no longer pays, if it does not: `now` and `previous` are each
+    /// `(accept length, decode tokens per second of one request)`.
+    pub fn below(&self, now: (f64, f64), previous: (f64, f64)) -> Option<String> {
+        let f = self.of_previous;
+        if now.0 < f * previous.0 {
+            return Some(format!(
+                "accept length {:.3} < {f} × {:.3} (the previous revision's, at the load it served)",
+                now.0, previous.0
+            ));
+        }
+        if now.1 < f * previous.1 {
+            return Some(format!(
+                "decode speed {:.1} tok/s per request < {f} × {:.1} (the previous revision's, at the load it served)",
+                now.1, previous.1
+            ));
         }
         None
     }
@@ -376,6 +420,15 @@ fn validate(f: &Fleet, map: &SourceMap) -> Vec<Diagnostic> {
             );
         }
     }
+    if let Some(p) = &g.speculation_pays {
+        if !p.of_previous.is_finite() || p.of_previous <= 0.0 || p.of_previous > 1.0 {
+            let got = p.of_previous;
+            err("spec.gates.speculation_pays.of_previous", format!("must be a fraction above 0, at most 1; got {got}"));
+        }
+        if p.min_drafts == 0 {
+            err("spec.gates.speculation_pays.min_drafts", "must be at least 1".into());
+        }
+    }
     if g.converge_within.is_zero() {
         err("spec.gates.converge_within", "must be at least 1s".into());
     }
@@ -506,7 +559,8 @@ pub struct Halt {
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub unit: String,
     /// The gate that failed (`converge`, `args_verified`, `speculation_proven`,
-    /// `accept_length`, `accept_rate`, `startup_within`, `no_deaths`, `applied`), or `manual`.
+    /// `accept_length`, `accept_rate`, `startup_within`, `speculation_pays`, `no_deaths`, `applied`), or
+    /// `manual`.
     pub gate: String,
     /// What was seen: the figures, the verdict.
     pub evidence: String,

@@ -25,7 +25,9 @@ pub mod sweep;
 mod validate;
 
 pub use diag::{Diagnostic, Diagnostics, Severity};
-pub use engine::{Algorithm, ArgsReport, EngineFacts, Evidence, Need, Reported, SecretFlag, facts as engine_facts};
+pub use engine::{
+    Algorithm, ArgsReport, Counters, EngineFacts, Evidence, Need, Reported, SecretFlag, facts as engine_facts,
+};
 pub use model::{Document, DriftPolicy, Engine, Restart, Verify};
 pub use render::{
     HEADER, RenderedUnit, command_line, exec_start, exec_start_value, parse_command_line, parse_environment, render,

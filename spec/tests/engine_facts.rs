@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
-use specd_spec::{Engine, Evidence, engine_facts};
+use specd_spec::{Counters, Engine, Evidence, engine_facts};
 
 fn fixtures(engine: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/engines").join(engine)
@@ -205,6 +205,27 @@ fn metric_names_and_speculation_evidence_exist_in_the_real_replies() {
             assert!(c["timings"].get(*drafted).is_none(), "no draft counts without drafting");
         }
         other => panic!("{other:?}"),
+    }
+}
+
+/// The counters `specd tune` reads are the engines' own: each name on a `# TYPE` line of a real
+/// `/metrics` (SGLang: in its catalogue of metrics).
+#[test]
+fn the_counters_tune_reads_are_the_engines_own() {
+    for e in [Engine::Sglang, Engine::Vllm, Engine::LlamaCpp] {
+        let names: Vec<&str> = match &engine_facts(e).counters {
+            Counters::Vllm { drafts, accepted, per_position, step_latency, requests, engine_steps, started } => {
+                vec![drafts, accepted, per_position, step_latency, requests, engine_steps, started]
+            }
+            Counters::LlamaCpp { drafts, accepted, per_position, tokens, decode_seconds, busy_slots } => {
+                vec![drafts, accepted, per_position, tokens, decode_seconds, busy_slots]
+            }
+            Counters::Sglang { verify_calls, tokens } => vec![verify_calls, tokens],
+        };
+        let known = metric_names(e);
+        for n in names {
+            assert!(known.iter().any(|k| k == n), "{e:?} exports no {n}");
+        }
     }
 }
 

@@ -31,6 +31,7 @@ spec:
   gates:
     accept_length: {min: 1.5, of_previous: 0.8}
     startup_within: {max: 10m, of_previous: 1.5}
+    speculation_pays: {of_previous: 0.95}
 ";
 
 fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
@@ -66,6 +67,17 @@ fn a_host_belongs_to_the_first_wave_that_selects_it() {
     assert_eq!(within.above(61.0, Some(30.0)).unwrap(), "61.0s > 1.5 × 30.0s (the previous revision's)");
     assert_eq!(within.above(44.0, Some(30.0)), None);
     assert_eq!(within.above(44.0, None), None, "no previous start: the absolute ceiling only");
+    let pays = g.speculation_pays.as_ref().unwrap();
+    assert_eq!(pays.min_drafts, 200, "the default");
+    assert_eq!(pays.below((2.4, 200.0), (2.5, 205.0)), None);
+    assert_eq!(
+        pays.below((2.3, 200.0), (2.5, 205.0)).unwrap(),
+        "accept length 2.300 < 0.95 × 2.500 (the previous revision's, at the load it served)"
+    );
+    assert_eq!(
+        pays.below((2.5, 190.0), (2.5, 205.0)).unwrap(),
+        "decode speed 190.0 tok/s per request < 0.95 × 205.0 (the previous revision's, at the load it served)"
+    );
     assert!(fleet::is_fleet(FLEET));
     assert!(!fleet::is_fleet("kind: Sweep\n"));
 }
@@ -104,6 +116,21 @@ fn every_problem_is_located() {
         ),
         ("{max: 10m,", "{max: 0s,", "fleet.yaml:20:27: spec.gates.startup_within.max: must be at least 1s"),
         ("{max: 10m,", "{max: 10,", "spec.gates.startup_within.max: expected a duration"),
+        (
+            "{of_previous: 0.95}",
+            "{of_previous: 0}",
+            "fleet.yaml:21:37: spec.gates.speculation_pays.of_previous: must be a fraction above 0, at most 1; got 0",
+        ),
+        (
+            "{of_previous: 0.95}",
+            "{of_previous: 0.9, min_drafts: 0}",
+            "spec.gates.speculation_pays.min_drafts: must be at least 1",
+        ),
+        (
+            "{of_previous: 0.95}",
+            "{min_drafts: 100}",
+            "fleet.yaml:21:24: spec.gates.speculation_pays.min_drafts: missing field `of_previous`",
+        ),
         ("kind: Fleet", "kind: Fleat", "fleet.yaml:2:7: kind: must be `Fleet`"),
         (
             "      bake: 1h\n",

@@ -70,6 +70,30 @@ pub struct AgentConfig {
     /// How the units' load balancers are answered and waited for before a stop.
     #[serde(default)]
     pub load_balancer: LoadBalancerConfig,
+    /// The agent's own `specd tune` on a schedule (opt-in): what the data says of each
+    /// speculating unit's draft length, exported beside what runs, and proposed when asked.
+    pub tune: Option<TuneConfig>,
+}
+
+/// `tune:` of the agent config.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TuneConfig {
+    /// Seconds between two evaluations of every speculating unit (the first one this long after
+    /// the agent starts).
+    pub interval: u64,
+    /// Write each recommended change as a signed commit on `specd-proposals/<unit>` of the
+    /// repository (never the followed branch). Default false: the metrics only.
+    #[serde(default)]
+    pub propose: bool,
+    /// Fewer drafts than this since an instance started: it cannot tell yet (default 200).
+    pub min_drafts: Option<u64>,
+    /// Sign the proposals with this SSH private key (as `specd promote --sign-ssh-key`).
+    pub sign_ssh_key: Option<PathBuf>,
+    /// Sign the proposals with this OpenPGP key of root's keyring.
+    pub sign_gpg_key: Option<String>,
+    /// The proposals' author and committer (default `specd tune <specd@HOSTNAME>`).
+    pub author: Option<String>,
 }
 
 /// `load_balancer:` of the agent config. Every unit's serving state is answered on `listen`

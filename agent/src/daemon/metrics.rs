@@ -222,6 +222,59 @@ impl Metrics {
     }
 }
 
+impl Metrics {
+    /// The agent's tune metrics (`tune::schedule`), served with these when `tune:` is configured.
+    pub fn register_tune(&self, t: &crate::tune::schedule::TuneMetrics) {
+        let mut r = crate::core::guard::lock(&self.registry);
+        let unit = |r: &mut Registry, name: &str, help: &str, f: &Family<Labels, FloatGauge>| {
+            r.register(name, help, f.clone());
+        };
+        unit(
+            &mut r,
+            "unit_served_accept_length",
+            "Accept length of the unit's instance since it started, by the engine's own counts (1 + accepted / drafts)",
+            &t.served_accept_length,
+        );
+        unit(
+            &mut r,
+            "unit_served_tokens_per_second",
+            "Decode tokens per second of one request of the unit's instance since it started, at the load it served (the engine's counts)",
+            &t.served_tok_s,
+        );
+        unit(
+            &mut r,
+            "unit_served_concurrency",
+            "Requests in flight per decode step of the unit's instance since it started",
+            &t.served_concurrency,
+        );
+        unit(
+            &mut r,
+            "unit_served_drafts",
+            "Drafts the engine of the unit's instance counted since it started",
+            &t.served_drafts,
+        );
+        r.register("tune_num_steps", "The unit's speculative.num_steps: the one that runs (kind=running) and the one the data recommends (kind=recommended)", t.num_steps.clone());
+        unit(
+            &mut r,
+            "tune_predicted_tokens_per_second",
+            "Decode tokens per second of one request predicted at each num_steps",
+            &t.predicted_tok_s,
+        );
+        unit(
+            &mut r,
+            "tune_predicted_accept_length",
+            "Accept length predicted at each num_steps",
+            &t.predicted_accept_length,
+        );
+        unit(
+            &mut r,
+            "tune_last_timestamp_seconds",
+            "Unix time of the unit's last evaluation by the agent's tune",
+            &t.last,
+        );
+    }
+}
+
 /// specd's registry: every name under `specd_`, and first `specd_build_info` (`version`, the
 /// commit it was built from, the CPU architecture).
 fn registry(version: &str) -> Registry {
@@ -1012,7 +1065,20 @@ mod tests {
     /// reads is the registry.
     #[test]
     fn every_metric_served_is_in_the_reference_with_its_type_and_labels() {
-        let text = filled().render();
+        let m = filled();
+        let t = crate::tune::schedule::TuneMetrics::default();
+        m.register_tune(&t);
+        let figures = crate::tune::schedule::Figures {
+            served_accept_length: Some(3.1),
+            served_tok_s: Some(220.0),
+            served_concurrency: Some(1.5),
+            drafts: 900,
+            running: 4,
+            recommended: Some(3),
+            predicted: vec![(3, Some(230.0), Some(3.0))],
+        };
+        t.set("q.service", &figures, 1);
+        let text = m.render();
         // The families and their types, then each sample's name (a histogram's by its family)
         // and labels.
         let mut types = BTreeMap::new();

@@ -123,11 +123,44 @@ pub async fn run(opts: RunOptions) -> Result<()> {
     let mut schedule = Schedule::new(&cfg, lock(&src).is_remote());
     units.metrics.schedule(schedule.remote.then_some(schedule.interval), schedule.resync);
     spawn_watchdog();
+    let tuning = tune(&cfg, &src_cfg, &units.hostname, &opts.dirs, &units.metrics)?;
     follow(&mut units, &mut schedule, trig_rx, term, int).await;
+    if let Some(t) = tuning {
+        t.abort();
+    }
     // Nothing is triggered any more (the stop may write and remove a drop-in of its own unit).
     drop(watching);
     stop(units, stop_tx, endpoints).await;
     Ok(())
+}
+
+/// The agent's tune (`tune:` in its config, opt-in), started: its metrics registered, its loop
+/// spawned (with the proposals' repository and key when it proposes).
+fn tune(
+    cfg: &AgentConfig,
+    src: &crate::source::git::SourceConfig,
+    hostname: &str,
+    dirs: &Dirs,
+    metrics: &Metrics,
+) -> Result<Option<tokio::task::JoinHandle<()>>> {
+    let Some(t) = cfg.tune.clone() else { return Ok(None) };
+    let tm = crate::tune::schedule::TuneMetrics::default();
+    metrics.register_tune(&tm);
+    let proposals = if t.propose {
+        let signing = crate::tune::propose::signing(t.sign_ssh_key.clone(), t.sign_gpg_key.clone())?;
+        Some(crate::tune::propose::Options {
+            source: src.clone(),
+            cache: dirs.state_dir.join("propose"),
+            host: hostname.to_string(),
+            signing,
+            author: t.author.clone().unwrap_or_else(|| crate::tune::propose::author(hostname)),
+        })
+    } else {
+        None
+    };
+    tracing::info!(interval = t.interval, propose = t.propose, "tune: every speculating unit evaluated on a schedule");
+    let store = Store::new(&dirs.state_dir);
+    Ok(Some(tokio::spawn(crate::tune::schedule::run(t, store, proposals, tm))))
 }
 
 /// The agent's endpoints: metrics and the units' HTTP checks (TCP, read-only), HAProxy's

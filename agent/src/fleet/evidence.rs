@@ -18,7 +18,7 @@ use serde_json::Value;
 use specd_spec::fleet::Record;
 
 use crate::config::CaFile;
-use crate::fleet::rollout::{Evidence, HostEvidence, UnitEvidence};
+use crate::fleet::rollout::{Evidence, HostEvidence, Served, UnitEvidence};
 
 /// One question to Prometheus (connecting included) is answered within this, or it fails as
 /// unreachable. A few seconds: the promoter asks about a dozen and waits for no one.
@@ -208,6 +208,44 @@ struct Now {
     hold: Vec<Sample>,
     last_death: Vec<Sample>,
     serving: Vec<Sample>,
+    served: ServedSamples,
+}
+
+/// What the agent's `tune:` says a unit served, asked now and before a wave's first promotion.
+const SERVED: [&str; 3] =
+    ["specd_unit_served_accept_length", "specd_unit_served_tokens_per_second", "specd_unit_served_drafts"];
+
+/// The answers about [`SERVED`].
+#[derive(Default)]
+struct ServedSamples {
+    length: Vec<Sample>,
+    tok_s: Vec<Sample>,
+    drafts: Vec<Sample>,
+}
+
+impl ServedSamples {
+    /// Its three answers, asked in the order of [`SERVED`].
+    fn from(mut next: impl FnMut() -> Vec<Sample>) -> ServedSamples {
+        ServedSamples { length: next(), tok_s: next(), drafts: next() }
+    }
+
+    /// Each unit's figures, where all three are known, by target and unit.
+    fn by_unit(&self) -> BTreeMap<(Target, String), Served> {
+        let mut out: BTreeMap<(Target, String), [Option<f64>; 3]> = BTreeMap::new();
+        for (i, samples) in [&self.length, &self.tok_s, &self.drafts].into_iter().enumerate() {
+            for s in samples.iter().filter(|s| s.value.is_finite()) {
+                if let Some(u) = label(s, "unit") {
+                    out.entry((target_of(s), u.to_string())).or_default()[i] = Some(s.value);
+                }
+            }
+        }
+        out.into_iter()
+            .filter_map(|(k, v)| match v {
+                [Some(accept_length), Some(tok_s), Some(drafts)] => Some((k, Served { accept_length, tok_s, drafts })),
+                _ => None,
+            })
+            .collect()
+    }
 }
 
 /// The answers a rollout in progress needs, for the hosts they are about.
@@ -230,6 +268,8 @@ struct Promotion {
     start: Vec<Sample>,
     /// The deaths since `first`, by verdict.
     deaths: Vec<Sample>,
+    /// What the instances served, a second before.
+    served: ServedSamples,
 }
 
 /// Everything Prometheus says about the fleet at `now` (unix seconds), and at the moments the
@@ -282,6 +322,7 @@ fn since_questions(waves: &[InProgress], now: u64) -> Vec<(String, u64)> {
             out.push(("specd_unit_accept_rate".to_string(), before));
             out.push(("specd_unit_start_duration_seconds".to_string(), before));
             out.push((deaths_since(now.saturating_sub(w.first).max(1)), now));
+            out.extend(SERVED.map(|m| (m.to_string(), before)));
         }
         if let Some((c, _)) = &w.converged {
             let range = now.saturating_sub(*c).max(1);
@@ -308,6 +349,9 @@ fn now_questions(now: u64) -> Vec<(String, u64)> {
         known("specd_unit_hold"),
         known("specd_unit_last_death_timestamp_seconds"),
         known("specd_unit_serving"),
+        known(SERVED[0]),
+        known(SERVED[1]),
+        known(SERVED[2]),
     ]
 }
 
@@ -348,12 +392,14 @@ async fn ask(p: &Prometheus, record: Option<&Record>, now: u64) -> Result<(Now, 
         hold: next(),
         last_death: next(),
         serving: next(),
+        served: ServedSamples::from(&mut next),
     };
     let mut since = Since::default();
     for w in waves {
         if !w.hosts.is_empty() {
             let (length, rate, start, deaths) = (next(), next(), next(), next());
-            since.promotions.push(Promotion { hosts: w.hosts, first: w.first, length, rate, start, deaths });
+            let served = ServedSamples::from(&mut next);
+            since.promotions.push(Promotion { hosts: w.hosts, first: w.first, length, rate, start, deaths, served });
         }
         if let Some((_, hosts)) = w.converged {
             since.converged.push((hosts, next()));
@@ -429,6 +475,11 @@ fn fold(a: &Now, since: &Since, now: u64, stale_after: u64) -> Evidence {
     for s in &a.last_death {
         if let (Some(v), Some(u)) = (label(s, "verdict"), unit_mut(&mut ev, &by_target, s)) {
             u.last_death = Some(v.to_string());
+        }
+    }
+    for ((target, unit), served) in a.served.by_unit() {
+        if let Some(h) = by_target.get(&target).and_then(|n| ev.hosts.get_mut(n)) {
+            h.units.entry(unit).or_default().served = Some(served);
         }
     }
     fold_since(&mut ev, &by_target, since, &a.last_death);
@@ -510,8 +561,14 @@ fn fold_since(ev: &mut Evidence, by_target: &BTreeMap<Target, String>, since: &S
             died_at.insert((name.clone(), unit.to_string()), s.value);
         }
     }
-    for Promotion { hosts, first, length, rate, start, deaths } in &since.promotions {
+    for Promotion { hosts, first, length, rate, start, deaths, served } in &since.promotions {
         let promoted = |h: &str| hosts.contains_key(h);
+        for ((target, unit), s) in served.by_unit() {
+            let host = by_target.get(&target).filter(|n| hosts.contains_key(*n));
+            if let Some(u) = host.and_then(|n| ev.hosts.get_mut(n)).and_then(|h| h.units.get_mut(&unit)) {
+                u.previous_served = Some(s);
+            }
+        }
         on_units(ev, by_target, promoted, start, |_, u, s| {
             u.previous_start_seconds = s.value.is_finite().then_some(s.value)
         });
@@ -625,7 +682,7 @@ mod tests {
         for converged in [None, Some(4000)] {
             let (ten, thousand) = (questions(10, converged), questions(1000, converged));
             assert_eq!(ten.len(), thousand.len(), "{ten:?}\n{thousand:?}");
-            assert_eq!(ten.len(), 4 + usize::from(converged.is_some()), "{ten:?}");
+            assert_eq!(ten.len(), 7 + usize::from(converged.is_some()), "{ten:?}");
         }
         // The figures before the wave's first promotion, the deaths since it.
         let q = questions(1000, None);
@@ -659,7 +716,7 @@ mod tests {
             s("c", &[("verdict", "crash")], 1020.0),
         ];
         let hosts = BTreeMap::from([("a".to_string(), 1000), ("b".to_string(), 1010), ("c".to_string(), 1010)]);
-        let promotion = Promotion { hosts, first: 1000, length: vec![], rate: vec![], start: vec![], deaths };
+        let promotion = Promotion { hosts, first: 1000, length: vec![], rate: vec![], start: vec![], deaths, served: ServedSamples::default() };
         let since = Since { promotions: vec![promotion], converged: vec![] };
         let now = Now {
             hosts: ["a", "b", "c"].map(info).to_vec(),

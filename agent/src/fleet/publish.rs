@@ -1,7 +1,8 @@
 //! The promoter's side of the promotion record: a commit whose tree holds only
 //! `promotions.yaml`, signed by git's own signing when given a key (so that agents verifying
 //! signatures accept it, as they do the followed branch's commits), and its push to the record
-//! branch: a fast-forward, never forced. One writer wins: when another promoter pushed first,
+//! branch: a fast-forward, never forced. `specd tune --propose` makes its commits the same way
+//! ([`commit_tree`]) and puts them on a branch of their own ([`push_replacing`]). One writer wins: when another promoter pushed first,
 //! the push is [`Pushed::Rejected`] and the caller re-reads the record. The objects are made in
 //! the [`GitSource`]'s repository (a remote's cache, or the local repository); a remote is
 //! pushed to with the credentials its fetch uses. Blocking, like the source.
@@ -60,7 +61,6 @@ pub fn commit_record(
     author: &str,
     signing: Option<&Signing>,
 ) -> Result<Oid> {
-    let (name, email) = identity(author)?;
     let repo = src.repository();
     if let Some(p) = parent {
         repo.find_commit(p)
@@ -70,6 +70,30 @@ pub fn commit_record(
     let mut tree = repo.treebuilder(None)?;
     tree.insert(RECORD_FILE, blob, 0o100644)?;
     let tree = tree.write().context("writing the record's tree")?;
+    commit_tree(src, tree, parent, Made { what: "the record's commit", message, author }, signing)
+}
+
+/// What a commit is (for errors: `the record's commit`), its message and its author and
+/// committer (`Name <email>`).
+pub struct Made<'a> {
+    pub what: &'a str,
+    pub message: &'a str,
+    pub author: &'a str,
+}
+
+/// A commit of `tree` on `parent` (`None`: a root commit) in the source's repository, signed
+/// with `signing` by git's own `git commit-tree -S` (unsigned means unsigned, whatever the
+/// user's git configuration says). Made, not pushed.
+pub fn commit_tree(
+    src: &GitSource,
+    tree: Oid,
+    parent: Option<Oid>,
+    made: Made,
+    signing: Option<&Signing>,
+) -> Result<Oid> {
+    let Made { what, message, author } = made;
+    let (name, email) = identity(author)?;
+    let repo = src.repository();
     let mut cmd = Command::new("git");
     for (k, _) in std::env::vars_os() {
         if k.to_string_lossy().starts_with("GIT_") {
@@ -91,7 +115,6 @@ pub fn commit_record(
     if let Some(p) = parent {
         cmd.args(["-p", &p.to_string()]);
     }
-    // Unsigned means unsigned, whatever `commit.gpgSign` the user's configuration sets.
     cmd.arg(if signing.is_some() { "-S" } else { "--no-gpg-sign" });
     let mut child = cmd
         .args(["-F", "-"])
@@ -116,7 +139,7 @@ pub fn commit_record(
             Some(Signing::Gpg { key }) => format!(" signed with the OpenPGP key {key}"),
             None => String::new(),
         };
-        bail!("making the record's commit{signed}: {}", git_words(&out.stderr));
+        bail!("making {what}{signed}: {}", git_words(&out.stderr));
     }
     written.context("giving git commit-tree the message")?;
     let oid = String::from_utf8_lossy(&out.stdout);
@@ -176,9 +199,42 @@ pub fn push_record(src: &GitSource, oid: Oid, branch: &str) -> Result<Pushed> {
     bail!("{what}: {}", git_words(&out.stderr))
 }
 
+/// Put `oid` on `refs/heads/<branch>` if the branch is still where it was read (`expected`;
+/// `None`: absent), whichever way that moves it: a push with a lease (`--force-with-lease`) to a
+/// remote, a compare-and-swap in a local repository. For a branch of specd's own that a newer
+/// commit replaces (a proposal); another writer that moved it first gets [`Pushed::Rejected`].
+pub fn push_replacing(src: &GitSource, oid: Oid, branch: &str, expected: Option<Oid>) -> Result<Pushed> {
+    let name = format!("refs/heads/{branch}");
+    if !git2::Reference::is_valid_name(&name) {
+        bail!("the branch {branch:?} is not a usable branch name");
+    }
+    if !src.is_remote() {
+        return swap(src.repository(), &name, oid, expected);
+    }
+    let what = format!("pushing {} to branch {branch} of {}", short(&oid.to_string()), src.cfg.repo);
+    let lease = format!("--force-with-lease={name}:{}", expected.map(|e| e.to_string()).unwrap_or_default());
+    let mut cmd = src.transfer()?;
+    cmd.args(["push", "--porcelain", &lease, "--", &src.url(), &format!("{oid}:{name}")]);
+    let out = src.run_transfer(cmd, &what)?;
+    let porcelain = String::from_utf8_lossy(&out.stdout);
+    let line = porcelain.lines().find(|l| l.split('\t').nth(1).is_some_and(|r| r.ends_with(&format!(":{name}"))));
+    if let Some(l) = line {
+        let mut f = l.split('\t');
+        let (flag, summary) = (f.next().unwrap_or_default(), f.nth(1).unwrap_or_default());
+        if flag == "!" && summary.starts_with("[rejected]") {
+            return Ok(Pushed::Rejected(format!("{name}: {summary}")));
+        }
+        if flag != "!" && out.status.success() {
+            return Ok(Pushed::Done);
+        }
+        bail!("{what}: {summary}; {}", git_words(&out.stderr));
+    }
+    bail!("{what}: {}", git_words(&out.stderr))
+}
+
 /// Move `name` to `oid` only if it points at `parent` (or, with no parent, does not exist).
 fn swap(repo: &git2::Repository, name: &str, oid: Oid, parent: Option<Oid>) -> Result<Pushed> {
-    let log = "specd: the promotion record";
+    let log = "specd";
     let done = match parent {
         None => repo.reference(name, oid, false, log),
         Some(p) => repo.reference_matching(name, oid, true, p, log),

@@ -83,6 +83,11 @@ pub struct UnitEvidence {
     /// (`specd_unit_start_duration_seconds`), and the same just before the host was promoted.
     pub start_seconds: Option<f64>,
     pub previous_start_seconds: Option<f64>,
+    /// At the load the host serves (the agent's `tune:`): the accept length, the decode speed of
+    /// one request and the drafts they rest on, since the instance started; and the first two
+    /// just before the host was promoted (the previous revision's instance).
+    pub served: Option<Served>,
+    pub previous_served: Option<Served>,
     /// Deaths since the host was promoted, by verdict (`increase(specd_unit_deaths_total[…])`).
     pub deaths_since_promotion: BTreeMap<String, f64>,
     /// The verdict of the newest death the agent counted (`specd_unit_last_death_timestamp_seconds`).
@@ -91,6 +96,14 @@ pub struct UnitEvidence {
     pub hold: Option<String>,
     /// What its load balancers are told (`specd_unit_serving`): ready, drain or down.
     pub serving: Option<String>,
+}
+
+/// What a unit's instance served since it started (`specd_unit_served_*`).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Served {
+    pub accept_length: f64,
+    pub tok_s: f64,
+    pub drafts: f64,
 }
 
 /// What a host must run at a revision: each unit specd renders for it, and whether it
@@ -218,10 +231,10 @@ pub fn judge(inputs: &Inputs, record: &Record, wave: &specd_spec::fleet::WaveRec
     }
     match speculation(e, &expected, gates) {
         Ok(()) => Standing::Good,
-        Err(why) if since > gates.converge_within.as_secs() => {
-            Standing::Failed { gate: "speculation_proven", unit: why.0, evidence: why.1 }
+        Err((gate, unit, evidence)) if since > gates.converge_within.as_secs() => {
+            Standing::Failed { gate, unit, evidence }
         }
-        Err(why) => Standing::Applying(format!("{}: {}", why.0, why.1)),
+        Err((_, unit, why)) => Standing::Applying(format!("{unit}: {why}")),
     }
 }
 
@@ -292,22 +305,38 @@ fn failed_on_target(
                 return fail(gate, why);
             }
         }
+        if let (Some(pays), Some(now), Some(before)) = (&gates.speculation_pays, u.served, u.previous_served)
+            && now.drafts >= pays.min_drafts as f64
+            && let Some(why) = pays.below((now.accept_length, now.tok_s), (before.accept_length, before.tok_s))
+        {
+            return fail("speculation_pays", format!("{why}; over {} drafts", now.drafts));
+        }
     }
     None
 }
 
-/// Whether every speculating unit has its speculation proven (an accept length measured).
+/// Whether every speculating unit has its speculation proven (an accept length measured) and,
+/// where the previous revision's served figures are known, its own resting on enough drafts
+/// for `speculation_pays` to judge: else the gate that waits, the unit and why.
 fn speculation(
     e: &HostEvidence,
     expected: &[ExpectedUnit],
     gates: &specd_spec::fleet::Gates,
-) -> Result<(), (String, String)> {
-    if !gates.speculation_proven {
-        return Ok(());
-    }
+) -> Result<(), (&'static str, String, String)> {
     for x in expected.iter().filter(|x| x.speculates) {
-        if e.units.get(&x.unit).and_then(|u| u.accept_length).is_none() {
-            return Err((x.unit.clone(), "no accept length measured yet (speculation not proven)".into()));
+        let u = e.units.get(&x.unit);
+        if gates.speculation_proven && u.and_then(|u| u.accept_length).is_none() {
+            let why = "no accept length measured yet (speculation not proven)";
+            return Err(("speculation_proven", x.unit.clone(), why.into()));
+        }
+        if let (Some(pays), Some(u)) = (&gates.speculation_pays, u)
+            && u.previous_served.is_some()
+        {
+            let drafts = u.served.map_or(0.0, |s| s.drafts);
+            if drafts < pays.min_drafts as f64 {
+                let why = format!("{drafts} drafts served on it yet; speculation_pays judges at {}", pays.min_drafts);
+                return Err(("speculation_pays", x.unit.clone(), why));
+            }
         }
     }
     Ok(())

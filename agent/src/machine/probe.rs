@@ -135,6 +135,19 @@ impl Probe {
         }
     }
 
+    /// The engine's Prometheus metrics, as text; an answer other than 2xx says what the server
+    /// said (llama-server without `--metrics`: 501 and why).
+    pub async fn metrics(&self, base_url: &str, engine: Engine) -> Result<String, String> {
+        let url = format!("{base_url}{}", specd_spec::engine_facts(engine).metrics_path);
+        let r = self.client.get(&url).send().await.map_err(|e| format!("{url}: {}", error_chain(&e)))?;
+        let status = r.status();
+        let body = r.text().await.map_err(|e| format!("{url}: {}", error_chain(&e)))?;
+        if !status.is_success() {
+            return Err(format!("{url} answered {status}: {}", body.trim().chars().take(200).collect::<String>()));
+        }
+        Ok(body)
+    }
+
     /// Requests in flight, from the engine's Prometheus metrics, when it exposes them.
     pub async fn running_requests(&self, base_url: &str, engine: Engine) -> Option<u64> {
         let facts = specd_spec::engine_facts(engine);

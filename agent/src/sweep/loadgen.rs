@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use specd_spec::{Engine, Evidence};
 
+use crate::core::counts::Counts;
 use crate::core::speculation::{self, Speculation};
 
 /// Which HTTP API the load speaks.
@@ -147,6 +148,24 @@ pub struct LevelResult {
     /// The engine's fields the accept figures come from.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub evidence: Vec<String>,
+    /// The engine's own counts over the level (its `/metrics` after less before; vLLM, and
+    /// llama-server with `--metrics`): drafts and acceptance by position, decode steps and time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub acceptance: Option<crate::core::tune::Acceptance>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub decode: Option<crate::core::tune::Decode>,
+}
+
+/// The engine's counts over a level, into its record: the acceptance by position and the
+/// decode steps; llama-server's accept length (its replies give only the rate).
+pub fn with_counts(l: &mut LevelResult, c: &Counts) {
+    if c.has_drafts && c.drafts > 0.0 {
+        l.acceptance = Some(c.acceptance());
+        if l.accept_length.is_none() {
+            l.accept_length = Some(1.0 + c.accepted / c.drafts);
+        }
+    }
+    l.decode = c.decode();
 }
 
 /// The value at quantile `q` (0..=1) of sorted values, nearest rank.
@@ -193,6 +212,8 @@ pub fn summarize(concurrency: u32, wall: Duration, reqs: &[Request], spec: Optio
         accept_length: spec.as_ref().and_then(|s| s.accept_length),
         accept_rate: spec.as_ref().and_then(|s| s.accept_rate),
         evidence: spec.map(|s| s.evidence).unwrap_or_default(),
+        acceptance: None,
+        decode: None,
     }
 }
 
@@ -272,7 +293,9 @@ impl Load for crate::host::fake::FakeHost {
     }
 }
 
-/// Run one level: warm-up, then the measured requests, with the evidence around them.
+/// Run one level: warm-up, then the measured requests, with the evidence around them (the
+/// engine's `/metrics` before and after, where it serves them: vLLM always, llama-server with
+/// `--metrics`; SGLang's replies carry its evidence).
 pub async fn run(level: &Level) -> LevelResult {
     let client = client();
     if level.warmup > 0 {
@@ -281,14 +304,24 @@ pub async fn run(level: &Level) -> LevelResult {
     }
     let metrics_url = format!("{}{}", level.base_url, specd_spec::engine_facts(level.engine).metrics_path);
     let vllm = matches!(specd_spec::engine_facts(level.engine).evidence, Evidence::Vllm { .. });
-    let before = if vllm { text(&client, &metrics_url).await } else { None };
+    let counted = level.engine != Engine::Sglang;
+    let before = if counted { text(&client, &metrics_url).await } else { None };
     let start = Instant::now();
     let reqs = drive(&client, level).await;
     let wall = start.elapsed();
-    let after = if vllm { after_metrics(&client, &metrics_url, before.as_deref(), level.engine).await } else { None };
+    let after = match (&before, vllm) {
+        (Some(_), true) => after_metrics(&client, &metrics_url, before.as_deref(), level.engine).await,
+        // llama-server adds a request's counts when it ends: they are all in once the level is.
+        (Some(_), false) => text(&client, &metrics_url).await,
+        (None, _) => None,
+    };
     let metrics = before.as_deref().zip(after.as_deref());
-    let spec = level_speculation(level.engine, &reqs, metrics);
-    summarize(level.concurrency, wall, &reqs, spec)
+    let spec = level_speculation(level.engine, &reqs, metrics.filter(|_| vllm));
+    let mut l = summarize(level.concurrency, wall, &reqs, spec);
+    if let Some((b, a)) = metrics {
+        with_counts(&mut l, &Counts::read(level.engine, a).since(&Counts::read(level.engine, b)));
+    }
+    l
 }
 
 async fn text(client: &reqwest::Client, url: &str) -> Option<String> {
@@ -601,6 +634,26 @@ mod tests {
         assert_eq!((p.tokens, p.usage, r.drafts), (1, Some(3), Some((4, 3))));
         let err = event(Api::Completions, r#"data: {"error":{"message":"out of memory"}}"#, &mut p, &mut r);
         assert_eq!(err.unwrap_err(), "the server reported an error mid-stream: out of memory");
+    }
+
+    #[test]
+    fn a_levels_counts_give_its_acceptance_steps_and_llama_servers_accept_length() {
+        let counts = |drafts: u64, accepted: u64, tokens: u64| {
+            format!(
+                "llamacpp:spec_decode_num_drafts_total {drafts}\nllamacpp:spec_decode_num_accepted_tokens_total {accepted}\nllamacpp:tokens_predicted_total {tokens}\nllamacpp:tokens_predicted_seconds_total {}\nllamacpp:spec_decode_num_accepted_tokens_per_pos_total{{position=\"0\"}} {drafts}\nllamacpp:spec_decode_num_accepted_tokens_per_pos_total{{position=\"1\"}} {}\n",
+                tokens as f64 / 100.0,
+                accepted - drafts,
+            )
+        };
+        let (before, after) = (counts(10, 15, 40), counts(30, 45, 120));
+        let mut l = LevelResult::default();
+        with_counts(&mut l, &Counts::read(Engine::LlamaCpp, &after).since(&Counts::read(Engine::LlamaCpp, &before)));
+        assert_eq!(l.acceptance, Some(crate::core::tune::Acceptance { drafts: 20, per_pos: vec![20, 10] }));
+        assert_eq!(l.accept_length, Some(2.5));
+        // 80 tokens, 30 of them accepted: 50 steps in 0.8 s.
+        let d = l.decode.unwrap();
+        assert_eq!((d.steps, d.tokens), (50, 80));
+        assert!((d.seconds - 0.8).abs() < 1e-9);
     }
 
     #[test]

@@ -29,10 +29,11 @@ use crate::host::Host;
 use crate::reconcile::context::{self, Dirs};
 use crate::reconcile::{Ctx, Event, Events, Finish, Shutdown};
 use crate::sweep::report::PointResult;
+pub use edit::edit_spec;
 use hold::SweepHold;
 use point::point;
 use restore::{after_target, apply_after, before, restore};
-pub use results::{Best, Files, Objective};
+pub use results::{Best, Files, Objective, read_results};
 use results::{append, goal, limits_text, offer_best, open_results, this_sweeps_results, write_reports};
 
 /// The host a sweep runs on: the reconciler's [`Host`], and where its load goes.
@@ -48,6 +49,9 @@ pub struct Options {
     /// The final summary as one JSON document on stdout ([`Summary`]) instead of the table and
     /// the diff.
     pub json: bool,
+    /// Measure only the base spec's `speculative.num_steps` and the one below it, whatever the
+    /// matrix: the step cost `specd tune` calibrates on.
+    pub calibrate: bool,
 }
 
 /// `specd sweep --json`: the final summary, one document on stdout. `ok` is true exactly when the
@@ -110,6 +114,9 @@ fn prepare(o: &Options) -> Result<Prepared, String> {
     let base_name = base_path.display().to_string();
     let base_text = std::fs::read_to_string(&base_path).map_err(|e| format!("{base_name}: {e}"))?;
     let base = specd_spec::parse(&base_name, &base_text).map_err(|d| d.to_string())?;
+    if o.calibrate {
+        parsed.sweep.spec.matrix = calibration(&parsed, &base, &base_name)?;
+    }
     let points = sweep::points(&parsed, &base).map_err(|d| d.to_string())?;
     let prompts = match (&parsed.sweep.spec.load.prompts, parsed.prompts_path(&o.file)) {
         (Prompts::File(_), Some(p)) => {
@@ -121,6 +128,22 @@ fn prepare(o: &Options) -> Result<Prepared, String> {
     };
     let out = o.out.clone().unwrap_or_else(|| PathBuf::from(format!("specd-sweep-{}", parsed.sweep.metadata.name)));
     Ok(Prepared { parsed, base_path, base_text, base, points, prompts: Arc::new(prompts), out })
+}
+
+/// `--calibrate`'s matrix: the base spec's draft length and the one below it, the base's own
+/// last (so that the unit is left on it, and a sweep that restores it restarts nothing).
+fn calibration(parsed: &ParsedSweep, base: &ParsedSpec, base_name: &str) -> Result<sweep::Matrix, String> {
+    let spec = base.resolve(parsed.sweep.spec.host.as_deref()).map_err(|d| d.to_string())?;
+    let k = spec.speculative.as_ref().and_then(|s| s.num_steps).ok_or_else(|| {
+        format!("{base_name}: --calibrate measures speculative.num_steps and the one below it, and this spec sets none")
+    })?;
+    if k < 2 {
+        return Err(format!(
+            "{base_name}: --calibrate needs speculative.num_steps 2 or more (a length below it), not {k}"
+        ));
+    }
+    let values = vec![serde_json::Value::from(k - 1), serde_json::Value::from(k)];
+    Ok(sweep::Matrix(vec![sweep::Axis { field: "speculative.num_steps".into(), values }]))
 }
 
 /// The sweep's own event sink: the apply's phases and warnings, indented under the point.

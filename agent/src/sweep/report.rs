@@ -525,6 +525,8 @@ pub(crate) mod tests {
             accept_length: al,
             accept_rate: al.map(|a| (a - 1.0) / 4.0),
             evidence: vec![],
+            acceptance: None,
+            decode: None,
         }
     }
 

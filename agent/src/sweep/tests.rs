@@ -155,8 +155,14 @@ async fn swept(dir: &Path) -> (crate::host::fake::FakeHost, Dirs, Prepared, Opti
     std::fs::write(dir.join("qwen.yaml"), BASE).unwrap();
     std::fs::write(dir.join("sweep.yaml"), SWEEP).unwrap();
     let dirs = Dirs { state_dir: dir.join("state"), unit_dir: dir.join("units") };
-    let o =
-        Options { file: dir.join("sweep.yaml"), resume: false, write: false, out: Some(dir.join("out")), json: true };
+    let o = Options {
+        file: dir.join("sweep.yaml"),
+        resume: false,
+        write: false,
+        out: Some(dir.join("out")),
+        json: true,
+        calibrate: false,
+    };
     let p = prepare(&o).unwrap();
     let host = crate::host::fake::FakeHost::new(UNIT, &dirs.unit_dir);
     let base = specd_spec::parse("qwen.yaml", BASE).unwrap().resolve(None).unwrap();
@@ -221,4 +227,35 @@ async fn a_sweep_s_hold_is_pushed_on_while_it_runs_and_expires_once_it_no_longer
         held.describe()
     );
     assert!(host.alive(host.me().0));
+}
+
+#[test]
+fn a_calibration_measures_the_running_length_and_the_one_below_it_whatever_the_matrix() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("qwen.yaml"), BASE).unwrap();
+    std::fs::write(dir.path().join("sweep.yaml"), SWEEP).unwrap();
+    let o = |calibrate| Options {
+        file: dir.path().join("sweep.yaml"),
+        resume: false,
+        write: false,
+        out: None,
+        json: true,
+        calibrate,
+    };
+    let labels = |p: Prepared| p.points.iter().map(|pt| pt.label.clone()).collect::<Vec<_>>();
+    assert_eq!(labels(prepare(&o(false)).unwrap()), ["num_steps=2", "num_steps=5"]);
+    // The base runs 3: 2, then 3 (the unit as it was, last); SGLang's draft tokens derived.
+    let p = prepare(&o(true)).unwrap();
+    assert_eq!(
+        p.points[1].spec,
+        specd_spec::parse("qwen.yaml", BASE).unwrap().resolve(Some(&context::hostname(None))).unwrap()
+    );
+    assert_eq!(labels(p), ["num_steps=2", "num_steps=3"]);
+    std::fs::write(
+        dir.path().join("qwen.yaml"),
+        BASE.replace("num_steps: 3", "num_steps: 1").replace("num_draft_tokens: 4", "num_draft_tokens: 2"),
+    )
+    .unwrap();
+    let why = prepare(&o(true)).err().unwrap();
+    assert!(why.contains("--calibrate needs speculative.num_steps 2 or more"), "{why}");
 }

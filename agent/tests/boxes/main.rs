@@ -21,4 +21,5 @@ mod prometheus;
 mod render;
 mod secrets;
 mod sweep;
+mod tune;
 mod vllm;

@@ -26,9 +26,10 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("notify", &["notify"]),
     // The answers to the units' load balancers (agent-check, HTTP checks).
     ("lb", &["lb"]),
-    // The one-shot commands, then what runs on top of them: sweeps, the fleet's promoter, the agent.
+    // The one-shot commands, then what runs on top of them: sweeps, `specd tune` (and its
+    // proposals), the fleet's promoter, the agent.
     ("commands", &["commands"]),
-    ("above", &["sweep", "fleet", "daemon"]),
+    ("above", &["sweep", "tune", "fleet", "daemon"]),
     // Argument parsing.
     ("cli", &["cli"]),
 ];

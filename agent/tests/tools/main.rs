@@ -8,6 +8,7 @@ mod load_balancer;
 mod monitoring;
 mod package;
 mod prometheus_evidence;
+mod propose;
 mod publish;
 mod source;
 

@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use specd::parts::fleet::{Evidence, HostEvidence, Prometheus, Sample, UnitEvidence, gather};
+use specd::parts::fleet::{Evidence, HostEvidence, Prometheus, Sample, Served, UnitEvidence, gather};
 use specd_e2e::{wait_for, wait_until};
 use specd_spec::fleet::{Promoted, Record, RolloutState, WaveRecord};
 
@@ -107,6 +107,9 @@ struct Figures {
     serving: &'static str,
     /// How long the last start of the unit took (`specd_unit_start_duration_seconds`).
     start: f64,
+    /// What its instance served (with `tune:` in the agent's config): accept length, decode
+    /// tok/s per request, drafts.
+    served: Option<(f64, f64, u64)>,
 }
 
 impl Figures {
@@ -142,6 +145,13 @@ impl Figures {
             let v = u8::from(self.hold == Some(kind));
             t += &format!("specd_unit_hold{{unit=\"{UNIT}\",kind=\"{kind}\"}} {v}\n");
         }
+        if let Some((length, tok_s, drafts)) = self.served {
+            t += &format!(
+                "# TYPE specd_unit_served_accept_length gauge\nspecd_unit_served_accept_length{{unit=\"{UNIT}\"}} {length}\n\
+                 # TYPE specd_unit_served_tokens_per_second gauge\nspecd_unit_served_tokens_per_second{{unit=\"{UNIT}\"}} {tok_s}\n\
+                 # TYPE specd_unit_served_drafts gauge\nspecd_unit_served_drafts{{unit=\"{UNIT}\"}} {drafts}\n"
+            );
+        }
         if self.crashes > 0 {
             t += &format!(
                 "# TYPE specd_unit_last_death_timestamp_seconds gauge\nspecd_unit_last_death_timestamp_seconds{{unit=\"{UNIT}\",verdict=\"crash\"}} 1800000000\n"
@@ -171,6 +181,11 @@ impl Figures {
             hold: self.hold.map(String::from),
             serving: Some(self.serving.to_string()),
             start_seconds: Some(self.start),
+            served: self.served.map(|(accept_length, tok_s, drafts)| Served {
+                accept_length,
+                tok_s,
+                drafts: drafts as f64,
+            }),
             ..Default::default()
         };
         HostEvidence {
@@ -244,11 +259,22 @@ fn the_evidence_is_what_prometheus_scraped_from_each_host_through_a_rollout() {
         hold: None,
         serving: "ready",
         start: 41.5,
+        served: Some((2.8, 61.5, 900)),
     };
     // b's unit is suspended by hand, and drained for its load balancers.
     let b1 = Figures { host: "b", labels: ",gpu=\"a100\"", hold: Some("suspend"), serving: "drain", ..a1.clone() };
-    // c's spec has no args checked, its engine reports no accept rate, its new unit failed.
-    let c1 = Figures { host: "c", labels: "", verified: None, quarantined: 1, length: 2.9, rate: None, ..a1.clone() };
+    // c's spec has no args checked, its engine reports no accept rate, its new unit failed, its
+    // agent has no `tune:` (no served figures).
+    let c1 = Figures {
+        host: "c",
+        labels: "",
+        verified: None,
+        quarantined: 1,
+        length: 2.9,
+        rate: None,
+        served: None,
+        ..a1.clone()
+    };
     let (a, b, mut c) = (Agent::serve(200, a1.text()), Agent::serve(200, b1.text()), Agent::serve(200, c1.text()));
     let dir = tempfile::tempdir().unwrap();
     // A fourth target where no agent ever answered: a host, but which one is unknown.
@@ -279,9 +305,18 @@ fn the_evidence_is_what_prometheus_scraped_from_each_host_through_a_rollout() {
     // before are REV1's.
     wait_until("a second after the first evidence", WITHIN, || unix_now() > t0 + 1).unwrap();
     let at = unix_now();
-    let a2 = Figures { revision: REV2, unit_hash: "h2", length: 2.0, rate: Some(0.5), start: 83.25, ..a1.clone() };
-    // b's new engine reports no accept rate: its old one does not come back.
-    let b2 = Figures { labels: b1.labels, host: "b", rate: None, ..a2.clone() };
+    let a2 = Figures {
+        revision: REV2,
+        unit_hash: "h2",
+        length: 2.0,
+        rate: Some(0.5),
+        start: 83.25,
+        served: Some((2.1, 48.0, 40)),
+        ..a1.clone()
+    };
+    // b's new engine reports no accept rate: its old one does not come back; its new instance
+    // has served nothing yet.
+    let b2 = Figures { labels: b1.labels, host: "b", rate: None, served: None, ..a2.clone() };
     a.set(a2.text());
     b.set(b2.text());
     let rec = record(at, None);
@@ -295,6 +330,7 @@ fn the_evidence_is_what_prometheus_scraped_from_each_host_through_a_rollout() {
         let u = h.units.get_mut(UNIT).unwrap();
         (u.previous_accept_length, u.previous_accept_rate) = (Some(3.5), Some(0.7));
         u.previous_start_seconds = Some(41.5);
+        u.previous_served = Some(Served { accept_length: 2.8, tok_s: 61.5, drafts: 900.0 });
         h
     };
     assert_eq!(ev.hosts["a"], promoted(&a2));

@@ -58,6 +58,11 @@ pub struct Knobs {
     /// Probability that a draft position is accepted, given the ones before it were.
     /// `SPECD_STANDIN_ACCEPT_RATE`, default 0.85.
     pub accept_rate: f64,
+    /// Acceptance by draft position, a curve: the probability that position `i` (1-based) is
+    /// accepted given the ones before it were, one per position, the last one for every position
+    /// after it (`0.9,0.8,0.6`). Unset: `accept_rate` at every position (a geometric curve).
+    /// `SPECD_STANDIN_ACCEPT_CURVE`.
+    pub accept_curve: Option<Vec<f64>>,
     /// Cost of one draft token, as a fraction of a target forward pass.
     /// `SPECD_STANDIN_DRAFT_COST`, default 0.07.
     pub draft_cost: f64,
@@ -88,6 +93,7 @@ impl Default for Knobs {
             crash_after_ready: None,
             base_tokens_per_sec: None,
             accept_rate: 0.85,
+            accept_curve: None,
             draft_cost: 0.07,
             batch_slowdown: 0.05,
             prefill_tokens_per_sec: 8000.0,
@@ -110,6 +116,7 @@ const KNOBS: &[&str] = &[
     "crash-after-ready",
     "base-tokens-per-sec",
     "accept-rate",
+    "accept-curve",
     "draft-cost",
     "batch-slowdown",
     "prefill-tokens-per-sec",
@@ -149,6 +156,14 @@ impl Knobs {
                 if !(0.0..=1.0).contains(&self.accept_rate) {
                     return Err(bad());
                 }
+            }
+            "accept-curve" => {
+                let c: Vec<f64> =
+                    v.split(',').map(|x| x.trim().parse::<f64>()).collect::<Result<_, _>>().map_err(|_| bad())?;
+                if c.is_empty() || c.iter().any(|p| !(0.0..=1.0).contains(p)) {
+                    return Err(bad());
+                }
+                self.accept_curve = Some(c);
             }
             "draft-cost" | "batch-slowdown" => {
                 let x: f64 = v.parse().map_err(|_| bad())?;

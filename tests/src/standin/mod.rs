@@ -22,11 +22,14 @@
 //! Performance model (`perf.rs`): `BASE_TOKENS_PER_SEC` (off by default: then each token takes
 //! 1 / `TOKENS_PER_SEC` as before) paces requests in verify steps: one request decodes at
 //! base × E(k) / (1 + `DRAFT_COST`·k) / (1 + `BATCH_SLOWDOWN`·(running − 1)) tokens/s, with
-//! E(k) = 1 + p + … + p^k the accept length of a k-token draft at `ACCEPT_RATE` p per position
-//! (0.85, 0.07, 0.05 by default); a step's tokens are sent together (a burst), and the first
-//! waits for the prefill (prompt words / `PREFILL_TOKENS_PER_SEC`, 8000). The evidence (SGLang
-//! `spec_verify_ct` and accept lengths, vLLM `spec_decode` counters, llama.cpp
-//! `timings.draft_n`/`draft_n_accepted`) counts the steps and tokens really delivered.
+//! E(k) = 1 + q_1 + … + q_k the accept length of a k-token draft, q_i the share of drafts
+//! accepted through position i: the product of the `ACCEPT_CURVE` (conditional rates per
+//! position, `0.9,0.8,0.6`) or `ACCEPT_RATE` p at every position (0.85, 0.07, 0.05 by default);
+//! a step's tokens are sent together (a burst), and the first waits for the prefill (prompt
+//! words / `PREFILL_TOKENS_PER_SEC`, 8000). The evidence (SGLang `spec_verify_ct`, accept
+//! lengths and its verify and token counters, vLLM `spec_decode` counters by position and its
+//! inter-token latency, llama.cpp `timings.draft_n`/`draft_n_accepted` and, with `--metrics`,
+//! its counters by position and decode time) counts the steps and tokens really delivered.
 //! `MAX_DRAFT_TOKENS=N`: a configured draft larger than N (SGLang `num_draft_tokens`, vLLM
 //! `num_speculative_tokens`, llama.cpp `--spec-draft-n-max`) dies of CUDA OOM while loading.
 //!

@@ -3,12 +3,20 @@
 //!
 //! Speculative decoding drafts `k` tokens, then one forward pass of the target model verifies
 //! them: the accepted prefix plus one token of the target's own come out together (a burst).
-//! Position `i` of the draft (1-based) is accepted only if every position before it was, each
-//! with probability `p` (`accept_rate`), so the expected tokens per verify step are
+//! Position `i` of the draft (1-based) is accepted only if every position before it was, with
+//! probability `p_i` (the `accept_curve`; `accept_rate` `p` at every position unless given), so
+//! a draft is accepted through position `i` with probability `q_i = p_1·…·p_i`, and the
+//! expected tokens per verify step are
 //!
 //! ```text
-//! E(k) = 1 + p + p² + … + p^k = (1 - p^(k+1)) / (1 - p)          (the "accept length")
+//! E(k) = 1 + q_1 + … + q_k          (the "accept length"; (1 - p^(k+1)) / (1 - p) for one p)
 //! ```
+//!
+//! the relation `specd tune` predicts by: a shorter draft is the longer one cut, so the share
+//! of drafts accepted through each position, counted at `k`, gives `E(k')` for every `k' ≤ k`.
+//! Each step's accepted prefix is drawn from the curve by a low-discrepancy sequence over the
+//! server's steps (the same counts run after run): the count through position `i` over `N`
+//! steps is `N·q_i` within one or two.
 //!
 //! Drafting costs `c` (`draft_cost`) of a target forward pass per draft token, and each other
 //! running request slows every step by `b` (`batch_slowdown`), so one request decodes at
@@ -39,6 +47,10 @@ pub struct Perf {
     pub draft_size: u32,
     /// Expected tokens per verify step, `E(k)` (or the `accept-length` knob, within 1..=k+1).
     pub accept_length: f64,
+    /// `q_1..q_k`: the share of drafts accepted through each position.
+    pub through: Vec<f64>,
+    /// The `accept-length` knob is set: bursts spread it evenly instead of following the curve.
+    even: bool,
     /// The timed model is on (`base-tokens-per-sec` given); otherwise each token takes
     /// 1 / `tokens-per-sec` as before.
     pub timed: bool,
@@ -55,6 +67,17 @@ pub fn expected_accept_length(p: f64, k: u32) -> f64 {
         return f64::from(k) + 1.0;
     }
     (1.0 - p.powi(k as i32 + 1)) / (1.0 - p)
+}
+
+/// `q_1..q_k` of a curve of conditional rates (the last one repeated), or of `p` everywhere.
+pub fn through(curve: Option<&[f64]>, p: f64, k: u32) -> Vec<f64> {
+    let mut q = 1.0;
+    (0..k as usize)
+        .map(|i| {
+            q *= curve.map_or(p, |c| c.get(i).or(c.last()).copied().unwrap_or(p));
+            q
+        })
+        .collect()
 }
 
 fn int(v: Option<&Value>) -> Option<u32> {
@@ -87,7 +110,8 @@ impl Perf {
     }
 
     pub fn new(kn: &Knobs, k: u32, draft_size: u32) -> Perf {
-        let e = expected_accept_length(kn.accept_rate, k);
+        let through = through(kn.accept_curve.as_deref(), kn.accept_rate, k);
+        let e = 1.0 + through.iter().sum::<f64>();
         let accept_length = match kn.accept_length {
             Some(x) if k > 0 => x.clamp(1.0, f64::from(k) + 1.0),
             _ => e,
@@ -96,6 +120,8 @@ impl Perf {
             k,
             draft_size,
             accept_length,
+            through,
+            even: kn.accept_length.is_some(),
             timed: kn.base_tokens_per_sec.is_some(),
             base: kn.base_tokens_per_sec.unwrap_or(kn.tokens_per_sec),
             draft_cost: kn.draft_cost,
@@ -110,15 +136,21 @@ impl Perf {
         kn.max_draft_tokens.is_some_and(|max| self.draft_size > max)
     }
 
-    /// Tokens of the `j`-th verify step (0-based), before the request's end cuts it: the
-    /// accept length spread evenly, so that any run of steps averages it (`⌊E(j+1)⌋ - ⌊Ej⌋`).
+    /// Tokens of the server's `j`-th verify step (0-based), before the request's end cuts it:
+    /// 1 + the accepted prefix, drawn from the curve (`u_j`, the fractional part of `(j+1)·φ⁻¹`,
+    /// falls below `q_i` for a prefix of positions); with the `accept-length` knob, that length
+    /// spread evenly (`⌊E(j+1)⌋ - ⌊Ej⌋`). Either way a run of steps averages the accept length.
     pub fn burst(&self, j: u64) -> u64 {
         if self.k == 0 {
             return 1;
         }
-        let e = self.accept_length;
-        let b = ((j + 1) as f64 * e).floor() - (j as f64 * e).floor();
-        (b as u64).clamp(1, u64::from(self.k) + 1)
+        if self.even {
+            let e = self.accept_length;
+            let b = ((j + 1) as f64 * e).floor() - (j as f64 * e).floor();
+            return (b as u64).clamp(1, u64::from(self.k) + 1);
+        }
+        let u = ((j + 1) as f64 * 0.618_033_988_749_894_9).fract();
+        1 + self.through.iter().take_while(|q| u < **q).count() as u64
     }
 
     /// How long one verify step takes with `running` requests in the batch.
@@ -177,6 +209,31 @@ mod tests {
         assert!((0..n).all(|j| (1..=5).contains(&p.burst(j))));
         let off = Perf::new(&knobs(100.0), 0, 0);
         assert_eq!(off.burst(7), 1);
+    }
+
+    /// The relation `specd tune` predicts by, on the model: the share of steps accepted through
+    /// each position, counted at k = 6, gives the accept length a server at each k ≤ 6 has.
+    #[test]
+    fn acceptance_counted_at_k_gives_the_accept_length_of_every_shorter_draft() {
+        for curve in [None, Some(vec![0.95, 0.8, 0.7, 0.5])] {
+            let kn = Knobs { accept_curve: curve.clone(), ..knobs(100.0) };
+            let n = 5000;
+            let at6 = Perf::new(&kn, 6, 6);
+            let mut per_pos = [0u64; 6];
+            for j in 0..n {
+                for c in per_pos.iter_mut().take(at6.burst(j) as usize - 1) {
+                    *c += 1;
+                }
+            }
+            assert!(per_pos.windows(2).all(|w| w[0] >= w[1]), "{per_pos:?}");
+            for k in 1..=6 {
+                let predicted = 1.0 + per_pos[..k].iter().map(|a| *a as f64 / n as f64).sum::<f64>();
+                let p = Perf::new(&kn, k as u32, k as u32);
+                let measured = (0..n).map(|j| p.burst(j)).sum::<u64>() as f64 / n as f64;
+                assert!((predicted - measured).abs() < 0.005, "{curve:?} k={k}: {predicted} {measured}");
+                assert!((measured - p.accept_length).abs() < 0.005, "{curve:?} k={k}");
+            }
+        }
     }
 
     #[test]

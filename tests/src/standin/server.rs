@@ -42,6 +42,10 @@ pub struct Shared {
     spec_tokens: AtomicU64,
     /// Accepted draft tokens by draft position, over all verify steps.
     accepted_per_pos: Mutex<Vec<u64>>,
+    /// The server's steps so far, over all requests: the index each draws its burst by.
+    steps_drawn: AtomicU64,
+    /// Decode steps as the engines count them (`DecodeCounts`).
+    decode: Mutex<DecodeCounts>,
     /// Prompt tokens of the requests taken.
     prompt_tokens: AtomicU64,
     /// The engine stopped on SIGTERM (vLLM, llama.cpp): no request makes progress any more.
@@ -54,6 +58,23 @@ pub struct Shared {
 }
 
 type St = Arc<Shared>;
+
+/// The decode steps of the requests and their time, as vLLM (`inter_token_latency_seconds`, one
+/// observation a request's step; `iteration_tokens_total`, one an engine step) and llama-server
+/// (`tokens_predicted_*`, `n_busy_slots_per_decode`) count them. The stand-in runs each request
+/// on its own: a step with `b` requests running counts `1/b` of an engine step. (llama-server
+/// adds a request's counts when it ends; the stand-in as they happen.)
+#[derive(Debug, Default)]
+struct DecodeCounts {
+    /// Requests' steps, their seconds and tokens.
+    steps: u64,
+    seconds: f64,
+    tokens: u64,
+    /// Engine steps (vLLM: a prefill each, a batch's step once).
+    engine_steps: f64,
+    /// The requests running, summed over the requests' steps.
+    running_sum: f64,
+}
 
 impl Shared {
     fn phase(&self) -> u8 {
@@ -70,6 +91,38 @@ impl Shared {
         let tokens = self.spec_tokens.load(Ordering::SeqCst);
         let per_pos = self.accepted_per_pos.lock().unwrap_or_else(|e| e.into_inner()).clone();
         (steps, tokens.saturating_sub(steps), per_pos)
+    }
+
+    /// A request's new verify step: its tokens (at most `left`), counted as the engine counts
+    /// them: the request's and the server's verify steps, the accepted tokens by position, the
+    /// step's time at the batch running now.
+    fn new_step(&self, verify: &AtomicU64, left: u64) -> u64 {
+        verify.fetch_add(1, Ordering::SeqCst);
+        let perf = &self.perf;
+        let n = perf.burst(self.steps_drawn.fetch_add(1, Ordering::SeqCst)).min(left);
+        if perf.k > 0 {
+            self.verify_steps.fetch_add(1, Ordering::SeqCst);
+            self.spec_tokens.fetch_add(n, Ordering::SeqCst);
+            let mut per_pos = self.accepted_per_pos.lock().unwrap_or_else(|e| e.into_inner());
+            for c in per_pos.iter_mut().take(n as usize - 1) {
+                *c += 1;
+            }
+        }
+        let running = self.running.load(Ordering::SeqCst).max(1);
+        let seconds =
+            if perf.timed { perf.step_time(running).as_secs_f64() } else { perf.token_time().as_secs_f64() * n as f64 };
+        let mut d = self.decode.lock().unwrap_or_else(|e| e.into_inner());
+        d.steps += 1;
+        d.seconds += seconds;
+        d.tokens += n;
+        d.engine_steps += 1.0 / running as f64;
+        d.running_sum += running as f64;
+        n
+    }
+
+    /// A request's prefill, an engine step of its own (vLLM).
+    fn prefill_step(&self) {
+        self.decode.lock().unwrap_or_else(|e| e.into_inner()).engine_steps += 1.0;
     }
 
     fn in_flight(&self) -> usize {
@@ -124,6 +177,8 @@ pub async fn serve(launch: Launch) -> i32 {
         next_rid: AtomicU64::new(1),
         rids: Mutex::new(BTreeSet::new()),
         accepted_per_pos: Mutex::new(vec![0; perf.k as usize]),
+        steps_drawn: AtomicU64::new(0),
+        decode: Mutex::new(DecodeCounts::default()),
         perf,
         verify_steps: AtomicU64::new(0),
         spec_tokens: AtomicU64::new(0),
@@ -743,7 +798,96 @@ fn vllm_metrics(st: &Shared, v: &vllm::Vllm) -> String {
     };
     counter("vllm:prompt_tokens", "Number of prefill tokens processed.", st.prompt_tokens.load(Ordering::SeqCst));
     counter("vllm:generation_tokens", "Number of generation tokens processed.", st.generated.load(Ordering::SeqCst));
+    vllm_steps(&mut out, st, &labels);
     out
+}
+
+/// vLLM's counts of decode steps (`vllm/v1/metrics/loggers.py`): the inter-token latency
+/// (observed once a request's decode step), the tokens of each engine step, the requests
+/// finished, the process's start.
+fn vllm_steps(out: &mut String, st: &Shared, labels: &str) {
+    let d = st.decode.lock().unwrap_or_else(|e| e.into_inner());
+    let mut histogram = |name: &str, help: &str, count: f64, sum: f64| {
+        out.push_str(&format!(
+            "# HELP {name} {help}\n# TYPE {name} histogram\n{name}_bucket{{engine=\"0\",le=\"+Inf\",model_name={model}}} {c}\n{name}_count{{{labels}}} {c}\n{name}_sum{{{labels}}} {}\n",
+            prometheus_float(sum),
+            model = labels.split_once("model_name=").map_or("\"\"", |(_, m)| m),
+            c = prometheus_float(count),
+        ));
+    };
+    histogram(
+        "vllm:inter_token_latency_seconds",
+        "Histogram of inter-token latency in seconds.",
+        d.steps as f64,
+        d.seconds,
+    );
+    let prefills = st.next_rid.load(Ordering::SeqCst).saturating_sub(1) as f64;
+    histogram(
+        "vllm:iteration_tokens_total",
+        "Histogram of number of tokens per engine_step.",
+        d.engine_steps.round(),
+        (d.tokens as f64) + prefills,
+    );
+    let finished = st.finished.load(Ordering::SeqCst) as f64;
+    out.push_str(&format!(
+        "# HELP vllm:request_success_total Count of successfully processed requests.\n# TYPE vllm:request_success_total counter\nvllm:request_success_total{{{}}} {}\n",
+        labels.replacen(",model_name", ",finished_reason=\"length\",model_name", 1),
+        prometheus_float(finished)
+    ));
+    out.push_str(&format!(
+        "# HELP process_start_time_seconds Start time of the process since unix epoch in seconds.\n# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds {}\n",
+        prometheus_float(st.started)
+    ));
+}
+
+/// llama-server's counts (`--metrics`; `tools/server/server-task.cpp`): tokens generated and the
+/// slots' time generating them, busy slots per decode, drafts and their acceptance by position.
+fn llama_counts(st: &Shared) -> String {
+    let d = st.decode.lock().unwrap_or_else(|e| e.into_inner());
+    let mut out = String::new();
+    let mut one = |name: &str, kind: &str, help: &str, v: f64| {
+        out.push_str(&format!("# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {}\n", num(v)));
+    };
+    one("llamacpp:tokens_predicted_total", "counter", "Number of generation tokens processed", d.tokens as f64);
+    one("llamacpp:tokens_predicted_seconds_total", "counter", "Total time spent generating tokens", d.seconds);
+    one(
+        "llamacpp:n_busy_slots_per_decode",
+        "gauge",
+        "Average number of busy slots per llama_decode() call",
+        if d.steps == 0 { 0.0 } else { d.running_sum / d.steps as f64 },
+    );
+    if st.spec_on() {
+        let (drafts, accepted, per_pos) = st.spec_counts();
+        one(
+            "llamacpp:spec_decode_num_draft_tokens_total",
+            "counter",
+            "Speculative: Total draft tokens generated",
+            (drafts * u64::from(st.perf.k)) as f64,
+        );
+        one(
+            "llamacpp:spec_decode_num_accepted_tokens_total",
+            "counter",
+            "Speculative: Total draft tokens accepted by the target model",
+            accepted as f64,
+        );
+        one(
+            "llamacpp:spec_decode_num_drafts_total",
+            "counter",
+            "Speculative: Total speculative decoding verification steps",
+            drafts as f64,
+        );
+        let name = "llamacpp:spec_decode_num_accepted_tokens_per_pos_total";
+        out.push_str(&format!("# HELP {name} Accepted tokens per draft position\n# TYPE {name} counter\n"));
+        for (i, n) in per_pos.iter().enumerate() {
+            out.push_str(&format!("{name}{{position=\"{i}\"}} {n}\n"));
+        }
+    }
+    out
+}
+
+/// A number as llama-server prints it (`%g`-like: no `.0` on a whole number).
+fn num(v: f64) -> String {
+    if v.fract() == 0.0 && v.abs() < 1e15 { format!("{}", v as i64) } else { format!("{v}") }
 }
 
 async fn metrics(State(st): State<St>) -> Response {
@@ -780,6 +924,17 @@ async fn metrics(State(st): State<St>) -> Response {
             };
             gauge("sglang:spec_accept_length", "The average acceptance length of speculative decoding.", &labels, len);
             gauge("sglang:spec_accept_rate", "The average acceptance rate of speculative decoding.", &labels, rate);
+            // Counters since the start: verify passes and the tokens generated.
+            let generated = st.generated.load(Ordering::SeqCst) as f64;
+            let verify = st.verify_steps.load(Ordering::SeqCst) as f64;
+            out.push_str(&format!(
+                "# HELP sglang:generation_tokens_total Number of generation tokens processed.\n# TYPE sglang:generation_tokens_total counter\nsglang:generation_tokens_total{{{labels},is_streaming=\"true\"}} {generated:?}\n"
+            ));
+            if st.spec_on() {
+                out.push_str(&format!(
+                    "# HELP sglang:spec_verify_calls_total The number of speculative verify calls.\n# TYPE sglang:spec_verify_calls_total counter\nsglang:spec_verify_calls_total{{{labels}}} {verify:?}\n"
+                ));
+            }
         }
         Flavour::Vllm => {
             let v = st.launch.vllm.as_deref().expect("vLLM's command line");
@@ -796,6 +951,7 @@ async fn metrics(State(st): State<St>) -> Response {
             }
             gauge("llamacpp:requests_processing", "Number of requests processing.", "", running as f64);
             gauge("llamacpp:requests_deferred", "Number of requests deferred.", "", queued as f64);
+            out.push_str(&llama_counts(&st));
         }
     }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], out).into_response()
@@ -912,21 +1068,12 @@ fn token_stream(
             let st = g.req.st.clone();
             let perf = &st.perf;
             if g.left == 0 {
-                if perf.k > 0 && g.i == 0 && st.launch.flavour == Flavour::Vllm {
+                if g.i == 0 && st.launch.flavour == Flavour::Vllm {
                     // vLLM's first token comes from the prefill: no draft, no verify step.
+                    st.prefill_step();
                     g.left = 1;
                 } else {
-                    // A new verify step: its evidence counted as the engine counts it, per step.
-                    let j = g.req.verify.fetch_add(1, Ordering::SeqCst);
-                    g.left = perf.burst(j).min(max - g.i);
-                    if perf.k > 0 {
-                        st.verify_steps.fetch_add(1, Ordering::SeqCst);
-                        st.spec_tokens.fetch_add(g.left, Ordering::SeqCst);
-                        let mut per_pos = st.accepted_per_pos.lock().unwrap_or_else(|e| e.into_inner());
-                        for n in per_pos.iter_mut().take(g.left as usize - 1) {
-                            *n += 1;
-                        }
-                    }
+                    g.left = st.new_step(&g.req.verify, max - g.i);
                 }
                 if perf.timed {
                     let now = tokio::time::Instant::now();

@@ -254,3 +254,128 @@ fn a_draft_above_the_memory_limit_dies_of_cuda_oom_while_loading() {
     let (_p, port) = ready(&strs(&sglang(3)), &env);
     assert_eq!(generate(port, "hi", 3).len(), 3);
 }
+
+/// The samples of one metric in a `/metrics` body, `(labels, value)`.
+fn samples(metrics: &str, name: &str) -> Vec<(String, f64)> {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+        .map(|l| {
+            let labels = l.split_once('{').map_or("", |(_, r)| r.split_once('}').unwrap().0).to_string();
+            (labels, l.rsplit(' ').next().unwrap().parse().unwrap())
+        })
+        .collect()
+}
+
+fn one(metrics: &str, name: &str) -> f64 {
+    samples(metrics, name).iter().map(|s| s.1).sum()
+}
+
+/// `n` requests of `max` tokens, one after the other, to whichever API the personality speaks.
+fn load(port: u16, path: &str, n: usize, max: u64) {
+    for _ in 0..n {
+        let body = match path {
+            "/generate" => format!(r#"{{"text":"hi","sampling_params":{{"max_new_tokens":{max}}}}}"#),
+            _ => format!(r#"{{"prompt":"hi","max_tokens":{max},"n_predict":{max}}}"#),
+        };
+        let (c, b) = http(port, "POST", path, Some(&body), Duration::from_secs(30)).unwrap();
+        assert_eq!(c, 200, "{b}");
+    }
+}
+
+/// Each personality draws its acceptance by position from one curve, and shows what its engine
+/// shows: vLLM and llama-server count drafts accepted through each position, SGLang only its
+/// tokens per verify pass. The relation `specd tune` predicts by holds: the counts by position
+/// at k = 5 give the accept length of a server at k = 2 and 3.
+#[test]
+fn acceptance_by_position_follows_the_curve_and_predicts_the_accept_length_of_shorter_drafts() {
+    const CURVE: [f64; 5] = [0.9, 0.8, 0.7, 0.6, 0.5];
+    // The timed model, fast: a step takes a third of a millisecond.
+    let env = [("SPECD_STANDIN_ACCEPT_CURVE", "0.9,0.8,0.7,0.6,0.5"), ("SPECD_STANDIN_BASE_TOKENS_PER_SEC", "4000")];
+    let through: Vec<f64> = CURVE
+        .iter()
+        .scan(1.0, |q, p| {
+            Some({
+                *q *= p;
+                *q
+            })
+        })
+        .collect();
+    let expected = |k: usize| 1.0 + through[..k].iter().sum::<f64>();
+    let vllm = |k: u32| -> Vec<String> {
+        let c = format!(r#"{{"method":"ngram","num_speculative_tokens":{k},"prompt_lookup_max":3}}"#);
+        ["vllm", "serve", "/m", "--speculative-config", &c].map(String::from).to_vec()
+    };
+    let llama = |k: u32| -> Vec<String> {
+        let k = k.to_string();
+        [
+            "llama-cpp",
+            "-m",
+            "/m.gguf",
+            "--spec-draft-model",
+            "/d.gguf",
+            "--spec-type",
+            "draft-simple",
+            "--metrics",
+            "--spec-draft-n-max",
+            &k,
+        ]
+        .map(String::from)
+        .to_vec()
+    };
+    for (name, argv, path, drafts, per_pos) in [
+        (
+            "vllm",
+            &vllm as &dyn Fn(u32) -> Vec<String>,
+            "/v1/completions",
+            "vllm:spec_decode_num_drafts_total",
+            "vllm:spec_decode_num_accepted_tokens_per_pos_total",
+        ),
+        (
+            "llama-cpp",
+            &llama,
+            "/completion",
+            "llamacpp:spec_decode_num_drafts_total",
+            "llamacpp:spec_decode_num_accepted_tokens_per_pos_total",
+        ),
+    ] {
+        let (_p, port) = ready(&strs(&argv(5)), &env);
+        load(port, path, 20, 100);
+        let m = http(port, "GET", "/metrics", None, Duration::from_secs(5)).unwrap().1;
+        let n = one(&m, drafts);
+        let counts: Vec<f64> = samples(&m, per_pos).iter().map(|s| s.1).collect();
+        assert_eq!(counts.len(), 5, "{name}: {m}");
+        assert!(counts.windows(2).all(|w| w[0] >= w[1]), "{name}: {counts:?}");
+        for (i, q) in through.iter().enumerate() {
+            assert!((counts[i] / n - q).abs() < 0.02, "{name} position {i}: {} against {q}", counts[i] / n);
+        }
+        for k in [2usize, 3] {
+            let predicted = 1.0 + counts[..k].iter().sum::<f64>() / n;
+            let (_q, port) = ready(&strs(&argv(k as u32)), &env);
+            load(port, path, 20, 100);
+            let m = http(port, "GET", "/metrics", None, Duration::from_secs(5)).unwrap().1;
+            let accepted = one(&m, per_pos.replace("_per_pos", "").as_str());
+            let measured = 1.0 + accepted / one(&m, drafts);
+            assert!(
+                (predicted / measured - 1.0).abs() < 0.03,
+                "{name} k={k}: predicted {predicted:.3}, measured {measured:.3}"
+            );
+            assert!(
+                (measured - expected(k)).abs() < 0.05,
+                "{name} k={k}: {measured:.3} against the curve's {:.3}",
+                expected(k)
+            );
+        }
+    }
+    // SGLang: tokens per verify pass, in the replies and the counters, as the curve says.
+    for steps in [2u32, 3, 5] {
+        let argv: Vec<String> = sglang(steps);
+        let (_p, port) = ready(&strs(&argv), &env);
+        // Long requests: each one's last step, cut short by its end, weighs little.
+        load(port, "/generate", 10, 800);
+        let m = http(port, "GET", "/metrics", None, Duration::from_secs(5)).unwrap().1;
+        let length = one(&m, "sglang:generation_tokens_total") / one(&m, "sglang:spec_verify_calls_total");
+        let want = expected(steps as usize);
+        assert!((length - want).abs() < 0.05, "sglang steps {steps}: {length:.3} against the curve's {want:.3}");
+    }
+}

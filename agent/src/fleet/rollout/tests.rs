@@ -314,6 +314,74 @@ fn a_host_that_never_runs_the_target_fails_the_convergence_gate_and_speculation_
     assert_eq!(h.halt.unwrap().gate, "speculation_proven");
 }
 
+/// `speculation_pays`: the canary's served figures on the new revision against those its
+/// previous revision served, judged once they rest on `min_drafts`.
+#[test]
+fn speculation_pays_judges_the_served_figures_against_the_previous_revisions() {
+    let text = FLEET.replace("  gates:\n", "  gates:\n    speculation_pays: {of_previous: 0.95, min_drafts: 200}\n");
+    let f = fleet::parse_fleet(&text, "fleet.yaml").unwrap();
+    let mut r = rollout();
+    promote(&mut r, 0, &["gpu-01"], T0);
+    let served = |accept_length, tok_s, drafts| Some(Served { accept_length, tok_s, drafts });
+    let at = |now: Option<Served>, before: Option<Served>, t: u64| {
+        let mut ev = all_on(OLD);
+        let mut canary = on(NEW, 2.4);
+        let u = canary.units.get_mut("llm.service").unwrap();
+        (u.served, u.previous_served) = (now, before);
+        ev.hosts.insert("gpu-01".into(), canary);
+        decide(&Inputs { fleet: &f, record: Some(&r), head: NEW, evidence: &ev, expected: &expected, now: t })
+    };
+    let before = served(2.5, 205.0, 1000.0);
+    // (now, the halt's evidence)
+    let table = [
+        (
+            served(2.3, 210.0, 500.0),
+            "accept length 2.300 < 0.95 × 2.500 (the previous revision's, at the load it served); over 500 drafts",
+        ),
+        (
+            served(2.5, 190.0, 500.0),
+            "decode speed 190.0 tok/s per request < 0.95 × 205.0 (the previous revision's, at the load it served); over 500 drafts",
+        ),
+    ];
+    for (now, evidence) in table {
+        let (h, _) = written(at(now, before, T0 + 60));
+        let halt = h.halt.unwrap();
+        assert_eq!(
+            (halt.host.as_str(), halt.gate.as_str(), halt.evidence.as_str()),
+            ("gpu-01", "speculation_pays", evidence)
+        );
+    }
+    // Within 5 %: it still pays, the wave converges.
+    let (h, m) = written(at(served(2.45, 200.0, 500.0), before, T0 + 60));
+    assert!(h.halt.is_none() && h.waves[0].converged == Some(T0 + 60), "{m}");
+    // Too few drafts to judge: not good yet, and failed once it should have converged.
+    let (why, _) = waits(at(served(1.5, 100.0, 50.0), before, T0 + 60));
+    assert!(why.contains("llm.service: 50 drafts served on it yet; speculation_pays judges at 200"), "{why}");
+    let (why, _) = waits(at(None, before, T0 + 60));
+    assert!(why.contains("0 drafts served on it yet"), "{why}");
+    let (h, _) = written(at(served(1.5, 100.0, 50.0), before, T0 + 1801));
+    assert_eq!(h.halt.unwrap().gate, "speculation_pays");
+    // Nothing served before (the previous revision did not speculate, or its agent exported no
+    // served figures): nothing to compare, the gate does not hold the wave.
+    let (h, _) = written(at(served(1.5, 100.0, 50.0), None, T0 + 60));
+    assert!(h.halt.is_none() && h.waves[0].converged == Some(T0 + 60));
+    // Without the gate, the same figures pass.
+    let (h, _) = written(step(
+        Some(&r),
+        NEW,
+        &{
+            let mut ev = all_on(OLD);
+            let mut canary = on(NEW, 2.4);
+            let u = canary.units.get_mut("llm.service").unwrap();
+            (u.served, u.previous_served) = (served(2.3, 100.0, 500.0), before);
+            ev.hosts.insert("gpu-01".into(), canary);
+            ev
+        },
+        T0 + 60,
+    ));
+    assert!(h.halt.is_none());
+}
+
 #[test]
 fn no_evidence_advances_nothing() {
     let mut r = rollout();

@@ -46,7 +46,9 @@ pub(super) async fn ask<H: Host>(
         Roll::Wait(why) => (why, true),
         Roll::Hold(why) => (why, false),
     };
-    (ctx.events)(unit, &Event::Waiting(why.clone()));
+    // A wait is said now and then; a stopped roll is a warning (a person fixes the spec).
+    let event = if wait { Event::Waiting(why.clone()) } else { Event::Warning(why.clone()) };
+    (ctx.events)(unit, &event);
     if mine.is_none() {
         // What it serves, told, so that a sibling waiting on it is not kept waiting by nothing.
         let _ = balancers::tell(ctx, d, st, o, &crate::core::serving::After::Observed);

@@ -517,3 +517,51 @@ fn replicas_changed_by_one_commit_roll_one_at_a_time_and_a_failing_change_stops_
     assert_eq!(s.failed_total(), 0, "{s}");
     println!("CUDA OOM change: {} rolled back, {} never stopped; {s}", UNITS[rolled], UNITS[other]);
 }
+
+/// No agent: ONE `specd apply -f a -f b` of both replicas of a group behind HAProxy: the apply
+/// reconciles both at once, and the second waits (said) until the first serves again; no request
+/// fails.
+#[test]
+fn one_shot_apply_of_both_replicas_rolls_them_one_at_a_time() {
+    let e = Env::new();
+    let ports = [free_port(), free_port()];
+    let agent_check = free_port();
+    e.b.write_file(
+        "/run/agent.yaml",
+        format!("load_balancer: {{agent_check: 127.0.0.1:{agent_check}, settle_sec: 1}}\n"),
+    )
+    .unwrap();
+    let apply = |steps: u32| {
+        let files: Vec<String> = (0..2)
+            .map(|i| e.put(&format!("{i}-{steps}.yaml"), &replica(&e.standin, UNITS[i], ports[i], steps, "")))
+            .collect();
+        let o = e.specd(&["apply", "--config", "/run/agent.yaml", "-f", &files[0], "-f", &files[1]]);
+        assert!(o.status.success(), "{}", text(&o));
+        text(&o)
+    };
+    apply(3);
+    let servers = UNITS
+        .iter()
+        .zip(ports)
+        .map(|(u, p)| Server::new(u.trim_end_matches(".service"), p).with_agent(agent_check))
+        .collect();
+    let h = Haproxy::start(&Config::new(servers)).unwrap_or_else(|e| panic!("{e:#}"));
+    for u in UNITS {
+        h.wait_status(u.trim_end_matches(".service"), Status::Up, T).unwrap();
+    }
+    let load = Load {
+        clients: 16,
+        max_tokens: 50,
+        timeout: Duration::from_secs(3),
+        ..Load::new(h.port(), Api::OpenAiCompletions)
+    };
+    let t = Traffic::start(load);
+    t.wait_successes(40, T).unwrap();
+    let out = apply(4);
+    t.wait_successes(40, T).unwrap();
+    let s = t.stop();
+    println!("one-shot apply of both replicas, agent-check: {s}");
+    assert_eq!(s.failed_total(), 0, "{s}\n{out}");
+    assert!(out.contains("(1 of 2 unavailable, max_unavailable 1)"), "no replica waited:\n{out}");
+    e.b.shutdown().unwrap();
+}

@@ -122,6 +122,44 @@ mod tests {
     }
 
     #[test]
+    fn a_change_failed_is_the_last_apply_of_the_unit_still_desired_not_reached() {
+        use crate::core::record::{DesiredRecord, HistoryEntry, UnitState};
+        let yaml = "apiVersion: specd/v1\nkind: InferenceService\nmetadata: {name: q}\nspec: {unit: q.service, engine: sglang, model: /m}\n";
+        let spec = specd_spec::parse("q.yaml", yaml).unwrap().resolve(None).unwrap();
+        let entry = |sha: &str, outcome| HistoryEntry {
+            time: 1,
+            sha256: sha.into(),
+            source: None,
+            outcome,
+            message: format!("{outcome:?} {sha}"),
+            stop_verdict: None,
+            duration_ms: 0,
+            startup: None,
+        };
+        let st = |desired: &str, history: Vec<HistoryEntry>| UnitState {
+            desired: Some(DesiredRecord { sha256: desired.into(), source: None, time: 1, spec: spec.clone() }),
+            history,
+            ..UnitState::default()
+        };
+        use Outcome::*;
+        let cases: Vec<(UnitState, Option<&str>)> = vec![
+            (st("new", vec![entry("old", Applied), entry("new", RolledBack)]), Some("RolledBack new")),
+            (st("new", vec![entry("new", Failed)]), Some("Failed new")),
+            // A hold set after it does not hide it.
+            (st("new", vec![entry("new", RolledBack), entry("new", HoldSet)]), Some("RolledBack new")),
+            // Its spec changed since: a new change, not failed (yet).
+            (st("newer", vec![entry("new", RolledBack)]), None),
+            (st("new", vec![entry("new", RolledBack), entry("new", Applied)]), None),
+            (st("new", vec![entry("new", Refused)]), None),
+            (st("new", vec![]), None),
+            (UnitState::default(), None),
+        ];
+        for (st, want) in cases {
+            assert_eq!(failed_change(&st).as_deref(), want, "{:?}", st.history);
+        }
+    }
+
+    #[test]
     fn a_siblings_failed_change_holds_the_roll_whatever_serves() {
         for serving in [true, false] {
             let siblings = [sib("llm-a", Some(Word::Ready), Some("the server exited during load"))];

@@ -1,8 +1,8 @@
 //! A replica of a group (`spec.rollout`) asks `core::roll::gate` before its reconcile stops its
 //! serving instance: under the group's lock (`locks/group-<group>.lock`, across processes), it
-//! reads its siblings (the units whose desired spec names the same group, from their records) and
-//! what their load balancers are told (the serving states, through the host); allowed, it saves
-//! its own record (so that its siblings count it) and marks itself `drain` before the lock goes,
+//! saves its own record (so that its siblings count it), reads its siblings (the units whose
+//! desired spec names the same group, from their records) and what their load balancers are told
+//! (the serving states, through the host); allowed, it marks itself `drain` before the lock goes,
 //! so two replicas never both pass. A wait or a hold is a report whose action is a requeue: no
 //! reconcile sleeps on its unit's lock.
 
@@ -28,11 +28,12 @@ pub(super) async fn ask<H: Host>(
     let _group = UnitLock::acquire(&ctx.store.locks_dir(), &lock_name).await?;
     let mine = ctx.host.serving_state(unit);
     let serving = mine.as_ref().map_or(o.ready == Some(true), |s| s.word() == Word::Ready);
+    // Counted by its siblings from now on (also while it waits): its record names the group.
+    ctx.store.save(st)?;
     let siblings = siblings(ctx, unit, &rollout.group)?;
     let (why, wait) = match roll::gate(&rollout.group, rollout.max_unavailable, serving, &siblings) {
         Roll::Go => {
-            // Counted by its siblings from now on: its record names the group, its state is drain.
-            ctx.store.save(st)?;
+            // Before the group's lock goes: its siblings see it drain.
             if serving {
                 let why = format!(
                     "specd is stopping it to apply unit {} (group {})",

@@ -492,6 +492,9 @@ fn replicas_changed_by_one_commit_roll_one_at_a_time_and_a_failing_change_stops_
     assert_eq!(s.failed_total(), 0, "{s}");
     assert!(s.rate() >= 20.0, "{s}");
     assert!(s.longest_gap < Duration::from_secs(1), "{s}");
+    // The replica that waits asks again every second, its same plan logged once.
+    let plans = said.lines().filter(|l| l.contains("reconciling") && l.contains("the spec changed")).count();
+    assert_eq!(plans, 2, "{said}");
 
     let pids: Vec<u32> = UNITS.iter().map(|u| r.f.e.main_pid(u)).collect();
     let oom = ", SPECD_STANDIN_CUDA_OOM: \"1\"";

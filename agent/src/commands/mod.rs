@@ -132,7 +132,8 @@ impl ReconcileJson {
 }
 
 /// Reconcile every unit at once (each in a task of its own: a panic is that unit's error, and
-/// the others go on; a replica waiting for its group's siblings asks again until it may go), and send each one's notice; the reports in the order of `all`.
+/// the others go on; a replica waiting for its group's siblings asks again until it may go), and
+/// send each one's notice; the reports in the order of `all`.
 async fn each_at_once<H: Host>(
     ctx: &Arc<reconcile::Ctx<H>>,
     all: &[Arc<DesiredState>],

@@ -27,6 +27,10 @@
 //!    completions through it; both units changed one after the other by `specd apply`: the
 //!    requests sent and failed, the longest time without a success, the capacity left during
 //!    the change, and how the stops ended; with HAProxy asking specd (agent-check) and without.
+//! 9. the fleet at scale (`bench fleet-scale [N...]`, not in the default run; 100 and 1,000 hosts
+//!    unless given): N hosts' exporters scraped by a real Prometheus, the promoter and `fleet
+//!    status` run as the binary against it and a bare git remote, a rollout to release and a halt
+//!    (asserted); see `support/fleet_scale.rs` for what is real and what is simulated.
 //!
 //! `SPECD_BENCH_SPECD=PATH` measures another build of specd (e.g. an older commit's) with the
 //! same bench.
@@ -35,6 +39,9 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use specd_e2e::{BoxConfig, SystemdBox, bin_path, free_port, wait_until};
+
+#[path = "support/fleet_scale.rs"]
+mod fleet_scale;
 
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(|a, b| a.partial_cmp(b).unwrap());
@@ -554,6 +561,9 @@ fn agent_fanout(n: usize, runs: usize, load_ms: u32) -> anyhow::Result<()> {
 
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().is_some_and(|a| a == "fleet-scale") {
+        return fleet_scale_args(&args[1..]);
+    }
     let all = args.is_empty();
     let want = |s: &str| all || args.iter().any(|a| a == s);
     if want("systemd") {
@@ -602,6 +612,29 @@ fn main() -> anyhow::Result<()> {
         fleet_rollout(&[(1, 1), (5, 1), (14, 2)])?;
     }
     Ok(())
+}
+
+/// `fleet-scale [N...] [--apply-ms MS] [--bake S] [--scrape S] [--fail-rate F]`: N 100 and 1000
+/// unless given (5000 only when asked).
+fn fleet_scale_args(args: &[String]) -> anyhow::Result<()> {
+    let mut p =
+        fleet_scale::Params { hosts: 0, apply: Duration::from_millis(1000), bake_s: 5, scrape_s: 1, fail_rate: 0.0 };
+    let mut counts = Vec::new();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        let mut value = || it.next().ok_or_else(|| anyhow::anyhow!("{a} needs a value"));
+        match a.as_str() {
+            "--apply-ms" => p.apply = Duration::from_millis(value()?.parse()?),
+            "--bake" => p.bake_s = value()?.parse()?,
+            "--scrape" => p.scrape_s = value()?.parse()?,
+            "--fail-rate" => p.fail_rate = value()?.parse()?,
+            n => counts.push(n.parse().map_err(|_| anyhow::anyhow!("fleet-scale: {n:?} is not a host count"))?),
+        }
+    }
+    if counts.is_empty() {
+        counts = vec![100, 1000];
+    }
+    fleet_scale::bench(&counts, &p)
 }
 
 /// One revision through simulated hosts: `waves` as (hosts, max_unavailable), bakes of 2 s.

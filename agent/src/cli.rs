@@ -336,12 +336,18 @@ pub struct RepoArgs {
 
 #[derive(Subcommand, Debug)]
 pub enum FleetCommand {
-    /// Every host × unit: wave, the revision given and deployed, standing, args verified,
-    /// accept length, deaths; the rollout's position and what it waits for. Exit 1 when halted, 2
-    /// when it cannot tell (no evidence: the hosts only Prometheus knows are missing).
+    /// The rollout's position and what it waits for, each wave's hosts by standing, and every
+    /// host × unit (wave, the revision given and deployed, standing, args verified, accept
+    /// length, deaths): all of them in a small fleet, those named by --host or not good in a
+    /// large one. Exit 1 when halted, 2 when it cannot tell (no evidence:
+    /// the hosts only Prometheus knows are missing).
     Status {
         #[command(flatten)]
         repo: RepoArgs,
+        /// List this host's units (repeatable); without it, a fleet of more than 20 hosts is
+        /// summarized by wave, with the hosts that are not good.
+        #[arg(long = "host", value_name = "NAME")]
+        hosts: Vec<String>,
         #[command(flatten)]
         common: crate::fleet::promote::Common,
     },
@@ -528,7 +534,9 @@ async fn run_agent(dirs: Dirs, repo: RepoArgs, f: RunFlags) -> anyhow::Result<u8
 /// `specd fleet status|halt|resume`.
 async fn fleet(dirs: Dirs, command: FleetCommand) -> anyhow::Result<u8> {
     match command {
-        FleetCommand::Status { repo, common } => crate::fleet::promote::status(&promoter(&dirs, repo, common)?).await,
+        FleetCommand::Status { repo, hosts, common } => {
+            crate::fleet::promote::status(&promoter(&dirs, repo, common)?, &hosts).await
+        }
         FleetCommand::Halt { repo, reason, by, common } => {
             let opts = promoter(&dirs, repo, common)?;
             crate::fleet::promote::by_hand(&opts, &crate::fleet::promote::person(by), Some(&reason)).await

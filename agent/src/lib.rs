@@ -37,6 +37,12 @@ pub mod parts {
         pub use crate::fleet::publish::{Pushed, Signing, commit_record, push_record};
         pub use crate::fleet::rollout::{Evidence, ExpectedUnit, HostEvidence, Inputs, Step, UnitEvidence, decide};
     }
+    /// The agent's exporter: the fleet simulator of the bench serves each simulated host's
+    /// figures with it, as the agent does.
+    pub mod daemon {
+        pub use crate::core::sync::SyncStatus;
+        pub use crate::daemon::metrics::{Metrics, UnitFigures};
+    }
     /// A sweep's load generator and its records (`results.jsonl`).
     pub mod sweep {
         pub use crate::sweep::loadgen::{Api, BUILTIN_PROMPTS, Level, LevelResult, prompts_from_jsonl, run};

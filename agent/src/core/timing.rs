@@ -146,6 +146,25 @@ pub fn readiness_backoff() -> backon::ExponentialBuilder {
         .without_max_times()
 }
 
+/// `d` spread by `percent` either way, at the point `r` (any number, e.g. random) of that range.
+pub fn spread(d: Duration, percent: u64, r: u64) -> Duration {
+    let ms = d.as_millis() as u64;
+    let width = ms * percent / 100;
+    Duration::from_millis(ms - width + r % (2 * width + 1))
+}
+
+/// When an agent polls its remote the first time after its start's read: anywhere from half to
+/// one and a half `interval`s, so that agents started together (a fleet rebooted, a package
+/// upgraded everywhere) poll apart from their first round on, not all within a tenth of it.
+pub fn first_poll(interval: Duration, r: u64) -> Duration {
+    spread(interval, 50, r)
+}
+
+/// The polls after the first: `interval` ±10 %.
+pub fn next_poll(interval: Duration, r: u64) -> Duration {
+    spread(interval, 10, r)
+}
+
 /// The spec's own waits.
 pub struct SpecWaits {
     pub readiness: Duration,
@@ -167,6 +186,41 @@ impl SpecWaits {
 
 #[cfg(test)]
 mod tests {
+    /// A well-mixed 64-bit number of `i` (splitmix64's finalizer): what the clock's nanoseconds
+    /// give a thousand hosts.
+    fn mixed(i: u64) -> u64 {
+        let mut z = i.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    #[test]
+    fn a_spread_stays_within_its_percent_and_reaches_both_ends() {
+        let s = Duration::from_secs(60);
+        for r in [0, 1, 5_999, 6_000, 12_000, 12_001, u64::MAX].into_iter().chain((0..1000).map(mixed)) {
+            let n = super::next_poll(s, r);
+            assert!(n >= Duration::from_secs(54) && n <= Duration::from_secs(66), "{r}: {n:?}");
+            let f = super::first_poll(s, r);
+            assert!(f >= Duration::from_secs(30) && f <= Duration::from_secs(90), "{r}: {f:?}");
+        }
+        assert_eq!(super::next_poll(s, 0), Duration::from_secs(54));
+        assert_eq!(super::next_poll(s, 12_000), Duration::from_secs(66));
+        assert_eq!(super::spread(Duration::ZERO, 50, 7), Duration::ZERO);
+    }
+
+    #[test]
+    fn a_thousand_agents_started_together_poll_their_remote_at_most_forty_in_a_second() {
+        let interval = Duration::from_secs(60);
+        let mut per_second = std::collections::BTreeMap::<u64, usize>::new();
+        for host in 0..1000 {
+            *per_second.entry(super::first_poll(interval, mixed(host)).as_secs()).or_default() += 1;
+        }
+        let most = per_second.values().max().copied().unwrap_or_default();
+        // Evenly over the 60 s from 30 s to 90 s: 17 a second on average.
+        assert!(most <= 40, "{most} polls in one second: {per_second:?}");
+    }
+
     use super::*;
 
     #[test]

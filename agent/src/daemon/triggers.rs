@@ -67,7 +67,8 @@ pub(super) fn spawn_watchdog() {
 /// When the agent reads the source without being asked by an event: a remote's poll, the
 /// periodic resync, a forced read put off to the end of its second.
 pub(super) struct Schedule {
-    /// A remote is polled every `interval` (jittered); a local one is watched instead.
+    /// A remote is polled every `interval` (jittered: the first poll anywhere from half to one
+    /// and a half of it, [`timing::first_poll`]); a local one is watched instead.
     pub(super) remote: bool,
     pub(super) interval: Duration,
     pub(super) poll_at: tokio::time::Instant,
@@ -86,7 +87,7 @@ impl Schedule {
         Schedule {
             remote,
             interval,
-            poll_at: tokio::time::Instant::now() + jitter(interval),
+            poll_at: tokio::time::Instant::now() + timing::first_poll(interval, random()),
             resync,
             resync_at: resync.map(|r| tokio::time::Instant::now() + r),
             forced: ForcedReads::default(),
@@ -117,15 +118,14 @@ impl ForcedReads {
     }
 }
 
+/// `d` ±10 % ([`timing::next_poll`]), at a point the clock's nanoseconds pick.
 pub(super) fn jitter(d: Duration) -> Duration {
-    let ms = d.as_millis() as u64;
-    let spread = ms / 10;
-    let r = (std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|t| t.subsec_nanos() as u64)
-        .unwrap_or(0))
-        % (2 * spread + 1);
-    Duration::from_millis(ms - spread + r)
+    timing::next_poll(d, random())
+}
+
+/// A number that differs from one call and one host to the next: the clock's nanoseconds.
+pub(super) fn random() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|t| t.subsec_nanos() as u64).unwrap_or(0)
 }
 
 /// One inotify watch (one thread) for both: the local repository's refs (a moved ref is a

@@ -1,7 +1,7 @@
 //! The promoter's evidence, read from a real Prometheus that scrapes every host's agent: a
 //! small client of its HTTP API ([`Prometheus::query`]) and [`gather`], which asks it a fixed
-//! handful of instant queries (one per metric, never one per host) and folds the answers into
-//! one [`Evidence`] for the whole fleet.
+//! handful of instant queries (one per metric, never one per host; all at once) and folds the
+//! answers into one [`Evidence`] for the whole fleet.
 //!
 //! A host is known by its agent's `specd_host_info{host, <its labels>}`; its other series are
 //! joined to it by the `job` and `instance` labels Prometheus adds to everything it scrapes.
@@ -218,14 +218,17 @@ struct Since {
     converged: Vec<(BTreeSet<String>, Vec<Sample>)>,
 }
 
-/// The answers about the hosts promoted at one time.
+/// The answers about the hosts promoted in one wave.
 struct Promotion {
-    hosts: BTreeSet<String>,
-    /// The accept figures and the last start a second before.
+    /// Each host, with when it was promoted.
+    hosts: BTreeMap<String, u64>,
+    /// The first of those times.
+    first: u64,
+    /// The accept figures and the last start a second before `first`: the wave's good revision's.
     length: Vec<Sample>,
     rate: Vec<Sample>,
     start: Vec<Sample>,
-    /// The deaths since, by verdict.
+    /// The deaths since `first`, by verdict.
     deaths: Vec<Sample>,
 }
 
@@ -240,58 +243,121 @@ pub async fn gather(p: &Prometheus, record: Option<&Record>, now: u64, stale_aft
     }
 }
 
-/// The hosts of each unbaked wave of `record`, by the time they were promoted; and each
-/// converged unbaked wave's hosts with when it converged.
-#[allow(clippy::type_complexity)]
-fn in_progress(record: Option<&Record>) -> (BTreeMap<u64, BTreeSet<String>>, Vec<(u64, BTreeSet<String>)>) {
-    let mut promoted: BTreeMap<u64, BTreeSet<String>> = BTreeMap::new();
-    let mut converged = Vec::new();
+/// An unbaked wave of the record: its promoted hosts (with when), the first of those times,
+/// and when it converged.
+#[derive(Debug, PartialEq)]
+struct InProgress {
+    hosts: BTreeMap<String, u64>,
+    first: u64,
+    converged: Option<(u64, BTreeSet<String>)>,
+}
+
+/// The unbaked waves of `record` that promoted a host or converged.
+fn in_progress(record: Option<&Record>) -> Vec<InProgress> {
+    let mut out = Vec::new();
     for w in record.map(|r| r.waves.as_slice()).unwrap_or_default() {
         if w.baked.is_some() {
             continue;
         }
-        for p in &w.promoted {
-            promoted.entry(p.at).or_default().insert(p.host.clone());
-        }
-        if let Some(c) = w.converged {
-            converged.push((c, w.promoted.iter().map(|p| p.host.clone()).collect()));
+        let hosts: BTreeMap<String, u64> = w.promoted.iter().map(|p| (p.host.clone(), p.at)).collect();
+        let first = w.promoted.iter().map(|p| p.at).min().unwrap_or_default();
+        let converged = w.converged.map(|c| (c, hosts.keys().cloned().collect()));
+        if !hosts.is_empty() || converged.is_some() {
+            out.push(InProgress { hosts, first, converged });
         }
     }
-    (promoted, converged)
+    out
+}
+
+/// The instant queries (expression, time) about the rollout in progress, per wave of
+/// [`in_progress`]: with promoted hosts, the accept figures a second before its first promotion
+/// and the deaths since it; converged, `args_verified` at every scrape since. As many whatever
+/// the number of hosts and of their promotion times: at most four per wave.
+fn since_questions(waves: &[InProgress], now: u64) -> Vec<(String, u64)> {
+    let mut out = Vec::new();
+    for w in waves {
+        if !w.hosts.is_empty() {
+            let before = w.first.saturating_sub(1);
+            out.push(("specd_unit_accept_length".to_string(), before));
+            out.push(("specd_unit_accept_rate".to_string(), before));
+            out.push(("specd_unit_start_duration_seconds".to_string(), before));
+            out.push((deaths_since(now.saturating_sub(w.first).max(1)), now));
+        }
+        if let Some((c, _)) = &w.converged {
+            let range = now.saturating_sub(*c).max(1);
+            out.push((format!("min_over_time(specd_unit_args_verified[{range}s])"), now));
+        }
+    }
+    out
+}
+
+/// The figures asked at `now`, each of the whole fleet, in the order [`Now`] keeps them.
+fn now_questions(now: u64) -> Vec<(String, u64)> {
+    let known = |m: &str| (last_known(m), now);
+    vec![
+        known("specd_host_info"),
+        ("up".to_string(), now),
+        ("timestamp(up)".to_string(), now),
+        known("specd_source_info"),
+        known("specd_unit_info"),
+        known("specd_unit_args_verified"),
+        known("specd_unit_quarantined"),
+        known("specd_unit_accept_length"),
+        known("specd_unit_accept_rate"),
+        known("specd_unit_start_duration_seconds"),
+        known("specd_unit_hold"),
+        known("specd_unit_last_death_timestamp_seconds"),
+        known("specd_unit_serving"),
+    ]
+}
+
+/// Every question asked at once (a pass waits for the slowest, not for their sum); the answers
+/// in the questions' order, or the first error in that order.
+async fn ask_all(p: &Prometheus, questions: Vec<(String, u64)>) -> Result<Vec<Vec<Sample>>, String> {
+    let mut set = tokio::task::JoinSet::new();
+    let n = questions.len();
+    for (i, (expr, t)) in questions.into_iter().enumerate() {
+        let p = p.clone();
+        set.spawn(async move { (i, p.query(&expr, Some(t)).await) });
+    }
+    let mut answers: Vec<Option<Result<Vec<Sample>, String>>> = (0..n).map(|_| None).collect();
+    while let Some(done) = set.join_next().await {
+        let (i, a) = done.map_err(|e| format!("asking Prometheus at {}: {e}", p.url()))?;
+        answers[i] = Some(a);
+    }
+    answers.into_iter().map(|a| a.unwrap_or_else(|| Err("a question was not answered".into()))).collect()
 }
 
 async fn ask(p: &Prometheus, record: Option<&Record>, now: u64) -> Result<(Now, Since), String> {
-    let at = Some(now);
+    let waves = in_progress(record);
+    let mut questions = now_questions(now);
+    questions.extend(since_questions(&waves, now));
+    let mut answered = ask_all(p, questions).await?.into_iter();
+    let mut next = || answered.next().unwrap_or_default();
     let answers = Now {
-        hosts: p.query(&last_known("specd_host_info"), at).await?,
-        up: p.query("up", at).await?,
-        up_at: p.query("timestamp(up)", at).await?,
-        source: p.query(&last_known("specd_source_info"), at).await?,
-        unit_info: p.query(&last_known("specd_unit_info"), at).await?,
-        args_verified: p.query(&last_known("specd_unit_args_verified"), at).await?,
-        quarantined: p.query(&last_known("specd_unit_quarantined"), at).await?,
-        accept_length: p.query(&last_known("specd_unit_accept_length"), at).await?,
-        accept_rate: p.query(&last_known("specd_unit_accept_rate"), at).await?,
-        start: p.query(&last_known("specd_unit_start_duration_seconds"), at).await?,
-        hold: p.query(&last_known("specd_unit_hold"), at).await?,
-        last_death: p.query(&last_known("specd_unit_last_death_timestamp_seconds"), at).await?,
-        serving: p.query(&last_known("specd_unit_serving"), at).await?,
+        hosts: next(),
+        up: next(),
+        up_at: next(),
+        source: next(),
+        unit_info: next(),
+        args_verified: next(),
+        quarantined: next(),
+        accept_length: next(),
+        accept_rate: next(),
+        start: next(),
+        hold: next(),
+        last_death: next(),
+        serving: next(),
     };
-    let (promoted, converged) = in_progress(record);
     let mut since = Since::default();
-    for (t, hosts) in promoted {
-        let before = Some(t.saturating_sub(1));
-        let length = p.query("specd_unit_accept_length", before).await?;
-        let rate = p.query("specd_unit_accept_rate", before).await?;
-        let start = p.query("specd_unit_start_duration_seconds", before).await?;
-        let range = now.saturating_sub(t).max(1);
-        let deaths = p.query(&deaths_since(range), at).await?;
-        since.promotions.push(Promotion { hosts, length, rate, start, deaths });
-    }
-    for (c, hosts) in converged {
-        let range = now.saturating_sub(c).max(1);
-        let min = p.query(&format!("min_over_time(specd_unit_args_verified[{range}s])"), at).await?;
-        since.converged.push((hosts, min));
+    for w in waves {
+        if !w.hosts.is_empty() {
+            let (length, rate, start, deaths) = (next(), next(), next(), next());
+            since.promotions.push(Promotion { hosts: w.hosts, first: w.first, length, rate, start, deaths });
+        }
+        if let Some((_, hosts)) = w.converged {
+            since.converged.push((hosts, next()));
+        }
     }
     Ok((answers, since))
 }
@@ -365,7 +431,7 @@ fn fold(a: &Now, since: &Since, now: u64, stale_after: u64) -> Evidence {
             u.last_death = Some(v.to_string());
         }
     }
-    fold_since(&mut ev, &by_target, since);
+    fold_since(&mut ev, &by_target, since, &a.last_death);
     ev
 }
 
@@ -434,38 +500,55 @@ fn down(up: Option<f64>, sampled: Option<f64>, now: u64, stale_after: u64, targe
 }
 
 /// The figures of a rollout in progress, on the hosts they are about (only units the host
-/// reports now).
-fn fold_since(ev: &mut Evidence, by_target: &BTreeMap<Target, String>, since: &Since) {
-    for Promotion { hosts, length, rate, start, deaths } in &since.promotions {
-        on_units(ev, by_target, hosts, start, |u, s| u.previous_start_seconds = s.value.is_finite().then_some(s.value));
-        on_units(ev, by_target, hosts, length, |u, s| {
+/// reports now). The deaths were counted since the wave's first promotion: a host promoted
+/// later has died since its own only when its newest death was counted at or after it
+/// (`last_death`: `specd_unit_last_death_timestamp_seconds`).
+fn fold_since(ev: &mut Evidence, by_target: &BTreeMap<Target, String>, since: &Since, last_death: &[Sample]) {
+    let mut died_at: BTreeMap<(String, String), f64> = BTreeMap::new();
+    for s in last_death {
+        if let (Some(name), Some(unit)) = (by_target.get(&target_of(s)), label(s, "unit")) {
+            died_at.insert((name.clone(), unit.to_string()), s.value);
+        }
+    }
+    for Promotion { hosts, first, length, rate, start, deaths } in &since.promotions {
+        let promoted = |h: &str| hosts.contains_key(h);
+        on_units(ev, by_target, promoted, start, |_, u, s| {
+            u.previous_start_seconds = s.value.is_finite().then_some(s.value)
+        });
+        on_units(ev, by_target, promoted, length, |_, u, s| {
             u.previous_accept_length = s.value.is_finite().then_some(s.value)
         });
-        on_units(ev, by_target, hosts, rate, |u, s| u.previous_accept_rate = s.value.is_finite().then_some(s.value));
-        on_units(ev, by_target, hosts, deaths, |u, s| {
-            if let Some(v) = label(s, "verdict").filter(|_| s.value > 0.5) {
+        on_units(ev, by_target, promoted, rate, |_, u, s| {
+            u.previous_accept_rate = s.value.is_finite().then_some(s.value)
+        });
+        on_units(ev, by_target, promoted, deaths, |h, u, s| {
+            let at = hosts.get(h).copied().unwrap_or_default();
+            let unit = label(s, "unit").unwrap_or_default();
+            let since_its_own =
+                at <= *first || died_at.get(&(h.to_string(), unit.to_string())).is_some_and(|t| *t >= at as f64);
+            if let Some(v) = label(s, "verdict").filter(|_| s.value > 0.5 && since_its_own) {
                 u.deaths_since_promotion.insert(v.to_string(), s.value);
             }
         });
     }
     for (hosts, min) in &since.converged {
-        on_units(ev, by_target, hosts, min, |u, s| u.verified_throughout = Some(s.value == 1.0));
+        on_units(ev, by_target, |h| hosts.contains(h), min, |_, u, s| u.verified_throughout = Some(s.value == 1.0));
     }
 }
 
-/// `set` on the unit each sample is about, when its target is one of `hosts`.
+/// `set` on the unit each sample is about (with its host's name), when its host is one `of`.
 fn on_units(
     ev: &mut Evidence,
     by_target: &BTreeMap<Target, String>,
-    hosts: &BTreeSet<String>,
+    of: impl Fn(&str) -> bool,
     samples: &[Sample],
-    mut set: impl FnMut(&mut UnitEvidence, &Sample),
+    mut set: impl FnMut(&str, &mut UnitEvidence, &Sample),
 ) {
     for s in samples {
-        let Some(name) = by_target.get(&target_of(s)).filter(|n| hosts.contains(*n)) else { continue };
+        let Some(name) = by_target.get(&target_of(s)).filter(|n| of(n)) else { continue };
         let Some(unit) = label(s, "unit") else { continue };
         if let Some(u) = ev.hosts.get_mut(name).and_then(|h| h.units.get_mut(unit)) {
-            set(u, s);
+            set(name, u, s);
         }
     }
 }
@@ -523,6 +606,72 @@ mod tests {
         assert_eq!(hosts["gpu1"].labels, BTreeMap::from([("gpu".to_string(), "h100".to_string())]));
         let why = hosts["gpu1"].down.as_deref().unwrap();
         assert!(why.contains("a:9 (job specd)") && why.contains("b:9 (job specd)"), "{why}");
+    }
+
+    /// A wave of `n` hosts promoted one per second from 1000 (and converged at `converged`),
+    /// after a baked canary.
+    fn rolling(n: usize, converged: Option<u64>) -> Record {
+        use specd_spec::fleet::{Promoted, WaveRecord};
+        let rev = "a".repeat(40);
+        let promoted = (0..n).map(|i| Promoted { host: format!("h{i:04}"), at: 1000 + i as u64 }).collect();
+        let canary = WaveRecord { baked: Some(900), ..WaveRecord::at("canary", &rev) };
+        let rest = WaveRecord { promoted, converged, ..WaveRecord::at("rest", &rev) };
+        Record { target: rev.clone(), released: rev, waves: vec![canary, rest], ..Default::default() }
+    }
+
+    #[test]
+    fn the_questions_about_a_rollout_are_as_many_for_ten_hosts_as_for_a_thousand() {
+        let questions = |n, converged| since_questions(&in_progress(Some(&rolling(n, converged))), 5000);
+        for converged in [None, Some(4000)] {
+            let (ten, thousand) = (questions(10, converged), questions(1000, converged));
+            assert_eq!(ten.len(), thousand.len(), "{ten:?}\n{thousand:?}");
+            assert_eq!(ten.len(), 4 + usize::from(converged.is_some()), "{ten:?}");
+        }
+        // The figures before the wave's first promotion, the deaths since it.
+        let q = questions(1000, None);
+        assert_eq!(q[0], ("specd_unit_accept_length".to_string(), 999));
+        assert_eq!(q[2], ("specd_unit_start_duration_seconds".to_string(), 999));
+        assert_eq!(q[3], (deaths_since(4000), 5000));
+        assert!(in_progress(Some(&rolling(0, None))).is_empty());
+    }
+
+    #[test]
+    fn a_host_promoted_after_its_wave_s_first_counts_only_the_deaths_since_its_own_promotion() {
+        let with = |h: &str, more: &[(&str, &str)]| -> Vec<(String, String)> {
+            let mut l = vec![("job", "specd"), ("instance", h), ("unit", "llm.service")];
+            l.extend_from_slice(more);
+            l.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        };
+        let s =
+            |h: &str, more: &[(&str, &str)], value: f64| Sample { labels: with(h, more).into_iter().collect(), value };
+        let info = |h: &str| Sample {
+            labels: [("job", "specd"), ("instance", h), ("host", h)]
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .into(),
+            value: 1.0,
+        };
+        // a promoted first (1000), b and c later (1010); each died once since 1000: a and c
+        // after their promotions (counted at 1005 and 1020), b before its own (at 1005).
+        let deaths: Vec<Sample> = ["a", "b", "c"].iter().map(|h| s(h, &[("verdict", "crash")], 1.0)).collect();
+        let last_death = vec![
+            s("a", &[("verdict", "crash")], 1005.0),
+            s("b", &[("verdict", "crash")], 1005.0),
+            s("c", &[("verdict", "crash")], 1020.0),
+        ];
+        let hosts = BTreeMap::from([("a".to_string(), 1000), ("b".to_string(), 1010), ("c".to_string(), 1010)]);
+        let promotion = Promotion { hosts, first: 1000, length: vec![], rate: vec![], start: vec![], deaths };
+        let since = Since { promotions: vec![promotion], converged: vec![] };
+        let now = Now {
+            hosts: ["a", "b", "c"].map(info).to_vec(),
+            unit_info: ["a", "b", "c"].iter().map(|h| s(h, &[("unit_hash", "x")], 1.0)).collect(),
+            last_death,
+            ..Default::default()
+        };
+        let ev = fold(&now, &since, 1030, 60);
+        let died = |h: &str| ev.hosts[h].units["llm.service"].deaths_since_promotion.clone();
+        assert_eq!(died("a"), BTreeMap::from([("crash".to_string(), 1.0)]));
+        assert_eq!(died("b"), BTreeMap::new());
+        assert_eq!(died("c"), BTreeMap::from([("crash".to_string(), 1.0)]));
     }
 
     #[test]

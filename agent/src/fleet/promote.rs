@@ -16,7 +16,8 @@ use specd_spec::short;
 
 use crate::fleet::evidence::{self, Prometheus};
 use crate::fleet::publish::{self, Pushed, Signing};
-use crate::fleet::rollout::{self, Evidence, ExpectedUnit, HostPosition, Inputs, Step};
+use crate::fleet::rollout::{self, Evidence, ExpectedUnit, Inputs, Step};
+use crate::fleet::status::View;
 use crate::source::git::{GitSource, SourceConfig};
 
 /// How many times a pass reads again after losing a race to another promoter.
@@ -73,32 +74,64 @@ fn blocking_look(opts: &Options) -> impl std::future::Future<Output = Result<Opt
     async move { tokio::task::spawn_blocking(move || look(&opts)).await? }
 }
 
-/// The units a host runs at a revision, rendered from that revision's specs (cached per revision).
+/// The units a host runs at a revision, rendered from that revision's specs: each revision's
+/// files read and parsed once, and rendered once for every host without an overlay of its own
+/// (they all resolve alike); a host with an overlay is rendered for itself.
 struct Renderer<'a> {
     src: &'a GitSource,
-    specs: std::cell::RefCell<BTreeMap<String, Result<Vec<crate::source::git::SpecFile>, String>>>,
+    revisions: std::cell::RefCell<BTreeMap<String, Result<std::rc::Rc<Revision>, String>>>,
+}
+
+/// A revision's specs, parsed, and the units of a host without an overlay.
+struct Revision {
+    specs: Vec<specd_spec::ParsedSpec>,
+    common: Result<Vec<ExpectedUnit>, String>,
+}
+
+/// The units of `specs` for `host` (`None`: a host without an overlay).
+fn render_all(specs: &[specd_spec::ParsedSpec], host: Option<&str>) -> Result<Vec<ExpectedUnit>, String> {
+    let mut out = Vec::new();
+    for parsed in specs {
+        let spec = parsed.resolve(host).map_err(|d| d.to_string())?;
+        let unit = specd_spec::render(&spec);
+        out.push(ExpectedUnit {
+            unit: unit.unit.clone(),
+            unit_hash: unit.sha256.clone(),
+            speculates: spec.speculates(),
+        });
+    }
+    Ok(out)
+}
+
+impl Revision {
+    /// The units of `host`: its own rendering when a spec has an overlay for it, else the common.
+    fn units(&self, host: &str) -> Result<Vec<ExpectedUnit>, String> {
+        if self.specs.iter().any(|s| s.document.hosts.contains_key(host)) {
+            render_all(&self.specs, Some(host))
+        } else {
+            self.common.clone()
+        }
+    }
 }
 
 impl Renderer<'_> {
-    fn units(&self, host: &str, rev: &str) -> Result<Vec<ExpectedUnit>, String> {
-        let mut cache = self.specs.borrow_mut();
-        let files = cache.entry(rev.to_string()).or_insert_with(|| {
+    fn revision(&self, rev: &str) -> Result<std::rc::Rc<Revision>, String> {
+        let mut cache = self.revisions.borrow_mut();
+        let r = cache.entry(rev.to_string()).or_insert_with(|| {
             let oid = Oid::from_str(rev).map_err(|e| e.to_string())?;
-            self.src.read_specs(oid).map_err(|e| format!("{e:#}"))
+            let files = self.src.read_specs(oid).map_err(|e| format!("{e:#}"))?;
+            let specs = files
+                .iter()
+                .map(|f| specd_spec::parse(&f.path, &f.text).map_err(|d| d.to_string()))
+                .collect::<Result<Vec<_>, String>>()?;
+            let common = render_all(&specs, None);
+            Ok(std::rc::Rc::new(Revision { specs, common }))
         });
-        let files = files.as_ref().map_err(Clone::clone)?;
-        let mut out = Vec::new();
-        for f in files {
-            let parsed = specd_spec::parse(&f.path, &f.text).map_err(|d| d.to_string())?;
-            let spec = parsed.resolve(Some(host)).map_err(|d| d.to_string())?;
-            let unit = specd_spec::render(&spec);
-            out.push(ExpectedUnit {
-                unit: unit.unit.clone(),
-                unit_hash: unit.sha256.clone(),
-                speculates: spec.speculates(),
-            });
-        }
-        Ok(out)
+        r.clone()
+    }
+
+    fn units(&self, host: &str, rev: &str) -> Result<Vec<ExpectedUnit>, String> {
+        self.revision(rev)?.units(host)
     }
 }
 
@@ -146,7 +179,7 @@ async fn pass(opts: &Options) -> Result<Passed> {
         let ev = evidence(opts, l.record.as_ref().map(|r| &r.1)).await;
         let opts2 = opts.clone();
         let wrote = tokio::task::spawn_blocking(move || -> Result<Result<Passed, ()>> {
-            let r = Renderer { src: &src, specs: Default::default() };
+            let r = Renderer { src: &src, revisions: Default::default() };
             let expected = |h: &str, rev: &str| r.units(h, rev);
             let head = l.head.to_string();
             let inputs = Inputs {
@@ -251,9 +284,11 @@ pub async fn by_hand(opts: &Options, person: &str, halt: Option<&str>) -> Result
     bail!("the promotion record moved under this command {RACES} times in a row; try again")
 }
 
-/// `specd fleet status`: every host × unit and the rollout's position. Exit 1 when halted, 2
-/// when Prometheus could not be asked (the list then lacks the hosts only it knows).
-pub async fn status(opts: &Options) -> Result<u8> {
+/// `specd fleet status`: the rollout's position, its waves summarized, and the units of the
+/// hosts `only` names (of every host when it names none and the fleet is small; see
+/// [`crate::fleet::status`]). Exit 1 when halted, 2 when Prometheus could not be asked (the list
+/// then lacks the hosts only it knows).
+pub async fn status(opts: &Options, only: &[String]) -> Result<u8> {
     let Some((src, l)) = blocking_look(opts).await? else {
         bail!("the followed branch's head has no fleet file: there is no fleet to show")
     };
@@ -261,9 +296,9 @@ pub async fn status(opts: &Options) -> Result<u8> {
         bail!("{} has no promotion record yet: run `specd promote` first", l.branch)
     };
     let ev = evidence(opts, Some(record)).await;
-    let (record, json) = (record.clone(), opts.json);
+    let (record, json, only) = (record.clone(), opts.json, only.to_vec());
     tokio::task::spawn_blocking(move || {
-        let r = Renderer { src: &src, specs: Default::default() };
+        let r = Renderer { src: &src, revisions: Default::default() };
         let expected = |h: &str, rev: &str| r.units(h, rev);
         let head = l.head.to_string();
         let inputs = Inputs {
@@ -281,140 +316,17 @@ pub async fn status(opts: &Options) -> Result<u8> {
             }
         };
         let hosts = rollout::positions(&inputs, &record);
+        let view = View { record: &record, position: &position, hosts: &hosts, evidence: &ev, only: &only };
         if json {
-            println!("{}", serde_json::to_string_pretty(&status_json(&record, &position, &hosts, &ev)).expect("json"));
+            println!("{}", serde_json::to_string_pretty(&view.json()?).expect("json"));
         } else {
-            print!("{}", status_text(&record, &position, &hosts, &ev));
+            print!("{}", view.text()?);
         }
         // Without evidence it cannot tell: the hosts only Prometheus knows (selected by labels or
         // a pattern, and not promoted yet) are missing from the list.
         Ok(if ev.unavailable.is_some() { 2 } else { u8::from(record.state == RolloutState::Halted) })
     })
     .await?
-}
-
-fn status_json(
-    record: &Record,
-    position: &(String, Option<u64>),
-    hosts: &[HostPosition],
-    ev: &Evidence,
-) -> serde_json::Value {
-    let hosts: Vec<_> = hosts
-        .iter()
-        .map(|h| {
-            let e = ev.hosts.get(&h.host);
-            let units: Vec<_> = e
-                .map(|e| {
-                    e.units
-                        .iter()
-                        .map(|(u, x)| {
-                            json!({"unit": u, "unit_hash": x.unit_hash, "args_verified": x.args_verified,
-                                   "quarantined": x.quarantined, "accept_length": x.accept_length,
-                                   "accept_rate": x.accept_rate, "deaths_since_promotion": x.deaths_since_promotion,
-                                   "last_death": x.last_death, "hold": x.hold, "serving": x.serving})
-                        })
-                        .collect()
-                })
-                .unwrap_or_default();
-            json!({"host": h.host, "wave": h.wave, "given": h.given, "promoted": h.promoted,
-                   "deploys": e.and_then(|e| e.revision.clone()), "standing": h.standing.word(),
-                   "detail": h.standing.detail(), "units": units})
-        })
-        .collect();
-    json!({
-        "rollout": {"target": record.target, "released": record.released, "state": record.state,
-                    "started": record.started, "halt": record.halt, "waits": position.0, "until": position.1},
-        "evidence": ev.unavailable,
-        "hosts": hosts,
-    })
-}
-
-fn status_text(record: &Record, position: &(String, Option<u64>), hosts: &[HostPosition], ev: &Evidence) -> String {
-    let state = match record.state {
-        RolloutState::Progressing => "progressing",
-        RolloutState::Complete => "complete",
-        RolloutState::Halted => "HALTED",
-    };
-    let mut s = format!(
-        "rollout of {} {state} (started {}), released {}\n  {}\n",
-        short(&record.target),
-        rollout::stamp(record.started),
-        short(&record.released),
-        position.0
-    );
-    if let Some(why) = &ev.unavailable {
-        s.push_str(&format!("  evidence: none ({why})\n"));
-        s.push_str(
-            "  hosts listed: those the fleet file names and those the record promoted; hosts a wave selects by labels or a pattern are known only to Prometheus\n",
-        );
-    }
-    s.push_str(&format!(
-        "\n{:<16} {:<10} {:<14} {:<14} {:<12} {:<22} {:<7} {:<9} {:<7} {:<14} {:<12} {}\n",
-        "HOST",
-        "WAVE",
-        "GIVEN",
-        "DEPLOYS",
-        "STANDING",
-        "UNIT",
-        "SERVING",
-        "VERIFIED",
-        "ACCEPT",
-        "DIED SINCE",
-        "LAST DEATH",
-        "HOLD"
-    ));
-    for h in hosts {
-        let e = ev.hosts.get(&h.host);
-        let given = format!("{}{}", short(&h.given), if h.promoted { "*" } else { "" });
-        let deploys = e.and_then(|e| e.revision.as_deref()).map_or("-", short).to_string();
-        let wave = h.wave.as_deref().unwrap_or("(none)");
-        let units: Vec<_> = e.map(|e| e.units.iter().collect()).unwrap_or_default();
-        let row =
-            |(unit, serving): (&str, &str), verified: &str, accept: &str, deaths: &str, last: &str, hold: &str| {
-                format!(
-                    "{:<16} {:<10} {:<14} {:<14} {:<12} {:<22} {:<7} {:<9} {:<7} {:<14} {:<12} {}\n",
-                    h.host,
-                    wave,
-                    given,
-                    deploys,
-                    h.standing.word(),
-                    unit,
-                    serving,
-                    verified,
-                    accept,
-                    deaths,
-                    last,
-                    hold
-                )
-            };
-        if units.is_empty() {
-            s.push_str(&row(("-", "-"), "-", "-", "-", "-", "-"));
-        }
-        for (u, x) in units {
-            let verified = match x.args_verified {
-                Some(true) => "yes",
-                Some(false) => "NO",
-                None => "-",
-            };
-            let accept = x.accept_length.map_or("-".to_string(), |a| format!("{a:.2}"));
-            let deaths = if x.deaths_since_promotion.is_empty() {
-                "-".to_string()
-            } else {
-                x.deaths_since_promotion.keys().cloned().collect::<Vec<_>>().join(",")
-            };
-            let last = x.last_death.as_deref().unwrap_or("-");
-            let serving = x.serving.as_deref().unwrap_or("-");
-            s.push_str(&row((u, serving), verified, &accept, &deaths, last, x.hold.as_deref().unwrap_or("-")));
-        }
-        let detail = h.standing.detail();
-        if !detail.is_empty() {
-            s.push_str(&format!("    {detail}\n"));
-        }
-    }
-    if record.state == RolloutState::Halted {
-        s.push_str(&format!("\n{}\n", rollout::halted_why(record)));
-    }
-    s
 }
 
 /// The person a halt or resume is written by: `--by`, else the sudo user or the user, at this host.
@@ -471,4 +383,23 @@ pub struct Common {
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_host_renders_as_its_own_resolution_says_with_or_without_an_overlay() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../examples/qwen35-122b-mtp.yaml");
+        let text = std::fs::read_to_string(path).unwrap();
+        let specs = vec![specd_spec::parse("qwen.yaml", &text).unwrap()];
+        let overlaid: Vec<String> = specs[0].document.hosts.keys().cloned().collect();
+        assert!(!overlaid.is_empty());
+        let r = Revision { common: render_all(&specs, None), specs };
+        for host in overlaid.iter().map(String::as_str).chain(["gpu-77", "h0001"]) {
+            assert_eq!(r.units(host), render_all(&r.specs, Some(host)), "{host}");
+        }
+        assert_ne!(r.units(&overlaid[0]), r.units("gpu-77"));
+    }
 }

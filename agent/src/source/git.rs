@@ -3,6 +3,7 @@
 //! uncommitted edit never deploys. Objects are read with libgit2; a remote is fetched by the `git`
 //! command. Both block: callers run this on `spawn_blocking`.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -61,7 +62,16 @@ pub struct GitSource {
     pub cfg: SourceConfig,
     repo: Repository,
     remote: bool,
+    /// The record branch last fetched: asked about with the followed ref at the next poll's one
+    /// look at the remote ([`fetch`](Self::fetch)).
+    record_branch: std::sync::Mutex<Option<String>>,
+    /// What that look found, until the record's fetch uses it: the refs asked about, and where
+    /// those the remote has point.
+    advertised: std::sync::Mutex<Option<Advertised>>,
 }
+
+/// A look at the remote's refs: the refs asked about, and where those it has point.
+type Advertised = (Vec<String>, BTreeMap<String, Oid>);
 
 /// One spec file of a commit.
 #[derive(Clone, Debug)]
@@ -158,7 +168,7 @@ impl GitSource {
         };
         // No fetch here: an unreachable remote is an error of the next read (reported in status,
         // retried at the next poll), not a reason for the agent to fail to start.
-        Ok(GitSource { cfg, repo, remote })
+        Ok(GitSource { cfg, repo, remote, record_branch: Default::default(), advertised: Default::default() })
     }
 
     pub fn is_remote(&self) -> bool {
@@ -258,12 +268,24 @@ impl GitSource {
     /// - The token and the key are given by file name through the environment, never on a
     ///   command line; the environment's own `GIT_*` variables and the user's askpass are not
     ///   passed on, and no gc or maintenance runs in the cache behind the fetch.
+    /// - A poll first looks at the remote's refs (one `git ls-remote` of the followed ref and the
+    ///   record branch last fetched) and fetches only a ref that moved: N agents polling put one
+    ///   request each on the remote per poll while nothing changes.
     pub fn fetch(&self) -> Result<()> {
         if !self.remote {
             return Ok(());
         }
-        let (spec, _) = self.refspec();
+        let (spec, local) = self.refspec();
         let what = format!("fetching {} from {}", self.followed(), self.cfg.repo);
+        let followed = spec.trim_start_matches('+').split(':').next().unwrap_or_default().to_string();
+        let mut asked = vec![followed.clone()];
+        asked.extend(crate::core::guard::lock(&self.record_branch).iter().map(|b| format!("refs/heads/{b}")));
+        let seen = self.ls_remote(&asked, &what)?;
+        let unmoved = seen.get(&followed).is_some_and(|o| self.repo.refname_to_id(&local).ok() == Some(*o));
+        *crate::core::guard::lock(&self.advertised) = Some((asked, seen));
+        if unmoved {
+            return Ok(());
+        }
         let mut cmd = self.transfer()?;
         cmd.args(["fetch", "--quiet", "--no-tags", "--", &self.url(), &spec]);
         let out = self.run_transfer(cmd, &what)?;
@@ -273,7 +295,26 @@ impl GitSource {
         Ok(())
     }
 
-    /// The head of the promotion record's branch (`None` while it does not exist). A remote's
+    /// Where the remote's `refs` point (those it has), by one `git ls-remote`.
+    fn ls_remote(&self, refs: &[String], what: &str) -> Result<BTreeMap<String, Oid>> {
+        let mut cmd = self.transfer()?;
+        cmd.args(["ls-remote", "--", &self.url()]).args(refs);
+        let out = self.run_transfer(cmd, what)?;
+        if !out.status.success() {
+            bail!("{what}: {}", git_words(&out.stderr));
+        }
+        let text = String::from_utf8_lossy(&out.stdout);
+        Ok(text
+            .lines()
+            .filter_map(|l| l.split_once('\t'))
+            .filter(|(_, name)| refs.iter().any(|r| r == name))
+            .filter_map(|(oid, name)| Some((name.to_string(), Oid::from_str(oid).ok()?)))
+            .collect())
+    }
+
+    /// The head of the promotion record's branch (`None` while it does not exist). Right after
+    /// [`fetch`](Self::fetch) (the same poll), as that fetch's look at the remote found it:
+    /// fetched only if it moved. A remote's
     /// is fetched into [`RECORD_REF`] of the cache (forced: whether the record may move that
     /// way is the reader's decision, with [`descends_from`](Self::descends_from)); a branch
     /// the remote does not have (any more) is `None`, not an error. A local repository's
@@ -286,6 +327,17 @@ impl GitSource {
         if !self.remote {
             return self.commit_of(&name);
         }
+        *crate::core::guard::lock(&self.record_branch) = Some(branch.to_string());
+        // The poll's look at the remote asked about this branch: fetched only if it moved.
+        if let Some((asked, seen)) = crate::core::guard::lock(&self.advertised).take()
+            && asked.contains(&name)
+        {
+            match seen.get(&name) {
+                None => return self.record_gone(),
+                Some(o) if self.repo.refname_to_id(RECORD_REF).ok() == Some(*o) => return Ok(Some(*o)),
+                Some(_) => {}
+            }
+        }
         let what = format!("fetching the record branch {branch} from {}", self.cfg.repo);
         let mut cmd = self.transfer()?;
         cmd.args(["fetch", "--quiet", "--no-tags", "--", &self.url(), &format!("+{name}:{RECORD_REF}")]);
@@ -294,14 +346,19 @@ impl GitSource {
             let why = git_words(&out.stderr);
             // git's words (LC_ALL=C) for a ref the remote does not have.
             if why.contains(&format!("couldn't find remote ref {name}")) {
-                if let Ok(mut r) = self.repo.find_reference(RECORD_REF) {
-                    r.delete().with_context(|| format!("deleting {RECORD_REF} in {}", self.repo.path().display()))?;
-                }
-                return Ok(None);
+                return self.record_gone();
             }
             bail!("{what}: {why}");
         }
         self.commit_of(RECORD_REF)
+    }
+
+    /// The remote has no record branch (any more): its copy goes too.
+    fn record_gone(&self) -> Result<Option<Oid>> {
+        if let Ok(mut r) = self.repo.find_reference(RECORD_REF) {
+            r.delete().with_context(|| format!("deleting {RECORD_REF} in {}", self.repo.path().display()))?;
+        }
+        Ok(None)
     }
 
     /// The commit a ref points at, `None` when there is no such ref.

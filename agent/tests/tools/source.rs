@@ -148,6 +148,43 @@ fn a_remote_is_cloned_into_the_cache_and_fetched() {
     assert_eq!(steps_of(&e), vec![10]);
 }
 
+/// When the cache's `FETCH_HEAD` was last written: every `git fetch` writes it, a look at the
+/// remote's refs does not.
+fn fetched_at(cache: &Path) -> std::time::SystemTime {
+    std::fs::metadata(cache.join("FETCH_HEAD")).and_then(|m| m.modified()).unwrap()
+}
+
+#[test]
+fn a_poll_that_finds_nothing_new_fetches_nothing_and_a_moved_ref_is_fetched() {
+    let (d, r) = repo();
+    commit(&r, 5, "one");
+    git(&r, &["branch", "specd-promotions"]);
+    let bare = d.path().join("bare.git");
+    git(d.path(), &["clone", "-q", "--bare", r.to_str().unwrap(), bare.to_str().unwrap()]);
+    let cache = d.path().join("cache");
+    let s = GitSource::open(cfg(&format!("file://{}", bare.display())), &cache).unwrap();
+    s.fetch().unwrap();
+    let record = s.fetch_record("specd-promotions").unwrap();
+    let first = fetched_at(&cache);
+    // Nothing moved: one look at the remote's refs (an `ls-remote`), no fetch.
+    s.fetch().unwrap();
+    assert_eq!(s.fetch_record("specd-promotions").unwrap(), record);
+    assert_eq!(fetched_at(&cache), first, "a poll that found nothing new fetched");
+    // The branch moved: it is fetched; the record branch, which did not, is not.
+    let c2 = commit(&r, 10, "two");
+    git(&r, &["push", "-q", bare.to_str().unwrap(), "main"]);
+    s.fetch().unwrap();
+    assert_eq!(s.head().unwrap().to_string(), c2);
+    let second = fetched_at(&cache);
+    assert_ne!(second, first);
+    assert_eq!(s.fetch_record("specd-promotions").unwrap(), record);
+    assert_eq!(fetched_at(&cache), second);
+    // The record branch gone from the remote: none, without a fetch.
+    git(d.path(), &["--git-dir", bare.to_str().unwrap(), "branch", "-D", "specd-promotions"]);
+    s.fetch().unwrap();
+    assert_eq!(s.fetch_record("specd-promotions").unwrap(), None);
+}
+
 fn signed_commit(r: &Path, key: &Path, steps: u32) -> String {
     std::fs::write(r.join("specs/qwen.yaml"), spec(steps)).unwrap();
     git(r, &["add", "-A"]);
@@ -426,6 +463,8 @@ fn the_record_branch_is_fetched_and_may_be_missing() {
     assert_eq!(s.head().unwrap().to_string(), git(&r, &["rev-parse", "main"]), "the followed branch is its own");
 
     git(&bare, &["branch", "-q", "-D", "specd-promotions"]);
+    // A poll: the look at the remote's refs (the followed branch's fetch), then the record's.
+    s.fetch().unwrap();
     assert_eq!(s.fetch_record("specd-promotions").unwrap(), None, "a deleted record is none");
     let e = format!("{:#}", s.fetch_record("bad:name").unwrap_err());
     assert!(e.contains("\"bad:name\" is not a usable branch name"), "{e}");

@@ -1,0 +1,687 @@
+//! The fleet at scale, on one machine (`bench fleet-scale [N...]`).
+//!
+//! What is real: each host's figures are served by the agent's own exporter (one `Metrics` per
+//! host, all behind one HTTP listener, a path per host), scraped by a real Prometheus (one target
+//! per host, its `instance` the host's name); the promoter (`specd promote`) and `specd fleet
+//! status` are the `specd` binary, run as a CI job runs them, against that Prometheus and a bare
+//! git repository on disk (`file://`).
+//!
+//! What is simulated: the agents. One thread reads the promotion record for all of them (each
+//! agent reads it at its own poll) and a host "applies" what the record gives it after a fixed
+//! delay: its exporter then reports the revision, the unit's hash, args verified and an accept
+//! length — or, for a host told to fail, the revision quarantined with the old unit running (the
+//! agent's rollback). The git load of N polling agents is one agent's poll (an `ls-remote`, and
+//! the fetches of what moved), timed against the same remote, times N.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+use specd::parts::daemon::{Metrics, SyncStatus, UnitFigures};
+use specd_spec::fleet::{ParsedFleet, Record, RolloutState};
+
+const LLM: &str = "llm.service";
+const RECORD_BRANCH: &str = "refs/heads/specd-promotions";
+const JOB: &str = "specd";
+
+/// The simulation's knobs.
+#[derive(Clone, Debug)]
+pub struct Params {
+    pub hosts: usize,
+    /// How long a host takes to apply a revision it is given.
+    pub apply: Duration,
+    pub bake_s: u64,
+    pub scrape_s: u64,
+    /// The fraction of hosts whose apply of the rollout's target fails (0: none).
+    pub fail_rate: f64,
+}
+
+/// The waves: a canary of 1 %, then 9 %, then the rest; `max_unavailable` 5 % of the fleet.
+fn waves(n: usize) -> Vec<(&'static str, usize)> {
+    let canary = n.div_ceil(100);
+    let early = (n * 9 / 100).max(1);
+    vec![("canary", canary), ("early", early), ("rest", n - canary - early)]
+}
+
+fn max_unavailable(n: usize) -> usize {
+    (n * 5).div_ceil(100)
+}
+
+struct Host {
+    name: String,
+    ring: &'static str,
+    metrics: Metrics,
+    run: Mutex<Run>,
+}
+
+#[derive(Default)]
+struct Run {
+    /// The revision its agent deploys now (applied or failed), and the unit that runs.
+    rev: String,
+    unit: (String, String),
+    pending: Option<(String, Instant)>,
+    /// A revision whose apply fails on this host.
+    fails_on: Option<String>,
+}
+
+impl Host {
+    /// What its agent's exporter says after deploying `rev` (the unit `hash`), or failing to.
+    fn report(&self, run: &mut Run, rev: &str, hash: &str) {
+        let failed = run.fails_on.as_deref() == Some(rev);
+        if !failed {
+            run.unit = (rev.to_string(), hash.to_string());
+        }
+        run.rev = rev.to_string();
+        let m = &self.metrics;
+        m.source_read();
+        m.source_reached(now());
+        m.source_revision(rev);
+        m.reconciled(LLM, if failed { SyncStatus::Failed } else { SyncStatus::InSync }, "applied", 0.8, failed);
+        m.down(LLM, false);
+        m.hold(LLM, None);
+        let figures = UnitFigures {
+            deployed: Some(run.unit.clone()),
+            args_verified: Some(true),
+            accept_length: Some(2.4),
+            accept_rate: Some(0.7),
+            quarantined: failed,
+            startup: None,
+        };
+        m.unit(LLM, &figures);
+    }
+}
+
+fn now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs()
+}
+
+/// Serves every host's exporter on one port: `/h/<i>/metrics`.
+fn serve(hosts: Arc<Vec<Host>>) -> Result<u16> {
+    use axum::response::IntoResponse;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    listener.set_nonblocking(true)?;
+    let port = listener.local_addr()?.port();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        rt.block_on(async move {
+            let l = tokio::net::TcpListener::from_std(listener).unwrap();
+            let page = move |axum::extract::Path(i): axum::extract::Path<usize>| {
+                let hosts = hosts.clone();
+                async move {
+                    match hosts.get(i) {
+                        Some(h) => ([(axum::http::header::CONTENT_TYPE, Metrics::CONTENT_TYPE)], h.metrics.render())
+                            .into_response(),
+                        None => axum::http::StatusCode::NOT_FOUND.into_response(),
+                    }
+                }
+            };
+            let app = axum::Router::new().route("/h/{i}/metrics", axum::routing::get(page));
+            axum::serve(l, app).await.unwrap();
+        });
+    });
+    Ok(port)
+}
+
+fn prometheus_config(hosts: &[Host], port: u16, scrape_s: u64) -> String {
+    let mut c = format!(
+        "global: {{scrape_interval: {scrape_s}s, scrape_timeout: {scrape_s}s}}\nscrape_configs:\n  - job_name: {JOB}\n    static_configs:\n"
+    );
+    for (i, h) in hosts.iter().enumerate() {
+        c.push_str(&format!(
+            "      - {{targets: ['127.0.0.1:{port}'], labels: {{__metrics_path__: /h/{i}/metrics, instance: {}}}}}\n",
+            h.name
+        ));
+    }
+    c
+}
+
+fn git(dir: &Path, args: &[&str]) -> Result<String> {
+    let o = Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args(["-c", "user.name=Fleet", "-c", "user.email=fleet@fleet.test", "-c", "commit.gpgSign=false"])
+        .args(args)
+        .output()?;
+    ensure!(o.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&o.stderr));
+    Ok(String::from_utf8(o.stdout)?.trim().to_string())
+}
+
+fn llm_spec(steps: u32) -> String {
+    specd_e2e::sglang_spec("/opt/engines/sglang", LLM, 30000, steps, "")
+}
+
+fn fleet_file(n: usize, bake_s: u64) -> String {
+    let mut f = String::from("apiVersion: specd/v1\nkind: Fleet\nmetadata: {name: sim}\nspec:\n  waves:\n");
+    for (ring, _) in waves(n) {
+        f.push_str(&format!(
+            "    - {{name: {ring}, labels: {{ring: {ring}}}, max_unavailable: {}, bake: {bake_s}s}}\n",
+            max_unavailable(n)
+        ));
+    }
+    f
+}
+
+/// The unit hash specd renders for `text` (the same on every host: no overlay).
+fn unit_hash(text: &str) -> Result<String> {
+    let parsed = specd_spec::parse("llm.yaml", text).map_err(|d| anyhow::anyhow!("{d}"))?;
+    let spec = parsed.resolve(Some("h0000")).map_err(|d| anyhow::anyhow!("{d}"))?;
+    Ok(specd_spec::render(&spec).sha256)
+}
+
+/// One pass of the promoter: wrote a step or waited, its time, the queries it asked.
+#[derive(Clone, Debug)]
+pub struct Pass {
+    pub wrote: bool,
+    pub secs: f64,
+    pub queries: u64,
+    pub said: String,
+}
+
+/// One `fleet status`: time, exit code, output bytes (text and JSON).
+#[derive(Clone, Debug, Default)]
+pub struct StatusLook {
+    pub secs: f64,
+    pub code: i32,
+    pub text_bytes: usize,
+    pub json_bytes: usize,
+    pub text: String,
+}
+
+pub struct Sim {
+    pub p: Params,
+    dir: tempfile::TempDir,
+    hosts: Arc<Vec<Host>>,
+    prom: specd_e2e::Prometheus,
+    remote: PathBuf,
+    work: PathBuf,
+    hashes: Arc<Mutex<BTreeMap<String, String>>>,
+    stop: Arc<AtomicBool>,
+    agents: Option<std::thread::JoinHandle<Result<()>>>,
+    pub passes: Vec<Pass>,
+    /// Prometheus's CPU seconds when the simulation started.
+    prom_cpu0: f64,
+    t0: Instant,
+}
+
+impl Sim {
+    /// The hosts on the first revision, scraped; the repository with its fleet file; the
+    /// simulated agents following the record.
+    pub fn start(p: Params) -> Result<Sim> {
+        let dir = tempfile::tempdir()?;
+        let mut hosts = Vec::new();
+        for (ring, count) in waves(p.hosts) {
+            for _ in 0..count {
+                let name = format!("h{:04}", hosts.len());
+                let metrics = Metrics::new(env!("CARGO_PKG_VERSION"));
+                metrics.host_info(&name, &BTreeMap::from([("ring".to_string(), ring.to_string())]));
+                metrics.schedule(Some(Duration::from_secs(60)), Some(Duration::from_secs(600)));
+                hosts.push(Host { name, ring, metrics, run: Mutex::default() });
+            }
+        }
+        let (remote, work) = (dir.path().join("remote.git"), dir.path().join("work"));
+        std::fs::create_dir_all(work.join("specs"))?;
+        git(dir.path(), &["init", "-q", "--bare", "-b", "main", remote.to_str().unwrap()])?;
+        git(&work, &["init", "-q", "-b", "main"])?;
+        std::fs::write(work.join("specs/fleet.yaml"), fleet_file(p.hosts, p.bake_s))?;
+        let text = llm_spec(3);
+        std::fs::write(work.join("specs/llm.yaml"), &text)?;
+        git(&work, &["add", "-A"])?;
+        git(&work, &["commit", "-q", "-m", "llm: steps 3"])?;
+        git(&work, &["push", "-q", remote.to_str().unwrap(), "main"])?;
+        let c1 = git(&work, &["rev-parse", "HEAD"])?;
+        let h1 = unit_hash(&text)?;
+        for h in &hosts {
+            let mut run = h.run.lock().unwrap();
+            h.report(&mut run, &c1, &h1);
+        }
+        let hosts = Arc::new(hosts);
+        let port = serve(hosts.clone())?;
+        let prom =
+            specd_e2e::Prometheus::start(&dir.path().join("prometheus"), &prometheus_config(&hosts, port, p.scrape_s))?;
+        let mut sim = Sim {
+            p,
+            dir,
+            hosts,
+            prom,
+            remote,
+            work,
+            hashes: Arc::new(Mutex::new(BTreeMap::from([(c1, h1)]))),
+            stop: Arc::new(AtomicBool::new(false)),
+            agents: None,
+            passes: Vec::new(),
+            prom_cpu0: 0.0,
+            t0: Instant::now(),
+        };
+        sim.wait_scraped()?;
+        sim.prom_cpu0 = sim.prom_figure("process_cpu_seconds_total");
+        sim.t0 = Instant::now();
+        sim.agents = Some(sim.spawn_agents()?);
+        Ok(sim)
+    }
+
+    /// Until Prometheus has scraped every host once.
+    fn wait_scraped(&self) -> Result<()> {
+        let n = self.hosts.len() as f64;
+        let q = format!("count(specd_host_info{{job=\"{JOB}\"}})");
+        specd_e2e::wait_until("every host scraped", Duration::from_secs(120), || {
+            self.prom.query(&q).first().is_some_and(|(_, v)| *v == n)
+        })
+    }
+
+    fn spawn_agents(&self) -> Result<std::thread::JoinHandle<Result<()>>> {
+        let text = std::fs::read_to_string(self.work.join("specs/fleet.yaml"))?;
+        let fleet = specd_spec::fleet::parse_fleet(&text, "fleet.yaml").map_err(|d| anyhow::anyhow!("{d}"))?;
+        let (hosts, hashes, stop, remote, apply) =
+            (self.hosts.clone(), self.hashes.clone(), self.stop.clone(), self.remote.clone(), self.p.apply);
+        Ok(std::thread::spawn(move || agents(&hosts, &fleet, &hashes, &stop, &remote, apply)))
+    }
+
+    pub fn hosts(&self) -> usize {
+        self.hosts.len()
+    }
+
+    /// A new revision of the spec (`steps`) pushed; its commit. `fail` hosts (by index) fail it.
+    pub fn push(&self, steps: u32, fail: &[usize]) -> Result<String> {
+        let text = llm_spec(steps);
+        std::fs::write(self.work.join("specs/llm.yaml"), &text)?;
+        git(&self.work, &["commit", "-q", "-am", &format!("llm: steps {steps}")])?;
+        let c = git(&self.work, &["rev-parse", "HEAD"])?;
+        self.hashes.lock().unwrap().insert(c.clone(), unit_hash(&text)?);
+        let rate = self.p.fail_rate;
+        for (i, h) in self.hosts.iter().enumerate() {
+            // A fixed spread of failures: every host whose index falls on the rate's stride.
+            let by_rate = rate > 0.0 && ((i as f64 * rate).floor() != ((i + 1) as f64 * rate).floor());
+            h.run.lock().unwrap().fails_on = (fail.contains(&i) || by_rate).then(|| c.clone());
+        }
+        git(&self.work, &["push", "-q", self.remote.to_str().unwrap(), "main"])?;
+        Ok(c)
+    }
+
+    fn specd(&self, state: &str, args: &[&str]) -> Command {
+        let mut c = Command::new(crate::specd_bin());
+        c.arg("--state-dir")
+            .arg(self.dir.path().join(state))
+            .args(args)
+            .args(["--config", "/nonexistent/agent.yaml", "--repo", &format!("file://{}", self.remote.display())])
+            .args(["--path", "specs", "--prometheus", &self.prom.url(), "--author", "Fleet CI <ci@fleet.test>"]);
+        c
+    }
+
+    /// Prometheus's own `/metrics` (a loaded Prometheus may take seconds to answer).
+    fn prom_metrics(&self) -> String {
+        specd_e2e::http(self.prom.port(), "GET", "/metrics", None, Duration::from_secs(60))
+            .map(|(_, body)| body)
+            .unwrap_or_else(|| panic!("Prometheus's /metrics: no answer within 60 s\n{}", self.prom.log()))
+    }
+
+    /// A figure of Prometheus's own `/metrics` (summed over its series).
+    fn prom_figure(&self, name: &str) -> f64 {
+        let body = self.prom_metrics();
+        body.lines()
+            .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+
+    /// The instant queries Prometheus answered so far.
+    fn queries(&self) -> u64 {
+        let body = self.prom_metrics();
+        body.lines()
+            .filter(|l| l.starts_with("prometheus_http_requests_total{") && l.contains("handler=\"/api/v1/query\""))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>() as u64
+    }
+
+    /// One pass of `specd promote --json`.
+    pub fn promote(&mut self) -> Result<Pass> {
+        let q0 = self.queries();
+        let t = Instant::now();
+        let o = self.specd("promoter", &["promote", "--json"]).output()?;
+        let secs = t.elapsed().as_secs_f64();
+        ensure!(o.status.success(), "specd promote: {}", String::from_utf8_lossy(&o.stderr));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).context("specd promote's JSON")?;
+        let wrote = v.get("wrote").is_some();
+        let said = v.get("message").or(v.get("waits")).and_then(|m| m.as_str()).unwrap_or_default().to_string();
+        let pass = Pass { wrote, secs, queries: self.queries() - q0, said };
+        self.passes.push(pass.clone());
+        Ok(pass)
+    }
+
+    /// Passes of the promoter (at once after a write, 200 ms apart otherwise) until the record
+    /// satisfies `done`, within `within`.
+    pub fn promote_until(&mut self, what: &str, within: Duration, done: impl Fn(&Record) -> bool) -> Result<Record> {
+        let t = Instant::now();
+        loop {
+            let p = self.promote()?;
+            if let Some(r) = self.record()?
+                && done(&r)
+            {
+                return Ok(r);
+            }
+            if t.elapsed() > within {
+                bail!("{what}: not within {within:?}; the promoter said: {}", p.said);
+            }
+            if !p.wrote {
+                std::thread::sleep(Duration::from_millis(200));
+            }
+        }
+    }
+
+    /// The record on the remote, as an agent reads it.
+    pub fn record(&self) -> Result<Option<Record>> {
+        Ok(read_record(&git2::Repository::open_bare(&self.remote)?)?.map(|(_, r)| r))
+    }
+
+    /// The record branch's commits, oldest first: each one's record text.
+    pub fn record_texts(&self) -> Result<Vec<String>> {
+        let list = git(&self.remote, &["rev-list", "--reverse", RECORD_BRANCH])?;
+        list.lines().map(|c| git(&self.remote, &["show", &format!("{c}:promotions.yaml")])).collect()
+    }
+
+    /// `specd fleet status` (text and `--json`) with `extra` arguments.
+    pub fn status(&self, extra: &[&str]) -> Result<StatusLook> {
+        let mut args = vec!["fleet", "status"];
+        args.extend_from_slice(extra);
+        let t = Instant::now();
+        let o = self.specd("fleet-cli", &args).output()?;
+        let secs = t.elapsed().as_secs_f64();
+        let code = o.status.code().unwrap_or(-1);
+        ensure!(code == 0 || code == 1, "specd fleet status: {}", String::from_utf8_lossy(&o.stderr));
+        args.push("--json");
+        let j = self.specd("fleet-cli", &args).output()?;
+        let text = String::from_utf8_lossy(&o.stdout).to_string();
+        Ok(StatusLook { secs, code, text_bytes: o.stdout.len(), json_bytes: j.stdout.len(), text })
+    }
+
+    /// The hosts of `ring`, by index.
+    pub fn ring(&self, ring: &str) -> Vec<usize> {
+        (0..self.hosts.len()).filter(|i| self.hosts[*i].ring == ring).collect()
+    }
+
+    pub fn name(&self, i: usize) -> &str {
+        &self.hosts[i].name
+    }
+
+    /// The revision host `i`'s agent deploys now.
+    pub fn runs(&self, i: usize) -> String {
+        self.hosts[i].run.lock().unwrap().rev.clone()
+    }
+
+    /// Series per host, scrape time per host (s), samples per scrape.
+    pub fn scrape_figures(&self) -> (f64, f64, f64) {
+        let one = |q: &str| self.prom.query(q).first().map_or(f64::NAN, |(_, v)| *v);
+        let n = self.hosts.len() as f64;
+        let series = one(&format!("count({{job=\"{JOB}\"}})")) / n;
+        let secs = one(&format!("avg(scrape_duration_seconds{{job=\"{JOB}\"}})"));
+        let samples = one(&format!("avg(scrape_samples_scraped{{job=\"{JOB}\"}})"));
+        (series, secs, samples)
+    }
+
+    /// Prometheus's resident memory (MB) and its CPU use since the start (cores).
+    pub fn prometheus_cost(&self) -> (f64, f64) {
+        let rss = self.prom_figure("process_resident_memory_bytes") / 1e6;
+        let cpu = (self.prom_figure("process_cpu_seconds_total") - self.prom_cpu0) / self.t0.elapsed().as_secs_f64();
+        (rss, cpu)
+    }
+
+    /// One agent's poll against the remote, timed (ms, median of `runs`): the two fetches (the
+    /// followed branch and the record branch) it makes when both moved, and the one
+    /// `git ls-remote` of both it makes first (all it makes when nothing moved).
+    pub fn poll_cost(&self, runs: usize) -> Result<(f64, f64)> {
+        let clone = self.dir.path().join("agent-clone");
+        let url = format!("file://{}", self.remote.display());
+        git(self.dir.path(), &["init", "-q", "--bare", clone.to_str().unwrap()])?;
+        let fetch = |r: &str| git(&clone, &["fetch", "-q", "--no-tags", &url, &format!("+refs/heads/{r}:refs/x/{r}")]);
+        let (mut fetches, mut ls) = (Vec::new(), Vec::new());
+        for _ in 0..runs {
+            let t = Instant::now();
+            fetch("main")?;
+            fetch("specd-promotions")?;
+            fetches.push(t.elapsed().as_secs_f64() * 1000.0);
+            let t = Instant::now();
+            git(&clone, &["ls-remote", &url, "refs/heads/main", RECORD_BRANCH])?;
+            ls.push(t.elapsed().as_secs_f64() * 1000.0);
+        }
+        Ok((crate::median(&mut fetches), crate::median(&mut ls)))
+    }
+}
+
+impl Drop for Sim {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(a) = self.agents.take()
+            && let Err(e) = a.join().unwrap()
+        {
+            eprintln!("the simulated agents stopped: {e:#}");
+        }
+    }
+}
+
+fn read_record(repo: &git2::Repository) -> Result<Option<(git2::Oid, Record)>> {
+    let Ok(r) = repo.find_reference(RECORD_BRANCH) else { return Ok(None) };
+    let c = r.peel_to_commit()?;
+    let blob = c.tree()?.get_path(Path::new("promotions.yaml"))?.to_object(repo)?;
+    let text = std::str::from_utf8(blob.as_blob().context("promotions.yaml is a file")?.content())?;
+    let rec = Record::parse(text, "promotions.yaml").map_err(|d| anyhow::anyhow!("{d}"))?;
+    Ok(Some((c.id(), rec)))
+}
+
+/// The simulated agents: every 50 ms, the record (when it moved) and each host's due applies.
+fn agents(
+    hosts: &[Host],
+    fleet: &ParsedFleet,
+    hashes: &Mutex<BTreeMap<String, String>>,
+    stop: &AtomicBool,
+    remote: &Path,
+    apply: Duration,
+) -> Result<()> {
+    let repo = git2::Repository::open_bare(remote)?;
+    let mut record: Option<(git2::Oid, Record)> = None;
+    while !stop.load(Ordering::Relaxed) {
+        if let Some((oid, r)) = read_record(&repo)?
+            && record.as_ref().is_none_or(|(o, _)| *o != oid)
+        {
+            record = Some((oid, r));
+        }
+        let now = Instant::now();
+        for h in hosts {
+            let Some((_, r)) = &record else { break };
+            let labels = BTreeMap::from([("ring".to_string(), h.ring.to_string())]);
+            let want = r.revision_for(fleet, &h.name, &labels).map_err(anyhow::Error::msg)?.revision;
+            let mut run = h.run.lock().unwrap();
+            if run.rev != want && run.pending.as_ref().is_none_or(|(p, _)| *p != want) {
+                run.pending = Some((want, now + apply));
+            } else if run.rev == want {
+                run.pending = None;
+            }
+            if let Some((rev, at)) = run.pending.clone()
+                && at <= now
+            {
+                let hash = hashes.lock().unwrap().get(&rev).cloned().context("a revision the bench pushed")?;
+                h.report(&mut run, &rev, &hash);
+                run.pending = None;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(())
+}
+
+/// What one simulated rollout measured.
+pub struct Measured {
+    pub hosts: usize,
+    pub release_s: f64,
+    pub floor_s: f64,
+    pub floor_budget_s: f64,
+    pub steps: Vec<Pass>,
+    pub waits: Vec<Pass>,
+    pub commits: usize,
+    pub record_max: usize,
+    pub record_end: usize,
+    pub status: StatusLook,
+    pub status_host: StatusLook,
+    pub scrape: (f64, f64, f64),
+    pub prom: (f64, f64),
+    pub poll_ms: (f64, f64),
+}
+
+/// The floor of a rollout: every wave's bake and one apply; and with `max_unavailable` hosts
+/// applying at a time, each wave's bake and its rounds of applies.
+fn floors(p: &Params) -> (f64, f64) {
+    let waves = waves(p.hosts);
+    let apply = p.apply.as_secs_f64();
+    let bakes = (p.bake_s * waves.len() as u64) as f64;
+    let rounds: usize = waves.iter().map(|(_, n)| n.div_ceil(max_unavailable(p.hosts))).sum();
+    (bakes + apply * waves.len() as f64, bakes + apply * rounds as f64)
+}
+
+impl Sim {
+    /// The adoption of the first revision, then one rollout of a new one to its release.
+    pub fn rollout(&mut self) -> Result<Measured> {
+        self.promote_until("the first record", Duration::from_secs(60), |_| true)?;
+        let first = self.passes.len();
+        let c2 = self.push(5, &[])?;
+        let t = Instant::now();
+        let within = Duration::from_secs(600);
+        let last = self.ring("rest").len();
+        let rest = move |r: &Record| r.wave("rest").is_some_and(|w| w.promoted.len() * 2 >= last);
+        let half = self.promote_until("half of the last wave promoted", within, |r| r.target == c2 && rest(r))?;
+        ensure!(half.state == RolloutState::Progressing, "{half:?}");
+        let status = self.status(&[])?;
+        let status_host = self.status(&["--host", self.name(self.ring("rest")[0])]).unwrap_or_default();
+        let released = |r: &Record| r.released == c2 && r.state == RolloutState::Complete;
+        self.promote_until("the release", within, released)?;
+        let release_s = t.elapsed().as_secs_f64();
+        let texts = self.record_texts()?;
+        let passes = self.passes[first..].to_vec();
+        let (floor_s, floor_budget_s) = floors(&self.p);
+        Ok(Measured {
+            hosts: self.hosts(),
+            release_s,
+            floor_s,
+            floor_budget_s,
+            steps: passes.iter().filter(|p| p.wrote).cloned().collect(),
+            waits: passes.iter().filter(|p| !p.wrote).cloned().collect(),
+            commits: texts.len() - 1,
+            record_max: texts.iter().map(String::len).max().unwrap_or(0),
+            record_end: texts.last().map_or(0, String::len),
+            status,
+            status_host,
+            scrape: self.scrape_figures(),
+            prom: self.prometheus_cost(),
+            poll_ms: self.poll_cost(10)?,
+        })
+    }
+
+    /// A revision that one host of the last wave fails: the rollout halts naming it and the
+    /// gate, and the wave's hosts go back within `max_unavailable`. The halt's time from the
+    /// push, and the time to every host back.
+    pub fn halt(&mut self) -> Result<Halted> {
+        let rest = self.ring("rest");
+        let bad = rest[2];
+        let good = self.record()?.context("a record")?.released;
+        let c3 = self.push(7, &[bad])?;
+        let t = Instant::now();
+        let within = Duration::from_secs(600);
+        let halted = self.promote_until("the halt", within, |r| r.target == c3 && r.state == RolloutState::Halted)?;
+        let halt_s = t.elapsed().as_secs_f64();
+        let h = halted.halt.clone().context("a halt")?;
+        ensure!(h.host == self.name(bad) && h.gate == "applied" && h.wave == "rest", "the halt: {h:?}");
+        let before = self.record_texts()?.len();
+        self.promote_until("every host sent back", within, |r| r.wave("rest").is_some_and(|w| w.promoted.is_empty()))?;
+        // Each send-back step sends at most max_unavailable hosts back.
+        let texts = self.record_texts()?;
+        let most = max_unavailable(self.hosts());
+        for pair in texts[before - 1..].windows(2) {
+            let count = |t: &str| Record::parse(t, "r").map(|r| r.wave("rest").map_or(0, |w| w.promoted.len()));
+            let (a, b) = (count(&pair[0]).unwrap_or(0), count(&pair[1]).unwrap_or(0));
+            ensure!(a.saturating_sub(b) <= most, "a step sent {} hosts back, over max_unavailable {most}", a - b);
+        }
+        specd_e2e::wait_until("every host back on the released revision", within, || {
+            rest.iter().all(|i| self.runs(*i) == good)
+        })?;
+        let back_s = t.elapsed().as_secs_f64();
+        let status = self.status(&[])?;
+        ensure!(status.code == 1, "fleet status of a halted rollout exits 1");
+        let named = status.text.lines().find(|l| l.contains("failed gate")).unwrap_or_default().to_string();
+        ensure!(named.contains(self.name(bad)), "fleet status names the host: {}", status.text);
+        Ok((halt_s, back_s, named))
+    }
+}
+
+/// `bench fleet-scale [N...]`: the table, one row per host count.
+pub fn bench(counts: &[usize], p: &Params) -> Result<()> {
+    println!(
+        "\n## Fleet at scale: N simulated hosts, 3 waves (1 %, 9 %, the rest), max_unavailable 5 % of the fleet, bakes of {} s, apply {} ms, scraped every {} s\n",
+        p.bake_s,
+        p.apply.as_millis(),
+        p.scrape_s
+    );
+    let mut rows = Vec::new();
+    for &n in counts {
+        let mut sim = Sim::start(Params { hosts: n, ..p.clone() })?;
+        let m = sim.rollout()?;
+        let halt = sim.halt()?;
+        rows.push((m, halt));
+    }
+    print_table(&rows);
+    Ok(())
+}
+
+/// The halt: push to halt (s), every host back (s), what `fleet status` says of it.
+type Halted = (f64, f64, String);
+/// One figure of a row.
+type Figure<'a> = &'a dyn Fn(&Measured, &Halted) -> String;
+
+fn print_table(rows: &[(Measured, Halted)]) {
+    let col = |f: Figure| -> String { rows.iter().map(|(m, h)| f(m, h)).collect::<Vec<_>>().join(" | ") };
+    let hdr = col(&|m, _| format!("{} hosts", m.hosts));
+    println!("| figure | {hdr} |");
+    println!("|---|{}", "---|".repeat(rows.len()));
+    let line = |what: &str, f: Figure| {
+        println!("| {what} | {} |", col(f));
+    };
+    line("commit to release (s)", &|m, _| format!("{:.1}", m.release_s));
+    line("floor: bakes + 1 apply per wave (s)", &|m, _| format!("{:.1} ({:.2}×)", m.floor_s, m.release_s / m.floor_s));
+    line("floor with max_unavailable's rounds (s)", &|m, _| {
+        format!("{:.1} ({:.2}×)", m.floor_budget_s, m.release_s / m.floor_budget_s)
+    });
+    line("record commits (steps written)", &|m, _| format!("{}", m.commits));
+    line("promote step: median / max (s)", &|m, _| {
+        let mut s: Vec<f64> = m.steps.iter().map(|p| p.secs).collect();
+        format!("{:.2} / {:.2}", crate::median(&mut s), crate::pct(&mut s, 1.0))
+    });
+    line("promote pass that waits: median (s)", &|m, _| {
+        let mut s: Vec<f64> = m.waits.iter().map(|p| p.secs).collect();
+        if s.is_empty() { "-".into() } else { format!("{:.2}", crate::median(&mut s)) }
+    });
+    line("Prometheus queries per pass: min / max", &|m, _| {
+        let q: Vec<u64> = m.steps.iter().chain(&m.waits).map(|p| p.queries).collect();
+        format!("{} / {}", q.iter().min().unwrap_or(&0), q.iter().max().unwrap_or(&0))
+    });
+    line("record size: largest / released (KB)", &|m, _| {
+        format!("{:.1} / {:.1}", m.record_max as f64 / 1024.0, m.record_end as f64 / 1024.0)
+    });
+    line("fleet status mid-rollout: time (s)", &|m, _| format!("{:.2}", m.status.secs));
+    line("fleet status: text / JSON (KB)", &|m, _| {
+        format!("{:.1} / {:.1}", m.status.text_bytes as f64 / 1024.0, m.status.json_bytes as f64 / 1024.0)
+    });
+    line("fleet status --host: time (s), text (KB)", &|m, _| {
+        format!("{:.2}, {:.1}", m.status_host.secs, m.status_host.text_bytes as f64 / 1024.0)
+    });
+    line("series per host; samples per scrape", &|m, _| format!("{:.0}; {:.0}", m.scrape.0, m.scrape.2));
+    line("scrape time per host (ms)", &|m, _| format!("{:.2}", m.scrape.1 * 1000.0));
+    line("Prometheus: RSS (MB), CPU (cores)", &|m, _| format!("{:.0}, {:.2}", m.prom.0, m.prom.1));
+    line("one agent's poll: nothing new (ls-remote) / both refs moved (+ 2 fetches) (ms)", &|m, _| {
+        format!("{:.1} / {:.1}", m.poll_ms.1, m.poll_ms.1 + m.poll_ms.0)
+    });
+    line("git requests/min on the remote, polls every 60 s, nothing new", &|m, _| format!("{}", m.hosts));
+    line("halt: push to halt / every host back (s)", &|_, h| format!("{:.1} / {:.1}", h.0, h.1));
+    for (m, h) in rows {
+        println!("\n{} hosts, the halt as fleet status says it: {}", m.hosts, h.2.trim());
+    }
+}

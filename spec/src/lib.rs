@@ -34,7 +34,9 @@ pub use render::{
     service_assignments, sha256_hex,
 };
 pub use reserved::reserved_unit;
-pub use resolve::{ExpectedArg, Policy, Readiness, Server, Service, Spec, Speculative, Weights, base_url_of_argv};
+pub use resolve::{
+    ExpectedArg, Policy, Readiness, Rollout, Server, Service, Spec, Speculative, Weights, base_url_of_argv,
+};
 pub use validate::unit_name_problem;
 
 use diag::{Pos, SourceMap};

@@ -130,6 +130,8 @@ pub struct SpecLayer {
     pub readiness: Option<ReadinessLayer>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub policy: Option<PolicyLayer>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<RolloutLayer>,
 }
 
 /// Server arguments. Names follow SGLang's flags; specd renders each engine's own equivalent.
@@ -384,6 +386,20 @@ pub struct PolicyLayer {
     pub adopt: Option<bool>,
 }
 
+/// Replicas on one host: units (each its own spec, port and GPUs) that name the same `group` are
+/// changed at most `max_unavailable` at a time, the next only once the previous serves again.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RolloutLayer {
+    /// The replicas' group on this host: 1-63 lowercase letters, digits or `-`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
+    /// How many of the group's replicas may be not serving at once during a change. Default 1,
+    /// at least 1.
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "strict::u32")]
+    pub max_unavailable: Option<u32>,
+}
+
 /// Overlay merge: `over` wins field by field; nested sections and maps merge recursively.
 pub(crate) trait Merge {
     fn merge(&mut self, over: &Self);
@@ -412,7 +428,8 @@ macro_rules! impl_merge {
     };
 }
 
-impl_merge!(SpecLayer { unit, engine, command, model } sections { server, speculative, weights, service, readiness, policy });
+impl_merge!(SpecLayer { unit, engine, command, model } sections { server, speculative, weights, service, readiness, policy, rollout });
+impl_merge!(RolloutLayer { group, max_unavailable } sections {});
 impl_merge!(ServerLayer { host, port, tp_size, mem_fraction_static, max_running_requests, context_length, n_gpu_layers, served_model_name, extra_args } sections {});
 impl_merge!(SpeculativeLayer { algorithm, num_steps, eagle_topk, num_draft_tokens, draft_model, draft_min, draft_p_min, prompt_lookup_min, prompt_lookup_max } sections {});
 impl_merge!(ServiceLayer { description, user, group, working_directory, environment_files, allow_literal_secrets, restart, restart_sec, timeout_start_sec, timeout_stop_sec, drain_timeout_sec, memory_max, enabled } sections { environment, credentials });

@@ -26,6 +26,16 @@ pub struct Spec {
     pub service: Service,
     pub readiness: Readiness,
     pub policy: Policy,
+    /// The replicas' group this unit rolls with (`rollout:`), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<Rollout>,
+}
+
+/// `rollout:` resolved: the group, and how many of its replicas may be not serving at once.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Rollout {
+    pub group: String,
+    pub max_unavailable: u32,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

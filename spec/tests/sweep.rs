@@ -94,7 +94,7 @@ const BAD: &[(&str, &str, &str, &str)] = &[
         "matrix field with spec. prefix",
         "speculative.num_steps",
         "spec.speculative.num_steps",
-        "s.yaml:8:5: spec.matrix.spec.speculative.num_steps: is not a field of an InferenceService spec: unknown field `spec`, expected one of `unit`, `engine`, `command`, `model`, `server`, `speculative`, `weights`, `service`, `readiness`, `policy` (write the path without `spec.`)",
+        "s.yaml:8:5: spec.matrix.spec.speculative.num_steps: is not a field of an InferenceService spec: unknown field `spec`, expected one of `unit`, `engine`, `command`, `model`, `server`, `speculative`, `weights`, `service`, `readiness`, `policy`, `rollout` (write the path without `spec.`)",
     ),
     (
         "matrix path through a value",

@@ -132,7 +132,8 @@ impl ReconcileJson {
 }
 
 /// Reconcile every unit at once (each in a task of its own: a panic is that unit's error, and
-/// the others go on), and send each one's notice; the reports in the order of `all`.
+/// the others go on; a replica waiting for its group's siblings asks again until it may go), and
+/// send each one's notice; the reports in the order of `all`.
 async fn each_at_once<H: Host>(
     ctx: &Arc<reconcile::Ctx<H>>,
     all: &[Arc<DesiredState>],
@@ -144,7 +145,18 @@ async fn each_at_once<H: Host>(
             let (ctx, d) = (ctx.clone(), d.clone());
             tokio::spawn(async move {
                 let t0 = std::time::Instant::now();
-                let report = reconcile::reconcile(&ctx, &d, dry_run).await;
+                let mut report = reconcile::reconcile(&ctx, &d, dry_run).await;
+                // A replica waiting for its group's siblings (`core::roll`) asks again.
+                while let Ok(r) = &report
+                    && r.roll_wait
+                    && let crate::core::conclude::Action::Requeue(again) = r.action
+                {
+                    tokio::select! {
+                        () = tokio::time::sleep(again) => {}
+                        () = ctx.shutdown.wait() => break,
+                    }
+                    report = reconcile::reconcile(&ctx, &d, dry_run).await;
+                }
                 if let Ok(r) = &report {
                     crate::notify::after_reconcile(&ctx, &d, r, t0.elapsed()).await;
                 }

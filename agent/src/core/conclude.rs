@@ -41,6 +41,9 @@ pub struct Report {
     /// After an apply that failed or rolled back (or the end of an interrupted rollback):
     /// whether the service runs. `None` after any other reconcile.
     pub serving: Option<Serving>,
+    /// The replica waits for its group's siblings to serve again (`core::roll`): nothing was
+    /// done; a one-shot apply asks again after the action's time.
+    pub roll_wait: bool,
 }
 
 /// Whether the service runs once an apply that failed or rolled back concluded, as systemd said
@@ -217,6 +220,7 @@ impl Conclusion {
             action: self.action,
             refused: self.refused,
             serving: self.serving,
+            roll_wait: false,
         }
     }
 }
@@ -231,6 +235,14 @@ pub fn lock_interrupted(unit: &str) -> Report {
     };
     Conclusion::said("Interrupted before it began: specd is stopping; nothing was changed on the host".into())
         .report(plan, None)
+}
+
+/// A replica of a group not stopped now (`core::roll`): it waits for its siblings (`wait`), or
+/// the group's roll stopped; nothing was done, asked again after `again`.
+pub fn rolling(plan: Plan, why: String, wait: bool, again: std::time::Duration) -> Report {
+    let mut r = Conclusion { action: Action::Requeue(again), acted: false, ..Conclusion::said(why) }.report(plan, None);
+    r.roll_wait = wait;
+    r
 }
 
 /// A unit file specd did not write (`whose`), that the spec does not adopt: left alone.

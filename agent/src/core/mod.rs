@@ -6,7 +6,8 @@
 //! engine counted since it started (`counts`) and what another draft length would give
 //! (`tune`), which units specd may manage (`owner`), how a panic is contained rather than reach
 //! the agent's loop (`guard`), the GPUs' memory before a start (`gpu`), what a unit's load
-//! balancers are told and whether they saw it (`serving`).
+//! balancers are told and whether they saw it (`serving`), whether a replica of a group may go
+//! down now (`roll`).
 //!
 //! It may not know the machine: no file, process, socket, clock or runtime (no `std::fs`, tokio,
 //! nix, reqwest or git2; the test `the_core_does_no_io` reads its source). Every function here
@@ -21,6 +22,7 @@ pub mod owner;
 pub mod plan;
 pub mod record;
 pub mod recovery;
+pub mod roll;
 pub mod serving;
 pub mod speculation;
 pub mod sync;

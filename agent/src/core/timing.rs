@@ -16,6 +16,10 @@ pub const PREFLIGHT_AGAIN: Duration = Duration::from_secs(60);
 pub const ENABLEMENT_AGAIN: Duration = Duration::from_secs(60);
 /// A failed apply that is not quarantined is not reconciled again before this.
 pub const FAILED_AGAIN: Duration = Duration::from_secs(30);
+/// A replica waiting for its group's siblings to serve again (`core::roll`) asks again after this.
+pub const ROLL_WAIT: Duration = Duration::from_secs(1);
+/// A replica whose group's roll stopped (a sibling's change failed) looks again after this.
+pub const ROLL_HELD: Duration = Duration::from_secs(30);
 /// `error_policy`: the first retry after an error…
 pub const ERROR_FIRST: Duration = Duration::from_secs(2);
 /// …doubling up to this.

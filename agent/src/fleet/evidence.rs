@@ -716,7 +716,15 @@ mod tests {
             s("c", &[("verdict", "crash")], 1020.0),
         ];
         let hosts = BTreeMap::from([("a".to_string(), 1000), ("b".to_string(), 1010), ("c".to_string(), 1010)]);
-        let promotion = Promotion { hosts, first: 1000, length: vec![], rate: vec![], start: vec![], deaths, served: ServedSamples::default() };
+        let promotion = Promotion {
+            hosts,
+            first: 1000,
+            length: vec![],
+            rate: vec![],
+            start: vec![],
+            deaths,
+            served: ServedSamples::default(),
+        };
         let since = Since { promotions: vec![promotion], converged: vec![] };
         let now = Now {
             hosts: ["a", "b", "c"].map(info).to_vec(),

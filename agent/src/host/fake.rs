@@ -178,6 +178,9 @@ pub struct FakeHost {
     /// When the host was made, on tokio's clock: the wall clock is [`EPOCH`] then, and runs
     /// with tokio's (paused in the tests).
     born: Instant,
+    /// The serving states of every unit of this host (replicas made [`FakeHost::beside`] each
+    /// other share them), and each one told, in order.
+    peers: Arc<Mutex<Vec<(Instant, String, ServingState)>>>,
 }
 
 /// The fake's wall clock when it is made (unix seconds).
@@ -292,10 +295,22 @@ impl FakeHost {
             world: Arc::new(Mutex::new(w)),
             changes: Arc::new(tokio::sync::watch::channel(0).0),
             born: Instant::now(),
+            peers: Arc::default(),
         };
         host.w().unit.active = "inactive";
         host.w().unit.sub = "dead";
         host
+    }
+
+    /// Another unit on the same host (a replica of a group): its own service, processes and
+    /// server; the serving states, the unit directory and the clock shared.
+    pub fn beside(&self, unit: &str) -> FakeHost {
+        FakeHost { peers: self.peers.clone(), born: self.born, ..FakeHost::new(unit, &self.unit_dir) }
+    }
+
+    /// Every serving state told on this host (by any unit made [`FakeHost::beside`] it), in order.
+    pub fn serving_told(&self) -> Vec<(Instant, String, ServingState)> {
+        self.peers.lock().unwrap().clone()
     }
 
     fn w(&self) -> std::sync::MutexGuard<'_, World> {
@@ -1114,7 +1129,11 @@ impl Devices for FakeHost {
 /// ready while nothing serves (checked before the call's fault: a server killed at that very call
 /// died after specd looked) is a violation, as is a stop of a live server while it is ready.
 impl LoadBalancers for FakeHost {
-    fn serving_state(&self, _unit: &str) -> Option<ServingState> {
+    fn serving_state(&self, unit: &str) -> Option<ServingState> {
+        if unit != self.unit {
+            let peers = self.peers.lock().unwrap();
+            return peers.iter().rev().find(|(_, u, _)| u == unit).map(|(_, _, s)| s.clone());
+        }
         self.w().lb_state.clone()
     }
 
@@ -1130,6 +1149,7 @@ impl LoadBalancers for FakeHost {
         let mut w = self.w();
         w.lb_state = Some(state.clone());
         w.lb_told.push((Instant::now(), state.word()));
+        self.peers.lock().unwrap().push((Instant::now(), unit.to_string(), state.clone()));
         Ok(())
     }
 

@@ -422,6 +422,7 @@ mod tests {
             action: Action::AwaitChange,
             refused: false,
             serving: None,
+            roll_wait: false,
         }
     }
 

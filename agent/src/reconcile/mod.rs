@@ -27,6 +27,9 @@ mod faults;
 mod observe;
 pub mod progress;
 mod prune;
+#[cfg(test)]
+mod replicas;
+mod roll;
 mod shutdown;
 mod steps;
 mod waits;
@@ -163,6 +166,11 @@ pub async fn reconcile<H: Host>(ctx: &Ctx<H>, d: &DesiredState, dry_run: bool) -
         time: ctx.host.now(),
         spec: d.spec.clone(),
     });
+    if refusal.is_none()
+        && let Some(report) = roll::ask(ctx, d, &st, &o, &plan).await?
+    {
+        return Ok(report);
+    }
     let s = subject(d);
     let (mut c, stop_verdict, ms) = if plan.steps.is_empty() {
         (conclude::settled(&st, &plan, &s, &o), None, 0)

@@ -28,12 +28,23 @@ pub fn events(sink: Sink) -> Events {
         }),
         Sink::Log => {
             let last = std::sync::Mutex::new(std::collections::HashMap::<String, Instant>::new());
+            // A unit's last plan, and when it was logged: the same plan again soon (a replica
+            // waiting for its group, asking every second) is logged now and then only.
+            let plans = std::sync::Mutex::new(std::collections::HashMap::<String, (Plan, Instant)>::new());
             Arc::new(move |unit: &str, e: &Event| match e {
                 Event::Plan(p) if p.steps.is_empty() => {
                     tracing::debug!(unit, sync = %p.sync, reasons = ?p.reasons, "observed")
                 }
                 Event::Plan(p) => {
-                    tracing::info!(unit, sync = %p.sync, reasons = ?p.reasons, plan = %steps(p), "reconciling")
+                    let now = Instant::now();
+                    let mut plans = crate::core::guard::lock(&plans);
+                    let again = plans.get(unit).is_some_and(|(q, t)| q == p && now.duration_since(*t) < WAITING_EVERY);
+                    if again {
+                        tracing::debug!(unit, sync = %p.sync, reasons = ?p.reasons, plan = %steps(p), "reconciling")
+                    } else {
+                        plans.insert(unit.to_string(), (p.clone(), now));
+                        tracing::info!(unit, sync = %p.sync, reasons = ?p.reasons, plan = %steps(p), "reconciling")
+                    }
                 }
                 Event::Phase(m) => tracing::info!(unit, "{m}"),
                 Event::Progress(m) => tracing::info!(unit, "  {m}"),

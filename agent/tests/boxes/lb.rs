@@ -441,3 +441,130 @@ fn one_shot_applies_behind_haproxy_leave_it_sending_to_each_unit_again() {
     assert_eq!(s.failed_total(), 0, "{s}");
     e.b.shutdown().unwrap();
 }
+
+/// The two units as replicas of one group (`rollout: {group: llm}`, `max_unavailable` 1 by
+/// default), on the vLLM stand-in; `extra` added to the service's environment.
+fn replica(standin: &str, unit: &str, port: u16, steps: u32, extra: &str) -> String {
+    let text = spec(standin, unit, port, steps) + "  rollout: {group: llm}\n";
+    text.replace("SPECD_STANDIN_TOKENS_PER_SEC: \"200\"", &format!("SPECD_STANDIN_TOKENS_PER_SEC: \"200\"{extra}"))
+}
+
+/// Both replicas changed by ONE commit (`num_steps` 3 → 4, then `extra` in the environment),
+/// under the load; the traffic's sum.
+fn one_commit(r: &Rig, load: Load, steps: u32, extra: &str, wait: impl Fn(&Fleet)) -> Summary {
+    let t = Traffic::start(load);
+    t.wait_successes(40, T).unwrap();
+    let standin = r.f.e.standin.clone();
+    for (unit, port) in UNITS.iter().zip(r.ports) {
+        std::fs::write(
+            r.f.repo.join("specs").join(format!("{unit}.yaml")),
+            replica(&standin, unit, port, steps, extra),
+        )
+        .unwrap();
+    }
+    git(&r.f.repo, &["add", "-A"]);
+    git(&r.f.repo, &["commit", "-q", "-m", "both replicas"]);
+    wait(&r.f);
+    t.wait_successes(40, T).unwrap();
+    let s = t.stop();
+    println!("one commit, both replicas (num_steps {steps}{extra}): {s}");
+    s
+}
+
+/// Two replicas of a group behind HAProxy asking the agent, changed by one commit: the agent rolls
+/// them one at a time (the second waits until the first serves again), no request fails, no stop
+/// ends in SIGKILL. Then a change of both that dies of CUDA OOM: the first replica to take it is
+/// rolled back, and the roll stops there: the other is never stopped (its MainPID stays).
+#[test]
+fn replicas_changed_by_one_commit_roll_one_at_a_time_and_a_failing_change_stops_the_roll() {
+    let f = Fleet::new();
+    let standin = f.e.standin.clone();
+    let r = Rig::with(Asks::AgentCheck, f, Box::new(move |unit, port, steps| replica(&standin, unit, port, steps, "")));
+    let s = one_commit(&r, r.load(), 4, "", |f| {
+        for unit in UNITS {
+            wait_applied(f, unit, 2);
+        }
+    });
+    let said = r.agent_said();
+    let applied: Vec<Value> =
+        UNITS.iter().map(|u| state(&r.f, u)["history"].as_array().unwrap().last().unwrap().clone()).collect();
+    applied_each(&applied, &said);
+    assert_eq!(s.failed_total(), 0, "{s}");
+    assert!(s.rate() >= 20.0, "{s}");
+    assert!(s.longest_gap < Duration::from_secs(1), "{s}");
+    // The replica that waits asks again every second, its same plan logged once.
+    let plans = said.lines().filter(|l| l.contains("reconciling") && l.contains("the spec changed")).count();
+    assert_eq!(plans, 2, "{said}");
+
+    let pids: Vec<u32> = UNITS.iter().map(|u| r.f.e.main_pid(u)).collect();
+    let oom = ", SPECD_STANDIN_CUDA_OOM: \"1\"";
+    let s = one_commit(&r, r.load(), 5, oom, |f| {
+        wait_for("a replica rolled back and the other held", T, || {
+            let st: Vec<Value> = UNITS.iter().map(|u| state(f, u)).collect();
+            let rolled = st.iter().position(|s| {
+                s["history"].as_array().and_then(|h| h.last()).is_some_and(|e| e["outcome"] == "rolled-back")
+            })?;
+            let held = r.agent_said().contains("held: the roll of group llm stopped");
+            (held && st[rolled]["in_progress"].is_null()).then_some(())
+        })
+        .unwrap_or_else(|e| panic!("{e}\n{}", r.agent_said()));
+    });
+    let said = r.agent_said();
+    let rolled = UNITS
+        .iter()
+        .position(|u| state(&r.f, u)["history"].as_array().unwrap().last().unwrap()["outcome"] == "rolled-back")
+        .unwrap();
+    let other = 1 - rolled;
+    assert_eq!(r.f.e.main_pid(UNITS[other]), pids[other], "{} was stopped\n{said}", UNITS[other]);
+    assert_eq!(state(&r.f, UNITS[other])["history"].as_array().unwrap().len(), 2, "{said}");
+    assert_eq!(s.failed_total(), 0, "{s}");
+    println!("CUDA OOM change: {} rolled back, {} never stopped; {s}", UNITS[rolled], UNITS[other]);
+}
+
+/// No agent: ONE `specd apply -f a -f b` of both replicas of a group behind HAProxy: the apply
+/// reconciles both at once, and the second waits (said) until the first serves again; no request
+/// fails.
+#[test]
+fn one_shot_apply_of_both_replicas_rolls_them_one_at_a_time() {
+    let e = Env::new();
+    let ports = [free_port(), free_port()];
+    let agent_check = free_port();
+    e.b.write_file(
+        "/run/agent.yaml",
+        format!("load_balancer: {{agent_check: 127.0.0.1:{agent_check}, settle_sec: 1}}\n"),
+    )
+    .unwrap();
+    let apply = |steps: u32| {
+        let files: Vec<String> = (0..2)
+            .map(|i| e.put(&format!("{i}-{steps}.yaml"), &replica(&e.standin, UNITS[i], ports[i], steps, "")))
+            .collect();
+        let o = e.specd(&["apply", "--config", "/run/agent.yaml", "-f", &files[0], "-f", &files[1]]);
+        assert!(o.status.success(), "{}", text(&o));
+        text(&o)
+    };
+    apply(3);
+    let servers = UNITS
+        .iter()
+        .zip(ports)
+        .map(|(u, p)| Server::new(u.trim_end_matches(".service"), p).with_agent(agent_check))
+        .collect();
+    let h = Haproxy::start(&Config::new(servers)).unwrap_or_else(|e| panic!("{e:#}"));
+    for u in UNITS {
+        h.wait_status(u.trim_end_matches(".service"), Status::Up, T).unwrap();
+    }
+    let load = Load {
+        clients: 16,
+        max_tokens: 50,
+        timeout: Duration::from_secs(3),
+        ..Load::new(h.port(), Api::OpenAiCompletions)
+    };
+    let t = Traffic::start(load);
+    t.wait_successes(40, T).unwrap();
+    let out = apply(4);
+    t.wait_successes(40, T).unwrap();
+    let s = t.stop();
+    println!("one-shot apply of both replicas, agent-check: {s}");
+    assert_eq!(s.failed_total(), 0, "{s}\n{out}");
+    assert!(out.contains("(1 of 2 unavailable, max_unavailable 1)"), "no replica waited:\n{out}");
+    e.b.shutdown().unwrap();
+}

@@ -469,7 +469,7 @@ fn the_reconciler_concludes_nothing_and_times_nothing_itself() {
     // The driver: everything of reconcile/ but its tests, its context and how its events read.
     let driver = crate::source::rust_files(&root.join("src/reconcile"))
         .into_iter()
-        .filter(|(rel, _)| !["faults.rs", "context.rs", "progress.rs"].contains(&rel.as_str()));
+        .filter(|(rel, _)| !["faults.rs", "replicas.rs", "context.rs", "progress.rs"].contains(&rel.as_str()));
     let (mut words, mut found) = (0, Vec::new());
     for (rel, text) in driver {
         let code = code_only(&text);

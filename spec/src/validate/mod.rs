@@ -12,7 +12,7 @@ use crate::model::strict::shown;
 use crate::model::{Document, DriftPolicy, Engine, Merge, Restart, SpecLayer};
 use crate::render::command_line;
 use crate::reserved::reserved_unit;
-use crate::resolve::{Policy, Readiness, Server, Service, Spec, Weights};
+use crate::resolve::{Policy, Readiness, Rollout, Server, Service, Spec, Weights};
 use crate::secrets::{self, looks_secret};
 pub use limits::unit_name_problem;
 use limits::{
@@ -319,6 +319,7 @@ fn build(c: &mut Ctx, doc: &Document, l: &SpecLayer, overlay: Option<String>) ->
     }
     let readiness = readiness(c, engine, l, service.as_ref());
     let policy = l.policy.clone().unwrap_or_default();
+    let rollout = rollout(c, l);
 
     if engine == Engine::Sglang
         && speculative.is_some()
@@ -356,7 +357,29 @@ fn build(c: &mut Ctx, doc: &Document, l: &SpecLayer, overlay: Option<String>) ->
             rollback: policy.rollback.unwrap_or(true),
             adopt: policy.adopt.unwrap_or(false),
         },
+        rollout,
     })
+}
+
+/// `spec.rollout`: a group named like a unit's name part, `max_unavailable` at least 1 (default 1).
+fn rollout(c: &mut Ctx, l: &SpecLayer) -> Option<Rollout> {
+    let r = l.rollout.as_ref()?;
+    let max_unavailable = r.max_unavailable.unwrap_or(1);
+    if max_unavailable == 0 {
+        c.err("rollout.max_unavailable", "must be at least 1: with 0, no replica of the group could ever be changed");
+    }
+    let Some(group) = &r.group else {
+        c.err("rollout.group", "is required with `rollout:`: the name the group's replicas share, e.g. `llm`");
+        return None;
+    };
+    if !is_name(group, 63) {
+        c.err(
+            "rollout.group",
+            format!("must be 1-63 lowercase letters, digits or `-`, not starting or ending with `-`; got {group:?}"),
+        );
+        return None;
+    }
+    (max_unavailable > 0).then(|| Rollout { group: group.clone(), max_unavailable })
 }
 
 /// `spec.unit`: given, a name a unit may have, and none of the host's own units.

@@ -1,0 +1,167 @@
+//! Replicas of one group on the in-memory host (each its own unit, port and server; the serving
+//! states shared, as in `/run/specd/serving`): a change to all of them, reconciled at once as the
+//! agent's workers do, rolls at most `max_unavailable` at a time; a failing start of one rolls it
+//! back and stops the roll, the others never stopped.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use specd_spec::Spec;
+
+use crate::core::conclude::{Action, Report};
+use crate::core::record::Outcome;
+use crate::core::serving::Word;
+use crate::host::fake::FakeHost;
+use crate::machine::store::Store;
+use crate::reconcile::{self, Ctx, DesiredState, Shutdown};
+
+fn spec(unit: &str, port: u32, steps: u32, rollout: &str) -> Spec {
+    let yaml = format!(
+        "apiVersion: specd/v1\nkind: InferenceService\nmetadata: {{name: llm}}\nspec:\n  unit: {unit}\n  engine: sglang\n  command: [/opt/sglang/bin/python3, -m, sglang.launch_server]\n  model: /models/qwen\n  server: {{port: {port}}}\n  speculative: {{algorithm: EAGLE, draft_model: /models/draft, num_steps: {steps}, eagle_topk: 1, num_draft_tokens: {}}}\n  service: {{timeout_stop_sec: 10, drain_timeout_sec: 5}}\n  readiness: {{timeout_sec: 60}}\n{rollout}",
+        steps + 1
+    );
+    specd_spec::parse("llm.yaml", &yaml).unwrap().resolve(None).unwrap()
+}
+
+struct Replicas {
+    dir: tempfile::TempDir,
+    hosts: Vec<FakeHost>,
+    log: Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl Replicas {
+    /// `n` replicas (`llm-a.service`, `llm-b.service`...) serving `steps`, in group `llm`
+    /// (`rollout` is the spec's `rollout:` line, empty for none).
+    async fn serving(n: usize, rollout: &str) -> Replicas {
+        let dir = tempfile::tempdir_in("/dev/shm").or_else(|_| tempfile::tempdir()).unwrap();
+        let first = FakeHost::new(&unit(0), &dir.path().join("units"));
+        let hosts: Vec<FakeHost> =
+            (0..n).map(|i| if i == 0 { first.clone() } else { first.beside(&unit(i)) }).collect();
+        let r = Replicas { dir, hosts, log: Arc::default() };
+        for i in 0..n {
+            let d = r.desired(i, 2, rollout);
+            r.hosts[i].serves(&d.spec, false);
+            let rep = reconcile::reconcile(&r.ctx(i), &d, false).await.unwrap();
+            assert_eq!(rep.outcome, Some(Outcome::Applied), "{}", rep.verdict);
+        }
+        r
+    }
+
+    fn desired(&self, i: usize, steps: u32, rollout: &str) -> DesiredState {
+        DesiredState::new(spec(&unit(i), 30000 + i as u32, steps, rollout), None)
+    }
+
+    fn ctx(&self, i: usize) -> Ctx<FakeHost> {
+        Ctx {
+            host: self.hosts[i].clone(),
+            unit_dir: self.dir.path().join("units"),
+            store: Store::new(self.dir.path().join("state")),
+            events: {
+                let log = self.log.clone();
+                Arc::new(move |u: &str, e: &reconcile::Event| log.lock().unwrap().push(format!("{u}: {e:?}")))
+            },
+            shutdown: Shutdown::never(),
+            holds: reconcile::Holds::Obeyed,
+            lb: Default::default(),
+        }
+    }
+
+    /// Replica `i` reconciled toward `d` as its worker does: a wait is a requeue after its time.
+    fn worker(&self, i: usize, d: DesiredState) -> tokio::task::JoinHandle<Report> {
+        let ctx = self.ctx(i);
+        tokio::spawn(async move {
+            loop {
+                let r = reconcile::reconcile(&ctx, &d, false).await.unwrap();
+                match r.action {
+                    Action::Requeue(again) if r.roll_wait => tokio::time::sleep(again).await,
+                    _ => return r,
+                }
+            }
+        })
+    }
+
+    /// The most replicas told anything but ready at once, from `from` on the host's record.
+    fn most_unavailable(&self, from: usize) -> usize {
+        let told = self.hosts[0].serving_told();
+        let mut now: std::collections::BTreeMap<String, Word> = Default::default();
+        let mut most = 0;
+        for (k, (_, u, s)) in told.iter().enumerate() {
+            now.insert(u.clone(), s.word());
+            if k >= from {
+                most = most.max(now.values().filter(|w| **w != Word::Ready).count());
+            }
+        }
+        most
+    }
+
+    fn said(&self) -> String {
+        self.log.lock().unwrap().join("\n")
+    }
+}
+
+fn unit(i: usize) -> String {
+    format!("llm-{}.service", (b'a' + i as u8) as char)
+}
+
+/// A change to every replica at once; the most not serving at once, and every report.
+async fn change_all(n: usize, rollout: &str) -> (Replicas, usize) {
+    let r = Replicas::serving(n, rollout).await;
+    let from = r.hosts[0].serving_told().len();
+    for i in 0..n {
+        r.hosts[i].serves(&r.desired(i, 3, rollout).spec, false);
+    }
+    let workers: Vec<_> = (0..n).map(|i| r.worker(i, r.desired(i, 3, rollout))).collect();
+    for (i, w) in workers.into_iter().enumerate() {
+        let rep = w.await.unwrap();
+        assert_eq!(rep.outcome, Some(Outcome::Applied), "{}: {}\n{}", unit(i), rep.verdict, r.said());
+        assert_eq!(r.hosts[i].serving(), Some(r.desired(i, 3, rollout).spec.argv), "{}", unit(i));
+    }
+    let most = r.most_unavailable(from);
+    (r, most)
+}
+
+#[tokio::test(start_paused = true)]
+async fn replicas_of_a_group_are_changed_at_most_max_unavailable_at_a_time() {
+    for (n, max) in [(2, 1), (3, 1), (3, 2)] {
+        let rollout = format!("  rollout: {{group: llm, max_unavailable: {max}}}\n");
+        let (r, most) = change_all(n, &rollout).await;
+        assert_eq!(most, max, "{n} replicas, max_unavailable {max}: {most} not serving at once\n{}", r.said());
+        assert!(r.said().contains("waiting: llm-"), "no replica waited\n{}", r.said());
+    }
+    // Without a group, every replica goes at once (what the gate prevents).
+    let (r, most) = change_all(3, "").await;
+    assert_eq!(most, 3, "{}", r.said());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failing_start_of_one_replica_rolls_it_back_and_the_others_are_never_stopped() {
+    let rollout = "  rollout: {group: llm}\n";
+    let r = Replicas::serving(3, rollout).await;
+    let old: Vec<_> = (0..3).map(|i| r.hosts[i].serving().unwrap()).collect();
+    let stops: Vec<_> = (0..3).map(|i| r.hosts[i].stops_and_starts()).collect();
+    let new: Vec<_> = (0..3).map(|i| r.desired(i, 3, rollout)).collect();
+    r.hosts[0].serves(&new[0].spec, true);
+    for (host, d) in r.hosts.iter().zip(&new).skip(1) {
+        host.serves(&d.spec, false);
+    }
+    // The first replica goes first: the others are reconciled once it is told drain.
+    let first = r.worker(0, new[0].clone());
+    let bound = tokio::time::Instant::now() + Duration::from_secs(60);
+    while r.hosts[0].lb_state().is_none_or(|s| s.word() == Word::Ready) {
+        assert!(tokio::time::Instant::now() < bound, "llm-a was never told drain\n{}", r.said());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let others: Vec<_> = (1..3).map(|i| r.worker(i, new[i].clone())).collect();
+    let a = first.await.unwrap();
+    assert_eq!(a.outcome, Some(Outcome::RolledBack), "{}\n{}", a.verdict, r.said());
+    assert_eq!(r.hosts[0].serving().as_ref(), Some(&old[0]));
+    for (k, w) in others.into_iter().enumerate() {
+        let i = k + 1;
+        let rep = w.await.unwrap();
+        assert_eq!(rep.outcome, None, "{}: {}", unit(i), rep.verdict);
+        assert!(rep.verdict.contains("group llm stopped: llm-a.service's change failed"), "{}", rep.verdict);
+        assert_eq!(r.hosts[i].serving().as_ref(), Some(&old[i]), "{} changed", unit(i));
+        assert_eq!(r.hosts[i].stops_and_starts(), stops[i], "{} was stopped or started\n{}", unit(i), r.said());
+        assert_eq!(r.hosts[i].lb_state().map(|s| s.word()), Some(Word::Ready), "{}", unit(i));
+    }
+}

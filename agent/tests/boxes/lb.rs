@@ -521,6 +521,58 @@ fn replicas_changed_by_one_commit_roll_one_at_a_time_and_a_failing_change_stops_
     println!("CUDA OOM change: {} rolled back, {} never stopped; {s}", UNITS[rolled], UNITS[other]);
 }
 
+/// Two replicas rolled by one commit while the agent is restarted in the middle of the roll (the
+/// first replica's apply past its drain), then one replica rolled back by hand (`specd rollback`)
+/// with the agent running: no request fails either time, and both replicas end on the spec each
+/// was given.
+#[test]
+fn replicas_roll_through_an_agent_restart_and_a_rollback_by_hand_loses_no_request() {
+    let f = Fleet::new();
+    let standin = f.e.standin.clone();
+    let r = Rig::with(Asks::AgentCheck, f, Box::new(move |unit, port, steps| replica(&standin, unit, port, steps, "")));
+    let restarted = std::cell::Cell::new(false);
+    let s = one_commit(&r, r.load(), 4, "", |f| {
+        wait_for("a replica's apply past its drain", T, || {
+            let phase = |u: &str| state(f, u)["in_progress"]["phase"].as_str().map(str::to_string);
+            let past = |u: &str| phase(u).is_some_and(|p| !matches!(p.as_str(), "starting" | "Drain"));
+            UNITS.iter().any(|u| past(u)).then_some(())
+        })
+        .unwrap_or_else(|e| panic!("{e}\n{}", f.e.b.journal(AGENT).unwrap_or_default()));
+        f.e.b.systemctl_check(&["restart", AGENT]).unwrap();
+        restarted.set(true);
+        for unit in UNITS {
+            wait_applied(f, unit, 2);
+        }
+    });
+    assert!(restarted.get());
+    let said = r.agent_said();
+    assert_eq!(s.failed_total(), 0, "agent restarted mid-roll: {s}\n{said}");
+    for u in UNITS {
+        assert!(runs_steps(&r.f, u, 4), "{u} not on the commit's spec\n{said}");
+        let stop = state(&r.f, u)["history"].as_array().unwrap().last().unwrap()["stop_verdict"].clone();
+        assert!(!stop.to_string().contains("SIGKILL"), "{u}: {stop}");
+    }
+
+    // A rollback by hand of one replica, under load, the agent answering its load balancer.
+    let t = Traffic::start(r.load());
+    t.wait_successes(40, T).unwrap();
+    let o = r.f.e.specd(&["rollback", UNITS[0], "--reason", "back to 3 steps"]);
+    assert!(o.status.success(), "{}", text(&o));
+    t.wait_successes(40, T).unwrap();
+    let s = t.stop();
+    println!("specd rollback of one replica under load: {s}");
+    assert_eq!(s.failed_total(), 0, "rollback: {s}\n{}", text(&o));
+    assert!(runs_steps(&r.f, UNITS[0], 3), "{}", text(&o));
+    assert!(runs_steps(&r.f, UNITS[1], 4), "{}", text(&o));
+}
+
+/// Whether `unit`'s running server drafts `steps` tokens (its command line, as the kernel has it).
+fn runs_steps(f: &Fleet, unit: &str, steps: u32) -> bool {
+    let pid = f.e.main_pid(unit);
+    let o = f.e.b.exec(&["cat", &format!("/proc/{pid}/cmdline")]);
+    String::from_utf8_lossy(&o.stdout).contains(&format!("\"num_speculative_tokens\":{steps}"))
+}
+
 /// No agent: ONE `specd apply -f a -f b` of both replicas of a group behind HAProxy: the apply
 /// reconciles both at once, and the second waits (said) until the first serves again; no request
 /// fails.

@@ -983,30 +983,6 @@ fn weights(runs: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// A vLLM stand-in spec for the load-balancer bench: 200 tokens/s, loaded in 500 ms, a drain
-/// budget of 8 s and a stop timeout of 20 s.
-fn vllm_spec(standin: &str, unit: &str, port: u16, steps: u32) -> String {
-    format!(
-        "apiVersion: specd/v1
-kind: InferenceService
-metadata: {{name: {name}}}
-spec:
-  unit: {unit}
-  engine: vllm
-  command: [{standin}, vllm, serve]
-  model: {model}
-  server: {{host: 127.0.0.1, port: {port}}}
-  speculative: {{algorithm: ngram, num_steps: {steps}, prompt_lookup_max: 3, prompt_lookup_min: 1}}
-  service:
-    timeout_stop_sec: 20
-    drain_timeout_sec: 8
-    environment: {{SPECD_STANDIN_LOAD_MS: \"500\", SPECD_STANDIN_TOKENS_PER_SEC: \"200\"}}
-",
-        name = unit.trim_end_matches(".service"),
-        model = specd_e2e::STANDIN_MODEL,
-    )
-}
-
 /// One row of the load-balancer bench: HAProxy asking the one-shot applies by agent-check
 /// (`asks`), or checking only the servers' `/health`.
 fn lb_change(asks: bool) -> anyhow::Result<()> {
@@ -1026,7 +1002,7 @@ fn lb_change(asks: bool) -> anyhow::Result<()> {
     )?;
     let apply = |i: usize, steps: u32| -> anyhow::Result<()> {
         let file = format!("/run/specs/{i}-{steps}.yaml");
-        b.write_file(&file, vllm_spec(&standin, units[i], ports[i], steps))?;
+        b.write_file(&file, specd_e2e::vllm_lb_spec(&standin, units[i], ports[i], steps))?;
         let o = b.exec(&[&specd, "apply", "--config", "/run/agent.yaml", "-f", &file]);
         anyhow::ensure!(o.status.success(), "apply {file}: {}", String::from_utf8_lossy(&o.stderr));
         Ok(())

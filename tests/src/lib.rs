@@ -127,5 +127,5 @@ pub use prometheus::Prometheus;
 pub use systemd_box::{BoxConfig, BoxTrace, SystemdBox, Teardown};
 pub use util::{
     Gpg, Reaped, STANDIN_MODEL, bin_path, free_port, git, http, http_get, http_with_headers, sglang_spec, ssh_key,
-    target_dir, wait_for, wait_until,
+    target_dir, vllm_lb_spec, wait_for, wait_until,
 };

@@ -154,6 +154,30 @@ spec:
     )
 }
 
+/// A specd spec of a vLLM stand-in on `port` with n-gram speculation of `steps` that a load
+/// balancer stands in front of: 200 tokens a second, loaded in half a second, a drain budget of
+/// 8 s and a stop timeout of 20 s.
+pub fn vllm_lb_spec(standin: &str, unit: &str, port: u16, steps: u32) -> String {
+    format!(
+        "apiVersion: specd/v1
+kind: InferenceService
+metadata: {{name: {name}}}
+spec:
+  unit: {unit}
+  engine: vllm
+  command: [{standin}, vllm, serve]
+  model: {STANDIN_MODEL}
+  server: {{host: 127.0.0.1, port: {port}}}
+  speculative: {{algorithm: ngram, num_steps: {steps}, prompt_lookup_max: 3, prompt_lookup_min: 1}}
+  service:
+    timeout_stop_sec: 20
+    drain_timeout_sec: 8
+    environment: {{SPECD_STANDIN_LOAD_MS: \"500\", SPECD_STANDIN_TOKENS_PER_SEC: \"200\"}}
+",
+        name = unit.trim_end_matches(".service"),
+    )
+}
+
 /// A GnuPG home of a test's (`dir/gnupg`, mode 0700): `run` calls `gpg` on it without a pinentry,
 /// keys without a passphrase.
 pub struct Gpg {

@@ -13,7 +13,6 @@
 use std::time::Duration;
 
 use serde_json::Value;
-use specd_e2e::STANDIN_MODEL;
 use specd_e2e::haproxy::{Config, Haproxy, Server, Status};
 use specd_e2e::traffic::{Api, Load, Summary, Traffic};
 
@@ -22,27 +21,9 @@ use crate::common::*;
 const UNITS: [&str; 2] = ["llm-a.service", "llm-b.service"];
 const T: Duration = Duration::from_secs(120);
 
-/// A vLLM stand-in on `port` with ngram speculation of `steps`, its drain budget 8 s: 200 tokens
-/// a second, loaded in half a second.
+/// A vLLM stand-in on `port` with ngram speculation of `steps`, its drain budget 8 s.
 fn spec(standin: &str, unit: &str, port: u16, steps: u32) -> String {
-    format!(
-        "apiVersion: specd/v1
-kind: InferenceService
-metadata: {{name: {name}}}
-spec:
-  unit: {unit}
-  engine: vllm
-  command: [{standin}, vllm, serve]
-  model: {STANDIN_MODEL}
-  server: {{host: 127.0.0.1, port: {port}}}
-  speculative: {{algorithm: ngram, num_steps: {steps}, prompt_lookup_max: 3, prompt_lookup_min: 1}}
-  service:
-    timeout_stop_sec: 20
-    drain_timeout_sec: 8
-    environment: {{SPECD_STANDIN_LOAD_MS: \"500\", SPECD_STANDIN_TOKENS_PER_SEC: \"200\"}}
-",
-        name = unit.trim_end_matches(".service"),
-    )
+    specd_e2e::vllm_lb_spec(standin, unit, port, steps)
 }
 
 /// How HAProxy learns what a unit is.
@@ -139,15 +120,7 @@ impl Rig {
 
     /// The stand-in's load through HAProxy.
     fn load(&self) -> Load {
-        // 16 clients of 50-token streams (a quarter of a second of decoding each at 200 tokens a
-        // second, about half a second a request with the rest): about 30 requests a second, each
-        // server holding several at any time.
-        Load {
-            clients: 16,
-            max_tokens: 50,
-            timeout: Duration::from_secs(3),
-            ..Load::new(self.h.port(), Api::OpenAiCompletions)
-        }
+        load_through(&self.h)
     }
 
     /// Both units changed one after the other (`num_steps` 3 → 4) under streaming `load` through
@@ -410,21 +383,8 @@ fn one_shot_applies_behind_haproxy_leave_it_sending_to_each_unit_again() {
     for i in 0..2 {
         apply(i, 3);
     }
-    let servers = UNITS
-        .iter()
-        .zip(ports)
-        .map(|(u, p)| Server::new(u.trim_end_matches(".service"), p).with_agent(agent_check))
-        .collect();
-    let h = Haproxy::start(&Config::new(servers)).unwrap_or_else(|e| panic!("{e:#}"));
-    for u in UNITS {
-        h.wait_status(u.trim_end_matches(".service"), Status::Up, T).unwrap();
-    }
-    let load = Load {
-        clients: 16,
-        max_tokens: 50,
-        timeout: Duration::from_secs(3),
-        ..Load::new(h.port(), Api::OpenAiCompletions)
-    };
+    let h = haproxy_asking(ports, agent_check);
+    let load = load_through(&h);
     let t = Traffic::start(load);
     t.wait_successes(40, T).unwrap();
     for (i, unit) in UNITS.iter().enumerate() {
@@ -595,21 +555,8 @@ fn one_shot_apply_of_both_replicas_rolls_them_one_at_a_time() {
         text(&o)
     };
     apply(3);
-    let servers = UNITS
-        .iter()
-        .zip(ports)
-        .map(|(u, p)| Server::new(u.trim_end_matches(".service"), p).with_agent(agent_check))
-        .collect();
-    let h = Haproxy::start(&Config::new(servers)).unwrap_or_else(|e| panic!("{e:#}"));
-    for u in UNITS {
-        h.wait_status(u.trim_end_matches(".service"), Status::Up, T).unwrap();
-    }
-    let load = Load {
-        clients: 16,
-        max_tokens: 50,
-        timeout: Duration::from_secs(3),
-        ..Load::new(h.port(), Api::OpenAiCompletions)
-    };
+    let h = haproxy_asking(ports, agent_check);
+    let load = load_through(&h);
     let t = Traffic::start(load);
     t.wait_successes(40, T).unwrap();
     let out = apply(4);
@@ -619,4 +566,25 @@ fn one_shot_apply_of_both_replicas_rolls_them_one_at_a_time() {
     assert_eq!(s.failed_total(), 0, "{s}\n{out}");
     assert!(out.contains("(1 of 2 unavailable, max_unavailable 1)"), "no replica waited:\n{out}");
     e.b.shutdown().unwrap();
+}
+
+/// HAProxy in front of both units on `ports`, asking the agent-check on `agent_check`; each up.
+fn haproxy_asking(ports: [u16; 2], agent_check: u16) -> Haproxy {
+    let servers = UNITS
+        .iter()
+        .zip(ports)
+        .map(|(u, p)| Server::new(u.trim_end_matches(".service"), p).with_agent(agent_check))
+        .collect();
+    let h = Haproxy::start(&Config::new(servers)).unwrap_or_else(|e| panic!("{e:#}"));
+    for u in UNITS {
+        h.wait_status(u.trim_end_matches(".service"), Status::Up, T).unwrap();
+    }
+    h
+}
+
+/// 16 clients of 50-token streams through `h` (a quarter of a second of decoding each at 200
+/// tokens a second, about half a second a request with the rest): about 30 requests a second,
+/// each server holding several at any time.
+fn load_through(h: &Haproxy) -> Load {
+    Load { clients: 16, max_tokens: 50, timeout: Duration::from_secs(3), ..Load::new(h.port(), Api::OpenAiCompletions) }
 }

@@ -169,13 +169,10 @@ pub fn push_record(src: &GitSource, oid: Oid, branch: &str) -> Result<Pushed> {
     cmd.args(["push", "--porcelain", "--", &src.url(), &format!("{oid}:{name}")]);
     let out = src.run_transfer(cmd, &what)?;
     let porcelain = String::from_utf8_lossy(&out.stdout);
-    // `<flag>\t<from>:<to>\t<summary>`: `!` is a refused ref; `[rejected]` is git's own refusal
-    // of a push that is not a fast-forward (`non-fast-forward`, `fetch first`), while a
-    // `[remote rejected]` is the server's (a hook, a protected branch): an error.
-    let line = porcelain.lines().find(|l| l.split('\t').nth(1).is_some_and(|r| r.ends_with(&format!(":{name}"))));
-    if let Some(l) = line {
-        let mut f = l.split('\t');
-        let (flag, summary) = (f.next().unwrap_or_default(), f.nth(1).unwrap_or_default());
+    // `!` is a refused ref; `[rejected]` is git's own refusal of a push that is not a
+    // fast-forward (`non-fast-forward`, `fetch first`), while a `[remote rejected]` is the
+    // server's (a hook, a protected branch): an error.
+    if let Some((flag, summary)) = pushed_ref(&porcelain, &name) {
         if flag == "!" && summary.starts_with("[rejected]") {
             return Ok(Pushed::Rejected(format!("{name}: {summary}")));
         }
@@ -199,6 +196,14 @@ pub fn push_record(src: &GitSource, oid: Oid, branch: &str) -> Result<Pushed> {
     bail!("{what}: {}", git_words(&out.stderr))
 }
 
+/// The flag and summary `git push --porcelain` gives the ref `name` (its lines
+/// `<flag>\t<from>:<to>\t<summary>`), if it names it.
+fn pushed_ref<'a>(porcelain: &'a str, name: &str) -> Option<(&'a str, &'a str)> {
+    let line = porcelain.lines().find(|l| l.split('\t').nth(1).is_some_and(|r| r.ends_with(&format!(":{name}"))))?;
+    let mut f = line.split('\t');
+    Some((f.next().unwrap_or_default(), f.nth(1).unwrap_or_default()))
+}
+
 /// Put `oid` on `refs/heads/<branch>` if the branch is still where it was read (`expected`;
 /// `None`: absent), whichever way that moves it: a push with a lease (`--force-with-lease`) to a
 /// remote, a compare-and-swap in a local repository. For a branch of specd's own that a newer
@@ -217,10 +222,7 @@ pub fn push_replacing(src: &GitSource, oid: Oid, branch: &str, expected: Option<
     cmd.args(["push", "--porcelain", &lease, "--", &src.url(), &format!("{oid}:{name}")]);
     let out = src.run_transfer(cmd, &what)?;
     let porcelain = String::from_utf8_lossy(&out.stdout);
-    let line = porcelain.lines().find(|l| l.split('\t').nth(1).is_some_and(|r| r.ends_with(&format!(":{name}"))));
-    if let Some(l) = line {
-        let mut f = l.split('\t');
-        let (flag, summary) = (f.next().unwrap_or_default(), f.nth(1).unwrap_or_default());
+    if let Some((flag, summary)) = pushed_ref(&porcelain, &name) {
         if flag == "!" && summary.starts_with("[rejected]") {
             return Ok(Pushed::Rejected(format!("{name}: {summary}")));
         }

@@ -69,8 +69,8 @@ pub fn evidence(e: &Evaluation) -> String {
     s
 }
 
-/// Where the step cost came from, in one line.
-pub fn cost(p: &tune::Prediction) -> String {
+/// Where the step cost came from, in one line (`swept`: the step times of the sweep given).
+pub fn cost(p: &tune::Prediction, swept: Option<&[(u32, f64)]>) -> String {
     let Some(c) = &p.cost else {
         return "step cost: unknown (the engine's step times were not read): no decode speed predicted\n".into();
     };
@@ -88,11 +88,30 @@ pub fn cost(p: &tune::Prediction) -> String {
                 at.join(", ")
             )
         }
-        CostSource::Assumed { per_position } => format!(
-            "step cost: {base} (ASSUMED: a draft position costs {:.1} % of a target pass on the steps that draft; calibrate with `specd sweep --calibrate`, then `specd tune --sweep`)\n",
-            per_position * 100.0
-        ),
+        CostSource::Assumed { per_position } => assumed(&base, *per_position, swept),
     }
+}
+
+/// The step cost's line when it is assumed: how to calibrate it, or, when a sweep's step times
+/// (`swept`) were given, that they gave none.
+fn assumed(base: &str, per_position: f64, swept: Option<&[(u32, f64)]>) -> String {
+    let why = match swept {
+        None => "calibrate with `specd sweep --calibrate`, then `specd tune --sweep`".to_string(),
+        Some(points) if points.len() < 2 => {
+            "the sweep measured the step time at fewer than two draft lengths: none to calibrate on".to_string()
+        }
+        Some(points) => {
+            let at: Vec<String> = points.iter().map(|(k, s)| format!("{k}: {:.2} ms", s * 1000.0)).collect();
+            format!(
+                "the sweep's step times ({}) give no cost of a draft position (a longer draft stepped no slower: noise on the host); a calibration with more requests may",
+                at.join(", ")
+            )
+        }
+    };
+    format!(
+        "step cost: {base} (ASSUMED: a draft position costs {:.1} % of a target pass on the steps that draft; {why})\n",
+        per_position * 100.0
+    )
 }
 
 /// The table of draft lengths (Markdown).
@@ -167,7 +186,8 @@ fn pct_plain(v: f64) -> String {
 pub fn report(unit: &str, e: &Evaluation, sweep: Option<&FromSweep>) -> String {
     let mut s = head(unit, e);
     s.push_str(&evidence(e));
-    s.push_str(&cost(&e.prediction));
+    let swept = sweep.map(FromSweep::step_times);
+    s.push_str(&cost(&e.prediction, swept.as_deref()));
     if let Some(sw) = sweep {
         let _ = writeln!(s, "objective ({}): maximize {}", sw.file, goal_words(sw.goal()));
         for n in &sw.notes {
@@ -211,4 +231,21 @@ pub fn message(unit: &str, host: &str, e: &Evaluation, sweep: Option<&FromSweep>
     let _ = writeln!(s, "It changes nothing by itself: merge it, and the agents deploy it like any commit.\n");
     s.push_str(&report(unit, e, sweep));
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::assumed;
+
+    /// An assumed step cost says how to calibrate it, or why the sweep given did not.
+    #[test]
+    fn an_assumed_step_cost_says_why_it_is_assumed() {
+        let base = "a target pass 40.00 ms, 2.000 ms more per draft position";
+        assert!(assumed(base, 0.05, None).contains("calibrate with `specd sweep --calibrate`"));
+        let noisy = assumed(base, 0.05, Some(&[(3, 0.04029), (4, 0.03341)]));
+        assert!(noisy.contains("the sweep's step times (3: 40.29 ms, 4: 33.41 ms) give no cost"), "{noisy}");
+        assert!(!noisy.contains("sweep --calibrate"), "{noisy}");
+        let one = assumed(base, 0.05, Some(&[(4, 0.03341)]));
+        assert!(one.contains("fewer than two draft lengths"), "{one}");
+    }
 }

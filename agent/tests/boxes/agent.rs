@@ -13,15 +13,6 @@ impl Fleet {
         spec_text(&self.e.standin, unit, port, steps, load_ms, extra)
     }
 
-    fn commit(&self, files: &[(&str, &str)], msg: &str) -> String {
-        for (name, text) in files {
-            std::fs::write(self.repo.join("specs").join(name), text).unwrap();
-        }
-        git(&self.repo, &["add", "-A"]);
-        git(&self.repo, &["commit", "-q", "--allow-empty", "-m", msg]);
-        git(&self.repo, &["rev-parse", "HEAD"])
-    }
-
     /// Start the agent as a Type=notify unit in the box; returns when systemd says it is up.
     /// Its config file is /run/agent.yaml (absent: the defaults).
     fn start_agent(&self, repo: &str, extra_args: &str) {

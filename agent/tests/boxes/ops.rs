@@ -24,15 +24,6 @@ impl HoldFleet {
         sglang_spec(&self.e.standin, unit, port, steps, service)
     }
 
-    fn commit(&self, files: &[(&str, &str)], msg: &str) -> String {
-        for (name, text) in files {
-            std::fs::write(self.repo.join("specs").join(name), text).unwrap();
-        }
-        git(&self.repo, &["add", "-A"]);
-        git(&self.repo, &["commit", "-q", "--allow-empty", "-m", msg]);
-        git(&self.repo, &["rev-parse", "HEAD"])
-    }
-
     fn start_agent(&self) {
         self.run_agent(&self.repo.display().to_string(), "", "");
     }

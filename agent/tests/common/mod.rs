@@ -99,6 +99,17 @@ pub struct Fleet {
 }
 
 impl Fleet {
+    /// Writes `files` under the repository's `specs/` and commits them (an empty commit when
+    /// nothing changed): the new head.
+    pub fn commit(&self, files: &[(&str, &str)], msg: &str) -> String {
+        for (name, text) in files {
+            std::fs::write(self.repo.join("specs").join(name), text).unwrap();
+        }
+        git(&self.repo, &["add", "-A"]);
+        git(&self.repo, &["commit", "-q", "--allow-empty", "-m", msg]);
+        git(&self.repo, &["rev-parse", "HEAD"])
+    }
+
     pub fn new() -> Fleet {
         Fleet::binding(&[])
     }

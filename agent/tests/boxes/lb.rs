@@ -364,16 +364,7 @@ fn three_hosts_behind_one_haproxy_lose_no_request_through_a_fleet_rollout() {
 /// fails.
 #[test]
 fn one_shot_applies_behind_haproxy_leave_it_sending_to_each_unit_again() {
-    let e = Env::new();
-    let ports = [free_port(), free_port()];
-    let agent_check = free_port();
-    // Between commands nothing answers HAProxy, so an apply cannot know it before it polls: the
-    // settle time gives it two of its intervals to show up.
-    e.b.write_file(
-        "/run/agent.yaml",
-        format!("load_balancer: {{agent_check: 127.0.0.1:{agent_check}, settle_sec: 1}}\n"),
-    )
-    .unwrap();
+    let (e, ports, agent_check) = one_shot_box();
     let apply = |i: usize, steps: u32| {
         let file = e.put(&format!("{i}-{steps}.yaml"), &spec(&e.standin, UNITS[i], ports[i], steps));
         let o = e.specd(&["apply", "--config", "/run/agent.yaml", "-f", &file]);
@@ -538,14 +529,7 @@ fn runs_steps(f: &Fleet, unit: &str, steps: u32) -> bool {
 /// fails.
 #[test]
 fn one_shot_apply_of_both_replicas_rolls_them_one_at_a_time() {
-    let e = Env::new();
-    let ports = [free_port(), free_port()];
-    let agent_check = free_port();
-    e.b.write_file(
-        "/run/agent.yaml",
-        format!("load_balancer: {{agent_check: 127.0.0.1:{agent_check}, settle_sec: 1}}\n"),
-    )
-    .unwrap();
+    let (e, ports, agent_check) = one_shot_box();
     let apply = |steps: u32| {
         let files: Vec<String> = (0..2)
             .map(|i| e.put(&format!("{i}-{steps}.yaml"), &replica(&e.standin, UNITS[i], ports[i], steps, "")))
@@ -587,4 +571,19 @@ fn haproxy_asking(ports: [u16; 2], agent_check: u16) -> Haproxy {
 /// each server holding several at any time.
 fn load_through(h: &Haproxy) -> Load {
     Load { clients: 16, max_tokens: 50, timeout: Duration::from_secs(3), ..Load::new(h.port(), Api::OpenAiCompletions) }
+}
+
+/// A box for one-shot commands behind HAProxy: two server ports, and `/run/agent.yaml` answering
+/// HAProxy's agent-check on the third. Between commands nothing answers HAProxy, so an apply
+/// cannot know it before it polls: the settle time gives it two of its intervals to show up.
+fn one_shot_box() -> (Env, [u16; 2], u16) {
+    let e = Env::new();
+    let ports = [free_port(), free_port()];
+    let agent_check = free_port();
+    e.b.write_file(
+        "/run/agent.yaml",
+        format!("load_balancer: {{agent_check: 127.0.0.1:{agent_check}, settle_sec: 1}}\n"),
+    )
+    .unwrap();
+    (e, ports, agent_check)
 }

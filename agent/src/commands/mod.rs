@@ -145,18 +145,7 @@ async fn each_at_once<H: Host>(
             let (ctx, d) = (ctx.clone(), d.clone());
             tokio::spawn(async move {
                 let t0 = std::time::Instant::now();
-                let mut report = reconcile::reconcile(&ctx, &d, dry_run).await;
-                // A replica waiting for its group's siblings (`core::roll`) asks again.
-                while let Ok(r) = &report
-                    && r.roll_wait
-                    && let crate::core::conclude::Action::Requeue(again) = r.action
-                {
-                    tokio::select! {
-                        () = tokio::time::sleep(again) => {}
-                        () = ctx.shutdown.wait() => break,
-                    }
-                    report = reconcile::reconcile(&ctx, &d, dry_run).await;
-                }
+                let report = in_turn(&ctx, &d, dry_run).await;
                 if let Ok(r) = &report {
                     crate::notify::after_reconcile(&ctx, &d, r, t0.elapsed()).await;
                 }
@@ -171,6 +160,27 @@ async fn each_at_once<H: Host>(
         }));
     }
     out
+}
+
+/// One reconcile of `d`; a replica waiting for its group's siblings (`core::roll`) asks again
+/// until it may go (or the command is stopped), as the agent's worker requeues it.
+pub(crate) async fn in_turn<H: Host>(
+    ctx: &reconcile::Ctx<H>,
+    d: &DesiredState,
+    dry_run: bool,
+) -> Result<Report, reconcile::ReconcileError> {
+    let mut report = reconcile::reconcile(ctx, d, dry_run).await;
+    while let Ok(r) = &report
+        && r.roll_wait
+        && let crate::core::conclude::Action::Requeue(again) = r.action
+    {
+        tokio::select! {
+            () = tokio::time::sleep(again) => {}
+            () = ctx.shutdown.wait() => break,
+        }
+        report = reconcile::reconcile(ctx, d, dry_run).await;
+    }
+    report
 }
 
 /// Runs the futures concurrently on this task; their outputs in order.

@@ -113,7 +113,8 @@ pub(super) async fn rollback_on<H: Host>(
         record::format_time(target.time)
     ));
     let t0 = std::time::Instant::now();
-    let report = reconcile::reconcile(ctx, &d, false).await;
+    // A replica waits for its group (`core::roll`) as an apply does.
+    let report = super::in_turn(ctx, &d, false).await;
     progress::flush_progress();
     let report = match report {
         Ok(r) => r,

@@ -323,3 +323,49 @@ async fn a_rollback_goes_back_to_an_earlier_good_unit_and_pins_it() {
     assert_eq!(rollback_on(&ctx, UNIT.into(), Some("ffff".into()), None, no_agent, false).await.unwrap(), 1);
     assert_eq!(f.host.stops_and_starts(), starts);
 }
+
+/// A rollback of a replica (`spec.rollout.group`) waits for its group as an apply does: while a
+/// sibling drains it does not go, and it is not given up; once the sibling serves, it goes.
+#[tokio::test(start_paused = true)]
+async fn a_rollback_of_a_replica_waits_for_its_group_then_goes() {
+    use crate::core::serving::{ServingState, Word};
+    use crate::host::LoadBalancers;
+    let f = OnFake::new();
+    let grouped = |steps| format!("{}  rollout: {{group: llm}}\n", spec_text(steps));
+    let file = |steps: u32| {
+        let path = f.dir.path().join(format!("g-{steps}.yaml"));
+        std::fs::write(&path, grouped(steps)).unwrap();
+        f.host.serves(&specd_spec::parse("q.yaml", &grouped(steps)).unwrap().resolve(None).unwrap(), false);
+        path
+    };
+    let (v1, v2) = (file(3), file(5));
+    assert_eq!(f.apply(&[v1]).await, 0);
+    assert_eq!(f.apply(&[v2]).await, 0);
+    // A sibling of the group serves, then drains for a change of its own.
+    let sibling = f.host.beside("other.service");
+    let text = grouped(3).replace(UNIT, "other.service").replace("port: 30000", "port: 30001");
+    let other = specd_spec::parse("o.yaml", &text).unwrap().resolve(None).unwrap();
+    sibling.serves(&other, false);
+    let sctx = context::ctx_on(sibling.clone(), &f.dirs, Arc::new(|_: &str, _: &Event| {}), Shutdown::never());
+    let r = reconcile::reconcile(&sctx, &DesiredState::new(other, None), false).await.unwrap();
+    assert_eq!(r.outcome, Some(record::Outcome::Applied), "{}", r.verdict);
+    sibling
+        .set_serving_state("other.service", &ServingState::Drain { why: "its change".into(), since: f.host.now() })
+        .unwrap();
+    let ready = {
+        let sibling = sibling.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(std::time::Duration::from_secs(30)).await;
+            let since = sibling.now();
+            sibling.set_serving_state("other.service", &ServingState::Ready { since }).unwrap();
+        })
+    };
+    let no_agent = f.dir.path().join("no-agent.sock");
+    assert_eq!(rollback_on(&f.ctx(), UNIT.into(), None, None, no_agent, false).await.unwrap(), 0);
+    ready.await.unwrap();
+    assert_eq!(f.host.serving(), Some(f.argv(3)));
+    let told = f.host.serving_told();
+    let back = told.iter().rposition(|(_, u, s)| u == "other.service" && s.word() == Word::Ready).unwrap();
+    let mine = told.iter().rposition(|(_, u, s)| u == UNIT && s.word() == Word::Drain).unwrap();
+    assert!(mine > back, "the replica drained while its sibling did: {told:?}");
+}

@@ -140,7 +140,7 @@ async fn apply_point<H: SweepHost>(
     r: &mut PointResult,
 ) -> Applied {
     let d = DesiredState::new(pt.spec.clone(), Some(Source::File { path: p.base_path.display().to_string() }));
-    let report = reconcile::reconcile(ctx, &d, false).await;
+    let report = crate::commands::in_turn(ctx, &d, false).await;
     if shutdown.is_set() {
         return Applied::Interrupted;
     }

@@ -48,7 +48,7 @@ pub(super) fn after_target(
 pub(super) async fn apply_after<H: SweepHost>(ctx: &Ctx<H>, target: Option<DesiredState>, unit: &str) -> Result<bool> {
     match target {
         Some(d) => {
-            let r = reconcile::reconcile(ctx, &d, false).await?;
+            let r = crate::commands::in_turn(ctx, &d, false).await?;
             eprintln!("after: {}", r.verdict);
             Ok(matches!(r.outcome, Some(Outcome::Applied | Outcome::Started) | None))
         }
@@ -65,7 +65,7 @@ pub(super) async fn apply_after<H: SweepHost>(ctx: &Ctx<H>, target: Option<Desir
 pub(super) async fn restore<H: SweepHost>(ctx: &Ctx<H>, unit: &str, before: &Before) {
     let Some(spec) = before.spec.clone() else { return };
     eprintln!("after: restoring {unit} as it was before the sweep");
-    match reconcile::reconcile(ctx, &DesiredState::new(spec, before.source.clone()), false).await {
+    match crate::commands::in_turn(ctx, &DesiredState::new(spec, before.source.clone()), false).await {
         Ok(r) => eprintln!("after: {}", r.verdict),
         Err(e) => eprintln!("after: restoring {unit}: {e:#}"),
     }

@@ -152,7 +152,12 @@ spec:
 /// A sweep's files in `dir`, the host (its unit deployed from the base spec), what the sweep
 /// reads, and its options.
 async fn swept(dir: &Path) -> (crate::host::fake::FakeHost, Dirs, Prepared, Options) {
-    std::fs::write(dir.join("qwen.yaml"), BASE).unwrap();
+    swept_from(dir, BASE).await
+}
+
+/// [`swept`] with the base spec `base`.
+async fn swept_from(dir: &Path, base: &str) -> (crate::host::fake::FakeHost, Dirs, Prepared, Options) {
+    std::fs::write(dir.join("qwen.yaml"), base).unwrap();
     std::fs::write(dir.join("sweep.yaml"), SWEEP).unwrap();
     let dirs = Dirs { state_dir: dir.join("state"), unit_dir: dir.join("units") };
     let o = Options {
@@ -165,7 +170,7 @@ async fn swept(dir: &Path) -> (crate::host::fake::FakeHost, Dirs, Prepared, Opti
     };
     let p = prepare(&o).unwrap();
     let host = crate::host::fake::FakeHost::new(UNIT, &dirs.unit_dir);
-    let base = specd_spec::parse("qwen.yaml", BASE).unwrap().resolve(None).unwrap();
+    let base = specd_spec::parse("qwen.yaml", base).unwrap().resolve(None).unwrap();
     host.serves(&base, false);
     for pt in &p.points {
         host.serves(&pt.spec, false);
@@ -202,6 +207,56 @@ async fn a_point_whose_server_dies_under_load_is_recorded_with_its_verdict_and_t
     assert!(doc.after_ok);
     assert_eq!(host.serving(), Some(base_argv));
     assert_eq!(Store::new(&dirs.state_dir).peek(UNIT).unwrap().hold, None);
+}
+
+/// A sweep of a replica (`spec.rollout.group`) takes it out only when its group allows, as an
+/// apply does: while a sibling drains, the point waits for it (it is not an apply that failed),
+/// then every point is measured and the unit restored.
+#[tokio::test(start_paused = true)]
+async fn a_sweep_of_a_replica_waits_for_its_group_and_measures_every_point() {
+    use crate::core::serving::{ServingState, Word};
+    use crate::host::LoadBalancers;
+    let dir = tempfile::tempdir().unwrap();
+    let grouped = format!("{BASE}  rollout: {{group: llm}}\n");
+    let (host, dirs, _, o) = swept_from(dir.path(), &grouped).await;
+    // A sibling of the group, serving, then told drain (its own change under way).
+    let sibling = host.beside("sglang-other.service");
+    let other = grouped.replace(UNIT, "sglang-other.service").replace("port: 30000", "port: 30001");
+    let other = specd_spec::parse("other.yaml", &other).unwrap().resolve(None).unwrap();
+    sibling.serves(&other, false);
+    let sctx = ctx_on(&sibling, &dirs, Shutdown::never());
+    let r = reconcile::reconcile(&sctx, &DesiredState::new(other, None), false).await.unwrap();
+    assert_eq!(r.outcome, Some(Outcome::Applied), "{}", r.verdict);
+    let drain = ServingState::Drain { why: "its own change".into(), since: host.now() };
+    sibling.set_serving_state("sglang-other.service", &drain).unwrap();
+    let ready = {
+        let sibling = sibling.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            let since = sibling.now();
+            sibling.set_serving_state("sglang-other.service", &ServingState::Ready { since }).unwrap();
+        })
+    };
+    let mut doc = Summary::default();
+    let code = campaign(&host, &dirs, &o, &mut doc, |_| Shutdown::never()).await.unwrap();
+    ready.await.unwrap();
+    assert_eq!(code, 0, "{doc:?}");
+    let outcomes: Vec<_> = doc.results.iter().map(|r| (r.label.clone(), r.outcome, r.summary.clone())).collect();
+    assert!(doc.results.iter().all(|r| r.outcome == PointOutcome::Measured), "{outcomes:?}");
+    assert_eq!(doc.results.len(), 2, "{outcomes:?}");
+    // The replica was told drain only once its sibling served again.
+    let told = host.serving_told();
+    let other_drain =
+        told.iter().position(|(_, u, s)| u == "sglang-other.service" && s.word() == Word::Drain).expect("drain told");
+    let sibling_ready = other_drain
+        + told[other_drain..]
+            .iter()
+            .position(|(_, u, s)| u == "sglang-other.service" && s.word() == Word::Ready)
+            .expect("the sibling served again");
+    let first_drain =
+        told.iter().position(|(_, u, s)| u == UNIT && s.word() == Word::Drain).expect("the replica drained");
+    assert!(first_drain > sibling_ready, "{told:?}");
+    assert!(doc.after_ok);
 }
 
 #[tokio::test(start_paused = true)]

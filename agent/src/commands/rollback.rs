@@ -9,7 +9,7 @@ use crate::core::record::Source;
 use crate::host::Host;
 use crate::reconcile::context::{self, Dirs};
 use crate::reconcile::progress::{self, Sink};
-use crate::reconcile::{self, Ctx, DesiredState};
+use crate::reconcile::{Ctx, DesiredState};
 use anyhow::Result;
 use serde::Serialize;
 use specd_spec::short;

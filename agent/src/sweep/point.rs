@@ -5,7 +5,7 @@ use super::*;
 use crate::core::record::{Outcome, Source};
 use crate::core::timing;
 use crate::host::{Journal, Server};
-use crate::reconcile::{self, Ctx, DesiredState, Shutdown};
+use crate::reconcile::{Ctx, DesiredState, Shutdown};
 use crate::sweep::loadgen::Level;
 use crate::sweep::report::{PointOutcome, PointResult};
 use anyhow::Result;

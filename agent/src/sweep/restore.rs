@@ -4,7 +4,7 @@
 use super::*;
 use crate::core::record::{Outcome, Source};
 use crate::machine::atomic;
-use crate::reconcile::{self, Ctx, DesiredState};
+use crate::reconcile::{Ctx, DesiredState};
 use crate::sweep::report::PointResult;
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};

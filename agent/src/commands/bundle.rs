@@ -43,7 +43,8 @@ pub fn run(command: BundleCommand) -> Result<u8> {
         Ok(done) => {
             for m in &done.moved {
                 let from = m.from.map_or("(new)".to_string(), |o| short(&o.to_string()).to_string());
-                let signed = if m.verified > 0 { format!(", {} commit(s) verified", m.verified) } else { String::new() };
+                let signed =
+                    if m.verified > 0 { format!(", {} commit(s) verified", m.verified) } else { String::new() };
                 println!("{}: {from} -> {}{signed}", m.name, short(&m.to.to_string()));
             }
             let when = if source.repo.starts_with("file://") {
@@ -51,7 +52,11 @@ pub fn run(command: BundleCommand) -> Result<u8> {
             } else {
                 "at once (it watches the mirror's refs)"
             };
-            println!("imported {} into {}; the agent following it reads it {when}", file.display(), done.mirror.display());
+            println!(
+                "imported {} into {}; the agent following it reads it {when}",
+                file.display(),
+                done.mirror.display()
+            );
             Ok(0)
         }
         Err(e) if e.downcast_ref::<Refused>().is_some() => {

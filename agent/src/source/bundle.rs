@@ -179,11 +179,7 @@ fn judge(src: &GitSource, name: &str, new: Oid, allow_rewind: bool) -> Result<Op
         && !src.descends_from(new_c, o)?
     {
         let os = short(&o.to_string()).to_string();
-        let how = if src.descends_from(o, new_c)? {
-            "an older bundle replayed?"
-        } else {
-            "history rewritten?"
-        };
+        let how = if src.descends_from(o, new_c)? { "an older bundle replayed?" } else { "history rewritten?" };
         return Err(refuse(format!(
             "the bundle's {n} is {ns}, which does not contain the mirror's {os} ({how}); refusing to go backwards or sideways (--allow-rewind to allow)"
         )));

@@ -203,7 +203,10 @@ fn an_unsigned_or_wrongly_signed_commit_refuses_the_whole_bundle() {
     let unsigned = site.commit(2, None);
     let c3 = site.commit(3, Some(&site.good));
     let err = refused(&site.import(&site.bundle("two.bundle", &["main"]), &[]));
-    assert!(err.contains(&format!("the bundle's main (at {}): commit {} is not signed", &c3[..12], &unsigned[..12])), "{err}");
+    assert!(
+        err.contains(&format!("the bundle's main (at {}): commit {} is not signed", &c3[..12], &unsigned[..12])),
+        "{err}"
+    );
     assert!(err.contains("the rule: every commit deployed signed by a key of"), "{err}");
     assert_eq!(site.refs(), before, "nothing moved");
     assert_eq!(steps_of(&site.agent_reads()), vec![1]);
@@ -284,4 +287,69 @@ fn a_truncated_or_corrupt_bundle_is_refused_and_the_mirror_stays_whole() {
     ok(&site.import(&whole, &[]));
     assert_eq!(site.agent_reads().head.as_deref(), Some(c2.as_str()));
     git(&site.mirror, &["fsck", "--no-dangling"]);
+}
+
+/// Whether a direct child of `pid` runs `name` now (its `/proc/<pid>/stat`).
+fn has_child(pid: u32, name: &str) -> bool {
+    let Ok(dir) = std::fs::read_dir("/proc") else { return false };
+    dir.flatten().any(|e| {
+        let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
+        // `pid (comm) state ppid ...`: comm may hold spaces, so split at its last parenthesis.
+        let Some((head, tail)) = stat.rsplit_once(')') else { return false };
+        let comm = head.split_once('(').map(|(_, c)| c).unwrap_or_default();
+        let ppid = tail.split_whitespace().nth(1).and_then(|p| p.parse::<u32>().ok());
+        comm == name && ppid == Some(pid)
+    })
+}
+
+/// An import killed while it verifies the bundle's commits (their objects fetched into the
+/// mirror, no ref moved yet): the mirror's refs are as they were, no ref is left locked, the
+/// agent reads the old head, and the same bundle imports afterwards.
+#[test]
+fn an_import_killed_half_way_leaves_the_mirror_as_it_was() {
+    let site = Site::new(false);
+    let c1 = site.commit(1, Some(&site.good));
+    ok(&site.import(&site.bundle("one.bundle", &["main"]), &[]));
+    let before = site.refs();
+    let last = (2..=40).map(|s| site.commit(s, Some(&site.good))).last().unwrap();
+    let many = site.bundle("many.bundle", &["main"]);
+    let mut import = Command::new(env!("CARGO_BIN_EXE_specd"))
+        .args(["bundle", "import"])
+        .arg(&many)
+        .arg("--config")
+        .arg(&site.config)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // The moment: specd runs ssh-keygen on one of the 39 new commits.
+    let t0 = std::time::Instant::now();
+    while !has_child(import.id(), "ssh-keygen") {
+        assert!(import.try_wait().unwrap().is_none(), "the import ended before its verification was seen");
+        assert!(t0.elapsed() < std::time::Duration::from_secs(60), "no verification seen within 60 s");
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    import.kill().unwrap();
+    import.wait().unwrap();
+    assert_eq!(site.refs(), before, "no ref moved");
+    let locked: Vec<_> =
+        walk(&site.mirror.join("refs")).into_iter().filter(|p| p.extension().is_some_and(|e| e == "lock")).collect();
+    assert!(locked.is_empty(), "{locked:?}");
+    let e = site.agent_reads();
+    assert_eq!((e.error, e.head.as_deref()), (None, Some(c1.as_str())));
+    ok(&site.import(&many, &[]));
+    assert_eq!(site.agent_reads().head.as_deref(), Some(last.as_str()));
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = vec![];
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        } else {
+            out.push(p);
+        }
+    }
+    out
 }

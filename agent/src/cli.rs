@@ -543,7 +543,7 @@ pub fn main() -> ExitCode {
             crate::fleet::promote::promote(&opts, watch.then(|| std::time::Duration::from_secs(interval.max(1)))).await
         }),
         Command::Fleet { command } => run_async(fleet(dirs, command)),
-        Command::Bundle(command) => run_async(async move { commands::bundle::run(command) }),
+        Command::Bundle(command) => run_async(async move { commands::bundle::run(command, &dirs.state_dir) }),
         Command::Reconcile { unit, socket, config } => {
             run_async(commands::control::ask_reconcile(config::control_socket(socket, &config), unit))
         }

@@ -2,13 +2,14 @@
 //! mirror the agent follows under the agent's own rules (`source/bundle.rs` says which), or
 //! refused with nothing changed.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Result;
 use specd_spec::short;
 
 use crate::config::AgentConfig;
-use crate::source::bundle::{self, Refused};
+use crate::machine::store::SourceState;
+use crate::source::bundle::{self, Deployed, Refused};
 
 #[derive(clap::Subcommand, Debug)]
 pub enum BundleCommand {
@@ -32,10 +33,12 @@ pub enum BundleCommand {
 }
 
 /// Run a `specd bundle` command; 0 imported (or nothing new), 1 refused.
-pub fn run(command: BundleCommand) -> Result<u8> {
+pub fn run(command: BundleCommand, state_dir: &Path) -> Result<u8> {
     let BundleCommand::Import { file, config, allow_rewind } = command;
-    let source = AgentConfig::load(&config)?.source()?;
-    match bundle::import(&source, &file, allow_rewind) {
+    let cfg = AgentConfig::load(&config)?;
+    let source = cfg.source()?;
+    let deployed = deployed(&source, cfg.state_dir.as_deref().unwrap_or(state_dir));
+    match bundle::import(&source, &file, allow_rewind, &deployed) {
         Ok(done) if done.moved.is_empty() => {
             println!("{}: the mirror {} has it already; nothing changed", file.display(), done.mirror.display());
             Ok(0)
@@ -64,5 +67,25 @@ pub fn run(command: BundleCommand) -> Result<u8> {
             Ok(1)
         }
         Err(e) => Err(e),
+    }
+}
+
+/// What the agent of this state directory deploys from this repository (nothing when its
+/// `source.json` is of another repository or ref, or there is none).
+fn deployed(source: &crate::source::git::SourceConfig, state_dir: &Path) -> Deployed {
+    let oid = |o: &Option<String>| o.as_deref().and_then(|o| git2::Oid::from_str(o).ok());
+    match SourceState::load(state_dir) {
+        Some(s) if s.repo == source.repo && s.followed == followed(source) => {
+            Deployed { commit: oid(&s.accepted_commit), record: oid(&s.accepted_record) }
+        }
+        _ => Deployed::default(),
+    }
+}
+
+/// `branch main` / `tag v1`, as `source.json` names what it follows.
+fn followed(source: &crate::source::git::SourceConfig) -> String {
+    match &source.tag {
+        Some(t) => format!("tag {t}"),
+        None => format!("branch {}", source.branch),
     }
 }

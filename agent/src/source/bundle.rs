@@ -6,8 +6,9 @@
 //! 2. Its objects are fetched into the mirror with no ref written (`git fetch` checks the pack
 //!    whole: a truncated bundle stops here). Objects no ref reaches are invisible to the agent.
 //! 3. The followed ref and the promotion record's branch (the fleet file at the new head names
-//!    it) are judged: neither may go back nor sideways from where the mirror has it (an older
-//!    bundle replayed would roll the site back), unless `--allow-rewind`; with signatures
+//!    it) are judged: neither may go back nor sideways from where the mirror has it, nor from
+//!    what the agent deploys (an older bundle replayed would roll the site back), unless
+//!    `--allow-rewind`; with signatures
 //!    configured, every commit the ref's head has been on since the mirror's (its first-parent
 //!    line; the tip alone into an empty mirror) verifies as the agent verifies what it deploys.
 //! 4. Both refs move in one `git update-ref --stdin` transaction, each from the value judged: a
@@ -44,6 +45,15 @@ pub struct Moved {
     pub verified: usize,
 }
 
+/// What the agent following the mirror deploys now (its `source.json`): a bundle may not take
+/// the mirror back from it either, even into a mirror made anew.
+#[derive(Debug, Default)]
+pub struct Deployed {
+    pub commit: Option<Oid>,
+    /// The promotion record's commit it took its revision from.
+    pub record: Option<Oid>,
+}
+
 /// Why a bundle was refused (nothing changed): the command's answer is no.
 #[derive(Debug)]
 pub struct Refused(pub String);
@@ -76,13 +86,24 @@ pub fn mirror_of(cfg: &SourceConfig) -> Result<PathBuf> {
 
 /// Import `bundle` into the mirror `cfg` follows (created, bare, when it does not exist yet).
 /// A [`Refused`] error when the bundle breaks a rule; another error when specd could not tell.
-pub fn import(cfg: &SourceConfig, bundle: &Path, allow_rewind: bool) -> Result<Imported> {
+pub fn import(cfg: &SourceConfig, bundle: &Path, allow_rewind: bool, deployed: &Deployed) -> Result<Imported> {
     let mirror = mirror_of(cfg)?;
     std::fs::File::open(bundle).with_context(|| format!("reading {}", bundle.display()))?;
     let bundle = std::path::absolute(bundle)?;
-    if !mirror.exists() {
-        Repository::init_bare(&mirror).with_context(|| format!("creating the mirror {}", mirror.display()))?;
+    if mirror.exists() {
+        return into(cfg, &mirror, &bundle, allow_rewind, deployed);
     }
+    Repository::init_bare(&mirror).with_context(|| format!("creating the mirror {}", mirror.display()))?;
+    let done = into(cfg, &mirror, &bundle, allow_rewind, deployed);
+    if done.is_err() {
+        // A mirror made for a bundle that was refused goes with it.
+        let _ = std::fs::remove_dir_all(&mirror);
+    }
+    done
+}
+
+fn into(cfg: &SourceConfig, mirror: &Path, bundle: &Path, allow_rewind: bool, deployed: &Deployed) -> Result<Imported> {
+    let (mirror, bundle) = (mirror.to_path_buf(), bundle.to_path_buf());
     let local = SourceConfig { repo: mirror.display().to_string(), ..cfg.clone() };
     let src = GitSource::open(local.clone(), Path::new("/nonexistent"))?;
     let heads = bundle_heads(&src, &bundle)?;
@@ -99,12 +120,12 @@ pub fn import(cfg: &SourceConfig, bundle: &Path, allow_rewind: bool) -> Result<I
     let src = GitSource::open(local, Path::new("/nonexistent"))?;
     let mut moves = vec![];
     let new_head = heads[&followed];
-    if let Some(m) = judge(&src, &followed, new_head, allow_rewind)? {
+    if let Some(m) = judge(&src, &followed, new_head, allow_rewind, deployed.commit)? {
         moves.push(m);
     }
     let record = record_branch(&src, new_head)?.map(|b| format!("refs/heads/{b}"));
     if let Some(r) = record.filter(|r| heads.contains_key(r))
-        && let Some(m) = judge(&src, &r, heads[&r], allow_rewind)?
+        && let Some(m) = judge(&src, &r, heads[&r], allow_rewind, deployed.record)?
     {
         moves.push(m);
     }
@@ -161,7 +182,7 @@ fn record_branch(src: &GitSource, head: Oid) -> Result<Option<String>> {
 
 /// Whether the mirror's `name` may move to `new`, as the agent judges a head it deploys: `None`
 /// when it is there already.
-fn judge(src: &GitSource, name: &str, new: Oid, allow_rewind: bool) -> Result<Option<Moved>> {
+fn judge(src: &GitSource, name: &str, new: Oid, allow_rewind: bool, deployed: Option<Oid>) -> Result<Option<Moved>> {
     let repo = src.repository();
     let old = match repo.find_reference(name) {
         Ok(r) => Some(r.target().ok_or_else(|| anyhow!("{name} of the mirror is a symbolic ref"))?),
@@ -182,6 +203,15 @@ fn judge(src: &GitSource, name: &str, new: Oid, allow_rewind: bool) -> Result<Op
         let how = if src.descends_from(o, new_c)? { "an older bundle replayed?" } else { "history rewritten?" };
         return Err(refuse(format!(
             "the bundle's {n} is {ns}, which does not contain the mirror's {os} ({how}); refusing to go backwards or sideways (--allow-rewind to allow)"
+        )));
+    }
+    if let Some(d) = deployed
+        && !allow_rewind
+        && !(src.has_commit(d) && src.descends_from(new_c, d)?)
+    {
+        let ds = short(&d.to_string()).to_string();
+        return Err(refuse(format!(
+            "the bundle's {n} is {ns}, which does not contain {ds}, what the agent deploys (an older bundle replayed?); refusing to go backwards (--allow-rewind to allow)"
         )));
     }
     let mut verified = 0;

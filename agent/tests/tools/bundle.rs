@@ -353,3 +353,27 @@ fn walk(dir: &Path) -> Vec<PathBuf> {
     }
     out
 }
+
+/// A mirror made anew (a disk replaced) has nothing to compare with: the agent's own record of
+/// what it deploys (`source.json`) still refuses an older bundle.
+#[test]
+fn an_older_bundle_into_a_new_mirror_is_refused_by_what_the_agent_deploys() {
+    let site = Site::new(false);
+    site.commit(1, Some(&site.good));
+    let old = site.bundle("old.bundle", &["main"]);
+    let c2 = site.commit(2, Some(&site.good));
+    ok(&site.import(&site.bundle("new.bundle", &["main"]), &[]));
+    let state = site.d.path().join("state");
+    std::fs::create_dir_all(&state).unwrap();
+    let source = format!(
+        r#"{{"repo": "{}", "followed": "branch main", "accepted_commit": "{c2}", "time": 0}}"#,
+        site.mirror.display()
+    );
+    std::fs::write(state.join("source.json"), source).unwrap();
+    std::fs::remove_dir_all(&site.mirror).unwrap();
+    let err = refused(&site.import(&old, &["--state-dir", state.to_str().unwrap()]));
+    assert!(err.contains(&format!("does not contain {}, what the agent deploys", &c2[..12])), "{err}");
+    assert!(!site.mirror.exists(), "the mirror made for the refused bundle is gone");
+    ok(&site.import(&site.d.path().join("new.bundle"), &["--state-dir", state.to_str().unwrap()]));
+    assert_eq!(site.agent_reads().head.as_deref(), Some(c2.as_str()));
+}

@@ -111,23 +111,39 @@ fn into(cfg: &SourceConfig, mirror: &Path, bundle: &Path, allow_rewind: bool, de
         Some(t) => format!("refs/tags/{t}"),
         None => format!("refs/heads/{}", cfg.branch),
     };
-    if !heads.contains_key(&followed) {
-        let has = heads.keys().map(String::as_str).collect::<Vec<_>>().join(", ");
-        return Err(refuse(format!("{} holds no {followed} (it holds: {has})", bundle.display())));
+    let has = || heads.keys().map(String::as_str).collect::<Vec<_>>().join(", ");
+    let mirrored = src.repository().refname_to_id(&followed).ok();
+    if !heads.contains_key(&followed) && mirrored.is_none() {
+        return Err(refuse(format!(
+            "{} holds no {followed}, and the mirror has none (it holds: {})",
+            bundle.display(),
+            has()
+        )));
     }
     fetch_objects(&src, &bundle, &heads)?;
     // Opened again: the objects the fetch wrote are read by a repository that knows their pack.
     let src = GitSource::open(local, Path::new("/nonexistent"))?;
     let mut moves = vec![];
-    let new_head = heads[&followed];
-    if let Some(m) = judge(&src, &followed, new_head, allow_rewind, deployed.commit)? {
-        moves.push(m);
-    }
-    let record = record_branch(&src, new_head)?.map(|b| format!("refs/heads/{b}"));
-    if let Some(r) = record.filter(|r| heads.contains_key(r))
-        && let Some(m) = judge(&src, &r, heads[&r], allow_rewind, deployed.record)?
-    {
-        moves.push(m);
+    // A bundle without the followed branch (a promotion step alone) is read at the mirror's head.
+    let head = match heads.get(&followed) {
+        Some(&h) => {
+            moves.extend(judge(&src, &followed, h, allow_rewind, deployed.commit)?);
+            h
+        }
+        None => mirrored.expect("checked above"),
+    };
+    let record = record_branch(&src, head)?.map(|b| format!("refs/heads/{b}"));
+    match record.filter(|r| heads.contains_key(r)) {
+        Some(r) => moves.extend(judge(&src, &r, heads[&r], allow_rewind, deployed.record)?),
+        None if !heads.contains_key(&followed) => {
+            let why = format!(
+                "{} holds neither {followed} nor the promotion record's branch (it holds: {})",
+                bundle.display(),
+                has()
+            );
+            return Err(refuse(why));
+        }
+        None => {}
     }
     if !moves.is_empty() {
         update_refs(&src, &moves)?;

@@ -186,9 +186,16 @@ fn a_signed_bundle_moves_the_mirror_and_the_agent_deploys_what_it_carried() {
     assert_eq!(e.error, None);
     assert_eq!((e.head.as_deref(), e.revision(), steps_of(&e)), (Some(c3.as_str()), Some(c2.as_str()), vec![2]));
     assert_eq!(e.fleet.unwrap().record.as_deref(), Some(rec.as_str()));
+    // A promotion step alone: a bundle of the record branch, read at the mirror's head.
+    let rec = site.record(&c3);
+    let out = ok(&site.import(&site.bundle("step.bundle", &["specd-promotions"]), &[]));
+    assert!(out.contains("refs/heads/specd-promotions:") && !out.contains("refs/heads/main:"), "{out}");
+    let e = site.agent_reads();
+    assert_eq!((e.error.as_deref(), e.revision(), steps_of(&e)), (None, Some(c3.as_str()), vec![3]));
+    assert_eq!(e.fleet.unwrap().record.as_deref(), Some(rec.as_str()));
     // The same bundle again: nothing new, nothing changed.
     let before = site.refs();
-    assert!(ok(&site.import(&site.d.path().join("two.bundle"), &[])).contains("has it already"));
+    assert!(ok(&site.import(&site.d.path().join("step.bundle"), &[])).contains("has it already"));
     assert_eq!(site.refs(), before);
 }
 

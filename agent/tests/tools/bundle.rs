@@ -226,6 +226,19 @@ fn an_unsigned_or_wrongly_signed_commit_refuses_the_whole_bundle() {
     let err = refused(&site.import(&site.bundle("two.bundle", &["main"]), &[]));
     assert!(err.contains(&format!("commit {} is signed by a key that is not in", &evil[..12])), "{err}");
     assert_eq!(site.refs(), before);
+
+    // A side branch's commit merged by a signed merge is no head the branch had: the agent would
+    // deploy it only if a record named it, and then checks it itself.
+    git(&site.r, &["reset", "-q", "--hard", "HEAD~1"]);
+    git(&site.r, &["checkout", "-q", "-b", "side"]);
+    std::fs::write(site.r.join("README"), "notes\n").unwrap();
+    git(&site.r, &["add", "-A"]);
+    git(&site.r, &["commit", "-q", "-m", "unsigned side"]);
+    git(&site.r, &["checkout", "-q", "main"]);
+    let key = format!("user.signingkey={}", site.good.display());
+    git(&site.r, &["-c", "gpg.format=ssh", "-c", &key, "merge", "-q", "-S", "--no-ff", "-m", "merge", "side"]);
+    let out = ok(&site.import(&site.bundle("merged.bundle", &["main"]), &[]));
+    assert!(out.contains("1 commit(s) verified"), "{out}");
 }
 
 /// An older bundle carried in again would roll the site back: refused. So is a branch whose

@@ -102,6 +102,7 @@ pub fn import(cfg: &SourceConfig, bundle: &Path, allow_rewind: bool, deployed: &
     done
 }
 
+/// [`import`] into a mirror that exists.
 fn into(cfg: &SourceConfig, mirror: &Path, bundle: &Path, allow_rewind: bool, deployed: &Deployed) -> Result<Imported> {
     let (mirror, bundle) = (mirror.to_path_buf(), bundle.to_path_buf());
     let local = SourceConfig { repo: mirror.display().to_string(), ..cfg.clone() };

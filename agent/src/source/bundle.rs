@@ -159,7 +159,8 @@ fn bundle_heads(src: &GitSource, bundle: &Path) -> Result<BTreeMap<String, Oid>>
         cmd.args(["bundle"]).args(args).arg(bundle);
         src.run_transfer(cmd, &format!("reading the bundle {}", bundle.display()))
     };
-    let out = git(&["verify", "--quiet"])?;
+    // Not --quiet: git then says nothing of missing prerequisites.
+    let out = git(&["verify"])?;
     if !out.status.success() {
         return Err(refuse(format!("{} is not a usable bundle: {}", bundle.display(), git_words(&out.stderr))));
     }

@@ -400,3 +400,22 @@ fn an_older_bundle_into_a_new_mirror_is_refused_by_what_the_agent_deploys() {
     ok(&site.import(&site.d.path().join("new.bundle"), &["--state-dir", state.to_str().unwrap()]));
     assert_eq!(site.agent_reads().head.as_deref(), Some(c2.as_str()));
 }
+
+/// A bundle that leaves out what the site has (`^<commit>`) imports into a mirror that has it,
+/// and is refused, naming what is missing, by one that does not.
+#[test]
+fn an_incremental_bundle_needs_the_commits_it_leaves_out() {
+    let site = Site::new(false);
+    let c1 = site.commit(1, Some(&site.good));
+    ok(&site.import(&site.bundle("one.bundle", &["main"]), &[]));
+    let c2 = site.commit(2, Some(&site.good));
+    let inc = site.bundle("inc.bundle", &["main", &format!("^{c1}")]);
+    let kept = site.d.path().join("kept.git");
+    std::fs::rename(&site.mirror, &kept).unwrap();
+    let err = refused(&site.import(&inc, &[]));
+    assert!(err.contains("is not a usable bundle") && err.contains("prerequisite") && err.contains(&c1), "{err}");
+    assert!(!site.mirror.exists());
+    std::fs::rename(&kept, &site.mirror).unwrap();
+    assert!(ok(&site.import(&inc, &[])).contains("1 commit(s) verified"));
+    assert_eq!(site.agent_reads().head.as_deref(), Some(c2.as_str()));
+}

@@ -289,3 +289,19 @@ fn update_refs(src: &GitSource, moves: &[Moved]) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_bundle_goes_into_a_local_mirror_only() {
+        let mirror = |repo: &str| mirror_of(&SourceConfig::new(repo)).map_err(|e| e.to_string());
+        assert_eq!(mirror("/srv/specd.git"), Ok(PathBuf::from("/srv/specd.git")));
+        assert_eq!(mirror("file:///srv/specd.git"), Ok(PathBuf::from("/srv/specd.git")));
+        for remote in ["https://git.example.com/infra/gpus.git", "git@git.example.com:infra/gpus.git"] {
+            let e = mirror(remote).unwrap_err();
+            assert!(e.starts_with(&format!("repo is {remote}, a remote:")), "{e}");
+        }
+    }
+}

@@ -173,6 +173,9 @@ pub enum Command {
         #[command(subcommand)]
         command: FleetCommand,
     },
+    /// A bundle carried to an air-gapped site: `specd bundle import FILE`.
+    #[command(subcommand)]
+    Bundle(commands::bundle::BundleCommand),
     /// Ask the running agent to reconcile now (one unit, or all), over its control socket.
     Reconcile {
         #[arg(value_parser = unit_arg)]
@@ -540,6 +543,7 @@ pub fn main() -> ExitCode {
             crate::fleet::promote::promote(&opts, watch.then(|| std::time::Duration::from_secs(interval.max(1)))).await
         }),
         Command::Fleet { command } => run_async(fleet(dirs, command)),
+        Command::Bundle(command) => run_async(async move { commands::bundle::run(command, &dirs.state_dir) }),
         Command::Reconcile { unit, socket, config } => {
             run_async(commands::control::ask_reconcile(config::control_socket(socket, &config), unit))
         }

@@ -1,9 +1,10 @@
 //! The one-shot commands a person runs on a host, one file each (`specd apply`, `status`, `diff`,
-//! `history`, `rollback`, `suspend` and `resume`, `unquarantine`, `reconcile`, `diagnose`), and
+//! `history`, `rollback`, `suspend` and `resume`, `unquarantine`, `reconcile`, `diagnose`, `bundle import`), and
 //! what they share: reading a spec file into a desired state, reconciling several units at once,
 //! a hold's or a sweep's owner, the running agent's control socket.
 
 pub mod apply;
+pub mod bundle;
 pub mod control;
 pub mod diagnose;
 pub mod diff;

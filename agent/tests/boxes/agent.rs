@@ -847,3 +847,46 @@ fn a_flood_of_idle_and_slow_connections_to_the_metrics_port_starves_nothing() {
     assert_eq!(http_get(f.listen, "/healthz").map(|(c, _)| c), Some(200));
     f.e.b.shutdown().unwrap();
 }
+
+/// An air-gapped site: the agent follows a local bare mirror that only bundles carried in
+/// change. `specd bundle import` of a new bundle deploys at once (the mirror's refs are
+/// watched: no poll); the older bundle carried in again is refused and the unit stays.
+#[test]
+fn a_bundle_carried_in_deploys_through_the_local_mirror_at_once() {
+    let f = Fleet::new();
+    let a = f.e.port;
+    f.commit(&[("qwen.yaml", &f.spec("qwen.service", a, 5, 200, ""))], "steps 5");
+    let mirror = f.dir.path().join("site/specd.git");
+    let config = f.dir.path().join("import.yaml");
+    std::fs::write(&config, format!("repo: {}\nbranch: main\npath: specs\n", mirror.display())).unwrap();
+    let bundle = |name: &str| {
+        let p = f.dir.path().join(name);
+        git(&f.repo, &["bundle", "create", "-q", p.to_str().unwrap(), "main"]);
+        p
+    };
+    let import = |b: &Path| f.e.specd(&["bundle", "import", b.to_str().unwrap(), "--config", config.to_str().unwrap()]);
+    let old = bundle("one.bundle");
+    let o = import(&old);
+    assert!(o.status.success(), "{}", text(&o));
+    f.start_agent(mirror.to_str().unwrap(), "");
+    f.wait_steps(a, 5, Duration::from_secs(30));
+
+    let c2 = f.commit(&[("qwen.yaml", &f.spec("qwen.service", a, 10, 200, ""))], "steps 10");
+    let t0 = Instant::now();
+    let o = import(&bundle("two.bundle"));
+    assert!(o.status.success() && text(&o).contains("at once"), "{}", text(&o));
+    f.wait_steps(a, 10, Duration::from_secs(30));
+    eprintln!("import → served: {:?}", t0.elapsed());
+    f.wait_source("the bundle's commit to be accepted", |s| s["accepted_commit"] == c2.as_str());
+
+    let pid = f.e.main_pid("qwen.service");
+    let o = import(&old);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("refusing to go backwards"), "{}", text(&o));
+    let o = f.e.specd(&["reconcile"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let st = text(&f.e.specd(&["status"]));
+    assert!(st.contains(&format!("deployed commit {}", &c2[..12])), "{st}");
+    assert_eq!((f.steps(a), f.e.main_pid("qwen.service")), (Some(10), pid));
+    f.e.b.shutdown().unwrap();
+}

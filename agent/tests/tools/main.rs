@@ -1,8 +1,9 @@
 //! The tool tier: specd against the real tools it drives or is driven by, as plain processes —
-//! git (sources, signatures with ssh-keygen and gpg, the promotion record), a real Prometheus
+//! git (sources, signatures with ssh-keygen and gpg, the promotion record, bundles), a real Prometheus
 //! (the promoter's evidence), promtool (the alert rules), HAProxy (`haproxy -c` of the example config), dpkg-buildpackage, debhelper and
 //! lintian (the package). No root.
 
+mod bundle;
 mod follow;
 mod load_balancer;
 mod monitoring;

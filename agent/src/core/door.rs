@@ -10,6 +10,11 @@ use crate::core::serving::Told;
 /// specd's own table: nothing else of the host's rules is touched.
 pub const TABLE: &str = "inet specd";
 
+/// The address specd reads a server's requests in flight from (`127.83.80.68`, one of the
+/// loopback's; any of the host's IPv4 addresses can be reached from it): its new connections
+/// are let through a closed port. Over IPv6, connections from `::1` are (the host's own).
+pub const PROBE_FROM: std::net::Ipv4Addr = std::net::Ipv4Addr::new(127, 83, 80, 68);
+
 /// The unit's chain: its name with every byte but a letter, a digit and `.` written `_xx` (an
 /// nftables name, one per unit: no two units share one), prefixed `drain_`; a name longer than
 /// nftables takes is cut and ended by a hash of the whole.
@@ -35,7 +40,8 @@ pub fn chain(unit: &str) -> String {
 const MAX_CHAIN: usize = 200;
 
 /// The script that closes the unit's door on `port`: its chain (a filter on input, before the
-/// host's own filters) holding one rule that resets new connections to the port.
+/// host's own filters) holding the rules that reset new connections to the port, over IPv4 but
+/// from [`PROBE_FROM`] and over IPv6 but from `::1`.
 pub fn close_script(unit: &str, port: u16) -> String {
     let c = chain(unit);
     // A comment is one quoted string: the unit's name without quotes or control characters.
@@ -44,7 +50,8 @@ pub fn close_script(unit: &str, port: u16) -> String {
         "add table {TABLE}\n\
          add chain {TABLE} {c} {{ type filter hook input priority filter - 10 ; policy accept ; }}\n\
          flush chain {TABLE} {c}\n\
-         add rule {TABLE} {c} tcp dport {port} ct state new counter reject with tcp reset comment \"specd: {who} is draining\"\n"
+         add rule {TABLE} {c} tcp dport {port} ct state new ip saddr != {PROBE_FROM} counter reject with tcp reset comment \"specd: {who} is draining\"\n\
+         add rule {TABLE} {c} tcp dport {port} ct state new ip6 saddr != ::1 counter reject with tcp reset comment \"specd: {who} is draining\"\n"
     )
 }
 
@@ -142,7 +149,8 @@ mod tests {
             "add table inet specd\n\
              add chain inet specd drain_llm_2da.service { type filter hook input priority filter - 10 ; policy accept ; }\n\
              flush chain inet specd drain_llm_2da.service\n\
-             add rule inet specd drain_llm_2da.service tcp dport 30000 ct state new counter reject with tcp reset comment \"specd: llm-a.service is draining\"\n"
+             add rule inet specd drain_llm_2da.service tcp dport 30000 ct state new ip saddr != 127.83.80.68 counter reject with tcp reset comment \"specd: llm-a.service is draining\"\n\
+             add rule inet specd drain_llm_2da.service tcp dport 30000 ct state new ip6 saddr != ::1 counter reject with tcp reset comment \"specd: llm-a.service is draining\"\n"
         );
         assert_eq!(
             open_script("llm-a.service"),

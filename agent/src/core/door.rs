@@ -13,7 +13,7 @@ pub const TABLE: &str = "inet specd";
 /// The address specd reads a server's requests in flight from (`127.83.80.68`, one of the
 /// loopback's; any of the host's IPv4 addresses can be reached from it): its new connections
 /// are let through a closed port. Over IPv6, connections from `::1` are (the host's own).
-pub const PROBE_FROM: std::net::Ipv4Addr = std::net::Ipv4Addr::new(127, 83, 80, 68);
+pub const PROBE_FROM: [u8; 4] = [127, 83, 80, 68];
 
 /// The unit's chain: its name with every byte but a letter, a digit and `.` written `_xx` (an
 /// nftables name, one per unit: no two units share one), prefixed `drain_`; a name longer than
@@ -44,13 +44,14 @@ const MAX_CHAIN: usize = 200;
 /// from [`PROBE_FROM`] and over IPv6 but from `::1`.
 pub fn close_script(unit: &str, port: u16) -> String {
     let c = chain(unit);
+    let [a, b, d, e] = PROBE_FROM;
     // A comment is one quoted string: the unit's name without quotes or control characters.
     let who: String = unit.chars().filter(|ch| *ch != '"' && *ch != '\\' && !ch.is_control()).collect();
     format!(
         "add table {TABLE}\n\
          add chain {TABLE} {c} {{ type filter hook input priority filter - 10 ; policy accept ; }}\n\
          flush chain {TABLE} {c}\n\
-         add rule {TABLE} {c} tcp dport {port} ct state new ip saddr != {PROBE_FROM} counter reject with tcp reset comment \"specd: {who} is draining\"\n\
+         add rule {TABLE} {c} tcp dport {port} ct state new ip saddr != {a}.{b}.{d}.{e} counter reject with tcp reset comment \"specd: {who} is draining\"\n\
          add rule {TABLE} {c} tcp dport {port} ct state new ip6 saddr != ::1 counter reject with tcp reset comment \"specd: {who} is draining\"\n"
     )
 }

@@ -38,7 +38,7 @@ impl Default for Probe {
 impl Probe {
     pub fn new(timeout: Duration) -> Probe {
         let client = Probe::client(timeout, None);
-        let from = std::net::IpAddr::V4(crate::core::door::PROBE_FROM);
+        let from = std::net::IpAddr::V4(crate::core::door::PROBE_FROM.into());
         Probe { client, counting: Probe::client(timeout, Some(from)) }
     }
 

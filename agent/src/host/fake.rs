@@ -136,6 +136,10 @@ struct World {
     refused: Option<u16>,
     /// `nft` is not there: every call to it fails.
     no_nft: bool,
+    /// `nft` can close a port and no longer open it.
+    cannot_open: bool,
+    /// Starts made while the unit's port refused new connections (nothing could reach them).
+    started_behind_rule: usize,
     /// What `nvidia-smi` answers, in turn (the last one again and again); empty: no NVIDIA device.
     gpu_answers: std::collections::VecDeque<Result<String, String>>,
     /// What the unit's load balancers are told, and each word they were told since, when.
@@ -362,6 +366,7 @@ impl FakeHost {
         let mut w = self.w();
         w.plan = None;
         w.lingering = false;
+        w.cannot_open = false;
         let now = Instant::now();
         for p in w.procs.values_mut() {
             p.lingers = false;
@@ -409,6 +414,16 @@ impl FakeHost {
     /// The host has no `nft`: closing or opening a port fails.
     pub fn without_nft(&self) {
         self.w().no_nft = true;
+    }
+
+    /// From now on (until [`FakeHost::heal`]), a rule once added cannot be removed.
+    pub fn nft_cannot_open(&self) {
+        self.w().cannot_open = true;
+    }
+
+    /// Starts made while the unit's port refused new connections.
+    pub fn started_behind_rule(&self) -> usize {
+        self.w().started_behind_rule
     }
 
     /// The port specd's nftables rule refuses new connections to, if one does.
@@ -782,6 +797,9 @@ impl FakeHost {
         let cg = self.cgroup();
         if w.procs.values().any(|p| p.alive && p.cgroup == cg) {
             w.started_over_live += 1;
+        }
+        if w.refused.is_some() {
+            w.started_behind_rule += 1;
         }
         let argv = specd_spec::exec_start(&text).unwrap_or_default();
         let now = Instant::now();
@@ -1223,6 +1241,9 @@ impl Firewall for FakeHost {
         assert_eq!(unit, self.unit);
         if let Some(e) = self.call("nft_accept", NFT, |e| e).await {
             bail!(e);
+        }
+        if self.w().cannot_open {
+            bail!("nft failed (exit status: 1): Error: Could not process rule: Device or resource busy");
         }
         // As the real one: without `nft`, no rule of specd's is there to remove.
         self.w().refused = None;

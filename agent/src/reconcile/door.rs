@@ -5,7 +5,7 @@
 //! be closed is said, and the apply drains as without it: nothing of a good change is refused
 //! for it, and nothing is left half-done (a failed close is undone).
 
-use super::steps::Run;
+use super::steps::{Run, StepFailure};
 use super::*;
 use crate::core::door::{self, Door};
 use crate::core::record::UnitState;
@@ -52,11 +52,16 @@ impl<H: Host> Run<'_, H> {
     }
 
     /// Its port open again (once the old instance stopped, and at the end of the run): nothing
-    /// when it was not closed; a failure is said, and the next call (or reconcile) tries again.
+    /// when it was not closed; asked twice, then a failure is said, and the next call (or
+    /// reconcile) tries again.
     pub(super) async fn open_door(&mut self, st: &mut UnitState) {
         let Some(port) = st.refusing else { return };
         let (ctx, unit) = (self.ctx, self.unit);
-        match ctx.host.accept_new(unit).await {
+        let mut r = ctx.host.accept_new(unit).await;
+        if r.is_err() {
+            r = ctx.host.accept_new(unit).await;
+        }
+        match r {
             Ok(()) => {
                 st.refusing = None;
                 if matches!(self.door, Door::Closed { .. }) {
@@ -69,6 +74,21 @@ impl<H: Host> Run<'_, H> {
                     "could not remove the rule refusing new connections to port {port} ({e:#}); trying again"
                 )),
             ),
+        }
+    }
+
+    /// Once the old instance stopped: its port open, or the run stops there (a server started
+    /// behind a closed port could not be reached, and its readiness would fail a good spec).
+    pub(super) async fn open_before_start(&mut self, st: &mut UnitState) -> Result<(), StepFailure> {
+        self.open_door(st).await;
+        match st.refusing {
+            None => Ok(()),
+            Some(port) => Err(StepFailure::host(
+                crate::core::plan::Step::WaitStopped,
+                format!(
+                    "new connections to port {port} are still refused by specd's nftables rule: not starting a server nothing could reach"
+                ),
+            )),
         }
     }
 }

@@ -169,6 +169,7 @@ async fn serving(old: &DesiredState, new: &DesiredState, new_fails: bool) -> Wor
 /// died after it, as it could a moment later).
 fn check_faulty_run(w: &World, old: &DesiredState, new: &DesiredState, r: &Option<Result<Report, String>>, case: &str) {
     assert_eq!(w.host.started_over_live(), 0, "{case}: a new instance was started over a live one\n{}", w.said());
+    assert_eq!(w.host.started_behind_rule(), 0, "{case}: started while its port refused new connections");
     for t in w.host.writes() {
         assert!(
             t == old.unit.text || t == new.unit.text || t == DROP_IN,
@@ -1188,4 +1189,32 @@ async fn a_rule_left_by_an_apply_killed_in_its_drain_is_removed_by_the_next_reco
         w.said()
     );
     assert_eq!(w.store().peek(UNIT).unwrap().refusing, None);
+}
+
+/// A rule that cannot be removed once the old instance stopped: nothing is started behind it
+/// (nothing could reach the server, and its failed readiness would condemn a good spec); the
+/// apply fails on the host, quarantines nothing, and once `nft` works again the next reconcile
+/// removes the rule and applies the change.
+#[tokio::test(start_paused = true)]
+async fn a_rule_that_cannot_be_removed_after_the_stop_starts_nothing_behind_it_and_condemns_no_spec() {
+    let (old, new) = (refusing(5, true), refusing(10, true));
+    let w = serving(&old, &new, false).await;
+    w.host.fed();
+    w.host.nft_cannot_open();
+    let r = w.reconcile(&new).await.unwrap().unwrap();
+    assert_ne!(r.outcome, Some(Outcome::Applied), "{}\n{}", r.verdict, w.said());
+    assert_eq!(w.host.started_behind_rule(), 0, "{}", w.said());
+    assert!(
+        w.said().contains("are still refused by specd's nftables rule: not starting a server nothing could reach"),
+        "{}",
+        w.said()
+    );
+    let st = w.store().peek(UNIT).unwrap();
+    assert!(st.quarantined(&new.unit.sha256).is_none(), "{}", r.verdict);
+    assert_eq!(st.refusing, Some(30000));
+    w.host.heal();
+    let r = w.reconcile(&new).await.unwrap().unwrap();
+    assert_eq!(r.outcome, Some(Outcome::Applied), "{}\n{}", r.verdict, w.said());
+    assert_eq!(w.host.refused(), None);
+    assert_eq!(w.host.started_behind_rule(), 0);
 }

@@ -248,7 +248,7 @@ impl<H: Host> Run<'_, H> {
                 }
                 Step::WaitStopped => {
                     self.wait_stopped(stop).await?;
-                    self.open_door(st).await;
+                    self.open_before_start(st).await?;
                 }
                 Step::RemoveDropIns => self.remove_drop_ins().await?,
                 Step::WriteUnit => self.write_unit(st).await?,

@@ -43,3 +43,21 @@ pub async fn apply(script: &str) -> Result<()> {
         Err(_) => bail!("nft did not answer within {} s", NFT_WITHIN.as_secs()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use anyhow::Context;
+
+    use super::missing;
+
+    #[test]
+    fn a_host_without_nft_is_told_from_an_nft_that_failed() {
+        let spawn = std::process::Command::new("/nonexistent/nft").spawn().map(|_| ());
+        let absent = spawn.context("running nft (the nftables package)").unwrap_err();
+        assert!(missing(&absent), "{absent:#}");
+        let failed = anyhow::anyhow!("nft failed (exit status: 1): Error: syntax error");
+        assert!(!missing(&failed));
+        let denied: anyhow::Error = std::io::Error::from(std::io::ErrorKind::PermissionDenied).into();
+        assert!(!missing(&denied.context("running nft")));
+    }
+}

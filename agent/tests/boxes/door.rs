@@ -83,6 +83,7 @@ fn a_unit_fed_by_clients_with_no_load_balancer_drains_without_sigkill_only_when_
         assert!(out.contains(&line), "{line}\n{out}");
     }
     assert!(!out.contains("after the drain budget"), "{out}");
+    println!("with drain_refuse_new:\n{out}");
     let a = last_apply(&e);
     assert_eq!(a["outcome"], "applied", "{a}");
     assert!(a["stop_verdict"].is_null(), "stopped by SIGKILL: {a}\n{out}");
@@ -95,6 +96,7 @@ fn a_unit_fed_by_clients_with_no_load_balancer_drains_without_sigkill_only_when_
     assert!(out.contains("requests still in flight after the drain budget; stopping anyway"), "{out}");
     let a = last_apply(&e);
     assert!(a["stop_verdict"].as_str().is_some_and(|v| v.contains("stopped by SIGKILL after TimeoutStopSec")), "{a}");
+    println!("without it:\n{out}");
     let s = t.stop();
     println!("fed without a load balancer: {s}");
     host_has_no_specd_table();

@@ -326,6 +326,15 @@ pub struct ServiceLayer {
     /// (stop at once; the engine then drains under `timeout_stop_sec`).
     #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "strict::u32")]
     pub drain_timeout_sec: Option<u32>,
+    /// During the drain (from the moment an apply decides to stop the serving instance until
+    /// it has stopped), refuse new TCP connections to the server's port (a reset: clients fail
+    /// fast and retry elsewhere) while established ones finish: a rule in specd's own nftables
+    /// table (`inet specd`), removed once the instance stopped (after a crash, by the next
+    /// reconcile of the unit). For a unit no load balancer polls, whose clients would otherwise
+    /// keep it busy until the stop's SIGKILL. Needs `nft`; without it the apply says so and
+    /// drains as without this. Default false. A request on a kept-alive connection still comes in.
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "strict::bool")]
+    pub drain_refuse_new: Option<bool>,
     /// `MemoryMax=`: bytes with an optional K, M, G, T, P or E suffix (base 1024, e.g. `200G`),
     /// a percentage of physical memory in (0, 100] (e.g. `80%`), or `infinity`. Bytes at least
     /// what the engine needs to start at all: 1G for sglang and vllm, 64M for llama-cpp.
@@ -432,7 +441,7 @@ impl_merge!(SpecLayer { unit, engine, command, model } sections { server, specul
 impl_merge!(RolloutLayer { group, max_unavailable } sections {});
 impl_merge!(ServerLayer { host, port, tp_size, mem_fraction_static, max_running_requests, context_length, n_gpu_layers, served_model_name, extra_args } sections {});
 impl_merge!(SpeculativeLayer { algorithm, num_steps, eagle_topk, num_draft_tokens, draft_model, draft_min, draft_p_min, prompt_lookup_min, prompt_lookup_max } sections {});
-impl_merge!(ServiceLayer { description, user, group, working_directory, environment_files, allow_literal_secrets, restart, restart_sec, timeout_start_sec, timeout_stop_sec, drain_timeout_sec, memory_max, enabled } sections { environment, credentials });
+impl_merge!(ServiceLayer { description, user, group, working_directory, environment_files, allow_literal_secrets, restart, restart_sec, timeout_start_sec, timeout_stop_sec, drain_timeout_sec, drain_refuse_new, memory_max, enabled } sections { environment, credentials });
 impl_merge!(WeightsLayer { verify } sections {});
 impl_merge!(ReadinessLayer { timeout_sec, endpoint, verify_args, verify_speculation } sections {});
 impl_merge!(PolicyLayer { drift, rollback, adopt } sections {});

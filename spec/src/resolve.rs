@@ -93,6 +93,9 @@ pub struct Service {
     pub timeout_start_sec: u32,
     pub timeout_stop_sec: u32,
     pub drain_timeout_sec: u32,
+    /// New connections to the server's port refused during the drain (nftables).
+    #[serde(default)]
+    pub drain_refuse_new: bool,
     pub memory_max: Option<String>,
     /// Enabled at boot (`systemctl enable`). Not part of the unit file.
     #[serde(default = "enabled_by_default")]

@@ -669,6 +669,13 @@ const CASES: &[(&str, &str, u64, &str, &str)] = &[
         "spec.service.enabled",
         "expected true or false, got a string: \"false\"",
     ),
+    (
+        "drain_refuse_new as a word",
+        "  service: {drain_refuse_new: yes}\n",
+        9,
+        "spec.service.drain_refuse_new",
+        "expected true or false, got a string: \"yes\"",
+    ),
     ("whole file too large", "#\n", 1, "", "a spec may be at most 1048576 bytes (1 MiB)"),
     ("missing apiVersion", "#\n", 1, "apiVersion", "is required"),
 ];

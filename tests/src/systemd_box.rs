@@ -43,6 +43,7 @@ nl='
 '
 IFS=$nl
 for f in $SPECD_BOX_CG_PROCS; do echo 1 > "$f"; done
+if [ -n "$SPECD_BOX_NET" ]; then ip link set lo up; fi
 if [ ! -s /etc/machine-id ]; then
   echo "specd box: /etc/machine-id is missing or empty; systemd would write one on the host, refusing to boot" >&2
   exit 1
@@ -140,11 +141,15 @@ pub struct BoxConfig {
     /// enablement links) and specd's state the first left. Created when missing. `None`: both
     /// are fresh.
     pub persist: Option<PathBuf>,
+    /// A network namespace of the box's own (its loopback up, nothing else): what its processes
+    /// do to the network (an nftables rule, a port bound) stays in the box. Reach it with
+    /// [`SystemdBox::net_ns`]. `false`: the host's network, as the host's processes see it.
+    pub private_network: bool,
 }
 
 impl Default for BoxConfig {
     fn default() -> Self {
-        BoxConfig { binds: Vec::new(), boot_timeout: Duration::from_secs(30), persist: None }
+        BoxConfig { binds: Vec::new(), boot_timeout: Duration::from_secs(30), persist: None, private_network: false }
     }
 }
 
@@ -278,6 +283,7 @@ pub struct SystemdBox {
     unshare: Option<Child>,
     console: fs::File,
     boot_time: Duration,
+    private_network: bool,
 }
 
 impl std::fmt::Debug for SystemdBox {
@@ -437,11 +443,26 @@ impl SystemdBox {
         }
 
         let notify_name = format!("{name}-notify");
-        let notify = UnixDatagram::bind_addr(&SocketAddr::from_abstract_name(notify_name.as_bytes())?)
-            .context("bind the box's notify socket")?;
+        // An abstract socket belongs to its network namespace: a box with its own reaches a
+        // socket file instead (in the target directory, which the box sees).
+        let notify_file = cfg.private_network.then(|| crate::util::target_dir().join(format!("{notify_name}.sock")));
+        let (notify, notify_addr) = match &notify_file {
+            Some(path) => {
+                let _ = fs::remove_file(path);
+                (UnixDatagram::bind(path).context("bind the box's notify socket")?, path.display().to_string())
+            }
+            None => (
+                UnixDatagram::bind_addr(&SocketAddr::from_abstract_name(notify_name.as_bytes())?)
+                    .context("bind the box's notify socket")?,
+                format!("@{notify_name}"),
+            ),
+        };
         let console = tempfile::tempfile().context("create the box console file")?;
 
         let mut cmd = Command::new("unshare");
+        if cfg.private_network {
+            cmd.arg("--net");
+        }
         cmd.args([
             "--pid",
             "--fork",
@@ -461,9 +482,10 @@ impl SystemdBox {
         .env("SPECD_BOX_CG_PROCS", join_paths(&procs))
         .env("SPECD_BOX_BINDS", join_paths(&binds))
         .env("SPECD_BOX_PERSIST", persist)
+        .env("SPECD_BOX_NET", if cfg.private_network { "1" } else { "" })
         .env("SPECD_BOX_PRIVATE_DIRS", PRIVATE_DIRS.join("\n"))
         .env("SPECD_BOX_INNER2", INNER2)
-        .env("SPECD_BOX_NOTIFY", format!("@{notify_name}"))
+        .env("SPECD_BOX_NOTIFY", notify_addr)
         .env("SPECD_BOX_UNIT_PATH", BOX_UNIT_PATH)
         .env("SPECD_BOX_SYSTEMD", SYSTEMD)
         .stdin(Stdio::null())
@@ -496,8 +518,13 @@ impl SystemdBox {
             unshare: Some(child),
             console,
             boot_time: Duration::ZERO,
+            private_network: cfg.private_network,
         };
-        match sb.wait_booted(&notify, cfg.boot_timeout) {
+        let booted = sb.wait_booted(&notify, cfg.boot_timeout);
+        if let Some(path) = &notify_file {
+            let _ = fs::remove_file(path);
+        }
+        match booted {
             Ok(()) => {
                 sb.boot_time = start.elapsed();
                 Ok(sb)
@@ -606,6 +633,12 @@ impl SystemdBox {
         PathBuf::from(format!("/proc/{}/root{}", self.trace.init_pid, path_in_box))
     }
 
+    /// The box's network namespace (`/proc/<its PID 1>/ns/net`): its own with
+    /// [`BoxConfig::private_network`], else the host's.
+    pub fn net_ns(&self) -> PathBuf {
+        PathBuf::from(format!("/proc/{}/ns/net", self.trace.init_pid))
+    }
+
     /// A `Command` that runs `argv` inside the box: `nsenter -t PID -m -p -C
     /// -u -i -- argv`. It runs as root with cwd `/`, inherits the caller's
     /// environment (less `NOTIFY_SOCKET`), is in the box's pid namespace
@@ -614,7 +647,11 @@ impl SystemdBox {
     pub fn command(&self, argv: &[&str]) -> Command {
         assert!(!argv.is_empty(), "empty argv");
         let mut c = Command::new("nsenter");
-        c.args(["-t", &self.trace.init_pid.to_string(), "-m", "-p", "-C", "-u", "-i", "--"]);
+        c.args(["-t", &self.trace.init_pid.to_string(), "-m", "-p", "-C", "-u", "-i"]);
+        if self.private_network {
+            c.arg("-n");
+        }
+        c.arg("--");
         c.args(argv);
         c.env_remove("NOTIFY_SOCKET");
         c.stdin(Stdio::null());

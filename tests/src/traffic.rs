@@ -103,6 +103,9 @@ pub struct Load {
     /// A request with no byte for this long has failed (`timeout`), and its connection is
     /// closed.
     pub timeout: Duration,
+    /// The network namespace the clients connect from (a box's own, `SystemdBox::net_ns`);
+    /// `None`: this process's.
+    pub net_ns: Option<std::path::PathBuf>,
 }
 
 impl Load {
@@ -117,6 +120,7 @@ impl Load {
             prompt: "the quick brown fox".into(),
             model: None,
             timeout: Duration::from_secs(10),
+            net_ns: None,
         }
     }
 }
@@ -206,6 +210,9 @@ impl Traffic {
             .map(|i| {
                 let (load, stop, live, records) = (load.clone(), stop.clone(), live.clone(), records.clone());
                 std::thread::spawn(move || {
+                    if let Some(ns) = &load.net_ns {
+                        enter_net_ns(ns);
+                    }
                     while !stop.load(Ordering::SeqCst) {
                         live.sent.fetch_add(1, Ordering::SeqCst);
                         let r = request(&load, i, t0);
@@ -393,6 +400,15 @@ fn request(load: &Load, client: usize, t0: Instant) -> Record {
     let mut chunks = 0;
     let result = exchange(load, &mut || first_byte = first_byte.or(Some(t0.elapsed())), &mut chunks);
     Record { client, sent, first_byte, end: t0.elapsed(), chunks, result }
+}
+
+/// This thread (only) into the network namespace at `ns` (setns(2) moves the calling thread).
+fn enter_net_ns(ns: &std::path::Path) {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::open(ns).unwrap_or_else(|e| panic!("open {}: {e}", ns.display()));
+    // SAFETY: a valid descriptor of a namespace file, for the calling thread.
+    let r = unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) };
+    assert_eq!(r, 0, "setns {}: {}", ns.display(), std::io::Error::last_os_error());
 }
 
 fn io_failure(e: std::io::Error) -> Failure {

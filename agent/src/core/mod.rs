@@ -7,7 +7,7 @@
 //! (`tune`), which units specd may manage (`owner`), how a panic is contained rather than reach
 //! the agent's loop (`guard`), the GPUs' memory before a start (`gpu`), what a unit's load
 //! balancers are told and whether they saw it (`serving`), whether a replica of a group may go
-//! down now (`roll`).
+//! down now (`roll`), what closes a draining unit's port to new connections (`door`).
 //!
 //! It may not know the machine: no file, process, socket, clock or runtime (no `std::fs`, tokio,
 //! nix, reqwest or git2; the test `the_core_does_no_io` reads its source). Every function here
@@ -15,6 +15,7 @@
 
 pub mod conclude;
 pub mod counts;
+pub mod door;
 pub mod gpu;
 pub mod guard;
 pub mod hold;

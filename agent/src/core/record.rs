@@ -225,6 +225,11 @@ pub struct UnitState {
     /// A hold that keeps the agent's hands off the unit (suspend, pin, sweep).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hold: Option<Hold>,
+    /// The port whose new connections specd's nftables rule refuses for this unit's drain
+    /// (`service.drain_refuse_new`): recorded before the rule is added, cleared once it is
+    /// removed; one left by an apply that was killed is removed by the unit's next reconcile.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refusing: Option<u16>,
     /// The specs of the last good units (applied or started, verified and ready), oldest first,
     /// at most [`GOOD_SPECS_MAX`]: what `specd rollback` re-applies.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

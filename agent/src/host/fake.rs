@@ -18,7 +18,7 @@ use serde_json::Value;
 use specd_spec::{Engine, Spec};
 use tokio::time::Instant;
 
-use super::{Devices, Host, Journal, LoadBalancers, Processes, Server, ServiceManager, UnitFiles, Watch};
+use super::{Devices, Firewall, Host, Journal, LoadBalancers, Processes, Server, ServiceManager, UnitFiles, Watch};
 use crate::core::serving::{CheckKind, PollLog, ServingState, Word};
 use crate::core::speculation::Speculation;
 use crate::core::unit_state::{ActiveState, LoadState, UnitFileState};
@@ -129,6 +129,17 @@ struct World {
     busy_until: Option<Instant>,
     /// Stops asked for while the serving instance had a request in flight.
     stops_while_busy: u32,
+    /// Clients keep sending the serving instance requests (one always in flight), unless its
+    /// port refuses new connections.
+    fed: bool,
+    /// The port specd's nftables rule closes to new connections, if any (`Firewall`).
+    refused: Option<u16>,
+    /// `nft` is not there: every call to it fails.
+    no_nft: bool,
+    /// `nft` can close a port and no longer open it.
+    cannot_open: bool,
+    /// Starts made while the unit's port refused new connections (nothing could reach them).
+    started_behind_rule: usize,
     /// What `nvidia-smi` answers, in turn (the last one again and again); empty: no NVIDIA device.
     gpu_answers: std::collections::VecDeque<Result<String, String>>,
     /// What the unit's load balancers are told, and each word they were told since, when.
@@ -355,6 +366,7 @@ impl FakeHost {
         let mut w = self.w();
         w.plan = None;
         w.lingering = false;
+        w.cannot_open = false;
         let now = Instant::now();
         for p in w.procs.values_mut() {
             p.lingers = false;
@@ -391,6 +403,32 @@ impl FakeHost {
     /// The serving instance has a request in flight for `d` from now.
     pub fn busy_for(&self, d: Duration) {
         self.w().busy_until = Some(Instant::now() + d);
+    }
+
+    /// Clients keep sending the serving instance requests: one is always in flight, unless its
+    /// port refuses new connections.
+    pub fn fed(&self) {
+        self.w().fed = true;
+    }
+
+    /// The host has no `nft`: closing or opening a port fails.
+    pub fn without_nft(&self) {
+        self.w().no_nft = true;
+    }
+
+    /// From now on (until [`FakeHost::heal`]), a rule once added cannot be removed.
+    pub fn nft_cannot_open(&self) {
+        self.w().cannot_open = true;
+    }
+
+    /// Starts made while the unit's port refused new connections.
+    pub fn started_behind_rule(&self) -> usize {
+        self.w().started_behind_rule
+    }
+
+    /// The port specd's nftables rule refuses new connections to, if one does.
+    pub fn refused(&self) -> Option<u16> {
+        self.w().refused
     }
 
     /// How many stops were asked for while the serving instance had a request in flight.
@@ -701,6 +739,7 @@ pub struct Crashed;
 
 const SYSTEMCTL: Duration = Duration::from_secs(25);
 const HTTP: Duration = Duration::from_secs(5);
+const NFT: Duration = crate::machine::nft::NFT_WITHIN;
 
 /// The error of a call whose connection systemd's re-execution closed.
 fn lost(name: &str) -> crate::machine::dbus::Lost {
@@ -759,6 +798,9 @@ impl FakeHost {
         if w.procs.values().any(|p| p.alive && p.cgroup == cg) {
             w.started_over_live += 1;
         }
+        if w.refused.is_some() {
+            w.started_behind_rule += 1;
+        }
         let argv = specd_spec::exec_start(&text).unwrap_or_default();
         let now = Instant::now();
         let fails = w.bad.contains(&argv);
@@ -808,7 +850,7 @@ impl FakeHost {
                 w.lb_violations.push(format!("pid {main} was stopped while its load balancers were told {told:?}"));
             }
             w.stops += 1;
-            if w.busy_until.is_some_and(|t| Instant::now() < t) {
+            if w.busy_until.is_some_and(|t| Instant::now() < t) || (w.fed && w.refused.is_none()) {
                 w.stops_while_busy += 1;
             }
             let main = w.unit.main_pid;
@@ -1050,7 +1092,10 @@ impl Server for FakeHost {
 
     async fn running_requests(&self, base_url: &str, _engine: Engine) -> Option<u64> {
         self.call("running_requests", HTTP, |_| ()).await.map_or(Some(()), |_| None)?;
-        let busy = self.w().busy_until.is_some_and(|t| Instant::now() < t);
+        let busy = {
+            let w = self.w();
+            w.busy_until.is_some_and(|t| Instant::now() < t) || (w.fed && w.refused.is_none())
+        };
         self.ready_server(base_url).map(|_| u64::from(busy))
     }
 
@@ -1175,6 +1220,34 @@ impl LoadBalancers for FakeHost {
 
     fn now_ms(&self) -> u64 {
         self.ms_at(Instant::now())
+    }
+}
+
+/// specd's nftables rule, in memory: one port refused at most (the one unit's).
+impl Firewall for FakeHost {
+    async fn refuse_new(&self, unit: &str, port: u16) -> Result<()> {
+        assert_eq!(unit, self.unit);
+        if let Some(e) = self.call("nft_refuse", NFT, |e| e).await {
+            bail!(e);
+        }
+        if self.w().no_nft {
+            bail!("running nft (the nftables package): No such file or directory (os error 2)");
+        }
+        self.w().refused = Some(port);
+        Ok(())
+    }
+
+    async fn accept_new(&self, unit: &str) -> Result<()> {
+        assert_eq!(unit, self.unit);
+        if let Some(e) = self.call("nft_accept", NFT, |e| e).await {
+            bail!(e);
+        }
+        if self.w().cannot_open {
+            bail!("nft failed (exit status: 1): Error: Could not process rule: Device or resource busy");
+        }
+        // As the real one: without `nft`, no rule of specd's is there to remove.
+        self.w().refused = None;
+        Ok(())
     }
 }
 

@@ -2,7 +2,7 @@
 //! in roles: the service manager ([`ServiceManager`]), the process table and cgroups
 //! ([`Processes`]), unit files ([`UnitFiles`]), the server's HTTP endpoints ([`Server`]), the
 //! journal ([`Journal`]), the GPUs ([`Devices`]), what the unit's load balancers are told and
-//! their polls ([`LoadBalancers`]). [`Host`] is their sum, with what ties them: the wall clock, the
+//! their polls ([`LoadBalancers`]), a draining unit's port closed to new connections ([`Firewall`]). [`Host`] is their sum, with what ties them: the wall clock, the
 //! pre-flight (which looks at files, processes and ports at once) and the hold gate (a clock and
 //! a process). Code that drives a unit is generic over `H: Host`; what needs one role names it.
 //!
@@ -164,10 +164,31 @@ pub trait LoadBalancers {
     fn now_ms(&self) -> u64;
 }
 
+/// specd's own nftables table: a draining unit's port closed to new connections
+/// (`service.drain_refuse_new`; the scripts are `core::door`'s). Each call may be made again.
+pub trait Firewall {
+    /// Refuse new TCP connections to `port` (a reset) until [`Firewall::accept_new`];
+    /// established ones go on.
+    fn refuse_new(&self, unit: &str, port: u16) -> impl Future<Output = Result<()>> + Send;
+    /// Remove the unit's rule (nothing to do when there is none).
+    fn accept_new(&self, unit: &str) -> impl Future<Output = Result<()>> + Send;
+}
+
 /// The whole boundary: its roles, and what ties them. Cheap to clone (a handle): background
 /// reads during an apply hold their own.
 pub trait Host:
-    ServiceManager + Processes + UnitFiles + Server + Journal + Devices + LoadBalancers + Clone + Send + Sync + 'static
+    ServiceManager
+    + Processes
+    + UnitFiles
+    + Server
+    + Journal
+    + Devices
+    + LoadBalancers
+    + Firewall
+    + Clone
+    + Send
+    + Sync
+    + 'static
 {
     /// The wall clock, unix seconds (a hold's expiry is a time of day).
     fn now(&self) -> u64;

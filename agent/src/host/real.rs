@@ -10,7 +10,8 @@ use specd_spec::{Engine, Spec};
 use tokio::time::Instant;
 
 use super::{
-    Devices, Ending, Host, Journal, LoadBalancers, Processes, Server, ServiceManager, UnitFiles, Watch, reconnecting,
+    Devices, Ending, Firewall, Host, Journal, LoadBalancers, Processes, Server, ServiceManager, UnitFiles, Watch,
+    reconnecting,
 };
 use crate::core::hold::Hold;
 use crate::core::serving::{PollLog, ServingState};
@@ -237,6 +238,20 @@ impl Journal for RealHost {
 impl Devices for RealHost {
     async fn gpu_memory(&self) -> Option<Result<String, String>> {
         crate::machine::gpu::memory(Path::new("/dev")).await
+    }
+}
+
+impl Firewall for RealHost {
+    async fn refuse_new(&self, unit: &str, port: u16) -> Result<()> {
+        crate::machine::nft::apply(&crate::core::door::close_script(unit, port)).await
+    }
+
+    /// Without `nft`, there is no rule of specd's to remove.
+    async fn accept_new(&self, unit: &str) -> Result<()> {
+        match crate::machine::nft::apply(&crate::core::door::open_script(unit)).await {
+            Err(e) if crate::machine::nft::missing(&e) => Ok(()),
+            r => r,
+        }
     }
 }
 

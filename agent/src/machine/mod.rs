@@ -2,7 +2,7 @@
 //! (`systemd`, on specd's own client `dbus`), cgroups (`cgroup`), processes (`process`), the
 //! servers' HTTP (`probe`), atomic files (`atomic`), per-unit locks (`lock`), specd's own state
 //! files (`store`), what load balancers are told and their polls (`serving`), its log stream
-//! (`log`) and the GPUs' memory (`gpu`, `nvidia-smi`).
+//! (`log`), the GPUs' memory (`gpu`, `nvidia-smi`) and specd's own nftables table (`nft`).
 //!
 //! It decides nothing: what to do with what it reads is the core's (`crate::core`), and the
 //! reconciler reaches these parts only through the host boundary (`host/`).
@@ -13,6 +13,7 @@ pub mod dbus;
 pub mod gpu;
 pub mod lock;
 pub mod log;
+pub mod nft;
 pub mod probe;
 pub mod process;
 pub mod serving;

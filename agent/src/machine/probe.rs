@@ -24,6 +24,9 @@ pub enum Health {
 #[derive(Clone)]
 pub struct Probe {
     client: reqwest::Client,
+    /// The same, connecting from `core::door::PROBE_FROM`: a port closed to new connections
+    /// for a drain still lets specd read its requests in flight.
+    counting: reqwest::Client,
 }
 
 impl Default for Probe {
@@ -34,7 +37,14 @@ impl Default for Probe {
 
 impl Probe {
     pub fn new(timeout: Duration) -> Probe {
-        let client = reqwest::Client::builder()
+        let client = Probe::client(timeout, None);
+        let from = std::net::IpAddr::V4(crate::core::door::PROBE_FROM.into());
+        Probe { client, counting: Probe::client(timeout, Some(from)) }
+    }
+
+    fn client(timeout: Duration, from: Option<std::net::IpAddr>) -> reqwest::Client {
+        reqwest::Client::builder()
+            .local_address(from)
             .timeout(timeout)
             .connect_timeout(Duration::from_millis(500).min(timeout))
             .no_proxy()
@@ -43,8 +53,7 @@ impl Probe {
             // start (that was most of `specd status`'s time).
             .tls_built_in_root_certs(false)
             .build()
-            .expect("an HTTP client");
-        Probe { client }
+            .expect("an HTTP client")
     }
 
     pub async fn health(&self, url: &str) -> Health {
@@ -151,7 +160,14 @@ impl Probe {
     /// Requests in flight, from the engine's Prometheus metrics, when it exposes them.
     pub async fn running_requests(&self, base_url: &str, engine: Engine) -> Option<u64> {
         let facts = specd_spec::engine_facts(engine);
-        let r = self.client.get(format!("{base_url}{}", facts.metrics_path)).send().await.ok()?;
+        // A server on an IPv4 address is asked from the address a closed port lets through.
+        let v4 = base_url
+            .split("://")
+            .nth(1)
+            .and_then(|r| r.split(['/', ':']).next())
+            .is_some_and(|h| h.parse::<std::net::Ipv4Addr>().is_ok());
+        let client = if v4 { &self.counting } else { &self.client };
+        let r = client.get(format!("{base_url}{}", facts.metrics_path)).send().await.ok()?;
         if !r.status().is_success() {
             return None;
         }

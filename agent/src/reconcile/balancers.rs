@@ -49,11 +49,9 @@ impl<H: Host> Run<'_, H> {
             }
             tokio::time::sleep(timing::LB_LOOK).await;
         };
-        let nobody = told.saw.is_empty() && told.missed.is_empty();
-        if told.kept_away() || nobody {
-            emit(Event::Progress(told.words()));
-        } else {
-            emit(Event::Warning(told.words()));
+        match crate::core::door::kept_away(&told, &self.door) {
+            (false, line) => emit(Event::Progress(line)),
+            (true, line) => emit(Event::Warning(line)),
         }
         Ok(())
     }

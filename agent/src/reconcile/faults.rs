@@ -121,10 +121,14 @@ struct Apply {
     /// A load balancer polls the unit (HAProxy's agent-check, every 500 ms): the drain waits
     /// until it saw `drain`.
     balancer: bool,
+    /// The new spec closes the port to new connections during the drain
+    /// (`service.drain_refuse_new`), and clients keep feeding the serving instance.
+    door: bool,
 }
 
 impl Apply {
-    const PLAIN: Apply = Apply { new_fails: false, enabled: true, new_enabled: true, drop_in: false, balancer: false };
+    const PLAIN: Apply =
+        Apply { new_fails: false, enabled: true, new_enabled: true, drop_in: false, balancer: false, door: false };
 }
 
 impl World {
@@ -139,6 +143,9 @@ async fn prepared(old: &DesiredState, new: &DesiredState, a: Apply) -> World {
     w.host.set_enabled(a.enabled);
     if a.balancer {
         w.host.balancer(CheckKind::AgentCheck, "10.0.0.5", std::time::Duration::from_millis(500));
+    }
+    if a.door {
+        w.host.fed();
     }
     if a.drop_in {
         crate::host::UnitFiles::write(&w.host, &w.drop_in(), DROP_IN.as_bytes()).unwrap();
@@ -162,6 +169,7 @@ async fn serving(old: &DesiredState, new: &DesiredState, new_fails: bool) -> Wor
 /// died after it, as it could a moment later).
 fn check_faulty_run(w: &World, old: &DesiredState, new: &DesiredState, r: &Option<Result<Report, String>>, case: &str) {
     assert_eq!(w.host.started_over_live(), 0, "{case}: a new instance was started over a live one\n{}", w.said());
+    assert_eq!(w.host.started_behind_rule(), 0, "{case}: started while its port refused new connections");
     for t in w.host.writes() {
         assert!(
             t == old.unit.text || t == new.unit.text || t == DROP_IN,
@@ -175,6 +183,9 @@ fn check_faulty_run(w: &World, old: &DesiredState, new: &DesiredState, r: &Optio
     );
     assert_eq!(w.host.lb_violations(), Vec::<String>::new(), "{case}: its load balancers were misled\n{}", w.said());
     let Some(Ok(r)) = r else { return };
+    // An apply that ended left no port closed to new connections.
+    assert_eq!(w.host.refused(), None, "{case}: a port is left refusing new connections\n{}", w.said());
+    assert_eq!(w.store().peek(UNIT).unwrap().refusing, None, "{case}: the state says a port is refused");
     let st = w.store().peek(UNIT).unwrap();
     // The save of its record, and the word to its load balancers after it: its last calls.
     let died_after = w.host.faulted_last_of(&["state_save", "serving_set"]);
@@ -249,6 +260,8 @@ async fn check_converges(w: &World, old: &DesiredState, new: &DesiredState, faul
         );
     }
     assert!(st.in_progress.is_none(), "{case}: an apply is still recorded in progress: {}", r.verdict);
+    assert_eq!(w.host.refused(), None, "{case}: a port is left refusing new connections\n{}", w.said());
+    assert_eq!(st.refusing, None, "{case}: the state says a port is refused");
     // It serves again: never left drain.
     assert_eq!(
         w.host.lb_state().map(|s| s.word()),
@@ -329,8 +342,10 @@ async fn calls_of_apply(old: &DesiredState, new: &DesiredState, a: Apply) -> Vec
 async fn matrix(a: Apply) {
     quiet_crashes();
     let old = desired(5);
-    let new = DesiredState::new(spec(10, a.new_enabled), None);
+    let mut new = DesiredState::new(spec(10, a.new_enabled), None);
+    new.spec.service.drain_refuse_new = a.door;
     let calls = calls_of_apply(&old, &new, a).await;
+    assert_eq!(calls.contains(&"nft_refuse") && calls.contains(&"nft_accept"), a.door, "{calls:?}");
     let ran = !a.new_fails;
     assert_eq!(calls.contains(&"enable"), ran && a.new_enabled && !a.enabled, "{calls:?}");
     assert_eq!(calls.contains(&"disable"), ran && !a.new_enabled && a.enabled, "{calls:?}");
@@ -377,6 +392,20 @@ async fn a_fault_at_any_call_of_an_apply_behind_a_load_balancer_never_misleads_i
 #[tokio::test(start_paused = true)]
 async fn a_fault_at_any_call_of_a_failing_apply_behind_a_load_balancer_converges_ready() {
     matrix(Apply { balancer: true, new_fails: true, ..Apply::PLAIN }).await;
+}
+
+/// The same for a spec that closes its port to new connections during the drain, its clients
+/// feeding it all along: whatever the fault, no rule is left refusing them once the apply ended
+/// (or, killed, once the next reconcile ran), and no unit is left stopped half-way.
+#[tokio::test(start_paused = true)]
+async fn a_fault_at_any_call_of_an_apply_that_refuses_new_connections_leaves_no_rule_and_converges() {
+    matrix(Apply { door: true, ..Apply::PLAIN }).await;
+}
+
+/// The same for a failing apply that refuses new connections during its drain: rolled back.
+#[tokio::test(start_paused = true)]
+async fn a_fault_at_any_call_of_a_failing_apply_that_refuses_new_connections_leaves_no_rule() {
+    matrix(Apply { door: true, new_fails: true, ..Apply::PLAIN }).await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -1060,4 +1089,132 @@ async fn calls_with_gpus(w: &World, new: &DesiredState) -> Vec<&'static str> {
     let n0 = w.host.calls();
     assert_eq!(w.reconcile(new).await.unwrap().unwrap().outcome, Some(Outcome::Applied));
     w.host.call_names()[n0..].to_vec()
+}
+
+/// The spec of `steps` with `service.drain_refuse_new` set as `on`.
+fn refusing(steps: u32, on: bool) -> DesiredState {
+    let mut d = desired(steps);
+    d.spec.service.drain_refuse_new = on;
+    d
+}
+
+/// A unit no load balancer polls, its clients feeding it all along: without
+/// `drain_refuse_new` the drain runs out its budget and the server is stopped with a request in
+/// flight; with it, new connections are refused from the drain on, the requests in flight
+/// finish, the stop comes at once, and the output says what kept traffic away; the rule is gone
+/// once the old instance stopped.
+#[tokio::test(start_paused = true)]
+async fn a_unit_fed_by_clients_drains_at_once_only_when_its_port_refuses_new_connections() {
+    for on in [false, true] {
+        let (old, new) = (refusing(5, on), refusing(10, on));
+        let w = serving(&old, &new, false).await;
+        w.host.fed();
+        let t0 = tokio::time::Instant::now();
+        let r = w.reconcile(&new).await.unwrap().unwrap();
+        assert_eq!(r.outcome, Some(Outcome::Applied), "{}", r.verdict);
+        let (said, stops) = (w.said(), w.host.stops_while_busy());
+        if on {
+            assert_eq!(stops, 0, "stopped with a request in flight\n{said}");
+            assert!(t0.elapsed() < std::time::Duration::from_secs(5), "{:?}\n{said}", t0.elapsed());
+            for line in [
+                "Progress(\"new connections to port 30000 refused (nftables table inet specd) until the old instance has stopped\")",
+                "Progress(\"no load balancer polls this unit; new connections to port 30000 are refused until it has stopped (nftables table inet specd)\")",
+                "Progress(\"drained: no request in flight\")",
+                "Progress(\"new connections to port 30000 accepted again\")",
+            ] {
+                assert!(said.contains(line), "{line}\n{said}");
+            }
+        } else {
+            assert_eq!(stops, 1, "{said}");
+            assert!(said.contains("1 requests still in flight after the drain budget; stopping anyway"), "{said}");
+            assert!(said.contains("nothing keeps traffic away during the stop"), "{said}");
+            assert!(!said.contains("port 30000"), "{said}");
+        }
+        assert_eq!(w.host.refused(), None, "{said}");
+        assert_eq!(w.store().peek(UNIT).unwrap().refusing, None);
+    }
+}
+
+/// Without `nft` (or when it fails), the apply says so and drains as without the option: the
+/// change is applied, and no rule nor record of one is left.
+#[tokio::test(start_paused = true)]
+async fn without_nft_the_apply_says_so_and_drains_as_without_the_option() {
+    let (old, new) = (refusing(5, true), refusing(10, true));
+    let w = serving(&old, &new, false).await;
+    w.host.fed();
+    w.host.without_nft();
+    let r = w.reconcile(&new).await.unwrap().unwrap();
+    assert_eq!(r.outcome, Some(Outcome::Applied), "{}", r.verdict);
+    let said = w.said();
+    assert!(
+        said.contains("Warning(\"could not refuse new connections to port 30000 (running nft (the nftables package): No such file or directory (os error 2)); draining as without service.drain_refuse_new\")"),
+        "{said}"
+    );
+    assert!(
+        said.contains("nothing keeps traffic away during the stop; new connections to port 30000 could not be refused"),
+        "{said}"
+    );
+    assert_eq!(w.host.stops_while_busy(), 1, "{said}");
+    assert_eq!(w.host.serving().as_ref(), Some(&new.spec.argv));
+    assert_eq!(w.store().peek(UNIT).unwrap().refusing, None, "{said}");
+}
+
+/// specd killed in the drain, its port closed: the rule stays (nothing runs to remove it), and
+/// the unit's next reconcile removes it first, as the agent's first look at each unit does.
+#[tokio::test(start_paused = true)]
+async fn a_rule_left_by_an_apply_killed_in_its_drain_is_removed_by_the_next_reconcile() {
+    quiet_crashes();
+    let (old, new) = (refusing(5, true), refusing(10, true));
+    let w = serving(&old, &new, false).await;
+    w.host.fed();
+    let calls = {
+        let probe = serving(&old, &new, false).await;
+        probe.host.fed();
+        let m0 = probe.host.calls();
+        assert!(probe.reconcile(&new).await.unwrap().is_ok());
+        probe.host.call_names()[m0..].to_vec()
+    };
+    let at = calls.iter().position(|c| *c == "nft_refuse").expect("the apply closes the port") + 1;
+    w.host.plan(at, Fault::Crash);
+    assert!(w.reconcile(&new).await.is_none(), "killed\n{}", w.said());
+    assert_eq!(w.host.refused(), Some(30000), "{}", w.said());
+    assert_eq!(w.store().peek(UNIT).unwrap().refusing, Some(30000));
+    w.host.heal();
+    // The unit's next look, even one that has nothing to change.
+    let r = w.reconcile(&old).await.unwrap().unwrap();
+    assert_eq!(w.host.refused(), None, "{}\n{}", r.verdict, w.said());
+    assert!(
+        w.said().contains("removed the rule an interrupted apply left refusing new connections to port 30000"),
+        "{}",
+        w.said()
+    );
+    assert_eq!(w.store().peek(UNIT).unwrap().refusing, None);
+}
+
+/// A rule that cannot be removed once the old instance stopped: nothing is started behind it
+/// (nothing could reach the server, and its failed readiness would condemn a good spec); the
+/// apply fails on the host, quarantines nothing, and once `nft` works again the next reconcile
+/// removes the rule and applies the change.
+#[tokio::test(start_paused = true)]
+async fn a_rule_that_cannot_be_removed_after_the_stop_starts_nothing_behind_it_and_condemns_no_spec() {
+    let (old, new) = (refusing(5, true), refusing(10, true));
+    let w = serving(&old, &new, false).await;
+    w.host.fed();
+    w.host.nft_cannot_open();
+    let r = w.reconcile(&new).await.unwrap().unwrap();
+    assert_ne!(r.outcome, Some(Outcome::Applied), "{}\n{}", r.verdict, w.said());
+    assert_eq!(w.host.started_behind_rule(), 0, "{}", w.said());
+    assert!(
+        w.said().contains("are still refused by specd's nftables rule: not starting a server nothing could reach"),
+        "{}",
+        w.said()
+    );
+    let st = w.store().peek(UNIT).unwrap();
+    assert!(st.quarantined(&new.unit.sha256).is_none(), "{}", r.verdict);
+    assert_eq!(st.refusing, Some(30000));
+    w.host.heal();
+    let r = w.reconcile(&new).await.unwrap().unwrap();
+    assert_eq!(r.outcome, Some(Outcome::Applied), "{}\n{}", r.verdict, w.said());
+    assert_eq!(w.host.refused(), None);
+    assert_eq!(w.host.started_behind_rule(), 0);
 }

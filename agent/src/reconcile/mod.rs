@@ -22,6 +22,7 @@
 mod act;
 mod balancers;
 pub mod context;
+mod door;
 #[cfg(test)]
 mod faults;
 mod observe;
@@ -135,6 +136,9 @@ pub async fn reconcile<H: Host>(ctx: &Ctx<H>, d: &DesiredState, dry_run: bool) -
         return Ok(conclude::lock_interrupted(&unit));
     };
     let mut st = ctx.store.load(&unit)?;
+    if !dry_run {
+        door::leftover(ctx, &unit, &mut st).await;
+    }
     let held = held(ctx, &st, d);
     let (o, props) = observe(ctx, d, &st, true).await?;
     let plan = plan::plan(&o, &desired_of(&ctx.unit_dir, d));

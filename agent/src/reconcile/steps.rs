@@ -115,8 +115,11 @@ pub(super) async fn run_steps<H: Host>(
         started: t.not_serving && !steps.contains(&Step::Start),
         carried: None,
         marked: false,
+        door: crate::core::door::Door::Off,
     };
     let r = run.steps(st, steps, stop).await;
+    // Whatever ended the run, its port is open again (see `door`).
+    run.open_door(st).await;
     stop.followed_by = std::mem::take(&mut run.started_invocation);
     if let Some(s) = run.startup.take() {
         st.startup = Some(s.clone());
@@ -204,6 +207,8 @@ pub(super) struct Run<'a, H: Host> {
     pub(super) carried: Option<CarriedGuard>,
     /// This run told the unit's load balancers `drain`.
     pub(super) marked: bool,
+    /// Whether it closed the port to new connections for the drain (`door`).
+    pub(super) door: crate::core::door::Door,
 }
 
 impl<H: Host> Run<'_, H> {
@@ -233,9 +238,18 @@ impl<H: Host> Run<'_, H> {
                 let _ = self.ctx.store.save(st);
             }
             match step {
-                Step::Drain => self.drain_and_look().await?,
-                Step::Stop => self.stop().await?,
-                Step::WaitStopped => self.wait_stopped(stop).await?,
+                Step::Drain => {
+                    self.close_door(st).await;
+                    self.drain_and_look().await?
+                }
+                Step::Stop => {
+                    self.close_door(st).await;
+                    self.stop().await?
+                }
+                Step::WaitStopped => {
+                    self.wait_stopped(stop).await?;
+                    self.open_before_start(st).await?;
+                }
                 Step::RemoveDropIns => self.remove_drop_ins().await?,
                 Step::WriteUnit => self.write_unit(st).await?,
                 Step::Reload => self.reload().await?,
@@ -346,7 +360,12 @@ impl<H: Host> Run<'_, H> {
         loop {
             self.stops_here(step)?;
             match ctx.host.running_requests(&t.old_url, spec.engine).await {
-                Some(0) => break,
+                Some(0) => {
+                    if matches!(self.door, crate::core::door::Door::Closed { .. }) {
+                        emit(Event::Progress("drained: no request in flight".into()));
+                    }
+                    break;
+                }
                 Some(n) => {
                     self.in_flight.store(n as i64, Ordering::Relaxed);
                     if Instant::now() >= deadline {

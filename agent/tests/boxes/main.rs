@@ -11,6 +11,7 @@ mod apply;
 mod deb;
 mod diagnose;
 mod disturbed;
+mod door;
 mod fleet;
 mod hardening;
 mod lb;

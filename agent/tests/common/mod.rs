@@ -295,6 +295,13 @@ impl Env {
         Env::from_box(SystemdBox::boot().expect("boot a private systemd (the end-to-end tests run as root)"))
     }
 
+    /// A box with a network namespace of its own (`BoxConfig::private_network`): what specd does
+    /// to the network there (its nftables table) never reaches the host's.
+    pub fn with_private_network() -> Env {
+        let cfg = specd_e2e::BoxConfig { private_network: true, ..Default::default() };
+        Env::from_box(SystemdBox::boot_with(cfg).expect("boot a private systemd (the end-to-end tests run as root)"))
+    }
+
     fn from_box(b: SystemdBox) -> Env {
         Env::from_box_with(b, bin_path("specd-standin").display().to_string())
     }

@@ -654,6 +654,7 @@ fn service(c: &mut Ctx, doc: &Document, engine: Engine, l: &SpecLayer) -> Option
         timeout_start_sec,
         timeout_stop_sec,
         drain_timeout_sec: drain,
+        drain_refuse_new: s.drain_refuse_new.unwrap_or(false),
         memory_max: s.memory_max,
         enabled: s.enabled.unwrap_or(true),
     })

@@ -1,0 +1,63 @@
+//! specd's own nftables table, driven by the `nft` command: a script given on its standard
+//! input (`nft -f -`), which nftables applies as one transaction, all of it or nothing. What the
+//! scripts say is `core::door`'s.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use tokio::io::AsyncWriteExt;
+
+/// How long `nft` may take (it waits on the kernel's netlink); killed after.
+pub const NFT_WITHIN: Duration = Duration::from_secs(5);
+
+/// The error of a host without the `nft` command: no rule of specd's can be there to remove.
+pub fn missing(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::NotFound))
+}
+
+/// Give `script` to `nft -f -`; its own words when it fails.
+pub async fn apply(script: &str) -> Result<()> {
+    let run = async {
+        let mut child = tokio::process::Command::new("nft")
+            .args(["-f", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .context("running nft (the nftables package)")?;
+        if let Some(mut stdin) = child.stdin.take() {
+            stdin.write_all(script.as_bytes()).await.context("writing nft's script")?;
+        }
+        let o = child.wait_with_output().await.context("waiting for nft")?;
+        if !o.status.success() {
+            let said = String::from_utf8_lossy(&o.stderr);
+            let first = said.lines().find(|l| !l.trim().is_empty()).unwrap_or_default();
+            bail!("nft failed ({}): {}", o.status, first.trim());
+        }
+        Ok(())
+    };
+    match tokio::time::timeout(NFT_WITHIN, run).await {
+        Ok(r) => r,
+        Err(_) => bail!("nft did not answer within {} s", NFT_WITHIN.as_secs()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use anyhow::Context;
+
+    use super::missing;
+
+    #[test]
+    fn a_host_without_nft_is_told_from_an_nft_that_failed() {
+        let spawn = std::process::Command::new("/nonexistent/nft").spawn().map(|_| ());
+        let absent = spawn.context("running nft (the nftables package)").unwrap_err();
+        assert!(missing(&absent), "{absent:#}");
+        let failed = anyhow::anyhow!("nft failed (exit status: 1): Error: syntax error");
+        assert!(!missing(&failed));
+        let denied: anyhow::Error = std::io::Error::from(std::io::ErrorKind::PermissionDenied).into();
+        assert!(!missing(&denied.context("running nft")));
+    }
+}

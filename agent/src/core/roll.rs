@@ -18,6 +18,8 @@ pub struct Sibling {
     pub unit: String,
     /// Its serving state's word (`None`: it has none).
     pub state: Option<Word>,
+    /// Told ready, its load balancers have taken it (`serving::taken`): only then it serves.
+    pub taken: bool,
     /// Its start of its current change failed and was rolled back (or failed): why.
     pub failed: Option<String>,
     /// It is one of the group's spares.
@@ -26,6 +28,13 @@ pub struct Sibling {
     pub changing: bool,
     /// Its spec's `(max_unavailable, max_surge)`.
     pub limits: Limits,
+}
+
+impl Sibling {
+    /// It serves: told ready, and its load balancers took it.
+    fn serves(&self) -> bool {
+        self.state == Some(Word::Ready) && self.taken
+    }
 }
 
 /// A group's limits, as one member's spec says them.
@@ -66,7 +75,7 @@ pub fn gate(group: &str, limits: Limits, (serving, spare): (bool, bool), sibling
     }
     let (spares, replicas): (Vec<&Sibling>, Vec<&Sibling>) = siblings.iter().partition(|s| s.spare);
     let surge = limits.max_surge as usize;
-    let up = |s: &Sibling| s.state == Some(Word::Ready) && !s.changing;
+    let up = |s: &Sibling| s.serves() && !s.changing;
     let spares_up = spares.iter().filter(|s| up(s)).count();
     if spares_up < surge && !spare {
         let known = if spares.len() < surge {
@@ -81,7 +90,7 @@ pub fn gate(group: &str, limits: Limits, (serving, spare): (bool, bool), sibling
     }
     // 0 without a surge is refused by validation; taken as 1.
     let max = if surge == 0 { limits.max_unavailable.max(1) } else { limits.max_unavailable } as usize;
-    let down: Vec<&&Sibling> = replicas.iter().filter(|s| s.state != Some(Word::Ready)).collect();
+    let down: Vec<&&Sibling> = replicas.iter().filter(|s| !s.serves()).collect();
     // Serving besides this one, against the replicas that must (the group's size less `max`).
     let others = replicas.len() - down.len() + spares_up;
     let n = replicas.len() + usize::from(!spare);
@@ -91,6 +100,7 @@ pub fn gate(group: &str, limits: Limits, (serving, spare): (bool, bool), sibling
     let names: Vec<String> = down
         .iter()
         .map(|s| match s.state {
+            Some(Word::Ready) => format!("{} is ready, not yet taken by its load balancers", s.unit),
             Some(w) => format!("{} is {w}", s.unit),
             None => format!("{} has no serving state", s.unit),
         })
@@ -182,6 +192,7 @@ mod tests {
             unit: unit.into(),
             state,
             failed: failed.map(str::to_string),
+            taken: true,
             spare: false,
             changing: false,
             limits: Limits::default(),
@@ -320,6 +331,15 @@ mod tests {
             (
                 vec![replica("llm-b", Some(Ready))],
                 Roll::Wait("waiting: group llm: max_surge 1 spares must serve the new spec before a replica stops; 0 of its spares known (units saying `rollout: {group: llm, spare: true}`)".into()),
+            ),
+            // Told ready, but HAProxy has not read it yet: not counted.
+            (
+                vec![replica("llm-b", Some(Ready)), Sibling { taken: false, ..spare(Some(Ready), false) }],
+                Roll::Wait("waiting: group llm: max_surge 1 spares must serve the new spec before a replica stops; llm-s not serving its new spec yet".into()),
+            ),
+            (
+                vec![Sibling { taken: false, ..replica("llm-b", Some(Ready)) }, spare(Some(Ready), false)],
+                Roll::Wait("waiting: llm-b is ready, not yet taken by its load balancers (1 of 2 unavailable, max_unavailable 0, 1 spare serving, max_surge 1)".into()),
             ),
             // It serves the new spec: the first replica goes (2 of 2 capacity kept: llm-b, llm-s).
             (vec![replica("llm-b", Some(Ready)), spare(Some(Ready), false)], Roll::Go),

@@ -69,7 +69,7 @@ pub(super) async fn ask<H: Host>(
 
 /// The group's other members on this host: every unit whose record desires a spec of `group`.
 fn siblings<H: Host>(ctx: &Ctx<H>, unit: &str, group: &str) -> Result<Vec<Sibling>> {
-    let mut out = Vec::new();
+    let (mut out, now_ms) = (Vec::new(), ctx.host.now_ms());
     for other in ctx.store.units()? {
         if other == unit {
             continue;
@@ -80,6 +80,7 @@ fn siblings<H: Host>(ctx: &Ctx<H>, unit: &str, group: &str) -> Result<Vec<Siblin
         };
         out.push(Sibling {
             state: ctx.host.serving_state(&other).map(|s| s.word()),
+            taken: crate::core::serving::taken(&ctx.host.lb_polls(&other), now_ms, ctx.lb),
             failed: roll::failed_change(&st),
             spare: r.spare,
             changing: roll::changing(&st),

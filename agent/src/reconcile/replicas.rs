@@ -272,3 +272,26 @@ async fn futures_all(workers: Vec<tokio::task::JoinHandle<Report>>) -> Vec<Repor
     }
     out
 }
+
+/// What `specd status` shows of the group's members (`reconcile::group_plan` over the plan): the
+/// spare at rest is in sync, held stopped, and says so; a replica with a change to make says it
+/// waits for the spare.
+#[tokio::test(start_paused = true)]
+async fn status_says_the_spare_rests_and_why_a_replica_waits_for_it() {
+    let r = Replicas::with_spare().await;
+    let look = |i: usize, d: DesiredState| {
+        let ctx = r.ctx(i);
+        async move {
+            let st = ctx.store.peek(&unit(i)).unwrap();
+            let (o, _) = reconcile::observe(&ctx, &d, &st, true).await.unwrap();
+            let p = crate::core::plan::plan(&o, &reconcile::desired_of(&ctx.unit_dir, &d));
+            reconcile::group_plan(&ctx, &d, &st, &o, p).unwrap()
+        }
+    };
+    let spare = look(2, r.desired(2, 2, SPARE)).await;
+    assert_eq!((spare.sync, spare.steps.len()), (crate::core::sync::SyncStatus::InSync, 0), "{spare:?}");
+    assert_eq!(spare.reasons, ["the spare of group llm, stopped while the group is at rest"]);
+    let replica = look(0, r.desired(0, 3, SURGE)).await;
+    let waits = "waiting: group llm: max_surge 1 spares must serve the new spec before a replica stops; llm-c.service not serving its new spec yet";
+    assert!(replica.reasons.iter().any(|w| w.starts_with(waits)), "{:?}", replica.reasons);
+}

@@ -323,3 +323,25 @@ async fn a_rollback_goes_back_to_an_earlier_good_unit_and_pins_it() {
     assert_eq!(rollback_on(&ctx, UNIT.into(), Some("ffff".into()), None, no_agent, false).await.unwrap(), 1);
     assert_eq!(f.host.stops_and_starts(), starts);
 }
+
+/// `specd apply` of members of one group whose `rollout:` limits disagree (a spare that says
+/// `max_surge: 1` beside a replica that says none): refused, naming both files and the field,
+/// and nothing on the host is touched.
+#[tokio::test(start_paused = true)]
+async fn an_apply_of_a_groups_members_that_disagree_on_its_limits_changes_nothing() {
+    let f = OnFake::new();
+    let member = |name: &str, port: u32, rollout: &str| {
+        let text =
+            spec_text(3).replace(UNIT, &format!("{name}.service")).replace("port: 30000", &format!("port: {port}"))
+                + &format!("  rollout: {rollout}\n");
+        let path = f.dir.path().join(format!("{name}.yaml"));
+        std::fs::write(&path, text).unwrap();
+        path
+    };
+    let a = member("llm-a", 30001, "{group: llm}");
+    let s = member("llm-s", 30002, "{group: llm, max_unavailable: 0, max_surge: 1, spare: true}");
+    let calls = f.host.calls();
+    assert_ne!(f.apply(&[a, s]).await, 0);
+    assert_eq!(f.host.calls(), calls, "the host was touched: {:?}", &f.host.call_names()[calls..]);
+    assert_eq!(f.host.writes(), Vec::<String>::new());
+}

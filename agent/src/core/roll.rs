@@ -169,6 +169,22 @@ pub fn spare(group: &str, own_change: bool, own_failed: Option<&str>, siblings: 
     Spare::Rest(format!("the spare of group {group}, stopped while the group is at rest"))
 }
 
+/// Members of a group given together (each `(file, rollout)`) whose limits disagree: the first
+/// such pair, said (a one-shot apply refuses them all; the agent's gate holds such a roll).
+pub fn disagreeing(members: &[(String, &specd_spec::Rollout)]) -> Option<String> {
+    for (i, (file, r)) in members.iter().enumerate() {
+        let (a, b) = (Limits::from(*r), |o: &specd_spec::Rollout| Limits::from(o));
+        if let Some((other, o)) = members[..i].iter().find(|(_, o)| o.group == r.group && b(o) != a) {
+            let o = b(o);
+            return Some(format!(
+                "{other} and {file}: spec.rollout: the members of group {} disagree (max_unavailable {}, max_surge {} against max_unavailable {}, max_surge {}): give every member of a group the same `max_unavailable` and `max_surge`",
+                r.group, o.max_unavailable, o.max_surge, a.max_unavailable, a.max_surge
+            ));
+        }
+    }
+    None
+}
+
 /// Whether a member has a change to make: its desired unit is not the last it ran verified.
 pub fn changing(st: &UnitState) -> bool {
     st.desired.as_ref().is_some_and(|d| st.last_good.as_ref().is_none_or(|g| g.sha256 != d.sha256))
@@ -398,5 +414,28 @@ mod tests {
         for (own, failed, siblings, want) in cases {
             assert_eq!(spare("llm", own, failed, &siblings), want, "{own} {failed:?} {siblings:?}");
         }
+    }
+
+    #[test]
+    fn members_given_together_must_agree_on_their_groups_limits() {
+        let r = |group: &str, max_unavailable, max_surge, spare| specd_spec::Rollout {
+            group: group.into(),
+            max_unavailable,
+            max_surge,
+            spare,
+        };
+        let (a, s, other) = (r("llm", 0, 1, false), r("llm", 0, 1, true), r("chat", 1, 0, false));
+        fn given<'a>(rs: &[&'a specd_spec::Rollout]) -> Vec<(String, &'a specd_spec::Rollout)> {
+            rs.iter().enumerate().map(|(i, r)| (format!("{i}.yaml"), *r)).collect()
+        }
+        // A spare and a replica agreeing, another group beside: fine.
+        assert_eq!(disagreeing(&given(&[&a, &s, &other])), None);
+        let bad = r("llm", 1, 0, true);
+        assert_eq!(
+            disagreeing(&given(&[&a, &other, &bad])).as_deref(),
+            Some(
+                "0.yaml and 2.yaml: spec.rollout: the members of group llm disagree (max_unavailable 0, max_surge 1 against max_unavailable 1, max_surge 0): give every member of a group the same `max_unavailable` and `max_surge`"
+            )
+        );
     }
 }

@@ -54,11 +54,10 @@ impl From<&specd_spec::Rollout> for Limits {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Roll {
     Go,
-    /// Not yet: too many siblings are not serving, or its spares do not serve yet (said as
-    /// `waiting: ...`).
+    /// Not yet: too many siblings are not serving, its spares do not serve yet, or the group's
+    /// specs disagree on its limits (said as `waiting: ...`).
     Wait(String),
-    /// The roll stopped: a sibling's start of its change failed (or the group's specs
-    /// disagree); this replica keeps running.
+    /// The roll stopped: a sibling's start of its change failed; this replica keeps running.
     Hold(String),
 }
 
@@ -67,11 +66,22 @@ pub enum Roll {
 /// spare (`spare`: one does not wait for the spares), with `siblings` (the group's other
 /// members, spares included).
 pub fn gate(group: &str, limits: Limits, (serving, spare): (bool, bool), siblings: &[Sibling]) -> Roll {
-    if let Some(held) = stopped(group, limits, siblings) {
-        return Roll::Hold(held);
+    if let Some(s) = siblings.iter().find(|s| s.failed.is_some()) {
+        return Roll::Hold(format!(
+            "held: the roll of group {group} stopped: {}'s change failed and was rolled back ({}); this replica keeps its running spec until that replica's spec changes",
+            s.unit,
+            s.failed.as_deref().unwrap_or_default()
+        ));
     }
     if !serving {
         return Roll::Go;
+    }
+    // A commit that changes the limits reaches the members' records one by one: a wait.
+    if let Some(other) = siblings.iter().find(|s| s.limits != limits) {
+        return Roll::Wait(format!(
+            "waiting: group {group}'s specs disagree: {} says max_unavailable {}, max_surge {}; this one max_unavailable {}, max_surge {}; give every member of the group the same `rollout:` limits",
+            other.unit, other.limits.max_unavailable, other.limits.max_surge, limits.max_unavailable, limits.max_surge
+        ));
     }
     let (spares, replicas): (Vec<&Sibling>, Vec<&Sibling>) = siblings.iter().partition(|s| s.spare);
     let surge = limits.max_surge as usize;
@@ -114,23 +124,6 @@ pub fn gate(group: &str, limits: Limits, (serving, spare): (bool, bool), sibling
         names.join(", "),
         down.len(),
         n
-    ))
-}
-
-/// Why the group's roll stopped, if it did: a member's change failed, or the members' specs
-/// disagree on the group's limits.
-fn stopped(group: &str, limits: Limits, siblings: &[Sibling]) -> Option<String> {
-    if let Some(s) = siblings.iter().find(|s| s.failed.is_some()) {
-        return Some(format!(
-            "held: the roll of group {group} stopped: {}'s change failed and was rolled back ({}); this replica keeps its running spec until that replica's spec changes",
-            s.unit,
-            s.failed.as_deref().unwrap_or_default()
-        ));
-    }
-    let other = siblings.iter().find(|s| s.limits != limits)?;
-    Some(format!(
-        "held: group {group}'s specs disagree: {} says max_unavailable {}, max_surge {}; this one max_unavailable {}, max_surge {}; give every member of the group the same `rollout:` limits",
-        other.unit, other.limits.max_unavailable, other.limits.max_surge, limits.max_unavailable, limits.max_surge
     ))
 }
 
@@ -372,7 +365,7 @@ mod tests {
             // A member's spec says other limits.
             (
                 vec![replica("llm-b", Some(Ready)), Sibling { limits: Limits { max_unavailable: 1, max_surge: 0 }, ..spare(Some(Ready), false) }],
-                Roll::Hold("held: group llm's specs disagree: llm-s says max_unavailable 1, max_surge 0; this one max_unavailable 0, max_surge 1; give every member of the group the same `rollout:` limits".into()),
+                Roll::Wait("waiting: group llm's specs disagree: llm-s says max_unavailable 1, max_surge 0; this one max_unavailable 0, max_surge 1; give every member of the group the same `rollout:` limits".into()),
             ),
         ];
         for (siblings, want) in cases {

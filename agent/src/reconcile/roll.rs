@@ -96,7 +96,7 @@ fn siblings<H: Host>(ctx: &Ctx<H>, unit: &str, group: &str) -> Result<Vec<Siblin
 pub(super) fn role<H: Host>(ctx: &Ctx<H>, d: &DesiredState, st: &UnitState, o: &Observed) -> Result<Option<Spare>> {
     let Some(r) = d.spec.rollout.as_ref().filter(|r| r.spare) else { return Ok(None) };
     let siblings = siblings(ctx, &d.spec.unit, &r.group)?;
-    let own_change = !st.last_good.as_ref().is_some_and(|g| g.sha256 == d.unit.sha256);
+    let own_change = st.last_good.as_ref().is_none_or(|g| g.sha256 != d.unit.sha256);
     let failed = o.quarantined.as_deref();
     Ok(Some(roll::spare(&r.group, own_change, failed, &siblings)))
 }

@@ -407,7 +407,8 @@ pub struct RolloutLayer {
     /// This unit is the group's spare capacity (its own free port and GPU set): held stopped
     /// while the group is at rest; started first with the group's new spec during a change and
     /// stopped again once every replica serves it. Default false. A spare's `policy.rollback`
-    /// defaults to false: a failed start leaves it stopped.
+    /// and `service.enabled` default to false: a failed start leaves it stopped, and it does not
+    /// start at boot.
     #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "strict::bool")]
     pub spare: Option<bool>,
 }

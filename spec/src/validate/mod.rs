@@ -331,7 +331,12 @@ fn build(c: &mut Ctx, doc: &Document, l: &SpecLayer, overlay: Option<String>) ->
         );
     }
 
-    let (unit, model, server, service, readiness) = (unit?, model?, server?, service?, readiness?);
+    let (unit, model, server, mut service, readiness) = (unit?, model?, server?, service?, readiness?);
+    // A spare is held stopped at rest: it does not start at boot unless its spec says so.
+    let said_enabled = l.service.as_ref().and_then(|s| s.enabled).is_some();
+    if rollout.as_ref().is_some_and(|r| r.spare) && !said_enabled {
+        service.enabled = false;
+    }
     let argv = engine::build_argv(engine, &command, &model, &server, speculative.as_ref());
     let line = command_line(&argv).len();
     if line > MAX_COMMAND_LINE {

@@ -396,7 +396,8 @@ pub struct PolicyLayer {
 }
 
 /// Replicas on one host: units (each its own spec, port and GPUs) that name the same `group` are
-/// changed at most `max_unavailable` at a time, the next only once the previous serves again.
+/// changed at most `max_unavailable` at a time, the next only once the previous serves again;
+/// with `max_surge`, only once the group's spares serve the new spec beside them.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RolloutLayer {
@@ -407,6 +408,18 @@ pub struct RolloutLayer {
     /// at least 1.
     #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "strict::u32")]
     pub max_unavailable: Option<u32>,
+    /// How many of the group's spares (units saying `spare: true`) start with the new spec
+    /// beside the old replicas before the first of those is stopped. Default 0; with 1 or more,
+    /// `max_unavailable` may be 0 (the group's serving capacity never falls during a change).
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "strict::u32")]
+    pub max_surge: Option<u32>,
+    /// This unit is the group's spare capacity (its own free port and GPU set): held stopped
+    /// while the group is at rest; started first with the group's new spec during a change and
+    /// stopped again once every replica serves it. Default false. A spare's `policy.rollback`
+    /// and `service.enabled` default to false: a failed start leaves it stopped, and it does not
+    /// start at boot.
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "strict::bool")]
+    pub spare: Option<bool>,
 }
 
 /// Overlay merge: `over` wins field by field; nested sections and maps merge recursively.
@@ -438,7 +451,7 @@ macro_rules! impl_merge {
 }
 
 impl_merge!(SpecLayer { unit, engine, command, model } sections { server, speculative, weights, service, readiness, policy, rollout });
-impl_merge!(RolloutLayer { group, max_unavailable } sections {});
+impl_merge!(RolloutLayer { group, max_unavailable, max_surge, spare } sections {});
 impl_merge!(ServerLayer { host, port, tp_size, mem_fraction_static, max_running_requests, context_length, n_gpu_layers, served_model_name, extra_args } sections {});
 impl_merge!(SpeculativeLayer { algorithm, num_steps, eagle_topk, num_draft_tokens, draft_model, draft_min, draft_p_min, prompt_lookup_min, prompt_lookup_max } sections {});
 impl_merge!(ServiceLayer { description, user, group, working_directory, environment_files, allow_literal_secrets, restart, restart_sec, timeout_start_sec, timeout_stop_sec, drain_timeout_sec, drain_refuse_new, memory_max, enabled } sections { environment, credentials });

@@ -36,6 +36,16 @@ pub struct Spec {
 pub struct Rollout {
     pub group: String,
     pub max_unavailable: u32,
+    /// Spares started beside the replicas before the first is stopped (`max_surge`, default 0).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub max_surge: u32,
+    /// This unit is one of the group's spares (`spare: true`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub spare: bool,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]

@@ -70,13 +70,22 @@ const CASES: &[(&str, &str, u64, &str, &str)] = &[
         "spec.rollout.max_unavailable",
         "expected an integer",
     ),
+    ("rollout unknown field", "  rollout: {group: llm, surge: 1}\n", 9, "spec.rollout.surge", "unknown field `surge`"),
     (
-        "rollout unknown field",
-        "  rollout: {group: llm, max_surge: 1}\n",
+        "rollout max_unavailable zero without surge",
+        "  rollout: {group: llm, max_unavailable: 0, max_surge: 0}\n",
+        9,
+        "spec.rollout.max_unavailable",
+        "or 0 with `max_surge` at least 1",
+    ),
+    (
+        "rollout max_surge too large",
+        "  rollout: {group: llm, max_surge: 9}\n",
         9,
         "spec.rollout.max_surge",
-        "unknown field `max_surge`",
+        "at most 8",
     ),
+    ("rollout spare not a bool", "  rollout: {group: llm, spare: yes}\n", 9, "spec.rollout.spare", "true or false"),
     ("mem fraction > 1", "  server: {mem_fraction_static: 1.5}\n", 9, "spec.server.mem_fraction_static", "(0, 1]"),
     (
         "sglang topk 1 draft tokens",
@@ -887,4 +896,21 @@ fn a_long_line_is_shown_as_a_window_around_the_error() {
     // The caret stands under the value.
     let caret = lines[3].chars().count() - 1;
     assert_eq!(lines[2].chars().nth(caret), Some('0'), "{shown}");
+}
+
+/// A group's spare is held stopped at rest: its failed start is left stopped (no rollback) and it
+/// does not start at boot, unless its spec says otherwise; a replica keeps both defaults on.
+#[test]
+fn a_spare_defaults_to_no_rollback_and_no_start_at_boot() {
+    let resolve = |extra: &str| {
+        let yaml = format!(
+            "apiVersion: specd/v1\nkind: InferenceService\nmetadata: {{name: q}}\nspec:\n  unit: q.service\n  engine: sglang\n  model: /m\n{extra}"
+        );
+        let s = specd_spec::parse("q.yaml", &yaml).unwrap().resolve(None).unwrap();
+        (s.policy.rollback, s.service.enabled)
+    };
+    assert_eq!(resolve("  rollout: {group: llm, max_surge: 1}\n"), (true, true));
+    assert_eq!(resolve("  rollout: {group: llm, max_surge: 1, spare: true}\n"), (false, false));
+    let said = "  rollout: {group: llm, spare: true}\n  policy: {rollback: true}\n  service: {enabled: true}\n";
+    assert_eq!(resolve(said), (true, true));
 }

@@ -151,6 +151,11 @@ fn read_specs(
             )));
         }
     }
+    let members: Vec<(String, &specd_spec::Rollout)> =
+        all.iter().zip(files).filter_map(|(d, f)| Some((f.display().to_string(), d.spec.rollout.as_ref()?))).collect();
+    if let Some(why) = crate::core::roll::disagreeing(&members) {
+        return Ok(Err(format!("{why}; nothing was changed on this host")));
+    }
     Ok(Ok(all))
 }
 

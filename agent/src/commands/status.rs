@@ -111,6 +111,7 @@ pub(super) async fn unit_status<H: Host>(
     let Some(d) = desired else { return no_desired_state(ctx, st).await };
     let (o, props) = reconcile::observe(ctx, &d, st, true).await?;
     let p = plan::plan(&o, &reconcile::desired_of(&ctx.unit_dir, &d));
+    let p = reconcile::group_plan(ctx, &d, st, &o, p)?;
     let applying = crate::machine::lock::UnitLock::held(&ctx.store.locks_dir(), &st.unit);
     let (sync, reasons) = sync_and_reasons(st, &d, p, applying);
     let health = ServiceHealth::of(o.ready, props.active_state);

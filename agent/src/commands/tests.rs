@@ -369,3 +369,25 @@ async fn a_rollback_of_a_replica_waits_for_its_group_then_goes() {
     let mine = told.iter().rposition(|(_, u, s)| u == UNIT && s.word() == Word::Drain).unwrap();
     assert!(mine > back, "the replica drained while its sibling did: {told:?}");
 }
+
+/// `specd apply` of members of one group whose `rollout:` limits disagree (a spare that says
+/// `max_surge: 1` beside a replica that says none): refused, naming both files and the field,
+/// and nothing on the host is touched.
+#[tokio::test(start_paused = true)]
+async fn an_apply_of_a_groups_members_that_disagree_on_its_limits_changes_nothing() {
+    let f = OnFake::new();
+    let member = |name: &str, port: u32, rollout: &str| {
+        let text =
+            spec_text(3).replace(UNIT, &format!("{name}.service")).replace("port: 30000", &format!("port: {port}"))
+                + &format!("  rollout: {rollout}\n");
+        let path = f.dir.path().join(format!("{name}.yaml"));
+        std::fs::write(&path, text).unwrap();
+        path
+    };
+    let a = member("llm-a", 30001, "{group: llm}");
+    let s = member("llm-s", 30002, "{group: llm, max_unavailable: 0, max_surge: 1, spare: true}");
+    let calls = f.host.calls();
+    assert_ne!(f.apply(&[a, s]).await, 0);
+    assert_eq!(f.host.calls(), calls, "the host was touched: {:?}", &f.host.call_names()[calls..]);
+    assert_eq!(f.host.writes(), Vec::<String>::new());
+}

@@ -356,6 +356,20 @@ pub fn seen(log: &PollLog, mark_ms: u64, now_ms: u64, b: Balancers, budget: Dura
     Seen::Done(told(saw, missed, Duration::ZERO))
 }
 
+/// Whether the load balancers that poll a unit told `ready` have taken it (a replica of a group
+/// counts as serving for its siblings only then): each that polls it still (within [`window`]
+/// of `now_ms`) was answered ready last, once for an agent-check, `http_fall` times in a row for
+/// an HTTP check (taken as its `rise`); with none polling, at once.
+pub fn taken(log: &PollLog, now_ms: u64, b: Balancers) -> bool {
+    log.pollers.values().filter(|p| p.last_ms + window(p) >= now_ms).all(|p| {
+        let need = match p.kind {
+            CheckKind::AgentCheck => 1,
+            CheckKind::Http => b.http_fall.max(1),
+        };
+        p.answered == Word::Ready && p.streak >= need
+    })
+}
+
 /// The serving state a reconcile leaves, as it concluded.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub enum After {

@@ -530,6 +530,66 @@ async fn a_fault_at_any_call_of_a_prune_still_leaves_the_unit_stopped_disabled_a
     eprintln!("a prune: {} calls × {} fault kinds = {cases} cases", calls.len(), FAULTS.len());
 }
 
+/// A group's spare that serves its proved spec while its group is at rest: the reconcile that
+/// drains and stops it (behind a load balancer), with a fault at every call, never starts or
+/// writes anything, never leaves its balancer told ready while it stops, and the next one leaves
+/// it stopped and told down; the one after touches nothing.
+#[tokio::test(start_paused = true)]
+async fn a_fault_at_any_call_of_a_spares_stop_at_rest_leaves_it_stopped_and_told_down() {
+    quiet_crashes();
+    let spare = {
+        let mut s = spec(5, false);
+        let yaml = "apiVersion: specd/v1\nkind: InferenceService\nmetadata: {name: qwen}\nspec:\n  unit: U\n  engine: sglang\n  model: /m\n  rollout: {group: llm, max_unavailable: 0, max_surge: 1, spare: true}\n";
+        s.rollout = specd_spec::parse("s.yaml", &yaml.replace('U', UNIT)).unwrap().resolve(None).unwrap().rollout;
+        s.policy.rollback = false;
+        DesiredState::new(s, None)
+    };
+    // Applied (its own spec proved), serving, a balancer polling it: the next look rests it.
+    let serving_spare = || async {
+        let w = World::new();
+        w.host.serves(&spare.spec, false);
+        let r = w.reconcile(&spare).await.unwrap().unwrap();
+        assert_eq!(r.outcome, Some(Outcome::Applied), "{}", r.verdict);
+        assert!(r.roll_wait, "a serving spare looks again soon: {:?}", r.action);
+        w.host.balancer(CheckKind::AgentCheck, "10.0.0.5", std::time::Duration::from_millis(500));
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        w
+    };
+    let probe = serving_spare().await;
+    let n0 = probe.host.calls();
+    let r = probe.reconcile(&spare).await.unwrap().unwrap();
+    assert!(r.verdict.contains("stopped while the group is at rest"), "{}", r.verdict);
+    let calls = probe.host.call_names()[n0..].to_vec();
+    assert!(calls.contains(&"stop") && calls.contains(&"serving_set"), "{calls:?}");
+    let mut cases = 0;
+    for (i, name) in calls.iter().enumerate() {
+        for f in FAULTS {
+            let case = format!("fault {f:?} at call {i} ({name}) of a spare's stop at rest");
+            let w = serving_spare().await;
+            let (starts, writes) = (w.host.stops_and_starts().1, w.host.writes().len());
+            w.host.plan(i, f);
+            let _ = w.reconcile(&spare).await;
+            assert_eq!(w.host.stops_and_starts().1, starts, "{case}: something was started\n{}", w.said());
+            assert_eq!(w.host.writes().len(), writes, "{case}: a unit file was written");
+            assert_eq!(w.host.lb_violations(), Vec::<String>::new(), "{case}: stopped while told ready");
+            w.host.heal();
+            let r = w.reconcile(&spare).await.unwrap().unwrap_or_else(|e| panic!("{case}: the next look failed: {e}"));
+            tokio::time::sleep(LOAD).await;
+            assert_eq!(w.host.serving(), None, "{case}: the spare still serves: {}\n{}", r.verdict, w.said());
+            assert_eq!(w.host.alive_count(), 0, "{case}: a process of the spare is alive");
+            assert_eq!(w.host.lb_state().map(|s| s.word()), Some(Word::Down), "{case}: {}", r.verdict);
+            assert_eq!(w.host.lb_violations(), Vec::<String>::new(), "{case}: stopped while told ready");
+            assert_eq!(w.state_temps(), Vec::<String>::new(), "{case}: a temporary file is left in specd's state");
+            let before = w.host.stops_and_starts();
+            let again = w.reconcile(&spare).await.unwrap().unwrap();
+            assert_eq!(w.host.stops_and_starts(), before, "{case}: touched again: {}", again.verdict);
+            assert!(again.verdict.contains("stopped while the group is at rest"), "{case}: {}", again.verdict);
+            cases += 1;
+        }
+    }
+    eprintln!("a spare's stop at rest: {} calls × {} fault kinds = {cases} cases", calls.len(), FAULTS.len());
+}
+
 /// A unit that is in sync and serving is never stopped or started because a call failed.
 #[tokio::test(start_paused = true)]
 async fn a_healthy_in_sync_server_is_never_restarted_by_a_fault() {

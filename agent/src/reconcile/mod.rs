@@ -56,6 +56,7 @@ use crate::core::timing::{self};
 use act::{Gate, act, preflight_needed, preflight_refusal};
 pub use observe::{desired_of, observe};
 pub use prune::prune;
+pub use roll::group_plan;
 pub use shutdown::{CarriedApply, Finish, Shutdown};
 
 /// Something a person watching an apply wants to see.
@@ -146,6 +147,11 @@ pub async fn reconcile<H: Host>(ctx: &Ctx<H>, d: &DesiredState, dry_run: bool) -
     if let Some(whose) = foreign(ctx, d, &st, &plan, &props)? {
         return Ok(conclude::foreign(plan, &unit, &whose));
     }
+    // A group's spare: held stopped while its group is at rest, else applied as any unit.
+    let spare = roll::role(ctx, d, &st, &o)?;
+    if let Some(crate::core::roll::Spare::Rest(why)) = spare.clone().filter(|_| held.is_none()) {
+        return Ok(roll::rest(ctx, d, &mut st, (&o, &props), why, dry_run).await?);
+    }
     // Before anything is stopped: whether the desired unit can start on this host at all. The
     // look runs alongside the drain (which stops nothing), and the stop waits for it; a dry run
     // says it, and a look again at a unit it refused (recorded only when it finds something
@@ -196,6 +202,9 @@ pub async fn reconcile<H: Host>(ctx: &Ctx<H>, d: &DesiredState, dry_run: bool) -
     }
     let told = balancers::tell(ctx, d, &st, &o, &c.change.serving);
     let mut report = c.report(plan, stop_verdict);
+    if spare.is_some() {
+        roll::keep_serving(&mut report);
+    }
     if let Err(e) = told {
         // Left as it was (`drain` after a stop): told again at the next look, soon.
         emit(Event::Warning(format!("could not tell {unit}'s load balancers what it serves ({e:#}); trying again")));

@@ -1,7 +1,9 @@
 //! Replicas of one group on the in-memory host (each its own unit, port and server; the serving
 //! states shared, as in `/run/specd/serving`): a change to all of them, reconciled at once as the
 //! agent's workers do, rolls at most `max_unavailable` at a time; a failing start of one rolls it
-//! back and stops the roll, the others never stopped.
+//! back and stops the roll, the others never stopped. With a spare (`max_surge`), the group
+//! never serves with fewer than its replicas, and a failing start on the spare stops the roll
+//! before any replica is touched.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -164,4 +166,132 @@ async fn a_failing_start_of_one_replica_rolls_it_back_and_the_others_are_never_s
         assert_eq!(r.hosts[i].stops_and_starts(), stops[i], "{} was stopped or started\n{}", unit(i), r.said());
         assert_eq!(r.hosts[i].lb_state().map(|s| s.word()), Some(Word::Ready), "{}", unit(i));
     }
+}
+
+/// The group's rollout with a spare: `max_unavailable: 0, max_surge: 1`; the spare's line.
+const SURGE: &str = "  rollout: {group: llm, max_unavailable: 0, max_surge: 1}\n";
+const SPARE: &str = "  rollout: {group: llm, max_unavailable: 0, max_surge: 1, spare: true}\n";
+
+impl Replicas {
+    /// Two replicas (`llm-a`, `llm-b`) serving `steps` 2 and their spare `llm-c`, its own spec
+    /// proved once and held stopped, as the group is at rest.
+    async fn with_spare() -> Replicas {
+        let r = Replicas::serving(2, SURGE).await;
+        let hosts = {
+            let mut h = r.hosts.clone();
+            h.push(r.hosts[0].beside(&unit(2)));
+            h
+        };
+        let r = Replicas { hosts, ..r };
+        r.hosts[2].serves(&r.desired(2, 2, SPARE).spec, false);
+        let rep = r.worker(2, r.desired(2, 2, SPARE)).await.unwrap();
+        assert!(rep.verdict.contains("stopped while the group is at rest"), "{}\n{}", rep.verdict, r.said());
+        assert_eq!(r.hosts[2].serving(), None, "the spare runs at rest");
+        r
+    }
+
+    /// The group's desired state at `steps`: the replicas', then the spare's.
+    fn group(&self, steps: u32) -> Vec<DesiredState> {
+        (0..3).map(|i| self.desired(i, steps, if i == 2 { SPARE } else { SURGE })).collect()
+    }
+
+    /// The fewest units told `ready` at once, from `from` on the host's record.
+    fn fewest_ready(&self, from: usize) -> usize {
+        let told = self.hosts[0].serving_told();
+        let mut now: std::collections::BTreeMap<String, Word> = Default::default();
+        let mut fewest = usize::MAX;
+        for (k, (_, u, s)) in told.iter().enumerate() {
+            now.insert(u.clone(), s.word());
+            if k >= from {
+                fewest = fewest.min(now.values().filter(|w| **w == Word::Ready).count());
+            }
+        }
+        fewest
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn with_a_spare_the_group_never_serves_with_fewer_than_its_replicas_and_the_spare_rests_after() {
+    let r = Replicas::with_spare().await;
+    let from = r.hosts[0].serving_told().len();
+    let new = r.group(3);
+    for (host, d) in r.hosts.iter().zip(&new) {
+        host.serves(&d.spec, false);
+    }
+    let workers: Vec<_> = (0..3).map(|i| r.worker(i, new[i].clone())).collect();
+    let reports: Vec<Report> = futures_all(workers).await;
+    for i in 0..2 {
+        assert_eq!(reports[i].outcome, Some(Outcome::Applied), "{}: {}\n{}", unit(i), reports[i].verdict, r.said());
+        assert_eq!(r.hosts[i].serving(), Some(new[i].spec.argv.clone()), "{}", unit(i));
+    }
+    assert!(reports[2].verdict.contains("stopped while the group is at rest"), "{}\n{}", reports[2].verdict, r.said());
+    assert_eq!(r.hosts[2].serving(), None, "the spare still runs\n{}", r.said());
+    assert_eq!(r.hosts[2].lb_state().map(|s| s.word()), Some(Word::Down));
+    let fewest = r.fewest_ready(from);
+    assert_eq!(fewest, 2, "{fewest} ready at once during the change\n{:?}", r.hosts[0].serving_told());
+    // The spare served the new spec before the first replica was told drain.
+    let told = r.hosts[0].serving_told()[from..].to_vec();
+    let at = |u: &str, w: Word| told.iter().position(|(_, x, s)| x == u && s.word() == w);
+    let spare_ready = at(&unit(2), Word::Ready).expect("the spare never served");
+    let first_drain = [at(&unit(0), Word::Drain), at(&unit(1), Word::Drain)].into_iter().flatten().min().unwrap();
+    assert!(spare_ready < first_drain, "{told:?}");
+    assert!(r.said().contains(".service: Waiting(\"waiting: group llm: max_surge 1"), "{}", r.said());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failing_start_on_the_spare_stops_the_roll_before_any_replica_is_touched() {
+    let r = Replicas::with_spare().await;
+    let old: Vec<_> = (0..2).map(|i| r.hosts[i].serving().unwrap()).collect();
+    let stops: Vec<_> = (0..2).map(|i| r.hosts[i].stops_and_starts()).collect();
+    let new = r.group(3);
+    for (i, (host, d)) in r.hosts.iter().zip(&new).enumerate() {
+        host.serves(&d.spec, i == 2);
+    }
+    let workers: Vec<_> = (0..3).map(|i| r.worker(i, new[i].clone())).collect();
+    let reports: Vec<Report> = futures_all(workers).await;
+    assert_eq!(reports[2].outcome, Some(Outcome::Failed), "{}\n{}", reports[2].verdict, r.said());
+    assert_eq!(r.hosts[2].serving(), None, "the failed spare runs");
+    for i in 0..2 {
+        assert_eq!(reports[i].outcome, None, "{}: {}", unit(i), reports[i].verdict);
+        assert!(
+            reports[i].verdict.contains("group llm stopped: llm-c.service's change failed"),
+            "{}",
+            reports[i].verdict
+        );
+        assert_eq!(r.hosts[i].serving().as_ref(), Some(&old[i]), "{} changed", unit(i));
+        assert_eq!(r.hosts[i].stops_and_starts(), stops[i], "{} was stopped or started\n{}", unit(i), r.said());
+        assert_eq!(r.hosts[i].lb_state().map(|s| s.word()), Some(Word::Ready), "{}", unit(i));
+    }
+}
+
+/// Every worker's report, in order.
+async fn futures_all(workers: Vec<tokio::task::JoinHandle<Report>>) -> Vec<Report> {
+    let mut out = Vec::new();
+    for w in workers {
+        out.push(w.await.unwrap());
+    }
+    out
+}
+
+/// What `specd status` shows of the group's members (`reconcile::group_plan` over the plan): the
+/// spare at rest is in sync, held stopped, and says so; a replica with a change to make says it
+/// waits for the spare.
+#[tokio::test(start_paused = true)]
+async fn status_says_the_spare_rests_and_why_a_replica_waits_for_it() {
+    let r = Replicas::with_spare().await;
+    let look = |i: usize, d: DesiredState| {
+        let ctx = r.ctx(i);
+        async move {
+            let st = ctx.store.peek(&unit(i)).unwrap();
+            let (o, _) = reconcile::observe(&ctx, &d, &st, true).await.unwrap();
+            let p = crate::core::plan::plan(&o, &reconcile::desired_of(&ctx.unit_dir, &d));
+            reconcile::group_plan(&ctx, &d, &st, &o, p).unwrap()
+        }
+    };
+    let spare = look(2, r.desired(2, 2, SPARE)).await;
+    assert_eq!((spare.sync, spare.steps.len()), (crate::core::sync::SyncStatus::InSync, 0), "{spare:?}");
+    assert_eq!(spare.reasons, ["the spare of group llm, stopped while the group is at rest"]);
+    let replica = look(0, r.desired(0, 3, SURGE)).await;
+    let waits = "waiting: group llm: max_surge 1 spares must serve the new spec before a replica stops; llm-c.service not serving its new spec yet";
+    assert!(replica.reasons.iter().any(|w| w.starts_with(waits)), "{:?}", replica.reasons);
 }

@@ -587,3 +587,171 @@ fn one_shot_box() -> (Env, [u16; 2], u16) {
     .unwrap();
     (e, ports, agent_check)
 }
+
+/// The two replicas and their spare (`max_surge`): each its own unit and port.
+const SURGE_UNITS: [&str; 3] = ["llm-a.service", "llm-b.service", "llm-s.service"];
+
+/// A member of the group with a spare (`max_unavailable: 0, max_surge: 1`; `llm-s` the spare),
+/// on the vLLM stand-in; `extra` added to the service's environment.
+fn surge_member(standin: &str, unit: &str, port: u16, steps: u32, extra: &str) -> String {
+    let spare = if unit == SURGE_UNITS[2] { ", spare: true" } else { "" };
+    let text = spec(standin, unit, port, steps)
+        + &format!("  rollout: {{group: llm, max_unavailable: 0, max_surge: 1{spare}}}\n");
+    text.replace("SPECD_STANDIN_TOKENS_PER_SEC: \"200\"", &format!("SPECD_STANDIN_TOKENS_PER_SEC: \"200\"{extra}"))
+}
+
+/// The agent running two replicas and their spare, HAProxy in front of all three asking the
+/// agent: the replicas up, the spare held stopped (`DOWN` in HAProxy).
+struct SurgeRig {
+    f: Fleet,
+    ports: [u16; 3],
+    h: Haproxy,
+}
+
+impl SurgeRig {
+    fn new() -> SurgeRig {
+        let f = Fleet::new();
+        let ports = [free_port(), free_port(), free_port()];
+        let agent_check = free_port();
+        f.e.b
+            .write_file("/run/agent.yaml", format!("load_balancer: {{agent_check: 127.0.0.1:{agent_check}}}\n"))
+            .unwrap();
+        surge_commit(&f, ports, 3, "", "the group at 3 steps");
+        f.run_agent(&f.repo.display().to_string(), "", "");
+        for unit in &SURGE_UNITS[..2] {
+            wait_applied(&f, unit, 1);
+        }
+        wait_spare_rests(&f, 1);
+        let servers =
+            SURGE_UNITS.iter().zip(ports).map(|(u, p)| Server::new(&name(u), p).with_agent(agent_check)).collect();
+        let h = Haproxy::start(&Config::new(servers)).unwrap_or_else(|e| panic!("{e:#}"));
+        for u in &SURGE_UNITS[..2] {
+            h.wait_status(&name(u), Status::Up, T).unwrap();
+        }
+        h.wait_status(&name(SURGE_UNITS[2]), Status::Down, T).unwrap();
+        SurgeRig { f, ports, h }
+    }
+
+    fn commit(&self, steps: u32, extra: &str, msg: &str) {
+        surge_commit(&self.f, self.ports, steps, extra, msg);
+    }
+
+    fn said(&self) -> String {
+        self.f.e.b.journal(AGENT).unwrap_or_default()
+    }
+}
+
+/// The three specs changed by ONE commit.
+fn surge_commit(f: &Fleet, ports: [u16; 3], steps: u32, extra: &str, msg: &str) {
+    for (unit, port) in SURGE_UNITS.iter().zip(ports) {
+        let text = surge_member(&f.e.standin, unit, port, steps, extra);
+        std::fs::write(f.repo.join("specs").join(format!("{unit}.yaml")), text).unwrap();
+    }
+    git(&f.repo, &["add", "-A"]);
+    git(&f.repo, &["commit", "-q", "-m", msg]);
+}
+
+/// Until the spare has `n` entries in its history, none in progress, and is told down at rest.
+fn wait_spare_rests(f: &Fleet, n: usize) -> Value {
+    let unit = SURGE_UNITS[2];
+    let told = format!("/run/specd/serving/{unit}.json");
+    wait_for(&format!("{unit} applied {n} times, then at rest"), T, || {
+        let st = state(f, unit);
+        let rests = f.e.b.read_to_string(&told).is_ok_and(|t| t.contains("stopped while the group is at rest"));
+        (st["in_progress"].is_null() && st["history"].as_array().is_some_and(|h| h.len() >= n) && rests).then_some(st)
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", f.e.b.journal(AGENT).unwrap_or_default()))
+}
+
+fn name(unit: &str) -> String {
+    unit.trim_end_matches(".service").to_string()
+}
+
+/// HAProxy's own `show stat`, polled every 50 ms while `during` runs: the fewest and the most of
+/// the group's servers it held `UP` at once.
+fn up_during<T>(h: &Haproxy, during: impl FnOnce() -> T) -> (usize, usize, T) {
+    let done = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let poll = s.spawn(|| {
+            let (mut fewest, mut most) = (usize::MAX, 0);
+            while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                let up = h.servers().unwrap().iter().filter(|s| s.status == Status::Up).count();
+                (fewest, most) = (fewest.min(up), most.max(up));
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            (fewest, most)
+        });
+        let out = during();
+        done.store(true, std::sync::atomic::Ordering::SeqCst);
+        let (fewest, most) = poll.join().unwrap();
+        (fewest, most, out)
+    })
+}
+
+/// Two replicas and a spare behind HAProxy asking the agent (`max_unavailable: 0, max_surge: 1`),
+/// all three changed by one commit under load: the spare starts first with the new spec, each
+/// replica stops only once HAProxy takes the spare, HAProxy's own `show stat` never shows fewer
+/// than 2 servers UP during the change, no request fails, no stop ends in SIGKILL, and the spare
+/// is held stopped again after. Then a change whose start fails on the spare: it is left stopped,
+/// the roll stops there and neither replica is ever stopped; no request fails.
+#[test]
+fn with_a_spare_a_change_never_leaves_haproxy_fewer_servers_than_the_replicas() {
+    let r = SurgeRig::new();
+    let t = Traffic::start(load_through(&r.h));
+    t.wait_successes(40, T).unwrap();
+    let spare_before = r.h.server(&name(SURGE_UNITS[2])).unwrap().total;
+    let (fewest, most, spare) = up_during(&r.h, || {
+        r.commit(4, "", "the group at 4 steps");
+        for unit in &SURGE_UNITS[..2] {
+            wait_applied(&r.f, unit, 2);
+        }
+        wait_spare_rests(&r.f, 2)
+    });
+    t.wait_successes(40, T).unwrap();
+    let s = t.stop();
+    let said = r.said();
+    println!("two replicas and a spare, one commit, agent-check: {s}; HAProxy held {fewest} to {most} servers UP");
+    let applied: Vec<Value> = SURGE_UNITS[..2]
+        .iter()
+        .map(|u| state(&r.f, u)["history"].as_array().unwrap().last().unwrap().clone())
+        .collect();
+    applied_each(&applied, &said);
+    applied_each(&[spare["history"].as_array().unwrap().last().unwrap().clone()], &said);
+    assert!(!said.contains("SIGKILL"), "{said}");
+    assert_eq!(s.failed_total(), 0, "{s}");
+    assert!(s.rate() >= 20.0, "{s}");
+    assert!(fewest >= 2, "HAProxy held {fewest} servers UP during the change\n{said}");
+    assert_eq!(most, 3, "the spare was never UP in HAProxy\n{said}");
+    let spare_now = r.h.server(&name(SURGE_UNITS[2])).unwrap();
+    assert!(spare_now.total > spare_before, "the spare took no request: {spare_now:?}");
+    assert_eq!(spare_now.status, Status::Down, "{spare_now:?}");
+    assert!(said.contains("waiting: group llm: max_surge 1"), "no replica waited for the spare\n{said}");
+    for u in &SURGE_UNITS[..2] {
+        assert!(runs_steps(&r.f, u, 4), "{u} not on the commit's spec\n{said}");
+    }
+
+    // A change that dies of CUDA OOM on its start: the spare takes it first, and alone.
+    let pids: Vec<u32> = SURGE_UNITS[..2].iter().map(|u| r.f.e.main_pid(u)).collect();
+    let t = Traffic::start(load_through(&r.h));
+    t.wait_successes(40, T).unwrap();
+    r.commit(5, ", SPECD_STANDIN_CUDA_OOM: \"1\"", "the group at 5 steps, out of memory");
+    wait_for("the spare's change failed and the roll held", T, || {
+        let st = state(&r.f, SURGE_UNITS[2]);
+        let failed = st["history"].as_array().and_then(|h| h.last()).is_some_and(|e| e["outcome"] == "failed");
+        let held = r.said().contains("held: the roll of group llm stopped: llm-s.service's change failed");
+        (failed && held && st["in_progress"].is_null()).then_some(())
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", r.said()));
+    t.wait_successes(40, T).unwrap();
+    let s = t.stop();
+    let said = r.said();
+    println!("a change failing on the spare: {s}");
+    assert_eq!(s.failed_total(), 0, "{s}");
+    for (u, pid) in SURGE_UNITS[..2].iter().zip(&pids) {
+        assert_eq!(r.f.e.main_pid(u), *pid, "{u} was stopped\n{said}");
+        assert_eq!(state(&r.f, u)["history"].as_array().unwrap().len(), 2, "{u}\n{said}");
+        assert!(runs_steps(&r.f, u, 4), "{u} left its running spec\n{said}");
+        assert_eq!(r.h.server(&name(u)).unwrap().status, Status::Up, "{u}");
+    }
+    assert_eq!(r.f.e.main_pid(SURGE_UNITS[2]), 0, "the failed spare runs\n{said}");
+}

@@ -331,7 +331,12 @@ fn build(c: &mut Ctx, doc: &Document, l: &SpecLayer, overlay: Option<String>) ->
         );
     }
 
-    let (unit, model, server, service, readiness) = (unit?, model?, server?, service?, readiness?);
+    let (unit, model, server, mut service, readiness) = (unit?, model?, server?, service?, readiness?);
+    // A spare is held stopped at rest: it does not start at boot unless its spec says so.
+    let said_enabled = l.service.as_ref().and_then(|s| s.enabled).is_some();
+    if rollout.as_ref().is_some_and(|r| r.spare) && !said_enabled {
+        service.enabled = false;
+    }
     let argv = engine::build_argv(engine, &command, &model, &server, speculative.as_ref());
     let line = command_line(&argv).len();
     if line > MAX_COMMAND_LINE {
@@ -354,19 +359,28 @@ fn build(c: &mut Ctx, doc: &Document, l: &SpecLayer, overlay: Option<String>) ->
         readiness,
         policy: Policy {
             drift: policy.drift.unwrap_or(DriftPolicy::Heal),
-            rollback: policy.rollback.unwrap_or(true),
+            // A spare's good state at rest is stopped: its failed start is left stopped.
+            rollback: policy.rollback.unwrap_or(!rollout.as_ref().is_some_and(|r| r.spare)),
             adopt: policy.adopt.unwrap_or(false),
         },
         rollout,
     })
 }
 
-/// `spec.rollout`: a group named like a unit's name part, `max_unavailable` at least 1 (default 1).
+/// `spec.rollout`: a group named like a unit's name part, `max_unavailable` at least 1 (default 1)
+/// or 0 with a `max_surge` of at least 1 (a spare started first keeps the capacity).
 fn rollout(c: &mut Ctx, l: &SpecLayer) -> Option<Rollout> {
     let r = l.rollout.as_ref()?;
+    let max_surge = r.max_surge.unwrap_or(0);
     let max_unavailable = r.max_unavailable.unwrap_or(1);
-    if max_unavailable == 0 {
-        c.err("rollout.max_unavailable", "must be at least 1: with 0, no replica of the group could ever be changed");
+    if max_unavailable == 0 && max_surge == 0 {
+        c.err(
+            "rollout.max_unavailable",
+            "must be at least 1, or 0 with `max_surge` at least 1 (a spare started first): with both 0, no replica of the group could ever be changed",
+        );
+    }
+    if max_surge > MAX_SURGE {
+        c.err("rollout.max_surge", format!("must be at most {MAX_SURGE} (spares of one group on one host)"));
     }
     let Some(group) = &r.group else {
         c.err("rollout.group", "is required with `rollout:`: the name the group's replicas share, e.g. `llm`");
@@ -379,8 +393,13 @@ fn rollout(c: &mut Ctx, l: &SpecLayer) -> Option<Rollout> {
         );
         return None;
     }
-    (max_unavailable > 0).then(|| Rollout { group: group.clone(), max_unavailable })
+    let valid = (max_unavailable > 0 || max_surge > 0) && max_surge <= MAX_SURGE;
+    let spare = r.spare.unwrap_or(false);
+    valid.then(|| Rollout { group: group.clone(), max_unavailable, max_surge, spare })
 }
+
+/// The most spares a group may start beside its replicas (`rollout.max_surge`).
+const MAX_SURGE: u32 = 8;
 
 /// `spec.unit`: given, a name a unit may have, and none of the host's own units.
 fn unit(c: &mut Ctx, l: &SpecLayer) -> Option<String> {

@@ -239,3 +239,31 @@ fn a_one_shot_command_waits_for_each_load_balancer_still_polling_to_read_what_it
     // One that stopped polling for three of its intervals (at least 10 s) is not waited for.
     assert_eq!(unread(&log, None, now + 10_001), Vec::<String>::new());
 }
+
+#[test]
+fn a_unit_told_ready_is_taken_once_each_balancer_still_polling_was_answered_ready() {
+    let b = Balancers { http_fall: 2, ..Balancers::default() };
+    // None polls: taken at once (nothing specd can wait for).
+    assert!(taken(&PollLog::default(), MARK, b));
+    // An agent-check answered down until the mark (told ready then), polling every 500 ms.
+    let down = |log: &mut PollLog, kind, addr: &str, every: u64, from: u64, to: u64| {
+        for t in (MARK - from..=MARK - to).step_by(every as usize) {
+            log.record(kind, addr, t, Word::Down);
+        }
+    };
+    let mut log = PollLog::default();
+    down(&mut log, CheckKind::AgentCheck, "127.0.0.1", 500, 5000, 100);
+    assert!(!taken(&log, MARK + 300, b), "not polled since it was told ready");
+    log.record(CheckKind::AgentCheck, "127.0.0.1", MARK + 400, Word::Ready);
+    assert!(taken(&log, MARK + 400, b));
+    // An HTTP check needs as many ready answers in a row as its fall (taken as its rise).
+    down(&mut log, CheckKind::Http, "10.0.0.7", 1000, 4000, 1000);
+    log.record(CheckKind::Http, "10.0.0.7", MARK, Word::Ready);
+    assert!(!taken(&log, MARK + 500, b));
+    log.record(CheckKind::Http, "10.0.0.7", MARK + 1000, Word::Ready);
+    assert!(taken(&log, MARK + 1000, b));
+    // One that stopped polling long ago is not waited for.
+    let mut old = PollLog::default();
+    down(&mut old, CheckKind::AgentCheck, "10.0.0.5", 2000, 60_000, 20_000);
+    assert!(taken(&old, MARK, b));
+}

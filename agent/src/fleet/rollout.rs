@@ -405,9 +405,11 @@ fn wait(why: String) -> Step {
     Step::Wait { why, until: None, soon: false }
 }
 
-/// A wait for the wave's hosts that are not good; `soon` when one of them is applying the target.
+/// A wait for the wave's hosts that are not good; `soon` when one of them is on its way: it
+/// applies what it was given, or runs another revision than the one it was given (going back).
 fn waits_for(why: String, waiting: &[&(String, Standing)]) -> Step {
-    Step::Wait { why, until: None, soon: waiting.iter().any(|(_, s)| matches!(s, Standing::Applying(_))) }
+    let soon = waiting.iter().any(|(_, s)| matches!(s, Standing::Applying(_) | Standing::Unavailable(_)));
+    Step::Wait { why, until: None, soon }
 }
 
 /// The step of the wave in progress (`i`).
@@ -584,7 +586,7 @@ fn sending_back(inputs: &Inputs, record: &Record) -> Option<Step> {
     if back.is_empty() {
         let mut listed: Vec<String> = unavailable.iter().map(|(h, s)| format!("{h} ({})", s.why())).collect();
         listed.extend(unknown.iter().map(|t| format!("{t} (down, never said which host it is)")));
-        return Some(wait(format!(
+        let why = format!(
             "{halted}; {} go back to {} as max_unavailable {} allows: {} of {} hosts of wave {} unavailable: {}{newer}",
             on_target.join(", "),
             short(&w.good),
@@ -593,7 +595,8 @@ fn sending_back(inputs: &Inputs, record: &Record) -> Option<Step> {
             standings.len() + unknown.len(),
             w.name,
             listed.join("; ")
-        )));
+        );
+        return Some(waits_for(why, &unavailable));
     }
     let mut r = record.clone();
     r.waves[i].promoted.retain(|p| !back.contains(&p.host.as_str()));

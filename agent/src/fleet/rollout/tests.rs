@@ -730,7 +730,7 @@ fn without_evidence_the_positions_still_list_the_hosts_the_record_promoted() {
 }
 
 /// A wait is `soon` (a watching promoter looks again within a second, not at its interval)
-/// exactly when a promoted host of the wave is applying the target.
+/// exactly when a host of the wave is on its way: applying the target, or going back.
 #[test]
 fn a_wait_for_a_host_applying_the_target_is_soon_and_one_for_a_host_down_or_a_bake_is_not() {
     let down = |ev: &mut Evidence, h: &str| ev.hosts.get_mut(h).unwrap().down = Some("the last scrape failed".into());
@@ -750,8 +750,17 @@ fn a_wait_for_a_host_applying_the_target_is_soon_and_one_for_a_host_down_or_a_ba
     baking.waves[0].converged = Some(T0 + 60);
     let mut on_new = all_on(OLD);
     on_new.hosts.insert("gpu-01".into(), on(NEW, 2.4));
-    let cases: [(&str, &Record, &Evidence, bool); 5] = [
+    // Halted: gpu-05 and gpu-02 sent back, gpu-02 still on its way; then every host back.
+    let (halted, _) = written(step(Some(&rest_promoted()), NEW, &gpu05_died(), T0 + 100));
+    let (going_back, _) = written(step(Some(&halted), NEW, &gpu05_died(), T0 + 101));
+    let mut on_the_way = gpu05_died();
+    on_the_way.hosts.insert("gpu-02".into(), applying(NEW, OLD));
+    let mut all_back = halted.clone();
+    all_back.waves[1].promoted.clear();
+    let cases: [(&str, &Record, &Evidence, bool); 7] = [
         ("the canary's host applying", &canary, &all_on(OLD), true),
+        ("halted: two hosts on their way back", &going_back, &on_the_way, true),
+        ("halted: every host back", &all_back, &all_on(OLD), false),
         ("no room: one host applying, one down", &rest, &one_down, true),
         ("no room: two hosts down, none promoted", &canary_baked(), &two_down, false),
         ("no room: one host's speculation not proven yet, one down", &rest, &unproven, true),

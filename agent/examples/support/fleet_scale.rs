@@ -27,6 +27,8 @@ use specd_spec::fleet::{ParsedFleet, Record, RolloutState};
 const LLM: &str = "llm.service";
 const RECORD_BRANCH: &str = "refs/heads/specd-promotions";
 const JOB: &str = "specd";
+/// The watching promoter's `--interval` (30 s) on the bench's clock (a second for 15).
+const IDLE: Duration = Duration::from_secs(2);
 
 /// The simulation's knobs.
 #[derive(Clone, Debug)]
@@ -36,6 +38,10 @@ pub struct Params {
     pub apply: Duration,
     pub bake_s: u64,
     pub scrape_s: u64,
+    /// How often an agent polls the remote (the record branch with it): each host's first poll
+    /// anywhere from half to one and a half of it after the start, then every poll ±10 %, as
+    /// the agent's own schedule. Zero: every host sees each record at once.
+    pub poll: Duration,
     /// The fraction of hosts whose apply of the rollout's target fails (0: none).
     pub fail_rate: f64,
 }
@@ -64,6 +70,9 @@ struct Run {
     rev: String,
     unit: (String, String),
     pending: Option<(String, Instant)>,
+    /// The revision the record gave it at its last poll, and when it polls next.
+    seen: Option<String>,
+    next_poll: Option<Instant>,
     /// A revision whose apply fails on this host.
     fails_on: Option<String>,
 }
@@ -176,6 +185,9 @@ fn unit_hash(text: &str) -> Result<String> {
 #[derive(Clone, Debug)]
 pub struct Pass {
     pub wrote: bool,
+    /// A wait that says a host is on its way, and a wait's end if known (unix seconds).
+    pub soon: bool,
+    pub until: Option<u64>,
     pub secs: f64,
     pub queries: u64,
     pub said: String,
@@ -275,9 +287,9 @@ impl Sim {
     fn spawn_agents(&self) -> Result<std::thread::JoinHandle<Result<()>>> {
         let text = std::fs::read_to_string(self.work.join("specs/fleet.yaml"))?;
         let fleet = specd_spec::fleet::parse_fleet(&text, "fleet.yaml").map_err(|d| anyhow::anyhow!("{d}"))?;
-        let (hosts, hashes, stop, remote, apply) =
-            (self.hosts.clone(), self.hashes.clone(), self.stop.clone(), self.remote.clone(), self.p.apply);
-        Ok(std::thread::spawn(move || agents(&hosts, &fleet, &hashes, &stop, &remote, apply)))
+        let (hosts, hashes, stop, remote, p) =
+            (self.hosts.clone(), self.hashes.clone(), self.stop.clone(), self.remote.clone(), self.p.clone());
+        Ok(std::thread::spawn(move || agents(&hosts, &fleet, &hashes, &stop, &remote, &p)))
     }
 
     pub fn hosts(&self) -> usize {
@@ -346,13 +358,16 @@ impl Sim {
         let v: serde_json::Value = serde_json::from_slice(&o.stdout).context("specd promote's JSON")?;
         let wrote = v.get("wrote").is_some();
         let said = v.get("message").or(v.get("waits")).and_then(|m| m.as_str()).unwrap_or_default().to_string();
-        let pass = Pass { wrote, secs, queries: self.queries() - q0, said };
+        let (soon, until) = (v["soon"].as_bool() == Some(true), v["until"].as_u64());
+        let pass = Pass { wrote, soon, until, secs, queries: self.queries() - q0, said };
         self.passes.push(pass.clone());
         Ok(pass)
     }
 
-    /// Passes of the promoter (at once after a write, 200 ms apart otherwise) until the record
-    /// satisfies `done`, within `within`.
+    /// Passes of the promoter until the record satisfies `done`, within `within`, as
+    /// `specd promote --watch` makes them: at once after a write, a second after the last one
+    /// started while a host is on its way (`soon`), at a bake's end, else after `IDLE`.
+    /// (One process a pass: a watching promoter would keep its clone's state between them.)
     pub fn promote_until(&mut self, what: &str, within: Duration, done: impl Fn(&Record) -> bool) -> Result<Record> {
         let t = Instant::now();
         loop {
@@ -365,9 +380,14 @@ impl Sim {
             if t.elapsed() > within {
                 bail!("{what}: not within {within:?}; the promoter said: {}", p.said);
             }
-            if !p.wrote {
-                std::thread::sleep(Duration::from_millis(200));
-            }
+            let started = Duration::from_secs_f64(p.secs);
+            let pause = match p.until {
+                _ if p.wrote => Duration::ZERO,
+                Some(t) => Duration::from_secs(t.saturating_sub(now())).min(IDLE),
+                None if p.soon => specd::parts::fleet::SOON.saturating_sub(started),
+                None => IDLE,
+            };
+            std::thread::sleep(pause);
         }
     }
 
@@ -470,17 +490,28 @@ fn read_record(repo: &git2::Repository) -> Result<Option<(git2::Oid, Record)>> {
     Ok(Some((c.id(), rec)))
 }
 
-/// The simulated agents: every 50 ms, the record (when it moved) and each host's due applies.
+/// A fraction in [0, 1) drawn from `seed` (splitmix64): the agents' jitter, the same each run.
+fn draw(seed: &mut u64) -> f64 {
+    *seed = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    let mut z = *seed;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// The simulated agents: every 50 ms, the record (when it moved), each host's poll that is due
+/// (what the record gives it) and its due applies.
 fn agents(
     hosts: &[Host],
     fleet: &ParsedFleet,
     hashes: &Mutex<BTreeMap<String, String>>,
     stop: &AtomicBool,
     remote: &Path,
-    apply: Duration,
+    p: &Params,
 ) -> Result<()> {
     let repo = git2::Repository::open_bare(remote)?;
     let mut record: Option<(git2::Oid, Record)> = None;
+    let (start, mut seed) = (Instant::now(), 7u64);
     while !stop.load(Ordering::Relaxed) {
         if let Some((oid, r)) = read_record(&repo)?
             && record.as_ref().is_none_or(|(o, _)| *o != oid)
@@ -490,9 +521,17 @@ fn agents(
         let now = Instant::now();
         for h in hosts {
             let Some((_, r)) = &record else { break };
-            let labels = BTreeMap::from([("ring".to_string(), h.ring.to_string())]);
-            let want = r.revision_for(fleet, &h.name, &labels).map_err(anyhow::Error::msg)?.revision;
             let mut run = h.run.lock().unwrap();
+            let next = *run.next_poll.get_or_insert_with(|| start + p.poll.mul_f64(0.5 + draw(&mut seed)));
+            if run.seen.is_none() || next <= now {
+                let labels = BTreeMap::from([("ring".to_string(), h.ring.to_string())]);
+                run.seen = Some(r.revision_for(fleet, &h.name, &labels).map_err(anyhow::Error::msg)?.revision);
+                if next <= now {
+                    run.next_poll = Some(now + p.poll.mul_f64(0.9 + 0.2 * draw(&mut seed)));
+                }
+            }
+            let want = run.seen.clone().unwrap_or_default();
+            let apply = p.apply;
             if run.rev != want && run.pending.as_ref().is_none_or(|(p, _)| *p != want) {
                 run.pending = Some((want, now + apply));
             } else if run.rev == want {
@@ -517,6 +556,7 @@ pub struct Measured {
     pub release_s: f64,
     pub floor_s: f64,
     pub floor_budget_s: f64,
+    pub rounds: usize,
     pub steps: Vec<Pass>,
     pub waits: Vec<Pass>,
     pub commits: usize,
@@ -531,12 +571,13 @@ pub struct Measured {
 
 /// The floor of a rollout: every wave's bake and one apply; and with `max_unavailable` hosts
 /// applying at a time, each wave's bake and its rounds of applies.
-fn floors(p: &Params) -> (f64, f64) {
+/// Also the rounds.
+fn floors(p: &Params) -> (f64, f64, usize) {
     let waves = waves(p.hosts);
     let apply = p.apply.as_secs_f64();
     let bakes = (p.bake_s * waves.len() as u64) as f64;
     let rounds: usize = waves.iter().map(|(_, n)| n.div_ceil(max_unavailable(p.hosts))).sum();
-    (bakes + apply * waves.len() as f64, bakes + apply * rounds as f64)
+    (bakes + apply * waves.len() as f64, bakes + apply * rounds as f64, rounds)
 }
 
 impl Sim {
@@ -558,12 +599,13 @@ impl Sim {
         let release_s = t.elapsed().as_secs_f64();
         let texts = self.record_texts()?;
         let passes = self.passes[first..].to_vec();
-        let (floor_s, floor_budget_s) = floors(&self.p);
+        let (floor_s, floor_budget_s, rounds) = floors(&self.p);
         Ok(Measured {
             hosts: self.hosts(),
             release_s,
             floor_s,
             floor_budget_s,
+            rounds,
             steps: passes.iter().filter(|p| p.wrote).cloned().collect(),
             waits: passes.iter().filter(|p| !p.wrote).cloned().collect(),
             commits: texts.len() - 1,
@@ -616,10 +658,11 @@ impl Sim {
 /// `bench fleet-scale [N...]`: the table, one row per host count.
 pub fn bench(counts: &[usize], p: &Params) -> Result<()> {
     println!(
-        "\n## Fleet at scale: N simulated hosts, 3 waves (1 %, 9 %, the rest), max_unavailable 5 % of the fleet, bakes of {} s, apply {} ms, scraped every {} s\n",
+        "\n## Fleet at scale: N simulated hosts, 3 waves (1 %, 9 %, the rest), max_unavailable 5 % of the fleet, bakes of {} s, apply {} ms, scraped every {} s, agents poll every {} ms\n",
         p.bake_s,
         p.apply.as_millis(),
-        p.scrape_s
+        p.scrape_s,
+        p.poll.as_millis()
     );
     let mut rows = Vec::new();
     for &n in counts {
@@ -649,6 +692,9 @@ fn print_table(rows: &[(Measured, Halted)]) {
     line("floor: bakes + 1 apply per wave (s)", &|m, _| format!("{:.1} ({:.2}×)", m.floor_s, m.release_s / m.floor_s));
     line("floor with max_unavailable's rounds (s)", &|m, _| {
         format!("{:.1} ({:.2}×)", m.floor_budget_s, m.release_s / m.floor_budget_s)
+    });
+    line("beyond that floor, per round (s)", &|m, _| {
+        format!("{:.2} ({} rounds)", (m.release_s - m.floor_budget_s) / m.rounds as f64, m.rounds)
     });
     line("record commits (steps written)", &|m, _| format!("{}", m.commits));
     line("promote step: median / max (s)", &|m, _| {

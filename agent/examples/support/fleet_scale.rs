@@ -44,6 +44,8 @@ pub struct Params {
     pub poll: Duration,
     /// The fraction of hosts whose apply of the rollout's target fails (0: none).
     pub fail_rate: f64,
+    /// The canary's first host a real agent (`specd run` in a systemd box; root only).
+    pub real_agent: bool,
 }
 
 /// The waves: a canary of 1 %, then 9 %, then the rest; `max_unavailable` 5 % of the fleet.
@@ -60,6 +62,8 @@ fn max_unavailable(n: usize) -> usize {
 struct Host {
     name: String,
     ring: &'static str,
+    /// A real agent's host: its own exporter, scraped where it listens; not simulated.
+    real: Option<u16>,
     metrics: Metrics,
     run: Mutex<Run>,
 }
@@ -140,8 +144,12 @@ fn prometheus_config(hosts: &[Host], port: u16, scrape_s: u64) -> String {
         "global: {{scrape_interval: {scrape_s}s, scrape_timeout: {scrape_s}s}}\nscrape_configs:\n  - job_name: {JOB}\n    static_configs:\n"
     );
     for (i, h) in hosts.iter().enumerate() {
+        let (port, path) = match h.real {
+            Some(p) => (p, "/metrics".to_string()),
+            None => (port, format!("/h/{i}/metrics")),
+        };
         c.push_str(&format!(
-            "      - {{targets: ['127.0.0.1:{port}'], labels: {{__metrics_path__: /h/{i}/metrics, instance: {}}}}}\n",
+            "      - {{targets: ['127.0.0.1:{port}'], labels: {{__metrics_path__: {path}, instance: {}}}}}\n",
             h.name
         ));
     }
@@ -159,8 +167,42 @@ fn git(dir: &Path, args: &[&str]) -> Result<String> {
     Ok(String::from_utf8(o.stdout)?.trim().to_string())
 }
 
-fn llm_spec(steps: u32) -> String {
-    specd_e2e::sglang_spec("/opt/engines/sglang", LLM, 30000, steps, "")
+/// The engine: the stand-in (the real agent starts it), on one port for every host.
+fn llm_spec(engine: &(String, u16), steps: u32) -> String {
+    specd_e2e::sglang_spec(&engine.0, LLM, engine.1, steps, "")
+}
+
+/// Whether a systemd box can boot here (root); if not, says why the bench runs without a real agent.
+fn can_box() -> bool {
+    match specd_e2e::systemd_box::preflight() {
+        Ok(()) => true,
+        Err(e) => {
+            println!("(no real agent among the simulated hosts: {e:#})");
+            false
+        }
+    }
+}
+
+/// The real agent's box: `specd run` as a unit, its config in `/run/agent.yaml`.
+fn real_agent(dir: &Path, remote: &Path, host: &Host, poll: Duration) -> Result<specd_e2e::SystemdBox> {
+    let b = specd_e2e::SystemdBox::boot_with(specd_e2e::BoxConfig {
+        binds: vec![dir.to_path_buf()],
+        ..Default::default()
+    })?;
+    let listen = host.real.context("a real host")?;
+    let config = format!(
+        "repo: file://{}\npath: specs\nhostname: {}\ninterval: {}\nlisten: 127.0.0.1:{listen}\nlabels: {{ring: {}}}\n",
+        remote.display(),
+        host.name,
+        poll.as_secs().max(1),
+        host.ring
+    );
+    b.write_file("/run/agent.yaml", config)?;
+    let unit = format!("[Service]\nType=notify\nExecStart={} run --config /run/agent.yaml\n", crate::specd_bin());
+    b.write_file("/etc/systemd/system/specd-agent.service", unit)?;
+    b.systemctl_check(&["daemon-reload"])?;
+    b.systemctl_check(&["start", "specd-agent.service"])?;
+    Ok(b)
 }
 
 fn fleet_file(n: usize, bake_s: u64) -> String {
@@ -205,12 +247,15 @@ pub struct StatusLook {
 
 pub struct Sim {
     pub p: Params,
+    /// The real agent's box, if it runs (gone before the directory it binds).
+    real: Option<specd_e2e::SystemdBox>,
     dir: tempfile::TempDir,
     hosts: Arc<Vec<Host>>,
     prom: specd_e2e::Prometheus,
     remote: PathBuf,
     work: PathBuf,
     hashes: Arc<Mutex<BTreeMap<String, String>>>,
+    engine: (String, u16),
     stop: Arc<AtomicBool>,
     agents: Option<std::thread::JoinHandle<Result<()>>>,
     pub passes: Vec<Pass>,
@@ -224,6 +269,7 @@ impl Sim {
     /// simulated agents following the record.
     pub fn start(p: Params) -> Result<Sim> {
         let dir = tempfile::tempdir()?;
+        let real = p.real_agent && can_box();
         let mut hosts = Vec::new();
         for (ring, count) in waves(p.hosts) {
             for _ in 0..count {
@@ -231,7 +277,8 @@ impl Sim {
                 let metrics = Metrics::new(env!("CARGO_PKG_VERSION"));
                 metrics.host_info(&name, &BTreeMap::from([("ring".to_string(), ring.to_string())]));
                 metrics.schedule(Some(Duration::from_secs(60)), Some(Duration::from_secs(600)));
-                hosts.push(Host { name, ring, metrics, run: Mutex::default() });
+                let real = (real && hosts.is_empty()).then(specd_e2e::free_port);
+                hosts.push(Host { name, ring, real, metrics, run: Mutex::default() });
             }
         }
         let (remote, work) = (dir.path().join("remote.git"), dir.path().join("work"));
@@ -239,29 +286,38 @@ impl Sim {
         git(dir.path(), &["init", "-q", "--bare", "-b", "main", remote.to_str().unwrap()])?;
         git(&work, &["init", "-q", "-b", "main"])?;
         std::fs::write(work.join("specs/fleet.yaml"), fleet_file(p.hosts, p.bake_s))?;
-        let text = llm_spec(3);
+        let standin =
+            if real { specd_e2e::bin_path("specd-standin").display().to_string() } else { "/opt/sglang".into() };
+        let engine = (standin, specd_e2e::free_port());
+        let text = llm_spec(&engine, 3);
         std::fs::write(work.join("specs/llm.yaml"), &text)?;
         git(&work, &["add", "-A"])?;
         git(&work, &["commit", "-q", "-m", "llm: steps 3"])?;
         git(&work, &["push", "-q", remote.to_str().unwrap(), "main"])?;
         let c1 = git(&work, &["rev-parse", "HEAD"])?;
         let h1 = unit_hash(&text)?;
-        for h in &hosts {
+        for h in hosts.iter().filter(|h| h.real.is_none()) {
             let mut run = h.run.lock().unwrap();
             h.report(&mut run, &c1, &h1);
         }
+        let real = match hosts.first().filter(|h| h.real.is_some()) {
+            Some(h) => Some(real_agent(dir.path(), &remote, h, p.poll)?),
+            None => None,
+        };
         let hosts = Arc::new(hosts);
         let port = serve(hosts.clone())?;
         let prom =
             specd_e2e::Prometheus::start(&dir.path().join("prometheus"), &prometheus_config(&hosts, port, p.scrape_s))?;
         let mut sim = Sim {
             p,
+            real,
             dir,
             hosts,
             prom,
             remote,
             work,
             hashes: Arc::new(Mutex::new(BTreeMap::from([(c1, h1)]))),
+            engine,
             stop: Arc::new(AtomicBool::new(false)),
             agents: None,
             passes: Vec::new(),
@@ -298,7 +354,7 @@ impl Sim {
 
     /// A new revision of the spec (`steps`) pushed; its commit. `fail` hosts (by index) fail it.
     pub fn push(&self, steps: u32, fail: &[usize]) -> Result<String> {
-        let text = llm_spec(steps);
+        let text = llm_spec(&self.engine, steps);
         std::fs::write(self.work.join("specs/llm.yaml"), &text)?;
         git(&self.work, &["commit", "-q", "-am", &format!("llm: steps {steps}")])?;
         let c = git(&self.work, &["rev-parse", "HEAD"])?;
@@ -431,6 +487,23 @@ impl Sim {
         self.hosts[i].run.lock().unwrap().rev.clone()
     }
 
+    /// The unit hash of the real agent's host as Prometheus has it, once it is `rev`'s (within
+    /// `within`); `None` without a real agent.
+    fn real_runs(&self, rev: &str, within: Duration) -> Result<Option<String>> {
+        let Some(h) = self.hosts.iter().find(|h| h.real.is_some()) else { return Ok(None) };
+        let want = self.hashes.lock().unwrap().get(rev).cloned().context("a revision the bench pushed")?;
+        let q = format!("specd_unit_info{{instance=\"{}\", unit=\"{LLM}\"}}", h.name);
+        let runs = || self.prom.query(&q).first().and_then(|(m, _)| m["unit_hash"].as_str().map(str::to_string));
+        let what = format!("the real agent {} runs the unit of {}", h.name, specd_spec::short(rev));
+        specd_e2e::wait_until(&what, within, || runs().as_deref() == Some(want.as_str()))
+            .with_context(|| format!("it runs {:?}; its journal:\n{}", runs(), self.real_journal()))?;
+        Ok(Some(want))
+    }
+
+    fn real_journal(&self) -> String {
+        self.real.as_ref().and_then(|b| b.journal("specd-agent.service").ok()).unwrap_or_default()
+    }
+
     /// Series per host, scrape time per host (s), samples per scrape.
     pub fn scrape_figures(&self) -> (f64, f64, f64) {
         let one = |q: &str| self.prom.query(q).first().map_or(f64::NAN, |(_, v)| *v);
@@ -519,7 +592,7 @@ fn agents(
             record = Some((oid, r));
         }
         let now = Instant::now();
-        for h in hosts {
+        for h in hosts.iter().filter(|h| h.real.is_none()) {
             let Some((_, r)) = &record else { break };
             let mut run = h.run.lock().unwrap();
             let next = *run.next_poll.get_or_insert_with(|| start + p.poll.mul_f64(0.5 + draw(&mut seed)));
@@ -567,6 +640,8 @@ pub struct Measured {
     pub scrape: (f64, f64, f64),
     pub prom: (f64, f64),
     pub poll_ms: (f64, f64),
+    /// The real agent's unit hash before and after the rollout.
+    pub real: Option<(String, String)>,
 }
 
 /// The floor of a rollout: every wave's bake and one apply; and with `max_unavailable` hosts
@@ -583,8 +658,9 @@ fn floors(p: &Params) -> (f64, f64, usize) {
 impl Sim {
     /// The adoption of the first revision, then one rollout of a new one to its release.
     pub fn rollout(&mut self) -> Result<Measured> {
-        self.promote_until("the first record", Duration::from_secs(60), |_| true)?;
-        let first = self.passes.len();
+        let first = self.promote_until("the first record", Duration::from_secs(60), |_| true)?;
+        let real_before = self.real_runs(&first.released, Duration::from_secs(120))?;
+        let first_pass = self.passes.len();
         let c2 = self.push(5, &[])?;
         let t = Instant::now();
         let within = Duration::from_secs(600);
@@ -597,8 +673,10 @@ impl Sim {
         let released = |r: &Record| r.released == c2 && r.state == RolloutState::Complete;
         self.promote_until("the release", within, released)?;
         let release_s = t.elapsed().as_secs_f64();
+        // The canary waited for the real agent: it runs the target's unit, applied for real.
+        let real = real_before.zip(self.real_runs(&c2, Duration::ZERO)?);
         let texts = self.record_texts()?;
-        let passes = self.passes[first..].to_vec();
+        let passes = self.passes[first_pass..].to_vec();
         let (floor_s, floor_budget_s, rounds) = floors(&self.p);
         Ok(Measured {
             hosts: self.hosts(),
@@ -616,6 +694,7 @@ impl Sim {
             scrape: self.scrape_figures(),
             prom: self.prometheus_cost(),
             poll_ms: self.poll_cost(10)?,
+            real,
         })
     }
 
@@ -729,5 +808,14 @@ fn print_table(rows: &[(Measured, Halted)]) {
     line("halt: push to halt / every host back (s)", &|_, h| format!("{:.1} / {:.1}", h.0, h.1));
     for (m, h) in rows {
         println!("\n{} hosts, the halt as fleet status says it: {}", m.hosts, h.2.trim());
+        match &m.real {
+            Some((a, b)) => println!(
+                "{} hosts: the real agent h0000 (canary) ran unit {}, runs {} after the rollout",
+                m.hosts,
+                specd_spec::short(a),
+                specd_spec::short(b)
+            ),
+            None => println!("{} hosts: no real agent (not root, or --no-real-agent)", m.hosts),
+        }
     }
 }

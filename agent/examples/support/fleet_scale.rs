@@ -6,12 +6,19 @@
 //! status` are the `specd` binary, run as a CI job runs them, against that Prometheus and a bare
 //! git repository on disk (`file://`).
 //!
-//! What is simulated: the agents. One thread reads the promotion record for all of them (each
-//! agent reads it at its own poll) and a host "applies" what the record gives it after a fixed
-//! delay: its exporter then reports the revision, the unit's hash, args verified and an accept
-//! length — or, for a host told to fail, the revision quarantined with the old unit running (the
-//! agent's rollback). The git load of N polling agents is one agent's poll (an `ls-remote`, and
-//! the fetches of what moved), timed against the same remote, times N.
+//! As root, one host is a real agent: the canary's first, `specd run` in a systemd box following
+//! the same remote and record branch, the stand-in its engine, scraped by the same Prometheus.
+//!
+//! What is simulated: the other agents. One thread reads the promotion record for all of them;
+//! each host sees it at its own poll (the agent's schedule: the first poll half to one and a
+//! half intervals after the start, then every interval ±10 %) and "applies" what it gives after
+//! a fixed delay: its exporter then reports the revision, the unit's hash, args verified and an
+//! accept length — or, for a host told to fail, the revision quarantined with the old unit
+//! running (the agent's rollback). The git load of N polling agents is one agent's poll (an
+//! `ls-remote`, and the fetches of what moved), timed against the same remote, times N.
+//!
+//! The clock: by default a fleet's times 15 times fast (a 15 s scrape 1 s, a 60 s poll 4 s, an
+//! apply of 2.5 min 10 s, a bake of 7.5 min 30 s), so the ratios are an operator's.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

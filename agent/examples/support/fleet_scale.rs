@@ -593,10 +593,10 @@ fn agents(
     let mut record: Option<(git2::Oid, Record)> = None;
     let (start, mut seed) = (Instant::now(), 7u64);
     while !stop.load(Ordering::Relaxed) {
-        if let Some((oid, r)) = read_record(&repo)?
-            && record.as_ref().is_none_or(|(o, _)| *o != oid)
-        {
-            record = Some((oid, r));
+        // Read (and parsed) only when it moved.
+        let head = repo.find_reference(RECORD_BRANCH).ok().and_then(|r| r.target());
+        if head.is_some() && record.as_ref().map(|(o, _)| *o) != head {
+            record = read_record(&repo)?;
         }
         let now = Instant::now();
         for h in hosts.iter().filter(|h| h.real.is_none()) {

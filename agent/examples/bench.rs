@@ -614,11 +614,21 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `fleet-scale [N...] [--apply-ms MS] [--bake S] [--scrape S] [--fail-rate F]`: N 100 and 1000
-/// unless given (5000 only when asked).
+/// `fleet-scale [N...] [--apply-ms MS] [--bake S] [--scrape S] [--poll-ms MS] [--fail-rate F]
+/// [--no-real-agent]`: N 100 and 1000 unless given (5000 only when asked); as root the canary's
+/// first host is a real agent. The defaults are a fleet's times on a
+/// clock 15 times fast: a 15 s scrape 1 s, an agent's 60 s poll 4 s, a 2.5 min apply 10 s, a
+/// 7.5 min bake 30 s.
 fn fleet_scale_args(args: &[String]) -> anyhow::Result<()> {
-    let mut p =
-        fleet_scale::Params { hosts: 0, apply: Duration::from_millis(1000), bake_s: 5, scrape_s: 1, fail_rate: 0.0 };
+    let mut p = fleet_scale::Params {
+        hosts: 0,
+        apply: Duration::from_secs(10),
+        bake_s: 30,
+        scrape_s: 1,
+        poll: Duration::from_secs(4),
+        fail_rate: 0.0,
+        real_agent: true,
+    };
     let mut counts = Vec::new();
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -627,6 +637,8 @@ fn fleet_scale_args(args: &[String]) -> anyhow::Result<()> {
             "--apply-ms" => p.apply = Duration::from_millis(value()?.parse()?),
             "--bake" => p.bake_s = value()?.parse()?,
             "--scrape" => p.scrape_s = value()?.parse()?,
+            "--poll-ms" => p.poll = Duration::from_millis(value()?.parse()?),
+            "--no-real-agent" => p.real_agent = false,
             "--fail-rate" => p.fail_rate = value()?.parse()?,
             n => counts.push(n.parse().map_err(|_| anyhow::anyhow!("fleet-scale: {n:?} is not a host count"))?),
         }

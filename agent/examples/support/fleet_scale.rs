@@ -6,12 +6,19 @@
 //! status` are the `specd` binary, run as a CI job runs them, against that Prometheus and a bare
 //! git repository on disk (`file://`).
 //!
-//! What is simulated: the agents. One thread reads the promotion record for all of them (each
-//! agent reads it at its own poll) and a host "applies" what the record gives it after a fixed
-//! delay: its exporter then reports the revision, the unit's hash, args verified and an accept
-//! length — or, for a host told to fail, the revision quarantined with the old unit running (the
-//! agent's rollback). The git load of N polling agents is one agent's poll (an `ls-remote`, and
-//! the fetches of what moved), timed against the same remote, times N.
+//! As root, one host is a real agent: the canary's first, `specd run` in a systemd box following
+//! the same remote and record branch, the stand-in its engine, scraped by the same Prometheus.
+//!
+//! What is simulated: the other agents. One thread reads the promotion record for all of them;
+//! each host sees it at its own poll (the agent's schedule: the first poll half to one and a
+//! half intervals after the start, then every interval ±10 %) and "applies" what it gives after
+//! a fixed delay: its exporter then reports the revision, the unit's hash, args verified and an
+//! accept length — or, for a host told to fail, the revision quarantined with the old unit
+//! running (the agent's rollback). The git load of N polling agents is one agent's poll (an
+//! `ls-remote`, and the fetches of what moved), timed against the same remote, times N.
+//!
+//! The clock: by default a fleet's times 15 times fast (a 15 s scrape 1 s, a 60 s poll 4 s, an
+//! apply of 2.5 min 10 s, a bake of 7.5 min 30 s), so the ratios are an operator's.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -27,6 +34,8 @@ use specd_spec::fleet::{ParsedFleet, Record, RolloutState};
 const LLM: &str = "llm.service";
 const RECORD_BRANCH: &str = "refs/heads/specd-promotions";
 const JOB: &str = "specd";
+/// The watching promoter's `--interval` (30 s) on the bench's clock (a second for 15).
+const IDLE: Duration = Duration::from_secs(2);
 
 /// The simulation's knobs.
 #[derive(Clone, Debug)]
@@ -36,8 +45,14 @@ pub struct Params {
     pub apply: Duration,
     pub bake_s: u64,
     pub scrape_s: u64,
+    /// How often an agent polls the remote (the record branch with it): each host's first poll
+    /// anywhere from half to one and a half of it after the start, then every poll ±10 %, as
+    /// the agent's own schedule. Zero: every host sees each record at once.
+    pub poll: Duration,
     /// The fraction of hosts whose apply of the rollout's target fails (0: none).
     pub fail_rate: f64,
+    /// The canary's first host a real agent (`specd run` in a systemd box; root only).
+    pub real_agent: bool,
 }
 
 /// The waves: a canary of 1 %, then 9 %, then the rest; `max_unavailable` 5 % of the fleet.
@@ -54,6 +69,8 @@ fn max_unavailable(n: usize) -> usize {
 struct Host {
     name: String,
     ring: &'static str,
+    /// A real agent's host: its own exporter, scraped where it listens; not simulated.
+    real: Option<u16>,
     metrics: Metrics,
     run: Mutex<Run>,
 }
@@ -64,6 +81,9 @@ struct Run {
     rev: String,
     unit: (String, String),
     pending: Option<(String, Instant)>,
+    /// The revision the record gave it at its last poll, and when it polls next.
+    seen: Option<String>,
+    next_poll: Option<Instant>,
     /// A revision whose apply fails on this host.
     fails_on: Option<String>,
 }
@@ -131,8 +151,12 @@ fn prometheus_config(hosts: &[Host], port: u16, scrape_s: u64) -> String {
         "global: {{scrape_interval: {scrape_s}s, scrape_timeout: {scrape_s}s}}\nscrape_configs:\n  - job_name: {JOB}\n    static_configs:\n"
     );
     for (i, h) in hosts.iter().enumerate() {
+        let (port, path) = match h.real {
+            Some(p) => (p, "/metrics".to_string()),
+            None => (port, format!("/h/{i}/metrics")),
+        };
         c.push_str(&format!(
-            "      - {{targets: ['127.0.0.1:{port}'], labels: {{__metrics_path__: /h/{i}/metrics, instance: {}}}}}\n",
+            "      - {{targets: ['127.0.0.1:{port}'], labels: {{__metrics_path__: {path}, instance: {}}}}}\n",
             h.name
         ));
     }
@@ -150,8 +174,42 @@ fn git(dir: &Path, args: &[&str]) -> Result<String> {
     Ok(String::from_utf8(o.stdout)?.trim().to_string())
 }
 
-fn llm_spec(steps: u32) -> String {
-    specd_e2e::sglang_spec("/opt/engines/sglang", LLM, 30000, steps, "")
+/// The engine: the stand-in (the real agent starts it), on one port for every host.
+fn llm_spec(engine: &(String, u16), steps: u32) -> String {
+    specd_e2e::sglang_spec(&engine.0, LLM, engine.1, steps, "")
+}
+
+/// Whether a systemd box can boot here (root); if not, says why the bench runs without a real agent.
+fn can_box() -> bool {
+    match specd_e2e::systemd_box::preflight() {
+        Ok(()) => true,
+        Err(e) => {
+            println!("(no real agent among the simulated hosts: {e:#})");
+            false
+        }
+    }
+}
+
+/// The real agent's box: `specd run` as a unit, its config in `/run/agent.yaml`.
+fn real_agent(dir: &Path, remote: &Path, host: &Host, poll: Duration) -> Result<specd_e2e::SystemdBox> {
+    let b = specd_e2e::SystemdBox::boot_with(specd_e2e::BoxConfig {
+        binds: vec![dir.to_path_buf()],
+        ..Default::default()
+    })?;
+    let listen = host.real.context("a real host")?;
+    let config = format!(
+        "repo: file://{}\npath: specs\nhostname: {}\ninterval: {}\nlisten: 127.0.0.1:{listen}\nlabels: {{ring: {}}}\n",
+        remote.display(),
+        host.name,
+        poll.as_secs().max(1),
+        host.ring
+    );
+    b.write_file("/run/agent.yaml", config)?;
+    let unit = format!("[Service]\nType=notify\nExecStart={} run --config /run/agent.yaml\n", crate::specd_bin());
+    b.write_file("/etc/systemd/system/specd-agent.service", unit)?;
+    b.systemctl_check(&["daemon-reload"])?;
+    b.systemctl_check(&["start", "specd-agent.service"])?;
+    Ok(b)
 }
 
 fn fleet_file(n: usize, bake_s: u64) -> String {
@@ -176,6 +234,9 @@ fn unit_hash(text: &str) -> Result<String> {
 #[derive(Clone, Debug)]
 pub struct Pass {
     pub wrote: bool,
+    /// A wait that says a host is on its way, and a wait's end if known (unix seconds).
+    pub soon: bool,
+    pub until: Option<u64>,
     pub secs: f64,
     pub queries: u64,
     pub said: String,
@@ -193,12 +254,15 @@ pub struct StatusLook {
 
 pub struct Sim {
     pub p: Params,
+    /// The real agent's box, if it runs (gone before the directory it binds).
+    real: Option<specd_e2e::SystemdBox>,
     dir: tempfile::TempDir,
     hosts: Arc<Vec<Host>>,
     prom: specd_e2e::Prometheus,
     remote: PathBuf,
     work: PathBuf,
     hashes: Arc<Mutex<BTreeMap<String, String>>>,
+    engine: (String, u16),
     stop: Arc<AtomicBool>,
     agents: Option<std::thread::JoinHandle<Result<()>>>,
     pub passes: Vec<Pass>,
@@ -212,6 +276,7 @@ impl Sim {
     /// simulated agents following the record.
     pub fn start(p: Params) -> Result<Sim> {
         let dir = tempfile::tempdir()?;
+        let real = p.real_agent && can_box();
         let mut hosts = Vec::new();
         for (ring, count) in waves(p.hosts) {
             for _ in 0..count {
@@ -219,7 +284,8 @@ impl Sim {
                 let metrics = Metrics::new(env!("CARGO_PKG_VERSION"));
                 metrics.host_info(&name, &BTreeMap::from([("ring".to_string(), ring.to_string())]));
                 metrics.schedule(Some(Duration::from_secs(60)), Some(Duration::from_secs(600)));
-                hosts.push(Host { name, ring, metrics, run: Mutex::default() });
+                let real = (real && hosts.is_empty()).then(specd_e2e::free_port);
+                hosts.push(Host { name, ring, real, metrics, run: Mutex::default() });
             }
         }
         let (remote, work) = (dir.path().join("remote.git"), dir.path().join("work"));
@@ -227,29 +293,38 @@ impl Sim {
         git(dir.path(), &["init", "-q", "--bare", "-b", "main", remote.to_str().unwrap()])?;
         git(&work, &["init", "-q", "-b", "main"])?;
         std::fs::write(work.join("specs/fleet.yaml"), fleet_file(p.hosts, p.bake_s))?;
-        let text = llm_spec(3);
+        let standin =
+            if real { specd_e2e::bin_path("specd-standin").display().to_string() } else { "/opt/sglang".into() };
+        let engine = (standin, specd_e2e::free_port());
+        let text = llm_spec(&engine, 3);
         std::fs::write(work.join("specs/llm.yaml"), &text)?;
         git(&work, &["add", "-A"])?;
         git(&work, &["commit", "-q", "-m", "llm: steps 3"])?;
         git(&work, &["push", "-q", remote.to_str().unwrap(), "main"])?;
         let c1 = git(&work, &["rev-parse", "HEAD"])?;
         let h1 = unit_hash(&text)?;
-        for h in &hosts {
+        for h in hosts.iter().filter(|h| h.real.is_none()) {
             let mut run = h.run.lock().unwrap();
             h.report(&mut run, &c1, &h1);
         }
+        let real = match hosts.first().filter(|h| h.real.is_some()) {
+            Some(h) => Some(real_agent(dir.path(), &remote, h, p.poll)?),
+            None => None,
+        };
         let hosts = Arc::new(hosts);
         let port = serve(hosts.clone())?;
         let prom =
             specd_e2e::Prometheus::start(&dir.path().join("prometheus"), &prometheus_config(&hosts, port, p.scrape_s))?;
         let mut sim = Sim {
             p,
+            real,
             dir,
             hosts,
             prom,
             remote,
             work,
             hashes: Arc::new(Mutex::new(BTreeMap::from([(c1, h1)]))),
+            engine,
             stop: Arc::new(AtomicBool::new(false)),
             agents: None,
             passes: Vec::new(),
@@ -275,9 +350,9 @@ impl Sim {
     fn spawn_agents(&self) -> Result<std::thread::JoinHandle<Result<()>>> {
         let text = std::fs::read_to_string(self.work.join("specs/fleet.yaml"))?;
         let fleet = specd_spec::fleet::parse_fleet(&text, "fleet.yaml").map_err(|d| anyhow::anyhow!("{d}"))?;
-        let (hosts, hashes, stop, remote, apply) =
-            (self.hosts.clone(), self.hashes.clone(), self.stop.clone(), self.remote.clone(), self.p.apply);
-        Ok(std::thread::spawn(move || agents(&hosts, &fleet, &hashes, &stop, &remote, apply)))
+        let (hosts, hashes, stop, remote, p) =
+            (self.hosts.clone(), self.hashes.clone(), self.stop.clone(), self.remote.clone(), self.p.clone());
+        Ok(std::thread::spawn(move || agents(&hosts, &fleet, &hashes, &stop, &remote, &p)))
     }
 
     pub fn hosts(&self) -> usize {
@@ -286,7 +361,7 @@ impl Sim {
 
     /// A new revision of the spec (`steps`) pushed; its commit. `fail` hosts (by index) fail it.
     pub fn push(&self, steps: u32, fail: &[usize]) -> Result<String> {
-        let text = llm_spec(steps);
+        let text = llm_spec(&self.engine, steps);
         std::fs::write(self.work.join("specs/llm.yaml"), &text)?;
         git(&self.work, &["commit", "-q", "-am", &format!("llm: steps {steps}")])?;
         let c = git(&self.work, &["rev-parse", "HEAD"])?;
@@ -346,13 +421,16 @@ impl Sim {
         let v: serde_json::Value = serde_json::from_slice(&o.stdout).context("specd promote's JSON")?;
         let wrote = v.get("wrote").is_some();
         let said = v.get("message").or(v.get("waits")).and_then(|m| m.as_str()).unwrap_or_default().to_string();
-        let pass = Pass { wrote, secs, queries: self.queries() - q0, said };
+        let (soon, until) = (v["soon"].as_bool() == Some(true), v["until"].as_u64());
+        let pass = Pass { wrote, soon, until, secs, queries: self.queries() - q0, said };
         self.passes.push(pass.clone());
         Ok(pass)
     }
 
-    /// Passes of the promoter (at once after a write, 200 ms apart otherwise) until the record
-    /// satisfies `done`, within `within`.
+    /// Passes of the promoter until the record satisfies `done`, within `within`, as
+    /// `specd promote --watch` makes them: at once after a write, a second after the last one
+    /// started while a host is on its way (`soon`), at a bake's end, else after `IDLE`.
+    /// (One process a pass: a watching promoter would keep its clone's state between them.)
     pub fn promote_until(&mut self, what: &str, within: Duration, done: impl Fn(&Record) -> bool) -> Result<Record> {
         let t = Instant::now();
         loop {
@@ -365,9 +443,14 @@ impl Sim {
             if t.elapsed() > within {
                 bail!("{what}: not within {within:?}; the promoter said: {}", p.said);
             }
-            if !p.wrote {
-                std::thread::sleep(Duration::from_millis(200));
-            }
+            let started = Duration::from_secs_f64(p.secs);
+            let pause = match p.until {
+                _ if p.wrote => Duration::ZERO,
+                Some(t) => Duration::from_secs(t.saturating_sub(now())).min(IDLE),
+                None if p.soon => specd::parts::fleet::SOON.saturating_sub(started),
+                None => IDLE,
+            };
+            std::thread::sleep(pause);
         }
     }
 
@@ -409,6 +492,23 @@ impl Sim {
     /// The revision host `i`'s agent deploys now.
     pub fn runs(&self, i: usize) -> String {
         self.hosts[i].run.lock().unwrap().rev.clone()
+    }
+
+    /// The unit hash of the real agent's host as Prometheus has it, once it is `rev`'s (within
+    /// `within`); `None` without a real agent.
+    fn real_runs(&self, rev: &str, within: Duration) -> Result<Option<String>> {
+        let Some(h) = self.hosts.iter().find(|h| h.real.is_some()) else { return Ok(None) };
+        let want = self.hashes.lock().unwrap().get(rev).cloned().context("a revision the bench pushed")?;
+        let q = format!("specd_unit_info{{instance=\"{}\", unit=\"{LLM}\"}}", h.name);
+        let runs = || self.prom.query(&q).first().and_then(|(m, _)| m["unit_hash"].as_str().map(str::to_string));
+        let what = format!("the real agent {} runs the unit of {}", h.name, specd_spec::short(rev));
+        specd_e2e::wait_until(&what, within, || runs().as_deref() == Some(want.as_str()))
+            .with_context(|| format!("it runs {:?}; its journal:\n{}", runs(), self.real_journal()))?;
+        Ok(Some(want))
+    }
+
+    fn real_journal(&self) -> String {
+        self.real.as_ref().and_then(|b| b.journal("specd-agent.service").ok()).unwrap_or_default()
     }
 
     /// Series per host, scrape time per host (s), samples per scrape.
@@ -470,29 +570,48 @@ fn read_record(repo: &git2::Repository) -> Result<Option<(git2::Oid, Record)>> {
     Ok(Some((c.id(), rec)))
 }
 
-/// The simulated agents: every 50 ms, the record (when it moved) and each host's due applies.
+/// A fraction in [0, 1) drawn from `seed` (splitmix64): the agents' jitter, the same each run.
+fn draw(seed: &mut u64) -> f64 {
+    *seed = seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    let mut z = *seed;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64
+}
+
+/// The simulated agents: every 50 ms, the record (when it moved), each host's poll that is due
+/// (what the record gives it) and its due applies.
 fn agents(
     hosts: &[Host],
     fleet: &ParsedFleet,
     hashes: &Mutex<BTreeMap<String, String>>,
     stop: &AtomicBool,
     remote: &Path,
-    apply: Duration,
+    p: &Params,
 ) -> Result<()> {
     let repo = git2::Repository::open_bare(remote)?;
     let mut record: Option<(git2::Oid, Record)> = None;
+    let (start, mut seed) = (Instant::now(), 7u64);
     while !stop.load(Ordering::Relaxed) {
-        if let Some((oid, r)) = read_record(&repo)?
-            && record.as_ref().is_none_or(|(o, _)| *o != oid)
-        {
-            record = Some((oid, r));
+        // Read (and parsed) only when it moved.
+        let head = repo.find_reference(RECORD_BRANCH).ok().and_then(|r| r.target());
+        if head.is_some() && record.as_ref().map(|(o, _)| *o) != head {
+            record = read_record(&repo)?;
         }
         let now = Instant::now();
-        for h in hosts {
+        for h in hosts.iter().filter(|h| h.real.is_none()) {
             let Some((_, r)) = &record else { break };
-            let labels = BTreeMap::from([("ring".to_string(), h.ring.to_string())]);
-            let want = r.revision_for(fleet, &h.name, &labels).map_err(anyhow::Error::msg)?.revision;
             let mut run = h.run.lock().unwrap();
+            let next = *run.next_poll.get_or_insert_with(|| start + p.poll.mul_f64(0.5 + draw(&mut seed)));
+            if run.seen.is_none() || next <= now {
+                let labels = BTreeMap::from([("ring".to_string(), h.ring.to_string())]);
+                run.seen = Some(r.revision_for(fleet, &h.name, &labels).map_err(anyhow::Error::msg)?.revision);
+                if next <= now {
+                    run.next_poll = Some(now + p.poll.mul_f64(0.9 + 0.2 * draw(&mut seed)));
+                }
+            }
+            let want = run.seen.clone().unwrap_or_default();
+            let apply = p.apply;
             if run.rev != want && run.pending.as_ref().is_none_or(|(p, _)| *p != want) {
                 run.pending = Some((want, now + apply));
             } else if run.rev == want {
@@ -517,6 +636,7 @@ pub struct Measured {
     pub release_s: f64,
     pub floor_s: f64,
     pub floor_budget_s: f64,
+    pub rounds: usize,
     pub steps: Vec<Pass>,
     pub waits: Vec<Pass>,
     pub commits: usize,
@@ -527,23 +647,27 @@ pub struct Measured {
     pub scrape: (f64, f64, f64),
     pub prom: (f64, f64),
     pub poll_ms: (f64, f64),
+    /// The real agent's unit hash before and after the rollout.
+    pub real: Option<(String, String)>,
 }
 
 /// The floor of a rollout: every wave's bake and one apply; and with `max_unavailable` hosts
 /// applying at a time, each wave's bake and its rounds of applies.
-fn floors(p: &Params) -> (f64, f64) {
+/// Also the rounds.
+fn floors(p: &Params) -> (f64, f64, usize) {
     let waves = waves(p.hosts);
     let apply = p.apply.as_secs_f64();
     let bakes = (p.bake_s * waves.len() as u64) as f64;
     let rounds: usize = waves.iter().map(|(_, n)| n.div_ceil(max_unavailable(p.hosts))).sum();
-    (bakes + apply * waves.len() as f64, bakes + apply * rounds as f64)
+    (bakes + apply * waves.len() as f64, bakes + apply * rounds as f64, rounds)
 }
 
 impl Sim {
     /// The adoption of the first revision, then one rollout of a new one to its release.
     pub fn rollout(&mut self) -> Result<Measured> {
-        self.promote_until("the first record", Duration::from_secs(60), |_| true)?;
-        let first = self.passes.len();
+        let first = self.promote_until("the first record", Duration::from_secs(60), |_| true)?;
+        let real_before = self.real_runs(&first.released, Duration::from_secs(120))?;
+        let first_pass = self.passes.len();
         let c2 = self.push(5, &[])?;
         let t = Instant::now();
         let within = Duration::from_secs(600);
@@ -556,14 +680,17 @@ impl Sim {
         let released = |r: &Record| r.released == c2 && r.state == RolloutState::Complete;
         self.promote_until("the release", within, released)?;
         let release_s = t.elapsed().as_secs_f64();
+        // The canary waited for the real agent: it runs the target's unit, applied for real.
+        let real = real_before.zip(self.real_runs(&c2, Duration::ZERO)?);
         let texts = self.record_texts()?;
-        let passes = self.passes[first..].to_vec();
-        let (floor_s, floor_budget_s) = floors(&self.p);
+        let passes = self.passes[first_pass..].to_vec();
+        let (floor_s, floor_budget_s, rounds) = floors(&self.p);
         Ok(Measured {
             hosts: self.hosts(),
             release_s,
             floor_s,
             floor_budget_s,
+            rounds,
             steps: passes.iter().filter(|p| p.wrote).cloned().collect(),
             waits: passes.iter().filter(|p| !p.wrote).cloned().collect(),
             commits: texts.len() - 1,
@@ -574,6 +701,7 @@ impl Sim {
             scrape: self.scrape_figures(),
             prom: self.prometheus_cost(),
             poll_ms: self.poll_cost(10)?,
+            real,
         })
     }
 
@@ -616,10 +744,11 @@ impl Sim {
 /// `bench fleet-scale [N...]`: the table, one row per host count.
 pub fn bench(counts: &[usize], p: &Params) -> Result<()> {
     println!(
-        "\n## Fleet at scale: N simulated hosts, 3 waves (1 %, 9 %, the rest), max_unavailable 5 % of the fleet, bakes of {} s, apply {} ms, scraped every {} s\n",
+        "\n## Fleet at scale: N simulated hosts, 3 waves (1 %, 9 %, the rest), max_unavailable 5 % of the fleet, bakes of {} s, apply {} ms, scraped every {} s, agents poll every {} ms\n",
         p.bake_s,
         p.apply.as_millis(),
-        p.scrape_s
+        p.scrape_s,
+        p.poll.as_millis()
     );
     let mut rows = Vec::new();
     for &n in counts {
@@ -649,6 +778,9 @@ fn print_table(rows: &[(Measured, Halted)]) {
     line("floor: bakes + 1 apply per wave (s)", &|m, _| format!("{:.1} ({:.2}×)", m.floor_s, m.release_s / m.floor_s));
     line("floor with max_unavailable's rounds (s)", &|m, _| {
         format!("{:.1} ({:.2}×)", m.floor_budget_s, m.release_s / m.floor_budget_s)
+    });
+    line("beyond that floor, per round (s)", &|m, _| {
+        format!("{:.2} ({} rounds)", (m.release_s - m.floor_budget_s) / m.rounds as f64, m.rounds)
     });
     line("record commits (steps written)", &|m, _| format!("{}", m.commits));
     line("promote step: median / max (s)", &|m, _| {
@@ -683,5 +815,14 @@ fn print_table(rows: &[(Measured, Halted)]) {
     line("halt: push to halt / every host back (s)", &|_, h| format!("{:.1} / {:.1}", h.0, h.1));
     for (m, h) in rows {
         println!("\n{} hosts, the halt as fleet status says it: {}", m.hosts, h.2.trim());
+        match &m.real {
+            Some((a, b)) => println!(
+                "{} hosts: the real agent h0000 (canary) ran unit {}, runs {} after the rollout",
+                m.hosts,
+                specd_spec::short(a),
+                specd_spec::short(b)
+            ),
+            None => println!("{} hosts: no real agent (not root, or --no-real-agent)", m.hosts),
+        }
     }
 }

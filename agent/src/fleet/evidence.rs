@@ -173,11 +173,26 @@ fn label<'a>(s: &'a Sample, k: &str) -> Option<&'a str> {
 /// revision it left while Prometheus was down (a restarted Prometheus marks no series stale that
 /// vanished before its first scrape, and would give it for 5 minutes more).
 fn last_known(metric: &str) -> String {
-    let within = REMEMBERED.as_secs();
-    format!(
-        "({metric} and timestamp({metric}) >= on(job, instance) group_left timestamp(up)) \
-         or (last_over_time({metric}[{within}s]) unless on(job, instance) up == 1)"
-    )
+    format!("({}) or ({})", fresh(metric), remembered(metric))
+}
+
+/// The first half of [`last_known`]: the series of the targets that answered their last scrape.
+fn fresh(metric: &str) -> String {
+    format!("{metric} and timestamp({metric}) >= on(job, instance) group_left timestamp(up)")
+}
+
+/// The second half: the last series within [`REMEMBERED`] of the targets that did not. It reads
+/// an hour of samples of every series, so it is asked only when a host needs it
+/// ([`any_not_answering`]); the two halves are of other targets, so their answers add up.
+fn remembered(metric: &str) -> String {
+    format!("last_over_time({metric}[{}s]) unless on(job, instance) up == 1", REMEMBERED.as_secs())
+}
+
+/// Whether a host Prometheus knows (`hosts`: the answer about `specd_host_info`) did not answer
+/// its last scrape or is no longer scraped (`up`: the answer about `up`).
+fn any_not_answering(hosts: &[Sample], up: &[Sample]) -> bool {
+    let answering: BTreeSet<Target> = up.iter().filter(|s| s.value == 1.0).map(target_of).collect();
+    hosts.iter().any(|s| !answering.contains(&target_of(s)))
 }
 
 /// The deaths of each unit in the last `range` seconds, by verdict, exactly: the counter now
@@ -332,27 +347,31 @@ fn since_questions(waves: &[InProgress], now: u64) -> Vec<(String, u64)> {
     out
 }
 
-/// The figures asked at `now`, each of the whole fleet, in the order [`Now`] keeps them.
+/// The figures of a host asked at `now`, in the order [`Now`] keeps them after the hosts, `up`
+/// and `timestamp(up)`.
+const FIGURES: [&str; 13] = [
+    "specd_source_info",
+    "specd_unit_info",
+    "specd_unit_args_verified",
+    "specd_unit_quarantined",
+    "specd_unit_accept_length",
+    "specd_unit_accept_rate",
+    "specd_unit_start_duration_seconds",
+    "specd_unit_hold",
+    "specd_unit_last_death_timestamp_seconds",
+    "specd_unit_serving",
+    SERVED[0],
+    SERVED[1],
+    SERVED[2],
+];
+
+/// The questions asked at `now`, each of the whole fleet, in the order [`Now`] keeps them: the
+/// hosts as last known, `up`, and each figure of the targets that answered their last scrape
+/// (the rest, [`remembered`], only when a host did not).
 fn now_questions(now: u64) -> Vec<(String, u64)> {
-    let known = |m: &str| (last_known(m), now);
-    vec![
-        known("specd_host_info"),
-        ("up".to_string(), now),
-        ("timestamp(up)".to_string(), now),
-        known("specd_source_info"),
-        known("specd_unit_info"),
-        known("specd_unit_args_verified"),
-        known("specd_unit_quarantined"),
-        known("specd_unit_accept_length"),
-        known("specd_unit_accept_rate"),
-        known("specd_unit_start_duration_seconds"),
-        known("specd_unit_hold"),
-        known("specd_unit_last_death_timestamp_seconds"),
-        known("specd_unit_serving"),
-        known(SERVED[0]),
-        known(SERVED[1]),
-        known(SERVED[2]),
-    ]
+    let mut q = vec![(last_known("specd_host_info"), now), ("up".into(), now), ("timestamp(up)".into(), now)];
+    q.extend(FIGURES.map(|m| (fresh(m), now)));
+    q
 }
 
 /// Every question asked at once (a pass waits for the slowest, not for their sum); the answers
@@ -376,7 +395,14 @@ async fn ask(p: &Prometheus, record: Option<&Record>, now: u64) -> Result<(Now, 
     let waves = in_progress(record);
     let mut questions = now_questions(now);
     questions.extend(since_questions(&waves, now));
-    let mut answered = ask_all(p, questions).await?.into_iter();
+    let mut answered = ask_all(p, questions).await?;
+    if any_not_answering(&answered[0], &answered[1]) {
+        let more = ask_all(p, FIGURES.map(|m| (remembered(m), now)).to_vec()).await?;
+        for (a, m) in answered[3..].iter_mut().zip(more) {
+            a.extend(m);
+        }
+    }
+    let mut answered = answered.into_iter();
     let mut next = || answered.next().unwrap_or_default();
     let answers = Now {
         hosts: next(),
@@ -737,6 +763,19 @@ mod tests {
         assert_eq!(died("a"), BTreeMap::from([("crash".to_string(), 1.0)]));
         assert_eq!(died("b"), BTreeMap::new());
         assert_eq!(died("c"), BTreeMap::from([("crash".to_string(), 1.0)]));
+    }
+
+    #[test]
+    fn while_every_host_answers_its_scrapes_a_pass_reads_no_hour_of_samples_but_the_hosts() {
+        let hour = |q: &[(String, u64)]| q.iter().filter(|(e, _)| e.contains("[3600s]")).count();
+        let q = now_questions(5000);
+        assert_eq!((q.len(), hour(&q)), (16, 1), "{q:?}");
+        assert_eq!(q[0].0, last_known("specd_host_info"));
+        let target = |i: &str, v| sample(&[("job", "specd"), ("instance", i)], v);
+        let hosts = [target("a:9", 1.0), target("b:9", 1.0)];
+        assert!(!any_not_answering(&hosts, &[target("a:9", 1.0), target("b:9", 1.0)]));
+        assert!(any_not_answering(&hosts, &[target("a:9", 1.0), target("b:9", 0.0)]), "a failed scrape");
+        assert!(any_not_answering(&hosts, &[target("a:9", 1.0)]), "no longer scraped");
     }
 
     #[test]

@@ -23,6 +23,11 @@ use crate::source::git::{GitSource, SourceConfig};
 /// How many times a pass reads again after losing a race to another promoter.
 const RACES: usize = 5;
 
+/// With `--watch`, while a promoted host applies the target: the next pass starts this long
+/// after the last one started (sooner than the interval: a host that turns good frees room for
+/// the next at the scrape that shows it).
+pub const SOON: Duration = Duration::from_secs(1);
+
 /// What every promoter command needs.
 #[derive(Clone, Debug)]
 pub struct Options {
@@ -142,7 +147,7 @@ fn now() -> u64 {
 /// The outcome of one pass.
 enum Passed {
     Wrote { commit: Oid, message: String },
-    Waits { why: String, until: Option<u64> },
+    Waits { why: String, until: Option<u64>, soon: bool },
     NoFleet,
 }
 
@@ -191,7 +196,7 @@ async fn pass(opts: &Options) -> Result<Passed> {
                 now: now(),
             };
             match rollout::decide(&inputs) {
-                Step::Wait { why, until } => Ok(Ok(Passed::Waits { why, until })),
+                Step::Wait { why, until, soon } => Ok(Ok(Passed::Waits { why, until, soon })),
                 Step::Write { record, message } => {
                     match write(&src, &opts2, &l.branch, l.record.as_ref().map(|r| r.0), &record, &message)? {
                         Some(commit) => Ok(Ok(Passed::Wrote { commit, message })),
@@ -211,7 +216,9 @@ async fn pass(opts: &Options) -> Result<Passed> {
 /// `specd promote`: one pass, or with `watch` a pass every `watch` (sooner when a bake ends).
 pub async fn promote(opts: &Options, watch: Option<Duration>) -> Result<u8> {
     loop {
+        let started = tokio::time::Instant::now();
         let passed = pass(opts).await;
+        let mut soon = false;
         let until = match &passed {
             Ok(Passed::Wrote { commit, message }) => {
                 say(
@@ -221,8 +228,9 @@ pub async fn promote(opts: &Options, watch: Option<Duration>) -> Result<u8> {
                 );
                 Some(0)
             }
-            Ok(Passed::Waits { why, until }) => {
-                say(opts, json!({"waits": why, "until": until}), &format!("waits: {why}"));
+            Ok(Passed::Waits { why, until, soon: s }) => {
+                say(opts, json!({"waits": why, "until": until, "soon": s}), &format!("waits: {why}"));
+                soon = *s;
                 *until
             }
             Ok(Passed::NoFleet) => {
@@ -241,10 +249,11 @@ pub async fn promote(opts: &Options, watch: Option<Duration>) -> Result<u8> {
         };
         let Some(every) = watch else { return Ok(0) };
         // A step written: look again at once (the next step may be due); a bake that ends
-        // sooner than the interval: look then.
+        // sooner than the interval: look then; a host applying: a pass every SOON.
         let pause = match until {
             Some(0) => Duration::ZERO,
             Some(t) => every.min(Duration::from_secs(t.saturating_sub(now()))),
+            None if soon => every.min(SOON).saturating_sub(started.elapsed()),
             None => every,
         };
         tokio::time::sleep(pause).await;
@@ -310,7 +319,7 @@ pub async fn status(opts: &Options, only: &[String]) -> Result<u8> {
             now: now(),
         };
         let position = match rollout::decide(&inputs) {
-            Step::Wait { why, until } => (why, until),
+            Step::Wait { why, until, .. } => (why, until),
             Step::Write { message, .. } => {
                 (format!("the promoter's next step: {}", message.lines().next().unwrap_or_default()), None)
             }

@@ -33,6 +33,7 @@
 use std::collections::BTreeMap;
 
 use specd_spec::fleet::{Halt, ParsedFleet, Promoted, Record, RolloutState};
+use specd_spec::short;
 
 /// What Prometheus says about the fleet, now (and at the moments a rollout needs).
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -136,8 +137,9 @@ pub struct Inputs<'a> {
 pub enum Step {
     /// Write this record, as one commit with this message (first line: the summary).
     Write { record: Box<Record>, message: String },
-    /// Nothing to write now: why, and until when if a time is known (a bake's end).
-    Wait { why: String, until: Option<u64> },
+    /// Nothing to write now: why, and until when if a time is known (a bake's end); `soon`: a
+    /// promoted host is applying the target, so the next scrape may let the wave go on.
+    Wait { why: String, until: Option<u64>, soon: bool },
 }
 
 /// How one host of a wave stands, judged on the evidence.
@@ -342,10 +344,6 @@ fn speculation(
     Ok(())
 }
 
-fn short(rev: &str) -> &str {
-    specd_spec::short(rev)
-}
-
 /// The one next step of the rollout, or why it waits.
 pub fn decide(inputs: &Inputs) -> Step {
     let head = inputs.head;
@@ -363,10 +361,8 @@ pub fn decide(inputs: &Inputs) -> Step {
     }
     if record.target != head {
         if record.state == RolloutState::Halted && record.halt.as_ref().is_some_and(|h| h.gate == MANUAL) {
-            return wait(format!(
-                "halted by {} (a new revision waits too): `specd fleet resume` continues",
-                who_halted(record)
-            ));
+            let by = record.halt.as_ref().map_or("?", |h| h.by.as_str());
+            return wait(format!("halted by {by} (a new revision waits too): `specd fleet resume` continues"));
         }
         // The halted rollout's hosts still on its target go back first, within their wave's
         // budget: a new rollout would send them all back at once.
@@ -406,7 +402,14 @@ pub fn decide(inputs: &Inputs) -> Step {
 pub const MANUAL: &str = "manual";
 
 fn wait(why: String) -> Step {
-    Step::Wait { why, until: None }
+    Step::Wait { why, until: None, soon: false }
+}
+
+/// A wait for the wave's hosts that are not good; `soon` when one of them is on its way: it
+/// applies what it was given, or runs another revision than the one it was given (going back).
+fn waits_for(why: String, waiting: &[&(String, Standing)]) -> Step {
+    let soon = waiting.iter().any(|(_, s)| matches!(s, Standing::Applying(_) | Standing::Unavailable(_)));
+    Step::Wait { why, until: None, soon }
 }
 
 /// The step of the wave in progress (`i`).
@@ -451,14 +454,9 @@ fn wave_step(inputs: &Inputs, record: &Record, i: usize) -> Step {
     if !unpromoted.is_empty() {
         let room = (spec.max_unavailable as usize).saturating_sub(waiting.len());
         if room == 0 || candidates.is_empty() {
-            return wait(format!(
-                "wave {}: {} of {} hosts unavailable (max_unavailable {}): {}",
-                w.name,
-                waiting.len(),
-                hosts.len(),
-                spec.max_unavailable,
-                listed(&waiting)
-            ));
+            let (n, most) = (waiting.len(), spec.max_unavailable);
+            let why = format!("wave {}: {n} of {} hosts unavailable (max_unavailable {most}): ", w.name, hosts.len());
+            return waits_for(why + &listed(&waiting), &waiting);
         }
         let chosen: Vec<String> = candidates.into_iter().take(room).cloned().collect();
         let mut r = record.clone();
@@ -474,7 +472,7 @@ fn wave_step(inputs: &Inputs, record: &Record, i: usize) -> Step {
         return Step::Write { record: Box::new(r), message };
     }
     if !waiting.is_empty() {
-        return wait(format!("wave {} waits for {}", w.name, listed(&waiting)));
+        return waits_for(format!("wave {} waits for {}", w.name, listed(&waiting)), &waiting);
     }
     let Some(converged) = w.converged else {
         let mut r = record.clone();
@@ -494,7 +492,7 @@ fn wave_step(inputs: &Inputs, record: &Record, i: usize) -> Step {
     let until = converged + spec.bake.as_secs() + 1;
     if inputs.now < until {
         let why = format!("wave {} bakes until {} ({} s left)", w.name, stamp(until), until - inputs.now);
-        return Step::Wait { why, until: Some(until) };
+        return Step::Wait { why, until: Some(until), soon: false };
     }
     let mut r = record.clone();
     let wr = &mut r.waves[i];
@@ -588,7 +586,7 @@ fn sending_back(inputs: &Inputs, record: &Record) -> Option<Step> {
     if back.is_empty() {
         let mut listed: Vec<String> = unavailable.iter().map(|(h, s)| format!("{h} ({})", s.why())).collect();
         listed.extend(unknown.iter().map(|t| format!("{t} (down, never said which host it is)")));
-        return Some(wait(format!(
+        let why = format!(
             "{halted}; {} go back to {} as max_unavailable {} allows: {} of {} hosts of wave {} unavailable: {}{newer}",
             on_target.join(", "),
             short(&w.good),
@@ -597,7 +595,8 @@ fn sending_back(inputs: &Inputs, record: &Record) -> Option<Step> {
             standings.len() + unknown.len(),
             w.name,
             listed.join("; ")
-        )));
+        );
+        return Some(waits_for(why, &unavailable));
     }
     let mut r = record.clone();
     r.waves[i].promoted.retain(|p| !back.contains(&p.host.as_str()));
@@ -652,10 +651,6 @@ fn rewaved(record: &Record, names: &[&str]) -> Record {
         .map(|n| record.wave(n).cloned().unwrap_or_else(|| specd_spec::fleet::WaveRecord::at(n, &record.released)))
         .collect();
     r
-}
-
-fn who_halted(record: &Record) -> &str {
-    record.halt.as_ref().map_or("?", |h| h.by.as_str())
 }
 
 /// Why a halted rollout waits.

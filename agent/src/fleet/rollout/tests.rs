@@ -92,7 +92,7 @@ fn written(s: Step) -> (Record, String) {
 #[track_caller]
 fn waits(s: Step) -> (String, Option<u64>) {
     match s {
-        Step::Wait { why, until } => (why, until),
+        Step::Wait { why, until, .. } => (why, until),
         Step::Write { message, .. } => panic!("expected a wait, got a write: {message}"),
     }
 }
@@ -727,4 +727,49 @@ fn without_evidence_the_positions_still_list_the_hosts_the_record_promoted() {
             ("gpu-03".to_string(), Some("rest".to_string()), true),
         ]
     );
+}
+
+/// A wait is `soon` (a watching promoter looks again within a second, not at its interval)
+/// exactly when a host of the wave is on its way: applying the target, or going back.
+#[test]
+fn a_wait_for_a_host_applying_the_target_is_soon_and_one_for_a_host_down_or_a_bake_is_not() {
+    let down = |ev: &mut Evidence, h: &str| ev.hosts.get_mut(h).unwrap().down = Some("the last scrape failed".into());
+    let mut canary = rollout();
+    promote(&mut canary, 0, &["gpu-01"], T0 + 1);
+    let mut rest = canary_baked();
+    promote(&mut rest, 1, &["gpu-02"], T0 + 1);
+    let mut one_down = all_on(OLD);
+    down(&mut one_down, "gpu-03");
+    let mut two_down = all_on(OLD);
+    down(&mut two_down, "gpu-03");
+    down(&mut two_down, "gpu-04");
+    let mut unproven = one_down.clone();
+    unproven.hosts.insert("gpu-02".into(), on(NEW, 2.5));
+    unproven.hosts.get_mut("gpu-02").unwrap().units.get_mut("llm.service").unwrap().accept_length = None;
+    let mut baking = canary.clone();
+    baking.waves[0].converged = Some(T0 + 60);
+    let mut on_new = all_on(OLD);
+    on_new.hosts.insert("gpu-01".into(), on(NEW, 2.4));
+    // Halted: gpu-05 and gpu-02 sent back, gpu-02 still on its way; then every host back.
+    let (halted, _) = written(step(Some(&rest_promoted()), NEW, &gpu05_died(), T0 + 100));
+    let (going_back, _) = written(step(Some(&halted), NEW, &gpu05_died(), T0 + 101));
+    let mut on_the_way = gpu05_died();
+    on_the_way.hosts.insert("gpu-02".into(), applying(NEW, OLD));
+    let mut all_back = halted.clone();
+    all_back.waves[1].promoted.clear();
+    let cases: [(&str, &Record, &Evidence, bool); 7] = [
+        ("the canary's host applying", &canary, &all_on(OLD), true),
+        ("halted: two hosts on their way back", &going_back, &on_the_way, true),
+        ("halted: every host back", &all_back, &all_on(OLD), false),
+        ("no room: one host applying, one down", &rest, &one_down, true),
+        ("no room: two hosts down, none promoted", &canary_baked(), &two_down, false),
+        ("no room: one host's speculation not proven yet, one down", &rest, &unproven, true),
+        ("a bake", &baking, &on_new, false),
+    ];
+    for (case, record, ev, soon) in cases {
+        match step(Some(record), NEW, ev, T0 + 70) {
+            Step::Wait { soon: s, why, .. } => assert_eq!(s, soon, "{case}: {why}"),
+            Step::Write { message, .. } => panic!("{case}: a write: {message}"),
+        }
+    }
 }

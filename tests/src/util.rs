@@ -43,8 +43,33 @@ pub fn wait_for<T>(desc: &str, timeout: Duration, mut cond: impl FnMut() -> Opti
 /// A TCP port on 127.0.0.1 that was free a moment ago (bound to port 0, read,
 /// released).
 pub fn free_port() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
-    l.local_addr().expect("local_addr").port()
+    // Below the kernel's ephemeral range: a port handed out here is never also the local port
+    // of some connection (the load generators make thousands) or of another `bind(0)`, which
+    // took a listener's port now and then while the suite ran. Each process walks the range from
+    // a point of its own, and no port is handed out twice by one process.
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
+    let ephemeral = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32768);
+    let (lo, hi) = (10_000u32, ephemeral.min(65_536));
+    if hi <= lo + 1000 {
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+        return l.local_addr().expect("local_addr").port();
+    }
+    let span = hi - lo;
+    let seed = std::process::id().wrapping_mul(2_654_435_761)
+        ^ std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+    let _ = NEXT.compare_exchange(u32::MAX, seed % span, Ordering::SeqCst, Ordering::SeqCst);
+    for _ in 0..span {
+        let port = (lo + NEXT.fetch_add(1, Ordering::SeqCst) % span) as u16;
+        // Free on every address (a server may listen on 0.0.0.0 or on loopback).
+        if TcpListener::bind(("0.0.0.0", port)).is_ok() && TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port in {lo}..{hi}")
 }
 
 /// The directory holding the workspace's built binaries (`…/target/debug`),
@@ -217,4 +242,28 @@ pub fn ssh_key(dir: &std::path::Path, name: &str) -> PathBuf {
         .expect("ssh-keygen runs (the openssh-client package)");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     k
+}
+
+#[cfg(test)]
+mod port_tests {
+    /// Ports are handed out below the ephemeral range (never a connection's local port), each
+    /// once, and free when handed out.
+    #[test]
+    fn free_ports_are_distinct_free_and_below_the_ephemeral_range() {
+        let ephemeral: u16 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+            .unwrap()
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        let ports: Vec<u16> = (0..200).map(|_| super::free_port()).collect();
+        let mut unique = ports.clone();
+        unique.sort();
+        unique.dedup();
+        assert_eq!(unique.len(), ports.len(), "{ports:?}");
+        assert!(ports.iter().all(|p| *p < ephemeral), "{ports:?}");
+        let held = std::net::TcpListener::bind(("127.0.0.1", ports[0])).unwrap();
+        drop(held);
+    }
 }

@@ -4,7 +4,6 @@
 use super::triggers::jitter;
 use super::*;
 use crate::core::conclude::{Action, Report};
-use crate::core::record;
 use crate::core::record::Outcome;
 use crate::core::sync::SyncStatus;
 use crate::core::timing;
@@ -92,12 +91,7 @@ impl<H: AgentHost> UnitWorker<H> {
     /// Under a hold: what the source wants now is recorded (status compares the host with it: a
     /// held unit still shows its drift), and nothing is done about it.
     async fn record_desired(&self, d: &DesiredState) {
-        let rec = record::DesiredRecord {
-            sha256: d.unit.sha256.clone(),
-            source: d.source.clone(),
-            time: self.ctx.host.now(),
-            spec: d.spec.clone(),
-        };
+        let rec = d.record(self.ctx.host.now());
         if let Err(e) = self.ctx.store.set_desired(&self.unit, rec).await {
             tracing::warn!(unit = %self.unit, "recording its desired state: {e:#}");
         }

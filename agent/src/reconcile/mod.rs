@@ -110,6 +110,16 @@ impl DesiredState {
         let unit = specd_spec::render(&spec);
         DesiredState { spec, unit, source }
     }
+
+    /// What a unit's record keeps of it: desired since `now`.
+    pub fn record(&self, now: u64) -> record::DesiredRecord {
+        record::DesiredRecord {
+            sha256: self.unit.sha256.clone(),
+            source: self.source.clone(),
+            time: now,
+            spec: self.spec.clone(),
+        }
+    }
 }
 
 /// kube-rs' error policy: what follows a reconcile that failed (an error, or an apply that did
@@ -170,12 +180,7 @@ pub async fn reconcile<H: Host>(ctx: &Ctx<H>, d: &DesiredState, dry_run: bool) -
         return Ok(conclude::observed_only(plan, held, refusal));
     }
     ctx.host.clean_temps(&ctx.unit_dir, &unit);
-    st.desired = Some(record::DesiredRecord {
-        sha256: d.unit.sha256.clone(),
-        source: d.source.clone(),
-        time: ctx.host.now(),
-        spec: d.spec.clone(),
-    });
+    st.desired = Some(d.record(ctx.host.now()));
     if refusal.is_none()
         && let Some(report) = roll::ask(ctx, d, &st, &o, &plan).await?
     {

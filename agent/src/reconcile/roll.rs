@@ -36,7 +36,7 @@ pub(super) async fn ask<H: Host>(
     let lock_name = format!("group-{}", rollout.group);
     let _group = UnitLock::acquire(&ctx.store.locks_dir(), &lock_name).await?;
     let mine = ctx.host.serving_state(unit);
-    let serving = mine.as_ref().map_or(o.ready == Some(true), |s| s.word() == Word::Ready);
+    let serving = serves(mine.as_ref(), o);
     // Counted by its siblings from now on (also while it waits): its record names the group.
     ctx.store.save(st)?;
     let siblings = siblings(ctx, unit, &rollout.group)?;
@@ -65,6 +65,12 @@ pub(super) async fn ask<H: Host>(
     }
     let again = if wait { timing::ROLL_WAIT } else { timing::ROLL_HELD };
     Ok(Some(conclude::rolling(plan.clone(), why, wait, again)))
+}
+
+/// Whether a member serves now: what its load balancers are told, else (told nothing yet) whether
+/// it answers ready.
+fn serves(told: Option<&ServingState>, o: &Observed) -> bool {
+    told.map_or(o.ready == Some(true), |s| s.word() == Word::Ready)
 }
 
 /// The group's other members on this host: every unit whose record desires a spec of `group`.
@@ -129,12 +135,7 @@ pub(super) async fn rest<H: Host>(
     }
     let unit = &d.spec.unit;
     // Counted by its siblings as the group's spare: its record names the group.
-    st.desired = Some(record::DesiredRecord {
-        sha256: d.unit.sha256.clone(),
-        source: d.source.clone(),
-        time: ctx.host.now(),
-        spec: d.spec.clone(),
-    });
+    st.desired = Some(d.record(ctx.host.now()));
     ctx.store.save(st)?;
     if !plan.steps.is_empty() {
         (ctx.events)(unit, &Event::Phase(format!("stopping {unit}: {why}")));
@@ -178,8 +179,7 @@ pub fn group_plan<H: Host>(ctx: &Ctx<H>, d: &DesiredState, st: &UnitState, o: &O
     if !plan.steps.contains(&Step::Stop) {
         return Ok(plan);
     }
-    let mine = ctx.host.serving_state(&d.spec.unit);
-    let serving = mine.as_ref().map_or(o.ready == Some(true), |s| s.word() == Word::Ready);
+    let serving = serves(ctx.host.serving_state(&d.spec.unit).as_ref(), o);
     let siblings = siblings(ctx, &d.spec.unit, &rollout.group)?;
     let mut plan = plan;
     match roll::gate(&rollout.group, rollout.into(), (serving, false), &siblings) {

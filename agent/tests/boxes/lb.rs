@@ -321,13 +321,7 @@ fn three_hosts_behind_one_haproxy_lose_no_request_through_a_fleet_rollout() {
     for n in fleet.names() {
         h.wait_status(&n, Status::Up, T).unwrap();
     }
-    let load = Load {
-        clients: 16,
-        max_tokens: 50,
-        timeout: Duration::from_secs(3),
-        ..Load::new(h.port(), Api::OpenAiCompletions)
-    };
-    let t = Traffic::start(load);
+    let t = Traffic::start(load_through(&h));
     t.wait_successes(40, T).unwrap();
     let c2 = fleet.commit(&[(LLM_FILE, &llm(5))], "llm: steps 5");
     let promoter = fleet.promote_watch("promoter");

@@ -368,13 +368,18 @@ impl Hosts {
         let stopped = stop.clone();
         let thread = std::thread::spawn(move || {
             let mut out = Vec::new();
-            while !stopped.load(Ordering::Relaxed) {
+            // The last sample begins after `finish` was called: what the test saw last (every
+            // host on the new commit) is in the timeline, whatever the sampler was doing then.
+            loop {
+                let last = stopped.load(Ordering::SeqCst);
                 let at = Instant::now();
                 let hosts = probes.iter().map(|p| (p.name.clone(), p.look())).collect();
                 out.push(Sample { at, hosts });
+                if last {
+                    break out;
+                }
                 std::thread::sleep(every.saturating_sub(at.elapsed()));
             }
-            out
         });
         Sampler { stop, thread: Some(thread) }
     }
@@ -792,7 +797,7 @@ pub struct Sampler {
 
 impl Sampler {
     pub fn finish(mut self) -> Timeline {
-        self.stop.store(true, Ordering::Relaxed);
+        self.stop.store(true, Ordering::SeqCst);
         let samples = self.thread.take().expect("the sampler's thread").join().expect("the sampler panicked");
         Timeline { samples }
     }

@@ -615,8 +615,9 @@ fn main() -> anyhow::Result<()> {
 }
 
 /// `fleet-scale [N...] [--apply-ms MS] [--bake S] [--scrape S] [--poll-ms MS] [--fail-rate F]
-/// [--no-real-agent]`: N 100 and 1000 unless given (5000 only when asked); as root the canary's
-/// first host is a real agent. The defaults are a fleet's times on a
+/// [--no-real-agent] [--no-wake]`: N 100 and 1000 unless given (5000 only when asked); as root
+/// the canary's first host is a real agent; the simulated agents answer the promoter's wake-ups
+/// unless `--no-wake`. The defaults are a fleet's times on a
 /// clock 15 times fast: a 15 s scrape 1 s, an agent's 60 s poll 4 s, a 2.5 min apply 10 s, a
 /// 7.5 min bake 30 s.
 fn fleet_scale_args(args: &[String]) -> anyhow::Result<()> {
@@ -628,6 +629,7 @@ fn fleet_scale_args(args: &[String]) -> anyhow::Result<()> {
         poll: Duration::from_secs(4),
         fail_rate: 0.0,
         real_agent: true,
+        wake: true,
     };
     let mut counts = Vec::new();
     let mut it = args.iter();
@@ -639,6 +641,7 @@ fn fleet_scale_args(args: &[String]) -> anyhow::Result<()> {
             "--scrape" => p.scrape_s = value()?.parse()?,
             "--poll-ms" => p.poll = Duration::from_millis(value()?.parse()?),
             "--no-real-agent" => p.real_agent = false,
+            "--no-wake" => p.wake = false,
             "--fail-rate" => p.fail_rate = value()?.parse()?,
             n => counts.push(n.parse().map_err(|_| anyhow::anyhow!("fleet-scale: {n:?} is not a host count"))?),
         }

@@ -53,6 +53,9 @@ pub struct Params {
     pub fail_rate: f64,
     /// The canary's first host a real agent (`specd run` in a systemd box; root only).
     pub real_agent: bool,
+    /// The simulated agents answer `POST /poll` (the promoter's wake-up) as the agent does: a
+    /// poll now, or a second after the last one. Off: they poll at their interval only.
+    pub wake: bool,
 }
 
 /// The waves: a canary of 1 %, then 9 %, then the rest; `max_unavailable` 5 % of the fleet.
@@ -84,6 +87,7 @@ struct Run {
     /// The revision the record gave it at its last poll, and when it polls next.
     seen: Option<String>,
     next_poll: Option<Instant>,
+    polled: Option<Instant>,
     /// A revision whose apply fails on this host.
     fails_on: Option<String>,
 }
@@ -119,8 +123,17 @@ fn now() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs()
 }
 
-/// Serves every host's exporter on one port: `/h/<i>/metrics`.
-fn serve(hosts: Arc<Vec<Host>>) -> Result<u16> {
+impl Run {
+    /// A wake-up at `now`: the next poll now, or a second after the last (as the agent's).
+    fn wake(&mut self, now: Instant) {
+        let earliest = self.polled.map_or(now, |p| (p + Duration::from_secs(1)).max(now));
+        self.next_poll = Some(self.next_poll.map_or(earliest, |n| n.min(earliest)));
+    }
+}
+
+/// Serves every host's exporter on one port: `/h/<i>/metrics`, and with `wake` its wake-up,
+/// `POST /h/<i>/poll`.
+fn serve(hosts: Arc<Vec<Host>>, wake: bool) -> Result<u16> {
     use axum::response::IntoResponse;
     let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
     listener.set_nonblocking(true)?;
@@ -129,6 +142,7 @@ fn serve(hosts: Arc<Vec<Host>>) -> Result<u16> {
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
         rt.block_on(async move {
             let l = tokio::net::TcpListener::from_std(listener).unwrap();
+            let woken = hosts.clone();
             let page = move |axum::extract::Path(i): axum::extract::Path<usize>| {
                 let hosts = hosts.clone();
                 async move {
@@ -139,7 +153,22 @@ fn serve(hosts: Arc<Vec<Host>>) -> Result<u16> {
                     }
                 }
             };
-            let app = axum::Router::new().route("/h/{i}/metrics", axum::routing::get(page));
+            let poll = move |axum::extract::Path(i): axum::extract::Path<usize>| {
+                let hosts = woken.clone();
+                async move {
+                    match hosts.get(i) {
+                        Some(h) => {
+                            h.run.lock().unwrap().wake(Instant::now());
+                            axum::http::StatusCode::ACCEPTED
+                        }
+                        None => axum::http::StatusCode::NOT_FOUND,
+                    }
+                }
+            };
+            let mut app = axum::Router::new().route("/h/{i}/metrics", axum::routing::get(page));
+            if wake {
+                app = app.route("/h/{i}/poll", axum::routing::post(poll));
+            }
             axum::serve(l, app).await.unwrap();
         });
     });
@@ -240,6 +269,8 @@ pub struct Pass {
     pub secs: f64,
     pub queries: u64,
     pub said: String,
+    /// The agents a step woke: answered, asked.
+    pub woken: (u64, u64),
 }
 
 /// One `fleet status`: time, exit code, output bytes (text and JSON).
@@ -312,7 +343,7 @@ impl Sim {
             None => None,
         };
         let hosts = Arc::new(hosts);
-        let port = serve(hosts.clone())?;
+        let port = serve(hosts.clone(), p.wake)?;
         let prom =
             specd_e2e::Prometheus::start(&dir.path().join("prometheus"), &prometheus_config(&hosts, port, p.scrape_s))?;
         let mut sim = Sim {
@@ -422,7 +453,8 @@ impl Sim {
         let wrote = v.get("wrote").is_some();
         let said = v.get("message").or(v.get("waits")).and_then(|m| m.as_str()).unwrap_or_default().to_string();
         let (soon, until) = (v["soon"].as_bool() == Some(true), v["until"].as_u64());
-        let pass = Pass { wrote, soon, until, secs, queries: self.queries() - q0, said };
+        let woken = (v["woken"]["answered"].as_u64().unwrap_or(0), v["woken"]["asked"].as_u64().unwrap_or(0));
+        let pass = Pass { wrote, soon, until, secs, queries: self.queries() - q0, said, woken };
         self.passes.push(pass.clone());
         Ok(pass)
     }
@@ -608,6 +640,7 @@ fn agents(
                 run.seen = Some(r.revision_for(fleet, &h.name, &labels).map_err(anyhow::Error::msg)?.revision);
                 if next <= now {
                     run.next_poll = Some(now + p.poll.mul_f64(0.9 + 0.2 * draw(&mut seed)));
+                    run.polled = Some(now);
                 }
             }
             let want = run.seen.clone().unwrap_or_default();
@@ -744,11 +777,12 @@ impl Sim {
 /// `bench fleet-scale [N...]`: the table, one row per host count.
 pub fn bench(counts: &[usize], p: &Params) -> Result<()> {
     println!(
-        "\n## Fleet at scale: N simulated hosts, 3 waves (1 %, 9 %, the rest), max_unavailable 5 % of the fleet, bakes of {} s, apply {} ms, scraped every {} s, agents poll every {} ms\n",
+        "\n## Fleet at scale: N simulated hosts, 3 waves (1 %, 9 %, the rest), max_unavailable 5 % of the fleet, bakes of {} s, apply {} ms, scraped every {} s, agents poll every {} ms{}\n",
         p.bake_s,
         p.apply.as_millis(),
         p.scrape_s,
-        p.poll.as_millis()
+        p.poll.as_millis(),
+        if p.wake { ", woken by the promoter's steps" } else { " (not woken: --no-wake)" }
     );
     let mut rows = Vec::new();
     for &n in counts {
@@ -794,6 +828,10 @@ fn print_table(rows: &[(Measured, Halted)]) {
     line("Prometheus queries per pass: min / max", &|m, _| {
         let q: Vec<u64> = m.steps.iter().chain(&m.waits).map(|p| p.queries).collect();
         format!("{} / {}", q.iter().min().unwrap_or(&0), q.iter().max().unwrap_or(&0))
+    });
+    line("agents woken by the steps: answered / asked", &|m, _| {
+        let (a, b) = m.steps.iter().fold((0, 0), |(a, b), p| (a + p.woken.0, b + p.woken.1));
+        format!("{a} / {b}")
     });
     line("record size: largest / released (KB)", &|m, _| {
         format!("{:.1} / {:.1}", m.record_max as f64 / 1024.0, m.record_end as f64 / 1024.0)

@@ -95,18 +95,21 @@ pub fn metrics_connections(nofile: u64) -> usize {
     usize::try_from(left).unwrap_or(usize::MAX).clamp(16, METRICS.connections)
 }
 
-/// The read-only endpoint on `listen` (any address): `GET /metrics` (OpenMetrics text),
-/// `GET /healthz`, and the units' HTTP checks (`GET /serving/<unit>`, answered by `answers`).
-/// Control actions are not served here: see [`serve_control`].
+/// The endpoint on `listen` (any address): `GET /metrics` (OpenMetrics text), `GET /healthz`,
+/// the units' HTTP checks (`GET /serving/<unit>`, answered by `answers`) and `POST /poll`, which
+/// wakes `poll` (a promoter or a forge saying the remote moved: the agent polls it sooner, never
+/// more often than once a second, and deploys only what it would have at its next poll).
+/// Nothing here changes what runs: control actions are served on the socket, [`serve_control`].
 pub async fn serve_metrics(
     listen: &str,
     metrics: Arc<Metrics>,
     answers: Arc<crate::lb::Answers>,
+    poll: Arc<tokio::sync::Notify>,
     limits: Limits,
 ) -> Result<JoinHandle<()>> {
     let addr: std::net::SocketAddr = listen.parse().with_context(|| format!("listen address {listen:?}"))?;
     let listener = bind(addr).with_context(|| format!("binding {listen}"))?;
-    let app = metrics_app(metrics).merge(crate::lb::http::routes(answers));
+    let app = metrics_app(metrics, poll).merge(crate::lb::http::routes(answers));
     Ok(spawn("the metrics endpoint", listener, app, limits))
 }
 
@@ -139,13 +142,20 @@ fn bind(addr: std::net::SocketAddr) -> std::io::Result<tokio::net::TcpListener> 
     socket.listen(BACKLOG)
 }
 
-/// The read-only endpoint's routes.
-fn metrics_app(metrics: Arc<Metrics>) -> axum::Router {
-    use axum::http::header::CONTENT_TYPE;
-    use axum::routing::get;
+/// The endpoint's own routes (the checks' are the load balancers' module's).
+fn metrics_app(metrics: Arc<Metrics>, poll: Arc<tokio::sync::Notify>) -> axum::Router {
+    use axum::http::{StatusCode, header::CONTENT_TYPE};
+    use axum::routing::{get, post};
+    // A wake-up stored once however many ask: the agent's loop takes it when it is free. The
+    // request's body (a forge's webhook payload) is not read.
+    let wake = move || async move {
+        poll.notify_one();
+        (StatusCode::ACCEPTED, "the source is polled within a second\n")
+    };
     axum::Router::new()
         .route("/metrics", get(move || async move { ([(CONTENT_TYPE, Metrics::CONTENT_TYPE)], metrics.render()) }))
         .route("/healthz", get(|| async { "ok\n" }))
+        .route("/poll", post(wake))
 }
 
 /// Control actions on a Unix socket: `POST /reconcile[?unit=U]` calls `reconcile(Some(U))` (or
@@ -425,7 +435,7 @@ mod tests {
     async fn metrics_are_served_as_openmetrics_text() {
         let m = Arc::new(Metrics::default());
         m.source_read();
-        let (port, h) = start(metrics_app(m), METRICS).await;
+        let (port, h) = start(metrics_app(m, Default::default()), METRICS).await;
         let a = get_once(port, "/metrics").await.unwrap();
         let (head, body) = a.split_once("\r\n\r\n").unwrap();
         assert!(head.starts_with("HTTP/1.0 200"), "{head}");
@@ -433,6 +443,31 @@ mod tests {
         assert_eq!(ct, "application/openmetrics-text; version=1.0.0; charset=utf-8");
         assert!(body.contains("specd_source_reads_total 1") && body.ends_with("# EOF\n"), "{body}");
         assert!(get_once(port, "/healthz").await.unwrap().ends_with("\r\n\r\nok\n"));
+        h.abort();
+    }
+
+    #[tokio::test]
+    async fn a_post_of_poll_wakes_the_poller_once_however_many_ask_and_a_get_does_not() {
+        let poll = Arc::new(tokio::sync::Notify::new());
+        let (port, h) = start(metrics_app(Arc::new(Metrics::default()), poll.clone()), METRICS).await;
+        let ask = |method: &'static str| async move {
+            let mut s = connect(port).await;
+            let body = "{\"ref\": \"refs/heads/main\"}";
+            let req = format!("{method} /poll HTTP/1.0\r\ncontent-length: {}\r\n\r\n{body}", body.len());
+            s.write_all(req.as_bytes()).await.unwrap();
+            let mut out = String::new();
+            s.read_to_string(&mut out).await.unwrap();
+            out
+        };
+        let woken = || async { tokio::time::timeout(Duration::from_millis(200), poll.notified()).await.is_ok() };
+        assert!(ask("GET").await.starts_with("HTTP/1.0 405"));
+        assert!(!woken().await, "a GET woke the poller");
+        for _ in 0..3 {
+            let a = ask("POST").await;
+            assert!(a.starts_with("HTTP/1.0 202") && a.ends_with("polled within a second\n"), "{a}");
+        }
+        assert!(woken().await, "three POSTs did not wake the poller");
+        assert!(!woken().await, "three POSTs woke the poller more than once");
         h.abort();
     }
 

@@ -99,7 +99,8 @@ pub async fn run(opts: RunOptions) -> Result<()> {
     forward_sighup(trig_tx.clone())?;
     let term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
-    let endpoints = Endpoints::serve(&cfg, nofile, &metrics, trig_tx.clone()).await?;
+    let poll_now = Arc::new(tokio::sync::Notify::new());
+    let endpoints = Endpoints::serve(&cfg, nofile, &metrics, trig_tx.clone(), poll_now.clone()).await?;
     if let Some(n) = crate::notify::install(&cfg.notify.webhooks, &hostname) {
         metrics.register_notices(&n.counters);
     }
@@ -124,7 +125,7 @@ pub async fn run(opts: RunOptions) -> Result<()> {
     units.metrics.schedule(schedule.remote.then_some(schedule.interval), schedule.resync);
     spawn_watchdog();
     let tuning = tune(&cfg, &src_cfg, &units.hostname, &opts.dirs, &units.metrics)?;
-    follow(&mut units, &mut schedule, trig_rx, term, int).await;
+    follow(&mut units, &mut schedule, trig_rx, &poll_now, term, int).await;
     if let Some(t) = tuning {
         t.abort();
     }
@@ -181,6 +182,7 @@ impl Endpoints {
         nofile: u64,
         metrics: &Arc<Metrics>,
         t: mpsc::UnboundedSender<Trigger>,
+        poll: Arc<tokio::sync::Notify>,
     ) -> Result<Endpoints> {
         let limits = listen::Limits { connections: listen::metrics_connections(nofile), ..listen::METRICS };
         tracing::info!(
@@ -198,7 +200,7 @@ impl Endpoints {
             ),
             None => None,
         };
-        let server = listen::serve_metrics(&addr, metrics.clone(), answers, limits).await?;
+        let server = listen::serve_metrics(&addr, metrics.clone(), answers, poll, limits).await?;
         let socket = cfg.control_socket();
         let control = listen::serve_control(&socket, cfg.control_group.as_deref(), move |unit| match unit {
             Some(u) => {
@@ -228,6 +230,7 @@ async fn follow(
     units: &mut Units,
     s: &mut Schedule,
     mut trig_rx: mpsc::UnboundedReceiver<Trigger>,
+    poll_now: &tokio::sync::Notify,
     mut term: tokio::signal::unix::Signal,
     mut int: tokio::signal::unix::Signal,
 ) {
@@ -244,9 +247,12 @@ async fn follow(
                 on_triggers(units, &mut s.forced, ts).await;
             }
             _ = tokio::time::sleep_until(s.poll_at), if s.remote => {
-                s.poll_at = tokio::time::Instant::now() + jitter(s.interval);
+                let now = tokio::time::Instant::now();
+                s.poll_at = now + jitter(s.interval);
+                s.polled = Some(now);
                 units.sync_source(Read::IfHeadMoved).await;
             }
+            _ = poll_now.notified() => s.poll_sooner(tokio::time::Instant::now()),
             _ = tokio::time::sleep_until(s.forced.due.unwrap_or_else(tokio::time::Instant::now)), if s.forced.due.is_some() => {
                 s.forced.due = None;
                 s.forced.last = Some(tokio::time::Instant::now());

@@ -1,8 +1,9 @@
 //! The agent's worker and stop on the fake host and tokio's paused clock.
 
 use super::stop::{StopTimeout, join_at_stop, join_within};
-use super::triggers::ForcedReads;
+use super::triggers::{ForcedReads, Schedule};
 use super::worker::{record_figures, sync_after, worker};
+use crate::config::AgentConfig;
 use crate::core::conclude::Report;
 use crate::core::record::{Outcome, Source};
 use crate::core::timing;
@@ -51,6 +52,31 @@ fn a_burst_of_forced_reads_is_one_read_now_and_one_at_the_end_of_the_second() {
     assert!(f.ask(t0));
     assert!(f.ask(t0 + timing::FORCED_READ_EVERY));
     assert_eq!((f.last, f.due), (Some(t0 + timing::FORCED_READ_EVERY), None));
+}
+
+#[test]
+fn a_poll_asked_for_is_due_now_or_a_second_after_the_last_never_later_than_it_was() {
+    let cfg: AgentConfig = serde_saphyr::from_str("repo: https://example.test/x.git\ninterval: 60\n").unwrap();
+    let mut s = Schedule::new(&cfg, true);
+    let t0 = tokio::time::Instant::now();
+    let due = s.poll_at;
+    assert!(due > t0 + Duration::from_secs(29), "the first poll is 30 to 90 s away");
+    // Never polled: now.
+    s.poll_sooner(t0);
+    assert_eq!(s.poll_at, t0);
+    // Polled 300 ms ago: a second after that.
+    s.polled = Some(t0);
+    s.poll_at = t0 + Duration::from_secs(60);
+    s.poll_sooner(t0 + Duration::from_millis(300));
+    assert_eq!(s.poll_at, t0 + timing::FORCED_READ_EVERY);
+    // Polled long ago: now. Due sooner anyway: left as it was.
+    s.poll_at = t0 + Duration::from_secs(60);
+    s.poll_sooner(t0 + Duration::from_secs(5));
+    assert_eq!(s.poll_at, t0 + Duration::from_secs(5));
+    s.polled = Some(t0 + Duration::from_millis(500));
+    s.poll_at = t0 + Duration::from_millis(1200);
+    s.poll_sooner(t0 + Duration::from_secs(1));
+    assert_eq!(s.poll_at, t0 + Duration::from_millis(1200));
 }
 
 /// The value of the one sample `name{labels}` in `text`, if there is one.

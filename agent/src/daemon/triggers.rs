@@ -72,6 +72,8 @@ pub(super) struct Schedule {
     pub(super) remote: bool,
     pub(super) interval: Duration,
     pub(super) poll_at: tokio::time::Instant,
+    /// When the remote was last polled.
+    pub(super) polled: Option<tokio::time::Instant>,
     /// A full look at every unit: every `resync`; by default only for a remote source (a local
     /// one's refs, the unit files and systemd's unit changes are all events).
     pub(super) resync: Option<Duration>,
@@ -88,10 +90,20 @@ impl Schedule {
             remote,
             interval,
             poll_at: tokio::time::Instant::now() + timing::first_poll(interval, random()),
+            polled: None,
             resync,
             resync_at: resync.map(|r| tokio::time::Instant::now() + r),
             forced: ForcedReads::default(),
         }
+    }
+}
+
+impl Schedule {
+    /// `POST /poll` at `now`: the remote's next poll now, or a second after the last one if that
+    /// was less than a second ago (as a forced read); never later than it was due anyway.
+    pub(super) fn poll_sooner(&mut self, now: tokio::time::Instant) {
+        let earliest = self.polled.map_or(now, |p| (p + timing::FORCED_READ_EVERY).max(now));
+        self.poll_at = self.poll_at.min(earliest);
     }
 }
 

@@ -1,5 +1,5 @@
-//! The promoter's evidence, read from a real Prometheus that scrapes every host's agent: a
-//! small client of its HTTP API ([`Prometheus::query`]) and [`gather`], which asks it a fixed
+//! The promoter's evidence, read from a real Prometheus that scrapes every host's agent
+//! ([`crate::fleet::prometheus`] asks it): [`gather`] asks a fixed
 //! handful of instant queries (one per metric, never one per host; all at once) and folds the
 //! answers into one [`Evidence`] for the whole fleet.
 //!
@@ -10,147 +10,18 @@
 //! was last known of it).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
 use std::time::Duration;
 
-use anyhow::{Context, Result, bail};
-use serde_json::Value;
+use anyhow::Result;
 use specd_spec::fleet::Record;
 
-use crate::config::CaFile;
+pub use crate::fleet::prometheus::{Prometheus, Sample};
 use crate::fleet::rollout::{Evidence, HostEvidence, Served, UnitEvidence};
-
-/// One question to Prometheus (connecting included) is answered within this, or it fails as
-/// unreachable. A few seconds: the promoter asks about a dozen and waits for no one.
-pub const ASK_WITHIN: Duration = Duration::from_secs(5);
 
 /// How far back a host that is down is remembered: its agent's series are read as they were
 /// at its last scrape within this window (Prometheus marks a failed target's series stale at
 /// once). A host down for longer is not in the evidence at all.
 pub const REMEMBERED: Duration = Duration::from_secs(3600);
-
-/// A client of one Prometheus's HTTP API.
-#[derive(Clone, Debug)]
-pub struct Prometheus {
-    url: String,
-    client: reqwest::Client,
-}
-
-/// One series of an instant query's answer: its labels (the metric name under `__name__` when
-/// the expression kept it) and its value. A scalar answer is one sample without labels.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Sample {
-    pub labels: BTreeMap<String, String>,
-    pub value: f64,
-}
-
-impl Prometheus {
-    /// A client of the Prometheus at `url` (`http://` or `https://`, its API under
-    /// `/api/v1`), trusting the certificates of `ca_file` (PEM) besides the usual roots.
-    pub fn new(url: &str, ca_file: Option<&Path>) -> Result<Prometheus> {
-        let url = url.trim_end_matches('/').to_string();
-        let parsed = reqwest::Url::parse(&url).with_context(|| format!("Prometheus URL `{url}`"))?;
-        if !matches!(parsed.scheme(), "http" | "https") || parsed.host_str().is_none() {
-            bail!("Prometheus URL `{url}`: must be http:// or https:// with a host");
-        }
-        // No idle connection is kept: a pass asks a dozen questions minutes apart, and one kept
-        // from a Prometheus since restarted would fail as "connection closed" instead of saying
-        // what is the matter now.
-        let mut b =
-            reqwest::Client::builder().timeout(ASK_WITHIN).connect_timeout(ASK_WITHIN).pool_max_idle_per_host(0);
-        if let Some(path) = ca_file {
-            for c in CaFile::read(path).map_err(anyhow::Error::msg)?.certs {
-                b = b.add_root_certificate(c);
-            }
-        }
-        let client = b.build().with_context(|| format!("an HTTP client for Prometheus at {url}"))?;
-        Ok(Prometheus { url, client })
-    }
-
-    /// The URL it was given (without a trailing `/`).
-    pub fn url(&self) -> &str {
-        &self.url
-    }
-
-    /// An instant query (`GET /api/v1/query`) of `expr`, evaluated at `at` (unix seconds;
-    /// Prometheus's now when `None`). Errors are sentences for the user, naming the URL.
-    pub async fn query(&self, expr: &str, at: Option<u64>) -> Result<Vec<Sample>, String> {
-        let mut params = vec![("query", expr.to_string())];
-        if let Some(t) = at {
-            params.push(("time", t.to_string()));
-        }
-        let url = &self.url;
-        let resp = self
-            .client
-            .get(format!("{url}/api/v1/query"))
-            .query(&params)
-            .send()
-            .await
-            .map_err(|e| format!("Prometheus at {url}: unreachable ({})", why(&e)))?;
-        let code = resp.status();
-        let body = resp.text().await.map_err(|e| format!("Prometheus at {url}: its answer broke off ({})", why(&e)))?;
-        answer(url, expr, code.as_u16(), &body)
-    }
-}
-
-/// What went wrong with a request, in the words a user knows.
-fn why(e: &reqwest::Error) -> String {
-    if e.is_timeout() {
-        return format!("no answer within {} s", ASK_WITHIN.as_secs());
-    }
-    let mut inner: &dyn std::error::Error = e;
-    while let Some(next) = inner.source() {
-        if let Some(io) = next.downcast_ref::<std::io::Error>() {
-            match io.kind() {
-                std::io::ErrorKind::ConnectionRefused => return "connection refused".into(),
-                std::io::ErrorKind::ConnectionReset => return "connection reset".into(),
-                _ => {}
-            }
-        }
-        inner = next;
-    }
-    inner.to_string()
-}
-
-/// The samples of an answer of `/api/v1/query` (HTTP status `code`, `body`), or why there are
-/// none.
-fn answer(url: &str, expr: &str, code: u16, body: &str) -> Result<Vec<Sample>, String> {
-    let v: Option<Value> = serde_json::from_str(body).ok();
-    if let Some(v) = v.as_ref().filter(|v| v["status"] == "error") {
-        let kind = v["errorType"].as_str().unwrap_or("error");
-        let error = v["error"].as_str().unwrap_or("(no message)");
-        return Err(format!("Prometheus at {url} refused the query `{expr}`: {kind}: {error}"));
-    }
-    if !(200..300).contains(&code) {
-        return Err(format!("Prometheus at {url} answered {code}"));
-    }
-    let bad = |what: &str| format!("Prometheus at {url} answered `{expr}` with {what}");
-    let v = v.ok_or_else(|| bad("no JSON"))?;
-    let data = &v["data"];
-    let value = |pair: &Value| -> Result<f64, String> {
-        let text = pair.get(1).and_then(Value::as_str).ok_or_else(|| bad("a sample without a value"))?;
-        text.parse::<f64>().map_err(|_| bad(&format!("the value `{text}`, not a number")))
-    };
-    match data["resultType"].as_str() {
-        Some("scalar") => Ok(vec![Sample { labels: BTreeMap::new(), value: value(&data["result"])? }]),
-        Some("vector") => {
-            let series = data["result"].as_array().ok_or_else(|| bad("a vector without a result"))?;
-            series
-                .iter()
-                .map(|s| {
-                    let labels = s["metric"]
-                        .as_object()
-                        .map(|m| {
-                            m.iter().map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string())).collect()
-                        })
-                        .unwrap_or_default();
-                    Ok(Sample { labels, value: value(&s["value"])? })
-                })
-                .collect()
-        }
-        other => Err(bad(&format!("a {} result, not an instant vector", other.unwrap_or("missing")))),
-    }
-}
 
 // --- the evidence ------------------------------------------------------------------------------
 
@@ -367,24 +238,33 @@ const FIGURES: [&str; 13] = [
 
 /// The questions asked at `now`, each of the whole fleet, in the order [`Now`] keeps them: the
 /// hosts as last known, `up`, and each figure of the targets that answered their last scrape
-/// (the rest, [`remembered`], only when a host did not).
+/// (the rest, [`remembered`], only when a host did not). One question a figure: [`fresh`] needs
+/// each series' own `timestamp()`, which drops the metric name, so figures with the same labels
+/// cannot share one.
 fn now_questions(now: u64) -> Vec<(String, u64)> {
     let mut q = vec![(last_known("specd_host_info"), now), ("up".into(), now), ("timestamp(up)".into(), now)];
     q.extend(FIGURES.map(|m| (fresh(m), now)));
     q
 }
 
-/// Every question asked at once (a pass waits for the slowest, not for their sum); the answers
-/// in the questions' order, or the first error in that order.
+/// Questions in flight at once: a pass waits for the slowest of each few rather than for their
+/// sum, and a Prometheus on few cores answers each within its bound rather than all of them late.
+const ASKED_AT_ONCE: usize = 6;
+
+/// The questions asked [`ASKED_AT_ONCE`] at a time; the answers in the questions' order, or the
+/// first error in that order.
 async fn ask_all(p: &Prometheus, questions: Vec<(String, u64)>) -> Result<Vec<Vec<Sample>>, String> {
     let mut set = tokio::task::JoinSet::new();
     let n = questions.len();
-    for (i, (expr, t)) in questions.into_iter().enumerate() {
-        let p = p.clone();
-        set.spawn(async move { (i, p.query(&expr, Some(t)).await) });
-    }
+    let mut pending = questions.into_iter().enumerate();
     let mut answers: Vec<Option<Result<Vec<Sample>, String>>> = (0..n).map(|_| None).collect();
-    while let Some(done) = set.join_next().await {
+    loop {
+        while set.len() < ASKED_AT_ONCE {
+            let Some((i, (expr, t))) = pending.next() else { break };
+            let p = p.clone();
+            set.spawn(async move { (i, p.query(&expr, Some(t)).await) });
+        }
+        let Some(done) = set.join_next().await else { break };
         let (i, a) = done.map_err(|e| format!("asking Prometheus at {}: {e}", p.url()))?;
         answers[i] = Some(a);
     }
@@ -640,33 +520,8 @@ fn on_units(
 mod tests {
     use super::*;
 
-    const URL: &str = "http://prom:9090";
-
     fn sample(labels: &[(&str, &str)], value: f64) -> Sample {
         Sample { labels: labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(), value }
-    }
-
-    #[test]
-    fn a_vector_and_a_scalar_are_samples_and_an_error_names_the_query_and_prometheus_words() {
-        let vector = r#"{"status":"success","data":{"resultType":"vector","result":[
-            {"metric":{"__name__":"up","job":"specd","instance":"h:9"},"value":[1700000000.5,"1"]},
-            {"metric":{},"value":[1700000000.5,"NaN"]}]}}"#;
-        let got = answer(URL, "up", 200, vector).unwrap();
-        assert_eq!(got[0], sample(&[("__name__", "up"), ("job", "specd"), ("instance", "h:9")], 1.0));
-        assert!(got[1].value.is_nan() && got[1].labels.is_empty());
-        let scalar = r#"{"status":"success","data":{"resultType":"scalar","result":[1700000000,"2.5"]}}"#;
-        assert_eq!(answer(URL, "2.5", 200, scalar).unwrap(), vec![sample(&[], 2.5)]);
-        let refused = r#"{"status":"error","errorType":"bad_data","error":"parse error: unexpected end of input"}"#;
-        assert_eq!(
-            answer(URL, "rate(", 400, refused).unwrap_err(),
-            "Prometheus at http://prom:9090 refused the query `rate(`: bad_data: parse error: unexpected end of input"
-        );
-        assert_eq!(
-            answer(URL, "up", 503, "Service Unavailable").unwrap_err(),
-            "Prometheus at http://prom:9090 answered 503"
-        );
-        let matrix = r#"{"status":"success","data":{"resultType":"matrix","result":[]}}"#;
-        assert!(answer(URL, "up[1m]", 200, matrix).unwrap_err().contains("a matrix result, not an instant vector"));
     }
 
     #[test]
@@ -776,12 +631,5 @@ mod tests {
         assert!(!any_not_answering(&hosts, &[target("a:9", 1.0), target("b:9", 1.0)]));
         assert!(any_not_answering(&hosts, &[target("a:9", 1.0), target("b:9", 0.0)]), "a failed scrape");
         assert!(any_not_answering(&hosts, &[target("a:9", 1.0)]), "no longer scraped");
-    }
-
-    #[test]
-    fn a_new_url_must_be_http_with_a_host() {
-        assert!(Prometheus::new("ftp://x", None).unwrap_err().to_string().contains("http:// or https://"));
-        assert!(Prometheus::new("not a url", None).is_err());
-        assert_eq!(Prometheus::new("http://p:9090/", None).unwrap().url(), "http://p:9090");
     }
 }

@@ -6,7 +6,9 @@
 //! It may not act on a host: a host acts on the record through its own agent (`crate::source::follow`).
 
 pub mod evidence;
+pub mod prometheus;
 pub mod promote;
 pub mod publish;
 pub mod rollout;
 pub mod status;
+pub mod wake;

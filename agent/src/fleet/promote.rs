@@ -18,6 +18,7 @@ use crate::fleet::evidence::{self, Prometheus};
 use crate::fleet::publish::{self, Pushed, Signing};
 use crate::fleet::rollout::{self, Evidence, ExpectedUnit, Inputs, Step};
 use crate::fleet::status::View;
+use crate::fleet::wake;
 use crate::source::git::{GitSource, SourceConfig};
 
 /// How many times a pass reads again after losing a race to another promoter.
@@ -37,6 +38,8 @@ pub struct Options {
     /// Prometheus's base URL (`http://prometheus:9090`).
     pub prometheus: String,
     pub prometheus_ca: Option<PathBuf>,
+    /// Each question to Prometheus answered within this.
+    pub ask_within: Duration,
     /// A sample older than this many seconds is no evidence.
     pub stale_after: u64,
     pub signing: Option<Signing>,
@@ -146,13 +149,26 @@ fn now() -> u64 {
 
 /// The outcome of one pass.
 enum Passed {
-    Wrote { commit: Oid, message: String },
-    Waits { why: String, until: Option<u64>, soon: bool },
+    /// `moved`: the hosts the step gives another revision (to be woken).
+    Wrote {
+        commit: Oid,
+        message: String,
+        moved: Vec<String>,
+    },
+    Waits {
+        why: String,
+        until: Option<u64>,
+        soon: bool,
+    },
     NoFleet,
 }
 
+fn prometheus(opts: &Options) -> Result<Prometheus> {
+    Ok(Prometheus::new(&opts.prometheus, opts.prometheus_ca.as_deref())?.within(opts.ask_within))
+}
+
 async fn evidence(opts: &Options, record: Option<&Record>) -> Evidence {
-    match Prometheus::new(&opts.prometheus, opts.prometheus_ca.as_deref()) {
+    match prometheus(opts) {
         Ok(p) => evidence::gather(&p, record, now(), opts.stale_after).await,
         Err(e) => Evidence { unavailable: Some(format!("{e:#}")), ..Default::default() },
     }
@@ -198,8 +214,10 @@ async fn pass(opts: &Options) -> Result<Passed> {
             match rollout::decide(&inputs) {
                 Step::Wait { why, until, soon } => Ok(Ok(Passed::Waits { why, until, soon })),
                 Step::Write { record, message } => {
+                    let old = l.record.as_ref().map(|r| &r.1);
+                    let moved = wake::moved(&l.fleet, old, &record, &ev.hosts);
                     match write(&src, &opts2, &l.branch, l.record.as_ref().map(|r| r.0), &record, &message)? {
-                        Some(commit) => Ok(Ok(Passed::Wrote { commit, message })),
+                        Some(commit) => Ok(Ok(Passed::Wrote { commit, message, moved })),
                         None => Ok(Err(())),
                     }
                 }
@@ -220,11 +238,16 @@ pub async fn promote(opts: &Options, watch: Option<Duration>) -> Result<u8> {
         let passed = pass(opts).await;
         let mut soon = false;
         let until = match &passed {
-            Ok(Passed::Wrote { commit, message }) => {
+            Ok(Passed::Wrote { commit, message, moved }) => {
+                let (woken, said) = wake_moved(opts, moved).await;
                 say(
                     opts,
-                    json!({"wrote": commit.to_string(), "message": message}),
-                    &format!("wrote {}: {message}", short(&commit.to_string())),
+                    json!({"wrote": commit.to_string(), "message": message, "woken": woken}),
+                    &format!(
+                        "wrote {}: {message}{}",
+                        short(&commit.to_string()),
+                        if said.is_empty() { said } else { format!("\n{said}") }
+                    ),
                 );
                 Some(0)
             }
@@ -257,6 +280,30 @@ pub async fn promote(opts: &Options, watch: Option<Duration>) -> Result<u8> {
             None => every,
         };
         tokio::time::sleep(pause).await;
+    }
+}
+
+/// Wakes the agents of the hosts a step moved ([`wake`]): what to print of it, as JSON and text
+/// (nothing when it moved none).
+async fn wake_moved(opts: &Options, moved: &[String]) -> (serde_json::Value, String) {
+    if moved.is_empty() {
+        return (json!(null), String::new());
+    }
+    let woken = match prometheus(opts) {
+        Ok(p) => wake::wake(&p, moved).await,
+        Err(e) => Err(format!("{e:#}")),
+    };
+    match woken {
+        Ok(w) => {
+            let missed =
+                if w.unreached.is_empty() { String::new() } else { format!("; not: {}", w.unreached.join(", ")) };
+            let said = format!("woke {} of the {} agents it moved{missed}", w.answered, w.asked);
+            (json!({"asked": w.asked, "answered": w.answered, "unreached": w.unreached}), said)
+        }
+        Err(why) => {
+            let said = format!("woke none of the {} agents it moved ({why}): they poll at their interval", moved.len());
+            (json!({"asked": moved.len(), "answered": 0, "unreached": [why]}), said)
+        }
     }
 }
 
@@ -361,6 +408,7 @@ pub fn options(cfg: &crate::config::AgentConfig, cache: PathBuf, common: Common)
         cache,
         prometheus: common.prometheus,
         prometheus_ca: common.prometheus_ca,
+        ask_within: Duration::from_secs_f64(common.prometheus_timeout),
         stale_after: common.stale_after,
         signing,
         author: common.author,
@@ -377,6 +425,10 @@ pub struct Common {
     /// CA certificates (PEM) trusted for an https:// Prometheus besides the system's.
     #[arg(long)]
     pub prometheus_ca: Option<PathBuf>,
+    /// Seconds each question to Prometheus may take (a Prometheus of thousands of hosts on few
+    /// cores may need more).
+    #[arg(long, default_value_t = 5.0, value_parser = positive_seconds)]
+    pub prometheus_timeout: f64,
     /// A sample older than this many seconds is no evidence.
     #[arg(long, default_value_t = 60)]
     pub stale_after: u64,
@@ -392,6 +444,13 @@ pub struct Common {
     /// Print JSON.
     #[arg(long)]
     pub json: bool,
+}
+
+fn positive_seconds(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v > 0.0 && v <= 3600.0 => Ok(v),
+        _ => Err(format!("`{s}` is not a number of seconds from 0 to 3600")),
+    }
 }
 
 #[cfg(test)]

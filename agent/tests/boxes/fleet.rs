@@ -175,8 +175,14 @@ fn fleet_with_llm(setup: FleetSetup, fleet_text: &str, llm: impl Fn(&Hosts) -> L
     })
     .unwrap();
     assert!(fleet.history("gpu-03").is_empty(), "nothing applied before the record");
+    // Prometheus has every agent, a second ago (the promoter asks at a whole second): the first
+    // record's step wakes them all.
+    let n = fleet.names().len();
+    let q = format!("count(specd_host_info{{job=\"{JOB}\"}} offset 1s)");
+    fleet.prometheus().wait("every agent's host", &q, CONVERGE, |r| r.first().is_some_and(|(_, v)| *v == n as f64));
     let first = fleet.promote();
     assert!(first["message"].as_str().unwrap_or_default().contains("adopt"), "{first}");
+    assert_eq!(first["woken"], json!({"asked": n, "answered": n, "unreached": []}), "{first}");
     fleet.wait_all_run(&c1, CONVERGE);
     (fleet, c1)
 }
@@ -645,5 +651,45 @@ fn an_agent_down_holds_its_wave_counted_unavailable_until_it_is_back() {
     let done = fleet.promote_until("the rollout to complete", ROLLOUT, |r| r.state == RolloutState::Complete);
     assert_eq!(done.released, c2);
     fleet.wait_all_run(&c2, CONVERGE);
+    fleet.shutdown().unwrap();
+}
+
+/// Agents that poll their remote once an hour (and look at everything as rarely): the
+/// promoter's steps wake the hosts they move through each agent's `POST /poll` (found from
+/// Prometheus's targets), and those hosts, and only those, deploy what the record gives them
+/// within seconds rather than at their next poll.
+#[test]
+fn agents_that_poll_hourly_take_a_promotion_within_seconds_as_the_promoter_wakes_them() {
+    let _turn = turn();
+    let mut setup = FleetSetup::of(3);
+    setup.poll_s = 3600;
+    let text = "apiVersion: specd/v1\nkind: Fleet\nmetadata: {name: hourly}\nspec:\n  waves:\n    - {name: canary, hosts: [gpu-01], bake: 1h}\n    - {name: rest, hosts: [gpu-02, gpu-03], bake: 1h}\n";
+    // The first record woke every host (each waited for one): all run the first commit.
+    let (fleet, c1) = fleet_with(setup, text);
+    let c2 = fleet.commit(&[(LLM_FILE, &fleet.llm(5).text())], "llm: steps 5");
+    // Passes until one promotes gpu-01 (once Prometheus shows every host good on the first
+    // commit); a step before it moves no host and wakes none.
+    let step = wait_for("gpu-01's promotion", CONVERGE, || {
+        let p = fleet.promote();
+        let said = p["message"].as_str().unwrap_or_default().to_string();
+        if said.contains("promote") {
+            assert!(said.contains("to gpu-01 (wave canary"), "{p}");
+            return Some(p);
+        }
+        assert_eq!(p["woken"], Value::Null, "{p}");
+        None
+    })
+    .unwrap();
+    assert_eq!(step["woken"], json!({"asked": 1, "answered": 1, "unreached": []}), "{step}");
+    let woken = Instant::now();
+    fleet.wait_runs("gpu-01", &c2, CONVERGE);
+    eprintln!("gpu-01 polls hourly: ran the promoted commit {:?} after the promoter woke it", woken.elapsed());
+    // Not woken, the others have not read the record since: they run the first commit and
+    // know nothing of the second.
+    for n in ["gpu-02", "gpu-03"] {
+        let st = fleet.status(n);
+        assert_eq!((&st["source"]["commit"], &st["sync"]), (&json!(c1), &json!("InSync")), "{n}: {st}");
+        assert!(!st.to_string().contains(&c2), "{n} read the second commit without being woken: {st}");
+    }
     fleet.shutdown().unwrap();
 }

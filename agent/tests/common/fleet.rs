@@ -79,12 +79,14 @@ impl HostSetup {
 #[derive(Clone, Debug)]
 pub struct FleetSetup {
     pub hosts: Vec<HostSetup>,
+    /// How often the agents poll the remote (`interval:`) and look at everything (`resync:`).
+    pub poll_s: u64,
 }
 
 impl FleetSetup {
     /// `n` hosts `gpu-01`.. as [`HostSetup::gpu`] makes them.
     pub fn of(n: usize) -> FleetSetup {
-        FleetSetup { hosts: (1..=n).map(HostSetup::gpu).collect() }
+        FleetSetup { hosts: (1..=n).map(HostSetup::gpu).collect(), poll_s: 1 }
     }
 
     /// The host named `name`, to change it before booting.
@@ -130,6 +132,7 @@ pub struct Hosts {
     remote: PathBuf,
     specd: String,
     standin: String,
+    poll_s: u64,
     /// How long booting the boxes and starting Prometheus took.
     pub boot_time: Duration,
 }
@@ -177,6 +180,7 @@ impl Hosts {
             remote,
             specd: env!("CARGO_BIN_EXE_specd").to_string(),
             standin: bin_path("specd-standin").display().to_string(),
+            poll_s: setup.poll_s,
             boot_time: Duration::ZERO,
         };
         for h in &fleet.hosts {
@@ -186,15 +190,19 @@ impl Hosts {
         fleet
     }
 
-    /// The agent config of host `h`: the remote, `specs/`, its name, a poll every second, its
-    /// metrics port; its labels.
+    /// The agent config of host `h`: the remote, `specs/`, its name, a poll every
+    /// [`FleetSetup::poll_s`] (every second by default), its metrics port; its labels.
     fn agent_config(&self, h: &HostBox) -> String {
+        let poll = self.poll_s;
         let mut c = format!(
-            "repo: {}\npath: specs\nhostname: {}\ninterval: 1\nlisten: 127.0.0.1:{}\n",
+            "repo: {}\npath: specs\nhostname: {}\ninterval: {poll}\nlisten: 127.0.0.1:{}\n",
             self.remote_url(),
             h.name(),
             h.metrics_port
         );
+        if poll > 1 {
+            c.push_str(&format!("resync: {poll}\n"));
+        }
         let labels: Vec<String> = h.setup.labels.iter().map(|(k, v)| format!("{k}: {v:?}")).collect();
         c.push_str(&format!("labels: {{{}}}\n", labels.join(", ")));
         c

@@ -615,7 +615,7 @@ fn main() -> anyhow::Result<()> {
 }
 
 /// `fleet-scale [N...] [--apply-ms MS] [--bake S] [--scrape S] [--poll-ms MS] [--fail-rate F]
-/// [--no-real-agent] [--no-wake]`: N 100 and 1000 unless given (5000 only when asked); as root
+/// [--no-real-agent] [--no-wake] [--prometheus-timeout S]`: N 100 and 1000 unless given (5000 only when asked); as root
 /// the canary's first host is a real agent; the simulated agents answer the promoter's wake-ups
 /// unless `--no-wake`. The defaults are a fleet's times on a
 /// clock 15 times fast: a 15 s scrape 1 s, an agent's 60 s poll 4 s, a 2.5 min apply 10 s, a
@@ -630,6 +630,7 @@ fn fleet_scale_args(args: &[String]) -> anyhow::Result<()> {
         fail_rate: 0.0,
         real_agent: true,
         wake: true,
+        ask_within: None,
     };
     let mut counts = Vec::new();
     let mut it = args.iter();
@@ -642,6 +643,7 @@ fn fleet_scale_args(args: &[String]) -> anyhow::Result<()> {
             "--poll-ms" => p.poll = Duration::from_millis(value()?.parse()?),
             "--no-real-agent" => p.real_agent = false,
             "--no-wake" => p.wake = false,
+            "--prometheus-timeout" => p.ask_within = Some(value()?.parse()?),
             "--fail-rate" => p.fail_rate = value()?.parse()?,
             n => counts.push(n.parse().map_err(|_| anyhow::anyhow!("fleet-scale: {n:?} is not a host count"))?),
         }

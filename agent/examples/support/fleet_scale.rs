@@ -56,6 +56,9 @@ pub struct Params {
     /// The simulated agents answer `POST /poll` (the promoter's wake-up) as the agent does: a
     /// poll now, or a second after the last one. Off: they poll at their interval only.
     pub wake: bool,
+    /// The promoter's bound on each question to Prometheus (`--prometheus-timeout`; its
+    /// default when `None`).
+    pub ask_within: Option<f64>,
 }
 
 /// The waves: a canary of 1 %, then 9 %, then the rest; `max_unavailable` 5 % of the fleet.
@@ -414,6 +417,9 @@ impl Sim {
             .args(args)
             .args(["--config", "/nonexistent/agent.yaml", "--repo", &format!("file://{}", self.remote.display())])
             .args(["--path", "specs", "--prometheus", &self.prom.url(), "--author", "Fleet CI <ci@fleet.test>"]);
+        if let Some(s) = self.p.ask_within {
+            c.args(["--prometheus-timeout", &s.to_string()]);
+        }
         c
     }
 

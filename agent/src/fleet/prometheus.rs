@@ -73,41 +73,34 @@ impl Prometheus {
         if let Some(t) = at {
             params.push(("time", t.to_string()));
         }
-        let url = &self.url;
-        let resp = self
-            .client
-            .get(format!("{url}/api/v1/query"))
-            .query(&params)
-            .timeout(self.within)
-            .send()
-            .await
-            .map_err(|e| format!("Prometheus at {url}: unreachable ({})", why(&e, self.within)))?;
-        let code = resp.status();
-        let body = resp
-            .text()
-            .await
-            .map_err(|e| format!("Prometheus at {url}: its answer broke off ({})", why(&e, self.within)))?;
-        answer(url, expr, code.as_u16(), &body)
+        let (code, body) = self.get("query", &params).await?;
+        answer(&self.url, expr, code, &body)
     }
 
     /// The active scrape targets (`GET /api/v1/targets?state=active`): each one's scrape URL by
     /// its `job` and `instance` labels.
     pub async fn targets(&self) -> Result<BTreeMap<(String, String), String>, String> {
+        let (code, body) = self.get("targets", &[("state", "active".to_string())]).await?;
+        targets_of(&self.url, code, &body)
+    }
+
+    /// `GET /api/v1/<what>?<params>` within the bound: the status code and the body.
+    async fn get(&self, what: &str, params: &[(&str, String)]) -> Result<(u16, String), String> {
         let url = &self.url;
         let resp = self
             .client
-            .get(format!("{url}/api/v1/targets"))
-            .query(&[("state", "active")])
+            .get(format!("{url}/api/v1/{what}"))
+            .query(params)
             .timeout(self.within)
             .send()
             .await
             .map_err(|e| format!("Prometheus at {url}: unreachable ({})", why(&e, self.within)))?;
-        let code = resp.status();
+        let code = resp.status().as_u16();
         let body = resp
             .text()
             .await
             .map_err(|e| format!("Prometheus at {url}: its answer broke off ({})", why(&e, self.within)))?;
-        targets_of(url, code.as_u16(), &body)
+        Ok((code, body))
     }
 }
 

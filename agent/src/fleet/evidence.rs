@@ -1,6 +1,6 @@
 //! The promoter's evidence, read from a real Prometheus that scrapes every host's agent
 //! ([`crate::fleet::prometheus`] asks it): [`gather`] asks a fixed
-//! handful of instant queries (one per metric, never one per host; all at once) and folds the
+//! handful of instant queries (one per metric, never one per host; 6 at a time) and folds the
 //! answers into one [`Evidence`] for the whole fleet.
 //!
 //! A host is known by its agent's `specd_host_info{host, <its labels>}`; its other series are
@@ -427,9 +427,9 @@ fn hosts_of(info: &[Sample]) -> (BTreeMap<String, HostEvidence>, BTreeMap<Target
         let ts = targets.entry(name.to_string()).or_default();
         let t = target_of(s);
         if !ts.contains(&t) {
-            ts.push(t);
+            ts.push(t.clone());
         }
-        hosts.entry(name.to_string()).or_insert_with(|| HostEvidence { labels, ..Default::default() });
+        hosts.entry(name.to_string()).or_insert_with(|| HostEvidence { labels, target: t, ..Default::default() });
     }
     let mut by_target = BTreeMap::new();
     for (name, ts) in targets {

@@ -153,7 +153,7 @@ enum Passed {
     Wrote {
         commit: Oid,
         message: String,
-        moved: Vec<String>,
+        moved: Vec<(String, wake::Target)>,
     },
     Waits {
         why: String,
@@ -285,7 +285,7 @@ pub async fn promote(opts: &Options, watch: Option<Duration>) -> Result<u8> {
 
 /// Wakes the agents of the hosts a step moved ([`wake`]): what to print of it, as JSON and text
 /// (nothing when it moved none).
-async fn wake_moved(opts: &Options, moved: &[String]) -> (serde_json::Value, String) {
+async fn wake_moved(opts: &Options, moved: &[(String, wake::Target)]) -> (serde_json::Value, String) {
     if moved.is_empty() {
         return (json!(null), String::new());
     }

@@ -59,6 +59,8 @@ pub struct HostEvidence {
     pub down: Option<String>,
     /// The commit the agent deploys (`specd_source_info{revision}`).
     pub revision: Option<String>,
+    /// Its agent's scrape target: `job` and `instance`.
+    pub target: (String, String),
     /// Its units, by unit name.
     pub units: BTreeMap<String, UnitEvidence>,
 }

@@ -12,6 +12,9 @@ use specd_spec::fleet::{ParsedFleet, Record};
 use crate::fleet::prometheus::Prometheus;
 use crate::fleet::rollout::HostEvidence;
 
+/// A scrape target: its `job` and `instance` labels.
+pub type Target = (String, String);
+
 /// One agent's wake-up is answered within this, or it counts as not reached.
 pub const WAKE_WITHIN: Duration = Duration::from_secs(2);
 
@@ -29,13 +32,14 @@ pub struct Woken {
 }
 
 /// The hosts (of `hosts`, that answer their scrapes) whose revision the record `new` gives
-/// differs from the one `old` gave; every one for the first record (before it, each waits for one).
+/// differs from the one `old` gave; every one for the first record (before it, each waits for
+/// one). Each with its scrape target.
 pub fn moved(
     fleet: &ParsedFleet,
     old: Option<&Record>,
     new: &Record,
     hosts: &BTreeMap<String, HostEvidence>,
-) -> Vec<String> {
+) -> Vec<(String, Target)> {
     let given = |r: &Record, h: &str, e: &HostEvidence| r.revision_for(fleet, h, &e.labels).ok().map(|a| a.revision);
     hosts
         .iter()
@@ -44,7 +48,7 @@ pub fn moved(
             let before = old.and_then(|r| given(r, h, e));
             before.is_none() || before != given(new, h, e)
         })
-        .map(|(h, _)| h.clone())
+        .map(|(h, e)| (h.clone(), e.target.clone()))
         .collect()
 }
 
@@ -56,22 +60,17 @@ fn poll_url(scrape: &str) -> Option<String> {
     Some(format!("{base}/poll{}", query.map(|q| format!("?{q}")).unwrap_or_default()))
 }
 
-/// Wakes the agents of `hosts` (names), found through Prometheus: their targets by
-/// `specd_host_info`, their scrape URLs by its targets. An error: Prometheus did not say.
-pub async fn wake(p: &Prometheus, hosts: &[String]) -> Result<Woken, String> {
+/// Wakes the agents of `hosts` (names and scrape targets), found by Prometheus's targets. An
+/// error: Prometheus did not say.
+pub async fn wake(p: &Prometheus, hosts: &[(String, Target)]) -> Result<Woken, String> {
     if hosts.is_empty() {
         return Ok(Woken::default());
     }
-    let info = p.query("specd_host_info", None).await?;
     let targets = p.targets().await?;
     let mut urls = Vec::new();
     let mut unreached = Vec::new();
-    for h in hosts {
-        let target = info.iter().find(|s| s.labels.get("host") == Some(h)).map(|s| {
-            let get = |k: &str| s.labels.get(k).cloned().unwrap_or_default();
-            (get("job"), get("instance"))
-        });
-        match target.and_then(|t| targets.get(&t)).map(|u| poll_url(u).ok_or(u)) {
+    for (h, t) in hosts {
+        match targets.get(t).map(|u| poll_url(u).ok_or(u)) {
             Some(Ok(url)) => urls.push((h.clone(), url)),
             Some(Err(u)) => unreached.push(format!("{h}: its scrape URL {u} does not end in /metrics")),
             None => unreached.push(format!("{h}: not among Prometheus's active targets")),
@@ -134,15 +133,18 @@ mod tests {
                 .into();
         let r0 = Record::adopt(&fleet, "r1", 0);
         // The first record: every host waited for one (not d: down).
-        assert_eq!(moved(&fleet, None, &r0, &hosts), ["a", "b", "c"]);
+        let moved = |old: Option<&Record>, new: &Record| -> Vec<String> {
+            moved(&fleet, old, new, &hosts).into_iter().map(|(h, _)| h).collect()
+        };
+        assert_eq!(moved(None, &r0), ["a", "b", "c"]);
         let r1 = rollout_to(&r0, "r2", &["a"]);
-        assert_eq!(moved(&fleet, Some(&r0), &r1, &hosts), ["a"]);
+        assert_eq!(moved(Some(&r0), &r1), ["a"]);
         let r2 = rollout_to(&r0, "r2", &["a", "b"]);
-        assert_eq!(moved(&fleet, Some(&r1), &r2, &hosts), ["b"]);
+        assert_eq!(moved(Some(&r1), &r2), ["b"]);
         // Sent back: a and b again.
-        assert_eq!(moved(&fleet, Some(&r2), &r0, &hosts), ["a", "b"]);
+        assert_eq!(moved(Some(&r2), &r0), ["a", "b"]);
         // Released: c moves (its wave's good revision); d is down and not asked.
-        assert_eq!(moved(&fleet, Some(&r2), &Record::adopt(&fleet, "r2", 0), &hosts), ["c"]);
+        assert_eq!(moved(Some(&r2), &Record::adopt(&fleet, "r2", 0)), ["c"]);
     }
 
     /// `base` with a rollout to `target` that promoted `hosts` in the canary.

@@ -160,8 +160,8 @@ impl Figures {
         t
     }
 
-    /// The evidence these figures give (nothing of a rollout).
-    fn evidence(&self) -> HostEvidence {
+    /// The evidence these figures give (nothing of a rollout), served on `port`.
+    fn evidence(&self, port: u16) -> HostEvidence {
         let labels = self
             .labels
             .split(',')
@@ -192,6 +192,7 @@ impl Figures {
             labels,
             down: None,
             revision: Some(self.revision.into()),
+            target: ("specd".into(), format!("127.0.0.1:{port}")),
             units: BTreeMap::from([(UNIT.to_string(), unit)]),
         }
     }
@@ -295,8 +296,11 @@ fn the_evidence_is_what_prometheus_scraped_from_each_host_through_a_rollout() {
         complete.then_some((now, ev))
     })
     .unwrap_or_else(|e| panic!("{e}\n{}", prom.log()));
-    let before =
-        BTreeMap::from([("a".into(), a1.evidence()), ("b".into(), b1.evidence()), ("c".into(), c1.evidence())]);
+    let before = BTreeMap::from([
+        ("a".into(), a1.evidence(a.port)),
+        ("b".into(), b1.evidence(b.port)),
+        ("c".into(), c1.evidence(c.port)),
+    ]);
     let unidentified = vec![format!("127.0.0.1:{nobody} (job specd)")];
     assert_eq!(ev, Evidence { hosts: before.clone(), unidentified, unavailable: None });
     assert_eq!(ev.hosts["a"].labels["ring"], "canary");
@@ -325,18 +329,18 @@ fn the_evidence_is_what_prometheus_scraped_from_each_host_through_a_rollout() {
         ["a", "b"].iter().all(|h| ev.hosts[*h].revision.as_deref() == Some(REV2)).then_some(ev)
     })
     .unwrap_or_else(|e| panic!("{e}\n{}", prom.log()));
-    let promoted = |f: &Figures| {
-        let mut h = f.evidence();
+    let promoted = |f: &Figures, port: u16| {
+        let mut h = f.evidence(port);
         let u = h.units.get_mut(UNIT).unwrap();
         (u.previous_accept_length, u.previous_accept_rate) = (Some(3.5), Some(0.7));
         u.previous_start_seconds = Some(41.5);
         u.previous_served = Some(Served { accept_length: 2.8, tok_s: 61.5, drafts: 900.0 });
         h
     };
-    assert_eq!(ev.hosts["a"], promoted(&a2));
-    assert_eq!(ev.hosts["b"], promoted(&b2));
+    assert_eq!(ev.hosts["a"], promoted(&a2, a.port));
+    assert_eq!(ev.hosts["b"], promoted(&b2, b.port));
     // c's wave baked: nothing of the rollout is asked about it.
-    assert_eq!(ev.hosts["c"], c1.evidence());
+    assert_eq!(ev.hosts["c"], c1.evidence(c.port));
 
     // a's server dies once: a death since the promotion, by its verdict.
     a.set(Figures { crashes: 1, ..a2.clone() }.text());
@@ -377,7 +381,7 @@ fn the_evidence_is_what_prometheus_scraped_from_each_host_through_a_rollout() {
         ev.hosts["c"].down.is_some().then_some(ev)
     })
     .unwrap_or_else(|e| panic!("{e}\n{}", prom.log()));
-    let c_down = HostEvidence { down: Some("its agent is down: the last scrape failed".into()), ..c1.evidence() };
+    let c_down = HostEvidence { down: Some("its agent is down: the last scrape failed".into()), ..c1.evidence(c.port) };
     assert_eq!(ev.hosts["c"], c_down);
     assert_eq!(ev.hosts["a"].down, None);
 

@@ -158,13 +158,14 @@ struct Promotion {
     served: ServedSamples,
 }
 
-/// Everything Prometheus says about the fleet at `now` (unix seconds), and at the moments the
-/// rollout of `record` needs (each unbaked wave's promotions and convergence). A host whose
-/// newest `up` sample is older than `stale_after` seconds is down. When a query fails, the
-/// evidence is `unavailable` with its error (the first; nothing more is asked).
-pub async fn gather(p: &Prometheus, record: Option<&Record>, now: u64, stale_after: u64) -> Evidence {
+/// Everything Prometheus says about the fleet at `now` (unix seconds with their fraction: a
+/// scrape less than a second before counts), and at the moments the rollout of `record` needs
+/// (each unbaked wave's promotions and convergence). A host whose newest `up` sample is older
+/// than `stale_after` seconds is down. When a query fails, the evidence is `unavailable` with
+/// its error (the first; nothing more is asked).
+pub async fn gather(p: &Prometheus, record: Option<&Record>, now: f64, stale_after: u64) -> Evidence {
     match ask(p, record, now).await {
-        Ok((answers, since)) => fold(&answers, &since, now, stale_after),
+        Ok((answers, since)) => fold(&answers, &since, now as u64, stale_after),
         Err(why) => Evidence { unavailable: Some(why), ..Default::default() },
     }
 }
@@ -241,7 +242,7 @@ const FIGURES: [&str; 13] = [
 /// (the rest, [`remembered`], only when a host did not). One question a figure: [`fresh`] needs
 /// each series' own `timestamp()`, which drops the metric name, so figures with the same labels
 /// cannot share one.
-fn now_questions(now: u64) -> Vec<(String, u64)> {
+fn now_questions(now: f64) -> Vec<(String, f64)> {
     let mut q = vec![(last_known("specd_host_info"), now), ("up".into(), now), ("timestamp(up)".into(), now)];
     q.extend(FIGURES.map(|m| (fresh(m), now)));
     q
@@ -253,7 +254,7 @@ const ASKED_AT_ONCE: usize = 6;
 
 /// The questions asked [`ASKED_AT_ONCE`] at a time; the answers in the questions' order, or the
 /// first error in that order.
-async fn ask_all(p: &Prometheus, questions: Vec<(String, u64)>) -> Result<Vec<Vec<Sample>>, String> {
+async fn ask_all(p: &Prometheus, questions: Vec<(String, f64)>) -> Result<Vec<Vec<Sample>>, String> {
     let mut set = tokio::task::JoinSet::new();
     let n = questions.len();
     let mut pending = questions.into_iter().enumerate();
@@ -271,10 +272,10 @@ async fn ask_all(p: &Prometheus, questions: Vec<(String, u64)>) -> Result<Vec<Ve
     answers.into_iter().map(|a| a.unwrap_or_else(|| Err("a question was not answered".into()))).collect()
 }
 
-async fn ask(p: &Prometheus, record: Option<&Record>, now: u64) -> Result<(Now, Since), String> {
+async fn ask(p: &Prometheus, record: Option<&Record>, now: f64) -> Result<(Now, Since), String> {
     let waves = in_progress(record);
     let mut questions = now_questions(now);
-    questions.extend(since_questions(&waves, now));
+    questions.extend(since_questions(&waves, now as u64).into_iter().map(|(e, t)| (e, t as f64)));
     let mut answered = ask_all(p, questions).await?;
     if any_not_answering(&answered[0], &answered[1]) {
         let more = ask_all(p, FIGURES.map(|m| (remembered(m), now)).to_vec()).await?;
@@ -622,8 +623,8 @@ mod tests {
 
     #[test]
     fn while_every_host_answers_its_scrapes_a_pass_reads_no_hour_of_samples_but_the_hosts() {
-        let hour = |q: &[(String, u64)]| q.iter().filter(|(e, _)| e.contains("[3600s]")).count();
-        let q = now_questions(5000);
+        let hour = |q: &[(String, f64)]| q.iter().filter(|(e, _)| e.contains("[3600s]")).count();
+        let q = now_questions(5000.0);
         assert_eq!((q.len(), hour(&q)), (16, 1), "{q:?}");
         assert_eq!(q[0].0, last_known("specd_host_info"));
         let target = |i: &str, v| sample(&[("job", "specd"), ("instance", i)], v);

@@ -66,12 +66,12 @@ impl Prometheus {
         &self.url
     }
 
-    /// An instant query (`GET /api/v1/query`) of `expr`, evaluated at `at` (unix seconds;
-    /// Prometheus's now when `None`). Errors are sentences for the user, naming the URL.
-    pub async fn query(&self, expr: &str, at: Option<u64>) -> Result<Vec<Sample>, String> {
+    /// An instant query (`GET /api/v1/query`) of `expr`, evaluated at `at` (unix seconds, to the
+    /// millisecond; Prometheus's now when `None`). Errors are sentences for the user, naming the URL.
+    pub async fn query(&self, expr: &str, at: Option<f64>) -> Result<Vec<Sample>, String> {
         let mut params = vec![("query", expr.to_string())];
         if let Some(t) = at {
-            params.push(("time", t.to_string()));
+            params.push(("time", format!("{t:.3}")));
         }
         let (code, body) = self.get("query", &params).await?;
         answer(&self.url, expr, code, &body)

@@ -143,6 +143,10 @@ impl Renderer<'_> {
     }
 }
 
+fn now_precisely() -> f64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
+}
+
 fn now() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
@@ -169,7 +173,8 @@ fn prometheus(opts: &Options) -> Result<Prometheus> {
 
 async fn evidence(opts: &Options, record: Option<&Record>) -> Evidence {
     match prometheus(opts) {
-        Ok(p) => evidence::gather(&p, record, now(), opts.stale_after).await,
+        // At this instant, not at its whole second: a scrape less than a second old counts.
+        Ok(p) => evidence::gather(&p, record, now_precisely(), opts.stale_after).await,
         Err(e) => Evidence { unavailable: Some(format!("{e:#}")), ..Default::default() },
     }
 }

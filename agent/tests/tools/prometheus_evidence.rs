@@ -284,7 +284,8 @@ fn the_evidence_is_what_prometheus_scraped_from_each_host_through_a_rollout() {
         .unwrap_or_else(|e| panic!("{e:#}"));
     let url = prom.url();
     let p = Prometheus::new(&url, None).unwrap();
-    let ask = |record: Option<&Record>, now: u64, stale_after: u64| rt.block_on(gather(&p, record, now, stale_after));
+    let ask =
+        |record: Option<&Record>, now: u64, stale_after: u64| rt.block_on(gather(&p, record, now as f64, stale_after));
 
     // Every host, its labels and figures, once each was scraped.
     let (t0, ev) = wait_for("three hosts scraped with every figure", WITHIN, || {
@@ -433,7 +434,7 @@ fn a_server_that_is_no_prometheus_is_named_with_its_answer() {
     let s = Agent::serve(503, "Service Unavailable".into());
     let url = format!("http://127.0.0.1:{}", s.port);
     let p = Prometheus::new(&url, None).unwrap();
-    let ev = rt.block_on(gather(&p, None, unix_now(), 60));
+    let ev = rt.block_on(gather(&p, None, unix_now() as f64, 60));
     assert_eq!(ev.unavailable, Some(format!("Prometheus at {url} answered 503")));
     let plain = Agent::serve(200, "hello".into());
     let url = format!("http://127.0.0.1:{}", plain.port);

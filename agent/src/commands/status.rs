@@ -112,7 +112,9 @@ pub(super) async fn unit_status<H: Host>(
     let (o, props) = reconcile::observe(ctx, &d, st, true).await?;
     let p = plan::plan(&o, &reconcile::desired_of(&ctx.unit_dir, &d));
     let p = reconcile::group_plan(ctx, &d, st, &o, p)?;
-    let applying = crate::machine::lock::UnitLock::held(&ctx.store.locks_dir(), &st.unit);
+    // An apply runs when the unit's lock is held and it recorded its phase: a look that finds
+    // the unit in sync holds the lock too, and is no apply.
+    let applying = crate::machine::lock::UnitLock::held(&ctx.store.locks_dir(), &st.unit) && st.in_progress.is_some();
     let (sync, reasons) = sync_and_reasons(st, &d, p, applying);
     let health = ServiceHealth::of(o.ready, props.active_state);
     let (cmdline_of, argv) = compared_argv(ctx, st, &d, o.deployed_sha256.as_deref())?;

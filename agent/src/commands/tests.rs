@@ -261,12 +261,31 @@ async fn status_says_each_state_of_a_unit_and_exits_0_only_in_sync_and_healthy()
     // The instance before the one that serves died loading: said while its successor runs.
     assert!(s.last_ended.as_deref().is_some_and(|e| e.starts_with("crash")), "{s:?}");
 
-    // An apply in progress (another process holds the unit's lock): Progressing, said first.
+    // The unit's lock held by a look that finds it in sync (the agent's worker woken by systemd's
+    // signal): no apply runs, and none is said to.
+    assert_eq!(f.apply(std::slice::from_ref(&good)).await, 0);
     let lock = crate::machine::lock::UnitLock::try_acquire(&f.ctx().store.locks_dir(), UNIT).unwrap().unwrap();
     let (code, s) = f.status(Some(&good)).await;
+    assert_eq!((code, s.sync), (0, SyncStatus::InSync), "{s:?}");
+    assert!(!s.reasons.iter().any(|r| r.contains("apply is running")), "{:?}", s.reasons);
+    // An apply in progress (another process holds the lock and recorded its phase): Progressing,
+    // said first.
+    let store = &f.ctx().store;
+    let mut st = store.load(UNIT).unwrap();
+    st.in_progress = Some(record::InProgress {
+        sha256: "f".repeat(64),
+        pid: 1,
+        phase: record::Phase::Starting,
+        started: 1,
+        wrote: false,
+    });
+    store.save(&st).unwrap();
+    let (code, s) = f.status(Some(&good)).await;
     assert_eq!((code, s.sync), (1, SyncStatus::Progressing));
-    assert!(s.reasons[0].starts_with("an apply is running"), "{:?}", s.reasons);
+    assert!(s.reasons[0].starts_with("an apply is running (starting"), "{:?}", s.reasons);
     drop(lock);
+    st.in_progress = None;
+    store.save(&st).unwrap();
 
     // The service stopped behind specd's back: down, and why.
     f.host.stop(UNIT, true).await.unwrap();

@@ -255,21 +255,13 @@ const ASKED_AT_ONCE: usize = 6;
 /// The questions asked [`ASKED_AT_ONCE`] at a time; the answers in the questions' order, or the
 /// first error in that order.
 async fn ask_all(p: &Prometheus, questions: Vec<(String, f64)>) -> Result<Vec<Vec<Sample>>, String> {
-    let mut set = tokio::task::JoinSet::new();
-    let n = questions.len();
-    let mut pending = questions.into_iter().enumerate();
-    let mut answers: Vec<Option<Result<Vec<Sample>, String>>> = (0..n).map(|_| None).collect();
-    loop {
-        while set.len() < ASKED_AT_ONCE {
-            let Some((i, (expr, t))) = pending.next() else { break };
-            let p = p.clone();
-            set.spawn(async move { (i, p.query(&expr, Some(t)).await) });
-        }
-        let Some(done) = set.join_next().await else { break };
-        let (i, a) = done.map_err(|e| format!("asking Prometheus at {}: {e}", p.url()))?;
-        answers[i] = Some(a);
-    }
-    answers.into_iter().map(|a| a.unwrap_or_else(|| Err("a question was not answered".into()))).collect()
+    let answers = super::at_most(ASKED_AT_ONCE, questions, |(expr, t)| {
+        let p = p.clone();
+        async move { p.query(&expr, Some(t)).await }
+    })
+    .await;
+    let lost = || Err(format!("asking Prometheus at {}: a question was not answered", p.url()));
+    answers.into_iter().map(|a| a.unwrap_or_else(lost)).collect()
 }
 
 async fn ask(p: &Prometheus, record: Option<&Record>, now: f64) -> Result<(Now, Since), String> {

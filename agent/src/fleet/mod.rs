@@ -12,3 +12,28 @@ pub mod publish;
 pub mod rollout;
 pub mod status;
 pub mod wake;
+
+/// `f` of each of `items`, at most `n` at a time (a fan-out of questions or wake-ups); the outputs
+/// in the items' order, `None` for a task that panicked.
+pub(crate) async fn at_most<T, O, F, Fut>(n: usize, items: Vec<T>, f: F) -> Vec<Option<O>>
+where
+    F: Fn(T) -> Fut,
+    Fut: std::future::Future<Output = O> + Send + 'static,
+    O: Send + 'static,
+{
+    let mut out: Vec<Option<O>> = (0..items.len()).map(|_| None).collect();
+    let mut set = tokio::task::JoinSet::new();
+    let mut pending = items.into_iter().enumerate();
+    loop {
+        while set.len() < n {
+            let Some((i, t)) = pending.next() else { break };
+            let fut = f(t);
+            set.spawn(async move { (i, fut.await) });
+        }
+        let Some(done) = set.join_next().await else { break };
+        if let Ok((i, o)) = done {
+            out[i] = Some(o);
+        }
+    }
+    out
+}

@@ -148,7 +148,7 @@ fn now_precisely() -> f64 {
 }
 
 fn now() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+    now_precisely() as u64
 }
 
 /// The outcome of one pass.

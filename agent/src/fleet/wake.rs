@@ -83,23 +83,20 @@ pub async fn wake(p: &Prometheus, hosts: &[(String, Target)]) -> Result<Woken, S
         .map_err(|e| format!("an HTTP client: {e}"))?;
     let asked = hosts.len();
     let mut answered = 0;
-    let mut set = tokio::task::JoinSet::new();
-    let mut pending = urls.into_iter();
-    loop {
-        while set.len() < AT_ONCE {
-            let Some((h, url)) = pending.next() else { break };
-            let c = client.clone();
-            set.spawn(async move {
-                let r = c.post(&url).send().await.map_err(|e| e.to_string());
-                let ok = r.and_then(|r| r.status().is_success().then_some(()).ok_or(format!("{url}: {}", r.status())));
-                (h, ok)
-            });
+    let outcomes = super::at_most(AT_ONCE, urls, |(h, url)| {
+        let c = client.clone();
+        async move {
+            let r = c.post(&url).send().await.map_err(|e| e.to_string());
+            let ok = r.and_then(|r| r.status().is_success().then_some(()).ok_or(format!("{url}: {}", r.status())));
+            (h, ok)
         }
-        let Some(done) = set.join_next().await else { break };
-        match done {
-            Ok((_, Ok(()))) => answered += 1,
-            Ok((h, Err(why))) => unreached.push(format!("{h}: {why}")),
-            Err(e) => unreached.push(format!("a wake-up: {e}")),
+    })
+    .await;
+    for o in outcomes {
+        match o {
+            Some((_, Ok(()))) => answered += 1,
+            Some((h, Err(why))) => unreached.push(format!("{h}: {why}")),
+            None => unreached.push("a wake-up: its task failed".into()),
         }
     }
     unreached.sort();

@@ -16,6 +16,8 @@ pub struct Prometheus {
     child: Option<Child>,
     port: u16,
     dir: PathBuf,
+    /// Flags besides the config, storage and address ones.
+    flags: Vec<String>,
 }
 
 /// `s` percent-encoded for a URL's query (every byte but the unreserved ones).
@@ -33,9 +35,16 @@ impl Prometheus {
     /// on a free loopback port with its storage in `dir/data`, and returns once it answers
     /// ready. A missing `prometheus` binary fails, naming the package: never a silent skip.
     pub fn start(dir: &Path, config: &str) -> Result<Prometheus> {
+        Prometheus::start_with(dir, config, &[])
+    }
+
+    /// [`Prometheus::start`] with more `flags` (e.g. `--query.lookback-delta=30s`), kept for
+    /// [`Prometheus::resume`].
+    pub fn start_with(dir: &Path, config: &str, flags: &[&str]) -> Result<Prometheus> {
         std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
         std::fs::write(dir.join("prometheus.yml"), config)?;
-        let mut p = Prometheus { child: None, port: free_port(), dir: dir.to_path_buf() };
+        let flags = flags.iter().map(|f| f.to_string()).collect();
+        let mut p = Prometheus { child: None, port: free_port(), dir: dir.to_path_buf(), flags };
         p.resume()?;
         Ok(p)
     }
@@ -65,6 +74,7 @@ impl Prometheus {
             .arg(format!("--config.file={}", self.dir.join("prometheus.yml").display()))
             .arg(format!("--storage.tsdb.path={}", self.dir.join("data").display()))
             .arg(format!("--web.listen-address=127.0.0.1:{}", self.port))
+            .args(&self.flags)
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()

@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, Result, bail, ensure};
 use specd::parts::daemon::{Metrics, SyncStatus, UnitFigures};
@@ -123,7 +123,7 @@ impl Host {
 }
 
 fn now() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs()
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs()
 }
 
 impl Run {
@@ -347,8 +347,10 @@ impl Sim {
         };
         let hosts = Arc::new(hosts);
         let port = serve(hosts.clone(), p.wake)?;
-        let prom =
-            specd_e2e::Prometheus::start(&dir.path().join("prometheus"), &prometheus_config(&hosts, port, p.scrape_s))?;
+        // Prometheus's lookback delta on the bench's clock: 5 minutes at a 15 s scrape.
+        let lookback = format!("--query.lookback-delta={}s", 20 * p.scrape_s);
+        let config = prometheus_config(&hosts, port, p.scrape_s);
+        let prom = specd_e2e::Prometheus::start_with(&dir.path().join("prometheus"), &config, &[&lookback])?;
         let mut sim = Sim {
             p,
             real,
@@ -366,6 +368,7 @@ impl Sim {
             t0: Instant::now(),
         };
         sim.wait_scraped()?;
+        sim.wait_lookback()?;
         sim.prom_cpu0 = sim.prom_figure("process_cpu_seconds_total");
         sim.t0 = Instant::now();
         sim.agents = Some(sim.spawn_agents()?);
@@ -379,6 +382,17 @@ impl Sim {
         specd_e2e::wait_until("every host scraped", Duration::from_secs(120), || {
             self.prom.query(&q).first().is_some_and(|(_, v)| *v == n)
         })
+    }
+
+    /// Until Prometheus has run for longer than its lookback delta, as a fleet's has: the
+    /// promoter then asks each figure as it is (compared with its target's last scrape in the
+    /// lookback delta after a start).
+    fn wait_lookback(&self) -> Result<()> {
+        let p = specd::parts::fleet::Prometheus::new(&self.prom.url(), None)?;
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        let until = rt.block_on(p.unmarked_until()).map_err(anyhow::Error::msg)?;
+        let now = || SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or_default();
+        specd_e2e::wait_until("Prometheus older than its lookback delta", Duration::from_secs(600), || now() > until)
     }
 
     fn spawn_agents(&self) -> Result<std::thread::JoinHandle<Result<()>>> {

@@ -1,5 +1,6 @@
-//! A small client of Prometheus's HTTP API: instant queries ([`Prometheus::query`]) and the
-//! active scrape targets ([`Prometheus::targets`]). Errors are sentences for the user, naming
+//! A small client of Prometheus's HTTP API: instant queries ([`Prometheus::query`]), the
+//! active scrape targets ([`Prometheus::targets`]) and how long a restart leaves vanished
+//! series visible ([`Prometheus::unmarked_until`]). Errors are sentences for the user, naming
 //! the URL.
 
 use std::collections::BTreeMap;
@@ -84,6 +85,31 @@ impl Prometheus {
         targets_of(&self.url, code, &body)
     }
 
+    /// Until when (unix seconds) an instant query may give a series that vanished while this
+    /// Prometheus was down: its start plus its lookback delta. Prometheus marks a series stale
+    /// when a scrape no longer has it, its scrape fails or its target goes, so an instant query
+    /// gives no vanished series; a restarted Prometheus cannot mark those that were gone before
+    /// its first scrape, and an instant query gives a series for the lookback delta after its
+    /// last sample, which is older than the start. From its runtime information and flags; an
+    /// error where its API has none (a server that answers only queries).
+    pub async fn unmarked_until(&self) -> Result<f64, String> {
+        let (info, flags) = tokio::join!(self.get("status/runtimeinfo", &[]), self.get("status/flags", &[]));
+        let data = |(code, body): (u16, String), what: &str| -> Result<Value, String> {
+            let v: Option<Value> = serde_json::from_str(&body).ok();
+            match v {
+                Some(v) if (200..300).contains(&code) && v["status"] == "success" => Ok(v["data"].clone()),
+                _ => Err(format!("Prometheus at {}: no {what} ({code})", self.url)),
+            }
+        };
+        let (info, flags) = (data(info?, "runtime information")?, data(flags?, "flags")?);
+        let started = info["startTime"].as_str().and_then(unix_of_rfc3339);
+        let lookback = flags["query.lookback-delta"].as_str().and_then(seconds_of_duration);
+        match (started, lookback) {
+            (Some(s), Some(l)) => Ok(s + l),
+            _ => Err(format!("Prometheus at {}: no start time or lookback delta", self.url)),
+        }
+    }
+
     /// `GET /api/v1/<what>?<params>` within the bound: the status code and the body.
     async fn get(&self, what: &str, params: &[(&str, String)]) -> Result<(u16, String), String> {
         let url = &self.url;
@@ -120,6 +146,62 @@ fn targets_of(url: &str, code: u16, body: &str) -> Result<BTreeMap<(String, Stri
         }
     }
     Ok(out)
+}
+
+/// Unix seconds of an RFC 3339 time as Go writes it (`2026-12-05T14:17:35.8178Z`, or with an
+/// offset such as `+01:00`).
+fn unix_of_rfc3339(s: &str) -> Option<f64> {
+    let (date, rest) = s.split_once('T')?;
+    let num = |t: &str| t.parse::<i64>().ok();
+    let mut d = date.splitn(3, '-');
+    let (y, m, day) = (num(d.next()?)?, num(d.next()?)?, num(d.next()?)?);
+    let (time, offset) = match rest.strip_suffix(['Z', 'z']) {
+        Some(t) => (t, 0),
+        None => {
+            let (t, zone) = rest.split_at(rest.rfind(['+', '-'])?);
+            let (hh, mm) = zone[1..].split_once(':')?;
+            let sign = if zone.starts_with('-') { -1 } else { 1 };
+            (t, sign * (num(hh)? * 3600 + num(mm)? * 60))
+        }
+    };
+    let mut t = time.splitn(3, ':');
+    let (hh, mi, ss) = (num(t.next()?)?, num(t.next()?)?, t.next()?.parse::<f64>().ok()?);
+    if !(1..=12).contains(&m) || !(1..=31).contains(&day) {
+        return None;
+    }
+    // Days from the civil date (the inverse of `specd_spec::utc`'s algorithm).
+    let y = if m <= 2 { y - 1 } else { y };
+    let (era, yoe) = (y.div_euclid(400), y.rem_euclid(400));
+    let doy = (153 * ((m + 9) % 12) + 2) / 5 + day - 1;
+    let days = era * 146_097 + yoe * 365 + yoe / 4 - yoe / 100 + doy - 719_468;
+    Some((days * 86_400 + hh * 3600 + mi * 60 - offset) as f64 + ss)
+}
+
+/// Seconds of a duration as Prometheus writes its flags (`5m`, `1h30m`, `90s`, `1d`, `500ms`).
+fn seconds_of_duration(s: &str) -> Option<f64> {
+    let mut total = 0.0;
+    let mut rest = s;
+    while !rest.is_empty() {
+        let n = rest.find(|c: char| !(c.is_ascii_digit() || c == '.'))?;
+        let value: f64 = rest[..n].parse().ok()?;
+        rest = &rest[n..];
+        let u = rest.find(|c: char| c.is_ascii_digit()).unwrap_or(rest.len());
+        let unit = match &rest[..u] {
+            "y" => 365.0 * 86_400.0,
+            "w" => 7.0 * 86_400.0,
+            "d" => 86_400.0,
+            "h" => 3600.0,
+            "m" => 60.0,
+            "s" => 1.0,
+            "ms" => 1e-3,
+            "us" | "µs" => 1e-6,
+            "ns" => 1e-9,
+            _ => return None,
+        };
+        total += value * unit;
+        rest = &rest[u..];
+    }
+    (!s.is_empty()).then_some(total)
 }
 
 /// What went wrong with a request, in the words a user knows.
@@ -225,6 +307,27 @@ mod tests {
         assert_eq!(got[&("specd".to_string(), "gpu-01".to_string())], "http://10.0.0.1:9101/metrics");
         assert!(targets_of(URL, 503, "").unwrap_err().contains("answered 503"));
         assert!(targets_of(URL, 200, "{}").unwrap_err().contains("no active targets"));
+    }
+
+    #[test]
+    fn prometheus_s_start_time_and_lookback_delta_are_read_as_it_writes_them() {
+        let t = unix_of_rfc3339("2026-12-02T10:18:00Z").unwrap();
+        assert_eq!(t, 1_796_206_680.0);
+        assert_eq!(specd_spec::utc(t as u64), (2026, 12, 2, 10, 18, 0));
+        assert_eq!(unix_of_rfc3339("2026-12-02T11:18:00.25+01:00").unwrap(), 1_796_206_680.25);
+        assert_eq!(unix_of_rfc3339("2026-12-02T05:48:00-04:30").unwrap(), 1_796_206_680.0);
+        assert_eq!(unix_of_rfc3339("2024-02-29T00:00:00Z").unwrap(), 1_709_164_800.0);
+        assert_eq!(unix_of_rfc3339("1970-01-01T00:00:00Z").unwrap(), 0.0);
+        for bad in ["", "2026-12-02", "2026-13-02T00:00:00Z", "2026-12-02T10:18Z", "yesterday"] {
+            assert_eq!(unix_of_rfc3339(bad), None, "{bad}");
+        }
+        assert_eq!(seconds_of_duration("5m"), Some(300.0));
+        assert_eq!(seconds_of_duration("1h30m15s"), Some(5415.0));
+        assert_eq!(seconds_of_duration("1d"), Some(86_400.0));
+        assert_eq!(seconds_of_duration("500ms"), Some(0.5));
+        for bad in ["", "5", "m", "5 minutes", "-5m"] {
+            assert_eq!(seconds_of_duration(bad), None, "{bad}");
+        }
     }
 
     #[test]

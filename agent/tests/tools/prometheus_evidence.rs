@@ -21,6 +21,8 @@ const REV1: &str = "1111111111111111111111111111111111111111";
 const REV2: &str = "2222222222222222222222222222222222222222";
 /// Long enough for Prometheus to start, scrape and answer on a busy machine.
 const WITHIN: Duration = Duration::from_secs(60);
+/// The test's Prometheus's lookback delta.
+const LOOKBACK_FLAG: &str = "--query.lookback-delta=30s";
 
 /// A host's agent as far as Prometheus sees it: an HTTP server answering every request with
 /// `status` and `text`, until stopped (then its port refuses connections).
@@ -280,8 +282,13 @@ fn the_evidence_is_what_prometheus_scraped_from_each_host_through_a_rollout() {
     let dir = tempfile::tempdir().unwrap();
     // A fourth target where no agent ever answered: a host, but which one is unknown.
     let nobody = specd_e2e::free_port();
-    let mut prom = specd_e2e::Prometheus::start(dir.path(), &scraping(&[a.port, b.port, c.port, nobody]))
-        .unwrap_or_else(|e| panic!("{e:#}"));
+    // A lookback delta of 30 s (5 minutes unless told): the evidence asked in the first 30 s
+    // after a start compares each series' time with its target's last scrape, later it takes
+    // the figures as they are.
+    let started = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs_f64();
+    let config = scraping(&[a.port, b.port, c.port, nobody]);
+    let mut prom =
+        specd_e2e::Prometheus::start_with(dir.path(), &config, &[LOOKBACK_FLAG]).unwrap_or_else(|e| panic!("{e:#}"));
     let url = prom.url();
     let p = Prometheus::new(&url, None).unwrap();
     let ask =
@@ -305,6 +312,12 @@ fn the_evidence_is_what_prometheus_scraped_from_each_host_through_a_rollout() {
     let unidentified = vec![format!("127.0.0.1:{nobody} (job specd)")];
     assert_eq!(ev, Evidence { hosts: before.clone(), unidentified, unavailable: None });
     assert_eq!(ev.hosts["a"].labels["ring"], "canary");
+
+    // Prometheus says until when a restart could leave a vanished series visible: from then on,
+    // the figures are asked as they are.
+    let until = rt.block_on(p.unmarked_until()).unwrap();
+    assert!(until > started + 29.9 && until < started + 30.0 + WITHIN.as_secs_f64(), "{until} {started}");
+    wait_until("Prometheus older than its lookback delta", WITHIN, || unix_now() as f64 > until).unwrap();
 
     // a and b take REV2 (a lower accept length) a second after that; the figures of a second
     // before are REV1's.
@@ -386,12 +399,12 @@ fn the_evidence_is_what_prometheus_scraped_from_each_host_through_a_rollout() {
     assert_eq!(ev.hosts["c"], c_down);
     assert_eq!(ev.hosts["a"].down, None);
 
-    // Asked as if two minutes later, the samples of a and b are stale.
-    let ev = ask(Some(&rec), unix_now() + 120, 60);
+    // Asked as if 20 s later (within the lookback delta), the samples of a and b are stale.
+    let ev = ask(Some(&rec), unix_now() + 20, 10);
     for h in ["a", "b"] {
         let why = ev.hosts[h].down.as_deref().unwrap_or_default();
         assert!(
-            why.starts_with("its last scrape is stale: 12") && why.ends_with("s old (more than 60 s)"),
+            why.starts_with("its last scrape is stale: 2") && why.ends_with("s old (more than 10 s)"),
             "{h}: {why}"
         );
     }
@@ -415,9 +428,12 @@ fn the_evidence_is_what_prometheus_scraped_from_each_host_through_a_rollout() {
     let scraped = prom
         .wait("a scraped since the restart", &a_up, WITHIN, |r| r.first().is_some_and(|(_, t)| *t > restarted))[0]
         .1;
-    // Asked at a whole second that has seen that scrape.
+    // Asked at a whole second that has seen that scrape, within the lookback delta of the
+    // restart: the series a left before it would still be given as they are.
     wait_until("a second past that scrape", WITHIN, || unix_now() as f64 > scraped).unwrap();
-    let ev = ask(Some(&rec), unix_now(), 60);
+    let now = unix_now();
+    assert!((now as f64) < rt.block_on(p.unmarked_until()).unwrap(), "asked within 30 s of the restart");
+    let ev = ask(Some(&rec), now, 60);
     assert_eq!(ev.hosts["a"].revision.as_deref(), Some(REV1), "{:#?}", ev.hosts["a"]);
     assert_eq!(ev.hosts["a"].units[UNIT].unit_hash.as_deref(), Some("h1"), "{:#?}", ev.hosts["a"]);
 

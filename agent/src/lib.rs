@@ -34,7 +34,7 @@ pub mod parts {
     }
     /// The promoter: its decision (pure), its evidence from Prometheus, its record's commits.
     pub mod fleet {
-        pub use crate::fleet::evidence::{Prometheus, Sample, gather};
+        pub use crate::fleet::evidence::{Prometheus, Sample, deaths_since, gather};
         pub use crate::fleet::promote::SOON;
         pub use crate::fleet::publish::{Pushed, Signing, commit_record, push_record};
         pub use crate::fleet::rollout::{

@@ -392,7 +392,8 @@ impl Sim {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
         let until = rt.block_on(p.unmarked_until()).map_err(anyhow::Error::msg)?;
         let now = || SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or_default();
-        specd_e2e::wait_until("Prometheus older than its lookback delta", Duration::from_secs(600), || now() > until)
+        let within = Duration::from_secs_f64((until - now()).max(0.0) + 60.0);
+        specd_e2e::wait_until("Prometheus older than its lookback delta", within, || now() > until)
     }
 
     fn spawn_agents(&self) -> Result<std::thread::JoinHandle<Result<()>>> {

@@ -98,6 +98,18 @@ fn remembered(metric: &str, silent: Option<&[Target]>) -> String {
     format!("last_over_time({metric}{select}[{hour}s]) unless on(job, instance) up == 1")
 }
 
+/// The questions about the figures of the targets that do not answer (`silent`), in the order
+/// of [`FIGURES`]: named in the question while they are few (it goes in a URL, which a proxy in
+/// front of Prometheus may refuse past 8 KB), else of every target that does not answer.
+fn remembered_questions(silent: &[Target], now: f64) -> Vec<(String, f64)> {
+    let named = (silent.len() <= SILENT_NAMED_AT_MOST).then_some(silent);
+    FIGURES.map(|(m, filter)| (filtered(remembered(m, named), filter), now)).to_vec()
+}
+
+/// The most targets [`remembered`] names (about 60 bytes each in the URL); past them it asks of
+/// every target that does not answer.
+const SILENT_NAMED_AT_MOST: usize = 64;
+
 /// `s` as a regular expression (RE2) that matches only it.
 fn regex_quoted(s: &str) -> String {
     s.chars().fold(String::new(), |mut out, c| {
@@ -111,7 +123,16 @@ fn regex_quoted(s: &str) -> String {
 
 /// `s` as a PromQL string literal.
 fn string_literal(s: &str) -> String {
-    format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""))
+    let escaped: String = s
+        .chars()
+        .map(|c| match c {
+            '\\' => "\\\\".to_string(),
+            '"' => "\\\"".to_string(),
+            c if c.is_control() => format!("\\u{:04x}", c as u32),
+            c => c.to_string(),
+        })
+        .collect();
+    format!("\"{escaped}\"")
 }
 
 /// The targets of the hosts Prometheus knows (`hosts`: the answer about `specd_host_info`)
@@ -125,11 +146,13 @@ fn not_answering(hosts: &[Sample], up: &[Sample]) -> Vec<Target> {
 /// The deaths of each unit in the last `range` seconds, by verdict, exactly: the counter now
 /// less the counter then. `increase` would extrapolate a death seen between two scrapes of a
 /// short window to 1.5, and miss one before the window's first sample; it is asked only for a
-/// counter that was reset in the window (its agent restarted) or born in it, rounded up. Only
-/// the counts above 0 are answered (a unit has a counter per verdict, each 0 but where it died),
-/// and the subtraction only of the counters above 0 now: at 1,000 hosts the question is of
-/// 7,000 counters, of which a few moved.
-fn deaths_since(range: u64) -> String {
+/// counter that was reset in the window (its agent restarted) or born in it, rounded up, and
+/// for one whose difference is 0 though it moved in the window (reset between the sample
+/// before it and the window's first: counted, not read as 0). Only the counts above 0 are
+/// answered (a unit has a counter per verdict, each 0 but where it died), and the subtraction
+/// only of the counters above 0 now: at 1,000 hosts the question is of 7,000 counters, of which
+/// a few moved.
+pub fn deaths_since(range: u64) -> String {
     let m = "specd_unit_deaths_total";
     format!(
         "(({m} > 0) - {m} offset {range}s > 0 unless on(job, instance, unit, verdict) resets({m}[{range}s]) > 0) \
@@ -279,14 +302,13 @@ fn since_questions(waves: &[InProgress], now: u64) -> Vec<(String, u64)> {
 }
 
 /// The figures of a host asked at `now`, in the order [`Now`] keeps them after the hosts, `up`
-/// and `timestamp(up)`; each with the filter that keeps the series [`fold`] reads (a hold, a
-/// quarantine and a serving state say something only where they are 1: of a unit's three
-/// holds, one at most).
+/// and `timestamp(up)`; each with the filter that keeps the series [`fold`] reads (a hold and
+/// a serving state say something only where they are 1: of a unit's three holds, one at most).
 const FIGURES: [(&str, &str); 13] = [
     ("specd_source_info", ""),
     ("specd_unit_info", ""),
     ("specd_unit_args_verified", ""),
-    ("specd_unit_quarantined", " == 1"),
+    ("specd_unit_quarantined", ""),
     ("specd_unit_accept_length", ""),
     ("specd_unit_accept_rate", ""),
     ("specd_unit_start_duration_seconds", ""),
@@ -333,8 +355,8 @@ async fn ask_all(p: &Prometheus, questions: Vec<(String, f64)>) -> Result<Vec<Ve
 async fn ask(p: &Prometheus, record: Option<&Record>, now: f64) -> Result<(Now, Since), String> {
     let waves = in_progress(record);
     let how = freshness(p.unmarked_until().await, now);
-    // The questions about the rollout first: the deaths' is the slowest (a counter per unit and
-    // verdict), and begun first it ends no later than the others.
+    // The questions about the rollout first: the deaths' are the slowest (a counter per unit and
+    // verdict), begun first they do not wait for a place behind the others.
     let mut questions: Vec<(String, f64)> =
         since_questions(&waves, now as u64).into_iter().map(|(e, t)| (e, t as f64)).collect();
     let about_since = questions.len();
@@ -343,8 +365,7 @@ async fn ask(p: &Prometheus, record: Option<&Record>, now: f64) -> Result<(Now, 
     let mut about_now = answered.split_off(about_since);
     let silent = not_answering(&about_now[0], &about_now[1]);
     if !silent.is_empty() {
-        let remember = |(m, filter): (&str, &str)| (filtered(remembered(m, Some(&silent)), filter), now);
-        let more = ask_all(p, FIGURES.map(remember).to_vec()).await?;
+        let more = ask_all(p, remembered_questions(&silent, now)).await?;
         for (a, m) in about_now[3..].iter_mut().zip(more) {
             a.extend(m);
         }
@@ -723,12 +744,11 @@ mod tests {
             r#"last_over_time(specd_unit_info{job=~"gpu\\\\s|specd", instance=~"10\\.0\\.0\\.1:9101|b\"x"}[3600s]) unless on(job, instance) up == 1"#
         );
         assert_eq!(regex_quoted("a.b|c*"), r"a\.b\|c\*");
-    }
-
-    #[test]
-    fn the_deaths_asked_are_those_above_zero() {
-        let q = deaths_since(60);
-        assert!(q.starts_with("((specd_unit_deaths_total > 0) - specd_unit_deaths_total offset 60s > 0 unless"), "{q}");
-        assert!(q.ends_with("or ceil(increase(specd_unit_deaths_total[60s]) > 0)"), "{q}");
+        assert_eq!(string_literal("a\nb\tc"), r#""a\u000ab\u0009c""#);
+        let targets = |n: usize| (0..n).map(|i| ("specd".to_string(), format!("h{i}"))).collect::<Vec<_>>();
+        let few = remembered_questions(&targets(SILENT_NAMED_AT_MOST), 1.0);
+        assert!(few.iter().all(|(q, _)| q.contains("instance=~")) && few.len() == FIGURES.len());
+        let many = remembered_questions(&targets(SILENT_NAMED_AT_MOST + 1), 1.0);
+        assert!(many.iter().all(|(q, _)| !q.contains("instance=~") && q.len() < 200), "{many:?}");
     }
 }

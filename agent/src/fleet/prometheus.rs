@@ -90,8 +90,11 @@ impl Prometheus {
     /// when a scrape no longer has it, its scrape fails or its target goes, so an instant query
     /// gives no vanished series; a restarted Prometheus cannot mark those that were gone before
     /// its first scrape, and an instant query gives a series for the lookback delta after its
-    /// last sample, which is older than the start. From its runtime information and flags; an
-    /// error where its API has none (a server that answers only queries).
+    /// last sample, which is older than the start. This holds of a Prometheus that scrapes the
+    /// agents itself: an error where it receives its samples by remote write (its start says
+    /// nothing of the scrapers') or its API has no runtime information or flags (a server that
+    /// only answers queries). A URL in front of several Prometheus servers (an HA pair behind a
+    /// load balancer) cannot be told from one: give the promoter one of them.
     pub async fn unmarked_until(&self) -> Result<f64, String> {
         let (info, flags) = tokio::join!(self.get("status/runtimeinfo", &[]), self.get("status/flags", &[]));
         let data = |(code, body): (u16, String), what: &str| -> Result<Value, String> {
@@ -102,6 +105,9 @@ impl Prometheus {
             }
         };
         let (info, flags) = (data(info?, "runtime information")?, data(flags?, "flags")?);
+        if receives_remote_writes(&flags) {
+            return Err(format!("Prometheus at {}: receives its samples by remote write", self.url));
+        }
         let started = info["startTime"].as_str().and_then(unix_of_rfc3339);
         let lookback = flags["query.lookback-delta"].as_str().and_then(seconds_of_duration);
         match (started, lookback) {
@@ -146,6 +152,13 @@ fn targets_of(url: &str, code: u16, body: &str) -> Result<BTreeMap<(String, Stri
         }
     }
     Ok(out)
+}
+
+/// Whether Prometheus's flags (`/api/v1/status/flags`) take samples by remote write (the flag of
+/// 2.33 on, or the feature flag before it).
+fn receives_remote_writes(flags: &Value) -> bool {
+    let flag = |k: &str| flags[k].as_str().unwrap_or_default().to_string();
+    flag("web.enable-remote-write-receiver") == "true" || flag("enable-feature").contains("remote-write-receiver")
 }
 
 /// Unix seconds of an RFC 3339 time as Go writes it (`2026-12-05T14:17:35.8178Z`, or with an
@@ -328,6 +341,15 @@ mod tests {
         for bad in ["", "5", "m", "5 minutes", "-5m"] {
             assert_eq!(seconds_of_duration(bad), None, "{bad}");
         }
+    }
+
+    #[test]
+    fn a_prometheus_that_receives_remote_writes_is_told_from_one_that_scrapes() {
+        let flags = |v: Value| receives_remote_writes(&v);
+        assert!(flags(serde_json::json!({"web.enable-remote-write-receiver": "true"})));
+        assert!(flags(serde_json::json!({"enable-feature": "exemplar-storage,remote-write-receiver"})));
+        assert!(!flags(serde_json::json!({"web.enable-remote-write-receiver": "false", "enable-feature": ""})));
+        assert!(!flags(serde_json::json!({})));
     }
 
     #[test]

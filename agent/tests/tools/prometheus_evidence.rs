@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use specd::parts::fleet::{Evidence, HostEvidence, Prometheus, Sample, Served, UnitEvidence, gather};
+use specd::parts::fleet::{Evidence, HostEvidence, Prometheus, Sample, Served, UnitEvidence, deaths_since, gather};
 use specd_e2e::{wait_for, wait_until};
 use specd_spec::fleet::{Promoted, Record, RolloutState, WaveRecord};
 
@@ -442,6 +442,52 @@ fn the_evidence_is_what_prometheus_scraped_from_each_host_through_a_rollout() {
     let ev = ask(Some(&rec), unix_now(), 60);
     let why = format!("Prometheus at {url}: unreachable (connection refused)");
     assert_eq!(ev, Evidence { unavailable: Some(why), ..Default::default() });
+}
+
+/// The deaths question as Prometheus's own engine answers it (`promtool test rules`, Debian's
+/// `prometheus` package), on counters scraped every 20 s, asked at 160 s about the last 50 s
+/// (the sample before the window is the one at 100 s).
+#[test]
+fn the_deaths_since_a_promotion_are_counted_by_prometheus_once_each_and_only_those() {
+    let m = "specd_unit_deaths_total";
+    let series = [
+        ("a", "0x5 1x3", "one death in the window: 1, not the 1.25 `increase` would say"),
+        ("b", "0x8", "none"),
+        ("c", "0 1x7", "one before the window: none"),
+        ("d", "2x6 0 0", "its agent restarted in the window, no death since: none"),
+        ("e", "3x5 1 2 3", "its agent restarted just before the window, deaths since: counted"),
+        ("f", "_x5 0 1 1", "a counter born in the window that moved: counted"),
+    ];
+    let mut input = String::new();
+    for (host, values, _) in &series {
+        let labels = format!("{{job=\"specd\",instance=\"{host}\",unit=\"u\",verdict=\"crash\"}}");
+        input.push_str(&format!("      - series: '{m}{labels}'\n        values: '{values}'\n"));
+    }
+    let expected = [("a", 1), ("e", 3), ("f", 1)].map(|(host, v)| {
+        format!("          - labels: '{{job=\"specd\",instance=\"{host}\",unit=\"u\",verdict=\"crash\"}}'\n            value: {v}\n")
+    });
+    let test = format!(
+        "evaluation_interval: 20s\ntests:\n  - interval: 20s\n    input_series:\n{input}    promql_expr_test:\n      \
+         - expr: '{}'\n        eval_time: 160s\n        exp_samples:\n{}",
+        deaths_since(50),
+        expected.concat()
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("deaths.yml");
+    std::fs::write(&file, &test).unwrap();
+    let out = std::process::Command::new("promtool")
+        .args(["test", "rules"])
+        .arg(&file)
+        .output()
+        .expect("run promtool: install Debian's prometheus package (scripts/install-deps)");
+    let why: Vec<String> = series.iter().map(|(h, v, what)| format!("{h} ({v}): {what}")).collect();
+    assert!(
+        out.status.success(),
+        "{}{}\n{test}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        why.join("\n")
+    );
 }
 
 #[test]

@@ -97,13 +97,7 @@ impl Prometheus {
     /// load balancer) cannot be told from one: give the promoter one of them.
     pub async fn unmarked_until(&self) -> Result<f64, String> {
         let (info, flags) = tokio::join!(self.get("status/runtimeinfo", &[]), self.get("status/flags", &[]));
-        let data = |(code, body): (u16, String), what: &str| -> Result<Value, String> {
-            let v: Option<Value> = serde_json::from_str(&body).ok();
-            match v {
-                Some(v) if (200..300).contains(&code) && v["status"] == "success" => Ok(v["data"].clone()),
-                _ => Err(format!("Prometheus at {}: no {what} ({code})", self.url)),
-            }
-        };
+        let data = |(code, body): (u16, String), what: &str| data_of(&self.url, what, code, &body);
         let (info, flags) = (data(info?, "runtime information")?, data(flags?, "flags")?);
         if receives_remote_writes(&flags) {
             return Err(format!("Prometheus at {}: receives its samples by remote write", self.url));
@@ -138,12 +132,8 @@ impl Prometheus {
 
 /// The scrape URLs of an answer of `/api/v1/targets`, by `job` and `instance`.
 fn targets_of(url: &str, code: u16, body: &str) -> Result<BTreeMap<(String, String), String>, String> {
-    if !(200..300).contains(&code) {
-        return Err(format!("Prometheus at {url} answered {code} when asked for its targets"));
-    }
-    let v: Value = serde_json::from_str(body).map_err(|_| format!("Prometheus at {url}: its targets are not JSON"))?;
-    let active =
-        v["data"]["activeTargets"].as_array().ok_or_else(|| format!("Prometheus at {url}: no active targets"))?;
+    let data = data_of(url, "targets", code, body)?;
+    let active = data["activeTargets"].as_array().ok_or_else(|| format!("Prometheus at {url}: no active targets"))?;
     let mut out = BTreeMap::new();
     for t in active {
         let get = |k: &str| t["labels"][k].as_str().map(str::to_string);
@@ -152,6 +142,17 @@ fn targets_of(url: &str, code: u16, body: &str) -> Result<BTreeMap<(String, Stri
         }
     }
     Ok(out)
+}
+
+/// The `data` of an answer of the API (HTTP status `code`, `body`) when asked for `what`, or
+/// why there is none.
+fn data_of(url: &str, what: &str, code: u16, body: &str) -> Result<Value, String> {
+    if !(200..300).contains(&code) {
+        return Err(format!("Prometheus at {url} answered {code} when asked for its {what}"));
+    }
+    let mut v: Value =
+        serde_json::from_str(body).map_err(|_| format!("Prometheus at {url}: its {what} are not JSON"))?;
+    Ok(v["data"].take())
 }
 
 /// Whether Prometheus's flags (`/api/v1/status/flags`) take samples by remote write (the flag of

@@ -379,22 +379,21 @@ pub enum After {
     Down(String),
     /// Nothing changed on the host: as the reconcile observed it ([`observed`]).
     Observed,
-    /// As it is (an apply interrupted after its start stays `drain` until the next run verifies).
+    /// As it is when it is `drain` (an apply interrupted after its start stays `drain` until the
+    /// next run verifies); else as observed.
     #[default]
     Keep,
 }
 
 /// The serving state of a unit as observed (`now`: unix seconds): ready only when its server is
-/// ready and runs `verified_argv` (the ExecStart of a unit that passed verification, when the
-/// deployed unit is one) from the unit file systemd loaded.
+/// ready and its process runs `verified_argv` (the ExecStart of a unit that passed
+/// verification, when the deployed unit is one), whatever was written since systemd loaded it.
 pub fn observed(o: &Observed, verified_argv: Option<&[String]>, now: u64) -> ServingState {
     let runs = |argv: &[String]| o.main_cmdline.as_ref().is_some_and(|c| runs_argv(c, argv));
     let why = if !o.active_state.is_up() || o.main_pid == 0 {
         "its service is not running".to_string()
     } else if o.ready != Some(true) {
         "its server is not ready".to_string()
-    } else if o.need_daemon_reload {
-        "its unit file changed since systemd loaded it".to_string()
     } else {
         match verified_argv {
             Some(argv) if runs(argv) => return ServingState::Ready { since: now },
@@ -405,13 +404,22 @@ pub fn observed(o: &Observed, verified_argv: Option<&[String]>, now: u64) -> Ser
     ServingState::Down { why, since: now }
 }
 
-/// The state `after` says, for a unit observed as `o` (see [`observed`]); `None`: left as it is.
-pub fn resolve(after: &After, o: &Observed, verified_argv: Option<&[String]>, now: u64) -> Option<ServingState> {
+/// The state `after` says, for a unit observed as `o` (see [`observed`]) and `told` what it was
+/// told last; `None`: left as it is. Kept is only a `drain` (an apply or a restore that stopped
+/// the old instance and has not verified the new one): anything else kept would outlive what
+/// it said, a `ready` a crash, a hang or a restart by systemd since.
+pub fn resolve(
+    after: &After,
+    told: Option<&ServingState>,
+    o: &Observed,
+    verified_argv: Option<&[String]>,
+    now: u64,
+) -> Option<ServingState> {
     match after {
         After::Ready => Some(ServingState::Ready { since: now }),
         After::Down(why) => Some(ServingState::Down { why: why.clone(), since: now }),
-        After::Observed => Some(observed(o, verified_argv, now)),
-        After::Keep => None,
+        After::Keep if told.is_some_and(|t| t.word() == Word::Drain) => None,
+        After::Observed | After::Keep => Some(observed(o, verified_argv, now)),
     }
 }
 

@@ -23,6 +23,7 @@ use crate::core::serving::{CheckKind, PollLog, ServingState, Word};
 use crate::core::speculation::Speculation;
 use crate::core::unit_state::{ActiveState, LoadState, UnitFileState};
 use crate::machine::cgroup::Lingering;
+use crate::machine::nft::NothingApplied;
 use crate::machine::probe::Health;
 use crate::machine::systemd::UnitProps;
 
@@ -138,6 +139,8 @@ struct World {
     no_nft: bool,
     /// `nft` can close a port and no longer open it.
     cannot_open: bool,
+    /// `nft` is there and refuses every script (a sandbox without CAP_NET_ADMIN).
+    nft_denied: bool,
     /// Starts made while the unit's port refused new connections (nothing could reach them).
     started_behind_rule: usize,
     /// What `nvidia-smi` answers, in turn (the last one again and again); empty: no NVIDIA device.
@@ -414,6 +417,26 @@ impl FakeHost {
     /// The host has no `nft`: closing or opening a port fails.
     pub fn without_nft(&self) {
         self.w().no_nft = true;
+    }
+
+    /// `nft` refuses every script, to close a port as to open it: "Operation not permitted".
+    pub fn nft_denied(&self) {
+        self.w().nft_denied = true;
+    }
+
+    /// The serving instance is killed at rest (systemd does not start it again).
+    pub fn dies(&self) {
+        Self::kill_main(&mut self.w());
+        self.changes.send_modify(|n| *n += 1);
+    }
+
+    /// The serving instance stops answering ready (hung, or loading again): 503 from now on.
+    pub fn not_ready(&self) {
+        let mut w = self.w();
+        let main = w.unit.main_pid;
+        if let Some(p) = w.procs.get_mut(&main) {
+            p.ready_at = Instant::now() + Duration::from_secs(365 * 86_400);
+        }
     }
 
     /// From now on (until [`FakeHost::heal`]), a rule once added cannot be removed.
@@ -1223,6 +1246,10 @@ impl LoadBalancers for FakeHost {
     }
 }
 
+/// What `nft` says in a sandbox without CAP_NET_ADMIN.
+const DENIED: &str =
+    "nft failed (exit status: 1): netlink: Error: cache initialization failed: Operation not permitted";
+
 /// specd's nftables rule, in memory: one port refused at most (the one unit's).
 impl Firewall for FakeHost {
     async fn refuse_new(&self, unit: &str, port: u16) -> Result<()> {
@@ -1232,6 +1259,9 @@ impl Firewall for FakeHost {
         }
         if self.w().no_nft {
             bail!("running nft (the nftables package): No such file or directory (os error 2)");
+        }
+        if self.w().nft_denied {
+            return Err(NothingApplied(DENIED.into()).into());
         }
         self.w().refused = Some(port);
         Ok(())
@@ -1244,6 +1274,9 @@ impl Firewall for FakeHost {
         }
         if self.w().cannot_open {
             bail!("nft failed (exit status: 1): Error: Could not process rule: Device or resource busy");
+        }
+        if self.w().nft_denied {
+            return Err(NothingApplied(DENIED.into()).into());
         }
         // As the real one: without `nft`, no rule of specd's is there to remove.
         self.w().refused = None;

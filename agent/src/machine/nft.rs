@@ -16,6 +16,18 @@ pub fn missing(e: &anyhow::Error) -> bool {
     e.chain().any(|c| c.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::NotFound))
 }
 
+/// `nft` did not run, or ran and refused the script (a syntax error, no permission: a sandbox
+/// without CAP_NET_ADMIN): nothing of it was applied. Told from a run that timed out or broke
+/// off, which may have been.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct NothingApplied(pub String);
+
+/// Whether `e` says that nothing of the script was applied ([`NothingApplied`], or no `nft`).
+pub fn nothing_applied(e: &anyhow::Error) -> bool {
+    missing(e) || e.chain().any(|c| c.is::<NothingApplied>())
+}
+
 /// Give `script` to `nft -f -`; its own words when it fails.
 pub async fn apply(script: &str) -> Result<()> {
     let run = async {
@@ -34,7 +46,7 @@ pub async fn apply(script: &str) -> Result<()> {
         if !o.status.success() {
             let said = String::from_utf8_lossy(&o.stderr);
             let first = said.lines().find(|l| !l.trim().is_empty()).unwrap_or_default();
-            bail!("nft failed ({}): {}", o.status, first.trim());
+            return Err(NothingApplied(format!("nft failed ({}): {}", o.status, first.trim())).into());
         }
         Ok(())
     };
@@ -59,5 +71,21 @@ mod tests {
         assert!(!missing(&failed));
         let denied: anyhow::Error = std::io::Error::from(std::io::ErrorKind::PermissionDenied).into();
         assert!(!missing(&denied.context("running nft")));
+    }
+
+    /// A script nft refused (exit status 1: no permission, a syntax error) or no nft at all left
+    /// nothing applied; one it did not finish in time may have been.
+    #[tokio::test]
+    async fn a_script_nft_refused_is_told_from_one_that_may_have_been_applied() {
+        let refused = super::apply("this is not an nft script\n").await.unwrap_err();
+        assert!(super::nothing_applied(&refused), "{refused:#}");
+        // Without the nftables package, as `missing` (above).
+        if !missing(&refused) {
+            assert!(format!("{refused:#}").starts_with("nft failed (exit status: 1): "), "{refused:#}");
+        }
+        let spawn = std::process::Command::new("/nonexistent/nft").spawn().map(|_| ());
+        assert!(super::nothing_applied(&spawn.context("running nft").unwrap_err()));
+        let late = anyhow::anyhow!("nft did not answer within 5 s");
+        assert!(!super::nothing_applied(&late));
     }
 }

@@ -69,8 +69,11 @@ pub(super) fn tell<H: Host>(
 ) -> anyhow::Result<()> {
     let unit = &d.spec.unit;
     let argv = verified_argv(d, st, o);
-    let Some(state) = serving::resolve(after, o, argv.as_deref(), ctx.host.now()) else { return Ok(()) };
-    if ctx.host.serving_state(unit).is_some_and(|s| s.same(&state)) {
+    let told = ctx.host.serving_state(unit);
+    let Some(state) = serving::resolve(after, told.as_ref(), o, argv.as_deref(), ctx.host.now()) else {
+        return Ok(());
+    };
+    if told.is_some_and(|s| s.same(&state)) {
         return Ok(());
     }
     ctx.host.set_serving_state(unit, &state)

@@ -45,8 +45,14 @@ impl<H: Host> Run<'_, H> {
                 emit(Event::Warning(format!(
                     "could not refuse new connections to port {port} ({e:#}); draining as without service.drain_refuse_new"
                 )));
-                // One transaction, all or nothing; one that timed out may have been applied.
-                self.open_door(st).await;
+                // One transaction, all or nothing: refused, nothing of it is there; one that
+                // timed out may have been applied, and is removed.
+                if crate::machine::nft::nothing_applied(&e) {
+                    st.refusing = None;
+                    let _ = ctx.store.save(st);
+                } else {
+                    self.open_door(st).await;
+                }
             }
         }
     }

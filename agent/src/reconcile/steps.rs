@@ -567,6 +567,14 @@ impl<H: Host> Run<'_, H> {
         let emit = |e: Event| (ctx.events)(unit, &e);
         // Not over GPU memory still held: that start would fail, and be taken for the spec's.
         wait_gpus_free(ctx, unit, self.t).await.map_err(|m| StepFailure::host(step, m))?;
+        // A server that died is not left told ready while it starts again (a stop told drain).
+        if ctx.host.serving_state(unit).is_some_and(|s| s.word() == crate::core::serving::Word::Ready) {
+            let down = crate::core::serving::ServingState::Down {
+                why: format!("specd is starting it (unit {})", short(&self.t.sha256)),
+                since: ctx.host.now(),
+            };
+            ctx.host.set_serving_state(unit, &down).map_err(|e| StepFailure::host(step, format!("{e:#}")))?;
+        }
         emit(Event::Phase(format!("starting {unit}")));
         self.start_called_us = ctx.host.monotonic_us();
         let r = ctx.host.start(unit).await;

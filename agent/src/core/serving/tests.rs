@@ -191,7 +191,7 @@ fn running(ready: bool) -> Observed {
 }
 
 #[test]
-fn observed_ready_only_when_its_ready_server_runs_a_verified_unit_systemd_loaded() {
+fn observed_ready_only_when_its_ready_server_runs_a_verified_unit() {
     let argv: Vec<String> = vec!["/opt/srv".into(), "--port".into(), "8000".into()];
     let other: Vec<String> = vec!["/opt/srv".into(), "--port".into(), "9000".into()];
     assert_eq!(observed(&running(true), Some(&argv), 5), ServingState::Ready { since: 5 });
@@ -202,18 +202,28 @@ fn observed_ready_only_when_its_ready_server_runs_a_verified_unit_systemd_loaded
         Some("its process does not run the verified unit's command line")
     );
     assert_eq!(down(&running(false), Some(&argv)).as_deref(), Some("its server is not ready"));
+    // A unit file written since systemd loaded it changes nothing of what the process runs.
     let reload = Observed { need_daemon_reload: true, ..running(true) };
-    assert_eq!(down(&reload, Some(&argv)).as_deref(), Some("its unit file changed since systemd loaded it"));
+    assert_eq!(observed(&reload, Some(&argv), 5), ServingState::Ready { since: 5 });
     let stopped = Observed { active_state: ActiveState::Inactive, main_pid: 0, ..running(false) };
     assert_eq!(down(&stopped, Some(&argv)).as_deref(), Some("its service is not running"));
     // What a reconcile's conclusion says, resolved.
-    assert_eq!(resolve(&After::Keep, &running(true), Some(&argv), 5), None);
-    assert_eq!(resolve(&After::Ready, &stopped, None, 5), Some(ServingState::Ready { since: 5 }));
+    let ready = ServingState::Ready { since: 1 };
+    assert_eq!(resolve(&After::Keep, Some(&drain()), &running(false), Some(&argv), 5), None);
+    // Kept, a `ready` would outlive what it said: as observed.
+    for told in [Some(&ready), None] {
+        let down = ServingState::Down { why: "its server is not ready".into(), since: 5 };
+        assert_eq!(resolve(&After::Keep, told, &running(false), Some(&argv), 5), Some(down));
+    }
+    assert_eq!(resolve(&After::Ready, None, &stopped, None, 5), Some(ServingState::Ready { since: 5 }));
     assert_eq!(
-        resolve(&After::Down("x".into()), &running(true), Some(&argv), 5),
+        resolve(&After::Down("x".into()), Some(&ready), &running(true), Some(&argv), 5),
         Some(ServingState::Down { why: "x".into(), since: 5 })
     );
-    assert_eq!(resolve(&After::Observed, &running(true), Some(&argv), 5), Some(ServingState::Ready { since: 5 }));
+    assert_eq!(
+        resolve(&After::Observed, Some(&drain()), &running(true), Some(&argv), 5),
+        Some(ServingState::Ready { since: 5 })
+    );
 }
 
 /// What a one-shot command waits for at its end: each load balancer still polling that was last

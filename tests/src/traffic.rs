@@ -87,8 +87,10 @@ impl Api {
 /// What the clients send, and where.
 #[derive(Clone, Debug)]
 pub struct Load {
-    /// 127.0.0.1:`port` (HAProxy's frontend, or a server).
+    /// `addr`:`port` (HAProxy's frontend, or a server).
     pub port: u16,
+    /// 127.0.0.1 unless set (`::1`: the clients of a server listening on IPv6).
+    pub addr: std::net::IpAddr,
     pub api: Api,
     /// Streamed (the default), or whole answers (`"stream": false`: complete when the answer
     /// is the final one).
@@ -113,6 +115,7 @@ impl Load {
     pub fn new(port: u16, api: Api) -> Load {
         Load {
             port,
+            addr: std::net::IpAddr::from([127, 0, 0, 1]),
             api,
             stream: true,
             clients: 4,
@@ -421,7 +424,7 @@ fn io_failure(e: std::io::Error) -> Failure {
 }
 
 fn exchange(load: &Load, first: &mut dyn FnMut(), chunks: &mut u64) -> Result<(), Failure> {
-    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], load.port));
+    let addr = std::net::SocketAddr::new(load.addr, load.port);
     let s = TcpStream::connect_timeout(&addr, load.timeout).map_err(|e| match e.kind() {
         std::io::ErrorKind::ConnectionRefused => Failure::Refused,
         _ => Failure::Connect(e.to_string()),
@@ -430,9 +433,8 @@ fn exchange(load: &Load, first: &mut dyn FnMut(), chunks: &mut u64) -> Result<()
     let _ = s.set_nodelay(true);
     let body = load.api.body(&load.prompt, load.max_tokens, load.model.as_deref(), load.stream);
     let req = format!(
-        "POST {} HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+        "POST {} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
         load.api.path(),
-        load.port,
         body.len()
     );
     (&s).write_all(req.as_bytes()).map_err(io_failure)?;

@@ -10,10 +10,10 @@ use crate::core::serving::Told;
 /// specd's own table: nothing else of the host's rules is touched.
 pub const TABLE: &str = "inet specd";
 
-/// The address specd reads a server's requests in flight from (`127.83.80.68`, one of the
-/// loopback's; any of the host's IPv4 addresses can be reached from it): its new connections
-/// are let through a closed port. Over IPv6, connections from `::1` are (the host's own).
-pub const PROBE_FROM: [u8; 4] = [127, 83, 80, 68];
+/// The mark (SO_MARK, "spcd") of the connections specd reads a draining server's requests in
+/// flight over: they are let through a closed port, over IPv4 and IPv6 alike; every other new
+/// connection, the host's own included, is refused.
+pub const PROBE_MARK: u32 = 0x7370_6364;
 
 /// The unit's chain: its name with every byte but a letter, a digit and `.` written `_xx` (an
 /// nftables name, one per unit: no two units share one), prefixed `drain_`; a name longer than
@@ -40,19 +40,17 @@ pub fn chain(unit: &str) -> String {
 const MAX_CHAIN: usize = 200;
 
 /// The script that closes the unit's door on `port`: its chain (a filter on input, before the
-/// host's own filters) holding the rules that reset new connections to the port, over IPv4 but
-/// from [`PROBE_FROM`] and over IPv6 but from `::1`.
+/// host's own filters) holding the rule that resets new connections to the port, over IPv4 and
+/// IPv6, but those marked [`PROBE_MARK`].
 pub fn close_script(unit: &str, port: u16) -> String {
     let c = chain(unit);
-    let [a, b, d, e] = PROBE_FROM;
     // A comment is one quoted string: the unit's name without quotes or control characters.
     let who: String = unit.chars().filter(|ch| *ch != '"' && *ch != '\\' && !ch.is_control()).collect();
     format!(
         "add table {TABLE}\n\
          add chain {TABLE} {c} {{ type filter hook input priority filter - 10 ; policy accept ; }}\n\
          flush chain {TABLE} {c}\n\
-         add rule {TABLE} {c} tcp dport {port} ct state new ip saddr != {a}.{b}.{d}.{e} counter reject with tcp reset comment \"specd: {who} is draining\"\n\
-         add rule {TABLE} {c} tcp dport {port} ct state new ip6 saddr != ::1 counter reject with tcp reset comment \"specd: {who} is draining\"\n"
+         add rule {TABLE} {c} tcp dport {port} ct state new meta mark != {PROBE_MARK:#x} counter reject with tcp reset comment \"specd: {who} is draining\"\n"
     )
 }
 
@@ -150,8 +148,7 @@ mod tests {
             "add table inet specd\n\
              add chain inet specd drain_llm_2da.service { type filter hook input priority filter - 10 ; policy accept ; }\n\
              flush chain inet specd drain_llm_2da.service\n\
-             add rule inet specd drain_llm_2da.service tcp dport 30000 ct state new ip saddr != 127.83.80.68 counter reject with tcp reset comment \"specd: llm-a.service is draining\"\n\
-             add rule inet specd drain_llm_2da.service tcp dport 30000 ct state new ip6 saddr != ::1 counter reject with tcp reset comment \"specd: llm-a.service is draining\"\n"
+             add rule inet specd drain_llm_2da.service tcp dport 30000 ct state new meta mark != 0x73706364 counter reject with tcp reset comment \"specd: llm-a.service is draining\"\n"
         );
         assert_eq!(
             open_script("llm-a.service"),

@@ -24,9 +24,7 @@ pub enum Health {
 #[derive(Clone)]
 pub struct Probe {
     client: reqwest::Client,
-    /// The same, connecting from `core::door::PROBE_FROM`: a port closed to new connections
-    /// for a drain still lets specd read its requests in flight.
-    counting: reqwest::Client,
+    timeout: Duration,
 }
 
 impl Default for Probe {
@@ -37,14 +35,11 @@ impl Default for Probe {
 
 impl Probe {
     pub fn new(timeout: Duration) -> Probe {
-        let client = Probe::client(timeout, None);
-        let from = std::net::IpAddr::V4(crate::core::door::PROBE_FROM.into());
-        Probe { client, counting: Probe::client(timeout, Some(from)) }
+        Probe { client: Probe::client(timeout), timeout }
     }
 
-    fn client(timeout: Duration, from: Option<std::net::IpAddr>) -> reqwest::Client {
+    fn client(timeout: Duration) -> reqwest::Client {
         reqwest::Client::builder()
-            .local_address(from)
             .timeout(timeout)
             .connect_timeout(Duration::from_millis(500).min(timeout))
             .no_proxy()
@@ -157,22 +152,59 @@ impl Probe {
         Ok(body)
     }
 
-    /// Requests in flight, from the engine's Prometheus metrics, when it exposes them.
+    /// Requests in flight, from the engine's Prometheus metrics, when it exposes them. Asked
+    /// over a connection that carries specd's mark (`core::door::PROBE_MARK`): a port closed to
+    /// new connections for a drain still lets specd read them, over IPv4 and IPv6 alike.
     pub async fn running_requests(&self, base_url: &str, engine: Engine) -> Option<u64> {
         let facts = specd_spec::engine_facts(engine);
-        // A server on an IPv4 address is asked from the address a closed port lets through.
-        let v4 = base_url
-            .split("://")
-            .nth(1)
-            .and_then(|r| r.split(['/', ':']).next())
-            .is_some_and(|h| h.parse::<std::net::Ipv4Addr>().is_ok());
-        let client = if v4 { &self.counting } else { &self.client };
-        let r = client.get(format!("{base_url}{}", facts.metrics_path)).send().await.ok()?;
-        if !r.status().is_success() {
+        let get = marked_get(base_url, facts.metrics_path);
+        let (status, body) = tokio::time::timeout(self.timeout, get).await.ok()?.ok()?;
+        if !(200..300).contains(&status) {
             return None;
         }
-        speculation::metric_sum(&r.text().await.ok()?, facts.running_requests_metric)
+        speculation::metric_sum(&body, facts.running_requests_metric)
     }
+}
+
+/// `GET path` of the server at `base_url` (`http://host:port`), its status and body, over a
+/// connection marked `PROBE_MARK` (SO_MARK needs CAP_NET_ADMIN, as nftables does: without it,
+/// the connection goes unmarked, and no rule of specd's can be there to refuse it).
+async fn marked_get(base_url: &str, path: &str) -> anyhow::Result<(u16, String)> {
+    use anyhow::Context;
+    use hyper::body::Body;
+    let authority = base_url.split_once("://").map_or(base_url, |(_, r)| r).split('/').next().unwrap_or_default();
+    let addrs: Vec<std::net::SocketAddr> = tokio::net::lookup_host(authority).await?.collect();
+    let mut last = anyhow::anyhow!("{authority}: no address");
+    for addr in addrs {
+        let socket = if addr.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
+        let _ = nix::sys::socket::setsockopt(&socket, nix::sys::socket::sockopt::Mark, &crate::core::door::PROBE_MARK);
+        let stream = match socket.connect(addr).await {
+            Ok(s) => s,
+            Err(e) => {
+                last = anyhow::Error::new(e).context(format!("connecting to {addr}"));
+                continue;
+            }
+        };
+        let (mut tx, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
+        let driver = tokio::spawn(conn);
+        let req = hyper::Request::get(path).header(hyper::header::HOST, authority).body(String::new())?;
+        let read = async {
+            let resp = tx.send_request(req).await?;
+            let status = resp.status().as_u16();
+            let mut body = resp.into_body();
+            let mut bytes = Vec::new();
+            while let Some(frame) = std::future::poll_fn(|cx| std::pin::Pin::new(&mut body).poll_frame(cx)).await {
+                if let Ok(data) = frame?.into_data() {
+                    bytes.extend_from_slice(&data);
+                }
+            }
+            anyhow::Ok((status, String::from_utf8_lossy(&bytes).into_owned()))
+        };
+        let r = read.await.with_context(|| format!("GET {base_url}{path}"));
+        driver.abort();
+        return r;
+    }
+    Err(last)
 }
 
 /// An error with its causes ("error sending request: connection closed before message completed").
@@ -281,6 +313,45 @@ mod tests {
         // Nothing listens any more: the port is closed.
         server.await.unwrap();
         assert!(matches!(p.health(&url).await, Health::Loading(w) if w.ends_with("port not open yet")));
+    }
+
+    /// The requests in flight are read over IPv4 and IPv6, from a whole or a chunked body, on a
+    /// host name too; a server that does not answer or answers 503 gives none, within the
+    /// probe's timeout.
+    #[tokio::test]
+    async fn requests_in_flight_are_read_whole_or_chunked_over_either_family() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        async fn serving(at: &str, reply: &'static str) -> String {
+            let l = tokio::net::TcpListener::bind(at).await.unwrap();
+            let base = format!("http://{}", l.local_addr().unwrap());
+            tokio::spawn(async move {
+                while let Ok((mut c, _)) = l.accept().await {
+                    let mut buf = [0u8; 1024];
+                    let _ = c.read(&mut buf).await;
+                    if !reply.is_empty() {
+                        let _ = c.write_all(reply.as_bytes()).await;
+                    } else {
+                        std::future::pending::<()>().await;
+                    }
+                }
+            });
+            base
+        }
+        let whole = "HTTP/1.1 200 OK\r\ncontent-length: 42\r\n\r\nsglang:num_running_reqs{model_name=\"a\"} 3\n";
+        let chunked = "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n18\r\nsglang:num_running_reqs \r\n2\r\n5\n\r\n0\r\n\r\n";
+        let p = Probe::new(Duration::from_secs(2));
+        let v4 = serving("127.0.0.1:0", whole).await;
+        assert_eq!(p.running_requests(&v4, Engine::Sglang).await, Some(3));
+        let named = v4.replace("127.0.0.1", "localhost");
+        assert_eq!(p.running_requests(&named, Engine::Sglang).await, Some(3));
+        let v6 = serving("[::1]:0", chunked).await;
+        assert_eq!(p.running_requests(&v6, Engine::Sglang).await, Some(5));
+        let unavailable = serving("127.0.0.1:0", "HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\n\r\n").await;
+        assert_eq!(p.running_requests(&unavailable, Engine::Sglang).await, None);
+        let silent = serving("127.0.0.1:0", "").await;
+        let t0 = std::time::Instant::now();
+        assert_eq!(Probe::new(Duration::from_millis(300)).running_requests(&silent, Engine::Sglang).await, None);
+        assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
     }
 
     #[test]

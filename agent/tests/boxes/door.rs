@@ -103,6 +103,84 @@ fn a_unit_fed_by_clients_with_no_load_balancer_drains_without_sigkill_only_when_
     e.b.shutdown().unwrap();
 }
 
+/// A server listening on every address of both families (`host: "::"`), which specd reaches at
+/// `[::1]`: its clients over IPv6 from the host itself (`::1`, where `localhost` leads first)
+/// are refused during the drain as those over IPv4 are, while specd still reads its requests in
+/// flight, and the stop ends without SIGKILL.
+#[test]
+fn a_server_on_both_families_refuses_new_connections_over_ipv6_from_the_host_itself_too() {
+    let e = Env::with_private_network();
+    let port = free_port();
+    let dual = |steps| spec(&e, port, steps, true).replace("host: 127.0.0.1", "host: '::'");
+    apply(&e, "a3.yaml", &dual(3));
+    let over_v6 = Traffic::start(Load { addr: std::net::Ipv6Addr::LOCALHOST.into(), ..load(&e, port, 50) });
+    let over_v4 = Traffic::start(Load { clients: 4, ..load(&e, port, 50) });
+    over_v6.wait_successes(40, T).unwrap();
+    over_v4.wait_successes(10, T).unwrap();
+
+    let out = apply(&e, "a4.yaml", &dual(4));
+    for line in [
+        format!("no load balancer polls this unit; new connections to port {port} are refused until it has stopped"),
+        "drained: no request in flight".to_string(),
+        format!("new connections to port {port} accepted again"),
+    ] {
+        assert!(out.contains(&line), "{line}\n{out}");
+    }
+    assert!(!out.contains("after the drain budget"), "{out}");
+    let a = last_apply(&e);
+    assert_eq!(a["outcome"], "applied", "{a}");
+    assert!(a["stop_verdict"].is_null(), "stopped by SIGKILL: {a}\n{out}");
+    assert!(!ruleset(&e).contains("drain_"), "{}", ruleset(&e));
+    over_v6.wait_successes(40, T).unwrap();
+    println!("clients over IPv6: {}\nover IPv4: {}", over_v6.stop(), over_v4.stop());
+    host_has_no_specd_table();
+    e.b.shutdown().unwrap();
+}
+
+/// The agent, under the shipped unit's sandbox, closes the port as a one-shot apply does (nft
+/// and specd's own read of the requests in flight need CAP_NET_ADMIN, which the unit keeps).
+#[test]
+fn the_agent_in_its_shipped_sandbox_refuses_new_connections_while_it_drains() {
+    let f = Fleet::with_private_network();
+    let e = &f.e;
+    let port = free_port();
+    f.commit(&[("llm.yaml", &spec(e, port, 3, true))], "steps 3");
+    f.run_agent(f.repo.to_str().unwrap(), "", "");
+    let applied = |n: usize| {
+        let path = format!("/var/lib/specd/units/{UNIT}.json");
+        wait_for(&format!("{n} applies of {UNIT}"), T, || {
+            let st: Value = serde_json::from_str(&e.b.read_to_string(&path).ok()?).ok()?;
+            (st["in_progress"].is_null() && st["history"].as_array()?.len() >= n).then_some(())
+        })
+        .unwrap_or_else(|err| panic!("{err}\nagent journal:\n{}", e.b.journal(AGENT).unwrap_or_default()));
+    };
+    applied(1);
+    let t = Traffic::start(load(e, port, 50));
+    t.wait_successes(40, T).unwrap();
+
+    f.commit(&[("llm.yaml", &spec(e, port, 4, true))], "steps 4");
+    applied(2);
+    let journal = e.b.journal(AGENT).unwrap_or_default();
+    let a = last_apply(e);
+    assert_eq!(a["outcome"], "applied", "{a}\n{journal}");
+    assert!(a["stop_verdict"].is_null(), "stopped by SIGKILL: {a}\n{journal}");
+    for line in [
+        format!(
+            "new connections to port {port} refused (nftables table inet specd) until the old instance has stopped"
+        ),
+        "drained: no request in flight".to_string(),
+        format!("new connections to port {port} accepted again"),
+    ] {
+        assert!(journal.contains(&line), "{line}\n{journal}");
+    }
+    assert!(!journal.contains("could not refuse"), "{journal}");
+    assert!(!ruleset(e).contains("drain_"), "{}", ruleset(e));
+    t.wait_successes(40, T).unwrap();
+    println!("the agent's drain, fed without a load balancer: {}", t.stop());
+    host_has_no_specd_table();
+    f.e.b.shutdown().unwrap();
+}
+
 /// `specd apply` SIGKILLed while it drains: the rule stays; the next apply of the unit, even
 /// one that changes nothing, removes it first.
 #[test]

@@ -35,7 +35,7 @@ fn the_shipped_unit_is_rated_at_most_4_by_systemd_analyze_security() {
     let text = std::fs::read_to_string(&unit).unwrap();
     for setting in [
         "ProtectSystem=strict",
-        "CapabilityBoundingSet=CAP_DAC_READ_SEARCH CAP_SYS_PTRACE CAP_CHOWN",
+        "CapabilityBoundingSet=CAP_DAC_READ_SEARCH CAP_SYS_PTRACE CAP_CHOWN CAP_NET_ADMIN",
         "SystemCallFilter=@system-service",
         "UMask=0077",
         "PrivateTmp=yes",

@@ -111,15 +111,20 @@ impl Fleet {
     }
 
     pub fn new() -> Fleet {
-        Fleet::binding(&[])
+        Fleet::binding(&[], false)
     }
 
     /// A fleet box that also sees the real engines' cache (`cache`, at the same path).
     pub fn with_engine_cache(cache: &std::path::Path) -> Fleet {
-        Fleet::binding(&[cache])
+        Fleet::binding(&[cache], false)
     }
 
-    fn binding(more: &[&std::path::Path]) -> Fleet {
+    /// A fleet box with a network namespace of its own ([`Env::with_private_network`]).
+    pub fn with_private_network() -> Fleet {
+        Fleet::binding(&[], true)
+    }
+
+    fn binding(more: &[&std::path::Path], private_network: bool) -> Fleet {
         // Under /tmp, as everything is in a clone in a temporary directory: the box binds it, and
         // the agent, whose /tmp is its own (the shipped PrivateTmp=yes), sees it through the
         // harness's drop-in (start_agent_unit). Every test of the agent's proves it so.
@@ -129,7 +134,7 @@ impl Fleet {
         git(&repo, &["init", "-q"]);
         let mut binds = vec![dir.path().to_path_buf()];
         binds.extend(more.iter().map(|p| p.to_path_buf()));
-        let cfg = specd_e2e::BoxConfig { binds, ..Default::default() };
+        let cfg = specd_e2e::BoxConfig { binds, private_network, ..Default::default() };
         let e = Env::from_box(
             SystemdBox::boot_with(cfg).expect("boot a private systemd (the end-to-end tests run as root)"),
         );
@@ -176,7 +181,7 @@ pub fn start_agent_unit(b: &SystemdBox, exec_start: &str, unit_extra: &str) {
     }
     let p = b.show(AGENT, &["ProtectSystem", "CapabilityBoundingSet", "SystemCallErrorNumber"]).unwrap();
     assert_eq!(p["ProtectSystem"], "strict", "{p:?}");
-    assert_eq!(p["CapabilityBoundingSet"], "cap_chown cap_dac_read_search cap_sys_ptrace", "{p:?}");
+    assert_eq!(p["CapabilityBoundingSet"], "cap_chown cap_dac_read_search cap_net_admin cap_sys_ptrace", "{p:?}");
 }
 
 /// The drop-in that shows the agent what the box binds under /tmp or /var/tmp

@@ -93,6 +93,8 @@ fn the_deb_holds_the_binary_a_verified_system_unit_a_conffile_completions_man_pa
     assert!(deps.contains(&"systemd") && !depends.contains("libssl"), "{depends}");
     // git for remotes, openssh-client for ssh remotes and signatures, gnupg for OpenPGP ones.
     assert_eq!(field("Recommends"), "git, openssh-client, gnupg");
+    // nft for service.drain_refuse_new (opt-in).
+    assert_eq!(field("Suggests"), "nftables");
     let x = dir.path().join("x");
     run(Command::new("dpkg-deb").arg("-e").arg(deb).arg(dir.path().join("control")));
     let conffiles = std::fs::read_to_string(dir.path().join("control/conffiles")).unwrap();

@@ -80,6 +80,11 @@ impl Rig {
     }
 
     fn with(asks: Asks, f: Fleet, spec: SpecOf) -> Rig {
+        Rig::with_checks(asks, f, spec, |c| c)
+    }
+
+    /// As [`Rig::with`], HAProxy's configuration passed through `checks`.
+    fn with_checks(asks: Asks, f: Fleet, spec: SpecOf, checks: impl FnOnce(Config) -> Config) -> Rig {
         let ports = [free_port(), free_port()];
         let agent_check = free_port();
         f.e.b
@@ -107,7 +112,7 @@ impl Rig {
                 }
             })
             .collect();
-        let mut cfg = Config::new(servers);
+        let mut cfg = checks(Config::new(servers));
         if asks == Asks::HttpCheck {
             cfg.check_path = "/serving/{server}".into();
         }
@@ -464,6 +469,43 @@ fn replicas_changed_by_one_commit_roll_one_at_a_time_and_a_failing_change_stops_
     assert_eq!(state(&r.f, UNITS[other])["history"].as_array().unwrap().len(), 2, "{said}");
     assert_eq!(s.failed_total(), 0, "{s}");
     println!("CUDA OOM change: {} rolled back, {} never stopped; {s}", UNITS[rolled], UNITS[other]);
+}
+
+/// Two replicas behind HAProxy with the health check timings of `examples/haproxy.cfg` (`inter 2s
+/// fall 3 rise 2`: a server its check found down is sent requests again only after two passing
+/// checks, whatever the agent answers), each loading its model for 8 s (longer than `fall ×
+/// inter`, as a real engine does: HAProxy marks it down while it loads), changed by one commit
+/// under streaming load: the second replica is drained only once HAProxy sends to the first
+/// again, so no request fails (none finds every server down or draining).
+#[test]
+fn replicas_behind_the_shipped_haproxy_check_timings_lose_no_request() {
+    let f = Fleet::new();
+    let standin = f.e.standin.clone();
+    let spec = Box::new(move |unit: &str, port, steps| {
+        let text = replica(&standin, unit, port, steps, "");
+        text.replace("SPECD_STANDIN_LOAD_MS: \"500\"", "SPECD_STANDIN_LOAD_MS: \"8000\"")
+    });
+    let r = Rig::with_checks(Asks::AgentCheck, f, spec, Config::with_shipped_checks);
+    assert!(r.h.config().contains("inter 2000ms fall 3 rise 2"), "{}", r.h.config());
+    let t = Traffic::start(r.load());
+    t.wait_successes(40, T).unwrap();
+    for (unit, port) in UNITS.iter().zip(r.ports) {
+        std::fs::write(r.f.repo.join("specs").join(format!("{unit}.yaml")), (r.spec)(unit, port, 4)).unwrap();
+    }
+    git(&r.f.repo, &["add", "-A"]);
+    git(&r.f.repo, &["commit", "-q", "-m", "both replicas, 4 steps"]);
+    for unit in UNITS {
+        wait_applied(&r.f, unit, 2);
+    }
+    t.wait_successes(40, T).unwrap();
+    let s = t.stop();
+    let said = r.agent_said();
+    println!("two replicas, shipped check timings, one commit: {s}");
+    assert_eq!(s.failed_total(), 0, "{s}\n{said}");
+    assert!(s.rate() >= 20.0, "{s}");
+    for u in UNITS {
+        assert!(runs_steps(&r.f, u, 4), "{u} not on the commit's spec\n{said}");
+    }
 }
 
 /// Two replicas rolled by one commit while the agent is restarted in the middle of the roll (the

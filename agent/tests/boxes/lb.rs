@@ -611,16 +611,13 @@ fn load_through(h: &Haproxy) -> Load {
 
 /// A box for one-shot commands behind HAProxy: two server ports, and `/run/agent.yaml` answering
 /// HAProxy's agent-check on the third. Between commands nothing answers HAProxy, so an apply
-/// cannot know it before it polls: the settle time gives it two of its intervals to show up.
+/// cannot know it before it polls: the apply that bound the port itself waits for its first
+/// polls (no settle time configured).
 fn one_shot_box() -> (Env, [u16; 2], u16) {
     let e = Env::new();
     let ports = [free_port(), free_port()];
     let agent_check = free_port();
-    e.b.write_file(
-        "/run/agent.yaml",
-        format!("load_balancer: {{agent_check: 127.0.0.1:{agent_check}, settle_sec: 1}}\n"),
-    )
-    .unwrap();
+    e.b.write_file("/run/agent.yaml", format!("load_balancer: {{agent_check: 127.0.0.1:{agent_check}}}\n")).unwrap();
     (e, ports, agent_check)
 }
 

@@ -639,17 +639,24 @@ struct SurgeRig {
     f: Fleet,
     ports: [u16; 3],
     h: Haproxy,
+    /// Each member's engine loads for this long (ms).
+    load_ms: u32,
 }
 
 impl SurgeRig {
     fn new() -> SurgeRig {
+        SurgeRig::with(500, |c| c)
+    }
+
+    /// Engines loading for `load_ms`, HAProxy's configuration passed through `checks`.
+    fn with(load_ms: u32, checks: impl FnOnce(Config) -> Config) -> SurgeRig {
         let f = Fleet::new();
         let ports = [free_port(), free_port(), free_port()];
         let agent_check = free_port();
         f.e.b
             .write_file("/run/agent.yaml", format!("load_balancer: {{agent_check: 127.0.0.1:{agent_check}}}\n"))
             .unwrap();
-        surge_commit(&f, ports, 3, "", "the group at 3 steps");
+        surge_commit(&f, ports, (3, load_ms), "", "the group at 3 steps");
         f.run_agent(&f.repo.display().to_string(), "", "");
         for unit in &SURGE_UNITS[..2] {
             wait_applied(&f, unit, 1);
@@ -657,16 +664,16 @@ impl SurgeRig {
         wait_spare_rests(&f, 1);
         let servers =
             SURGE_UNITS.iter().zip(ports).map(|(u, p)| Server::new(&name(u), p).with_agent(agent_check)).collect();
-        let h = Haproxy::start(&Config::new(servers)).unwrap_or_else(|e| panic!("{e:#}"));
+        let h = Haproxy::start(&checks(Config::new(servers))).unwrap_or_else(|e| panic!("{e:#}"));
         for u in &SURGE_UNITS[..2] {
             h.wait_status(&name(u), Status::Up, T).unwrap();
         }
         h.wait_status(&name(SURGE_UNITS[2]), Status::Down, T).unwrap();
-        SurgeRig { f, ports, h }
+        SurgeRig { f, ports, h, load_ms }
     }
 
     fn commit(&self, steps: u32, extra: &str, msg: &str) {
-        surge_commit(&self.f, self.ports, steps, extra, msg);
+        surge_commit(&self.f, self.ports, (steps, self.load_ms), extra, msg);
     }
 
     fn said(&self) -> String {
@@ -675,9 +682,10 @@ impl SurgeRig {
 }
 
 /// The three specs changed by ONE commit.
-fn surge_commit(f: &Fleet, ports: [u16; 3], steps: u32, extra: &str, msg: &str) {
+fn surge_commit(f: &Fleet, ports: [u16; 3], (steps, load_ms): (u32, u32), extra: &str, msg: &str) {
     for (unit, port) in SURGE_UNITS.iter().zip(ports) {
-        let text = surge_member(&f.e.standin, unit, port, steps, extra);
+        let text = surge_member(&f.e.standin, unit, port, steps, extra)
+            .replace("SPECD_STANDIN_LOAD_MS: \"500\"", &format!("SPECD_STANDIN_LOAD_MS: \"{load_ms}\""));
         std::fs::write(f.repo.join("specs").join(format!("{unit}.yaml")), text).unwrap();
     }
     git(&f.repo, &["add", "-A"]);
@@ -787,4 +795,37 @@ fn with_a_spare_a_change_never_leaves_haproxy_fewer_servers_than_the_replicas() 
         assert_eq!(r.h.server(&name(u)).unwrap().status, Status::Up, "{u}");
     }
     assert_eq!(r.f.e.main_pid(SURGE_UNITS[2]), 0, "the failed spare runs\n{said}");
+}
+
+/// Two replicas and a spare (`max_unavailable: 0, max_surge: 1`) behind HAProxy with the check
+/// timings of `examples/haproxy.cfg` (`inter 2s fall 3 rise 2`), each engine loading for 8 s
+/// (HAProxy marks a stopped one DOWN, and takes it back only after two passing checks): one
+/// commit under load. No replica stops before HAProxy sends to the spare, the spare stops only
+/// once HAProxy sends to the last replica again: HAProxy's `show stat` never holds fewer than 2
+/// servers UP, and no request fails.
+#[test]
+fn with_a_spare_and_the_shipped_check_timings_haproxy_always_holds_two_servers_up() {
+    let r = SurgeRig::with(8000, Config::with_shipped_checks);
+    let t = Traffic::start(load_through(&r.h));
+    t.wait_successes(40, T).unwrap();
+    let (fewest, most, _) = up_during(&r.h, || {
+        r.commit(4, "", "the group at 4 steps");
+        for unit in &SURGE_UNITS[..2] {
+            wait_applied(&r.f, unit, 2);
+        }
+        let spare = wait_spare_rests(&r.f, 2);
+        // Until HAProxy has the spare DOWN again: its drain and stop are watched too.
+        r.h.wait_status(&name(SURGE_UNITS[2]), Status::Down, T).unwrap();
+        spare
+    });
+    t.wait_successes(40, T).unwrap();
+    let s = t.stop();
+    let said = r.said();
+    println!("two replicas and a spare, shipped check timings, one commit: {s}; HAProxy held {fewest} to {most} servers UP");
+    assert_eq!(s.failed_total(), 0, "{s}\n{said}");
+    assert!(s.rate() >= 20.0, "{s}");
+    assert!(fewest >= 2, "HAProxy held {fewest} servers UP during the change\n{said}");
+    for u in &SURGE_UNITS[..2] {
+        assert!(runs_steps(&r.f, u, 4), "{u} not on the commit's spec\n{said}");
+    }
 }

@@ -821,7 +821,9 @@ fn with_a_spare_and_the_shipped_check_timings_haproxy_always_holds_two_servers_u
     t.wait_successes(40, T).unwrap();
     let s = t.stop();
     let said = r.said();
-    println!("two replicas and a spare, shipped check timings, one commit: {s}; HAProxy held {fewest} to {most} servers UP");
+    println!(
+        "two replicas and a spare, shipped check timings, one commit: {s}; HAProxy held {fewest} to {most} servers UP"
+    );
     assert_eq!(s.failed_total(), 0, "{s}\n{said}");
     assert!(s.rate() >= 20.0, "{s}");
     assert!(fewest >= 2, "HAProxy held {fewest} servers UP during the change\n{said}");

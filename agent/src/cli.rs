@@ -716,12 +716,12 @@ fn answer_load_balancers(config: &std::path::Path) -> crate::lb::Endpoints {
         tracing::warn!("{e:#}; load balancers are answered and waited for by the defaults");
         AgentConfig::default()
     });
-    crate::reconcile::context::set_balancers(cfg.load_balancer.balancers());
     let answers = crate::lb::Answers::new(crate::machine::serving::ServingFiles::host());
     let mut out = crate::lb::serve_one_shot(&cfg.load_balancer, &answers);
     if let Some(h) = daemon::listen::serve_checks(&cfg.listen(), answers.clone()) {
         out.push(h, &answers);
     }
+    crate::reconcile::context::set_balancers(out.balancers(&cfg.load_balancer));
     out
 }
 

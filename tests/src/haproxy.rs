@@ -116,6 +116,15 @@ impl Config {
         }
     }
 
+    /// The health check's timings of the configuration the project ships (`inter`, `fall` and
+    /// `rise` of the first `default-server` line of `examples/haproxy.cfg`), instead of the
+    /// tests' quick ones: what an operator who starts from the example runs.
+    pub fn with_shipped_checks(mut self) -> Config {
+        let (inter, fall, rise) = shipped_checks();
+        (self.check_inter, self.fall, self.rise) = (inter, fall, rise);
+        self
+    }
+
     /// haproxy.cfg for a frontend on `port`, the runtime socket at `socket`.
     pub fn render(&self, port: u16, socket: &Path) -> String {
         let ms = |d: Duration| format!("{}ms", d.as_millis());
@@ -184,6 +193,20 @@ backend llm_servers
         }
         s
     }
+}
+
+/// `inter`, `fall` and `rise` of the first `default-server` line of `examples/haproxy.cfg`.
+pub fn shipped_checks() -> (Duration, u32, u32) {
+    let cfg = include_str!("../../examples/haproxy.cfg");
+    let line = cfg.lines().find(|l| l.trim_start().starts_with("default-server")).expect("a default-server line");
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let after = |k: &str| words.iter().position(|w| *w == k).map(|i| words[i + 1]).expect(k);
+    let inter = after("inter");
+    let inter = match inter.strip_suffix("ms") {
+        Some(ms) => Duration::from_millis(ms.parse().expect("inter")),
+        None => Duration::from_secs(inter.trim_end_matches('s').parse().expect("inter")),
+    };
+    (inter, after("fall").parse().expect("fall"), after("rise").parse().expect("rise"))
 }
 
 /// The state HAProxy shows for a server (`show stat`'s `status`).

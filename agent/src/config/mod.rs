@@ -111,6 +111,11 @@ pub struct LoadBalancerConfig {
     /// How many failed HTTP checks in a row an HTTP-checking load balancer needs before it takes
     /// a server out (HAProxy's `fall`). Default 3.
     pub http_fall: Option<u32>,
+    /// After a load balancer first reads a restarted unit `ready`, how long it may still take to
+    /// send to it again: its health check's `rise × inter` and a margin (HAProxy takes a server
+    /// its check found down back only after `rise` passing checks, whatever its agent says). The
+    /// next replica of a group waits this long. Default 5 (HAProxy's `inter 2s rise 2`).
+    pub rise_sec: Option<u32>,
 }
 
 impl LoadBalancerConfig {
@@ -120,6 +125,8 @@ impl LoadBalancerConfig {
         crate::core::serving::Balancers {
             settle: std::time::Duration::from_secs(self.settle_sec.into()),
             http_fall: self.http_fall.unwrap_or(d.http_fall).max(1),
+            rise: self.rise_sec.map_or(d.rise, |s| std::time::Duration::from_secs(s.into())),
+            answering_since_ms: None,
         }
     }
 }
@@ -464,11 +471,16 @@ mod tests {
         let cfg = load("repo: /r\n").unwrap();
         assert_eq!(cfg.load_balancer.agent_check, None);
         assert_eq!(cfg.load_balancer.balancers(), crate::core::serving::Balancers::default());
-        let cfg =
-            load("repo: /r\nload_balancer:\n  agent_check: 0.0.0.0:9540\n  settle_sec: 2\n  http_fall: 2\n").unwrap();
+        let cfg = load(
+            "repo: /r\nload_balancer:\n  agent_check: 0.0.0.0:9540\n  settle_sec: 2\n  http_fall: 2\n  rise_sec: 9\n",
+        )
+        .unwrap();
         assert_eq!(cfg.load_balancer.agent_check, Some("0.0.0.0:9540".parse().unwrap()));
         let b = cfg.load_balancer.balancers();
-        assert_eq!((b.settle, b.http_fall), (std::time::Duration::from_secs(2), 2));
+        assert_eq!(
+            (b.settle, b.http_fall, b.rise),
+            (std::time::Duration::from_secs(2), 2, std::time::Duration::from_secs(9))
+        );
         let e = format!("{:#}", load("repo: /r\nload_balancer:\n  agent_check: localhost\n").unwrap_err());
         assert!(e.contains("line 3") && e.contains("agent_check"), "{e}");
         let e = format!("{:#}", load("repo: /r\nload_balancer:\n  agent_chek: 0.0.0.0:1\n").unwrap_err());

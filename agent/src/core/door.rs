@@ -179,6 +179,7 @@ mod tests {
             missed: missed.iter().map(|s| s.to_string()).collect(),
             after: Duration::from_millis(1500),
             settled: Duration::ZERO,
+            listened: None,
             budget: Duration::from_secs(30),
         }
     }

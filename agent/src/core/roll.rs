@@ -138,8 +138,11 @@ pub enum Spare {
 }
 
 /// The spare of `group`: serve while a replica (`siblings` that are not spares) has a change to
-/// make or the spare's own new spec is not proved yet (`own_change`); rest when the group is at
-/// rest, or its roll stopped (a member's change failed, its own included: `own_failed`).
+/// make, is told `drain`, or is told `ready` but not yet taken by its load balancers (the roll's
+/// last replica back: [`Sibling::taken`]), or the spare's own new spec is not proved yet
+/// (`own_change`); rest when the group is at rest, or its roll stopped (a member's change failed,
+/// its own included: `own_failed`). A replica down outside a change does not start it: the
+/// spare is the roll's capacity, not a failover.
 pub fn spare(group: &str, own_change: bool, own_failed: Option<&str>, siblings: &[Sibling]) -> Spare {
     if let Some(why) = own_failed {
         return Spare::Rest(format!(
@@ -158,6 +161,14 @@ pub fn spare(group: &str, own_change: bool, own_failed: Option<&str>, siblings: 
     }
     if own_change {
         return Spare::Serve(format!("the spare of group {group}, proving its new spec before the replicas change"));
+    }
+    let back = |s: &&Sibling| !s.spare && (s.state == Some(Word::Drain) || s.state == Some(Word::Ready) && !s.taken);
+    let back: Vec<&str> = siblings.iter().filter(back).map(|s| s.unit.as_str()).collect();
+    if !back.is_empty() {
+        return Spare::Serve(format!(
+            "the spare of group {group}, serving until its load balancers take {} again",
+            back.join(", ")
+        ));
     }
     Spare::Rest(format!("the spare of group {group}, stopped while the group is at rest"))
 }
@@ -403,6 +414,12 @@ mod tests {
             (false, None, vec![replica("llm-a", false), replica("llm-b", true)], Spare::Serve("the spare of group llm, serving while llm-b change".into())),
             // Another spare changing does not keep this one.
             (false, None, vec![member("llm-t", Some(Ready), true, true)], Spare::Rest("the spare of group llm, stopped while the group is at rest".into())),
+            // The roll's last replica back, told ready, not yet taken by its load balancers (their
+            // health check's rise): the spare serves on until it is.
+            (false, None, vec![replica("llm-a", false), Sibling { taken: false, ..replica("llm-b", false) }], Spare::Serve("the spare of group llm, serving until its load balancers take llm-b again".into())),
+            (false, None, vec![replica("llm-a", false), member("llm-b", Some(Drain), false, false)], Spare::Serve("the spare of group llm, serving until its load balancers take llm-b again".into())),
+            // A replica down outside a change (not the roll's): the spare rests.
+            (false, None, vec![replica("llm-a", false), member("llm-b", Some(Down), false, false)], Spare::Rest("the spare of group llm, stopped while the group is at rest".into())),
         ];
         for (own, failed, siblings, want) in cases {
             assert_eq!(spare("llm", own, failed, &siblings), want, "{own} {failed:?} {siblings:?}");

@@ -176,6 +176,9 @@ pub struct Poller {
     /// What it was last answered, and how many answers in a row were ready, or were not.
     pub answered: Word,
     pub streak: u32,
+    /// The first poll of that streak (unix ms; 0 in a log written before it was kept).
+    #[serde(default)]
+    pub turned_ms: u64,
 }
 
 /// The polls of one unit: its load balancers by [`PollLog::key`].
@@ -206,11 +209,15 @@ impl PollLog {
                 p.gap_ms = now_ms.saturating_sub(p.last_ms);
                 p.last_ms = now_ms;
                 p.streak = if turned { 1 } else { p.streak.saturating_add(1) };
+                if turned {
+                    p.turned_ms = now_ms;
+                }
                 p.answered = word;
                 turned || word != Word::Ready
             }
             None => {
-                let p = Poller { kind, addr: addr.to_string(), last_ms: now_ms, gap_ms: 0, answered: word, streak: 1 };
+                let (addr, streak, turned_ms) = (addr.to_string(), 1, now_ms);
+                let p = Poller { kind, addr, last_ms: now_ms, gap_ms: 0, answered: word, streak, turned_ms };
                 self.pollers.insert(key, p);
                 true
             }
@@ -231,6 +238,16 @@ fn window(p: &Poller) -> u64 {
     p.gap_ms.saturating_mul(3).clamp(least, most)
 }
 
+/// How long a load balancer that polls is given to see `drain` whatever the drain budget (of 0,
+/// the default, too): its `need` polls and one more, at its interval; one seen polling once,
+/// its [`window`].
+fn sees_within(p: &Poller, need: u32) -> u64 {
+    match p.gap_ms {
+        0 => window(p),
+        gap => gap.saturating_mul(u64::from(need) + 1).min(window(p).saturating_mul(u64::from(need))),
+    }
+}
+
 /// What the apply's wait knows of the load balancers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Balancers {
@@ -240,11 +257,24 @@ pub struct Balancers {
     /// The failed HTTP checks in a row an HTTP-checking load balancer needs to take a server out
     /// (HAProxy's `fall`: `load_balancer.http_fall`).
     pub http_fall: u32,
+    /// From its first read of `ready`, how long a load balancer may still take to send to the
+    /// server again (`load_balancer.rise_sec`): a server its own health check found down (its
+    /// engine stopped) is taken back only after `rise` passing checks, whatever an agent answers;
+    /// they pass from before specd says `ready`, so `rise × inter` from that read bounds it.
+    pub rise: Duration,
+    /// When this process began answering the load balancers itself (unix ms): a one-shot command
+    /// that bound the agent-check port, where no agent answers. Until
+    /// [`timing::FIRST_POLLS_WITHIN`] after, no poll seen does not mean none polls.
+    pub answering_since_ms: Option<u64>,
 }
+
+/// `load_balancer.rise_sec` unset: HAProxy's default `inter 2s rise 2` (the example's), and a
+/// second for the checks' own time.
+pub const RISE_DEFAULT: Duration = Duration::from_secs(5);
 
 impl Default for Balancers {
     fn default() -> Self {
-        Balancers { settle: Duration::ZERO, http_fall: 3 }
+        Balancers { settle: Duration::ZERO, http_fall: 3, rise: RISE_DEFAULT, answering_since_ms: None }
     }
 }
 
@@ -268,6 +298,9 @@ pub struct Told {
     pub after: Duration,
     /// No load balancer polled; the settle time was waited (zero: not waited).
     pub settled: Duration,
+    /// This command answered the load balancers itself (no agent runs), for this long when it
+    /// concluded (`None`: the agent answers them).
+    pub listened: Option<Duration>,
     /// The drain budget (`drain_timeout_sec`).
     pub budget: Duration,
 }
@@ -283,6 +316,17 @@ impl Told {
         let list = |v: &[String]| v.join(", ");
         let n = self.saw.len() + self.missed.len();
         let lbs = |n: usize| if n == 1 { "1 load balancer".to_string() } else { format!("{n} load balancers") };
+        if let (0, Some(l)) = (n, self.listened) {
+            return format!(
+                "no load balancer polled this unit in the {:.1} s this command has answered their checks (no agent runs){}: nothing keeps traffic away during the stop",
+                l.as_secs_f64(),
+                if self.settled.is_zero() {
+                    String::new()
+                } else {
+                    format!(", settle time {} s waited", self.settled.as_secs_f64())
+                }
+            );
+        }
         if n == 0 && self.settled.is_zero() {
             return "no load balancer polls this unit: nothing keeps traffic away during the stop".into();
         }
@@ -295,11 +339,8 @@ impl Told {
         if self.missed.is_empty() {
             return format!("{} ({}) saw drain after {:.1} s", lbs(n), list(&self.saw), self.after.as_secs_f64());
         }
-        let within = if self.budget.is_zero() {
-            "before the stop: drain_timeout_sec is 0, so the stop does not wait for them".to_string()
-        } else {
-            format!("within {:.1} s (drain_timeout_sec {} s)", self.after.as_secs_f64(), self.budget.as_secs())
-        };
+        let within =
+            format!("within {:.1} s (drain_timeout_sec {} s)", self.after.as_secs_f64(), self.budget.as_secs());
         let saw = if self.saw.is_empty() { String::new() } else { format!("; {} did", list(&self.saw)) };
         format!(
             "{} of {} ({}) did not see drain {within}{saw}: they may still send new requests during the stop",
@@ -313,8 +354,11 @@ impl Told {
 /// The decision the apply waits on after marking the unit `drain` at `mark_ms`: from the poll
 /// log at `now_ms`, have the load balancers seen it? Those that polled recently before the mark
 /// (within [`window`] of it), or since, must each have been answered not-ready since — once for an
-/// agent-check, `http_fall` times in a row for an HTTP check — or have stopped polling; with none,
-/// the settle time passes first. All within `budget` from the mark.
+/// agent-check, `http_fall` times in a row for an HTTP check — or have stopped polling; each
+/// within `budget` from the mark, but never less than it needs to poll that often and once more
+/// (`sees_within`: a drain budget of 0, the default, still waits for those that poll). With none: the settle time
+/// passes first, and a command that only began answering them ([`Balancers::answering_since_ms`])
+/// gives them [`timing::FIRST_POLLS_WITHIN`] to poll first.
 pub fn seen(log: &PollLog, mark_ms: u64, now_ms: u64, b: Balancers, budget: Duration) -> Seen {
     let elapsed = now_ms.saturating_sub(mark_ms);
     let budget_ms = budget.as_millis() as u64;
@@ -334,22 +378,30 @@ pub fn seen(log: &PollLog, mark_ms: u64, now_ms: u64, b: Balancers, budget: Dura
         };
         if p.answered != Word::Ready && p.streak >= need {
             saw.push(name);
-        } else if now_ms.saturating_sub(p.last_ms.max(mark_ms)) > w || elapsed >= budget_ms {
+        } else if now_ms.saturating_sub(p.last_ms.max(mark_ms)) > w || elapsed >= budget_ms.max(sees_within(p, need)) {
             missed.push(name);
         } else {
             pending.push(name);
         }
     }
-    let told = |saw, missed, settled| Told { saw, missed, after: Duration::from_millis(elapsed), settled, budget };
+    let listened = b.answering_since_ms.map(|t| now_ms.saturating_sub(t));
+    let told = |saw, missed, settled| Told {
+        saw,
+        missed,
+        after: Duration::from_millis(elapsed),
+        settled,
+        listened: listened.map(Duration::from_millis),
+        budget,
+    };
     if !pending.is_empty() {
         return Seen::Waiting { pending };
     }
     if saw.is_empty() && missed.is_empty() {
-        let settle = b.settle.min(budget);
-        if elapsed < settle.as_millis() as u64 {
+        let first = timing::FIRST_POLLS_WITHIN.as_millis() as u64;
+        if elapsed < b.settle.as_millis() as u64 || listened.is_some_and(|l| l < first) {
             return Seen::Waiting { pending: Vec::new() };
         }
-        return Seen::Done(told(saw, missed, settle));
+        return Seen::Done(told(saw, missed, b.settle));
     }
     saw.dedup();
     missed.dedup();
@@ -359,14 +411,16 @@ pub fn seen(log: &PollLog, mark_ms: u64, now_ms: u64, b: Balancers, budget: Dura
 /// Whether the load balancers that poll a unit told `ready` have taken it (a replica of a group
 /// counts as serving for its siblings only then): each that polls it still (within [`window`]
 /// of `now_ms`) was answered ready last, once for an agent-check, `http_fall` times in a row for
-/// an HTTP check (taken as its `rise`); with none polling, at once.
+/// an HTTP check (taken as its `rise`), the first of them at least `rise` ago (its own health
+/// check's `rise`: [`Balancers::rise`]); with none polling, at once.
 pub fn taken(log: &PollLog, now_ms: u64, b: Balancers) -> bool {
+    let rise = b.rise.as_millis() as u64;
     log.pollers.values().filter(|p| p.last_ms + window(p) >= now_ms).all(|p| {
         let need = match p.kind {
             CheckKind::AgentCheck => 1,
             CheckKind::Http => b.http_fall.max(1),
         };
-        p.answered == Word::Ready && p.streak >= need
+        p.answered == Word::Ready && p.streak >= need && now_ms.saturating_sub(p.turned_ms) >= rise
     })
 }
 

@@ -49,6 +49,9 @@ pub const POLLER_GONE_MOST: Duration = Duration::from_secs(120);
 /// still polling has read the state it leaves (`serving::unread`): HAProxy keeps an agent's last
 /// word (a `drain`) while nothing answers.
 pub const ONE_SHOT_LINGER: Duration = Duration::from_secs(10);
+/// A one-shot command that began answering the load balancers itself (no agent runs) gives
+/// them this long from then to poll before it concludes that none polls a unit it stops.
+pub const FIRST_POLLS_WITHIN: Duration = Duration::from_secs(5);
 /// The serving process writes a unit's poll log at once when a load balancer is new or is answered
 /// another word; otherwise at most this often.
 pub const POLL_LOG_EVERY: Duration = Duration::from_secs(1);

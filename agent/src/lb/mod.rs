@@ -85,6 +85,9 @@ pub fn unit_of(name: &str) -> Option<String> {
 pub struct Endpoints {
     served: Vec<tokio::task::JoinHandle<()>>,
     answers: Option<Arc<Answers>>,
+    /// When it began answering the agent-check (unix ms): its load balancers had nothing to poll
+    /// before.
+    since_ms: Option<u64>,
 }
 
 impl Endpoints {
@@ -92,6 +95,12 @@ impl Endpoints {
     pub fn push(&mut self, h: tokio::task::JoinHandle<()>, answers: &Arc<Answers>) {
         self.served.push(h);
         self.answers = Some(answers.clone());
+    }
+
+    /// How this command's reconciles wait for the load balancers (`cfg`'s): where it answers
+    /// them itself, they have polled nothing before (`Balancers::answering_since_ms`).
+    pub fn balancers(&self, cfg: &LoadBalancerConfig) -> crate::core::serving::Balancers {
+        crate::core::serving::Balancers { answering_since_ms: self.since_ms, ..cfg.balancers() }
     }
 
     /// At the command's end: stays until every load balancer still polling has read the state
@@ -126,13 +135,17 @@ impl Drop for Endpoints {
 }
 
 /// For a one-shot `specd apply`, `rollback` or `sweep`: the agent-check of `cfg` answered with
-/// `answers` where its port is free (no agent runs); where it is not, the agent answers, and
-/// nothing is said. (Its HTTP checks: `daemon::listen::serve_checks`.)
+/// `answers` where its port is free (no agent runs: then an apply gives its load balancers
+/// [`timing::FIRST_POLLS_WITHIN`] to poll before it concludes none does); where it is not, the
+/// agent answers, and nothing is said. (Its HTTP checks: `daemon::listen::serve_checks`.)
 pub fn serve_one_shot(cfg: &LoadBalancerConfig, answers: &Arc<Answers>) -> Endpoints {
     let mut out = Endpoints::default();
     if let Some(addr) = cfg.agent_check {
         match agent_check::serve(addr, answers.clone()) {
-            Ok(h) => out.push(h, answers),
+            Ok(h) => {
+                out.push(h, answers);
+                out.since_ms = Some(crate::machine::store::now_ms());
+            }
             Err(e) if in_use(&e) => {}
             Err(e) => tracing::warn!("load_balancer.agent_check {addr}: {e:#}; not answered by this command"),
         }

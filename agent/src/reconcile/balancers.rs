@@ -41,7 +41,13 @@ impl<H: Host> Run<'_, H> {
             match serving::seen(&ctx.host.lb_polls(unit), mark_ms, ctx.host.now_ms(), ctx.lb, t.drain) {
                 Seen::Done(told) => break told,
                 Seen::Waiting { pending } if pending.is_empty() => {
-                    emit(Event::Waiting("no load balancer polls this unit; waiting the settle time".into()))
+                    emit(Event::Waiting(match ctx.lb.answering_since_ms {
+                        Some(_) => format!(
+                            "no load balancer has polled this unit yet: this command only began answering their checks (no agent runs); waiting up to {} s for their first polls",
+                            timing::FIRST_POLLS_WITHIN.as_secs()
+                        ),
+                        None => "no load balancer polls this unit; waiting the settle time".into(),
+                    }))
                 }
                 Seen::Waiting { pending } => {
                     emit(Event::Waiting(format!("waiting for {} to see drain", pending.join(", "))))

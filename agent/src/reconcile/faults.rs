@@ -928,7 +928,7 @@ async fn with_no_load_balancer_an_apply_says_nothing_keeps_traffic_away_and_wait
     );
     // A settle time (load_balancer.settle_sec) is waited when none polls.
     let ctx = Ctx {
-        lb: crate::core::serving::Balancers { settle: std::time::Duration::from_secs(2), http_fall: 3 },
+        lb: crate::core::serving::Balancers { settle: std::time::Duration::from_secs(2), ..Default::default() },
         ..w.ctx()
     };
     let r = reconcile::reconcile(&ctx, &old, false).await.unwrap();

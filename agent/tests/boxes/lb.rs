@@ -80,6 +80,11 @@ impl Rig {
     }
 
     fn with(asks: Asks, f: Fleet, spec: SpecOf) -> Rig {
+        Rig::with_checks(asks, f, spec, |c| c)
+    }
+
+    /// As [`Rig::with`], HAProxy's configuration passed through `checks`.
+    fn with_checks(asks: Asks, f: Fleet, spec: SpecOf, checks: impl FnOnce(Config) -> Config) -> Rig {
         let ports = [free_port(), free_port()];
         let agent_check = free_port();
         f.e.b
@@ -107,7 +112,7 @@ impl Rig {
                 }
             })
             .collect();
-        let mut cfg = Config::new(servers);
+        let mut cfg = checks(Config::new(servers));
         if asks == Asks::HttpCheck {
             cfg.check_path = "/serving/{server}".into();
         }
@@ -466,6 +471,43 @@ fn replicas_changed_by_one_commit_roll_one_at_a_time_and_a_failing_change_stops_
     println!("CUDA OOM change: {} rolled back, {} never stopped; {s}", UNITS[rolled], UNITS[other]);
 }
 
+/// Two replicas behind HAProxy with the health check timings of `examples/haproxy.cfg` (`inter 2s
+/// fall 3 rise 2`: a server its check found down is sent requests again only after two passing
+/// checks, whatever the agent answers), each loading its model for 8 s (longer than `fall ×
+/// inter`, as a real engine does: HAProxy marks it down while it loads), changed by one commit
+/// under streaming load: the second replica is drained only once HAProxy sends to the first
+/// again, so no request fails (none finds every server down or draining).
+#[test]
+fn replicas_behind_the_shipped_haproxy_check_timings_lose_no_request() {
+    let f = Fleet::new();
+    let standin = f.e.standin.clone();
+    let spec = Box::new(move |unit: &str, port, steps| {
+        let text = replica(&standin, unit, port, steps, "");
+        text.replace("SPECD_STANDIN_LOAD_MS: \"500\"", "SPECD_STANDIN_LOAD_MS: \"8000\"")
+    });
+    let r = Rig::with_checks(Asks::AgentCheck, f, spec, Config::with_shipped_checks);
+    assert!(r.h.config().contains("inter 2000ms fall 3 rise 2"), "{}", r.h.config());
+    let t = Traffic::start(r.load());
+    t.wait_successes(40, T).unwrap();
+    for (unit, port) in UNITS.iter().zip(r.ports) {
+        std::fs::write(r.f.repo.join("specs").join(format!("{unit}.yaml")), (r.spec)(unit, port, 4)).unwrap();
+    }
+    git(&r.f.repo, &["add", "-A"]);
+    git(&r.f.repo, &["commit", "-q", "-m", "both replicas, 4 steps"]);
+    for unit in UNITS {
+        wait_applied(&r.f, unit, 2);
+    }
+    t.wait_successes(40, T).unwrap();
+    let s = t.stop();
+    let said = r.agent_said();
+    println!("two replicas, shipped check timings, one commit: {s}");
+    assert_eq!(s.failed_total(), 0, "{s}\n{said}");
+    assert!(s.rate() >= 20.0, "{s}");
+    for u in UNITS {
+        assert!(runs_steps(&r.f, u, 4), "{u} not on the commit's spec\n{said}");
+    }
+}
+
 /// Two replicas rolled by one commit while the agent is restarted in the middle of the roll (the
 /// first replica's apply past its drain), then one replica rolled back by hand (`specd rollback`)
 /// with the agent running: no request fails either time, and both replicas end on the spec each
@@ -569,16 +611,13 @@ fn load_through(h: &Haproxy) -> Load {
 
 /// A box for one-shot commands behind HAProxy: two server ports, and `/run/agent.yaml` answering
 /// HAProxy's agent-check on the third. Between commands nothing answers HAProxy, so an apply
-/// cannot know it before it polls: the settle time gives it two of its intervals to show up.
+/// cannot know it before it polls: the apply that bound the port itself waits for its first
+/// polls (no settle time configured).
 fn one_shot_box() -> (Env, [u16; 2], u16) {
     let e = Env::new();
     let ports = [free_port(), free_port()];
     let agent_check = free_port();
-    e.b.write_file(
-        "/run/agent.yaml",
-        format!("load_balancer: {{agent_check: 127.0.0.1:{agent_check}, settle_sec: 1}}\n"),
-    )
-    .unwrap();
+    e.b.write_file("/run/agent.yaml", format!("load_balancer: {{agent_check: 127.0.0.1:{agent_check}}}\n")).unwrap();
     (e, ports, agent_check)
 }
 
@@ -600,17 +639,24 @@ struct SurgeRig {
     f: Fleet,
     ports: [u16; 3],
     h: Haproxy,
+    /// Each member's engine loads for this long (ms).
+    load_ms: u32,
 }
 
 impl SurgeRig {
     fn new() -> SurgeRig {
+        SurgeRig::with(500, |c| c)
+    }
+
+    /// Engines loading for `load_ms`, HAProxy's configuration passed through `checks`.
+    fn with(load_ms: u32, checks: impl FnOnce(Config) -> Config) -> SurgeRig {
         let f = Fleet::new();
         let ports = [free_port(), free_port(), free_port()];
         let agent_check = free_port();
         f.e.b
             .write_file("/run/agent.yaml", format!("load_balancer: {{agent_check: 127.0.0.1:{agent_check}}}\n"))
             .unwrap();
-        surge_commit(&f, ports, 3, "", "the group at 3 steps");
+        surge_commit(&f, ports, (3, load_ms), "", "the group at 3 steps");
         f.run_agent(&f.repo.display().to_string(), "", "");
         for unit in &SURGE_UNITS[..2] {
             wait_applied(&f, unit, 1);
@@ -618,16 +664,16 @@ impl SurgeRig {
         wait_spare_rests(&f, 1);
         let servers =
             SURGE_UNITS.iter().zip(ports).map(|(u, p)| Server::new(&name(u), p).with_agent(agent_check)).collect();
-        let h = Haproxy::start(&Config::new(servers)).unwrap_or_else(|e| panic!("{e:#}"));
+        let h = Haproxy::start(&checks(Config::new(servers))).unwrap_or_else(|e| panic!("{e:#}"));
         for u in &SURGE_UNITS[..2] {
             h.wait_status(&name(u), Status::Up, T).unwrap();
         }
         h.wait_status(&name(SURGE_UNITS[2]), Status::Down, T).unwrap();
-        SurgeRig { f, ports, h }
+        SurgeRig { f, ports, h, load_ms }
     }
 
     fn commit(&self, steps: u32, extra: &str, msg: &str) {
-        surge_commit(&self.f, self.ports, steps, extra, msg);
+        surge_commit(&self.f, self.ports, (steps, self.load_ms), extra, msg);
     }
 
     fn said(&self) -> String {
@@ -636,9 +682,10 @@ impl SurgeRig {
 }
 
 /// The three specs changed by ONE commit.
-fn surge_commit(f: &Fleet, ports: [u16; 3], steps: u32, extra: &str, msg: &str) {
+fn surge_commit(f: &Fleet, ports: [u16; 3], (steps, load_ms): (u32, u32), extra: &str, msg: &str) {
     for (unit, port) in SURGE_UNITS.iter().zip(ports) {
-        let text = surge_member(&f.e.standin, unit, port, steps, extra);
+        let text = surge_member(&f.e.standin, unit, port, steps, extra)
+            .replace("SPECD_STANDIN_LOAD_MS: \"500\"", &format!("SPECD_STANDIN_LOAD_MS: \"{load_ms}\""));
         std::fs::write(f.repo.join("specs").join(format!("{unit}.yaml")), text).unwrap();
     }
     git(&f.repo, &["add", "-A"]);
@@ -748,4 +795,39 @@ fn with_a_spare_a_change_never_leaves_haproxy_fewer_servers_than_the_replicas() 
         assert_eq!(r.h.server(&name(u)).unwrap().status, Status::Up, "{u}");
     }
     assert_eq!(r.f.e.main_pid(SURGE_UNITS[2]), 0, "the failed spare runs\n{said}");
+}
+
+/// Two replicas and a spare (`max_unavailable: 0, max_surge: 1`) behind HAProxy with the check
+/// timings of `examples/haproxy.cfg` (`inter 2s fall 3 rise 2`), each engine loading for 8 s
+/// (HAProxy marks a stopped one DOWN, and takes it back only after two passing checks): one
+/// commit under load. No replica stops before HAProxy sends to the spare, the spare stops only
+/// once HAProxy sends to the last replica again: HAProxy's `show stat` never holds fewer than 2
+/// servers UP, and no request fails.
+#[test]
+fn with_a_spare_and_the_shipped_check_timings_haproxy_always_holds_two_servers_up() {
+    let r = SurgeRig::with(8000, Config::with_shipped_checks);
+    let t = Traffic::start(load_through(&r.h));
+    t.wait_successes(40, T).unwrap();
+    let (fewest, most, _) = up_during(&r.h, || {
+        r.commit(4, "", "the group at 4 steps");
+        for unit in &SURGE_UNITS[..2] {
+            wait_applied(&r.f, unit, 2);
+        }
+        let spare = wait_spare_rests(&r.f, 2);
+        // Until HAProxy has the spare DOWN again: its drain and stop are watched too.
+        r.h.wait_status(&name(SURGE_UNITS[2]), Status::Down, T).unwrap();
+        spare
+    });
+    t.wait_successes(40, T).unwrap();
+    let s = t.stop();
+    let said = r.said();
+    println!(
+        "two replicas and a spare, shipped check timings, one commit: {s}; HAProxy held {fewest} to {most} servers UP"
+    );
+    assert_eq!(s.failed_total(), 0, "{s}\n{said}");
+    assert!(s.rate() >= 20.0, "{s}");
+    assert!(fewest >= 2, "HAProxy held {fewest} servers UP during the change\n{said}");
+    for u in &SURGE_UNITS[..2] {
+        assert!(runs_steps(&r.f, u, 4), "{u} not on the commit's spec\n{said}");
+    }
 }

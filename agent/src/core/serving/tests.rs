@@ -108,9 +108,9 @@ fn with_no_load_balancer_the_stop_waits_only_for_the_settle_time_and_says_so() {
         t.words(),
         "no load balancer polls this unit; waited the settle time of 2 s (load_balancer.settle_sec) for those specd cannot see"
     );
-    // Never past the drain budget.
-    let t = done(seen(&log, MARK, MARK + 1000, b, Duration::from_secs(1)));
-    assert_eq!(t.settled, Duration::from_secs(1));
+    // Its own setting: waited whatever the drain budget (of 0, the default, too).
+    assert_eq!(seen(&log, MARK, MARK + 1999, b, Duration::ZERO), Seen::Waiting { pending: vec![] });
+    assert_eq!(done(seen(&log, MARK, MARK + 2000, b, Duration::ZERO)).settled, Duration::from_secs(2));
     // One that polled long ago (more than three of its intervals, and 10 s) is not waited for.
     let mut old = PollLog::default();
     polled(&mut old, CheckKind::AgentCheck, "10.0.0.5", 2000, -60_000, -20_000, Word::Drain);
@@ -173,10 +173,53 @@ fn a_balancer_that_stops_polling_or_the_budget_ends_the_wait_and_is_named() {
     assert!(matches!(seen(&log, MARK, MARK + 2500, b, Duration::from_secs(3)), Seen::Waiting { .. }));
     let t = done(seen(&log, MARK, MARK + 3000, b, Duration::from_secs(3)));
     assert_eq!(t.missed, ["10.0.0.5"]);
-    let t = done(seen(&log, MARK, MARK, b, Duration::ZERO));
+}
+
+/// `drain_timeout_sec` 0 (the default) with a load balancer polling: the stop still waits until
+/// it saw drain, and one that stops polling is given its polls' time (two of its intervals).
+#[test]
+fn with_no_drain_budget_the_stop_still_waits_for_each_load_balancer_that_polls() {
+    let b = Balancers::default();
+    let mut log = PollLog::default();
+    polled(&mut log, CheckKind::AgentCheck, "10.0.0.5", 500, -5000, -100, Word::Drain);
+    assert_eq!(seen(&log, MARK, MARK + 100, b, Duration::ZERO), Seen::Waiting { pending: vec!["10.0.0.5".into()] });
+    log.record(CheckKind::AgentCheck, "10.0.0.5", MARK + 400, Word::Drain);
+    let t = done(seen(&log, MARK, MARK + 450, b, Duration::ZERO));
+    assert!(t.kept_away(), "{}", t.words());
+    // One that answers (or is answered) otherwise, or stopped polling: missed after 2 × 500 ms.
+    let mut log = PollLog::default();
+    polled(&mut log, CheckKind::AgentCheck, "10.0.0.5", 500, -5000, 0, Word::Ready);
+    assert!(matches!(seen(&log, MARK, MARK + 999, b, Duration::ZERO), Seen::Waiting { .. }));
+    let t = done(seen(&log, MARK, MARK + 1000, b, Duration::ZERO));
     assert_eq!(
         t.words(),
-        "1 of 1 load balancer (10.0.0.5) did not see drain before the stop: drain_timeout_sec is 0, so the stop does not wait for them: they may still send new requests during the stop"
+        "1 of 1 load balancer (10.0.0.5) did not see drain within 1.0 s (drain_timeout_sec 0 s): they may still send new requests during the stop"
+    );
+    // An HTTP check with `fall 3` every second: three polls and one more.
+    let mut log = PollLog::default();
+    polled(&mut log, CheckKind::Http, "10.0.0.7", 1000, -5000, 0, Word::Ready);
+    assert!(matches!(seen(&log, MARK, MARK + 3999, b, Duration::ZERO), Seen::Waiting { .. }));
+}
+
+/// A one-shot command that only began answering the agent-check (no agent runs) has seen no poll
+/// yet: it gives the load balancers their first polls' time before it says none polls.
+#[test]
+fn a_command_that_only_began_answering_waits_for_the_first_polls_before_it_says_none_polls() {
+    let since = MARK - 200;
+    let b = Balancers { answering_since_ms: Some(since), ..Balancers::default() };
+    let mut log = PollLog::default();
+    assert_eq!(seen(&log, MARK, MARK + 100, b, Duration::ZERO), Seen::Waiting { pending: vec![] });
+    // HAProxy's first poll, answered drain: it saw it.
+    log.record(CheckKind::AgentCheck, "127.0.0.1", MARK + 300, Word::Drain);
+    assert!(done(seen(&log, MARK, MARK + 300, b, Duration::ZERO)).kept_away());
+    // None polls within the bound: said so, and that this command answered only so long.
+    let log = PollLog::default();
+    let first = timing::FIRST_POLLS_WITHIN.as_millis() as u64;
+    assert_eq!(seen(&log, MARK, since + first - 1, b, Duration::ZERO), Seen::Waiting { pending: vec![] });
+    let t = done(seen(&log, MARK, since + first, b, Duration::ZERO));
+    assert_eq!(
+        t.words(),
+        "no load balancer polled this unit in the 5.0 s this command has answered their checks (no agent runs): nothing keeps traffic away during the stop"
     );
 }
 
@@ -252,7 +295,7 @@ fn a_one_shot_command_waits_for_each_load_balancer_still_polling_to_read_what_it
 
 #[test]
 fn a_unit_told_ready_is_taken_once_each_balancer_still_polling_was_answered_ready() {
-    let b = Balancers { http_fall: 2, ..Balancers::default() };
+    let b = Balancers { http_fall: 2, rise: Duration::ZERO, ..Balancers::default() };
     // None polls: taken at once (nothing specd can wait for).
     assert!(taken(&PollLog::default(), MARK, b));
     // An agent-check answered down until the mark (told ready then), polling every 500 ms.
@@ -276,4 +319,24 @@ fn a_unit_told_ready_is_taken_once_each_balancer_still_polling_was_answered_read
     let mut old = PollLog::default();
     down(&mut old, CheckKind::AgentCheck, "10.0.0.5", 2000, 60_000, 20_000);
     assert!(taken(&old, MARK, b));
+}
+
+/// HAProxy with a health check besides its agent-check takes a server its check found down (its
+/// engine stopped) back only after `rise` passing checks, whatever the agent answers: a unit told
+/// ready counts as taken only `rise` after its load balancer first read `ready`.
+#[test]
+fn a_restarted_unit_is_taken_only_its_rise_after_its_balancer_first_read_ready() {
+    let b = Balancers { rise: Duration::from_secs(5), ..Balancers::default() };
+    let mut log = PollLog::default();
+    for i in 0..10 {
+        log.record(CheckKind::AgentCheck, "127.0.0.1", MARK - 5000 + i * 500, Word::Drain);
+    }
+    for i in 0..10 {
+        log.record(CheckKind::AgentCheck, "127.0.0.1", MARK + i * 500, Word::Ready);
+    }
+    assert!(!taken(&log, MARK + 4500, b), "taken {} ms after the first ready read", 4500);
+    log.record(CheckKind::AgentCheck, "127.0.0.1", MARK + 5000, Word::Ready);
+    assert!(taken(&log, MARK + 5000, b));
+    // The default is HAProxy's default checks' (and the example's) `inter 2s rise 2`, and a second.
+    assert_eq!(Balancers::default().rise, Duration::from_secs(5));
 }

@@ -295,3 +295,36 @@ async fn status_says_the_spare_rests_and_why_a_replica_waits_for_it() {
     let waits = "waiting: group llm: max_surge 1 spares must serve the new spec before a replica stops; llm-c.service not serving its new spec yet";
     assert!(replica.reasons.iter().any(|w| w.starts_with(waits)), "{:?}", replica.reasons);
 }
+
+/// A replica whose spec is gone, pruned (`prune: true`) while its sibling drains for a change:
+/// it waits for its group's gate, as an apply's stop does, and is told drain only once its
+/// sibling serves again; never are both out of their load balancers at once.
+#[tokio::test(start_paused = true)]
+async fn a_replica_pruned_while_its_sibling_drains_waits_until_the_sibling_serves_again() {
+    let rollout = "  rollout: {group: llm}\n";
+    let r = Replicas::serving(2, rollout).await;
+    let from = r.hosts[0].serving_told().len();
+    let new_b = r.desired(1, 3, rollout);
+    r.hosts[1].serves(&new_b.spec, false);
+    r.hosts[1].busy_for(Duration::from_secs(2));
+    let b = r.worker(1, new_b.clone());
+    let bound = tokio::time::Instant::now() + Duration::from_secs(60);
+    while r.hosts[1].lb_state().is_none_or(|s| s.word() == Word::Ready) {
+        assert!(tokio::time::Instant::now() < bound, "llm-b was never told drain\n{}", r.said());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let ctx = r.ctx(0);
+    let prune = tokio::spawn(async move { reconcile::prune(&ctx, &unit(0)).await });
+    let rep = b.await.unwrap();
+    assert_eq!(rep.outcome, Some(Outcome::Applied), "{}\n{}", rep.verdict, r.said());
+    prune.await.unwrap();
+    let told = r.hosts[0].serving_told()[from..].to_vec();
+    assert_eq!(r.most_unavailable(from), 1, "both out of their load balancers at once: {told:?}\n{}", r.said());
+    let at = |u: &str, w: Word| told.iter().position(|(_, x, s)| x == u && s.word() == w);
+    let (b_ready, a_drain) = (at(&unit(1), Word::Ready), at(&unit(0), Word::Drain));
+    assert!(a_drain > b_ready && b_ready.is_some(), "{told:?}");
+    assert!(r.said().contains("llm-a.service: Waiting(\"waiting: llm-b.service is drain"), "{}", r.said());
+    assert_eq!(r.hosts[0].serving(), None, "the pruned replica runs");
+    assert_eq!(r.hosts[0].lb_state().map(|s| s.word()), Some(Word::Down));
+    assert_eq!(r.hosts[1].serving(), Some(new_b.spec.argv));
+}

@@ -1,6 +1,7 @@
 //! A unit whose spec is gone, when `prune` is on: drained as an apply drains it (its load
 //! balancers told `drain` and seen to see it, its requests in flight, its group's gate), stopped
-//! until its cgroup is empty, told `down`, disabled, its file and state set aside.
+//! until its cgroup is empty, told `down`, disabled, its file and state set aside. One left
+//! running (`prune: false`) is watched (`watch_orphan`): its load balancers are told what it runs.
 
 use super::*;
 use crate::core::plan::{Plan, Step};
@@ -156,4 +157,61 @@ async fn group_gate<H: Host>(ctx: &Ctx<H>, d: &DesiredState, st: &UnitState) -> 
             () = ctx.shutdown.wait() => return Err("the agent is stopping".into()),
         }
     }
+}
+
+/// A unit no spec desires, left running (`prune: false`): what its load balancers are told follows
+/// what it runs, as a reconcile that changes nothing tells it (`ready` only while it runs, ready,
+/// the verified unit it ran; `down` once it stops), looked at every `ORPHAN_LOOK` until a spec
+/// desires it again (its worker tells them from then on) or the agent stops.
+pub async fn watch_orphan<H: Host>(ctx: &Ctx<H>, unit: &str) {
+    while !ctx.shutdown.is_set() && look_at_orphan(ctx, unit).await {
+        tokio::select! {
+            () = tokio::time::sleep(timing::ORPHAN_LOOK) => {}
+            () = ctx.shutdown.wait() => return,
+        }
+    }
+}
+
+/// One look at a unit no spec desires, under its lock: its load balancers told what it runs.
+/// False once a spec desires it again, or the agent stops.
+async fn look_at_orphan<H: Host>(ctx: &Ctx<H>, unit: &str) -> bool {
+    let _lock = match lock_unit(ctx, unit).await {
+        Ok(Some(l)) => l,
+        Ok(None) => return false,
+        Err(e) => {
+            tracing::warn!(unit, "orphaned: cannot take the unit's lock: {e:#}");
+            return true;
+        }
+    };
+    if !super::roll::orphaned(ctx, unit) {
+        return false;
+    }
+    let st = match ctx.store.peek(unit) {
+        Ok(st) => st,
+        Err(e) => {
+            tracing::warn!(unit, "orphaned: reading its state: {e:#}");
+            return true;
+        }
+    };
+    // The spec it was last asked to run says where its server answers.
+    let Some(record) = st.desired.clone() else {
+        let down = ServingState::Down {
+            why: "no spec desires it, and specd has no record of one".into(),
+            since: ctx.host.now(),
+        };
+        if !ctx.host.serving_state(unit).is_some_and(|s| s.same(&down)) {
+            let _ = ctx.host.set_serving_state(unit, &down);
+        }
+        return true;
+    };
+    let d = DesiredState::new(record.spec, record.source);
+    match observe::observe(ctx, &d, &st, true).await {
+        Ok((o, _)) => {
+            if let Err(e) = balancers::tell(ctx, &d, &st, &o, &crate::core::serving::After::Observed) {
+                tracing::warn!(unit, "orphaned: telling its load balancers: {e:#}");
+            }
+        }
+        Err(e) => tracing::warn!(unit, "orphaned: observing it: {e:#}"),
+    }
+    true
 }

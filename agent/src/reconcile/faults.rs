@@ -1367,3 +1367,57 @@ async fn a_prune_removes_the_rule_an_apply_killed_in_its_drain_left() {
     );
     assert_eq!((w.host.alive_count(), w.host.unit_file()), (0, None), "{}", w.said());
 }
+
+/// A unit whose spec is gone, left running (`prune: false`), then stopped by a person: a look
+/// at it (`watch_orphan`'s) with a fault at any call never tells its load balancers ready, and
+/// once the faults end the next look tells them down.
+#[tokio::test(start_paused = true)]
+async fn a_fault_at_any_call_of_a_look_at_an_orphan_stopped_by_hand_never_tells_it_ready() {
+    quiet_crashes();
+    let (old, new) = (desired(5), desired(10));
+    let look = |w: &World| {
+        let ctx = w.ctx();
+        async move {
+            let r = tokio::spawn(async move { super::prune::look_at_orphan(&ctx, UNIT).await }).await;
+            if let Err(e) = r
+                && !e.is_panic()
+            {
+                panic!("{e}");
+            }
+        }
+    };
+    let probe = serving(&old, &new, false).await;
+    orphaned(&probe).await;
+    let n0 = probe.host.calls();
+    look(&probe).await;
+    let calls = probe.host.call_names()[n0..].to_vec();
+    assert!(calls.contains(&"serving_set"), "{calls:?}");
+    assert_eq!(probe.host.lb_state().map(|s| s.word()), Some(Word::Down), "{}", probe.said());
+    let mut cases = 0;
+    for (i, name) in calls.iter().enumerate() {
+        for f in FAULTS {
+            let case = format!("fault {f:?} at call {i} ({name}) of a look at an orphan");
+            let w = serving(&old, &new, false).await;
+            let before = orphaned(&w).await;
+            w.host.plan(i, f);
+            look(&w).await;
+            w.host.heal();
+            look(&w).await;
+            assert_eq!(w.host.lb_violations()[before..], [] as [String; 0], "{case}");
+            assert_eq!(w.host.lb_state().map(|s| s.word()), Some(Word::Down), "{case}\n{}", w.said());
+            assert_eq!(w.host.stops_and_starts().1, 1, "{case}: started");
+            cases += 1;
+        }
+    }
+    eprintln!("a look at an orphan: {} calls × {} fault kinds = {cases} cases", calls.len(), FAULTS.len());
+}
+
+/// The unit left running with no spec (the source's state lists it), then stopped by a person;
+/// the load balancers' violations so far (that stop's own).
+async fn orphaned(w: &World) -> usize {
+    let st = crate::machine::store::SourceState { orphans: vec![UNIT.into()], ..Default::default() };
+    st.save(&w.dir.path().join("state")).unwrap();
+    crate::host::ServiceManager::stop(&w.host, UNIT, true).await.unwrap();
+    tokio::time::sleep(LOAD).await;
+    w.host.lb_violations().len()
+}

@@ -174,7 +174,7 @@ pub async fn watch_orphan<H: Host>(ctx: &Ctx<H>, unit: &str) {
 
 /// One look at a unit no spec desires, under its lock: its load balancers told what it runs.
 /// False once a spec desires it again, or the agent stops.
-async fn look_at_orphan<H: Host>(ctx: &Ctx<H>, unit: &str) -> bool {
+pub(super) async fn look_at_orphan<H: Host>(ctx: &Ctx<H>, unit: &str) -> bool {
     let _lock = match lock_unit(ctx, unit).await {
         Ok(Some(l)) => l,
         Ok(None) => return false,

@@ -20,6 +20,9 @@ pub const FAILED_AGAIN: Duration = Duration::from_secs(30);
 pub const ROLL_WAIT: Duration = Duration::from_secs(1);
 /// A replica whose group's roll stopped (a sibling's change failed) looks again after this.
 pub const ROLL_HELD: Duration = Duration::from_secs(30);
+/// A unit no spec desires, left running (`prune: false`): its serving state follows what it runs,
+/// looked at again after this.
+pub const ORPHAN_LOOK: Duration = Duration::from_secs(5);
 /// `error_policy`: the first retry after an error…
 pub const ERROR_FIRST: Duration = Duration::from_secs(2);
 /// …doubling up to this.

@@ -161,43 +161,60 @@ impl Units {
         st.accepted_commit = Some(commit.clone());
         st.accepted_record = eval.fleet.as_ref().and_then(|f| f.record.clone());
         self.metrics.source_revision(&commit);
-        let mut seen = Vec::new();
+        let seen: Vec<String> = eval.desired.iter().map(|d| d.spec.unit.clone()).collect();
+        let managed = self.ctx.store.units().unwrap_or_default();
+        let orphans: Vec<String> = managed.into_iter().filter(|u| !seen.contains(u)).collect();
+        st.orphans = if self.cfg.prune { vec![] } else { orphans.clone() };
+        // Saved before any unit hears of it: a replica's gate counts no orphan as its sibling, and
+        // the look at an orphan ends once a spec desires it again.
+        let _ = st.save(&self.state_dir);
+        self.let_go(&orphans, prev, &commit);
         for d in eval.desired {
-            seen.push(d.spec.unit.clone());
             ensure_worker(&mut self.workers, d, &self.ctx, &self.metrics);
         }
-        let orphans = self.let_go(&seen, prev, &commit);
-        st.orphans = if self.cfg.prune { vec![] } else { orphans };
-        let _ = st.save(&self.state_dir);
         tracing::info!(commit = %short(&commit), units = seen.len(), ms = started.elapsed().as_millis() as u64, "source read");
     }
 
-    /// Units specd manages that the deployed commit has no spec for (`seen` are those it has):
-    /// their workers end, and each is pruned (`prune: true`) or orphaned (left running). The
-    /// orphans.
-    fn let_go(&mut self, seen: &[String], prev: &SourceState, commit: &str) -> Vec<String> {
-        let managed = self.ctx.store.units().unwrap_or_default();
-        let orphans: Vec<String> = managed.into_iter().filter(|u| !seen.contains(u)).collect();
+    /// Units specd manages that the deployed commit has no spec for (`orphans`): their workers
+    /// end, and each is pruned (`prune: true`) or orphaned (left running, what its load balancers
+    /// are told following what it runs: `reconcile::watch_orphan`, one a unit).
+    fn let_go(&mut self, orphans: &[String], prev: &SourceState, commit: &str) {
         self.leaving.retain(|(_, h)| !h.is_finished());
-        for u in &orphans {
-            if let Some(w) = self.workers.remove(u) {
+        for u in orphans {
+            // A look at it already under way (an orphan since an earlier read), or its prune.
+            let watched = self.leaving.iter().any(|(l, _)| l == u);
+            let worker = self.workers.remove(u).map(|w| {
                 // Its worker ends after the reconcile it may be in (it sees its sender gone).
                 drop(w.desired);
-                self.leaving.push((u.clone(), w.handle));
                 self.metrics.forget(u);
-            }
+                w.handle
+            });
+            let (ctx, unit) = (self.ctx.clone(), u.clone());
             if self.cfg.prune {
+                self.leaving.extend(worker.map(|h| (u.clone(), h)));
                 // In the background, under the unit's lock: a stop may take TimeoutStopSec.
-                let (ctx, unit) = (self.ctx.clone(), u.clone());
                 let h = tokio::spawn(async move {
                     reconcile::prune(&ctx, &unit).await;
                 });
                 self.leaving.push((u.clone(), h));
-            } else if !prev.orphans.contains(u) {
+                continue;
+            }
+            if !prev.orphans.contains(u) {
                 tracing::warn!(unit = %u, "orphaned: its spec is gone from {}; left running (set prune: true to remove it)", short(commit));
             }
+            if watched {
+                self.leaving.extend(worker.map(|h| (u.clone(), h)));
+                continue;
+            }
+            // After the reconcile its worker may be in.
+            let h = tokio::spawn(async move {
+                if let Some(w) = worker {
+                    let _ = w.await;
+                }
+                reconcile::watch_orphan(&ctx, &unit).await;
+            });
+            self.leaving.push((u.clone(), h));
         }
-        orphans
     }
 
     pub(super) fn poke(&self, unit: &str) {

@@ -1327,3 +1327,146 @@ async fn a_rule_that_cannot_be_removed_after_the_stop_starts_nothing_behind_it_a
     assert_eq!(w.host.refused(), None);
     assert_eq!(w.host.started_behind_rule(), 0);
 }
+
+// --- A unit whose spec is gone, pruned (`prune: true`): drained as an apply drains it. ---
+
+/// The unit pruned as the agent prunes it, in its own task.
+async fn pruned(w: &World) {
+    let ctx = w.ctx();
+    tokio::spawn(async move { reconcile::prune(&ctx, UNIT).await }).await.unwrap();
+}
+
+/// Pruned behind a load balancer (an agent-check every 500 ms): its server is told `drain`, and
+/// stopped only once the balancer polled and was answered so; told `down` after, and never
+/// stopped while told ready.
+#[tokio::test(start_paused = true)]
+async fn a_pruned_unit_behind_a_load_balancer_is_stopped_only_once_it_saw_drain() {
+    let (old, new) = (desired(5), desired(10));
+    let w = serving(&old, &new, false).await;
+    w.host.balancer(CheckKind::AgentCheck, "10.0.0.5", std::time::Duration::from_millis(500));
+    // Its polls are at 0, 500 ms, 1 s...: the mark comes between two.
+    tokio::time::sleep(std::time::Duration::from_millis(120)).await;
+    pruned(&w).await;
+    assert_eq!(w.host.lb_told(), [Word::Ready, Word::Drain, Word::Down], "{}", w.said());
+    let (mark, stop) = (w.host.lb_told_at(Word::Drain).unwrap(), w.host.stop_times()[0]);
+    let waited = stop - mark;
+    assert!(waited >= std::time::Duration::from_millis(380), "stopped {waited:?} after the mark\n{}", w.said());
+    assert!(waited <= std::time::Duration::from_millis(500), "stopped {waited:?} after the mark\n{}", w.said());
+    assert!(w.said().contains("Progress(\"1 load balancer (10.0.0.5) saw drain after 0.4 s\")"), "{}", w.said());
+    assert_eq!(w.host.lb_violations(), Vec::<String>::new());
+    assert_eq!((w.host.alive_count(), w.host.unit_file()), (0, None), "{}", w.said());
+}
+
+/// Pruned with a request in flight: stopped once it finished; one that never finishes holds the
+/// stop no longer than the drain budget (`drain_timeout_sec: 5`), and that is said.
+#[tokio::test(start_paused = true)]
+async fn a_pruned_unit_is_stopped_once_its_requests_in_flight_finish_or_its_drain_budget_ran_out() {
+    for (busy, stopped_after, busy_stops) in [(2, 2, 0), (60, 5, 1)] {
+        let (old, new) = (desired(5), desired(10));
+        let w = serving(&old, &new, false).await;
+        let t0 = tokio::time::Instant::now();
+        w.host.busy_for(std::time::Duration::from_secs(busy));
+        pruned(&w).await;
+        let case = format!("a request in flight for {busy} s");
+        assert_eq!(w.host.stops_while_busy(), busy_stops, "{case}: stopped with a request in flight\n{}", w.said());
+        let after = w.host.stop_times()[0] - t0;
+        let bound = std::time::Duration::from_secs(stopped_after);
+        assert!(
+            after >= bound && after <= bound + std::time::Duration::from_secs(1),
+            "{case}: stopped after {after:?}"
+        );
+        if busy_stops > 0 {
+            assert!(
+                w.said().contains("1 requests still in flight after the drain budget; stopping anyway"),
+                "{}",
+                w.said()
+            );
+        }
+        assert_eq!(w.host.alive_count(), 0, "{case}");
+        assert_eq!(w.host.lb_state().map(|s| s.word()), Some(Word::Down), "{case}");
+    }
+}
+
+/// A rule an apply killed in its drain left refusing new connections to the unit's port is
+/// removed by the prune, before the unit's state (which names it) is set aside.
+#[tokio::test(start_paused = true)]
+async fn a_prune_removes_the_rule_an_apply_killed_in_its_drain_left() {
+    quiet_crashes();
+    let (old, new) = (refusing(5, true), refusing(10, true));
+    let w = serving(&old, &new, false).await;
+    w.host.fed();
+    let calls = {
+        let probe = serving(&old, &new, false).await;
+        probe.host.fed();
+        let m0 = probe.host.calls();
+        assert!(probe.reconcile(&new).await.unwrap().is_ok());
+        probe.host.call_names()[m0..].to_vec()
+    };
+    let at = calls.iter().position(|c| *c == "nft_refuse").expect("the apply closes the port") + 1;
+    w.host.plan(at, Fault::Crash);
+    assert!(w.reconcile(&new).await.is_none(), "killed\n{}", w.said());
+    assert_eq!(w.host.refused(), Some(30000), "{}", w.said());
+    w.host.heal();
+    pruned(&w).await;
+    assert_eq!(w.host.refused(), None, "the rule is left\n{}", w.said());
+    assert!(
+        w.said().contains("removed the rule an interrupted apply left refusing new connections to port 30000"),
+        "{}",
+        w.said()
+    );
+    assert_eq!((w.host.alive_count(), w.host.unit_file()), (0, None), "{}", w.said());
+}
+
+/// A unit whose spec is gone, left running (`prune: false`), then stopped by a person: a look
+/// at it (`watch_orphan`'s) with a fault at any call never tells its load balancers ready, and
+/// once the faults end the next look tells them down.
+#[tokio::test(start_paused = true)]
+async fn a_fault_at_any_call_of_a_look_at_an_orphan_stopped_by_hand_never_tells_it_ready() {
+    quiet_crashes();
+    let (old, new) = (desired(5), desired(10));
+    let look = |w: &World| {
+        let ctx = w.ctx();
+        async move {
+            let r = tokio::spawn(async move { super::prune::look_at_orphan(&ctx, UNIT).await }).await;
+            if let Err(e) = r
+                && !e.is_panic()
+            {
+                panic!("{e}");
+            }
+        }
+    };
+    let probe = serving(&old, &new, false).await;
+    orphaned(&probe).await;
+    let n0 = probe.host.calls();
+    look(&probe).await;
+    let calls = probe.host.call_names()[n0..].to_vec();
+    assert!(calls.contains(&"serving_set"), "{calls:?}");
+    assert_eq!(probe.host.lb_state().map(|s| s.word()), Some(Word::Down), "{}", probe.said());
+    let mut cases = 0;
+    for (i, name) in calls.iter().enumerate() {
+        for f in FAULTS {
+            let case = format!("fault {f:?} at call {i} ({name}) of a look at an orphan");
+            let w = serving(&old, &new, false).await;
+            let before = orphaned(&w).await;
+            w.host.plan(i, f);
+            look(&w).await;
+            w.host.heal();
+            look(&w).await;
+            assert_eq!(w.host.lb_violations()[before..], [] as [String; 0], "{case}");
+            assert_eq!(w.host.lb_state().map(|s| s.word()), Some(Word::Down), "{case}\n{}", w.said());
+            assert_eq!(w.host.stops_and_starts().1, 1, "{case}: started");
+            cases += 1;
+        }
+    }
+    eprintln!("a look at an orphan: {} calls × {} fault kinds = {cases} cases", calls.len(), FAULTS.len());
+}
+
+/// The unit left running with no spec (the source's state lists it), then stopped by a person;
+/// the load balancers' violations so far (that stop's own).
+async fn orphaned(w: &World) -> usize {
+    let st = crate::machine::store::SourceState { orphans: vec![UNIT.into()], ..Default::default() };
+    st.save(&w.dir.path().join("state")).unwrap();
+    crate::host::ServiceManager::stop(&w.host, UNIT, true).await.unwrap();
+    tokio::time::sleep(LOAD).await;
+    w.host.lb_violations().len()
+}

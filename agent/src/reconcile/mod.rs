@@ -55,7 +55,7 @@ use crate::machine::systemd::UnitProps;
 use crate::core::timing::{self};
 use act::{Gate, act, preflight_needed, preflight_refusal};
 pub use observe::{desired_of, observe};
-pub use prune::prune;
+pub use prune::{prune, watch_orphan};
 pub use roll::group_plan;
 pub use shutdown::{CarriedApply, Finish, Shutdown};
 

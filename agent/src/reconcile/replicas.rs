@@ -295,3 +295,92 @@ async fn status_says_the_spare_rests_and_why_a_replica_waits_for_it() {
     let waits = "waiting: group llm: max_surge 1 spares must serve the new spec before a replica stops; llm-c.service not serving its new spec yet";
     assert!(replica.reasons.iter().any(|w| w.starts_with(waits)), "{:?}", replica.reasons);
 }
+
+/// A replica whose spec is gone, pruned (`prune: true`) while its sibling drains for a change:
+/// it waits for its group's gate, as an apply's stop does, and is told drain only once its
+/// sibling serves again; never are both out of their load balancers at once.
+#[tokio::test(start_paused = true)]
+async fn a_replica_pruned_while_its_sibling_drains_waits_until_the_sibling_serves_again() {
+    let rollout = "  rollout: {group: llm}\n";
+    let r = Replicas::serving(2, rollout).await;
+    let from = r.hosts[0].serving_told().len();
+    let new_b = r.desired(1, 3, rollout);
+    r.hosts[1].serves(&new_b.spec, false);
+    r.hosts[1].busy_for(Duration::from_secs(2));
+    let b = r.worker(1, new_b.clone());
+    let bound = tokio::time::Instant::now() + Duration::from_secs(60);
+    while r.hosts[1].lb_state().is_none_or(|s| s.word() == Word::Ready) {
+        assert!(tokio::time::Instant::now() < bound, "llm-b was never told drain\n{}", r.said());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let ctx = r.ctx(0);
+    let prune = tokio::spawn(async move { reconcile::prune(&ctx, &unit(0)).await });
+    let rep = b.await.unwrap();
+    assert_eq!(rep.outcome, Some(Outcome::Applied), "{}\n{}", rep.verdict, r.said());
+    prune.await.unwrap();
+    let told = r.hosts[0].serving_told()[from..].to_vec();
+    assert_eq!(r.most_unavailable(from), 1, "both out of their load balancers at once: {told:?}\n{}", r.said());
+    let at = |u: &str, w: Word| told.iter().position(|(_, x, s)| x == u && s.word() == w);
+    let (b_ready, a_drain) = (at(&unit(1), Word::Ready), at(&unit(0), Word::Drain));
+    assert!(a_drain > b_ready && b_ready.is_some(), "{told:?}");
+    assert!(r.said().contains("llm-a.service: Waiting(\"waiting: llm-b.service is drain"), "{}", r.said());
+    assert_eq!(r.hosts[0].serving(), None, "the pruned replica runs");
+    assert_eq!(r.hosts[0].lb_state().map(|s| s.word()), Some(Word::Down));
+    assert_eq!(r.hosts[1].serving(), Some(new_b.spec.argv));
+}
+
+impl Replicas {
+    /// The agent's last read of its source found no spec for replica `i` (`prune: false`): the
+    /// source's state lists it as orphaned; none with `i` = `None`.
+    fn orphaned(&self, i: Option<usize>) {
+        let st =
+            crate::machine::store::SourceState { orphans: i.map(unit).into_iter().collect(), ..Default::default() };
+        st.save(&self.dir.path().join("state")).unwrap();
+    }
+
+    /// Until replica `i`'s load balancers are told `word` (within a minute).
+    async fn told(&self, i: usize, word: Word) {
+        let bound = tokio::time::Instant::now() + Duration::from_secs(60);
+        while self.hosts[i].lb_state().map(|s| s.word()) != Some(word) {
+            let answer = crate::core::serving::http_answer(self.hosts[i].lb_state().as_ref());
+            assert!(
+                tokio::time::Instant::now() < bound,
+                "{} never told {word}: GET /serving/{} answers {answer:?}\n{}",
+                unit(i),
+                unit(i),
+                self.said()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// A replica whose spec left the repo, left running (`prune: false`): what its load balancers
+/// are told follows what it runs (ready while it runs its verified unit; down, its HTTP check
+/// 503, once a person stopped it), and it is no sibling of its group: a change of the group's
+/// other replica does not wait for it. Once a spec desires it again, the look at it ends.
+#[tokio::test(start_paused = true)]
+async fn an_orphaned_replica_stopped_by_hand_is_told_down_and_holds_no_roll_of_its_group() {
+    let rollout = "  rollout: {group: llm}\n";
+    let r = Replicas::serving(2, rollout).await;
+    r.orphaned(Some(0));
+    let ctx = r.ctx(0);
+    let watch = tokio::spawn(async move { reconcile::watch_orphan(&ctx, &unit(0)).await });
+    tokio::time::sleep(crate::core::timing::ORPHAN_LOOK * 2).await;
+    assert_eq!(r.hosts[0].lb_state().map(|s| s.word()), Some(Word::Ready), "it runs its verified unit");
+    crate::host::ServiceManager::stop(&r.hosts[0], &unit(0), true).await.unwrap();
+    r.told(0, Word::Down).await;
+    let (code, body) = crate::core::serving::http_answer(r.hosts[0].lb_state().as_ref());
+    assert_eq!((code, body.as_str()), (503, "down: its service is not running\n"));
+    // The group's other replica changes without waiting for the stopped orphan.
+    let new_b = r.desired(1, 3, rollout);
+    r.hosts[1].serves(&new_b.spec, false);
+    let b = tokio::time::timeout(Duration::from_secs(60), r.worker(1, new_b.clone())).await;
+    let b = b.unwrap_or_else(|_| panic!("llm-b's change waits for its orphaned sibling\n{}", r.said())).unwrap();
+    assert_eq!(b.outcome, Some(Outcome::Applied), "{}\n{}", b.verdict, r.said());
+    assert_eq!(r.hosts[1].serving(), Some(new_b.spec.argv));
+    // Desired again: its worker tells its load balancers from then on.
+    r.orphaned(None);
+    let ended = tokio::time::timeout(crate::core::timing::ORPHAN_LOOK * 2, watch).await;
+    assert!(ended.is_ok(), "the look at llm-a goes on once a spec desires it");
+}

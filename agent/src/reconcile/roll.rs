@@ -6,6 +6,10 @@
 //! so two replicas never both pass. A wait or a hold is a report whose action is a requeue: no
 //! reconcile sleeps on its unit's lock.
 //!
+//! A unit no spec desires (orphaned, `prune: false`) is no sibling: its record still names the
+//! group, but what it serves is no longer the group's (its serving state follows what it runs:
+//! `prune::watch_orphan`).
+//!
 //! A spare of the group (`rollout.spare`) asks `core::roll::spare` at each reconcile: serving, it
 //! is applied as any unit (the whole apply path) and looks again every `ROLL_WAIT` until the
 //! group is at rest; resting, it is drained and stopped by the apply's own steps (drain, stop,
@@ -73,11 +77,13 @@ fn serves(told: Option<&ServingState>, o: &Observed) -> bool {
     told.map_or(o.ready == Some(true), |s| s.word() == Word::Ready)
 }
 
-/// The group's other members on this host: every unit whose record desires a spec of `group`.
+/// The group's other members on this host: every unit whose record desires a spec of `group`,
+/// but those no spec desires any more ([`orphaned`]): what they serve is not the group's.
 fn siblings<H: Host>(ctx: &Ctx<H>, unit: &str, group: &str) -> Result<Vec<Sibling>> {
     let (mut out, now_ms) = (Vec::new(), ctx.host.now_ms());
+    let orphans = orphans(ctx);
     for other in ctx.store.units()? {
-        if other == unit {
+        if other == unit || orphans.contains(&other) {
             continue;
         }
         let st = ctx.store.peek(&other)?;
@@ -95,6 +101,17 @@ fn siblings<H: Host>(ctx: &Ctx<H>, unit: &str, group: &str) -> Result<Vec<Siblin
         });
     }
     Ok(out)
+}
+
+/// The units specd manages that no spec desires: those the agent's last read of its source left
+/// running (`prune: false`; the source's state, `source.json`, lists them).
+fn orphans<H: Host>(ctx: &Ctx<H>) -> Vec<String> {
+    crate::machine::store::SourceState::load(&ctx.store.dir).map(|s| s.orphans).unwrap_or_default()
+}
+
+/// Whether no spec desires `unit` (see [`orphans`]).
+pub(super) fn orphaned<H: Host>(ctx: &Ctx<H>, unit: &str) -> bool {
+    orphans(ctx).iter().any(|o| o == unit)
 }
 
 /// What a spare of a group does now (`None`: the unit is no spare), from its siblings' records

@@ -890,3 +890,37 @@ fn a_bundle_carried_in_deploys_through_the_local_mirror_at_once() {
     assert_eq!((f.steps(a), f.e.main_pid("qwen.service")), (Some(10), pid));
     f.e.b.shutdown().unwrap();
 }
+
+/// A unit whose spec left the repository, left running (`prune: false`): its load balancers are
+/// told ready while it serves its verified unit, and `down` once a person stops it (its serving
+/// state follows what it runs; it used to stay `ready`, `GET /serving/<unit>` answering 200).
+#[test]
+fn an_orphan_stopped_by_hand_is_told_down_to_its_load_balancers() {
+    let f = Fleet::new();
+    let (a, b) = (f.e.port, free_port());
+    f.commit(
+        &[("a.yaml", &f.spec("model-a.service", a, 5, 100, "")), ("b.yaml", &f.spec("model-b.service", b, 5, 100, ""))],
+        "two models",
+    );
+    f.start_agent(f.repo.to_str().unwrap(), "");
+    f.wait_steps(b, 5, Duration::from_secs(30));
+    f.wait_applied("model-b.service", 1);
+    let told = "/run/specd/serving/model-b.service.json";
+    let word = |w: &str| f.e.b.read_to_string(told).is_ok_and(|t| t.contains(&format!("\"state\":\"{w}\"")));
+    wait_until("model-b to be told ready", Duration::from_secs(30), || word("ready")).unwrap();
+    std::fs::remove_file(f.repo.join("specs/b.yaml")).unwrap();
+    let c = f.commit(&[], "retire model b");
+    f.wait_source("model-b to be orphaned", |s| {
+        s["accepted_commit"] == c.as_str()
+            && s["orphans"].as_array().is_some_and(|o| o.iter().any(|u| u == "model-b.service"))
+    });
+    assert_eq!(f.steps(b), Some(5), "an orphan is left running");
+    assert!(word("ready"), "{:?}", f.e.b.read_to_string(told));
+    f.e.b.systemctl_check(&["stop", "model-b.service"]).unwrap();
+    wait_until("the stopped orphan to be told down", Duration::from_secs(30), || word("down")).unwrap_or_else(|e| {
+        panic!("{e}: {:?}\nagent journal:\n{}", f.e.b.read_to_string(told), f.e.b.journal(AGENT).unwrap_or_default())
+    });
+    assert!(f.e.b.read_to_string(told).unwrap().contains("its service is not running"));
+    assert_eq!(f.steps(a), Some(5));
+    f.e.b.shutdown().unwrap();
+}

@@ -831,3 +831,38 @@ fn with_a_spare_and_the_shipped_check_timings_haproxy_always_holds_two_servers_u
         assert!(runs_steps(&r.f, u, 4), "{u} not on the commit's spec\n{said}");
     }
 }
+
+/// A unit whose spec is removed with `prune: true`, behind HAProxy asking the agent, under
+/// streaming load: its prune tells HAProxy `drain`, waits until it saw it and the server holds
+/// no request, and only then stops it: no request fails (it used to be told `down` and stopped at
+/// once, abandoning the requests it held).
+#[test]
+fn a_unit_pruned_behind_haproxy_asking_the_agent_loses_no_request() {
+    let r = Rig::new(Asks::AgentCheck);
+    let cfg = r.f.e.b.read_to_string("/run/agent.yaml").unwrap();
+    r.f.e.b.systemctl_check(&["stop", AGENT]).unwrap();
+    r.f.e.b.write_file("/run/agent.yaml", format!("{cfg}prune: true\n")).unwrap();
+    r.f.e.b.systemctl_check(&["start", AGENT]).unwrap();
+    for unit in UNITS {
+        r.h.wait_status(&name(unit), Status::Up, T).unwrap();
+    }
+    let t = Traffic::start(r.load());
+    t.wait_successes(40, T).unwrap();
+    std::fs::remove_file(r.f.repo.join("specs").join(format!("{}.yaml", UNITS[1]))).unwrap();
+    git(&r.f.repo, &["add", "-A"]);
+    git(&r.f.repo, &["commit", "-q", "-m", "retire llm-b"]);
+    wait_for("llm-b to be pruned", T, || {
+        let gone = r.f.e.b.read_file(&format!("/etc/systemd/system/{}", UNITS[1])).is_err();
+        let stopped = r.f.e.b.prop(UNITS[1], "ActiveState").is_ok_and(|s| s == "inactive" || s == "failed");
+        (gone && stopped).then_some(())
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", r.agent_said()));
+    t.wait_successes(40, T).unwrap();
+    let s = t.stop();
+    println!("a unit pruned behind HAProxy asking the agent: {s}");
+    let said = r.agent_said();
+    assert_eq!(s.failed_total(), 0, "{s}\n{said}");
+    assert!(said.contains("1 load balancer (127.0.0.1) saw drain after"), "{said}");
+    // Stopped by its SIGTERM with nothing in flight: it ended clean.
+    assert_eq!(r.f.e.b.prop(UNITS[1], "Result").unwrap(), "success", "{said}");
+}

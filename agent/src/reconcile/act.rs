@@ -89,6 +89,8 @@ pub(super) struct Target<'a> {
     /// The instance being replaced may not serve (a rollback replaces a failed one; an
     /// interrupted apply may have stopped it): asked to stop, the run still starts the next one.
     pub(super) not_serving: bool,
+    /// Its spec is gone: the run drains it for a prune (what its load balancers are told).
+    pub(super) pruning: bool,
 }
 
 /// What a run of steps puts in place.
@@ -130,6 +132,7 @@ impl<'a> Target<'a> {
             gpu_share: gpu_share(&d.spec),
             mode: Mode::Apply(&d.spec),
             not_serving: resumed,
+            pruning: false,
         }
     }
 }
@@ -454,6 +457,7 @@ pub(super) async fn restore<H: Host>(
         mode: Mode::Restore(why),
         // What it stops has failed already: asked to stop, it still puts the good unit back.
         not_serving: true,
+        pruning: false,
     };
     let props = ctx.host.show(unit).await.unwrap_or_default();
     let mut sv = StopRecord::default();

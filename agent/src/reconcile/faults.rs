@@ -1348,6 +1348,12 @@ async fn a_pruned_unit_behind_a_load_balancer_is_stopped_only_once_it_saw_drain(
     tokio::time::sleep(std::time::Duration::from_millis(120)).await;
     pruned(&w).await;
     assert_eq!(w.host.lb_told(), [Word::Ready, Word::Drain, Word::Down], "{}", w.said());
+    let drain = w
+        .host
+        .serving_told()
+        .into_iter()
+        .find_map(|(_, _, s)| s.why().filter(|_| s.word() == Word::Drain).map(str::to_string));
+    assert_eq!(drain.as_deref(), Some("specd is stopping it: its spec is gone (prune: true)"));
     let (mark, stop) = (w.host.lb_told_at(Word::Drain).unwrap(), w.host.stop_times()[0]);
     let waited = stop - mark;
     assert!(waited >= std::time::Duration::from_millis(380), "stopped {waited:?} after the mark\n{}", w.said());

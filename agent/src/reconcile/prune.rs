@@ -122,7 +122,7 @@ async fn drain<H: Host>(ctx: &Ctx<H>, st: &mut UnitState, unit: &str, before: &U
     };
     let d = DesiredState::new(record.spec, record.source);
     group_gate(ctx, &d, st).await?;
-    let t = act::Target::desired(&d, d.spec.base_url(), false);
+    let t = act::Target { pruning: true, ..act::Target::desired(&d, d.spec.base_url(), false) };
     let mut stop = act::StopRecord::default();
     steps::run_steps(ctx, st, unit, &[Step::Drain], &t, before, &mut stop, None)
         .await

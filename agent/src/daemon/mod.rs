@@ -82,7 +82,7 @@ pub async fn run(opts: RunOptions) -> Result<()> {
     StopTimeout::clear_leftover(&ctx.unit_dir, own_unit.as_deref());
     let metrics = Arc::new(Metrics::default());
     metrics.host_info(&hostname, &cfg.labels.0);
-    metrics.serving_from(crate::machine::serving::ServingFiles::host());
+    metrics.serving_from(crate::machine::serving::ServingFiles::host(), cfg.load_balancer.balancers());
     let (trig_tx, trig_rx) = mpsc::unbounded_channel::<Trigger>();
 
     let cache = opts.dirs.state_dir.join("repo");

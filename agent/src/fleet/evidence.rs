@@ -176,6 +176,8 @@ struct Now {
     hold: Vec<Sample>,
     last_death: Vec<Sample>,
     serving: Vec<Sample>,
+    /// The units not taken by their load balancers (`specd_unit_taken == 0`).
+    not_taken: Vec<Sample>,
     served: ServedSamples,
 }
 
@@ -304,7 +306,7 @@ fn since_questions(waves: &[InProgress], now: u64) -> Vec<(String, u64)> {
 /// The figures of a host asked at `now`, in the order [`Now`] keeps them after the hosts, `up`
 /// and `timestamp(up)`; each with the filter that keeps the series [`fold`] reads (a hold and
 /// a serving state say something only where they are 1: of a unit's three holds, one at most).
-const FIGURES: [(&str, &str); 13] = [
+const FIGURES: [(&str, &str); 14] = [
     ("specd_source_info", ""),
     ("specd_unit_info", ""),
     ("specd_unit_args_verified", ""),
@@ -315,6 +317,7 @@ const FIGURES: [(&str, &str); 13] = [
     ("specd_unit_hold", " == 1"),
     ("specd_unit_last_death_timestamp_seconds", ""),
     ("specd_unit_serving", " == 1"),
+    ("specd_unit_taken", " == 0"),
     (SERVED[0], ""),
     (SERVED[1], ""),
     (SERVED[2], ""),
@@ -386,6 +389,7 @@ async fn ask(p: &Prometheus, record: Option<&Record>, now: f64) -> Result<(Now, 
         hold: next(),
         last_death: next(),
         serving: next(),
+        not_taken: next(),
         served: ServedSamples::from(&mut next),
     };
     let mut answered = answered.into_iter();
@@ -466,6 +470,11 @@ fn fold(a: &Now, since: &Since, now: u64, stale_after: u64) -> Evidence {
     for s in a.serving.iter().filter(|s| s.value == 1.0) {
         if let (Some(state), Some(u)) = (label(s, "state"), unit_mut(&mut ev, &by_target, s)) {
             u.serving = Some(state.to_string());
+        }
+    }
+    for s in a.not_taken.iter().filter(|s| s.value == 0.0) {
+        if let Some(u) = unit_mut(&mut ev, &by_target, s) {
+            u.taken = Some(false);
         }
     }
     for s in &a.last_death {
@@ -710,15 +719,37 @@ mod tests {
         assert_eq!(died("c"), BTreeMap::from([("crash".to_string(), 1.0)]));
     }
 
+    /// `specd_unit_taken == 0` names the units whose load balancers have not taken them back;
+    /// a unit it does not name (taken, or an agent too old to say) is not held for it.
+    #[test]
+    fn a_unit_its_load_balancers_have_not_taken_back_is_told_apart() {
+        let labels = |h: &str, more: &[(&str, &str)]| {
+            let mut l = vec![("job", "specd"), ("instance", h)];
+            l.extend_from_slice(more);
+            l.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        };
+        let s = |h: &str, more: &[(&str, &str)], value: f64| Sample { labels: labels(h, more), value };
+        let now = Now {
+            hosts: ["a", "b"].map(|h| s(h, &[("host", h)], 1.0)).to_vec(),
+            unit_info: ["a", "b"].map(|h| s(h, &[("unit", "llm.service"), ("unit_hash", "x")], 1.0)).to_vec(),
+            not_taken: vec![s("a", &[("unit", "llm.service")], 0.0)],
+            ..Default::default()
+        };
+        let ev = fold(&now, &Since::default(), 1030, 60);
+        assert_eq!(ev.hosts["a"].units["llm.service"].taken, Some(false));
+        assert_eq!(ev.hosts["b"].units["llm.service"].taken, None);
+        assert!(now_questions(1.0, Freshness::AsIs).iter().any(|(q, _)| q == "(specd_unit_taken) == 0"));
+    }
+
     #[test]
     fn while_every_host_answers_its_scrapes_a_pass_reads_no_hour_of_samples_but_the_hosts() {
         let hour = |q: &[(String, f64)]| q.iter().filter(|(e, _)| e.contains("[3600s]")).count();
         for how in [Freshness::Compared, Freshness::AsIs] {
             let q = now_questions(5000.0, how);
-            assert_eq!((q.len(), hour(&q)), (16, 1), "{q:?}");
+            assert_eq!((q.len(), hour(&q)), (17, 1), "{q:?}");
             assert_eq!(q[0].0, last_known("specd_host_info", how));
             let compared = q.iter().filter(|(e, _)| e.contains("timestamp(specd_")).count();
-            assert_eq!(compared, if how == Freshness::Compared { 14 } else { 0 }, "{q:?}");
+            assert_eq!(compared, if how == Freshness::Compared { 15 } else { 0 }, "{q:?}");
         }
         assert_eq!(now_questions(1.0, Freshness::AsIs)[10].0, "(specd_unit_hold) == 1");
         let target = |i: &str, v| sample(&[("job", "specd"), ("instance", i)], v);

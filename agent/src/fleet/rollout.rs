@@ -99,6 +99,8 @@ pub struct UnitEvidence {
     pub hold: Option<String>,
     /// What its load balancers are told (`specd_unit_serving`): ready, drain or down.
     pub serving: Option<String>,
+    /// `Some(false)`: not taken back by its load balancers yet (`specd_unit_taken` 0).
+    pub taken: Option<bool>,
 }
 
 /// What a unit's instance served since it started (`specd_unit_served_*`).
@@ -258,6 +260,9 @@ fn runs(e: &HostEvidence, rev: &str, expected: &[ExpectedUnit], args_verified: b
         }
         if args_verified && u.and_then(|u| u.args_verified) == Some(false) {
             return Err(format!("{}: its args are not verified", x.unit));
+        }
+        if u.and_then(|u| u.taken) == Some(false) {
+            return Err(format!("{}: its load balancers have not taken it back yet", x.unit));
         }
     }
     Ok(())

@@ -285,9 +285,10 @@ fn a_change_of_the_real_llama_server_behind_haproxy_asking_the_agent_loses_no_re
 }
 
 /// Three hosts (boxes, each its agent answering HAProxy's agent-check for its `llm.service`)
-/// behind one HAProxy, a change rolled through a fleet's waves one host at a time by the
-/// promoter: no request lost, no stop ending in SIGKILL, each host's apply waited for HAProxy to
-/// see drain.
+/// behind one HAProxy with the example's check timings, a change rolled through a fleet's waves
+/// one host at a time by the promoter: no request lost, no stop ending in SIGKILL, each host's
+/// apply waited for HAProxy to see drain, and the promoter moved the next host only once
+/// HAProxy took the previous one back (`specd_unit_taken`): two servers UP throughout.
 #[test]
 fn three_hosts_behind_one_haproxy_lose_no_request_through_a_fleet_rollout() {
     use crate::common::fleet::{FLEET_FILE, FleetSetup, Hosts, LLM, LLM_FILE};
@@ -298,8 +299,10 @@ fn three_hosts_behind_one_haproxy_lose_no_request_through_a_fleet_rollout() {
         let cfg = h.b.read_to_string("/run/agent.yaml").unwrap();
         h.b.write_file("/run/agent.yaml", format!("{cfg}load_balancer: {{agent_check: 127.0.0.1:{port}}}\n")).unwrap();
     }
+    // Engines loading 8 s: HAProxy's shipped checks (`inter 2s fall 3 rise 2`) find a restarted
+    // one DOWN, and send to it again only after two passing checks.
     let llm = |steps: u32| {
-        let mut s = fleet.llm(steps);
+        let mut s = fleet.llm(steps).env("SPECD_STANDIN_LOAD_MS", "8000");
         for n in fleet.names() {
             s = s.on(&n, "service: {timeout_stop_sec: 20, drain_timeout_sec: 8}");
         }
@@ -322,22 +325,33 @@ fn three_hosts_behind_one_haproxy_lose_no_request_through_a_fleet_rollout() {
         .zip(&agent_checks)
         .map(|(h, port)| Server::new(h.name(), h.server_port).with_agent_sending(*port, LLM))
         .collect();
-    let h = Haproxy::start(&Config::new(servers)).unwrap_or_else(|e| panic!("{e:#}"));
+    let h = Haproxy::start(&Config::new(servers).with_shipped_checks()).unwrap_or_else(|e| panic!("{e:#}"));
     for n in fleet.names() {
         h.wait_status(&n, Status::Up, T).unwrap();
     }
     let t = Traffic::start(load_through(&h));
     t.wait_successes(40, T).unwrap();
     let c2 = fleet.commit(&[(LLM_FILE, &llm(5))], "llm: steps 5");
-    let promoter = fleet.promote_watch("promoter");
-    fleet.wait_record("the rollout to complete", Duration::from_secs(240), |r| {
-        r.state == RolloutState::Complete && r.released == c2
+    // The promoter moves the next host only once HAProxy took the previous one back: two of the
+    // three always serve.
+    let (fewest, most, promoter) = up_during(&h, || {
+        let promoter = fleet.promote_watch("promoter");
+        fleet.wait_record("the rollout to complete", Duration::from_secs(300), |r| {
+            r.state == RolloutState::Complete && r.released == c2
+        });
+        fleet.wait_all_run(&c2, T);
+        for n in fleet.names() {
+            h.wait_status(&n, Status::Up, T).unwrap();
+        }
+        promoter
     });
-    fleet.wait_all_run(&c2, T);
     t.wait_successes(40, T).unwrap();
     let s = t.stop();
     drop(promoter);
-    println!("three hosts, fleet rollout, agent-check: {s}");
+    println!(
+        "three hosts, fleet rollout, agent-check, shipped check timings: {s}; HAProxy held {fewest} to {most} servers UP"
+    );
+    assert!(fewest >= 2, "HAProxy held {fewest} servers UP during the rollout");
     for hb in fleet.hosts() {
         let said = hb.b.journal(AGENT).unwrap_or_default();
         let st: Value =

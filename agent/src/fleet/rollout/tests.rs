@@ -512,6 +512,27 @@ fn with_the_args_verified_gate_off_unverified_args_do_not_hold_a_host() {
     assert!(why.contains("its args are not verified"), "{why}");
 }
 
+/// A host that runs the target, verified, whose load balancers have not taken it back yet
+/// (HAProxy's `rise` after the engine it found down): still applying, so the next host of the
+/// wave is not stopped while this one takes no traffic; converged once it is taken.
+#[test]
+fn a_host_its_load_balancers_have_not_taken_back_is_not_yet_converged() {
+    let mut r = rollout();
+    promote(&mut r, 0, &["gpu-01"], T0 + 1);
+    let mut ev = all_on(OLD);
+    let mut canary = on(NEW, 2.5);
+    canary.units.get_mut("llm.service").unwrap().taken = Some(false);
+    ev.hosts.insert("gpu-01".into(), canary);
+    let decide_at = |ev: &Evidence, now| {
+        decide(&Inputs { fleet: &fleet(), record: Some(&r), head: NEW, evidence: ev, expected: &expected, now })
+    };
+    let (why, _) = waits(decide_at(&ev, T0 + 30));
+    assert!(why.contains("llm.service: its load balancers have not taken it back yet"), "{why}");
+    ev.hosts.get_mut("gpu-01").unwrap().units.get_mut("llm.service").unwrap().taken = None;
+    let (c, _) = written(decide_at(&ev, T0 + 35));
+    assert_eq!(c.waves[0].converged, Some(T0 + 35));
+}
+
 #[test]
 fn a_resume_after_the_last_bake_releases_the_target() {
     let mut r = rollout();

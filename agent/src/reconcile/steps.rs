@@ -570,7 +570,7 @@ impl<H: Host> Run<'_, H> {
         // A server that died is not left told ready while it starts again (a stop told drain).
         if ctx.host.serving_state(unit).is_some_and(|s| s.word() == crate::core::serving::Word::Ready) {
             let down = crate::core::serving::ServingState::Down {
-                why: format!("specd is starting it (unit {})", short(&self.t.sha256)),
+                why: format!("specd is starting it (unit {})", short(self.t.sha256)),
                 since: ctx.host.now(),
             };
             ctx.host.set_serving_state(unit, &down).map_err(|e| StepFailure::host(step, format!("{e:#}")))?;

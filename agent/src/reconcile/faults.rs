@@ -1268,10 +1268,9 @@ async fn a_server_that_died_is_told_down_before_it_is_started_again() {
     assert!(w.host.lb_violations().is_empty(), "{:?}", w.host.lb_violations());
 }
 
-/// specd killed in the drain, its port closed: the rule stays (nothing runs to remove it), and
-/// the unit's next reconcile removes it first, as the agent's first look at each unit does.
-#[tokio::test(start_paused = true)]
-async fn a_rule_left_by_an_apply_killed_in_its_drain_is_removed_by_the_next_reconcile() {
+/// A unit serving `refusing(5, true)`, fed by clients, whose apply of `refusing(10, true)` was
+/// killed just after it closed the port: the rule is left. The old spec and the world.
+async fn killed_in_its_drain() -> (DesiredState, World) {
     quiet_crashes();
     let (old, new) = (refusing(5, true), refusing(10, true));
     let w = serving(&old, &new, false).await;
@@ -1287,6 +1286,14 @@ async fn a_rule_left_by_an_apply_killed_in_its_drain_is_removed_by_the_next_reco
     w.host.plan(at, Fault::Crash);
     assert!(w.reconcile(&new).await.is_none(), "killed\n{}", w.said());
     assert_eq!(w.host.refused(), Some(30000), "{}", w.said());
+    (old, w)
+}
+
+/// specd killed in the drain, its port closed: the rule stays (nothing runs to remove it), and
+/// the unit's next reconcile removes it first, as the agent's first look at each unit does.
+#[tokio::test(start_paused = true)]
+async fn a_rule_left_by_an_apply_killed_in_its_drain_is_removed_by_the_next_reconcile() {
+    let (old, w) = killed_in_its_drain().await;
     assert_eq!(w.store().peek(UNIT).unwrap().refusing, Some(30000));
     w.host.heal();
     // The unit's next look, even one that has nothing to change.
@@ -1397,21 +1404,7 @@ async fn a_pruned_unit_is_stopped_once_its_requests_in_flight_finish_or_its_drai
 /// removed by the prune, before the unit's state (which names it) is set aside.
 #[tokio::test(start_paused = true)]
 async fn a_prune_removes_the_rule_an_apply_killed_in_its_drain_left() {
-    quiet_crashes();
-    let (old, new) = (refusing(5, true), refusing(10, true));
-    let w = serving(&old, &new, false).await;
-    w.host.fed();
-    let calls = {
-        let probe = serving(&old, &new, false).await;
-        probe.host.fed();
-        let m0 = probe.host.calls();
-        assert!(probe.reconcile(&new).await.unwrap().is_ok());
-        probe.host.call_names()[m0..].to_vec()
-    };
-    let at = calls.iter().position(|c| *c == "nft_refuse").expect("the apply closes the port") + 1;
-    w.host.plan(at, Fault::Crash);
-    assert!(w.reconcile(&new).await.is_none(), "killed\n{}", w.said());
-    assert_eq!(w.host.refused(), Some(30000), "{}", w.said());
+    let (_, w) = killed_in_its_drain().await;
     w.host.heal();
     pruned(&w).await;
     assert_eq!(w.host.refused(), None, "the rule is left\n{}", w.said());

@@ -45,6 +45,36 @@ impl Fleet {
         .unwrap_or_else(|err| panic!("{err}\nagent journal:\n{}", self.e.b.journal(AGENT).unwrap_or_default()));
     }
 
+    /// `model-a.service` and `model-b.service` committed (5 steps each) and deployed by the agent:
+    /// their ports.
+    fn two_models(&self) -> (u16, u16) {
+        let (a, b) = (self.e.port, free_port());
+        self.commit(
+            &[
+                ("a.yaml", &self.spec("model-a.service", a, 5, 100, "")),
+                ("b.yaml", &self.spec("model-b.service", b, 5, 100, "")),
+            ],
+            "two models",
+        );
+        self.start_agent(self.repo.to_str().unwrap(), "");
+        self.wait_steps(a, 5, Duration::from_secs(30));
+        self.wait_steps(b, 5, Duration::from_secs(30));
+        self.wait_applied("model-b.service", 1);
+        (a, b)
+    }
+
+    /// `model-b.service`'s spec removed from the repository: once the agent read it, the unit
+    /// is an orphan, left running on `port`.
+    fn retire_model_b(&self, port: u16) {
+        std::fs::remove_file(self.repo.join("specs/b.yaml")).unwrap();
+        let c = self.commit(&[], "retire model b");
+        self.wait_source("model-b to be orphaned", |s| {
+            s["accepted_commit"] == c.as_str()
+                && s["orphans"].as_array().is_some_and(|o| o.iter().any(|u| u == "model-b.service"))
+        });
+        assert_eq!(self.steps(port), Some(5), "an orphan is left running");
+    }
+
     fn source_state(&self) -> serde_json::Value {
         self.e
             .b
@@ -474,22 +504,8 @@ fn a_rollback_is_in_the_journal_at_warning_priority_and_a_file_gets_plain_lines(
 #[test]
 fn a_removed_spec_leaves_its_unit_running_as_orphaned_unless_prune_is_on() {
     let f = Fleet::new();
-    let (a, b) = (f.e.port, free_port());
-    f.commit(
-        &[("a.yaml", &f.spec("model-a.service", a, 5, 100, "")), ("b.yaml", &f.spec("model-b.service", b, 5, 100, ""))],
-        "two models",
-    );
-    f.start_agent(f.repo.to_str().unwrap(), "");
-    f.wait_steps(a, 5, Duration::from_secs(30));
-    f.wait_steps(b, 5, Duration::from_secs(30));
-    f.wait_applied("model-b.service", 1);
-    std::fs::remove_file(f.repo.join("specs/b.yaml")).unwrap();
-    let c = f.commit(&[], "retire model b");
-    f.wait_source("model-b to be orphaned", |s| {
-        s["accepted_commit"] == c.as_str()
-            && s["orphans"].as_array().is_some_and(|o| o.iter().any(|u| u == "model-b.service"))
-    });
-    assert_eq!(f.steps(b), Some(5), "an orphan is left running");
+    let (a, b) = f.two_models();
+    f.retire_model_b(b);
     let o = f.e.specd(&["status"]);
     assert_eq!(o.status.code(), Some(1));
     assert!(text(&o).contains("orphaned: model-b.service (its spec is gone; left running)"), "{}", text(&o));
@@ -897,24 +913,11 @@ fn a_bundle_carried_in_deploys_through_the_local_mirror_at_once() {
 #[test]
 fn an_orphan_stopped_by_hand_is_told_down_to_its_load_balancers() {
     let f = Fleet::new();
-    let (a, b) = (f.e.port, free_port());
-    f.commit(
-        &[("a.yaml", &f.spec("model-a.service", a, 5, 100, "")), ("b.yaml", &f.spec("model-b.service", b, 5, 100, ""))],
-        "two models",
-    );
-    f.start_agent(f.repo.to_str().unwrap(), "");
-    f.wait_steps(b, 5, Duration::from_secs(30));
-    f.wait_applied("model-b.service", 1);
+    let (a, b) = f.two_models();
     let told = "/run/specd/serving/model-b.service.json";
     let word = |w: &str| f.e.b.read_to_string(told).is_ok_and(|t| t.contains(&format!("\"state\":\"{w}\"")));
     wait_until("model-b to be told ready", Duration::from_secs(30), || word("ready")).unwrap();
-    std::fs::remove_file(f.repo.join("specs/b.yaml")).unwrap();
-    let c = f.commit(&[], "retire model b");
-    f.wait_source("model-b to be orphaned", |s| {
-        s["accepted_commit"] == c.as_str()
-            && s["orphans"].as_array().is_some_and(|o| o.iter().any(|u| u == "model-b.service"))
-    });
-    assert_eq!(f.steps(b), Some(5), "an orphan is left running");
+    f.retire_model_b(b);
     assert!(word("ready"), "{:?}", f.e.b.read_to_string(told));
     f.e.b.systemctl_check(&["stop", "model-b.service"]).unwrap();
     wait_until("the stopped orphan to be told down", Duration::from_secs(30), || word("down")).unwrap_or_else(|e| {

@@ -1011,12 +1011,9 @@ fn lb_change(asks: bool) -> anyhow::Result<()> {
     let units = ["lb-a.service", "lb-b.service"];
     let ports = [free_port(), free_port()];
     let agent_check = free_port();
-    // No agent: each apply answers HAProxy while it runs; the settle time lets HAProxy (which
-    // found nothing answering between applies) poll before the stop.
-    b.write_file(
-        "/run/agent.yaml",
-        format!("load_balancer: {{agent_check: 127.0.0.1:{agent_check}, settle_sec: 1}}\n"),
-    )?;
+    // No agent: each apply answers HAProxy while it runs, and waits for its first polls (HAProxy
+    // found nothing answering between applies) before the stop.
+    b.write_file("/run/agent.yaml", format!("load_balancer: {{agent_check: 127.0.0.1:{agent_check}}}\n"))?;
     let apply = |i: usize, steps: u32| -> anyhow::Result<()> {
         let file = format!("/run/specs/{i}-{steps}.yaml");
         // Four requests at a time per server (the stand-in queues the rest, as an engine does):

@@ -100,10 +100,26 @@ pub fn gate(group: &str, limits: Limits, (serving, spare): (bool, bool), sibling
     }
     // 0 without a surge is refused by validation; taken as 1.
     let max = if surge == 0 { limits.max_unavailable.max(1) } else { limits.max_unavailable } as usize;
+    within(max, surge, spares_up, &replicas, usize::from(!spare))
+}
+
+/// A member leaving its group (its spec is gone, `prune: true`) stops once no more of the
+/// others than `max_unavailable` (at least 1, itself counted) are unavailable: the group shrinks,
+/// so no spare must serve first, and neither a sibling's failed change nor limits that disagree
+/// keep it (nothing of its spec changes).
+pub fn leaving(limits: Limits, siblings: &[Sibling]) -> Roll {
+    let (spares, replicas): (Vec<&Sibling>, Vec<&Sibling>) = siblings.iter().partition(|s| s.spare);
+    let spares_up = spares.iter().filter(|s| s.serves() && !s.changing).count();
+    within(limits.max_unavailable.max(1) as usize, 0, spares_up, &replicas, 1)
+}
+
+/// Go when the replicas that serve, with the spares up, and at most `max` unavailable, make the
+/// group (`replicas` and `me`, this member when it is one of them); else a wait naming those down.
+fn within(max: usize, surge: usize, spares_up: usize, replicas: &[&Sibling], me: usize) -> Roll {
     let down: Vec<&&Sibling> = replicas.iter().filter(|s| !s.serves()).collect();
     // Serving besides this one, against the replicas that must (the group's size less `max`).
     let others = replicas.len() - down.len() + spares_up;
-    let n = replicas.len() + usize::from(!spare);
+    let n = replicas.len() + me;
     if others + max >= n {
         return Roll::Go;
     }
@@ -423,6 +439,41 @@ mod tests {
         ];
         for (own, failed, siblings, want) in cases {
             assert_eq!(spare("llm", own, failed, &siblings), want, "{own} {failed:?} {siblings:?}");
+        }
+    }
+
+    /// A member leaving its group (its spec gone, pruned) waits only while another replica is
+    /// unavailable: a resting spare, a failed change of a sibling or limits that disagree keep
+    /// it no longer (a group with a surge used to keep it for good: no spare serves a prune).
+    #[test]
+    fn a_member_that_leaves_its_group_waits_only_while_another_replica_is_out() {
+        use Word::*;
+        let resting = member("llm-s", Some(Down), true, false);
+        let replica = |state| member("llm-b", state, false, false);
+        let cases: Vec<(Vec<Sibling>, Roll)> = vec![
+            (vec![replica(Some(Ready)), resting.clone()], Roll::Go),
+            (vec![replica(Some(Ready))], Roll::Go),
+            (
+                vec![replica(Some(Drain)), resting.clone()],
+                Roll::Wait("waiting: llm-b is drain (1 of 2 unavailable, max_unavailable 1)".into()),
+            ),
+            (
+                vec![Sibling { taken: false, ..replica(Some(Ready)) }],
+                Roll::Wait(
+                    "waiting: llm-b is ready, not yet taken by its load balancers (1 of 2 unavailable, max_unavailable 1)"
+                        .into(),
+                ),
+            ),
+            (vec![replica(Some(Ready)), Sibling { failed: Some("CUDA out of memory".into()), ..resting.clone() }], Roll::Go),
+            (
+                vec![Sibling { limits: Limits { max_unavailable: 2, max_surge: 0 }, ..replica(Some(Ready))}],
+                Roll::Go,
+            ),
+            // A spare that serves (the group mid-change) counts as serving.
+            (vec![replica(Some(Drain)), member("llm-s", Some(Ready), true, false)], Roll::Go),
+        ];
+        for (siblings, want) in cases {
+            assert_eq!(super::leaving(SURGE, &siblings), want, "{siblings:?}");
         }
     }
 

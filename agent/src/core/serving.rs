@@ -209,7 +209,8 @@ impl PollLog {
                 p.gap_ms = now_ms.saturating_sub(p.last_ms);
                 p.last_ms = now_ms;
                 p.streak = if turned { 1 } else { p.streak.saturating_add(1) };
-                if turned {
+                // A clock set back would leave the streak begun in the future: begun now.
+                if turned || p.turned_ms > now_ms {
                     p.turned_ms = now_ms;
                 }
                 p.answered = word;

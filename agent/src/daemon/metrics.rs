@@ -59,8 +59,8 @@ pub struct Metrics {
     /// `specd_unit_serving{unit,state}`: what each unit's load balancers are told, read from
     /// `serving_files` at each scrape for the units reconciled.
     serving: Family<Labels, Gauge>,
-    /// `specd_unit_taken{unit}`: told ready and taken by its load balancers (`serving::taken`).
-    taken: Family<Labels, Gauge>,
+    /// `specd_unit_awaiting_balancers{unit}`: told ready, not yet taken by its load balancers.
+    awaiting: Family<Labels, Gauge>,
     serving_units: Mutex<std::collections::BTreeSet<String>>,
     serving_files: Mutex<Option<(crate::machine::serving::ServingFiles, crate::core::serving::Balancers)>>,
     /// `specd_unit_startup_seconds{unit,phase}`: the last start's phases, the labels of now.
@@ -91,7 +91,7 @@ impl Default for Metrics {
 }
 
 const SERVING_HELP: &str = "1 for what the unit's load balancers are told now (ready, drain, down), 0 for the others";
-const TAKEN_HELP: &str = "1 when the unit is told ready and each load balancer polling it has taken it (load_balancer.rise_sec since its first ready read; at once with none polling), else 0";
+const AWAITING_HELP: &str = "1 while the unit is told ready and a load balancer polling it has not taken it back yet (load_balancer.rise_sec since its first ready read), else 0";
 const STARTUP_HELP: &str =
     "The phases of the last start of the unit that runs, as the engine's own lines tell them (seconds each)";
 
@@ -180,7 +180,7 @@ impl Metrics {
             ),
             last_death_now: Mutex::new(BTreeMap::new()),
             serving: served(&mut r, "unit_serving", SERVING_HELP),
-            taken: served(&mut r, "unit_taken", TAKEN_HELP),
+            awaiting: served(&mut r, "unit_awaiting_balancers", AWAITING_HELP),
             serving_units: Mutex::default(),
             serving_files: Mutex::default(),
             // Gauges of the last start, not histograms: a start is rare (an apply, a rollback),
@@ -331,9 +331,10 @@ impl Metrics {
         *crate::core::guard::lock(&self.serving_files) = Some((files, b));
     }
 
-    /// Whether the unit's load balancers have taken it (told ready, and taken: `serving::taken`).
-    pub fn taken(&self, u: &str, taken: bool) {
-        self.taken.get_or_create(&unit(u)).set(i64::from(taken));
+    /// Whether the unit is told ready and its load balancers have not taken it yet
+    /// (`serving::taken`).
+    pub fn awaiting(&self, u: &str, awaiting: bool) {
+        self.awaiting.get_or_create(&unit(u)).set(i64::from(awaiting));
     }
 
     /// What the unit's load balancers are told: 1 for `word`, 0 for the others.
@@ -511,7 +512,7 @@ impl Metrics {
         for w in Word::ALL {
             self.serving.remove(&with(u, "state", w.as_str()));
         }
-        self.taken.remove(&unit(u));
+        self.awaiting.remove(&unit(u));
     }
 
     /// What [`Metrics::render`] writes: prometheus-client's text encoder writes the OpenMetrics
@@ -527,7 +528,7 @@ impl Metrics {
             for u in units {
                 let word = crate::core::serving::answered(files.read(&u).as_ref());
                 self.serving(&u, word);
-                self.taken(&u, word == Word::Ready && crate::core::serving::taken(&files.polls(&u), now_ms, b));
+                self.awaiting(&u, word == Word::Ready && !crate::core::serving::taken(&files.polls(&u), now_ms, b));
             }
         }
         let mut s = String::new();
@@ -1006,35 +1007,39 @@ mod tests {
         assert!(series(&m.render(), "specd_unit_serving").is_empty());
     }
 
-    /// Taken: told ready and, when load balancers poll it, each has read `ready` for at least
-    /// `load_balancer.rise_sec` (5 s by default): what the fleet's promoter waits for before
-    /// it counts the host as back.
+    /// Awaiting its load balancers: told ready while, when load balancers poll it, one has not
+    /// read `ready` for `load_balancer.rise_sec` (5 s by default) yet: what the fleet's promoter
+    /// waits for before it counts the host as back. A unit told drain or down (a resting spare)
+    /// awaits nothing.
     #[test]
-    fn a_unit_is_taken_once_told_ready_and_its_load_balancers_read_it_for_their_rise() {
+    fn a_unit_awaits_its_load_balancers_while_told_ready_and_read_for_less_than_their_rise() {
         use crate::core::serving::{CheckKind, PollLog, ServingState};
         let d = tempfile::tempdir().unwrap();
         let files = crate::machine::serving::ServingFiles::new(d.path());
         let m = Metrics::default();
         m.serving_from(files.clone(), crate::core::serving::Balancers::default());
         m.reconciled("q.service", SyncStatus::InSync, "applied", 0.1, false);
-        let taken = |m: &Metrics| sample(&m.render(), "specd_unit_taken", "unit=\"q.service\"");
-        assert_eq!(taken(&m), Some(0.0), "no state: down");
+        let awaiting = |m: &Metrics| sample(&m.render(), "specd_unit_awaiting_balancers", "unit=\"q.service\"");
+        assert_eq!(awaiting(&m), Some(0.0), "no state: down");
         files.write("q.service", &ServingState::Ready { since: 2 }).unwrap();
-        assert_eq!(taken(&m), Some(1.0), "ready, and no load balancer polls");
+        assert_eq!(awaiting(&m), Some(0.0), "ready, and no load balancer polls");
         let now = crate::machine::store::now_ms();
         let mut log = PollLog::default();
         log.record(CheckKind::AgentCheck, "10.0.0.5", now - 1_000, Word::Ready);
         files.write_polls("q.service", &log).unwrap();
-        assert_eq!(taken(&m), Some(0.0), "read ready 1 s ago: HAProxy may not send to it yet");
+        assert_eq!(awaiting(&m), Some(1.0), "read ready 1 s ago: HAProxy may not send to it yet");
         let mut log = PollLog::default();
         log.record(CheckKind::AgentCheck, "10.0.0.5", now - 6_000, Word::Ready);
         log.record(CheckKind::AgentCheck, "10.0.0.5", now - 1_000, Word::Ready);
         files.write_polls("q.service", &log).unwrap();
-        assert_eq!(taken(&m), Some(1.0), "read ready for 6 s");
-        files.write("q.service", &ServingState::Drain { why: "x".into(), since: 3 }).unwrap();
-        assert_eq!(taken(&m), Some(0.0), "told drain");
+        assert_eq!(awaiting(&m), Some(0.0), "read ready for 6 s");
+        let mut log = PollLog::default();
+        log.record(CheckKind::AgentCheck, "10.0.0.5", now - 1_000, Word::Down);
+        files.write_polls("q.service", &log).unwrap();
+        files.write("q.service", &ServingState::Down { why: "the spare rests".into(), since: 3 }).unwrap();
+        assert_eq!(awaiting(&m), Some(0.0), "told down: a resting spare awaits nothing");
         m.forget("q.service");
-        assert!(series(&m.render(), "specd_unit_taken").is_empty());
+        assert!(series(&m.render(), "specd_unit_awaiting_balancers").is_empty());
     }
 
     /// An agent's metrics, each with a value (the notices' counters registered too).
@@ -1047,7 +1052,7 @@ mod tests {
         m.down("q.service", false);
         m.hold("q.service", None);
         m.serving("q.service", Word::Drain);
-        m.taken("q.service", false);
+        m.awaiting("q.service", false);
         let f = UnitFigures {
             deployed: Some(("c1".into(), "h1".into())),
             args_verified: Some(true),

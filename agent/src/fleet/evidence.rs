@@ -176,8 +176,8 @@ struct Now {
     hold: Vec<Sample>,
     last_death: Vec<Sample>,
     serving: Vec<Sample>,
-    /// The units not taken by their load balancers (`specd_unit_taken == 0`).
-    not_taken: Vec<Sample>,
+    /// The units told ready and not yet taken by their load balancers.
+    awaiting: Vec<Sample>,
     served: ServedSamples,
 }
 
@@ -317,7 +317,7 @@ const FIGURES: [(&str, &str); 14] = [
     ("specd_unit_hold", " == 1"),
     ("specd_unit_last_death_timestamp_seconds", ""),
     ("specd_unit_serving", " == 1"),
-    ("specd_unit_taken", " == 0"),
+    ("specd_unit_awaiting_balancers", " == 1"),
     (SERVED[0], ""),
     (SERVED[1], ""),
     (SERVED[2], ""),
@@ -389,7 +389,7 @@ async fn ask(p: &Prometheus, record: Option<&Record>, now: f64) -> Result<(Now, 
         hold: next(),
         last_death: next(),
         serving: next(),
-        not_taken: next(),
+        awaiting: next(),
         served: ServedSamples::from(&mut next),
     };
     let mut answered = answered.into_iter();
@@ -472,7 +472,7 @@ fn fold(a: &Now, since: &Since, now: u64, stale_after: u64) -> Evidence {
             u.serving = Some(state.to_string());
         }
     }
-    for s in a.not_taken.iter().filter(|s| s.value == 0.0) {
+    for s in a.awaiting.iter().filter(|s| s.value == 1.0) {
         if let Some(u) = unit_mut(&mut ev, &by_target, s) {
             u.taken = Some(false);
         }
@@ -719,8 +719,9 @@ mod tests {
         assert_eq!(died("c"), BTreeMap::from([("crash".to_string(), 1.0)]));
     }
 
-    /// `specd_unit_taken == 0` names the units whose load balancers have not taken them back;
-    /// a unit it does not name (taken, or an agent too old to say) is not held for it.
+    /// `specd_unit_awaiting_balancers == 1` names the units told ready whose load balancers have
+    /// not taken them back; a unit it does not name (taken, told drain or down, or an agent too
+    /// old to say) is not held for it.
     #[test]
     fn a_unit_its_load_balancers_have_not_taken_back_is_told_apart() {
         let labels = |h: &str, more: &[(&str, &str)]| {
@@ -732,13 +733,13 @@ mod tests {
         let now = Now {
             hosts: ["a", "b"].map(|h| s(h, &[("host", h)], 1.0)).to_vec(),
             unit_info: ["a", "b"].map(|h| s(h, &[("unit", "llm.service"), ("unit_hash", "x")], 1.0)).to_vec(),
-            not_taken: vec![s("a", &[("unit", "llm.service")], 0.0)],
+            awaiting: vec![s("a", &[("unit", "llm.service")], 1.0)],
             ..Default::default()
         };
         let ev = fold(&now, &Since::default(), 1030, 60);
         assert_eq!(ev.hosts["a"].units["llm.service"].taken, Some(false));
         assert_eq!(ev.hosts["b"].units["llm.service"].taken, None);
-        assert!(now_questions(1.0, Freshness::AsIs).iter().any(|(q, _)| q == "(specd_unit_taken) == 0"));
+        assert!(now_questions(1.0, Freshness::AsIs).iter().any(|(q, _)| q == "(specd_unit_awaiting_balancers) == 1"));
     }
 
     #[test]

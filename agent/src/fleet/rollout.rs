@@ -99,7 +99,7 @@ pub struct UnitEvidence {
     pub hold: Option<String>,
     /// What its load balancers are told (`specd_unit_serving`): ready, drain or down.
     pub serving: Option<String>,
-    /// `Some(false)`: not taken back by its load balancers yet (`specd_unit_taken` 0).
+    /// `Some(false)`: not taken back by its load balancers yet (`specd_unit_awaiting_balancers`).
     pub taken: Option<bool>,
 }
 

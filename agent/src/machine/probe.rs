@@ -178,10 +178,16 @@ async fn marked_get(base_url: &str, path: &str) -> anyhow::Result<(u16, String)>
     for addr in addrs {
         let socket = if addr.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
         let _ = nix::sys::socket::setsockopt(&socket, nix::sys::socket::sockopt::Mark, &crate::core::door::PROBE_MARK);
-        let stream = match socket.connect(addr).await {
-            Ok(s) => s,
-            Err(e) => {
+        // Each address within half a second (as the other requests' connect timeout): one that
+        // drops the connection does not keep the next from being tried.
+        let stream = match tokio::time::timeout(Duration::from_millis(500), socket.connect(addr)).await {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => {
                 last = anyhow::Error::new(e).context(format!("connecting to {addr}"));
+                continue;
+            }
+            Err(_) => {
+                last = anyhow::anyhow!("connecting to {addr}: no answer within 500 ms");
                 continue;
             }
         };

@@ -26,9 +26,9 @@ impl<H: Host> Run<'_, H> {
             return;
         };
         // Recorded first: a kill from here on leaves what the next reconcile removes.
-        st.refusing = Some(port);
+        let left = st.refusing.replace(port);
         if let Err(e) = ctx.store.save(st) {
-            st.refusing = None;
+            st.refusing = left;
             self.door = Door::Failed { port: Some(port), why: format!("specd's state could not be saved: {e:#}") };
             return;
         }
@@ -45,9 +45,10 @@ impl<H: Host> Run<'_, H> {
                 emit(Event::Warning(format!(
                     "could not refuse new connections to port {port} ({e:#}); draining as without service.drain_refuse_new"
                 )));
-                // One transaction, all or nothing: refused, nothing of it is there; one that
+                // One transaction, all or nothing: refused, nothing of it is there (but a rule
+                // a killed apply left, which the reconcile's start could not remove); one that
                 // timed out may have been applied, and is removed.
-                if crate::machine::nft::nothing_applied(&e) {
+                if crate::machine::nft::nothing_applied(&e) && left.is_none() {
                     st.refusing = None;
                     let _ = ctx.store.save(st);
                 } else {

@@ -1240,6 +1240,21 @@ async fn an_nft_that_refuses_the_rule_leaves_nothing_to_remove_and_the_change_is
     assert_eq!(w.store().peek(UNIT).unwrap().refusing, None, "{said}");
 }
 
+/// A rule a killed apply left, then `nft` refusing everything: the next apply can neither remove
+/// it nor add its own, and must not forget it (the port stays refused with no record of why):
+/// the state still names the port, and nothing is started behind it.
+#[tokio::test(start_paused = true)]
+async fn a_rule_left_before_nft_refuses_everything_is_not_forgotten() {
+    let (_, w) = killed_in_its_drain().await;
+    w.host.heal();
+    w.host.nft_denied();
+    let new = refusing(10, true);
+    let _ = w.reconcile(&new).await;
+    assert_eq!(w.host.refused(), Some(30000), "{}", w.said());
+    assert_eq!(w.store().peek(UNIT).unwrap().refusing, Some(30000), "the rule is forgotten\n{}", w.said());
+    assert_eq!(w.host.started_behind_rule(), 0, "{}", w.said());
+}
+
 /// A server that stops answering ready at rest (hung, or loading again after systemd restarted
 /// it) is no longer told ready at the unit's next look: its load balancers are told down, and
 /// ready again once it serves.

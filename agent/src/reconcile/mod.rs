@@ -182,7 +182,7 @@ pub async fn reconcile<H: Host>(ctx: &Ctx<H>, d: &DesiredState, dry_run: bool) -
     ctx.host.clean_temps(&ctx.unit_dir, &unit);
     st.desired = Some(d.record(ctx.host.now()));
     if refusal.is_none()
-        && let Some(report) = roll::ask(ctx, d, &st, &o, &plan).await?
+        && let Some(report) = roll::ask(ctx, d, &st, &o, (&plan, false)).await?
     {
         return Ok(report);
     }

@@ -63,16 +63,17 @@ pub async fn prune<H: Host>(ctx: &Ctx<H>, unit: &str) {
     );
     door::leftover(ctx, unit, &mut st).await;
     let before = ctx.host.show(unit).await.unwrap_or_default();
-    if let Err(e) = drain(ctx, &mut st, unit, &before).await {
-        return tracing::error!(unit, "pruning: {e}; not stopped");
-    }
-    ctx.host.note(unit, "prune", &before.invocation_id, &format!("specd: stopping {unit}: its spec is gone (prune)"));
-    if let Err(lingering) = stop_until_empty(ctx, unit, &before).await {
-        tracing::error!(
-            unit,
-            "pruning: after the stop, {}",
-            crate::machine::cgroup::still_in(&before.control_group, &lingering)
-        );
+    let stopped = match drain_and_stop(ctx, &mut st, unit, &before).await {
+        Ok(stopped) => stopped,
+        Err(e) => return tracing::error!(unit, "pruning: {e}; not stopped"),
+    };
+    if !stopped {
+        let note = format!("specd: stopping {unit}: its spec is gone (prune)");
+        ctx.host.note(unit, "prune", &before.invocation_id, &note);
+        if let Err(lingering) = stop_until_empty(ctx, unit, &before).await {
+            let still = crate::machine::cgroup::still_in(&before.control_group, &lingering);
+            tracing::error!(unit, "pruning: after the stop, {still}");
+        }
     }
     let down = ServingState::Down { why: "its spec is gone (prune: true)".into(), since: ctx.host.now() };
     if let Err(e) = ctx.host.set_serving_state(unit, &down) {
@@ -107,31 +108,40 @@ pub async fn prune<H: Host>(ctx: &Ctx<H>, unit: &str) {
 }
 
 /// Before the stop of a unit whose spec is gone: while it runs, a replica of a group waits for its
-/// group's gate, then it is drained by the apply's own drain (`Step::Drain`, the spec it was last
-/// asked to run giving the drain budget and where to ask for the requests in flight). One that
-/// does not run, or whose spec specd has no record of, is told `down` first. An error: it is not
-/// to be stopped now (its load balancers could not be told, the agent is stopping).
-async fn drain<H: Host>(ctx: &Ctx<H>, st: &mut UnitState, unit: &str, before: &UnitProps) -> Result<(), String> {
+/// group's gate, then it is drained and stopped by the apply's own steps (drain, stop, empty
+/// cgroup; the spec it was last asked to run giving the drain budget and where to ask for the
+/// requests in flight; a port closed to new connections for the drain stays closed until it
+/// stopped): `Ok(true)`. One that does not run, or whose spec specd has no record of, is told
+/// `down` first: `Ok(false)`, stopped by the caller. An error: it is not to be stopped now (its
+/// load balancers could not be told, its spec is back, the agent is stopping).
+async fn drain_and_stop<H: Host>(
+    ctx: &Ctx<H>,
+    st: &mut UnitState,
+    unit: &str,
+    before: &UnitProps,
+) -> Result<bool, String> {
     let record = st.desired.clone().filter(|_| before.is_running());
     let Some(record) = record else {
         let down = ServingState::Down { why: "its spec is gone (prune: true)".into(), since: ctx.host.now() };
         return ctx
             .host
             .set_serving_state(unit, &down)
+            .map(|()| false)
             .map_err(|e| format!("telling its load balancers it is down: {e:#}"));
     };
     let d = DesiredState::new(record.spec, record.source);
     group_gate(ctx, &d, st).await?;
     let t = act::Target { pruning: true, ..act::Target::desired(&d, d.spec.base_url(), false) };
     let mut stop = act::StopRecord::default();
-    steps::run_steps(ctx, st, unit, &[Step::Drain], &t, before, &mut stop, None)
+    steps::run_steps(ctx, st, unit, &[Step::Drain, Step::Stop, Step::WaitStopped], &t, before, &mut stop, None)
         .await
-        .map_err(|f| format!("its drain: {}", f.message))
+        .map(|()| true)
+        .map_err(|f| format!("its drain and stop: {}", f.message))
 }
 
-/// A replica of a group (`spec.rollout`) is stopped only when its group's gate lets it, as an
-/// apply's stop is (`roll::ask`: no more of the group down than `max_unavailable`), asked again
-/// while it waits or its group's roll is stopped; until the agent stops.
+/// A replica of a group (`spec.rollout`) is stopped only when its group's gate for a member that
+/// leaves lets it (`roll::leaving`: no more of the group down than `max_unavailable`), asked
+/// again while it waits; until its spec is back or the agent stops.
 async fn group_gate<H: Host>(ctx: &Ctx<H>, d: &DesiredState, st: &UnitState) -> Result<(), String> {
     if d.spec.rollout.is_none() {
         return Ok(());
@@ -143,8 +153,11 @@ async fn group_gate<H: Host>(ctx: &Ctx<H>, d: &DesiredState, st: &UnitState) -> 
         toward: crate::core::plan::Toward::Desired,
     };
     loop {
+        if !super::roll::orphaned(ctx, &d.spec.unit) {
+            return Err("its spec is back".into());
+        }
         let (o, _) = observe::observe(ctx, d, st, true).await.map_err(|e| format!("observing it: {e:#}"))?;
-        let again = match super::roll::ask(ctx, d, st, &o, &plan).await {
+        let again = match super::roll::ask(ctx, d, st, &o, (&plan, true)).await {
             Ok(None) => return Ok(()),
             Ok(Some(report)) => match report.action {
                 crate::core::conclude::Action::Requeue(again) => again,

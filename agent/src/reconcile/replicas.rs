@@ -313,6 +313,8 @@ async fn a_replica_pruned_while_its_sibling_drains_waits_until_the_sibling_serve
         assert!(tokio::time::Instant::now() < bound, "llm-b was never told drain\n{}", r.said());
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+    // The agent's read of its source found no spec for llm-a, and said so before pruning it.
+    r.orphaned(Some(0));
     let ctx = r.ctx(0);
     let prune = tokio::spawn(async move { reconcile::prune(&ctx, &unit(0)).await });
     let rep = b.await.unwrap();
@@ -327,6 +329,32 @@ async fn a_replica_pruned_while_its_sibling_drains_waits_until_the_sibling_serve
     assert_eq!(r.hosts[0].serving(), None, "the pruned replica runs");
     assert_eq!(r.hosts[0].lb_state().map(|s| s.word()), Some(Word::Down));
     assert_eq!(r.hosts[1].serving(), Some(new_b.spec.argv));
+}
+
+/// A prune waiting for its group's gate gives up once the unit's spec is back (the source's
+/// next read desires it again): it is not stopped, and its load balancers keep it.
+#[tokio::test(start_paused = true)]
+async fn a_prune_waiting_for_its_group_stops_nothing_once_the_spec_is_back() {
+    let rollout = "  rollout: {group: llm}\n";
+    let r = Replicas::serving(2, rollout).await;
+    let new_b = r.desired(1, 3, rollout);
+    r.hosts[1].serves(&new_b.spec, false);
+    r.hosts[1].busy_for(Duration::from_secs(5));
+    let b = r.worker(1, new_b.clone());
+    r.told(1, Word::Drain).await;
+    r.orphaned(Some(0));
+    let ctx = r.ctx(0);
+    let prune = tokio::spawn(async move { reconcile::prune(&ctx, &unit(0)).await });
+    let bound = tokio::time::Instant::now() + Duration::from_secs(60);
+    while !r.said().contains("llm-a.service: Waiting(\"waiting: llm-b.service is drain") {
+        assert!(tokio::time::Instant::now() < bound, "the prune never waited\n{}", r.said());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    r.orphaned(None);
+    prune.await.unwrap();
+    assert_eq!(b.await.unwrap().outcome, Some(Outcome::Applied), "{}", r.said());
+    assert!(r.hosts[0].serving().is_some(), "llm-a was stopped although its spec is back\n{}", r.said());
+    assert_eq!(r.hosts[0].lb_state().map(|s| s.word()), Some(Word::Ready), "{}", r.said());
 }
 
 impl Replicas {

@@ -24,13 +24,14 @@ use crate::core::serving::{ServingState, Word};
 use crate::core::sync::SyncStatus;
 use crate::machine::systemd::UnitProps;
 
-/// Whether this reconcile may go on with `plan` (`None`), or the report that says why not yet.
+/// Whether this reconcile may go on with `plan` (`None`), or the report that says why not yet;
+/// `leaving`: the unit's spec is gone, and the plan stops it for good (`roll::leaving`).
 pub(super) async fn ask<H: Host>(
     ctx: &Ctx<H>,
     d: &DesiredState,
     st: &UnitState,
     o: &Observed,
-    plan: &Plan,
+    (plan, leaving): (&Plan, bool),
 ) -> Result<Option<Report>> {
     let Some(rollout) = &d.spec.rollout else { return Ok(None) };
     if !plan.steps.contains(&Step::Stop) {
@@ -44,15 +45,23 @@ pub(super) async fn ask<H: Host>(
     // Counted by its siblings from now on (also while it waits): its record names the group.
     ctx.store.save(st)?;
     let siblings = siblings(ctx, unit, &rollout.group)?;
-    let (why, wait) = match roll::gate(&rollout.group, rollout.into(), (serving, rollout.spare), &siblings) {
+    let roll = if leaving {
+        roll::leaving(rollout.into(), &siblings)
+    } else {
+        roll::gate(&rollout.group, rollout.into(), (serving, rollout.spare), &siblings)
+    };
+    let (why, wait) = match roll {
         Roll::Go => {
             // Before the group's lock goes: its siblings see it drain.
             if serving {
-                let why = format!(
-                    "specd is stopping it to apply unit {} (group {})",
-                    specd_spec::short(&d.unit.sha256),
-                    rollout.group
-                );
+                let why = match leaving {
+                    true => format!("specd is stopping it: its spec is gone (prune: true) (group {})", rollout.group),
+                    false => format!(
+                        "specd is stopping it to apply unit {} (group {})",
+                        specd_spec::short(&d.unit.sha256),
+                        rollout.group
+                    ),
+                };
                 ctx.host.set_serving_state(unit, &ServingState::Drain { why, since: ctx.host.now() })?;
             }
             return Ok(None);

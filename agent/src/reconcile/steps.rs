@@ -410,6 +410,7 @@ impl<H: Host> Run<'_, H> {
         }
         // Say in the unit's journal who stops it and why (`specd diagnose` reads it).
         let (action, note) = match t.mode {
+            _ if t.pruning => ("prune", format!("specd: stopping {unit}: its spec is gone (prune)")),
             Mode::Apply(_) => ("stop", format!("specd: stopping {unit} to apply unit {}", short(t.sha256))),
             Mode::Restore(Restore::Rollback) => (
                 "rollback",

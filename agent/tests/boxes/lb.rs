@@ -288,7 +288,7 @@ fn a_change_of_the_real_llama_server_behind_haproxy_asking_the_agent_loses_no_re
 /// behind one HAProxy with the example's check timings, a change rolled through a fleet's waves
 /// one host at a time by the promoter: no request lost, no stop ending in SIGKILL, each host's
 /// apply waited for HAProxy to see drain, and the promoter moved the next host only once
-/// HAProxy took the previous one back (`specd_unit_taken`): two servers UP throughout.
+/// HAProxy took the previous one back (`specd_unit_awaiting_balancers`): two servers UP throughout.
 #[test]
 fn three_hosts_behind_one_haproxy_lose_no_request_through_a_fleet_rollout() {
     use crate::common::fleet::{FLEET_FILE, FleetSetup, Hosts, LLM, LLM_FILE};

@@ -75,6 +75,21 @@ fn a_poll_is_written_at_once_when_its_balancer_is_new_or_its_word_turns() {
     assert!(!log.pollers.contains_key("agent-check 10.0.0.5"));
 }
 
+/// A clock set back while a load balancer reads `ready`: its run of ready answers counts from
+/// the first poll after it, not from a time still to come (which would hold the unit untaken
+/// for as long as the clock went back).
+#[test]
+fn a_clock_set_back_does_not_hold_a_unit_untaken() {
+    let b = Balancers::default();
+    let rise = b.rise.as_millis() as u64;
+    let mut log = PollLog::default();
+    log.record(CheckKind::AgentCheck, "10.0.0.5", MARK + 3_600_000, Word::Ready);
+    log.record(CheckKind::AgentCheck, "10.0.0.5", MARK, Word::Ready);
+    assert!(!taken(&log, MARK + 500, b));
+    log.record(CheckKind::AgentCheck, "10.0.0.5", MARK + rise, Word::Ready);
+    assert!(taken(&log, MARK + rise, b), "{:?}", log.pollers);
+}
+
 /// A poll log where `addr` polled every `every_ms` from `first` to `last` (ms from the mark),
 /// answered ready before the mark and `after` from it on.
 fn polled(log: &mut PollLog, kind: CheckKind, addr: &str, every_ms: u64, first: i64, last: i64, after: Word) {

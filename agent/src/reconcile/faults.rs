@@ -1478,9 +1478,58 @@ async fn a_fault_at_any_call_of_a_look_at_an_orphan_stopped_by_hand_never_tells_
 /// The unit left running with no spec (the source's state lists it), then stopped by a person;
 /// the load balancers' violations so far (that stop's own).
 async fn orphaned(w: &World) -> usize {
-    let st = crate::machine::store::SourceState { orphans: vec![UNIT.into()], ..Default::default() };
-    st.save(&w.dir.path().join("state")).unwrap();
+    orphaned_running(w);
     crate::host::ServiceManager::stop(&w.host, UNIT, true).await.unwrap();
     tokio::time::sleep(LOAD).await;
     w.host.lb_violations().len()
+}
+
+/// The unit left running with no spec: the source's state lists it as orphaned.
+fn orphaned_running(w: &World) {
+    let st = crate::machine::store::SourceState { orphans: vec![UNIT.into()], ..Default::default() };
+    st.save(&w.dir.path().join("state")).unwrap();
+}
+
+/// An orphan still running its verified unit: a look with a fault at any call tells its load
+/// balancers nothing untrue and stops or starts nothing, and once the faults end the next look
+/// keeps it ready.
+#[tokio::test(start_paused = true)]
+async fn a_fault_at_any_call_of_a_look_at_a_running_orphan_keeps_it_ready_and_running() {
+    quiet_crashes();
+    let (old, new) = (desired(5), desired(10));
+    let look = |w: &World| {
+        let ctx = w.ctx();
+        async move {
+            let r = tokio::spawn(async move { super::prune::look_at_orphan(&ctx, UNIT).await }).await;
+            if let Err(e) = r
+                && !e.is_panic()
+            {
+                panic!("{e}");
+            }
+        }
+    };
+    let probe = serving(&old, &new, false).await;
+    orphaned_running(&probe);
+    let n0 = probe.host.calls();
+    look(&probe).await;
+    let calls = probe.host.call_names()[n0..].to_vec();
+    assert_eq!(probe.host.lb_state().map(|s| s.word()), Some(Word::Ready), "{}", probe.said());
+    for (i, name) in calls.iter().enumerate() {
+        for f in FAULTS {
+            let case = format!("fault {f:?} at call {i} ({name}) of a look at a running orphan");
+            let w = serving(&old, &new, false).await;
+            orphaned_running(&w);
+            let moves = w.host.stops_and_starts();
+            w.host.plan(i, f);
+            look(&w).await;
+            let died = w.host.serving().is_none();
+            w.host.heal();
+            look(&w).await;
+            assert_eq!(w.host.lb_violations(), [] as [String; 0], "{case}");
+            if !died {
+                assert_eq!(w.host.stops_and_starts(), moves, "{case}: stopped or started");
+                assert_eq!(w.host.lb_state().map(|s| s.word()), Some(Word::Ready), "{case}\n{}", w.said());
+            }
+        }
+    }
 }

@@ -16,7 +16,7 @@ impl<H: Host> Run<'_, H> {
     pub(super) fn mark_drain(&mut self) -> anyhow::Result<u64> {
         let (ctx, t) = (self.ctx, self.t);
         let why = match t.mode {
-            _ if t.pruning => "specd is stopping it: its spec is gone (prune: true)".to_string(),
+            _ if t.pruning => format!("specd is stopping it: {}", super::prune::GONE),
             super::act::Mode::Apply(_) => format!("specd is stopping it to apply unit {}", short(t.sha256)),
             super::act::Mode::Restore(crate::core::recovery::Restore::Rollback) => {
                 format!("specd is rolling back to the last good unit {}", short(t.sha256))

@@ -15,6 +15,9 @@ use crate::machine::systemd::UnitProps;
 use anyhow::Result;
 use tokio::time::Instant;
 
+/// Why a pruned unit stops, as its load balancers and its plan are told.
+pub(super) const GONE: &str = "its spec is gone (prune: true)";
+
 /// Stop a unit whose instance failed, and say so in its journal (`diagnose` then names the
 /// failed start, not a stop on request).
 pub(super) async fn stop_quietly<H: Host>(ctx: &Ctx<H>, unit: &str, note: &str) {
@@ -75,7 +78,7 @@ pub async fn prune<H: Host>(ctx: &Ctx<H>, unit: &str) {
             tracing::error!(unit, "pruning: after the stop, {still}");
         }
     }
-    let down = ServingState::Down { why: "its spec is gone (prune: true)".into(), since: ctx.host.now() };
+    let down = ServingState::Down { why: GONE.into(), since: ctx.host.now() };
     if let Err(e) = ctx.host.set_serving_state(unit, &down) {
         // Its state stays: the next source read prunes it again, and tells them.
         return tracing::error!(unit, "pruning: telling its load balancers it is down: {e:#}");
@@ -122,7 +125,7 @@ async fn drain_and_stop<H: Host>(
 ) -> Result<bool, String> {
     let record = st.desired.clone().filter(|_| before.is_running());
     let Some(record) = record else {
-        let down = ServingState::Down { why: "its spec is gone (prune: true)".into(), since: ctx.host.now() };
+        let down = ServingState::Down { why: GONE.into(), since: ctx.host.now() };
         return ctx
             .host
             .set_serving_state(unit, &down)
@@ -148,7 +151,7 @@ async fn group_gate<H: Host>(ctx: &Ctx<H>, d: &DesiredState, st: &UnitState) -> 
     }
     let plan = Plan {
         sync: crate::core::sync::SyncStatus::OutOfSync,
-        reasons: vec!["its spec is gone (prune: true)".into()],
+        reasons: vec![GONE.into()],
         steps: vec![Step::Drain, Step::Stop, Step::WaitStopped],
         toward: crate::core::plan::Toward::Desired,
     };

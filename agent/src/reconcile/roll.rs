@@ -55,7 +55,7 @@ pub(super) async fn ask<H: Host>(
             // Before the group's lock goes: its siblings see it drain.
             if serving {
                 let why = match leaving {
-                    true => format!("specd is stopping it: its spec is gone (prune: true) (group {})", rollout.group),
+                    true => format!("specd is stopping it: {} (group {})", super::prune::GONE, rollout.group),
                     false => format!(
                         "specd is stopping it to apply unit {} (group {})",
                         specd_spec::short(&d.unit.sha256),
